@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package mpiformer needs to build, test and benchmark.
+# Idempotent: packages already present are skipped; runs as root or via sudo.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  openmpi-bin libopenmpi-dev
+  libhdf5-openmpi-dev hdf5-tools
+  libtrilinos-kokkos-dev
+  libopenblas-dev
+  libtoml11-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev nlohmann-json3-dev libxxhash-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

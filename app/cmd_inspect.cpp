@@ -1,0 +1,31 @@
+#include <cstdio>
+
+#include "commands.hpp"
+#include "token_dataset.hpp"
+#include "tokenizer.hpp"
+
+namespace mpiformer {
+
+int run_inspect(const InspectArgs& args, int rank) {
+  if (rank != 0) return 0;
+  TokenDataset d(args.file);
+  std::printf("file:      %s\n", args.file.c_str());
+  std::printf("format:    %s\n", d.format().c_str());
+  std::printf("tokens:    %lld\n", static_cast<long long>(d.num_tokens()));
+  std::printf("vocab:     %lld\n", static_cast<long long>(d.vocab_size()));
+  std::printf("tokenizer: %s\n", d.tokenizer().c_str());
+  const int64_t n = std::min<int64_t>(args.tokens, d.num_tokens());
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  d.read_tokens(0, n, ids.data());
+  std::printf("first %lld ids:", static_cast<long long>(n));
+  for (int32_t id : ids) std::printf(" %d", id);
+  std::printf("\n");
+  if (d.tokenizer() == "byte" || d.tokenizer() == "gpt2") {
+    const auto tok = make_tokenizer(d.tokenizer(), default_gpt2_vocab_dir());
+    std::printf("decoded:   %s\n",
+                tok->decode(std::vector<uint32_t>(ids.begin(), ids.end())).c_str());
+  }
+  return 0;
+}
+
+}  // namespace mpiformer

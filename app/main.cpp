@@ -1,0 +1,75 @@
+// mpiformer: train GPT-2-style transformers on MPI clusters.
+// MPI is always initialised, so the same binary runs standalone, under
+// mpirun and under srun. Errors in input are reported once, by rank 0, and
+// every rank exits non-zero; any other failure aborts the whole job.
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "parallel/mpi_session.hpp"
+
+namespace {
+
+constexpr int kExitInputError = 2;
+constexpr int kExitFailure = 3;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mpiformer;
+  MpiSession mpi(&argc, &argv);
+  Kokkos::ScopeGuard kokkos(argc, argv);
+
+  CLI::App app{"mpiformer: GPT training with data and pipeline parallelism over MPI", "mpiformer"};
+  app.set_version_flag("--version", std::string("mpiformer ") + MPIFORMER_VERSION);
+  app.require_subcommand(1);
+
+  TrainArgs train;
+  auto* t = app.add_subcommand("train", "train a model described by an input deck (TOML)");
+  t->add_option("deck", train.deck, "input deck, e.g. inputs/tiny.toml")->required();
+  t->add_option("--set", train.overrides,
+                "override a deck key: section.key=value (TOML value; repeatable)");
+
+  PrepArgs prep;
+  auto* p = app.add_subcommand("prep", "tokenize text files into an HDF5 token dataset");
+  p->add_option("--tokenizer", prep.tokenizer, "byte or gpt2")
+      ->check(CLI::IsMember({"byte", "gpt2"}))
+      ->capture_default_str();
+  p->add_option("--vocab-dir", prep.vocab_dir,
+                "directory with GPT-2's encoder.json and vocab.bpe (default: inputs/gpt2 of "
+                "the source tree)");
+  p->add_option("--val-fraction", prep.val_fraction,
+                "fraction of tokens (taken from the end) written to OUT_val.h5")
+      ->check(CLI::Range(0.0, 0.5))
+      ->capture_default_str();
+  p->add_option("--output,-o", prep.output, "output file (.h5)")->required();
+  p->add_option("text", prep.inputs, "text files, one document each")->required();
+
+  InspectArgs inspect;
+  auto* i = app.add_subcommand("inspect", "summarise a token dataset");
+  i->add_option("file", inspect.file, "token dataset (.h5 or llm.c .bin)")->required();
+  i->add_option("--tokens", inspect.tokens, "how many leading tokens to show")->capture_default_str();
+
+  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      const int rc = mpi.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : kExitInputError);
+      return rc == 0 ? 0 : kExitInputError;
+    }
+    if (t->parsed()) return run_train(train, mpi.rank(), mpi.size());
+    if (p->parsed()) return run_prep(prep, mpi.rank());
+    if (i->parsed()) return run_inspect(inspect, mpi.rank());
+  } catch (const InputError& e) {
+    // Every rank read the same input and failed the same way: say it once.
+    if (mpi.rank() == 0) std::fprintf(stderr, "mpiformer: error: %s\n", e.what());
+    return kExitInputError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpiformer: fatal on rank %d: %s\n", mpi.rank(), e.what());
+    if (mpi.size() > 1) MpiSession::abort(kExitFailure);
+    return kExitFailure;
+  }
+  return 0;
+}

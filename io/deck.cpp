@@ -1,0 +1,254 @@
+#include "deck.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <toml.hpp>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+
+namespace mpiformer {
+namespace {
+
+enum class Kind { Int, Float, String };
+
+// One key of the schema: where it lives in Deck, its bounds and default.
+struct Key {
+  const char* section;
+  const char* name;
+  Kind kind;
+  bool required;
+  double min;  // inclusive bounds for numbers
+  double max;
+  std::function<void(Deck&, const toml::value&)> set;
+  std::function<std::string(const Deck&)> show;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+template <class M>
+Key int_key(const char* sec, const char* name, bool req, double lo, double hi, M member) {
+  return {sec, name, Kind::Int, req, lo, hi,
+          [member](Deck& d, const toml::value& v) { member(d) = v.as_integer(); },
+          [member](const Deck& d) { return std::to_string(member(const_cast<Deck&>(d))); }};
+}
+template <class M>
+Key float_key(const char* sec, const char* name, bool req, double lo, double hi, M member) {
+  return {sec, name, Kind::Float, req, lo, hi,
+          [member](Deck& d, const toml::value& v) {
+            member(d) = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+          },
+          [member](const Deck& d) { return strprintf("%.17g", member(const_cast<Deck&>(d))); }};
+}
+template <class M>
+Key string_key(const char* sec, const char* name, bool req, M member) {
+  return {sec, name, Kind::String, req, 0, 0,
+          [member](Deck& d, const toml::value& v) { member(d) = v.as_string().str; },
+          [member](const Deck& d) {
+            std::ostringstream os;
+            os << toml::value(member(const_cast<Deck&>(d)));
+            return os.str();
+          }};
+}
+
+#define MEMBER(expr) [](Deck& d) -> auto& { return d.expr; }
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = {
+      int_key("model", "n_layer", true, 1, 1024, MEMBER(model.n_layer)),
+      int_key("model", "n_head", true, 1, 1024, MEMBER(model.n_head)),
+      int_key("model", "n_embd", true, 1, 65536, MEMBER(model.n_embd)),
+      int_key("model", "seq_len", true, 1, 1 << 20, MEMBER(model.seq_len)),
+      int_key("model", "vocab_size", false, 1, 1 << 24, MEMBER(model.vocab_size)),
+      string_key("data", "train", true, MEMBER(data.train)),
+      string_key("data", "val", false, MEMBER(data.val)),
+      int_key("train", "steps", true, 1, 1e12, MEMBER(train.steps)),
+      int_key("train", "global_batch", true, 1, 1e9, MEMBER(train.global_batch)),
+      int_key("train", "micro_batch", true, 1, 1e6, MEMBER(train.micro_batch)),
+      float_key("train", "lr", true, 0, 10, MEMBER(train.lr)),
+      float_key("train", "min_lr", false, 0, 10, MEMBER(train.min_lr)),
+      int_key("train", "warmup_steps", false, 0, 1e12, MEMBER(train.warmup_steps)),
+      float_key("train", "weight_decay", false, 0, 10, MEMBER(train.weight_decay)),
+      float_key("train", "grad_clip", false, 0, kInf, MEMBER(train.grad_clip)),
+      float_key("train", "beta1", false, 0, 0.999999, MEMBER(train.beta1)),
+      float_key("train", "beta2", false, 0, 0.999999999, MEMBER(train.beta2)),
+      float_key("train", "eps", false, 1e-30, 1, MEMBER(train.eps)),
+      int_key("train", "seed", false, 0, 9.007199254740992e15, MEMBER(train.seed)),
+      int_key("train", "log_every", false, 1, 1e12, MEMBER(train.log_every)),
+      int_key("train", "eval_every", false, 0, 1e12, MEMBER(train.eval_every)),
+      int_key("train", "eval_batches", false, 1, 1e9, MEMBER(train.eval_batches)),
+      int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
+      int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
+      string_key("run", "dir", false, MEMBER(run.dir)),
+      float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),
+      int_key("run", "blas_threads", false, 0, 4096, MEMBER(run.blas_threads)),
+  };
+  return keys;
+}
+#undef MEMBER
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Int: return "an integer";
+    case Kind::Float: return "a number";
+    case Kind::String: return "a string";
+  }
+  return "";
+}
+
+std::string toml_type_name(const toml::value& v) {
+  std::ostringstream os;
+  os << v.type();
+  return os.str();
+}
+
+std::string field(const Key& k) { return strprintf("[%s] %s", k.section, k.name); }
+
+// Type- and range-checks one value and stores it.
+void apply(Deck& d, const Key& k, const toml::value& v, const std::string& where) {
+  const bool ok = (k.kind == Kind::Int && v.is_integer()) ||
+                  (k.kind == Kind::Float && (v.is_integer() || v.is_floating())) ||
+                  (k.kind == Kind::String && v.is_string());
+  if (!ok) {
+    throw InputError(where, field(k),
+                     strprintf("expected %s, got %s", kind_name(k.kind), toml_type_name(v).c_str()));
+  }
+  if (k.kind != Kind::String) {
+    const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+    if (!(x >= k.min && x <= k.max) || std::isnan(x)) {
+      throw InputError(where, field(k),
+                       strprintf("expected a value in [%g, %g], got %s", k.min, k.max,
+                                 toml::format(v).c_str()));
+    }
+  }
+  k.set(d, v);
+}
+
+const Key* find_key(const std::string& section, const std::string& name) {
+  for (const auto& k : schema())
+    if (section == k.section && name == k.name) return &k;
+  return nullptr;
+}
+
+std::string known_keys(const std::string& section) {
+  std::string s;
+  for (const auto& k : schema())
+    if (section == k.section) s += (s.empty() ? "" : ", ") + std::string(k.name);
+  return s;
+}
+
+bool known_section(const std::string& section) { return !known_keys(section).empty(); }
+
+void check_relations(const Deck& d, const std::string& where) {
+  if (d.model.n_embd % d.model.n_head != 0) {
+    throw InputError(where, "[model] n_embd",
+                     strprintf("must be a multiple of [model] n_head (%lld), got %lld",
+                               static_cast<long long>(d.model.n_head),
+                               static_cast<long long>(d.model.n_embd)));
+  }
+  if (d.train.min_lr > d.train.lr) {
+    throw InputError(where, "[train] min_lr",
+                     strprintf("must not exceed [train] lr (%g), got %g", d.train.lr,
+                               d.train.min_lr));
+  }
+  const int64_t per_step = d.parallel.dp * d.train.micro_batch;
+  if (d.train.global_batch % per_step != 0) {
+    throw InputError(
+        where, "[train] global_batch",
+        strprintf("must be a multiple of [parallel] dp x [train] micro_batch = %lld x %lld = "
+                  "%lld (so every step is whole micro-batches), got %lld",
+                  static_cast<long long>(d.parallel.dp), static_cast<long long>(d.train.micro_batch),
+                  static_cast<long long>(per_step), static_cast<long long>(d.train.global_batch)));
+  }
+  if (d.parallel.pp > d.model.n_layer) {
+    throw InputError(where, "[parallel] pp",
+                     strprintf("must not exceed [model] n_layer (%lld), got %lld",
+                               static_cast<long long>(d.model.n_layer),
+                               static_cast<long long>(d.parallel.pp)));
+  }
+}
+
+}  // namespace
+
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  {
+    std::ifstream probe(path);
+    if (!probe) throw InputError(path, "", "cannot open the input deck (does the file exist?)");
+  }
+  toml::value root;
+  try {
+    root = toml::parse(path);
+  } catch (const std::exception& e) {
+    throw InputError(path, "", std::string("not valid TOML:\n") + e.what());
+  }
+  Deck d;
+  d.path = path;
+  d.train.min_lr = -1;  // "not given": defaults to lr / 10 below
+  d.train.seed = 1337;
+  d.train.eval_batches = 4;
+  std::map<std::string, bool> seen;
+  for (const auto& [section, table] : root.as_table()) {
+    if (!table.is_table() || !known_section(section)) {
+      throw InputError(path, section,
+                       "unknown section (expected [model], [data], [train], [parallel] or [run])");
+    }
+    for (const auto& [name, value] : table.as_table()) {
+      const Key* k = find_key(section, name);
+      if (k == nullptr) {
+        throw InputError(path, "[" + section + "] " + name,
+                         "unknown key (known in [" + section + "]: " + known_keys(section) + ")");
+      }
+      apply(d, *k, value, path);
+      seen[section + "." + name] = true;
+    }
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    const auto dot = o.find('.');
+    const std::string where = "--set " + o;
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+      throw InputError(where, "", "expected section.key=value");
+    }
+    const std::string section = o.substr(0, dot), name = o.substr(dot + 1, eq - dot - 1);
+    const std::string text = o.substr(eq + 1);
+    const Key* k = find_key(section, name);
+    if (k == nullptr) throw InputError(where, "[" + section + "] " + name, "unknown key");
+    toml::value v;
+    try {
+      std::istringstream in("v = " + text);
+      v = toml::parse(in, "--set").at("v");
+    } catch (const std::exception&) {
+      v = toml::value(text);  // a bare word: a string such as a path
+    }
+    if (k->kind == Kind::String && !v.is_string()) v = toml::value(text);
+    apply(d, *k, v, where);
+    seen[section + "." + name] = true;
+  }
+  for (const auto& k : schema()) {
+    if (k.required && !seen[std::string(k.section) + "." + k.name]) {
+      throw InputError(path, field(k), std::string("missing (expected ") + kind_name(k.kind) + ")");
+    }
+  }
+  if (d.train.min_lr < 0) d.train.min_lr = d.train.lr / 10;
+  if (d.run.dir.empty()) d.run.dir = "runs/default";
+  check_relations(d, path);
+  return d;
+}
+
+std::string Deck::to_toml() const {
+  std::string out, section;
+  for (const auto& k : schema()) {
+    if (section != k.section) {
+      section = k.section;
+      out += (out.empty() ? "[" : "\n[") + section + "]\n";
+    }
+    out += std::string(k.name) + " = " + k.show(*this) + "\n";
+  }
+  return out;
+}
+
+}  // namespace mpiformer

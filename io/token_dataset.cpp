@@ -1,0 +1,326 @@
+#include "token_dataset.hpp"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "hdf5_handle.hpp"
+
+namespace mpiformer {
+
+// One file of a dataset.
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int64_t num_tokens() const = 0;
+  virtual void read(int64_t first, int64_t count, int32_t* out) const = 0;
+  virtual const char* format() const = 0;
+};
+
+namespace {
+
+constexpr int32_t kBinMagic = 20240520;
+constexpr int64_t kBinHeaderInts = 256;
+constexpr int64_t kScanChunk = 1 << 20;
+
+// Checks every token of `src` is below vocab, a chunk at a time.
+void check_token_range(const TokenSource& src, const std::string& path, int64_t vocab) {
+  std::vector<int32_t> buf(static_cast<size_t>(std::min(src.num_tokens(), kScanChunk)));
+  for (int64_t first = 0; first < src.num_tokens(); first += kScanChunk) {
+    const int64_t n = std::min(kScanChunk, src.num_tokens() - first);
+    src.read(first, n, buf.data());
+    for (int64_t i = 0; i < n; ++i) {
+      if (buf[i] < 0 || buf[i] >= vocab) {
+        throw InputError(path, "token " + std::to_string(first + i),
+                         strprintf("id %lld is not below vocab_size %lld",
+                                   static_cast<long long>(static_cast<uint32_t>(buf[i])),
+                                   static_cast<long long>(vocab)));
+      }
+    }
+  }
+}
+
+// llm.c shard: mapped read-only; the page cache does the buffering.
+class BinTokenSource final : public TokenSource {
+ public:
+  explicit BinTokenSource(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDONLY);
+    if (fd_ < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    if (fstat(fd_, &st) != 0) throw InputError(path, "", "cannot stat");
+    size_ = st.st_size;
+    const int64_t header_bytes = kBinHeaderInts * 4;
+    if (size_ < header_bytes) {
+      throw InputError(path, "header",
+                       strprintf("truncated: %lld bytes, an llm.c header alone is %lld",
+                                 static_cast<long long>(size_), static_cast<long long>(header_bytes)));
+    }
+    map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      throw InputError(path, "", std::string("cannot map: ") + std::strerror(errno));
+    }
+    const auto* header = static_cast<const int32_t*>(map_);
+    if (header[0] != kBinMagic) {
+      throw InputError(path, "header magic",
+                       strprintf("expected %d (llm.c token shard), got %d", kBinMagic, header[0]));
+    }
+    if (header[1] != 1) {
+      throw InputError(path, "header version",
+                       strprintf("expected 1 (GPT-2 uint16 tokens), got %d", header[1]));
+    }
+    count_ = header[2];
+    const int64_t expect = header_bytes + 2 * count_;
+    if (count_ < 0 || size_ != expect) {
+      throw InputError(path, "header token count",
+                       strprintf("says %lld tokens, so %lld bytes, but the file has %lld bytes%s",
+                                 static_cast<long long>(count_), static_cast<long long>(expect),
+                                 static_cast<long long>(size_),
+                                 size_ < expect ? " (truncated)" : ""));
+    }
+    tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + header_bytes);
+  }
+  ~BinTokenSource() override {
+    if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int64_t num_tokens() const override { return count_; }
+  void read(int64_t first, int64_t count, int32_t* out) const override {
+    for (int64_t i = 0; i < count; ++i) out[i] = tokens_[first + i];
+  }
+  const char* format() const override { return "llm.c .bin (uint16)"; }
+
+ private:
+  int fd_ = -1;
+  void* map_ = nullptr;
+  int64_t size_ = 0, count_ = 0;
+  const uint16_t* tokens_ = nullptr;
+};
+
+class H5TokenSource final : public TokenSource {
+ public:
+  H5TokenSource(const std::string& path, int64_t* vocab, std::string* tokenizer) : path_(path) {
+    H5QuietErrors quiet;
+    file_ = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (!file_.valid()) throw InputError(path, "", "cannot open as HDF5 (damaged or truncated?)");
+    if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0) {
+      throw InputError(path, "/tokens", "missing (a token dataset holds a 1-D dataset /tokens)");
+    }
+    dset_ = H5Handle(H5Dopen2(file_.get(), "tokens", H5P_DEFAULT), H5Dclose);
+    if (!dset_.valid()) throw InputError(path, "/tokens", "cannot open the dataset");
+    H5Handle type(H5Dget_type(dset_.get()), H5Tclose);
+    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_sign(type.get()) != H5T_SGN_NONE ||
+        H5Tget_size(type.get()) > 4) {
+      throw InputError(path, "/tokens", "expected unsigned integers of at most 32 bits");
+    }
+    H5Handle space(H5Dget_space(dset_.get()), H5Sclose);
+    if (H5Sget_simple_extent_ndims(space.get()) != 1) {
+      throw InputError(path, "/tokens", "expected a 1-D dataset");
+    }
+    hsize_t dims[1] = {0};
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    count_ = static_cast<int64_t>(dims[0]);
+    *vocab = read_int_attr("vocab_size");
+    *tokenizer = read_string_attr("tokenizer");
+  }
+  int64_t num_tokens() const override { return count_; }
+  void read(int64_t first, int64_t count, int32_t* out) const override {
+    H5Handle fspace(H5Dget_space(dset_.get()), H5Sclose);
+    const hsize_t start[1] = {static_cast<hsize_t>(first)}, n[1] = {static_cast<hsize_t>(count)};
+    H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, n, nullptr), path_);
+    H5Handle mspace(H5Screate_simple(1, n, nullptr), H5Sclose);
+    // Stored unsigned; read as uint32 (HDF5 converts) into int32 storage:
+    // ids are checked below vocab_size < 2^24 at open, so they fit.
+    if (H5Dread(dset_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+      throw InputError(path_, "/tokens", "read failed (damaged or truncated file?)");
+    }
+  }
+  const char* format() const override { return "HDF5"; }
+
+ private:
+  int64_t read_int_attr(const char* name) {
+    if (H5Aexists(file_.get(), name) <= 0) {
+      throw InputError(path_, std::string("attribute ") + name, "missing at the root");
+    }
+    H5Handle a(H5Aopen(file_.get(), name, H5P_DEFAULT), H5Aclose);
+    int64_t v = 0;
+    if (!a.valid() || H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) {
+      throw InputError(path_, std::string("attribute ") + name, "expected an integer");
+    }
+    return v;
+  }
+  std::string read_string_attr(const char* name) {
+    if (H5Aexists(file_.get(), name) <= 0) {
+      throw InputError(path_, std::string("attribute ") + name, "missing at the root");
+    }
+    H5Handle a(H5Aopen(file_.get(), name, H5P_DEFAULT), H5Aclose);
+    H5Handle t(H5Aget_type(a.get()), H5Tclose);
+    if (H5Tget_class(t.get()) != H5T_STRING) {
+      throw InputError(path_, std::string("attribute ") + name, "expected a string");
+    }
+    if (H5Tis_variable_str(t.get()) > 0) {
+      char* s = nullptr;
+      H5Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(mt.get(), H5T_VARIABLE);
+      H5_CHECK(H5Aread(a.get(), mt.get(), &s), path_);
+      std::string out = s != nullptr ? s : "";
+      H5free_memory(s);
+      return out;
+    }
+    std::string out(H5Tget_size(t.get()), '\0');
+    H5_CHECK(H5Aread(a.get(), t.get(), out.data()), path_);
+    return out.substr(0, out.find('\0'));
+  }
+
+  std::string path_;
+  H5Handle file_, dset_;
+  int64_t count_ = 0;
+};
+
+bool looks_like_hdf5(const std::string& path) {
+  H5QuietErrors quiet;
+  return H5Fis_hdf5(path.c_str()) > 0;
+}
+
+std::vector<std::string> expand(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> paths;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  if (paths.empty()) throw InputError(pattern, "", "no such file (nothing matches this path)");
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+}  // namespace
+
+TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob) {
+  for (const auto& p : expand(path_or_glob)) {
+    int32_t magic = 0;
+    std::ifstream(p, std::ios::binary).read(reinterpret_cast<char*>(&magic), sizeof magic);
+    int64_t vocab = 0;
+    std::string tokenizer;
+    std::unique_ptr<TokenSource> src;
+    if (magic == kBinMagic) {
+      src = std::make_unique<BinTokenSource>(p);
+      vocab = 50257;  // version 1 shards hold GPT-2 tokens
+      tokenizer = "gpt2";
+    } else if (looks_like_hdf5(p)) {
+      src = std::make_unique<H5TokenSource>(p, &vocab, &tokenizer);
+    } else {
+      throw InputError(p, "", "not a token dataset: neither HDF5 nor an llm.c .bin shard "
+                              "(magic 20240520)");
+    }
+    if (vocab < 1 || vocab > (1 << 24)) {
+      throw InputError(p, "attribute vocab_size",
+                       strprintf("expected 1..%d, got %lld", 1 << 24, static_cast<long long>(vocab)));
+    }
+    if (!files_.empty() && (vocab != vocab_size_ || tokenizer != tokenizer_)) {
+      throw InputError(p, "vocab_size/tokenizer", "differs from the first file of " + path_or_glob);
+    }
+    check_token_range(*src, p, vocab);
+    vocab_size_ = vocab;
+    tokenizer_ = tokenizer;
+    files_.push_back(std::move(src));
+  }
+}
+
+TokenDataset::~TokenDataset() = default;
+TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
+TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
+
+int64_t TokenDataset::num_tokens() const {
+  int64_t n = 0;
+  for (const auto& f : files_) n += f->num_tokens();
+  return n;
+}
+
+std::string TokenDataset::format() const {
+  return std::string(files_.front()->format()) +
+         (files_.size() > 1 ? strprintf(", %zu files", files_.size()) : "");
+}
+
+int64_t TokenDataset::num_windows(int64_t seq_len) const {
+  int64_t n = 0;
+  for (const auto& f : files_) n += std::max<int64_t>(0, (f->num_tokens() - 1) / seq_len);
+  return n;
+}
+
+void TokenDataset::read_window(int64_t index, int64_t seq_len, int32_t* out) const {
+  for (const auto& f : files_) {
+    const int64_t w = std::max<int64_t>(0, (f->num_tokens() - 1) / seq_len);
+    if (index < w) {
+      f->read(index * seq_len, seq_len + 1, out);
+      return;
+    }
+    index -= w;
+  }
+  throw std::out_of_range("TokenDataset::read_window: window index past the end");
+}
+
+void TokenDataset::read_tokens(int64_t first, int64_t count, int32_t* out) const {
+  for (const auto& f : files_) {
+    if (count == 0) return;
+    if (first < f->num_tokens()) {
+      const int64_t n = std::min(count, f->num_tokens() - first);
+      f->read(first, n, out);
+      out += n;
+      count -= n;
+      first = 0;
+    } else {
+      first -= f->num_tokens();
+    }
+  }
+}
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      int64_t vocab_size, const std::string& tokenizer) {
+  const std::string tmp = path + ".tmp";
+  {
+    H5QuietErrors quiet;
+    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!file.valid()) throw InputError(path, "", "cannot create (is the directory writable?)");
+    // The narrowest unsigned type that holds every id halves or quarters the file.
+    const hid_t stored = vocab_size <= 256 ? H5T_STD_U8LE
+                         : vocab_size <= 65536 ? H5T_STD_U16LE
+                                               : H5T_STD_U32LE;
+    const hsize_t dims[1] = {tokens.size()};
+    H5Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+    H5Handle dset(H5Dcreate2(file.get(), "tokens", stored, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                             H5P_DEFAULT),
+                  H5Dclose);
+    H5_CHECK(dset.get(), path);
+    H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()),
+             path);
+    H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
+    H5Handle va(H5Acreate2(file.get(), "vocab_size", H5T_STD_I64LE, scalar.get(), H5P_DEFAULT,
+                           H5P_DEFAULT),
+                H5Aclose);
+    H5_CHECK(H5Awrite(va.get(), H5T_NATIVE_INT64, &vocab_size), path);
+    H5Handle st(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(st.get(), H5T_VARIABLE);
+    H5Handle ta(H5Acreate2(file.get(), "tokenizer", st.get(), scalar.get(), H5P_DEFAULT,
+                           H5P_DEFAULT),
+                H5Aclose);
+    const char* name = tokenizer.c_str();
+    H5_CHECK(H5Awrite(ta.get(), st.get(), &name), path);
+    H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), path);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw InputError(path, "", std::string("cannot rename the finished file into place: ") +
+                                   std::strerror(errno));
+  }
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,53 @@
+// A token dataset, read-only, in either of two formats detected by content:
+//  - HDF5: a 1-D unsigned integer dataset /tokens, root attributes
+//    vocab_size (integer) and tokenizer (string);
+//  - llm.c .bin shards: a 256 x int32 header (magic 20240520, version 1,
+//    token count) then uint16 tokens; one file or a glob of several.
+// A sample is a window of seq_len + 1 consecutive tokens (inputs and the
+// targets shifted by one); windows are laid end to end with a stride of
+// seq_len and never cross a file boundary.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mpiformer {
+
+class TokenSource;
+
+class TokenDataset {
+ public:
+  // Opens and checks every file: format, size, and that every token is
+  // below vocab_size. Errors name the file and what is wrong.
+  explicit TokenDataset(const std::string& path_or_glob);
+  ~TokenDataset();
+  TokenDataset(TokenDataset&&) noexcept;
+  TokenDataset& operator=(TokenDataset&&) noexcept;
+
+  const std::string& path() const { return path_; }
+  int64_t num_tokens() const;
+  int64_t vocab_size() const { return vocab_size_; }
+  const std::string& tokenizer() const { return tokenizer_; }
+  std::string format() const;
+
+  // Windows of seq_len + 1 tokens the dataset holds.
+  int64_t num_windows(int64_t seq_len) const;
+  // Window `index` (0 <= index < num_windows) into out[seq_len + 1].
+  void read_window(int64_t index, int64_t seq_len, int32_t* out) const;
+  // Any `count` consecutive tokens of the whole dataset (for inspection).
+  void read_tokens(int64_t first, int64_t count, int32_t* out) const;
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<TokenSource>> files_;
+  int64_t vocab_size_ = 0;
+  std::string tokenizer_;
+};
+
+// Writes `tokens` as an HDF5 token dataset (the format above); the file is
+// written under a temporary name and renamed, so a failure leaves no half file.
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      int64_t vocab_size, const std::string& tokenizer);
+
+}  // namespace mpiformer

@@ -1,0 +1,33 @@
+// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "parallel.hpp"
+
+namespace mpiformer::host {
+
+template <class T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
+  parallel_for("gelu_forward", n, [=](const int64_t i) {
+    const T x = inp[i];
+    const T k = static_cast<T>(0.7978845608028654);  // sqrt(2/pi)
+    out[i] = T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+  });
+}
+
+// dinp is overwritten (=): the MLP's pre-activation has one consumer.
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+  parallel_for("gelu_backward", n, [=](const int64_t i) {
+    const T x = inp[i];
+    const T k = static_cast<T>(0.7978845608028654);
+    const T u = k * (x + T(0.044715) * x * x * x);
+    const T th = std::tanh(u);
+    const T sech2 = T(1) - th * th;
+    const T du = k * (T(1) + T(3) * T(0.044715) * x * x);
+    dinp[i] = dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);
+  });
+}
+
+}  // namespace mpiformer::host

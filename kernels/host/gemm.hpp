@@ -1,0 +1,20 @@
+// Row-major GEMM through CBLAS, overloaded on the scalar type so every kernel
+// can be instantiated in float (training) and double (gradient checks).
+#pragma once
+#include <cstdint>
+
+namespace mpiformer::host {
+
+// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, all row-major.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc);
+
+// Threads the BLAS library may use (no-op where the BLAS has no such control).
+void set_blas_threads(int n);
+int blas_threads();
+
+}  // namespace mpiformer::host

@@ -1,0 +1,44 @@
+// Errors: one exception type for bad user input (names the file and the field)
+// and one for failed library calls; check macros carry the call, file and line.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace mpiformer {
+
+// Bad input a user can fix: a deck, a dataset, a checkpoint, a layout.
+// Every rank reads the same inputs, so every rank raises the same InputError;
+// the driver prints it once (rank 0) and all ranks exit non-zero.
+class InputError : public std::runtime_error {
+ public:
+  InputError(const std::string& file, const std::string& field, const std::string& what)
+      : std::runtime_error(compose(file, field, what)), file_(file), field_(field) {}
+  const std::string& file() const { return file_; }
+  const std::string& field() const { return field_; }
+
+ private:
+  static std::string compose(const std::string& file, const std::string& field,
+                             const std::string& what) {
+    std::string msg = file;
+    if (!field.empty()) msg += (msg.empty() ? "" : ": ") + field;
+    return msg + (msg.empty() ? "" : ": ") + what;
+  }
+  std::string file_, field_;
+};
+
+// A library call (MPI, HDF5, BLAS, I/O) failed: a bug or a broken system.
+class SystemError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void throw_system_error(const char* call, const char* file, int line,
+                                     const std::string& reason);
+
+}  // namespace mpiformer
+
+// Checks a condition that must hold unless something outside the program broke.
+#define MPIFORMER_CHECK(cond, reason)                                         \
+  do {                                                                       \
+    if (!(cond)) ::mpiformer::throw_system_error(#cond, __FILE__, __LINE__, (reason)); \
+  } while (0)

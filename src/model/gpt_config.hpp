@@ -1,0 +1,21 @@
+// The shape of a GPT-2 model.
+#pragma once
+#include <cstdint>
+
+namespace mpiformer {
+
+struct GptConfig {
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_embd = 0;
+  int64_t seq_len = 0;     // maximum context, the size of the position table
+  int64_t vocab_size = 0;  // real tokens
+
+  // The LM head and embedding are padded to a multiple of 128 rows so the
+  // largest GEMM of the model has a friendly shape; the padding is never
+  // visible outside the model (checkpoints and logits use vocab_size).
+  int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  int64_t head_dim() const { return n_embd / n_head; }
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,55 @@
+// The parameters a pipeline stage owns, named as in GPT-2's checkpoints
+// (without the "transformer." prefix), with their shapes and their place in
+// the stage's flat parameter buffer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt_config.hpp"
+
+namespace mpiformer {
+
+// A contiguous range of transformer layers and whether the stage also holds
+// the embeddings (first stage) or the final LayerNorm + tied head (last stage).
+struct StageRange {
+  int64_t first_layer = 0;
+  int64_t last_layer = 0;  // one past the end
+  bool has_embedding = true;
+  bool has_head = true;
+  int64_t num_layers() const { return last_layer - first_layer; }
+};
+
+// Layers are split as evenly as possible; the first (n_layer % pp) stages get
+// one layer more. A stage may hold zero layers only if pp > n_layer, which the
+// deck validation rejects.
+StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages);
+
+struct ParameterSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // logical shape (wte: [vocab_size, n_embd])
+  int64_t offset = 0;          // into the flat buffer
+  int64_t storage = 0;         // elements reserved (wte: padded_vocab * n_embd)
+  bool decay = false;          // AdamW weight decay: matrices and embeddings only
+  double init_std = 0.0;       // normal(0, init_std); 0 means constant init_value
+  double init_value = 0.0;
+  int64_t numel() const;
+};
+
+class ParameterTable {
+ public:
+  ParameterTable(const GptConfig& cfg, const StageRange& range);
+  const std::vector<ParameterSpec>& specs() const { return specs_; }
+  const ParameterSpec& at(const std::string& name) const;
+  int64_t total_storage() const { return total_; }
+  // Real parameters (padding excluded).
+  int64_t total_numel() const;
+
+ private:
+  void add(std::string name, std::vector<int64_t> shape, bool decay, double std, double value,
+           int64_t storage = -1);
+  std::vector<ParameterSpec> specs_;
+  int64_t total_ = 0;
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,23 @@
+// Checks an MPI call; on failure names the call, the file, the line, the rank
+// and MPI's own reason, and throws (the driver turns it into MPI_Abort so no
+// rank is left waiting).
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+#include "core/error.hpp"
+
+namespace mpiformer {
+std::string mpi_error_string(int code);
+int world_rank();
+}  // namespace mpiformer
+
+#define MPI_CHECK(call)                                                                   \
+  do {                                                                                    \
+    const int mpiformer_rc_ = (call);                                                     \
+    if (mpiformer_rc_ != MPI_SUCCESS)                                                     \
+      ::mpiformer::throw_system_error(#call, __FILE__, __LINE__,                          \
+                                      "rank " + std::to_string(::mpiformer::world_rank()) + \
+                                          ": " + ::mpiformer::mpi_error_string(mpiformer_rc_)); \
+  } while (0)

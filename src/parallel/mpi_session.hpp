@@ -1,0 +1,27 @@
+// MPI for the lifetime of the program (move-only RAII): initialised first and
+// finalised last. Errors are returned to us instead of aborting inside MPI,
+// so each failure is reported with its call site.
+#pragma once
+#include <mpi.h>
+
+namespace mpiformer {
+
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Ends every rank of the job with `code`; for errors that not every rank
+  // has seen, where a collective exit would hang.
+  [[noreturn]] static void abort(int code);
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace mpiformer

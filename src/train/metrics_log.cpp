@@ -1,0 +1,63 @@
+#include "train/metrics_log.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+
+namespace mpiformer {
+
+namespace {
+std::string duration(double s) {
+  const auto t = static_cast<long long>(s + 0.5);
+  return t >= 3600 ? strprintf("%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60)
+                   : strprintf("%lld:%02lld", t / 60, t % 60);
+}
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& run_dir, bool active)
+    : active_(active), path_(run_dir + "/metrics.jsonl") {
+  if (!active_) return;
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir, ec);
+  if (ec) throw InputError(run_dir, "[run] dir", "cannot create the run directory: " + ec.message());
+  file_ = std::fopen(path_.c_str(), "w");
+  if (file_ == nullptr) throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void MetricsLog::write_line(const std::string& json) {
+  std::fputs(json.c_str(), file_);
+  std::fputc('\n', file_);
+  std::fflush(file_);  // a crash or a kill loses no logged line
+}
+
+void MetricsLog::step(const StepMetrics& m) {
+  if (!active_) return;
+  const int w = static_cast<int>(std::to_string(m.steps).size());
+  std::printf("step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | "
+              "%.1f ms | ETA %s\n",
+              w, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr,
+              m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
+  std::fflush(stdout);
+  write_line(strprintf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                       "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g}",
+                       static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s,
+                       m.mfu, m.step_ms));
+}
+
+void MetricsLog::eval(int64_t step, int64_t steps, double val_loss) {
+  if (!active_) return;
+  std::printf("step %lld/%lld | val loss %.4f\n", static_cast<long long>(step),
+              static_cast<long long>(steps), val_loss);
+  std::fflush(stdout);
+  write_line(strprintf("{\"step\": %lld, \"val_loss\": %.9g}", static_cast<long long>(step),
+                       val_loss));
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,35 @@
+// Where a run reports progress: one human line per logging interval on
+// stdout (rank 0) and one JSON object per line in <run.dir>/metrics.jsonl.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace mpiformer {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based: the number of optimizer steps done
+  int64_t steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, step_ms = 0, eta_s = 0;
+};
+
+class MetricsLog {
+ public:
+  // Only the rank that logs opens the file; others make a no-op log.
+  MetricsLog(const std::string& run_dir, bool active);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  void step(const StepMetrics& m);
+  void eval(int64_t step, int64_t steps, double val_loss);
+  const std::string& path() const { return path_; }
+
+ private:
+  void write_line(const std::string& json);
+  bool active_;
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace mpiformer
