@@ -30,6 +30,18 @@ struct Key {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The shortest decimal that reads back as the same double (0.003, not
+// 0.0030000000000000001), always with a '.' or exponent so TOML keeps it a float.
+std::string shortest(double x) {
+  std::string s;
+  for (int digits = 1; digits <= 17; ++digits) {
+    s = strprintf("%.*g", digits, x);
+    if (std::stod(s) == x) break;
+  }
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
 template <class M>
 Key int_key(const char* sec, const char* name, bool req, double lo, double hi, M member) {
   return {sec, name, Kind::Int, req, lo, hi,
@@ -42,7 +54,7 @@ Key float_key(const char* sec, const char* name, bool req, double lo, double hi,
           [member](Deck& d, const toml::value& v) {
             member(d) = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
           },
-          [member](const Deck& d) { return strprintf("%.17g", member(const_cast<Deck&>(d))); }};
+          [member](const Deck& d) { return shortest(member(const_cast<Deck&>(d))); }};
 }
 template <class M>
 Key string_key(const char* sec, const char* name, bool req, M member) {
@@ -246,7 +258,11 @@ std::string Deck::to_toml() const {
       section = k.section;
       out += (out.empty() ? "[" : "\n[") + section + "]\n";
     }
-    out += std::string(k.name) + " = " + k.show(*this) + "\n";
+    const std::string v = k.show(*this);
+    // Optional keys left unset (vocab_size 0, no val path) are not written,
+    // so the text is itself a valid deck.
+    const bool unset = k.kind == Kind::String ? v == "\"\"" : !(std::stod(v) >= k.min);
+    if (!unset) out += std::string(k.name) + " = " + v + "\n";
   }
   return out;
 }

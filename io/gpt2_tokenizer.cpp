@@ -165,8 +165,12 @@ std::vector<uint32_t> Gpt2Tokenizer::encode(const std::string& text) const {
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex_, nullptr);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   PCRE2_SIZE pos = 0;
+  // PCRE2 validates the UTF-8 of the whole subject on every call unless told
+  // not to: check it on the first match only, or encoding is quadratic.
+  uint32_t options = 0;
   while (pos < text.size()) {
-    const int rc = pcre2_match(regex_, subject, text.size(), pos, 0, md, nullptr);
+    const int rc = pcre2_match(regex_, subject, text.size(), pos, options, md, nullptr);
+    options = PCRE2_NO_UTF_CHECK;
     if (rc < 0) {
       const PCRE2_SIZE bad = pcre2_get_startchar(md);
       pcre2_match_data_free(md);

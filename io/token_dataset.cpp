@@ -212,7 +212,8 @@ TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob
     int64_t vocab = 0;
     std::string tokenizer;
     std::unique_ptr<TokenSource> src;
-    if (magic == kBinMagic) {
+    const bool bin_name = p.size() > 4 && p.compare(p.size() - 4, 4, ".bin") == 0;
+    if (magic == kBinMagic || (bin_name && !looks_like_hdf5(p))) {
       src = std::make_unique<BinTokenSource>(p);
       vocab = 50257;  // version 1 shards hold GPT-2 tokens
       tokenizer = "gpt2";
