@@ -32,7 +32,7 @@ int run_prep(const PrepArgs& args, int rank) {
       const auto ids = tok->encode(ss.str());
       tokens.insert(tokens.end(), ids.begin(), ids.end());
     } catch (const InputError& e) {
-      throw InputError(path, e.field(), e.what());
+      throw InputError(path, e.field(), e.reason());
     }
     std::fprintf(stderr, "prep: %s: %zu tokens so far\n", path.c_str(), tokens.size());
   }

@@ -12,9 +12,11 @@ namespace mpiformer {
 class InputError : public std::runtime_error {
  public:
   InputError(const std::string& file, const std::string& field, const std::string& what)
-      : std::runtime_error(compose(file, field, what)), file_(file), field_(field) {}
+      : std::runtime_error(compose(file, field, what)), file_(file), field_(field), reason_(what) {}
   const std::string& file() const { return file_; }
   const std::string& field() const { return field_; }
+  // What is wrong, without the file and field.
+  const std::string& reason() const { return reason_; }
 
  private:
   static std::string compose(const std::string& file, const std::string& field,
@@ -23,7 +25,7 @@ class InputError : public std::runtime_error {
     if (!field.empty()) msg += (msg.empty() ? "" : ": ") + field;
     return msg + (msg.empty() ? "" : ": ") + what;
   }
-  std::string file_, field_;
+  std::string file_, field_, reason_;
 };
 
 // A library call (MPI, HDF5, BLAS, I/O) failed: a bug or a broken system.

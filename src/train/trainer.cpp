@@ -55,18 +55,6 @@ void check_dataset(const TokenDataset& d, const GptConfig& cfg, const std::strin
 }  // namespace
 
 Trainer::Trainer(Deck deck, int rank, int world) : deck_(std::move(deck)), rank_(rank) {
-  const auto& par = deck_.parallel;
-  if (par.dp * par.pp != world) {
-    throw InputError(deck_.path, "[parallel] dp x pp",
-                     strprintf("%lld x %lld = %lld ranks, but the job has %d",
-                               static_cast<long long>(par.dp), static_cast<long long>(par.pp),
-                               static_cast<long long>(par.dp * par.pp), world));
-  }
-  if (world != 1) {
-    throw InputError(deck_.path, "[parallel] dp x pp",
-                     "this version trains on one rank (dp = pp = 1); data and pipeline "
-                     "parallelism are not implemented yet");
-  }
   st_ = std::make_unique<State>(deck_.data.train);
   if (deck_.model.vocab_size == 0) deck_.model.vocab_size = st_->train.vocab_size();
   st_->cfg = deck_.model;
@@ -79,6 +67,19 @@ Trainer::Trainer(Deck deck, int rank, int world) : deck_(std::move(deck)), rank_
                        "'" + st_->val->tokenizer() + "' differs from the training data's '" +
                            st_->train.tokenizer() + "'");
     }
+  }
+  // After the data, so a data error reads the same whatever the rank count.
+  const auto& par = deck_.parallel;
+  if (par.dp * par.pp != world) {
+    throw InputError(deck_.path, "[parallel] dp x pp",
+                     strprintf("%lld x %lld = %lld ranks, but the job has %d",
+                               static_cast<long long>(par.dp), static_cast<long long>(par.pp),
+                               static_cast<long long>(par.dp * par.pp), world));
+  }
+  if (world != 1) {
+    throw InputError(deck_.path, "[parallel] dp x pp",
+                     "this version trains on one rank (dp = pp = 1); data and pipeline "
+                     "parallelism are not implemented yet");
   }
 }
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Each class of bad input gives its message and a non-zero exit, on one rank
+# and on two (where every rank must exit: mpirun returns non-zero and
+# nothing hangs), and leaves existing files untouched.
+source "$(dirname "$0")/lib.sh"
+prep_sample_data
+DECK="$SOURCE_DIR/inputs/tiny.toml"
+
+# expect NP "message part" ARGS...: the run fails, with that text on stderr.
+expect() {
+  local np=$1 want=$2
+  shift 2
+  local rc=0
+  timeout 120 mpirun -np "$np" "$MPIFORMER" "$@" >out.txt 2>err.txt || rc=$?
+  [ "$rc" -ne 0 ] || fail "exit 0 for: $*"
+  [ "$rc" -ne 124 ] || fail "hung (timeout) for: $*"
+  grep -qF -- "$want" err.txt || { cat err.txt >&2; fail "no '$want' in the error for: $*"; }
+  if [ "$np" -gt 1 ]; then
+    [ "$(grep -c 'mpiformer: error' err.txt)" -eq 1 ] || fail "the message should be printed once"
+  fi
+  echo "ok ($np rank(s)): $want"
+}
+
+for np in 1 2; do
+  expect $np "missing.toml: cannot open the input deck" train missing.toml
+  printf '[model]\nn_layer = 2\nbogus = 1\n' >unknown.toml
+  expect $np "unknown.toml: [model] bogus: unknown key" train unknown.toml
+  expect $np "[train] micro_batch: expected an integer" train "$DECK" --set train.micro_batch=1.5
+  expect $np "[train] lr: expected a value in" train "$DECK" --set train.lr=-1
+  expect $np "[train] global_batch: must be a multiple" train "$DECK" --set train.micro_batch=5
+  expect $np "nothing.h5: no such file" train "$DECK" --set data.train=nothing.h5
+done
+expect 2 "[parallel] dp x pp: 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
+
+# Damaged datasets.
+printf 'just text' >plain.txt
+expect 1 "plain.txt: not a token dataset" train "$DECK" --set data.train=plain.txt
+python3 - <<'PY'
+import struct
+def shard(name, tokens, magic=20240520, count=None, cut=0):
+    head = struct.pack("<256i", magic, 1, len(tokens) if count is None else count, *([0] * 253))
+    body = struct.pack("<%dH" % len(tokens), *tokens)
+    open(name, "wb").write((head + body)[: len(head + body) - cut])
+shard("magic.bin", [1] * 100, magic=7)
+shard("trunc.bin", [1] * 100, cut=10)
+shard("range.bin", [1] * 50 + [60000] + [1] * 49)
+shard("short.bin", [1] * 20)
+PY
+expect 1 "magic.bin: header magic: expected 20240520" train "$DECK" --set data.train=magic.bin
+expect 1 "trunc.bin: header token count" train "$DECK" --set data.train=trunc.bin
+expect 1 "range.bin: token 50: id 60000 is not below" train "$DECK" --set data.train=range.bin
+expect 1 "the data's vocabulary (50257) exceeds [model] vocab_size (256)" train "$DECK" \
+  --set data.train=short.bin --set model.vocab_size=256
+expect 1 "short.bin: [data] train: 20 tokens: too few" train "$DECK" --set data.train=short.bin
+
+# prep: bad text for gpt2 must not touch an existing output file.
+cp data/tinyshakespeare_byte.h5 keep.h5
+sum_before=$(md5sum keep.h5)
+printf 'ok \xff\xfe bad' >bad_utf8.txt
+expect 1 "bad_utf8.txt: byte 3: text is not valid UTF-8" prep --tokenizer gpt2 --output keep.h5 bad_utf8.txt
+[ "$sum_before" = "$(md5sum keep.h5)" ] || fail "a failed prep changed the existing output"
+expect 1 "--tokenizer" prep --tokenizer nope --output x.h5 plain.txt
+echo "all bad inputs rejected"
