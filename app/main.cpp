@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "parallel/mpi_session.hpp"
+#include "parallel/nccl_version.hpp"
 
 namespace {
 
@@ -23,7 +24,8 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
 
   CLI::App app{"mpiformer: GPT training with data and pipeline parallelism over MPI", "mpiformer"};
-  app.set_version_flag("--version", std::string("mpiformer ") + MPIFORMER_VERSION);
+  app.set_version_flag("--version", std::string("mpiformer ") + MPIFORMER_VERSION + " (NCCL " +
+                                        nccl_version() + ")");
   app.require_subcommand(1);
 
   TrainArgs train;

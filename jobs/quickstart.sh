@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# From a fresh checkout to a trained model: installs the dependencies, builds
+# the cpu preset, tokenizes the sample corpus and trains the tiny deck under
+# mpirun. Parameters (environment variables, with defaults):
+#   DECK=inputs/tiny.toml   the input deck
+#   NP=1                    MPI ranks (the deck's dp x pp)
+#   PRESET=cpu              CMake preset to build
+#   MPIFORMER_ARGS=""       extra arguments, e.g. "--set train.steps=50"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DECK=${DECK:-inputs/tiny.toml}
+NP=${NP:-1}
+PRESET=${PRESET:-cpu}
+MPIFORMER_ARGS=${MPIFORMER_ARGS:-}
+
+bash .ci/deps.sh
+cmake --preset "$PRESET" >/dev/null
+cmake --build --preset "$PRESET"
+BIN=build/$PRESET/app/mpiformer
+
+if [ ! -f data/tinyshakespeare_byte.h5 ] || [ ! -f data/tinyshakespeare_byte_val.h5 ]; then
+  mkdir -p data
+  "$BIN" prep --tokenizer byte --val-fraction 0.1 \
+    --output data/tinyshakespeare_byte.h5 inputs/tinyshakespeare.txt
+fi
+
+launcher=(mpirun -np "$NP")
+if [ "$(id -u)" -eq 0 ]; then launcher+=(--allow-run-as-root); fi
+if [ "$NP" -gt "$(nproc)" ]; then launcher+=(--oversubscribe); fi
+# shellcheck disable=SC2086  # MPIFORMER_ARGS is a list of words by design
+cmd=("${launcher[@]}" "$BIN" train "$DECK" $MPIFORMER_ARGS)
+echo "mpiformer $(git rev-parse --short HEAD 2>/dev/null || echo unknown): ${cmd[*]}"
+"${cmd[@]}"

@@ -1,0 +1,36 @@
+#include "cuda/cuda_check.hpp"
+#include "cuda/device.hpp"
+
+namespace mpiformer::cuda {
+
+int device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky error so later calls start clean
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device";
+  return n;
+}
+
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void device_free(void* p) noexcept {
+  if (p != nullptr) cudaFree(p);
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+}  // namespace mpiformer::cuda
