@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "gemm.hpp"
+#include "fast_math.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
@@ -32,7 +33,7 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int6
       for (int64_t j = 1; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
       T sum = 0;
       for (int64_t j = 0; j <= t; ++j) {
-        row[j] = std::exp(row[j] - mx);
+        row[j] = exp_fast(row[j] - mx);
         sum += row[j];
       }
       const T inv = T(1) / sum;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "fast_math.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
@@ -19,7 +20,7 @@ void crossentropy_forward(T* losses, const T* logits, const int32_t* targets, in
     T mx = z[0];
     for (int64_t i = 1; i < V; ++i) mx = z[i] > mx ? z[i] : mx;
     T sum = 0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
+    for (int64_t i = 0; i < V; ++i) sum += exp_fast(z[i] - mx);
     losses[n] = std::log(sum) + mx - z[targets[n]];
   });
 }
@@ -38,7 +39,7 @@ void crossentropy_forward_backward(T* losses, T* logits, const int32_t* targets,
     for (int64_t i = 1; i < V; ++i) mx = z[i] > mx ? z[i] : mx;
     T sum = 0;
     for (int64_t i = 0; i < V; ++i) {
-      z[i] = std::exp(z[i] - mx);
+      z[i] = exp_fast(z[i] - mx);
       sum += z[i];
     }
     const int32_t y = targets[n];

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "fast_math.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
@@ -12,7 +13,7 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
   parallel_for("gelu_forward", n, [=](const int64_t i) {
     const T x = inp[i];
     const T k = static_cast<T>(0.7978845608028654);  // sqrt(2/pi)
-    out[i] = T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+    out[i] = T(0.5) * x * (T(1) + tanh_fast(k * (x + T(0.044715) * x * x * x)));
   });
 }
 
@@ -23,7 +24,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
     const T x = inp[i];
     const T k = static_cast<T>(0.7978845608028654);
     const T u = k * (x + T(0.044715) * x * x * x);
-    const T th = std::tanh(u);
+    const T th = tanh_fast(u);
     const T sech2 = T(1) - th * th;
     const T du = k * (T(1) + T(3) * T(0.044715) * x * x);
     dinp[i] = dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);

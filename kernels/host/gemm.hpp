@@ -13,6 +13,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
 
+// Wall time spent inside gemm on this thread since the last reset: lets the
+// trainer and the benchmarks split a step into matrix products and the rest.
+double gemm_seconds();
+void reset_gemm_seconds();
+
 // Threads the BLAS library may use (no-op where the BLAS has no such control).
 void set_blas_threads(int n);
 int blas_threads();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "column_sums.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
@@ -54,17 +55,25 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
       d[c] += s * (g[c] * weight[c] - sum_g - xhat * sum_gx);
     }
   });
-  // Parameter gradients: parallel over channels so the sum over rows has a
-  // fixed order and no two iterations write the same element.
-  parallel_for("layernorm_backward_params", C, [=](const int64_t c) {
-    T dw = 0, db = 0;
+  // Parameter gradients: column blocks with rows in order inside (see
+  // column_sums.hpp): fixed summation order, contiguous inner loop.
+  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  parallel_for("layernorm_backward_params", blocks, [=](const int64_t blk) {
+    const int64_t c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    T dw[kColumnBlock] = {}, db[kColumnBlock] = {};
     for (int64_t n = 0; n < N; ++n) {
-      const T g = dout[n * C + c];
-      dw += g * (inp[n * C + c] - mean[n]) * rstd[n];
-      db += g;
+      const T* g = dout + n * C;
+      const T* x = inp + n * C;
+      const T m = mean[n], s = rstd[n];
+      for (int64_t c = c0; c < c1; ++c) {
+        dw[c - c0] += g[c] * (x[c] - m) * s;
+        db[c - c0] += g[c];
+      }
     }
-    dweight[c] += dw;
-    dbias[c] += db;
+    for (int64_t c = c0; c < c1; ++c) {
+      dweight[c] += dw[c - c0];
+      dbias[c] += db[c - c0];
+    }
   });
 }
 

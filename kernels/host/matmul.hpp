@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "column_sums.hpp"
 #include "gemm.hpp"
 #include "parallel.hpp"
 
@@ -29,13 +30,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      int64_t N, int64_t C, int64_t OC) {
   if (dinp != nullptr) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
   gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
-  if (dbias != nullptr) {
-    parallel_for("matmul_backward_bias", OC, [=](const int64_t o) {
-      T s = 0;
-      for (int64_t n = 0; n < N; ++n) s += dout[n * OC + o];
-      dbias[o] += s;
-    });
-  }
+  if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC);
 }
 
 }  // namespace mpiformer::host

@@ -46,9 +46,9 @@ void MetricsLog::step(const StepMetrics& m) {
               m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
   std::fflush(stdout);
   write_line(strprintf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                       "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g}",
+                       "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"matmul_fraction\": %.4g}",
                        static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s,
-                       m.mfu, m.step_ms));
+                       m.mfu, m.step_ms, m.matmul_fraction));
 }
 
 void MetricsLog::eval(int64_t step, int64_t steps, double val_loss) {

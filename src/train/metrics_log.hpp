@@ -11,6 +11,7 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based: the number of optimizer steps done
   int64_t steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, step_ms = 0, eta_s = 0;
+  double matmul_fraction = 0;  // of the step time spent in GEMMs
 };
 
 class MetricsLog {

@@ -165,6 +165,7 @@ TrainResult Trainer::run() {
   const int64_t storage = s.stage->param_storage();
   double interval_s = 0;
   int64_t interval_steps = 0;
+  host::reset_gemm_seconds();
   for (int64_t step = 0; step < tc.steps; ++step) {
     const auto t0 = Clock::now();
     s.stage->zero_grads();
@@ -205,13 +206,16 @@ TrainResult Trainer::run() {
       sm.tokens_per_s = static_cast<double>(tc.global_batch * T) / mean_s;
       sm.mfu = sm.tokens_per_s * s.flops_per_token / s.peak_flops;
       sm.eta_s = mean_s * static_cast<double>(tc.steps - done);
+      sm.matmul_fraction = host::gemm_seconds() / interval_s;
       log.step(sm);
+      host::reset_gemm_seconds();
       interval_s = 0;
       interval_steps = 0;
     }
     const bool eval_due = tc.eval_every > 0 && done % tc.eval_every == 0;
     if (s.val && (eval_due || done == tc.steps)) {
       result.final_val_loss = evaluate();
+      host::reset_gemm_seconds();  // evaluation is not part of the next interval
       log.eval(done, tc.steps, result.final_val_loss);
     }
   }

@@ -1,0 +1,138 @@
+// End-to-end step benchmark: a few optimizer steps of the model a deck
+// describes (synthetic tokens, no dataset needed), with
+//  - model FLOP/s against the sgemm peak measured in the same run,
+//  - the split of the step into GEMMs and everything else,
+//  - the time of every labelled host kernel (Kokkos profiling hooks).
+// Usage: mpiformer_bench_step DECK [--set k=v]... [--steps N] [--json FILE]
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mpi.h>
+#include <string>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "deck.hpp"
+#include "host/adamw.hpp"
+#include "host/gemm.hpp"
+#include "model/gpt_stage.hpp"
+#include "train/adamw_optimizer.hpp"
+#include "train/model_flops.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Kernel time by label, from Kokkos' begin/end callbacks.
+struct KernelTimes {
+  std::map<uint64_t, std::pair<std::string, Clock::time_point>> open;
+  std::map<std::string, double> seconds;
+  uint64_t next = 0;
+};
+KernelTimes g_times;
+
+void on_begin(const char* name, uint32_t, uint64_t* id) {
+  *id = g_times.next++;
+  g_times.open[*id] = {name, Clock::now()};
+}
+void on_end(uint64_t id) {
+  auto it = g_times.open.find(id);
+  g_times.seconds[it->second.first] +=
+      std::chrono::duration<double>(Clock::now() - it->second.second).count();
+  g_times.open.erase(it);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mpiformer;
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    std::string deck_path, json_path;
+    std::vector<std::string> sets;
+    int steps = 3;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
+      else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+      else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+      else deck_path = a;
+    }
+    const Deck deck = load_deck(deck_path, sets);
+    GptConfig cfg = deck.model;
+    if (cfg.vocab_size == 0) cfg.vocab_size = 50257;
+    if (deck.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck.run.blas_threads));
+    const int64_t B = deck.train.micro_batch, T = cfg.seq_len;
+
+    GptStage<float> stage(cfg, partition_stage(cfg, 0, 1), B, 1);
+    stage.init_parameters(1);
+    AdamWOptimizer<float> opt(stage.table(), AdamWSettings{0.9, 0.95, 1e-8, 0.1});
+    std::vector<int32_t> tokens(B * (T + 1));
+    Rng rng(7, "bench");
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.vocab_size)));
+    std::vector<int32_t> inputs(B * T), targets(B * T);
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy_n(tokens.begin() + b * (T + 1), T, inputs.begin() + b * T);
+      std::copy_n(tokens.begin() + b * (T + 1) + 1, T, targets.begin() + b * T);
+    }
+    auto step = [&](int64_t n) {
+      stage.zero_grads();
+      stage.forward(0, inputs.data(), nullptr, targets.data(), true, 1.0f / (B * T));
+      stage.backward(0, inputs.data(), nullptr);
+      const double norm = std::sqrt(host::sum_of_squares(stage.grads(), stage.param_storage()));
+      opt.update(stage.params(), stage.grads(), 1e-4, n, norm > 1 ? 1 / norm : 1);
+    };
+    step(1);  // warm-up: page faults, BLAS buffers
+
+    const double peak = measure_sgemm_peak();
+    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(on_begin);
+    Kokkos::Tools::Experimental::set_end_parallel_for_callback(on_end);
+    Kokkos::Tools::Experimental::set_begin_parallel_reduce_callback(on_begin);
+    Kokkos::Tools::Experimental::set_end_parallel_reduce_callback(on_end);
+    host::reset_gemm_seconds();
+    const auto t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) step(2 + s);
+    const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double per_step = total / steps;
+    const double gemm = host::gemm_seconds() / steps;
+    const double tok_s = static_cast<double>(B * T) / per_step;
+    const double flops = tok_s * training_flops_per_token(cfg);
+
+    std::printf("model   %lld layers, %lld channels, vocab %lld, micro-batch %lld x %lld tokens, "
+                "%d BLAS threads\n",
+                (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.vocab_size,
+                (long long)B, (long long)T, host::blas_threads());
+    std::printf("step    %.1f ms, %.0f tokens/s\n", 1e3 * per_step, tok_s);
+    std::printf("model   %.1f GFLOP/s = %.1f%% of the sgemm peak %.1f GFLOP/s measured now\n",
+                flops / 1e9, 100 * flops / peak, peak / 1e9);
+    std::printf("split   GEMM %.1f%%, everything else %.1f%% of the step\n", 100 * gemm / per_step,
+                100 * (per_step - gemm) / per_step);
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, sec] : g_times.seconds) rows.emplace_back(sec / steps, name);
+    std::sort(rows.rbegin(), rows.rend());
+    std::printf("kernels (ms per step; attention includes its GEMMs)\n");
+    for (const auto& [sec, name] : rows)
+      std::printf("  %-32s %9.2f  %5.1f%%\n", name.c_str(), 1e3 * sec, 100 * sec / per_step);
+    if (!json_path.empty()) {
+      if (std::FILE* f = std::fopen(json_path.c_str(), "w")) {
+        std::fprintf(f,
+                     "{\"n_layer\": %lld, \"n_embd\": %lld, \"micro_batch\": %lld, \"seq_len\": %lld, "
+                     "\"step_ms\": %.3f, \"tokens_per_s\": %.2f, \"model_gflops\": %.3f, "
+                     "\"peak_gflops\": %.3f, \"fraction_of_peak\": %.4f, \"non_matmul_fraction\": %.4f}\n",
+                     (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)B, (long long)T,
+                     1e3 * per_step, tok_s, flops / 1e9, peak / 1e9, flops / peak,
+                     (per_step - gemm) / per_step);
+        std::fclose(f);
+      } else {
+        rc = 1;
+      }
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
