@@ -1,0 +1,114 @@
+// Google Benchmark of the host kernels at GPT-2 124M shapes: the sgemm
+// shapes of every linear layer (FLOP/s) and each non-matmul kernel (bytes/s
+// of compulsory traffic). Tokens per micro-batch: 4 x 64 and 4 x 256.
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <vector>
+
+#include "host/adamw.hpp"
+#include "host/attention.hpp"
+#include "host/crossentropy.hpp"
+#include "host/gelu.hpp"
+#include "host/layernorm.hpp"
+#include "host/matmul.hpp"
+
+namespace {
+
+using namespace mpiformer::host;
+constexpr int64_t C = 768, NH = 12, V = 50257, Vp = 50304;
+
+std::vector<float> filled(int64_t n, float v = 0.01f) { return std::vector<float>(n, v); }
+
+// args: tokens, in_features, out_features
+void BM_LinearForward(benchmark::State& st) {
+  const int64_t N = st.range(0), K = st.range(1), OC = st.range(2);
+  auto x = filled(N * K), w = filled(OC * K), b = filled(OC), y = filled(N * OC);
+  for (auto _ : st) matmul_forward(y.data(), x.data(), w.data(), b.data(), N, K, OC);
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * N * K * OC * st.iterations(), benchmark::Counter::kIsRate);
+}
+void BM_LinearBackward(benchmark::State& st) {
+  const int64_t N = st.range(0), K = st.range(1), OC = st.range(2);
+  auto x = filled(N * K), w = filled(OC * K), dy = filled(N * OC), dx = filled(N * K),
+       dw = filled(OC * K), db = filled(OC);
+  for (auto _ : st) matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, K, OC);
+  st.counters["FLOP/s"] = benchmark::Counter(4.0 * N * K * OC * st.iterations(), benchmark::Counter::kIsRate);
+}
+void linear_shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t n : {256, 1024})
+    for (auto [k, oc] : {std::pair<int64_t, int64_t>{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, Vp}})
+      b->Args({n, k, oc});
+}
+BENCHMARK(BM_LinearForward)->Apply(linear_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearBackward)->Apply(linear_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_LayerNorm(benchmark::State& st) {
+  const int64_t N = st.range(0);
+  auto x = filled(N * C), y = filled(N * C), w = filled(C), b = filled(C), m = filled(N), r = filled(N);
+  auto dx = filled(N * C), dw = filled(C), db = filled(C);
+  for (auto _ : st) {
+    layernorm_forward(y.data(), m.data(), r.data(), x.data(), w.data(), b.data(), N, C);
+    layernorm_backward(dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), m.data(), r.data(), N, C);
+  }
+  st.counters["bytes/s"] = benchmark::Counter(4.0 * N * C * 6 * st.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_LayerNorm)->Arg(256)->Arg(1024)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_Gelu(benchmark::State& st) {
+  const int64_t n = st.range(0) * 4 * C;
+  auto x = filled(n), y = filled(n), dx = filled(n);
+  for (auto _ : st) {
+    gelu_forward(y.data(), x.data(), n);
+    gelu_backward(dx.data(), x.data(), y.data(), n);
+  }
+  st.counters["bytes/s"] = benchmark::Counter(4.0 * n * 5 * st.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Gelu)->Arg(256)->Arg(1024)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// args: batch, sequence length
+void BM_Attention(benchmark::State& st) {
+  const int64_t B = st.range(0), T = st.range(1);
+  auto qkv = filled(B * T * 3 * C), out = filled(B * T * C), att = filled(B * NH * T * T),
+       datt = filled(B * NH * T * T), dqkv = filled(B * T * 3 * C);
+  for (auto _ : st) {
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    attention_backward(dqkv.data(), datt.data(), out.data(), qkv.data(), att.data(), B, T, C, NH);
+  }
+  // Executed FLOPs (full T x T products): 2 forward + 4 backward GEMMs.
+  st.counters["FLOP/s"] = benchmark::Counter(6.0 * 2 * B * NH * T * T * (C / NH) * st.iterations(),
+                                             benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Attention)->Args({4, 64})->Args({4, 256})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_CrossEntropy(benchmark::State& st) {
+  const int64_t N = st.range(0);
+  auto logits = filled(N * Vp), losses = filled(N);
+  std::vector<int32_t> y(N, 17);
+  for (auto _ : st) crossentropy_forward_backward(losses.data(), logits.data(), y.data(), N, V, Vp, 1e-3f);
+  st.counters["bytes/s"] = benchmark::Counter(4.0 * N * Vp * 2 * st.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_CrossEntropy)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_AdamW(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  auto p = filled(n), g = filled(n), m = filled(n), v = filled(n);
+  int64_t step = 1;
+  for (auto _ : st) adamw_update(p.data(), g.data(), m.data(), v.data(), n, AdamWParams{1e-4, 0.9, 0.95, 1e-8, 0.1, step++, 1.0});
+  st.counters["bytes/s"] = benchmark::Counter(4.0 * n * 7 * st.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AdamW)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+  }
+  MPI_Finalize();
+  return 0;
+}
