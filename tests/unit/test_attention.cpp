@@ -47,7 +47,9 @@ TEST(Attention, ForwardMatchesNaiveLoops) {
     const int64_t t = row % T;
     double s = 0;
     for (int64_t j = 0; j < T; ++j) {
-      if (j > t) EXPECT_EQ(att[row * T + j], 0.0);
+      if (j > t) {
+        EXPECT_EQ(att[row * T + j], 0.0);
+      }
       s += att[row * T + j];
     }
     EXPECT_NEAR(s, 1.0, 1e-12);
