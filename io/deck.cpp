@@ -14,7 +14,7 @@
 namespace mpiformer {
 namespace {
 
-enum class Kind { Int, Float, String };
+enum class Kind { Int, Float, String, Bool };
 
 // One key of the schema: where it lives in Deck, its bounds and default.
 struct Key {
@@ -67,6 +67,13 @@ Key string_key(const char* sec, const char* name, bool req, M member) {
           }};
 }
 
+template <class M>
+Key bool_key(const char* sec, const char* name, M member) {
+  return {sec, name, Kind::Bool, false, 0, 0,
+          [member](Deck& d, const toml::value& v) { member(d) = v.as_boolean(); },
+          [member](const Deck& d) { return std::string(member(const_cast<Deck&>(d)) ? "true" : "false"); }};
+}
+
 #define MEMBER(expr) [](Deck& d) -> auto& { return d.expr; }
 
 const std::vector<Key>& schema() {
@@ -95,9 +102,12 @@ const std::vector<Key>& schema() {
       int_key("train", "eval_batches", false, 1, 1e9, MEMBER(train.eval_batches)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
+      string_key("parallel", "schedule", false, MEMBER(parallel.schedule)),
+      float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       string_key("run", "dir", false, MEMBER(run.dir)),
       float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),
       int_key("run", "blas_threads", false, 0, 4096, MEMBER(run.blas_threads)),
+      bool_key("run", "trace", MEMBER(run.trace)),
   };
   return keys;
 }
@@ -108,6 +118,7 @@ const char* kind_name(Kind k) {
     case Kind::Int: return "an integer";
     case Kind::Float: return "a number";
     case Kind::String: return "a string";
+    case Kind::Bool: return "true or false";
   }
   return "";
 }
@@ -124,12 +135,13 @@ std::string field(const Key& k) { return strprintf("[%s] %s", k.section, k.name)
 void apply(Deck& d, const Key& k, const toml::value& v, const std::string& where) {
   const bool ok = (k.kind == Kind::Int && v.is_integer()) ||
                   (k.kind == Kind::Float && (v.is_integer() || v.is_floating())) ||
-                  (k.kind == Kind::String && v.is_string());
+                  (k.kind == Kind::String && v.is_string()) ||
+                  (k.kind == Kind::Bool && v.is_boolean());
   if (!ok) {
     throw InputError(where, field(k),
                      strprintf("expected %s, got %s", kind_name(k.kind), toml_type_name(v).c_str()));
   }
-  if (k.kind != Kind::String) {
+  if (k.kind == Kind::Int || k.kind == Kind::Float) {
     const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
     if (!(x >= k.min && x <= k.max) || std::isnan(x)) {
       throw InputError(where, field(k),
@@ -175,6 +187,10 @@ void check_relations(const Deck& d, const std::string& where) {
                   "%lld (so every step is whole micro-batches), got %lld",
                   static_cast<long long>(d.parallel.dp), static_cast<long long>(d.train.micro_batch),
                   static_cast<long long>(per_step), static_cast<long long>(d.train.global_batch)));
+  }
+  if (d.parallel.schedule != "1f1b" && d.parallel.schedule != "gpipe") {
+    throw InputError(where, "[parallel] schedule",
+                     "expected \"1f1b\" or \"gpipe\", got \"" + d.parallel.schedule + "\"");
   }
   if (d.parallel.pp > d.model.n_layer) {
     throw InputError(where, "[parallel] pp",
@@ -261,7 +277,9 @@ std::string Deck::to_toml() const {
     const std::string v = k.show(*this);
     // Optional keys left unset (vocab_size 0, no val path) are not written,
     // so the text is itself a valid deck.
-    const bool unset = k.kind == Kind::String ? v == "\"\"" : !(std::stod(v) >= k.min);
+    const bool unset = k.kind == Kind::String ? v == "\"\""
+                       : k.kind == Kind::Bool ? false
+                                              : !(std::stod(v) >= k.min);
     if (!unset) out += std::string(k.name) + " = " + v + "\n";
   }
   return out;

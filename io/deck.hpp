@@ -28,12 +28,15 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t dp = 1, pp = 1;
+  std::string schedule = "1f1b";  // pipeline schedule: "1f1b" or "gpipe"
+  double bucket_mb = 25;          // data-parallel gradient bucket size, MiB
 };
 
 struct RunSection {
   std::string dir;
   double peak_tflops = 0;   // 0: measured at start with a large sgemm
   int64_t blas_threads = 0; // 0: the BLAS library's default
+  bool trace = false;       // Chrome trace per rank: <dir>/trace-rank<N>.json
 };
 
 struct Deck {

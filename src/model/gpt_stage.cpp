@@ -111,7 +111,7 @@ double GptStage<T>::forward(int slot, const int32_t* tokens, const T* input,
   if (range_.has_embedding) {
     embedding_forward(s.residual[0].data(), tokens, P + off_wte_,
                       P + off_wpe_, B_, T_, C);
-  } else {
+  } else if (input != s.residual[0].data()) {
     std::memcpy(s.residual[0].data(), input, sizeof(T) * BT * C);
   }
   for (int64_t i = 0; i < range_.num_layers(); ++i) {
@@ -156,7 +156,11 @@ const T* GptStage<T>::output(int slot) const {
 }
 
 template <class T>
-void GptStage<T>::backward(int slot, const int32_t* tokens, const T* dout) {
+void GptStage<T>::backward(int slot, const int32_t* tokens, const T* dout,
+                           const GradsFinal& grads_final) {
+  auto final_from = [&](int64_t offset) {
+    if (grads_final) grads_final(offset);
+  };
   Slot& s = slots_[slot];
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
   T* P = params_.data();
@@ -173,6 +177,7 @@ void GptStage<T>::backward(int slot, const int32_t* tokens, const T* dout) {
                        G + off_lnfb_, dln_.data(), s.residual.back().data(),
                        P + off_lnfw_, s.lnf_mean.data(),
                        s.lnf_rstd.data(), BT, C);
+    final_from(off_lnfw_);
   } else {
     std::memcpy(dres, dout, sizeof(T) * BT * C);
   }
@@ -197,11 +202,13 @@ void GptStage<T>::backward(int slot, const int32_t* tokens, const T* dout) {
                     3 * C);
     layernorm_backward(dres, g.ln1w, g.ln1b, dln_.data(), s.residual[i].data(), w.ln1w,
                        a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
+    final_from(layer_offsets_[i][0]);
   }
   if (range_.has_embedding) {
     embedding_backward(G + off_wte_, G + off_wpe_, dres, tokens,
                        B_, T_, C);
   }
+  final_from(0);
 }
 
 template class GptStage<float>;

@@ -10,6 +10,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/gpt_config.hpp"
@@ -39,6 +40,10 @@ class GptStage {
   void init_parameters(uint64_t seed);
   void zero_grads();
 
+  // Where a non-first stage's input activation for `slot` lives [B,T,C]:
+  // receive into it and pass it to forward() to avoid a copy.
+  T* input_buffer(int slot) { return slots_[slot].residual[0].data(); }
+
   // Forward of one micro-batch into `slot`. The first stage embeds `tokens`
   // [B,T]; any other stage reads `input` [B,T,C]. The last stage computes the
   // per-token losses against `targets` [B,T] and returns their sum (0 on
@@ -52,7 +57,14 @@ class GptStage {
   // Backward of the micro-batch in `slot`; parameter gradients accumulate.
   // The last stage starts from its loss; others read `dout` [B,T,C].
   // `tokens` is needed by the first stage's embedding backward.
-  void backward(int slot, const int32_t* tokens, const T* dout);
+  // Backward runs from the end of the parameter buffer to its start; when
+  // given, `grads_final(offset)` is called each time every gradient at
+  // offsets >= offset has received this micro-batch's contribution (after
+  // the head, after each layer, and with 0 at the end), so a caller can
+  // start reducing them while the rest of the backward runs.
+  using GradsFinal = std::function<void(int64_t offset)>;
+  void backward(int slot, const int32_t* tokens, const T* dout,
+                const GradsFinal& grads_final = nullptr);
   // Gradient with respect to this stage's input [B,T,C] (non-first stages).
   const T* input_grad() const { return dres_.data(); }
 

@@ -40,15 +40,27 @@ void MetricsLog::write_line(const std::string& json) {
 void MetricsLog::step(const StepMetrics& m) {
   if (!active_) return;
   const int w = static_cast<int>(std::to_string(m.steps).size());
-  std::printf("step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | "
-              "%.1f ms | ETA %s\n",
-              w, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr,
-              m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
+  std::string line = strprintf(
+      "step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | "
+      "%.1f ms | ETA %s",
+      w, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr,
+      m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
+  std::string json = strprintf(
+      "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+      "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"matmul_fraction\": %.4g",
+      static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu, m.step_ms,
+      m.matmul_fraction);
+  if (m.pipelined) {
+    line += strprintf(" | bubble %.0f%% (theory %.0f%%)", 100 * m.bubble, 100 * m.bubble_theory);
+    json += strprintf(", \"bubble\": %.4g, \"bubble_theory\": %.4g", m.bubble, m.bubble_theory);
+  }
+  if (m.data_parallel) {
+    line += strprintf(" | reduce exposed %.1f ms", m.reduce_exposed_ms);
+    json += strprintf(", \"reduce_exposed_ms\": %.4g", m.reduce_exposed_ms);
+  }
+  std::puts(line.c_str());
   std::fflush(stdout);
-  write_line(strprintf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                       "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"matmul_fraction\": %.4g}",
-                       static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s,
-                       m.mfu, m.step_ms, m.matmul_fraction));
+  write_line(json + "}");
 }
 
 void MetricsLog::eval(int64_t step, int64_t steps, double val_loss) {

@@ -12,6 +12,11 @@ struct StepMetrics {
   int64_t steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, step_ms = 0, eta_s = 0;
   double matmul_fraction = 0;  // of the step time spent in GEMMs
+  // Pipeline (pp > 1): mean over ranks of the time waiting to receive, over
+  // the step time, and (pp-1)/(m+pp-1). Data parallel (dp > 1): the
+  // gradient all-reduce time backward did not hide, per step.
+  bool pipelined = false, data_parallel = false;
+  double bubble = 0, bubble_theory = 0, reduce_exposed_ms = 0;
 };
 
 class MetricsLog {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "core/error.hpp"
@@ -10,32 +11,26 @@
 #include "host/adamw.hpp"
 #include "host/gemm.hpp"
 #include "model/gpt_stage.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "parallel/process_grid.hpp"
 #include "token_dataset.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/grad_reducer.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics_log.hpp"
 #include "train/model_flops.hpp"
 #include "train/sample_order.hpp"
+#include "train/trace_writer.hpp"
 
 namespace mpiformer {
 
 using Clock = std::chrono::steady_clock;
 
-struct Trainer::State {
-  TokenDataset train;
-  std::unique_ptr<TokenDataset> val;
-  GptConfig cfg;
-  std::unique_ptr<GptStage<float>> stage;
-  std::unique_ptr<AdamWOptimizer<float>> opt;
-  std::unique_ptr<SampleOrder> order;
-  std::vector<int64_t> eval_windows;
-  // One micro-batch: windows of T+1 tokens, split into inputs and targets.
-  std::vector<int32_t> window, inputs, targets;
-  double flops_per_token = 0, peak_flops = 0;
-  explicit State(const std::string& train_path) : train(train_path) {}
-};
-
 namespace {
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 void check_dataset(const TokenDataset& d, const GptConfig& cfg, const std::string& key) {
   if (d.vocab_size() > cfg.vocab_size) {
@@ -52,7 +47,38 @@ void check_dataset(const TokenDataset& d, const GptConfig& cfg, const std::strin
   }
 }
 
+// Message tags: activations and gradients of micro-batch m never share one.
+int activation_tag(int micro) { return 2 * micro; }
+int gradient_tag(int micro) { return 2 * micro + 1; }
+
 }  // namespace
+
+struct Trainer::State {
+  TokenDataset train;
+  std::unique_ptr<TokenDataset> val;
+  GptConfig cfg;
+  std::unique_ptr<ProcessGrid> grid;
+  std::vector<Action> actions;  // this stage's schedule for one step
+  std::unique_ptr<GptStage<float>> stage;
+  std::unique_ptr<AdamWOptimizer<float>> opt;
+  std::unique_ptr<SampleOrder> order;
+  std::unique_ptr<GradReducer> reducer;
+  std::unique_ptr<TraceWriter> trace;
+  std::vector<int64_t> eval_windows;
+  // The activation pool: one entry per slot the schedule keeps live.
+  std::vector<std::vector<int32_t>> inputs, targets;
+  std::vector<std::vector<float>> grad_out;
+  std::vector<Pending> act_sends, grad_sends;
+  std::vector<float> grad_in;
+  std::vector<int32_t> window;
+  double flops_per_token = 0, peak_flops = 0;
+  explicit State(const std::string& train_path) : train(train_path) {}
+};
+
+struct Trainer::StepTimes {
+  double recv_wait = 0;       // blocked receiving activations or gradients
+  double reduce_exposed = 0;  // data-parallel reduction not hidden by backward
+};
 
 Trainer::Trainer(Deck deck, int rank, int world) : deck_(std::move(deck)), rank_(rank) {
   st_ = std::make_unique<State>(deck_.data.train);
@@ -76,141 +102,318 @@ Trainer::Trainer(Deck deck, int rank, int world) : deck_(std::move(deck)), rank_
                                static_cast<long long>(par.dp), static_cast<long long>(par.pp),
                                static_cast<long long>(par.dp * par.pp), world));
   }
-  if (world != 1) {
-    throw InputError(deck_.path, "[parallel] dp x pp",
-                     "this version trains on one rank (dp = pp = 1); data and pipeline "
-                     "parallelism are not implemented yet");
-  }
 }
 
 Trainer::~Trainer() = default;
 
-TrainResult Trainer::run() {
+void Trainer::setup() {
   State& s = *st_;
-  const GptConfig& cfg = s.cfg;
   const TrainConfig& tc = deck_.train;
-  const int64_t B = tc.micro_batch, T = cfg.seq_len, M = deck_.grad_accum();
-  const bool lead = rank_ == 0;
+  const int64_t B = tc.micro_batch, T = s.cfg.seq_len, M = deck_.grad_accum();
   if (deck_.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck_.run.blas_threads));
-
-  s.stage = std::make_unique<GptStage<float>>(cfg, partition_stage(cfg, 0, 1), B, 1);
+  s.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
+                                         static_cast<int>(deck_.parallel.pp));
+  const ProcessGrid& g = *s.grid;
+  s.actions = pipeline_schedule(parse_schedule(deck_.parallel.schedule), g.pp(), g.stage(),
+                                static_cast<int>(M));
+  const int slots = max_live_activations(s.actions);
+  s.stage = std::make_unique<GptStage<float>>(s.cfg, partition_stage(s.cfg, g.stage(), g.pp()), B,
+                                              slots);
   s.stage->init_parameters(static_cast<uint64_t>(tc.seed));
   s.opt = std::make_unique<AdamWOptimizer<float>>(
       s.stage->table(), AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay});
   s.order = std::make_unique<SampleOrder>(s.train.num_windows(T), static_cast<uint64_t>(tc.seed));
+  s.reducer = std::make_unique<GradReducer>(s.stage->table(), deck_.parallel.bucket_mb * (1 << 20),
+                                            s.grid->data_parallel());
+  s.trace = std::make_unique<TraceWriter>(
+      deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", g.world_rank()),
+      g.world_rank(), g.stage(), g.dp_rank());
+  s.inputs.assign(slots, std::vector<int32_t>(B * T));
+  s.targets.assign(slots, std::vector<int32_t>(B * T));
+  s.grad_out.assign(g.first_stage() ? 0 : slots, std::vector<float>(B * T * s.cfg.n_embd));
+  s.act_sends.resize(slots);
+  s.grad_sends.resize(slots);
+  if (!g.last_stage()) s.grad_in.resize(B * T * s.cfg.n_embd);
   s.window.resize(T + 1);
-  s.inputs.resize(B * T);
-  s.targets.resize(B * T);
-  s.flops_per_token = training_flops_per_token(cfg);
-  s.peak_flops = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : measure_sgemm_peak();
+  s.flops_per_token = training_flops_per_token(s.cfg);
+  // Every rank measures its own peak; MFU compares against their sum.
+  double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : measure_sgemm_peak();
+  s.grid->world().allreduce_sum(&peak, 1);
+  s.peak_flops = peak;
 
   // A fixed evaluation set: eval_batches global batches of windows spread
-  // evenly over the validation data, whole micro-batches only.
+  // evenly over the validation data, in whole micro-batches on every replica.
   if (s.val) {
-    const int64_t have = s.val->num_windows(T);
+    const int64_t have = s.val->num_windows(T), unit = B * g.dp();
     int64_t want = std::min(tc.eval_batches * tc.global_batch, have);
-    want -= want % B;
+    want -= want % unit;
     if (want == 0) {
       throw InputError(s.val->path(), "[data] val",
-                       strprintf("%lld windows of %lld tokens: fewer than one micro-batch (%lld)",
+                       strprintf("%lld windows of %lld tokens: fewer than one micro-batch on "
+                                 "each replica (%lld)",
                                  static_cast<long long>(have), static_cast<long long>(T + 1),
-                                 static_cast<long long>(B)));
+                                 static_cast<long long>(unit)));
     }
     for (int64_t k = 0; k < want; ++k) s.eval_windows.push_back(k * have / want);
   }
+}
 
-  MetricsLog log(deck_.run.dir, lead);
-  if (lead) {
-    std::printf("mpiformer %s: resolved deck (%s)\n%s\n", MPIFORMER_VERSION, deck_.path.c_str(),
-                deck_.to_toml().c_str());
-    std::printf("train: %s (%s, %lld tokens, %lld windows, tokenizer %s)\n", s.train.path().c_str(),
-                s.train.format().c_str(), static_cast<long long>(s.train.num_tokens()),
-                static_cast<long long>(s.order->num_windows()), s.train.tokenizer().c_str());
-    if (s.val) {
-      std::printf("val:   %s (%lld tokens, %zu windows evaluated)\n", s.val->path().c_str(),
-                  static_cast<long long>(s.val->num_tokens()), s.eval_windows.size());
-    }
-    std::printf("model: %lld parameters, %lld layers, %lld heads, %lld channels, vocab %lld "
-                "(padded %lld)\n",
-                static_cast<long long>(s.stage->table().total_numel()),
-                static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
-                static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size),
-                static_cast<long long>(cfg.padded_vocab()));
-    std::printf("step:  %lld sequences x %lld tokens = %lld micro-batches of %lld; "
-                "%d BLAS threads; peak %.1f GFLOP/s (%s)\n",
-                static_cast<long long>(tc.global_batch), static_cast<long long>(T),
-                static_cast<long long>(M), static_cast<long long>(B), host::blas_threads(),
-                s.peak_flops / 1e9, deck_.run.peak_tflops > 0 ? "[run] peak_tflops" : "sgemm 2048^3 measured now");
-    std::fflush(stdout);
+void Trainer::print_summary() const {
+  const State& s = *st_;
+  const TrainConfig& tc = deck_.train;
+  const ProcessGrid& g = *s.grid;
+  std::printf("mpiformer %s: resolved deck (%s)\n%s\n", MPIFORMER_VERSION, deck_.path.c_str(),
+              deck_.to_toml().c_str());
+  std::printf("train: %s (%s, %lld tokens, %lld windows, tokenizer %s)\n", s.train.path().c_str(),
+              s.train.format().c_str(), static_cast<long long>(s.train.num_tokens()),
+              static_cast<long long>(s.order->num_windows()), s.train.tokenizer().c_str());
+  if (s.val) {
+    std::printf("val:   %s (%lld tokens, %zu windows evaluated)\n", s.val->path().c_str(),
+                static_cast<long long>(s.val->num_tokens()), s.eval_windows.size());
   }
+  const ParameterTable whole(s.cfg, StageRange{0, s.cfg.n_layer, true, true});
+  std::printf("model: %lld parameters, %lld layers, %lld heads, %lld channels, vocab %lld "
+              "(padded %lld)\n",
+              static_cast<long long>(whole.total_numel()), static_cast<long long>(s.cfg.n_layer),
+              static_cast<long long>(s.cfg.n_head), static_cast<long long>(s.cfg.n_embd),
+              static_cast<long long>(s.cfg.vocab_size),
+              static_cast<long long>(s.cfg.padded_vocab()));
+  std::printf("grid:  dp %d x pp %d, schedule %s, stage 0 holds layers [0, %lld); "
+              "%d activation slot(s) on stage 0; %d gradient bucket(s)\n",
+              g.dp(), g.pp(), deck_.parallel.schedule.c_str(),
+              static_cast<long long>(s.stage->range().last_layer), s.stage->num_slots(),
+              s.reducer->num_buckets());
+  std::printf("step:  %lld sequences x %lld tokens = %lld micro-batches of %lld per replica; "
+              "%d BLAS threads; peak %.1f GFLOP/s over %d rank(s) (%s)\n",
+              static_cast<long long>(tc.global_batch), static_cast<long long>(s.cfg.seq_len),
+              static_cast<long long>(deck_.grad_accum()), static_cast<long long>(tc.micro_batch),
+              host::blas_threads(), s.peak_flops / 1e9, g.dp() * g.pp(),
+              deck_.run.peak_tflops > 0 ? "[run] peak_tflops" : "sgemm 2048^3 measured now");
+  std::fflush(stdout);
+}
 
-  auto load = [&](int64_t row, int64_t window, const TokenDataset& data) {
-    const TokenDataset& d = data;
-    d.read_window(window, T, s.window.data());
-    std::copy(s.window.begin(), s.window.end() - 1, s.inputs.begin() + row * T);
-    std::copy(s.window.begin() + 1, s.window.end(), s.targets.begin() + row * T);
-  };
-  auto evaluate = [&]() {
-    double sum = 0;
-    for (size_t first = 0; first < s.eval_windows.size(); first += B) {
-      for (int64_t b = 0; b < B; ++b) load(b, s.eval_windows[first + b], *s.val);
-      sum += s.stage->forward(0, s.inputs.data(), nullptr, s.targets.data(), false, 0.0f);
+Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times) {
+  State& s = *st_;
+  ProcessGrid& g = *s.grid;
+  GptStage<float>& stage = *s.stage;
+  TraceWriter& trace = *s.trace;
+  const TrainConfig& tc = deck_.train;
+  const int64_t B = tc.micro_batch, T = s.cfg.seq_len, C = s.cfg.n_embd;
+  const int M = static_cast<int>(deck_.grad_accum());
+  const int slots = stage.num_slots();
+  const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * T);
+  MpiCommunicator& pipe = g.pipeline();
+
+  // Sample j of the step lives at global position step * global_batch + j,
+  // whichever rank and micro-batch reads it: replica r's micro-batch m holds
+  // samples (m * dp + r) * micro_batch + b.
+  auto load = [&](int micro, int slot) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t j = (static_cast<int64_t>(micro) * g.dp() + g.dp_rank()) * B + b;
+      s.train.read_window(s.order->window(step * tc.global_batch + j), T, s.window.data());
+      std::copy(s.window.begin(), s.window.end() - 1, s.inputs[slot].begin() + b * T);
+      std::copy(s.window.begin() + 1, s.window.end(), s.targets[slot].begin() + b * T);
     }
-    return sum / static_cast<double>(s.eval_windows.size() * T);
   };
+
+  stage.zero_grads();
+  double loss_sum = 0;
+  StepResult result{0, 0, 0};
+  for (const Action& a : s.actions) {
+    const int slot = a.micro >= 0 ? a.micro % slots : 0;
+    const auto t0 = Clock::now();
+    switch (a.op) {
+      case Op::RecvActivation:
+        pipe.recv(stage.input_buffer(slot), B * T * C, g.stage() - 1, activation_tag(a.micro));
+        times.recv_wait += seconds(t0, Clock::now());
+        break;
+      case Op::Forward:
+        // The slot's previous occupant may still be on its way downstream.
+        if (s.act_sends[slot]) s.act_sends[slot].reset();
+        load(a.micro, slot);
+        loss_sum += stage.forward(slot, s.inputs[slot].data(),
+                                  g.first_stage() ? nullptr : stage.input_buffer(slot),
+                                  s.targets[slot].data(), true, grad_scale);
+        break;
+      case Op::SendActivation:
+        s.act_sends[slot] = pipe.start_send(stage.output(slot), B * T * C, g.stage() + 1,
+                                            activation_tag(a.micro));
+        break;
+      case Op::RecvGradient:
+        pipe.recv(s.grad_in.data(), B * T * C, g.stage() + 1, gradient_tag(a.micro));
+        times.recv_wait += seconds(t0, Clock::now());
+        break;
+      case Op::Backward: {
+        // The last micro-batch's backward finishes the gradients: reduce
+        // each bucket across replicas as soon as it is final.
+        const bool overlap = a.micro == M - 1 && g.dp() > 1;
+        if (overlap) s.reducer->begin(stage.grads());
+        stage.backward(slot, s.inputs[slot].data(), g.last_stage() ? nullptr : s.grad_in.data(),
+                       overlap ? GptStage<float>::GradsFinal([&](int64_t offset) {
+                         s.reducer->grads_final_from(offset);
+                       })
+                               : nullptr);
+        break;
+      }
+      case Op::SendGradient:
+        if (s.grad_sends[slot]) s.grad_sends[slot].reset();
+        std::memcpy(s.grad_out[slot].data(), stage.input_grad(), sizeof(float) * B * T * C);
+        s.grad_sends[slot] = pipe.start_send(s.grad_out[slot].data(), B * T * C, g.stage() - 1,
+                                             gradient_tag(a.micro));
+        break;
+      case Op::ReduceGradients:
+        if (g.dp() > 1) times.reduce_exposed += s.reducer->finish();
+        // The two copies of the tied embedding receive the sum of both
+        // stages' gradients, so identical updates keep them identical.
+        if (MpiCommunicator* tied = g.tied_embedding()) {
+          const auto& wte = stage.table().at("wte");
+          tied->allreduce_sum(stage.grads() + wte.offset, wte.storage);
+        }
+        break;
+      case Op::OptimizerStep: {
+        // Each parameter counted once: one replica per stage, and the tied
+        // embedding only on the first stage.
+        double sums[2] = {loss_sum, 0.0};
+        if (g.dp_rank() == 0) {
+          sums[1] = host::sum_of_squares(stage.grads(), stage.param_storage());
+          if (g.pp() > 1 && g.last_stage()) {
+            const auto& wte = stage.table().at("wte");
+            sums[1] -= host::sum_of_squares(stage.grads() + wte.offset, wte.storage);
+          }
+        }
+        g.world().allreduce_sum(sums, 2);
+        loss_sum = sums[0];
+        const double norm = std::sqrt(std::max(sums[1], 0.0));
+        const double clip = (tc.grad_clip > 0 && norm > tc.grad_clip) ? tc.grad_clip / norm : 1.0;
+        const double lr = learning_rate(tc.lr, tc.min_lr, tc.warmup_steps, tc.steps, step);
+        s.opt->update(stage.params(), stage.grads(), lr, step + 1, clip);
+        result.grad_norm = norm;
+        result.lr = lr;
+        break;
+      }
+    }
+    trace.span(op_name(a.op), t0, Clock::now(), step + 1, a.micro);
+  }
+  for (auto& p : s.act_sends) p.reset();
+  for (auto& p : s.grad_sends) p.reset();
+  trace.flush();
+  result.loss = loss_sum / static_cast<double>(tc.global_batch * T);
+  return result;
+}
+
+double Trainer::evaluate() {
+  State& s = *st_;
+  ProcessGrid& g = *s.grid;
+  GptStage<float>& stage = *s.stage;
+  const int64_t B = deck_.train.micro_batch, T = s.cfg.seq_len, C = s.cfg.n_embd;
+  // Evaluation micro-batch k goes to replica k % dp; forward only, one at a
+  // time, through slot 0.
+  const int local = static_cast<int>(s.eval_windows.size() / (B * g.dp()));
+  double sum = 0;
+  for (const Action& a : forward_only_schedule(g.pp(), g.stage(), local)) {
+    switch (a.op) {
+      case Op::RecvActivation:
+        g.pipeline().recv(stage.input_buffer(0), B * T * C, g.stage() - 1, activation_tag(a.micro));
+        break;
+      case Op::Forward: {
+        const int64_t k = static_cast<int64_t>(a.micro) * g.dp() + g.dp_rank();
+        for (int64_t b = 0; b < B; ++b) {
+          s.val->read_window(s.eval_windows[k * B + b], T, s.window.data());
+          std::copy(s.window.begin(), s.window.end() - 1, s.inputs[0].begin() + b * T);
+          std::copy(s.window.begin() + 1, s.window.end(), s.targets[0].begin() + b * T);
+        }
+        sum += stage.forward(0, s.inputs[0].data(),
+                             g.first_stage() ? nullptr : stage.input_buffer(0),
+                             s.targets[0].data(), false, 0.0f);
+        break;
+      }
+      case Op::SendActivation:
+        // Waited at once: slot 0 is overwritten by the next forward.
+        g.pipeline()
+            .start_send(stage.output(0), B * T * C, g.stage() + 1, activation_tag(a.micro))
+            ->wait();
+        break;
+      default:
+        break;
+    }
+  }
+  g.world().allreduce_sum(&sum, 1);
+  return sum / static_cast<double>(s.eval_windows.size() * T);
+}
+
+void Trainer::check_tied_embedding() {
+  State& s = *st_;
+  MpiCommunicator* tied = s.grid->tied_embedding();
+  if (tied == nullptr) return;
+  // The last stage sends its copy; the first compares bit for bit.
+  const auto& wte = s.stage->table().at("wte");
+  float* mine = s.stage->params() + wte.offset;
+  if (tied->rank() == 1) {
+    tied->start_send(mine, wte.storage, 0, 0)->wait();
+    return;
+  }
+  std::vector<float> theirs(static_cast<size_t>(wte.storage));
+  tied->recv(theirs.data(), wte.storage, 1, 0);
+  if (std::memcmp(theirs.data(), mine, sizeof(float) * theirs.size()) != 0) {
+    throw SystemError("the tied embedding's copies on the first and last stage differ");
+  }
+  if (rank_ == 0) std::printf("tied embedding: first and last stage copies are identical\n");
+}
+
+TrainResult Trainer::run() {
+  setup();
+  State& s = *st_;
+  const TrainConfig& tc = deck_.train;
+  const ProcessGrid& g = *s.grid;
+  const bool lead = rank_ == 0;
+  if (lead) print_summary();
+  MetricsLog log(deck_.run.dir, lead);
 
   TrainResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
-  const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * T);
-  const int64_t storage = s.stage->param_storage();
+  const int64_t M = deck_.grad_accum();
   double interval_s = 0;
   int64_t interval_steps = 0;
+  StepTimes times;
   host::reset_gemm_seconds();
   for (int64_t step = 0; step < tc.steps; ++step) {
     const auto t0 = Clock::now();
-    s.stage->zero_grads();
-    double loss_sum = 0;
-    for (int64_t m = 0; m < M; ++m) {
-      // Sample j of the step lives at global position step*global_batch + j,
-      // whichever rank and micro-batch reads it.
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t pos = step * tc.global_batch + m * B + b;
-        load(b, s.order->window(pos), s.train);
-      }
-      loss_sum += s.stage->forward(0, s.inputs.data(), nullptr, s.targets.data(), true, grad_scale);
-      s.stage->backward(0, s.inputs.data(), nullptr);
-    }
-    const double loss = loss_sum / static_cast<double>(tc.global_batch * T);
-    const double norm = std::sqrt(host::sum_of_squares(s.stage->grads(), storage));
-    const double clip = (tc.grad_clip > 0 && norm > tc.grad_clip) ? tc.grad_clip / norm : 1.0;
-    const double lr = learning_rate(tc.lr, tc.min_lr, tc.warmup_steps, tc.steps, step);
-    s.opt->update(s.stage->params(), s.stage->grads(), lr, step + 1, clip);
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    result.losses.push_back(loss);
-    if (!std::isfinite(loss)) {
-      throw SystemError(strprintf("loss is %g at step %lld: training diverged (lower [train] lr?)",
-                                  loss, static_cast<long long>(step + 1)));
-    }
-    interval_s += dt;
+    const StepResult r = train_step(step, times);
+    interval_s += seconds(t0, Clock::now());
     ++interval_steps;
+    result.losses.push_back(r.loss);
+    if (!std::isfinite(r.loss)) {
+      throw SystemError(strprintf("loss is %g at step %lld: training diverged (lower [train] lr?)",
+                                  r.loss, static_cast<long long>(step + 1)));
+    }
     const int64_t done = step + 1;
     if (done % tc.log_every == 0 || done == tc.steps) {
+      // Means over the interval and over ranks (one small all-reduce).
+      double agg[2] = {times.recv_wait / interval_s, times.reduce_exposed};
+      s.grid->world().allreduce_sum(agg, 2);
+      const int ranks = g.dp() * g.pp();
+      const double mean_s = interval_s / static_cast<double>(interval_steps);
       StepMetrics sm;
       sm.step = done;
       sm.steps = tc.steps;
-      sm.loss = loss;
-      sm.lr = lr;
-      sm.grad_norm = norm;
-      const double mean_s = interval_s / static_cast<double>(interval_steps);
+      sm.loss = r.loss;
+      sm.lr = r.lr;
+      sm.grad_norm = r.grad_norm;
       sm.step_ms = 1e3 * mean_s;
-      sm.tokens_per_s = static_cast<double>(tc.global_batch * T) / mean_s;
+      sm.tokens_per_s = static_cast<double>(tc.global_batch * s.cfg.seq_len) / mean_s;
       sm.mfu = sm.tokens_per_s * s.flops_per_token / s.peak_flops;
       sm.eta_s = mean_s * static_cast<double>(tc.steps - done);
       sm.matmul_fraction = host::gemm_seconds() / interval_s;
+      sm.pipelined = g.pp() > 1;
+      sm.bubble = agg[0] / ranks;
+      sm.bubble_theory = static_cast<double>(g.pp() - 1) / static_cast<double>(M + g.pp() - 1);
+      sm.data_parallel = g.dp() > 1;
+      sm.reduce_exposed_ms = 1e3 * agg[1] / ranks / static_cast<double>(interval_steps);
       log.step(sm);
       host::reset_gemm_seconds();
       interval_s = 0;
       interval_steps = 0;
+      times = StepTimes{};
     }
     const bool eval_due = tc.eval_every > 0 && done % tc.eval_every == 0;
     if (s.val && (eval_due || done == tc.steps)) {
@@ -219,6 +422,7 @@ TrainResult Trainer::run() {
       log.eval(done, tc.steps, result.final_val_loss);
     }
   }
+  check_tied_embedding();
   if (lead && s.val) {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,
                 static_cast<long long>(tc.steps));

@@ -1,5 +1,7 @@
-// The training loop of one rank: data, forward/backward over the step's
-// micro-batches (gradient accumulation), clipping, AdamW, evaluation, logs.
+// The training loop of one rank in a dp x pp grid: data, the pipeline
+// schedule of each step (micro-batches, gradient accumulation), the
+// data-parallel and tied-embedding reductions, clipping, AdamW, evaluation,
+// logs and traces.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,14 +12,15 @@
 namespace mpiformer {
 
 struct TrainResult {
-  std::vector<double> losses;  // per step
+  std::vector<double> losses;  // per step, the same on every rank
   double final_val_loss = 0;   // NaN when the deck has no validation data
 };
 
 class Trainer {
  public:
-  // Opens the datasets and checks them against the deck; `world` is the
-  // number of MPI ranks. Throws InputError on anything the user must fix.
+  // Opens the datasets and checks them and the layout against the deck;
+  // `world` is the number of MPI ranks. Throws InputError on anything the
+  // user must fix (every rank throws the same one).
   Trainer(Deck deck, int rank, int world);
   ~Trainer();
   const Deck& deck() const { return deck_; }
@@ -25,6 +28,16 @@ class Trainer {
 
  private:
   struct State;
+  struct StepTimes;
+  struct StepResult {
+    double loss, grad_norm, lr;
+  };
+  void setup();
+  void print_summary() const;
+  StepResult train_step(int64_t step, StepTimes& times);
+  double evaluate();
+  void check_tied_embedding();
+
   Deck deck_;
   int rank_;
   std::unique_ptr<State> st_;

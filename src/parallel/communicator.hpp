@@ -1,0 +1,41 @@
+// What the trainer moves between ranks, independent of the transport: MPI
+// here (host memory), NCCL in the cuda build (device memory). One
+// Communicator is one group of ranks: a data-parallel group, a pipeline, or
+// the two holders of the tied embedding.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+namespace mpiformer {
+
+// A started non-blocking operation. Destroying it waits for it, so no
+// operation is ever abandoned with its buffer still in use.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual void wait() = 0;
+  // Drives progress; true once the operation has completed.
+  virtual bool test() = 0;
+};
+using Pending = std::unique_ptr<PendingOp>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In-place sums across the group.
+  virtual void allreduce_sum(float* data, int64_t n) = 0;
+  virtual void allreduce_sum(double* data, int64_t n) = 0;
+  virtual Pending start_allreduce_sum(float* data, int64_t n) = 0;
+
+  // Point to point within the group (peer is a group rank). Sends never
+  // block: the buffer must stay untouched until the PendingOp completes.
+  virtual Pending start_send(const float* data, int64_t n, int peer, int tag) = 0;
+  virtual void recv(float* data, int64_t n, int peer, int tag) = 0;
+
+  virtual void broadcast(float* data, int64_t n, int root) = 0;
+};
+
+}  // namespace mpiformer

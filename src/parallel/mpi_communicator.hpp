@@ -1,0 +1,33 @@
+// Communicator over an MPI communicator it owns (freed on destruction).
+#pragma once
+#include <mpi.h>
+
+#include "parallel/communicator.hpp"
+
+namespace mpiformer {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (MPI_COMM_NULL gives an empty communicator).
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  bool valid() const { return comm_ != MPI_COMM_NULL; }
+  MPI_Comm get() const { return comm_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allreduce_sum(float* data, int64_t n) override;
+  void allreduce_sum(double* data, int64_t n) override;
+  Pending start_allreduce_sum(float* data, int64_t n) override;
+  Pending start_send(const float* data, int64_t n, int peer, int tag) override;
+  void recv(float* data, int64_t n, int peer, int tag) override;
+  void broadcast(float* data, int64_t n, int root) override;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = -1, size_ = 0;
+};
+
+}  // namespace mpiformer

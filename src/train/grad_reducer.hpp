@@ -1,0 +1,39 @@
+// Data-parallel gradient reduction in buckets, overlapped with backward.
+// The flat gradient buffer is cut, from its end, into buckets of about
+// bucket_bytes at tensor boundaries (backward finishes tensors from the end
+// of the buffer to its start). During the last micro-batch's backward, each
+// bucket's all-reduce starts as soon as all its gradients are final; the
+// wait left at the end is the reduction time backward did not hide.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/parameter_table.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mpiformer {
+
+class GradReducer {
+ public:
+  GradReducer(const ParameterTable& table, double bucket_bytes, Communicator& dp);
+
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Before the last micro-batch's backward.
+  void begin(float* grads);
+  // Every gradient at offsets >= offset is final: start the buckets it completes.
+  void grads_final_from(int64_t offset);
+  // Starts whatever is left, waits for all; returns the seconds spent waiting.
+  double finish();
+
+ private:
+  struct Bucket {
+    int64_t begin, end;
+  };
+  std::vector<Bucket> buckets_;  // from the end of the buffer to its start
+  Communicator& dp_;
+  float* grads_ = nullptr;
+  size_t next_ = 0;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,52 @@
+#include "train/trace_writer.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace mpiformer {
+
+TraceWriter::TraceWriter(bool enabled, const std::string& path, int rank, int stage, int dp_rank)
+    : rank_(rank),
+      origin_(Clock::now()),
+      origin_epoch_us_(std::chrono::duration<double, std::micro>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count()) {
+  if (!enabled) return;
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr) {
+    throw InputError(path, "[run] trace", std::string("cannot write: ") + std::strerror(errno));
+  }
+  // Track names carry the rank, the stage and the replica.
+  std::fprintf(file_,
+               "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
+               "\"rank %d (stage %d, replica %d)\"}},\n"
+               "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"args\": "
+               "{\"sort_index\": %d}}",
+               rank, rank, stage, dp_rank, rank, rank);
+}
+
+TraceWriter::~TraceWriter() {
+  if (file_ == nullptr) return;
+  std::fputs("\n]\n", file_);
+  std::fclose(file_);
+}
+
+void TraceWriter::span(const char* name, Clock::time_point begin, Clock::time_point end,
+                       int64_t step, int micro) {
+  if (file_ == nullptr) return;
+  using us = std::chrono::duration<double, std::micro>;
+  std::fprintf(file_,
+               ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.1f, "
+               "\"dur\": %.1f, \"args\": {\"step\": %lld, \"micro_batch\": %d}}",
+               name, rank_, origin_epoch_us_ + us(begin - origin_).count(),
+               us(end - begin).count(),
+               static_cast<long long>(step), micro);
+}
+
+void TraceWriter::flush() {
+  if (file_ != nullptr) std::fflush(file_);
+}
+
+}  // namespace mpiformer
