@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git python3
   openmpi-bin libopenmpi-dev
   libhdf5-openmpi-dev hdf5-tools
   libtrilinos-kokkos-dev

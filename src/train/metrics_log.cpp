@@ -2,7 +2,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "core/error.hpp"
 #include "core/format.hpp"
@@ -20,9 +19,6 @@ std::string duration(double s) {
 MetricsLog::MetricsLog(const std::string& run_dir, bool active)
     : active_(active), path_(run_dir + "/metrics.jsonl") {
   if (!active_) return;
-  std::error_code ec;
-  std::filesystem::create_directories(run_dir, ec);
-  if (ec) throw InputError(run_dir, "[run] dir", "cannot create the run directory: " + ec.message());
   file_ = std::fopen(path_.c_str(), "w");
   if (file_ == nullptr) throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
 }

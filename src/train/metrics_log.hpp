@@ -21,7 +21,8 @@ struct StepMetrics {
 
 class MetricsLog {
  public:
-  // Only the rank that logs opens the file; others make a no-op log.
+  // Only the rank that logs opens the file; others make a no-op log. The
+  // run directory must exist.
   MetricsLog(const std::string& run_dir, bool active);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "core/error.hpp"
@@ -125,6 +126,12 @@ void Trainer::setup() {
   s.order = std::make_unique<SampleOrder>(s.train.num_windows(T), static_cast<uint64_t>(tc.seed));
   s.reducer = std::make_unique<GradReducer>(s.stage->table(), deck_.parallel.bucket_mb * (1 << 20),
                                             s.grid->data_parallel());
+  // Every rank may write here (traces), so every rank makes sure it exists.
+  std::error_code ec;
+  std::filesystem::create_directories(deck_.run.dir, ec);
+  if (ec) {
+    throw InputError(deck_.run.dir, "[run] dir", "cannot create the run directory: " + ec.message());
+  }
   s.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", g.world_rank()),
       g.world_rank(), g.stage(), g.dp_rank());

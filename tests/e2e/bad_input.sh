@@ -30,7 +30,19 @@ for np in 1 2; do
   expect $np "[train] global_batch: must be a multiple" train "$DECK" --set train.micro_batch=5
   expect $np "nothing.h5: no such file" train "$DECK" --set data.train=nothing.h5
 done
+# Layouts that do not fit, at every rank count: each fails fast, once, everywhere.
+for np in 1 2 4; do
+  expect $np "[parallel] pp: must not exceed [model] n_layer (4), got 8" train "$DECK" \
+    --set parallel.pp=8
+  expect $np "[train] global_batch: must be a multiple of [parallel] dp x [train] micro_batch = 2 x 12" \
+    train "$DECK" --set parallel.dp=2 --set train.micro_batch=12
+  expect $np "[parallel] schedule: expected \"1f1b\" or \"gpipe\"" train "$DECK" \
+    --set parallel.schedule=zigzag
+done
 expect 2 "[parallel] dp x pp: 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
+expect 4 "[parallel] dp x pp: 2 x 1 = 2 ranks, but the job has 4" train "$DECK" --set parallel.dp=2
+expect 1 "[parallel] dp x pp: 2 x 2 = 4 ranks, but the job has 1" train "$DECK" \
+  --set parallel.dp=2 --set parallel.pp=2
 
 # Damaged datasets.
 printf 'just text' >plain.txt

@@ -1,0 +1,83 @@
+// The MPI communicator and the process grid, run at 1, 2 and 4 ranks. Data
+// is small integers, so every sum is exact in fp32 whatever the order: the
+// checks are equalities.
+#include <mpi.h>
+
+#include "parallel/mpi_communicator.hpp"
+#include "parallel/process_grid.hpp"
+#include "reference.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+MpiCommunicator world_copy() {
+  MPI_Comm c;
+  MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  return MpiCommunicator(c);
+}
+
+TEST(MpiCommunicator, AllreduceBlockingAndNonBlockingAreExact) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  std::vector<float> a(1000), b(1000);
+  for (int i = 0; i < 1000; ++i) a[i] = b[i] = static_cast<float>((r + 1) * (i % 7));
+  comm.allreduce_sum(a.data(), 1000);
+  comm.start_allreduce_sum(b.data(), 1000)->wait();
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_EQ(a[i], ranks_sum * static_cast<float>(i % 7));
+    ASSERT_EQ(b[i], a[i]);
+  }
+  double d = r + 0.5;
+  comm.allreduce_sum(&d, 1);
+  EXPECT_EQ(d, n * (n - 1) / 2.0 + 0.5 * n);
+}
+
+TEST(MpiCommunicator, RingSendReceiveAndBroadcast) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  std::vector<float> out(64, static_cast<float>(r)), in(64, -1.0f);
+  auto sent = comm.start_send(out.data(), 64, (r + 1) % n, 7);
+  comm.recv(in.data(), 64, (r + n - 1) % n, 7);
+  sent->wait();
+  for (float v : in) ASSERT_EQ(v, static_cast<float>((r + n - 1) % n));
+  std::vector<float> x(16, r == n - 1 ? 3.0f : 0.0f);
+  comm.broadcast(x.data(), 16, n - 1);
+  for (float v : x) ASSERT_EQ(v, 3.0f);
+}
+
+TEST(ProcessGrid, EveryFactorisationOfTheWorld) {
+  const int world = world_size();
+  for (int dp = 1; dp <= world; ++dp) {
+    if (world % dp != 0) continue;
+    const int pp = world / dp;
+    ProcessGrid g(dp, pp);
+    EXPECT_EQ(g.stage(), g.world_rank() / dp);
+    EXPECT_EQ(g.dp_rank(), g.world_rank() % dp);
+    EXPECT_EQ(g.data_parallel().size(), dp);
+    EXPECT_EQ(g.data_parallel().rank(), g.dp_rank());
+    EXPECT_EQ(g.pipeline().size(), pp);
+    EXPECT_EQ(g.pipeline().rank(), g.stage());
+    // Members of a DP group share a stage; a pipeline shares a replica.
+    double stage = g.stage(), replica = g.dp_rank();
+    g.data_parallel().allreduce_sum(&stage, 1);
+    g.pipeline().allreduce_sum(&replica, 1);
+    EXPECT_EQ(stage, static_cast<double>(g.stage()) * dp);
+    EXPECT_EQ(replica, static_cast<double>(g.dp_rank()) * pp);
+    const bool holds_wte = pp > 1 && (g.first_stage() || g.last_stage());
+    ASSERT_EQ(g.tied_embedding() != nullptr, holds_wte);
+    if (holds_wte) {
+      EXPECT_EQ(g.tied_embedding()->size(), 2);
+      EXPECT_EQ(g.tied_embedding()->rank(), g.first_stage() ? 0 : 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mpiformer::test
