@@ -1,0 +1,57 @@
+// The NCCL communicator against exact integer-valued data, on every rank's
+// own GPU (run under mpirun with at most one rank per GPU: NCCL refuses two
+// ranks on one device). Exits 77 (CTest: skipped) without a GPU.
+#include <mpi.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "parallel/nccl_communicator.hpp"
+
+int main(int argc, char** argv) {
+  using namespace mpiformer;
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    std::string why;
+    if (cuda::device_count(&why) == 0) {
+      std::printf("SKIP: no usable GPU (%s)\n", why.c_str());
+      MPI_Finalize();
+      return 77;
+    }
+    select_local_device();
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    MpiCommunicator group(dup);
+    NcclCommunicator comm(group);
+    const int n = comm.size(), r = comm.rank();
+    std::vector<float> host(4096);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((r + 1) * (i % 5));
+    cuda::DeviceBuffer<float> dev(host.size());
+    cuda::copy_to_device(dev.get(), host.data(), host.size() * 4);
+    comm.start_allreduce_sum(dev.get(), static_cast<int64_t>(host.size()))->wait();
+    cuda::copy_to_host(host.data(), dev.get(), host.size() * 4);
+    const float s = static_cast<float>(n * (n + 1) / 2);
+    for (size_t i = 0; i < host.size(); ++i)
+      if (host[i] != s * static_cast<float>(i % 5)) {
+        std::printf("FAIL: element %zu is %g, want %g\n", i, host[i], s * (i % 5));
+        rc = 1;
+        break;
+      }
+    if (n > 1) {  // ring: send to the next rank, receive from the previous
+      cuda::DeviceBuffer<float> out(256), in(256);
+      std::vector<float> v(256, static_cast<float>(r));
+      cuda::copy_to_device(out.get(), v.data(), 1024);
+      auto sent = comm.start_send(out.get(), 256, (r + 1) % n, 0);
+      comm.recv(in.get(), 256, (r + n - 1) % n, 0);
+      sent->wait();
+      cuda::copy_to_host(v.data(), in.get(), 1024);
+      if (v[0] != static_cast<float>((r + n - 1) % n)) rc = 1;
+    }
+    if (r == 0) std::printf("%s: NCCL all-reduce%s on %d rank(s)\n", rc ? "FAILED" : "passed",
+                            n > 1 ? " and ring send/recv" : "", n);
+  }
+  MPI_Finalize();
+  return rc;
+}
