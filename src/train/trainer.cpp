@@ -12,6 +12,7 @@
 #include "host/adamw.hpp"
 #include "host/gemm.hpp"
 #include "model/gpt_stage.hpp"
+#include "parallel/input_agreement.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/process_grid.hpp"
 #include "token_dataset.hpp"
@@ -82,6 +83,14 @@ struct Trainer::StepTimes {
 };
 
 Trainer::Trainer(Deck deck, int rank, int world) : deck_(std::move(deck)), rank_(rank) {
+  agree_on_input_errors(MPI_COMM_WORLD, [&] {
+    open_inputs(world);
+    prepare_local();
+  });
+  connect();
+}
+
+void Trainer::open_inputs(int world) {
   st_ = std::make_unique<State>(deck_.data.train);
   if (deck_.model.vocab_size == 0) deck_.model.vocab_size = st_->train.vocab_size();
   st_->cfg = deck_.model;
@@ -107,25 +116,22 @@ Trainer::Trainer(Deck deck, int rank, int world) : deck_(std::move(deck)), rank_
 
 Trainer::~Trainer() = default;
 
-void Trainer::setup() {
+void Trainer::prepare_local() {
   State& s = *st_;
   const TrainConfig& tc = deck_.train;
   const int64_t B = tc.micro_batch, T = s.cfg.seq_len, M = deck_.grad_accum();
+  const int dp = static_cast<int>(deck_.parallel.dp), pp = static_cast<int>(deck_.parallel.pp);
+  const int stage_index = rank_ / dp, dp_rank = rank_ % dp;  // as ProcessGrid lays them out
   if (deck_.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck_.run.blas_threads));
-  s.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
-                                         static_cast<int>(deck_.parallel.pp));
-  const ProcessGrid& g = *s.grid;
-  s.actions = pipeline_schedule(parse_schedule(deck_.parallel.schedule), g.pp(), g.stage(),
+  s.actions = pipeline_schedule(parse_schedule(deck_.parallel.schedule), pp, stage_index,
                                 static_cast<int>(M));
   const int slots = max_live_activations(s.actions);
-  s.stage = std::make_unique<GptStage<float>>(s.cfg, partition_stage(s.cfg, g.stage(), g.pp()), B,
+  s.stage = std::make_unique<GptStage<float>>(s.cfg, partition_stage(s.cfg, stage_index, pp), B,
                                               slots);
   s.stage->init_parameters(static_cast<uint64_t>(tc.seed));
   s.opt = std::make_unique<AdamWOptimizer<float>>(
       s.stage->table(), AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay});
   s.order = std::make_unique<SampleOrder>(s.train.num_windows(T), static_cast<uint64_t>(tc.seed));
-  s.reducer = std::make_unique<GradReducer>(s.stage->table(), deck_.parallel.bucket_mb * (1 << 20),
-                                            s.grid->data_parallel());
   // Every rank may write here (traces), so every rank makes sure it exists.
   std::error_code ec;
   std::filesystem::create_directories(deck_.run.dir, ec);
@@ -133,25 +139,22 @@ void Trainer::setup() {
     throw InputError(deck_.run.dir, "[run] dir", "cannot create the run directory: " + ec.message());
   }
   s.trace = std::make_unique<TraceWriter>(
-      deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", g.world_rank()),
-      g.world_rank(), g.stage(), g.dp_rank());
+      deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
+      dp_rank);
+  const bool first = stage_index == 0, last = stage_index == pp - 1;
   s.inputs.assign(slots, std::vector<int32_t>(B * T));
   s.targets.assign(slots, std::vector<int32_t>(B * T));
-  s.grad_out.assign(g.first_stage() ? 0 : slots, std::vector<float>(B * T * s.cfg.n_embd));
+  s.grad_out.assign(first ? 0 : slots, std::vector<float>(B * T * s.cfg.n_embd));
   s.act_sends.resize(slots);
   s.grad_sends.resize(slots);
-  if (!g.last_stage()) s.grad_in.resize(B * T * s.cfg.n_embd);
+  if (!last) s.grad_in.resize(B * T * s.cfg.n_embd);
   s.window.resize(T + 1);
   s.flops_per_token = training_flops_per_token(s.cfg);
-  // Every rank measures its own peak; MFU compares against their sum.
-  double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : measure_sgemm_peak();
-  s.grid->world().allreduce_sum(&peak, 1);
-  s.peak_flops = peak;
 
   // A fixed evaluation set: eval_batches global batches of windows spread
   // evenly over the validation data, in whole micro-batches on every replica.
   if (s.val) {
-    const int64_t have = s.val->num_windows(T), unit = B * g.dp();
+    const int64_t have = s.val->num_windows(T), unit = B * dp;
     int64_t want = std::min(tc.eval_batches * tc.global_batch, have);
     want -= want % unit;
     if (want == 0) {
@@ -163,6 +166,18 @@ void Trainer::setup() {
     }
     for (int64_t k = 0; k < want; ++k) s.eval_windows.push_back(k * have / want);
   }
+}
+
+void Trainer::connect() {
+  State& s = *st_;
+  s.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
+                                         static_cast<int>(deck_.parallel.pp));
+  s.reducer = std::make_unique<GradReducer>(s.stage->table(), deck_.parallel.bucket_mb * (1 << 20),
+                                            s.grid->data_parallel());
+  // Every rank measures its own peak; MFU compares against their sum.
+  double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : measure_sgemm_peak();
+  s.grid->world().allreduce_sum(&peak, 1);
+  s.peak_flops = peak;
 }
 
 void Trainer::print_summary() const {
@@ -368,7 +383,6 @@ void Trainer::check_tied_embedding() {
 }
 
 TrainResult Trainer::run() {
-  setup();
   State& s = *st_;
   const TrainConfig& tc = deck_.train;
   const ProcessGrid& g = *s.grid;

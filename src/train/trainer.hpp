@@ -18,9 +18,10 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // Opens the datasets and checks them and the layout against the deck;
-  // `world` is the number of MPI ranks. Throws InputError on anything the
-  // user must fix (every rank throws the same one).
+  // Opens the datasets, checks them and the layout against the deck and
+  // plans every buffer, then builds the process grid. Collective over
+  // MPI_COMM_WORLD (`world` ranks). Throws InputError on anything the user
+  // must fix, the same one on every rank (see input_agreement.hpp).
   Trainer(Deck deck, int rank, int world);
   ~Trainer();
   const Deck& deck() const { return deck_; }
@@ -32,7 +33,9 @@ class Trainer {
   struct StepResult {
     double loss, grad_norm, lr;
   };
-  void setup();
+  void open_inputs(int world);  // local: no collective calls
+  void prepare_local();         // local: no collective calls
+  void connect();               // collective: grid, reducer, peak
   void print_summary() const;
   StepResult train_step(int64_t step, StepTimes& times);
   double evaluate();

@@ -44,6 +44,23 @@ expect 4 "[parallel] dp x pp: 2 x 1 = 2 ranks, but the job has 4" train "$DECK" 
 expect 1 "[parallel] dp x pp: 2 x 2 = 4 ranks, but the job has 1" train "$DECK" \
   --set parallel.dp=2 --set parallel.pp=2
 
+# An input only one rank cannot read (a file missing on one node): no hang,
+# the message once, every rank non-zero.
+cat >one_rank.sh <<SH
+#!/usr/bin/env bash
+extra=()
+[ "\$OMPI_COMM_WORLD_RANK" = 1 ] && extra=(--set data.train=/nonexistent/only-on-rank-1.h5)
+exec "$MPIFORMER" train "$DECK" --set parallel.dp=2 "\${extra[@]}"
+SH
+chmod +x one_rank.sh
+rc=0
+timeout 120 mpirun -np 2 ./one_rank.sh >out.txt 2>err.txt || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "rank-local input error: exit $rc"
+grep -qF "only-on-rank-1.h5: no such file (nothing matches this path) (on rank 1)" err.txt ||
+  { cat err.txt >&2; fail "rank-local input error not reported"; }
+[ "$(grep -c 'mpiformer: error' err.txt)" -eq 1 ] || fail "rank-local error printed more than once"
+echo "ok (2 rank(s)): an input error on one rank only"
+
 # Damaged datasets.
 printf 'just text' >plain.txt
 expect 1 "plain.txt: not a token dataset" train "$DECK" --set data.train=plain.txt
