@@ -100,6 +100,7 @@ const std::vector<Key>& schema() {
       int_key("train", "log_every", false, 1, 1e12, MEMBER(train.log_every)),
       int_key("train", "eval_every", false, 0, 1e12, MEMBER(train.eval_every)),
       int_key("train", "eval_batches", false, 1, 1e9, MEMBER(train.eval_batches)),
+      int_key("train", "stop_at", false, 1, 1e12, MEMBER(train.stop_at)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       string_key("parallel", "schedule", false, MEMBER(parallel.schedule)),
@@ -108,6 +109,10 @@ const std::vector<Key>& schema() {
       float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),
       int_key("run", "blas_threads", false, 0, 4096, MEMBER(run.blas_threads)),
       bool_key("run", "trace", MEMBER(run.trace)),
+      string_key("checkpoint", "dir", false, MEMBER(checkpoint.dir)),
+      int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
+      int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),
+      string_key("checkpoint", "resume", false, MEMBER(checkpoint.resume)),
   };
   return keys;
 }
@@ -222,7 +227,7 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   for (const auto& [section, table] : root.as_table()) {
     if (!table.is_table() || !known_section(section)) {
       throw InputError(path, section,
-                       "unknown section (expected [model], [data], [train], [parallel] or [run])");
+                       "unknown section (expected [model], [data], [train], [parallel], [run] or [checkpoint])");
     }
     for (const auto& [name, value] : table.as_table()) {
       const Key* k = find_key(section, name);
@@ -263,6 +268,10 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   }
   if (d.train.min_lr < 0) d.train.min_lr = d.train.lr / 10;
   if (d.run.dir.empty()) d.run.dir = "runs/default";
+  if (d.checkpoint.dir.empty()) d.checkpoint.dir = d.run.dir + "/checkpoints";
+  if (d.checkpoint.resume.empty()) {
+    throw InputError(path, "[checkpoint] resume", "expected \"auto\", \"never\" or a checkpoint path");
+  }
   check_relations(d, path);
   return d;
 }

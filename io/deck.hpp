@@ -20,6 +20,14 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   int64_t seed = 0;
   int64_t log_every = 1, eval_every = 0, eval_batches = 1;
+  int64_t stop_at = 0;  // end this run after this step (0: run to `steps`)
+};
+
+struct CheckpointConfig {
+  std::string dir;        // default: <run.dir>/checkpoints
+  int64_t every = 0;      // steps between checkpoints (0: only the final one)
+  int64_t keep = 3;       // newest complete checkpoints kept (0: all)
+  std::string resume = "auto";  // "auto" | "never" | a checkpoint path
 };
 
 struct DataConfig {
@@ -46,6 +54,7 @@ struct Deck {
   TrainConfig train;
   ParallelConfig parallel;
   RunSection run;
+  CheckpointConfig checkpoint;
 
   // Micro-batches each rank runs per optimizer step (gradient accumulation).
   int64_t grad_accum() const { return train.global_batch / (parallel.dp * train.micro_batch); }

@@ -16,10 +16,10 @@ std::string duration(double s) {
 }
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& run_dir, bool active)
+MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool append)
     : active_(active), path_(run_dir + "/metrics.jsonl") {
   if (!active_) return;
-  file_ = std::fopen(path_.c_str(), "w");
+  file_ = std::fopen(path_.c_str(), append ? "a" : "w");
   if (file_ == nullptr) throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
 }
 
@@ -43,9 +43,10 @@ void MetricsLog::step(const StepMetrics& m) {
       m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
   std::string json = strprintf(
       "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-      "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"matmul_fraction\": %.4g",
+      "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"matmul_fraction\": %.4g, "
+      "\"samples\": %lld",
       static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu, m.step_ms,
-      m.matmul_fraction);
+      m.matmul_fraction, static_cast<long long>(m.samples));
   if (m.pipelined) {
     line += strprintf(" | bubble %.0f%% (theory %.0f%%)", 100 * m.bubble, 100 * m.bubble_theory);
     json += strprintf(", \"bubble\": %.4g, \"bubble_theory\": %.4g", m.bubble, m.bubble_theory);

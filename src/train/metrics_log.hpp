@@ -12,6 +12,7 @@ struct StepMetrics {
   int64_t steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, step_ms = 0, eta_s = 0;
   double matmul_fraction = 0;  // of the step time spent in GEMMs
+  int64_t samples = 0;         // global data position after the step
   // Pipeline (pp > 1): mean over ranks of the time waiting to receive, over
   // the step time, and (pp-1)/(m+pp-1). Data parallel (dp > 1): the
   // gradient all-reduce time backward did not hide, per step.
@@ -23,7 +24,8 @@ class MetricsLog {
  public:
   // Only the rank that logs opens the file; others make a no-op log. The
   // run directory must exist.
-  MetricsLog(const std::string& run_dir, bool active);
+  // `append` keeps the lines of earlier segments of the same run (resume).
+  MetricsLog(const std::string& run_dir, bool active, bool append);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

@@ -16,7 +16,10 @@
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/process_grid.hpp"
 #include "token_dataset.hpp"
+#include "checkpoint.hpp"
+#include "checkpoint_store.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/checkpointing.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics_log.hpp"
@@ -74,6 +77,9 @@ struct Trainer::State {
   std::vector<float> grad_in;
   std::vector<int32_t> window;
   double flops_per_token = 0, peak_flops = 0;
+  int64_t start_step = 0;  // steps already done (from a checkpoint)
+  int64_t cursor = 0;      // global sample position of the next step
+  bool resumed = false;
   explicit State(const std::string& train_path) : train(train_path) {}
 };
 
@@ -178,6 +184,126 @@ void Trainer::connect() {
   double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : measure_sgemm_peak();
   s.grid->world().allreduce_sum(&peak, 1);
   s.peak_flops = peak;
+  resume();
+}
+
+void Trainer::resume() {
+  State& s = *st_;
+  const CheckpointConfig& cc = deck_.checkpoint;
+  if (cc.resume == "never") return;
+  const bool automatic = cc.resume == "auto";
+  // Rank 0 decides what to try (file systems may disagree between nodes):
+  // `latest` first, then every complete checkpoint, newest first.
+  std::string list;
+  if (rank_ == 0) {
+    if (!automatic) {
+      list = cc.resume;
+    } else {
+      const CheckpointStore store(cc.dir);
+      std::vector<std::string> names;
+      if (const std::string l = store.latest(); !l.empty()) names.push_back(l);
+      for (const auto& p : store.complete())
+        if (std::find(names.begin(), names.end(), p) == names.end()) names.push_back(p);
+      for (const auto& n : names) list += n + "\n";
+    }
+  }
+  int len = static_cast<int>(list.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  list.resize(static_cast<size_t>(len));
+  MPI_Bcast(list.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::vector<std::string> candidates;
+  for (size_t a = 0, b; a < list.size(); a = b + 1) {
+    b = list.find('\n', a);
+    if (b == std::string::npos) b = list.size();
+    if (b > a) candidates.push_back(list.substr(a, b - a));
+  }
+
+  GptStage<float>& stage = *s.stage;
+  const int64_t n = stage.param_storage();
+  std::string last_error;
+  for (const auto& path : candidates) {
+    std::vector<float> params(n), m(n), v(n);
+    CheckpointMeta meta;
+    try {
+      // Never half-loaded: every rank reads into scratch, all agree, then commit.
+      agree_on_input_errors(MPI_COMM_WORLD, [&] {
+        CheckpointReader reader(path);
+        restore_stage(reader, s.cfg, stage.table(), StageState{params.data(), m.data(), v.data()});
+        meta = reader.meta();
+      });
+    } catch (const InputError& e) {
+      if (!automatic) throw;
+      last_error = e.what();
+      if (rank_ == 0) {
+        std::fprintf(stderr, "mpiformer: warning: cannot resume from %s: %s; trying an older one\n",
+                     path.c_str(), e.what());
+      }
+      continue;
+    }
+    std::copy(params.begin(), params.end(), stage.params());
+    std::copy(m.begin(), m.end(), s.opt->m().begin());
+    std::copy(v.begin(), v.end(), s.opt->v().begin());
+    s.start_step = meta.step;
+    s.cursor = meta.sample_position;
+    s.resumed = true;
+    if (rank_ == 0) {
+      std::printf("resumed from %s: step %lld, %lld samples seen (epoch %lld), written by "
+                  "dp %lld x pp %lld on %lld rank(s); now dp %lld x pp %lld\n",
+                  path.c_str(), static_cast<long long>(meta.step),
+                  static_cast<long long>(meta.sample_position), static_cast<long long>(meta.epoch),
+                  static_cast<long long>(meta.dp), static_cast<long long>(meta.pp),
+                  static_cast<long long>(meta.world_size), static_cast<long long>(deck_.parallel.dp),
+                  static_cast<long long>(deck_.parallel.pp));
+      std::fflush(stdout);
+    }
+    return;
+  }
+  if (!candidates.empty()) {
+    throw InputError(cc.dir, "[checkpoint] resume",
+                     "no checkpoint here could be loaded (last error: " + last_error +
+                         "); set [checkpoint] resume = \"never\" to start afresh");
+  }
+}
+
+void Trainer::save_checkpoint(int64_t step) {
+  State& s = *st_;
+  const auto t0 = Clock::now();
+  const CheckpointStore store(deck_.checkpoint.dir);
+  store.create_dir();
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.sample_position = s.cursor;
+  meta.tokens_seen = s.cursor * s.cfg.seq_len;
+  meta.epoch = s.order->epoch(s.cursor);
+  meta.seed = deck_.train.seed;
+  meta.dp = deck_.parallel.dp;
+  meta.pp = deck_.parallel.pp;
+  meta.world_size = deck_.parallel.dp * deck_.parallel.pp;
+  meta.n_layer = s.cfg.n_layer;
+  meta.n_head = s.cfg.n_head;
+  meta.n_embd = s.cfg.n_embd;
+  meta.seq_len = s.cfg.seq_len;
+  meta.vocab_size = s.cfg.vocab_size;
+  meta.tokenizer = s.train.tokenizer();
+  meta.deck = deck_.to_toml();
+  const std::string path = store.path_for_step(step);
+  const auto slices = checkpoint_slices(
+      s.cfg, s.stage->table(),
+      StageState{s.stage->params(), s.opt->m().data(), s.opt->v().data()}, *s.grid);
+  write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
+  if (rank_ == 0) {
+    store.publish_latest(path);
+    store.prune(deck_.checkpoint.keep);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double dt = seconds(t0, Clock::now());
+  if (rank_ == 0) {
+    const ParameterTable whole(s.cfg, StageRange{0, s.cfg.n_layer, true, true});
+    const double mb = 3.0 * 4.0 * static_cast<double>(whole.total_numel()) / 1e6;
+    std::printf("checkpoint: wrote %s (%.1f MB in %.2f s, %.0f MB/s)\n", path.c_str(), mb, dt,
+                mb / dt);
+    std::fflush(stdout);
+  }
 }
 
 void Trainer::print_summary() const {
@@ -226,13 +352,14 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times) {
   const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * T);
   MpiCommunicator& pipe = g.pipeline();
 
-  // Sample j of the step lives at global position step * global_batch + j,
-  // whichever rank and micro-batch reads it: replica r's micro-batch m holds
-  // samples (m * dp + r) * micro_batch + b.
+  // Sample j of the step lives at global position cursor + j, whichever
+  // rank and micro-batch reads it: replica r's micro-batch m holds samples
+  // (m * dp + r) * micro_batch + b. The cursor, not the step, is the data
+  // position, so a resume with another global_batch continues exactly.
   auto load = [&](int micro, int slot) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t j = (static_cast<int64_t>(micro) * g.dp() + g.dp_rank()) * B + b;
-      s.train.read_window(s.order->window(step * tc.global_batch + j), T, s.window.data());
+      s.train.read_window(s.order->window(s.cursor + j), T, s.window.data());
       std::copy(s.window.begin(), s.window.end() - 1, s.inputs[slot].begin() + b * T);
       std::copy(s.window.begin() + 1, s.window.end(), s.targets[slot].begin() + b * T);
     }
@@ -320,6 +447,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times) {
   for (auto& p : s.grad_sends) p.reset();
   trace.flush();
   result.loss = loss_sum / static_cast<double>(tc.global_batch * T);
+  s.cursor += tc.global_batch;
   return result;
 }
 
@@ -388,7 +516,12 @@ TrainResult Trainer::run() {
   const ProcessGrid& g = *s.grid;
   const bool lead = rank_ == 0;
   if (lead) print_summary();
-  MetricsLog log(deck_.run.dir, lead);
+  MetricsLog log(deck_.run.dir, lead, s.resumed);
+  const int64_t end_step = tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
+  if (lead && s.start_step >= end_step) {
+    std::printf("nothing to do: the checkpoint is at step %lld, this run ends at step %lld\n",
+                static_cast<long long>(s.start_step), static_cast<long long>(end_step));
+  }
 
   TrainResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -397,7 +530,7 @@ TrainResult Trainer::run() {
   int64_t interval_steps = 0;
   StepTimes times;
   host::reset_gemm_seconds();
-  for (int64_t step = 0; step < tc.steps; ++step) {
+  for (int64_t step = s.start_step; step < end_step; ++step) {
     const auto t0 = Clock::now();
     const StepResult r = train_step(step, times);
     interval_s += seconds(t0, Clock::now());
@@ -408,7 +541,7 @@ TrainResult Trainer::run() {
                                   r.loss, static_cast<long long>(step + 1)));
     }
     const int64_t done = step + 1;
-    if (done % tc.log_every == 0 || done == tc.steps) {
+    if (done % tc.log_every == 0 || done == end_step) {
       // Means over the interval and over ranks (one small all-reduce).
       double agg[2] = {times.recv_wait / interval_s, times.reduce_exposed};
       s.grid->world().allreduce_sum(agg, 2);
@@ -423,7 +556,8 @@ TrainResult Trainer::run() {
       sm.step_ms = 1e3 * mean_s;
       sm.tokens_per_s = static_cast<double>(tc.global_batch * s.cfg.seq_len) / mean_s;
       sm.mfu = sm.tokens_per_s * s.flops_per_token / s.peak_flops;
-      sm.eta_s = mean_s * static_cast<double>(tc.steps - done);
+      sm.eta_s = mean_s * static_cast<double>(end_step - done);
+      sm.samples = s.cursor;
       sm.matmul_fraction = host::gemm_seconds() / interval_s;
       sm.pipelined = g.pp() > 1;
       sm.bubble = agg[0] / ranks;
@@ -442,9 +576,11 @@ TrainResult Trainer::run() {
       host::reset_gemm_seconds();  // evaluation is not part of the next interval
       log.eval(done, tc.steps, result.final_val_loss);
     }
+    const int64_t every = deck_.checkpoint.every;
+    if ((every > 0 && done % every == 0) || done == end_step) save_checkpoint(done);
   }
   check_tied_embedding();
-  if (lead && s.val) {
+  if (lead && s.val && end_step == tc.steps && s.start_step < end_step) {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,
                 static_cast<long long>(tc.steps));
   }

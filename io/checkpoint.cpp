@@ -1,0 +1,265 @@
+#include "checkpoint.hpp"
+
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "hdf5_handle.hpp"
+
+namespace mpiformer {
+namespace {
+
+// Root attributes, in one table so the writer and the reader cannot drift.
+struct IntAttr {
+  const char* name;
+  int64_t CheckpointMeta::*member;
+};
+const IntAttr kIntAttrs[] = {
+    {"format_version", &CheckpointMeta::format_version},
+    {"step", &CheckpointMeta::step},
+    {"tokens_seen", &CheckpointMeta::tokens_seen},
+    {"sample_position", &CheckpointMeta::sample_position},
+    {"epoch", &CheckpointMeta::epoch},
+    {"seed", &CheckpointMeta::seed},
+    {"dp", &CheckpointMeta::dp},
+    {"pp", &CheckpointMeta::pp},
+    {"world_size", &CheckpointMeta::world_size},
+    {"n_layer", &CheckpointMeta::n_layer},
+    {"n_head", &CheckpointMeta::n_head},
+    {"n_embd", &CheckpointMeta::n_embd},
+    {"seq_len", &CheckpointMeta::seq_len},
+    {"vocab_size", &CheckpointMeta::vocab_size},
+};
+
+void write_int_attr(hid_t obj, const char* name, int64_t v, const std::string& path) {
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle a(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  H5_CHECK(a.get(), path + ": attribute " + name);
+  H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_INT64, &v), path + ": attribute " + name);
+}
+
+void write_u64_attr(hid_t obj, const char* name, uint64_t v, const std::string& path) {
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle a(H5Acreate2(obj, name, H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  H5_CHECK(a.get(), path + ": attribute " + name);
+  H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_UINT64, &v), path + ": attribute " + name);
+}
+
+// Fixed-length strings: identical on every rank, as collective attribute
+// writes require, and readable by h5py and h5dump as plain text.
+void write_string_attr(hid_t obj, const char* name, const std::string& v, const std::string& path) {
+  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<size_t>(v.size(), 1));
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle a(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  H5_CHECK(a.get(), path + ": attribute " + name);
+  std::string buf = v.empty() ? std::string(1, '\0') : v;
+  H5_CHECK(H5Awrite(a.get(), type.get(), buf.data()), path + ": attribute " + name);
+}
+
+bool read_attr_raw(hid_t obj, const char* name, hid_t mem_type, void* out) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  H5Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  return a.valid() && H5Aread(a.get(), mem_type, out) >= 0;
+}
+
+std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
+  if (H5Aexists(obj, name) <= 0) throw InputError(path, std::string("attribute ") + name, "missing");
+  H5Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5Handle t(H5Aget_type(a.get()), H5Tclose);
+  if (!t.valid() || H5Tget_class(t.get()) != H5T_STRING || H5Tis_variable_str(t.get()) > 0) {
+    throw InputError(path, std::string("attribute ") + name, "expected a fixed-length string");
+  }
+  std::string out(H5Tget_size(t.get()), '\0');
+  if (H5Aread(a.get(), t.get(), out.data()) < 0) {
+    throw InputError(path, std::string("attribute ") + name, "unreadable");
+  }
+  return out.substr(0, out.find('\0'));
+}
+
+std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
+  return std::vector<hsize_t>(shape.begin(), shape.end());
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Test hook: MPIFORMER_CHECKPOINT_FAULT_AFTER=N kills the job after N
+// datasets of a checkpoint are written, as a node failure would.
+int64_t fault_after() {
+  const char* v = std::getenv("MPIFORMER_CHECKPOINT_FAULT_AFTER");
+  return v != nullptr ? std::atoll(v) : -1;
+}
+
+}  // namespace
+
+uint64_t tensor_checksum(const float* data, int64_t n) {
+  return XXH64(data, static_cast<size_t>(n) * sizeof(float), 0);
+}
+
+void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                      const std::vector<DatasetSlice>& datasets) {
+  const std::string tmp = path + ".tmp";
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // Checksums come from one rank per dataset; everyone needs them all
+  // because attribute writes are collective.
+  std::vector<uint64_t> sums(datasets.size(), 0);
+  for (size_t i = 0; i < datasets.size(); ++i)
+    if (datasets[i].reports_checksum) sums[i] = datasets[i].checksum;
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM,
+                comm);
+  const int64_t fault = fault_after();
+  {
+    H5QuietErrors quiet;
+    H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    H5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), tmp);
+    H5_CHECK(H5Pset_all_coll_metadata_ops(fapl.get(), 1), tmp);
+    H5_CHECK(H5Pset_coll_metadata_write(fapl.get(), 1), tmp);
+    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+    if (!file.valid()) throw InputError(tmp, "[checkpoint] dir", "cannot create (is it writable?)");
+    H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
+    // Intermediate groups (/model, /optim/adam_m, ...) are made on the way.
+    H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
+
+    for (size_t i = 0; i < datasets.size(); ++i) {
+      const DatasetSlice& d = datasets[i];
+      const auto dims = dims_of(d.shape);
+      H5Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+      H5Handle dset(H5Dcreate2(file.get(), d.name.c_str(), H5T_IEEE_F32LE, fspace.get(), lcpl.get(),
+                               H5P_DEFAULT, H5P_DEFAULT),
+                    H5Dclose);
+      H5_CHECK(dset.get(), tmp + ": " + d.name);
+      // This rank's rows as a hyperslab; an empty selection still joins the
+      // collective transfer.
+      const int64_t rows = d.row_end - d.row_begin;
+      const int64_t row_len = d.shape.size() > 1 ? numel(d.shape) / d.shape[0] : 1;
+      const hsize_t mcount[1] = {static_cast<hsize_t>(std::max<int64_t>(rows * row_len, 1))};
+      H5Handle mspace(H5Screate_simple(1, mcount, nullptr), H5Sclose);
+      if (rows > 0) {
+        std::vector<hsize_t> start(dims.size(), 0), count = dims;
+        start[0] = static_cast<hsize_t>(d.row_begin);
+        count[0] = static_cast<hsize_t>(rows);
+        H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                     count.data(), nullptr),
+                 tmp + ": " + d.name);
+      } else {
+        H5_CHECK(H5Sselect_none(fspace.get()), tmp);
+        H5_CHECK(H5Sselect_none(mspace.get()), tmp);
+      }
+      H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(),
+                        rows > 0 ? d.rows : nullptr),
+               tmp + ": " + d.name);
+      write_u64_attr(dset.get(), "xxh64", sums[i], tmp);
+      if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {
+        std::fprintf(stderr, "mpiformer: fault injected after %lld datasets of %s\n",
+                     static_cast<long long>(i + 1), tmp.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 9);
+      }
+    }
+    for (const auto& a : kIntAttrs) write_int_attr(file.get(), a.name, meta.*(a.member), tmp);
+    write_string_attr(file.get(), "tokenizer", meta.tokenizer, tmp);
+    write_string_attr(file.get(), "deck", meta.deck, tmp);
+    H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), tmp);
+  }  // closed, collectively, here
+  MPI_Barrier(comm);
+  int ok = 1;
+  if (rank == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) ok = 0;
+  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+  if (!ok) throw SystemError("cannot rename " + tmp + " to " + path);
+}
+
+CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
+  H5QuietErrors quiet;
+  if (!std::ifstream(path)) throw InputError(path, "", "does not exist");
+  if (H5Fis_hdf5(path.c_str()) <= 0) {
+    throw InputError(path, "", "not a readable HDF5 checkpoint (missing, truncated or damaged)");
+  }
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file_ < 0) throw InputError(path, "", "cannot open (truncated or damaged?)");
+  for (const auto& a : kIntAttrs) {
+    if (!read_attr_raw(file_, a.name, H5T_NATIVE_INT64, &(meta_.*(a.member)))) {
+      throw InputError(path, std::string("attribute ") + a.name, "missing or unreadable");
+    }
+  }
+  if (meta_.format_version != kCheckpointFormatVersion) {
+    throw InputError(path, "attribute format_version",
+                     strprintf("this build reads version %lld, the file is version %lld",
+                               static_cast<long long>(kCheckpointFormatVersion),
+                               static_cast<long long>(meta_.format_version)));
+  }
+  meta_.tokenizer = read_string_attr(file_, "tokenizer", path);
+  meta_.deck = read_string_attr(file_, "deck", path);
+}
+
+CheckpointReader::~CheckpointReader() {
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+void CheckpointReader::read(const std::string& name, const std::vector<int64_t>& shape,
+                            float* out) const {
+  H5QuietErrors quiet;
+  if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) throw InputError(path_, name, "missing");
+  H5Handle dset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) throw InputError(path_, name, "cannot open the dataset");
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  const int nd = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (dims != dims_of(shape)) {
+    auto show = [](const auto& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    throw InputError(path_, name, "shape " + show(dims) + ", the deck's model needs " + show(shape));
+  }
+  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+    throw InputError(path_, name, "read failed (truncated or damaged file)");
+  }
+  uint64_t want = 0;
+  if (!read_attr_raw(dset.get(), "xxh64", H5T_NATIVE_UINT64, &want)) {
+    throw InputError(path_, name, "checksum attribute xxh64 missing");
+  }
+  const uint64_t got = tensor_checksum(out, numel(shape));
+  if (got != want) {
+    throw InputError(path_, name,
+                     strprintf("checksum mismatch (stored %016llx, data %016llx): the file is damaged",
+                               static_cast<unsigned long long>(want),
+                               static_cast<unsigned long long>(got)));
+  }
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> CheckpointReader::datasets() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  struct Ctx {
+    std::vector<std::pair<std::string, std::vector<int64_t>>>* out;
+  } ctx{&out};
+  auto visit = [](hid_t obj, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    H5Handle d(H5Dopen2(obj, name, H5P_DEFAULT), H5Dclose);
+    H5Handle s(H5Dget_space(d.get()), H5Sclose);
+    const int nd = H5Sget_simple_extent_ndims(s.get());
+    std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
+    H5Sget_simple_extent_dims(s.get(), dims.data(), nullptr);
+    static_cast<Ctx*>(data)->out->emplace_back("/" + std::string(name),
+                                               std::vector<int64_t>(dims.begin(), dims.end()));
+    return 0;
+  };
+  H5Ovisit(file_, H5_INDEX_NAME, H5_ITER_INC, visit, &ctx);
+  return out;
+}
+
+}  // namespace mpiformer

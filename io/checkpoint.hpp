@@ -1,0 +1,74 @@
+// Checkpoints: one HDF5 file per checkpoint holding every parameter and
+// AdamW moment as a full logical float32 dataset (/model/<name>,
+// /optim/adam_m/<name>, /optim/adam_v/<name>, GPT-2's names), an xxHash64
+// checksum per dataset (attribute "xxh64"), and the run's state as root
+// attributes. Written collectively through parallel HDF5; read back by any
+// layout, each rank reading only the tensors it holds.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mpiformer {
+
+constexpr int64_t kCheckpointFormatVersion = 1;
+
+// The run's state, stored as root attributes.
+struct CheckpointMeta {
+  int64_t format_version = kCheckpointFormatVersion;
+  int64_t step = 0;             // optimizer steps done
+  int64_t tokens_seen = 0;
+  int64_t sample_position = 0;  // global data cursor: samples consumed
+  int64_t epoch = 0;            // sample_position / windows per epoch
+  int64_t seed = 0;             // with the cursor, fixes the sample order
+  int64_t dp = 1, pp = 1, world_size = 1;  // the layout that wrote it
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab_size = 0;
+  std::string tokenizer;        // of the training data
+  std::string deck;             // the resolved input deck, TOML
+};
+
+// What one rank contributes to one dataset. Every rank lists every dataset,
+// in the same order: creation is collective.
+struct DatasetSlice {
+  std::string name;             // "/model/wte"
+  std::vector<int64_t> shape;   // logical shape
+  int64_t row_begin = 0, row_end = 0;  // rows of dimension 0 this rank writes
+  const float* rows = nullptr;  // data of row_begin (row-major)
+  bool reports_checksum = false;  // exactly one rank per dataset
+  uint64_t checksum = 0;        // xxh64 of the whole tensor, on that rank
+};
+
+uint64_t tensor_checksum(const float* data, int64_t n);
+
+// Collective over `comm`: writes `path` + ".tmp", flushes and closes it, then
+// renames it to `path` (rank 0). Nothing named `path` exists until it is
+// complete.
+void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                      const std::vector<DatasetSlice>& datasets);
+
+// Read-only access from one rank (no MPI): metadata and whole tensors, with
+// shape and checksum checks; every problem is an InputError naming the file
+// and the dataset.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& path);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const CheckpointMeta& meta() const { return meta_; }
+  // Reads dataset `name` of `shape` into out[numel] and verifies its checksum.
+  void read(const std::string& name, const std::vector<int64_t>& shape, float* out) const;
+  // Every dataset under /model and /optim, with its shape.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> datasets() const;
+
+ private:
+  std::string path_;
+  int64_t file_ = -1;  // hid_t
+  CheckpointMeta meta_;
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,82 @@
+#include "checkpoint_store.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+
+namespace mpiformer {
+
+namespace fs = std::filesystem;
+
+CheckpointStore::CheckpointStore(std::string dir) : dir_(std::move(dir)) {}
+
+std::string CheckpointStore::path_for_step(int64_t step) const {
+  return dir_ + strprintf("/step_%08lld.h5", static_cast<long long>(step));
+}
+
+void CheckpointStore::create_dir() const {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw InputError(dir_, "[checkpoint] dir", "cannot create: " + ec.message());
+}
+
+void CheckpointStore::publish_latest(const std::string& path) const {
+  const std::string tmp = dir_ + "/latest.tmp", final_path = dir_ + "/latest";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << fs::path(path).filename().string() << "\n";
+    out.flush();
+    if (!out) throw SystemError("cannot write " + tmp);
+  }
+  // The data must be on disk before the name points at it.
+  if (int fd = ::open(tmp.c_str(), O_RDONLY); fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  if (std::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    throw SystemError("cannot rename " + tmp + " to " + final_path);
+  }
+  if (int dfd = ::open(dir_.c_str(), O_RDONLY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::string CheckpointStore::latest() const {
+  std::ifstream in(dir_ + "/latest");
+  if (!in) return "";
+  std::string name;
+  std::getline(in, name);
+  return name.empty() ? "" : dir_ + "/" + name;
+}
+
+std::vector<std::string> CheckpointStore::complete() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  static const std::regex kName(R"(step_[0-9]{8}\.h5)");
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, kName)) out.push_back(dir_ + "/" + name);
+  }
+  std::sort(out.rbegin(), out.rend());  // zero-padded: names sort by step
+  return out;
+}
+
+void CheckpointStore::prune(int64_t keep) const {
+  if (keep <= 0) return;
+  const auto all = complete();
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);
+  }
+}
+
+}  // namespace mpiformer

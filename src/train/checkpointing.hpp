@@ -1,0 +1,34 @@
+// Between a pipeline stage's flat buffers and the checkpoint's logical
+// tensors. Saving: which rows of which tensors this rank writes (its stage's
+// tensors, rows split across the stage's replicas). Restoring: each rank
+// reads the whole tensors its stage holds, whatever layout wrote them.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "model/gpt_stage.hpp"
+#include "parallel/process_grid.hpp"
+
+namespace mpiformer {
+
+// The three float buffers a checkpoint holds for one stage.
+struct StageState {
+  float* params;
+  float* adam_m;
+  float* adam_v;
+};
+
+// Every dataset of the full model (same list on every rank), with this
+// rank's rows and, on the reporting rank, the checksum.
+std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const ParameterTable& local,
+                                            const StageState& state, const ProcessGrid& grid);
+
+// Reads the tensors of `local` from `reader` into `state` (whole logical
+// tensors; padding left zero). Throws InputError (file, dataset) on any
+// mismatch, missing dataset or bad checksum.
+void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
+                   const ParameterTable& local, const StageState& state);
+
+}  // namespace mpiformer
