@@ -1,5 +1,6 @@
 #include <cstdio>
 
+#include "checkpoint.hpp"
 #include "commands.hpp"
 #include "token_dataset.hpp"
 #include "tokenizer.hpp"
@@ -8,6 +9,7 @@ namespace mpiformer {
 
 int run_inspect(const InspectArgs& args, int rank) {
   if (rank != 0) return 0;
+  if (is_checkpoint(args.file)) return inspect_checkpoint(args.file);
   TokenDataset d(args.file);
   std::printf("file:      %s\n", args.file.c_str());
   std::printf("format:    %s\n", d.format().c_str());

@@ -1,6 +1,7 @@
 // The subcommands of the mpiformer executable. Each returns the process exit
 // code and throws InputError for anything the user must fix.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,5 +29,17 @@ struct InspectArgs {
   int tokens = 32;
 };
 int run_inspect(const InspectArgs& args, int rank);
+int inspect_checkpoint(const std::string& path);
+
+struct GenerateArgs {
+  std::string checkpoint;
+  std::string prompt;
+  int tokens = 100;
+  double temperature = 1.0;
+  int top_k = 0;
+  uint64_t seed = 1337;
+  std::string vocab_dir;
+};
+int run_generate(const GenerateArgs& args, int rank);
 
 }  // namespace mpiformer

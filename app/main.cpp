@@ -50,9 +50,23 @@ int main(int argc, char** argv) {
   p->add_option("text", prep.inputs, "text files, one document each")->required();
 
   InspectArgs inspect;
-  auto* i = app.add_subcommand("inspect", "summarise a token dataset");
-  i->add_option("file", inspect.file, "token dataset (.h5 or llm.c .bin)")->required();
+  auto* i = app.add_subcommand("inspect", "summarise a token dataset or a checkpoint");
+  i->add_option("file", inspect.file, "token dataset (.h5 or llm.c .bin) or checkpoint")->required();
   i->add_option("--tokens", inspect.tokens, "how many leading tokens to show")->capture_default_str();
+
+  GenerateArgs gen;
+  auto* g = app.add_subcommand("generate", "sample text from a checkpoint");
+  g->add_option("checkpoint", gen.checkpoint, "checkpoint file (step_*.h5)")->required();
+  g->add_option("--prompt", gen.prompt, "text to continue");
+  g->add_option("--tokens", gen.tokens, "tokens to generate")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  g->add_option("--temperature", gen.temperature, "0: greedy (argmax)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  g->add_option("--top-k", gen.top_k, "sample among the k most likely (0: all)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  g->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
+  g->add_option("--vocab-dir", gen.vocab_dir, "GPT-2 tokenizer files (default: inputs/gpt2)");
 
   try {
     try {
@@ -64,6 +78,7 @@ int main(int argc, char** argv) {
     if (t->parsed()) return run_train(train, mpi.rank(), mpi.size());
     if (p->parsed()) return run_prep(prep, mpi.rank());
     if (i->parsed()) return run_inspect(inspect, mpi.rank());
+    if (g->parsed()) return run_generate(gen, mpi.rank());
   } catch (const InputError& e) {
     // Every rank read the same input and failed the same way: say it once.
     if (mpi.rank() == 0) std::fprintf(stderr, "mpiformer: error: %s\n", e.what());

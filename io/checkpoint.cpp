@@ -1,5 +1,7 @@
 #include "checkpoint.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
@@ -103,6 +105,13 @@ int64_t fault_after() {
 
 }  // namespace
 
+bool is_checkpoint(const std::string& path) {
+  H5QuietErrors quiet;
+  if (H5Fis_hdf5(path.c_str()) <= 0) return false;
+  H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  return f.valid() && H5Lexists(f.get(), "model", H5P_DEFAULT) > 0;
+}
+
 uint64_t tensor_checksum(const float* data, int64_t n) {
   return XXH64(data, static_cast<size_t>(n) * sizeof(float), 0);
 }
@@ -176,7 +185,15 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
   }  // closed, collectively, here
   MPI_Barrier(comm);
   int ok = 1;
-  if (rank == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) ok = 0;
+  if (rank == 0) {
+    // On disk before it gets its final name, so a crash can never leave a
+    // step_*.h5 whose data was still in the page cache.
+    if (int fd = ::open(tmp.c_str(), O_RDONLY); fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) ok = 0;
+  }
   MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
   if (!ok) throw SystemError("cannot rename " + tmp + " to " + path);
 }
@@ -240,6 +257,17 @@ void CheckpointReader::read(const std::string& name, const std::vector<int64_t>&
                                static_cast<unsigned long long>(want),
                                static_cast<unsigned long long>(got)));
   }
+}
+
+std::string CheckpointReader::verify(const std::string& name,
+                                     const std::vector<int64_t>& shape) const {
+  std::vector<float> data(static_cast<size_t>(numel(shape)));
+  try {
+    read(name, shape, data.data());
+  } catch (const InputError& e) {
+    return e.reason();
+  }
+  return "";
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> CheckpointReader::datasets() const {

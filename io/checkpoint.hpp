@@ -42,6 +42,9 @@ struct DatasetSlice {
 
 uint64_t tensor_checksum(const float* data, int64_t n);
 
+// True when `path` is an HDF5 file with a /model group (not a token dataset).
+bool is_checkpoint(const std::string& path);
+
 // Collective over `comm`: writes `path` + ".tmp", flushes and closes it, then
 // renames it to `path` (rank 0). Nothing named `path` exists until it is
 // complete.
@@ -62,6 +65,8 @@ class CheckpointReader {
   const CheckpointMeta& meta() const { return meta_; }
   // Reads dataset `name` of `shape` into out[numel] and verifies its checksum.
   void read(const std::string& name, const std::vector<int64_t>& shape, float* out) const;
+  // Verifies one dataset's checksum; "" when it holds, else the reason.
+  std::string verify(const std::string& name, const std::vector<int64_t>& shape) const;
   // Every dataset under /model and /optim, with its shape.
   std::vector<std::pair<std::string, std::vector<int64_t>>> datasets() const;
 

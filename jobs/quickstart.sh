@@ -29,6 +29,7 @@ launcher=(mpirun -np "$NP")
 if [ "$(id -u)" -eq 0 ]; then launcher+=(--allow-run-as-root); fi
 if [ "$NP" -gt "$(nproc)" ]; then launcher+=(--oversubscribe); fi
 # shellcheck disable=SC2086  # MPIFORMER_ARGS is a list of words by design
-cmd=("${launcher[@]}" "$BIN" train "$DECK" $MPIFORMER_ARGS)
+# A fresh run each time (a cluster job would resume instead: resume = "auto").
+cmd=("${launcher[@]}" "$BIN" train "$DECK" --set checkpoint.resume=never $MPIFORMER_ARGS)
 echo "mpiformer $(git rev-parse --short HEAD 2>/dev/null || echo unknown): ${cmd[*]}"
 "${cmd[@]}"

@@ -68,6 +68,10 @@ class GptStage {
   // Gradient with respect to this stage's input [B,T,C] (non-first stages).
   const T* input_grad() const { return dres_.data(); }
 
+  // Logits [B*T, padded_vocab] of the last forward into `slot` made without
+  // for_backward (with it, the buffer holds their gradient instead).
+  const T* logits(int slot) const { return slots_[slot].logits.data(); }
+
   // Per-token losses of the last forward into `slot` [B*T].
   const T* losses(int slot) const { return slots_[slot].losses.data(); }
 

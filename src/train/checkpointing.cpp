@@ -79,6 +79,7 @@ void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
                    const ParameterTable& local, const StageState& state) {
   check_model(reader, cfg);
   for (int g = 0; g < 3; ++g) {
+    if (group_base(state, g) == nullptr) continue;
     for (const auto& spec : local.specs()) {
       float* base = group_base(state, g) + spec.offset;
       std::fill(base, base + spec.storage, 0.0f);

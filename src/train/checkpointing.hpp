@@ -13,7 +13,8 @@
 
 namespace mpiformer {
 
-// The three float buffers a checkpoint holds for one stage.
+// The three float buffers a checkpoint holds for one stage. On restore, null
+// moment buffers are skipped (inference needs the parameters only).
 struct StageState {
   float* params;
   float* adam_m;

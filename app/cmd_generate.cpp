@@ -1,0 +1,92 @@
+// Samples text from a checkpoint: the model runs on one rank, the whole
+// context window each token (no KV cache: generation is for looking at what
+// a model learned, not for serving). Text to stdout, everything else to
+// stderr.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "checkpoint.hpp"
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "model/gpt_stage.hpp"
+#include "tokenizer.hpp"
+#include "train/checkpointing.hpp"
+
+namespace mpiformer {
+namespace {
+
+// Index of the next token from `logits[0, V)`: argmax at temperature 0, else
+// a draw from softmax(logits / temperature) over the top_k largest (all if 0).
+int64_t sample(const float* logits, int64_t V, double temperature, int top_k, Rng& rng) {
+  if (temperature <= 0) return std::max_element(logits, logits + V) - logits;
+  std::vector<int64_t> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  const int64_t k = top_k > 0 ? std::min<int64_t>(top_k, V) : V;
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  const double top = logits[idx[0]];
+  std::vector<double> p(static_cast<size_t>(k));
+  double z = 0;
+  for (int64_t i = 0; i < k; ++i) z += (p[i] = std::exp((logits[idx[i]] - top) / temperature));
+  double u = rng.uniform() * z;
+  for (int64_t i = 0; i < k; ++i) {
+    if ((u -= p[i]) <= 0) return idx[i];
+  }
+  return idx[k - 1];
+}
+
+}  // namespace
+
+int run_generate(const GenerateArgs& args, int rank) {
+  if (rank != 0) return 0;
+  CheckpointReader reader(args.checkpoint);
+  const CheckpointMeta& m = reader.meta();
+  GptConfig cfg;
+  cfg.n_layer = m.n_layer;
+  cfg.n_head = m.n_head;
+  cfg.n_embd = m.n_embd;
+  cfg.seq_len = m.seq_len;
+  cfg.vocab_size = m.vocab_size;
+  if (m.tokenizer != "byte" && m.tokenizer != "gpt2") {
+    throw InputError(args.checkpoint, "attribute tokenizer",
+                     "'" + m.tokenizer + "': generate knows the byte and gpt2 tokenizers");
+  }
+  const auto tok = make_tokenizer(
+      m.tokenizer, args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir);
+  GptStage<float> stage(cfg, partition_stage(cfg, 0, 1), 1, 1);
+  restore_stage(reader, cfg, stage.table(), StageState{stage.params(), nullptr, nullptr});
+
+  std::vector<uint32_t> ids = tok->encode(args.prompt);
+  if (ids.empty()) {
+    if (tok->end_of_text() < 0) throw InputError("--prompt", "", "empty (give some text to continue)");
+    ids.push_back(static_cast<uint32_t>(tok->end_of_text()));  // GPT-2: a new document
+  }
+  std::fprintf(stderr, "generate: %s, step %lld, %lld prompt tokens, %d new, temperature %g, top-k %d\n",
+               args.checkpoint.c_str(), static_cast<long long>(m.step),
+               static_cast<long long>(ids.size()), args.tokens, args.temperature, args.top_k);
+  std::fputs(args.prompt.c_str(), stdout);
+  const int64_t T = cfg.seq_len, Vp = cfg.padded_vocab();
+  std::vector<int32_t> window(T, 0), targets(T, 0);
+  Rng rng(args.seed, "generate");
+  for (int i = 0; i < args.tokens; ++i) {
+    // The last T tokens; positions after them are padding the causal mask
+    // keeps from influencing position n - 1.
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), T);
+    std::fill(window.begin(), window.end(), 0);
+    std::copy(ids.end() - n, ids.end(), window.begin());
+    stage.forward(0, window.data(), nullptr, targets.data(), false, 0.0f);
+    const int64_t next = sample(stage.logits(0) + (n - 1) * Vp, cfg.vocab_size, args.temperature,
+                                args.top_k, rng);
+    ids.push_back(static_cast<uint32_t>(next));
+    const std::string piece = tok->decode({static_cast<uint32_t>(next)});
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  }
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+}  // namespace mpiformer
