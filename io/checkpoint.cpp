@@ -138,7 +138,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     if (!file.valid()) throw InputError(tmp, "[checkpoint] dir", "cannot create (is it writable?)");
     H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-    H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_INDEPENDENT), tmp);
+    H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
     // Intermediate groups (/model, /optim/adam_m, ...) are made on the way.
     H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
     H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
