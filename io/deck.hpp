@@ -45,6 +45,7 @@ struct RunSection {
   double peak_tflops = 0;   // 0: measured at start with a large sgemm
   int64_t blas_threads = 0; // 0: the BLAS library's default
   bool trace = false;       // Chrome trace per rank: <dir>/trace-rank<N>.json
+  double time_limit = 0;    // seconds this run may take (0: none; see SLURM_JOB_END_TIME)
 };
 
 struct Deck {

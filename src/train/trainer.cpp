@@ -3,7 +3,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <limits>
 
@@ -25,6 +28,7 @@
 #include "train/metrics_log.hpp"
 #include "train/model_flops.hpp"
 #include "train/sample_order.hpp"
+#include "train/stop_request.hpp"
 #include "train/trace_writer.hpp"
 
 namespace mpiformer {
@@ -340,7 +344,7 @@ void Trainer::print_summary() const {
   std::fflush(stdout);
 }
 
-Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times) {
+Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool want_stop) {
   State& s = *st_;
   ProcessGrid& g = *s.grid;
   GptStage<float>& stage = *s.stage;
@@ -367,7 +371,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times) {
 
   stage.zero_grads();
   double loss_sum = 0;
-  StepResult result{0, 0, 0};
+  StepResult result{0, 0, 0, false};
   for (const Action& a : s.actions) {
     const int slot = a.micro >= 0 ? a.micro % slots : 0;
     const auto t0 = Clock::now();
@@ -421,8 +425,9 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times) {
         break;
       case Op::OptimizerStep: {
         // Each parameter counted once: one replica per stage, and the tied
-        // embedding only on the first stage.
-        double sums[2] = {loss_sum, 0.0};
+        // embedding only on the first stage. The stop votes ride along, so
+        // agreeing on preemption costs no extra collective.
+        double sums[3] = {loss_sum, 0.0, want_stop || stop_signal() != 0 ? 1.0 : 0.0};
         if (g.dp_rank() == 0) {
           sums[1] = host::sum_of_squares(stage.grads(), stage.param_storage());
           if (g.pp() > 1 && g.last_stage()) {
@@ -430,8 +435,9 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times) {
             sums[1] -= host::sum_of_squares(stage.grads() + wte.offset, wte.storage);
           }
         }
-        g.world().allreduce_sum(sums, 2);
+        g.world().allreduce_sum(sums, 3);
         loss_sum = sums[0];
+        result.stop = sums[2] > 0;
         const double norm = std::sqrt(std::max(sums[1], 0.0));
         const double clip = (tc.grad_clip > 0 && norm > tc.grad_clip) ? tc.grad_clip / norm : 1.0;
         const double lr = learning_rate(tc.lr, tc.min_lr, tc.warmup_steps, tc.steps, step);
@@ -526,14 +532,34 @@ TrainResult Trainer::run() {
   TrainResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   const int64_t M = deck_.grad_accum();
+  // The time guard: stop (with a checkpoint) before a step would run past
+  // the deadline, the earlier of [run] time_limit and Slurm's end time.
+  const auto run_start = Clock::now();
+  double deadline_s = deck_.run.time_limit > 0 ? deck_.run.time_limit : 1e300;
+  if (const char* end = std::getenv("SLURM_JOB_END_TIME")) {
+    const double left = std::atof(end) - static_cast<double>(std::time(nullptr));
+    if (std::atof(end) > 0) deadline_s = std::min(deadline_s, left);
+  }
+  double total_step_s = 0, last_save_s = 0;
+  int64_t steps_run = 0;
   double interval_s = 0;
   int64_t interval_steps = 0;
   StepTimes times;
   host::reset_gemm_seconds();
   for (int64_t step = s.start_step; step < end_step; ++step) {
     const auto t0 = Clock::now();
-    const StepResult r = train_step(step, times);
-    interval_s += seconds(t0, Clock::now());
+    // Time for this step and a save after the next, with 20% to spare; a
+    // save not yet measured is guessed at 100 MB/s.
+    const double mean_step = steps_run > 0 ? total_step_s / static_cast<double>(steps_run) : 0;
+    const double save_guess =
+        last_save_s > 0 ? last_save_s : 12.0 * static_cast<double>(s.stage->param_storage()) / 1e8;
+    const bool out_of_time =
+        seconds(run_start, t0) + 1.2 * (2 * mean_step + save_guess) > deadline_s;
+    const StepResult r = train_step(step, times, out_of_time);
+    const double step_s = seconds(t0, Clock::now());
+    interval_s += step_s;
+    total_step_s += step_s;
+    ++steps_run;
     ++interval_steps;
     result.losses.push_back(r.loss);
     if (!std::isfinite(r.loss)) {
@@ -577,7 +603,23 @@ TrainResult Trainer::run() {
       log.eval(done, tc.steps, result.final_val_loss);
     }
     const int64_t every = deck_.checkpoint.every;
-    if ((every > 0 && done % every == 0) || done == end_step) save_checkpoint(done);
+    if ((every > 0 && done % every == 0) || done == end_step || r.stop) {
+      const auto ts = Clock::now();
+      save_checkpoint(done);
+      last_save_s = seconds(ts, Clock::now());
+    }
+    if (r.stop && done < end_step) {
+      result.stopped_to_requeue = true;
+      if (lead) {
+        const int sig = stop_signal();
+        std::printf("stopping after step %lld to be requeued (%s); exit code %d\n",
+                    static_cast<long long>(done),
+                    sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "time limit",
+                    kExitRequeue);
+        std::fflush(stdout);
+      }
+      return result;
+    }
   }
   check_tied_embedding();
   if (lead && s.val && end_step == tc.steps && s.start_step < end_step) {

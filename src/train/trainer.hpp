@@ -14,6 +14,7 @@ namespace mpiformer {
 struct TrainResult {
   std::vector<double> losses;  // per step, the same on every rank
   double final_val_loss = 0;   // NaN when the deck has no validation data
+  bool stopped_to_requeue = false;  // a signal or the time limit ended it early
 };
 
 class Trainer {
@@ -32,6 +33,7 @@ class Trainer {
   struct StepTimes;
   struct StepResult {
     double loss, grad_norm, lr;
+    bool stop;  // every rank agreed to stop after this step
   };
   void open_inputs(int world);  // local: no collective calls
   void prepare_local();         // local: no collective calls
@@ -39,7 +41,8 @@ class Trainer {
   void resume();                // collective: restore from a checkpoint
   void save_checkpoint(int64_t step);
   void print_summary() const;
-  StepResult train_step(int64_t step, StepTimes& times);
+  // `want_stop`: this rank's vote to stop after the step (signal, time).
+  StepResult train_step(int64_t step, StepTimes& times, bool want_stop);
   double evaluate();
   void check_tied_embedding();
 
