@@ -12,6 +12,7 @@ PACKAGES=(
   libtoml11-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libxxhash-dev
+  slurm-wlm munge
 )
 
 missing=()

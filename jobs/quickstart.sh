@@ -3,14 +3,14 @@
 # the cpu preset, tokenizes the sample corpus and trains the tiny deck under
 # mpirun. Parameters (environment variables, with defaults):
 #   DECK=inputs/tiny.toml   the input deck
-#   NP=1                    MPI ranks (the deck's dp x pp)
+#   NP=                     MPI ranks (default: the deck's dp x pp)
 #   PRESET=cpu              CMake preset to build
 #   MPIFORMER_ARGS=""       extra arguments, e.g. "--set train.steps=50"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DECK=${DECK:-inputs/tiny.toml}
-NP=${NP:-1}
+NP=${NP:-}
 PRESET=${PRESET:-cpu}
 MPIFORMER_ARGS=${MPIFORMER_ARGS:-}
 
@@ -25,11 +25,6 @@ if [ ! -f data/tinyshakespeare_byte.h5 ] || [ ! -f data/tinyshakespeare_byte_val
     --output data/tinyshakespeare_byte.h5 inputs/tinyshakespeare.txt
 fi
 
-launcher=(mpirun -np "$NP")
-if [ "$(id -u)" -eq 0 ]; then launcher+=(--allow-run-as-root); fi
-if [ "$NP" -gt "$(nproc)" ]; then launcher+=(--oversubscribe); fi
-# shellcheck disable=SC2086  # MPIFORMER_ARGS is a list of words by design
 # A fresh run each time (a cluster job would resume instead: resume = "auto").
-cmd=("${launcher[@]}" "$BIN" train "$DECK" --set checkpoint.resume=never $MPIFORMER_ARGS)
-echo "mpiformer $(git rev-parse --short HEAD 2>/dev/null || echo unknown): ${cmd[*]}"
-"${cmd[@]}"
+# shellcheck disable=SC2086  # MPIFORMER_ARGS is a list of words by design
+exec env ${NP:+NP=$NP} MPIFORMER=$BIN jobs/local.sh "$DECK" --set checkpoint.resume=never $MPIFORMER_ARGS

@@ -1,0 +1,99 @@
+# A one-node Slurm on 127.0.0.1 for the tests, everything under $SLURM_TEST_DIR
+# (no /etc changes): munged, slurmctld and slurmd started by us and stopped
+# by their PIDs. Sourced; call slurm_up, then slurm_down (or trap it).
+# Facts this relies on (Debian 12 slurm-wlm 22.05): the host name is not a
+# usable node name, so the node is localhost at 127.0.0.1 and slurmd runs
+# with -N localhost; no cgroups (linuxproc, task/none); RealMemory kept
+# below what `slurmd -C` reports; kill_invalid_depend under
+# DependencyParameters; munged's socket directory world-searchable.
+
+slurm_skip_reason() {
+  for b in munged slurmctld slurmd sbatch scontrol squeue; do
+    command -v "$b" >/dev/null || { echo "$b not installed (apt-get install slurm-wlm munge)"; return; }
+  done
+  [ "$(id -u)" -eq 0 ] || echo "needs root (SlurmUser=root, as in CI)"
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+slurm_up() {
+  local d=$SLURM_TEST_DIR
+  mkdir -p "$d/munge" "$d/state" "$d/spool" "$d/log"
+  chmod 755 "$d" "$d/munge"
+  dd if=/dev/urandom of="$d/munge/munge.key" bs=1024 count=1 status=none
+  chmod 400 "$d/munge/munge.key"
+  munged --force --key-file="$d/munge/munge.key" --socket="$d/munge/munge.socket" \
+    --pid-file="$d/munge/munged.pid" --log-file="$d/log/munged.log" --seed-file="$d/munge/seed"
+  local mem cpus
+  mem=$(slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+  mem=$(( ${mem:-2048} / 2 ))
+  cpus=$(( $(nproc) < 4 ? 4 : $(nproc) ))  # 4 ranks even on 2 cores
+  cat >"$d/slurm.conf" <<CONF
+ClusterName=mpiformer-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$d/munge/munge.socket
+CryptoType=crypto/munge
+SlurmctldPort=$(free_port)
+SlurmdPort=$(free_port)
+StateSaveLocation=$d/state
+SlurmdSpoolDir=$d/spool
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd.pid
+SlurmctldLogFile=$d/log/slurmctld.log
+SlurmdLogFile=$d/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SwitchType=switch/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+DependencyParameters=kill_invalid_depend
+ReturnToService=2
+JobRequeue=1
+MinJobAge=600
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+CONF
+  export SLURM_CONF=$d/slurm.conf
+  slurmctld -c
+  slurmd -N localhost
+  local i
+  for i in $(seq 1 60); do
+    if sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then return 0; fi
+    sleep 1
+  done
+  echo "slurm did not come up; logs:" >&2
+  tail -20 "$d"/log/*.log >&2
+  return 1
+}
+
+slurm_down() {
+  local d=$SLURM_TEST_DIR f
+  for f in "$d/slurmd.pid" "$d/slurmctld.pid" "$d/munge/munged.pid"; do
+    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null
+  done
+  sleep 1
+  for f in "$d/slurmd.pid" "$d/slurmctld.pid" "$d/munge/munged.pid"; do
+    [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
+  done
+  return 0
+}
+
+# wait_job ID STATE... : until the job reaches one of the states (or 300 s).
+wait_job() {
+  local id=$1 i st
+  shift
+  for i in $(seq 1 300); do
+    st=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+    for want in "$@"; do [ "$st" = "$want" ] && return 0; done
+    sleep 1
+  done
+  echo "job $id still $st after 300 s (wanted $*)" >&2
+  return 1
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A job that receives the preemption signal mid-training checkpoints, exits
+# 75, is requeued, resumes from `latest` and completes; its losses equal an
+# uninterrupted run's at every step, bit for bit (same layout).
+source "$(dirname "$0")/lib.sh"
+args="$SMALL --set parallel.dp=2 --set train.steps=40 --set train.eval_every=0"
+id=$(MPIFORMER_ARGS="$args" RUN_DIR=run sbatch --parsable -n 2 "$SBATCH_SCRIPT")
+wait_job "$id" RUNNING || { show_job "$id"; fail "job did not start"; }
+for i in $(seq 1 120); do
+  [ "$(grep -c '"loss"' run/metrics.jsonl 2>/dev/null)" -ge 5 ] && break
+  sleep 0.5
+done
+scancel --signal=USR1 --batch "$id"
+wait_job "$id" PENDING COMPLETED || { show_job "$id"; fail "job was not requeued"; }
+job_log "$id" | grep -q "stopping after step .* to be requeued (SIGUSR1); exit code 75" ||
+  { show_job "$id"; fail "no checkpoint-and-stop in the log"; }
+job_log "$id" | grep -q "requeuing job $id" || { show_job "$id"; fail "not requeued by the script"; }
+# Slurm holds a requeued job for a while (BeginTime): release it now, once
+# slurmd has cleaned up the old step (a step launched while the previous one
+# with the same id is still terminating fails to start).
+for i in $(seq 1 60); do
+  [ -z "$(squeue -h -s -j "$id" 2>/dev/null)" ] && break
+  sleep 1
+done
+sleep 3
+scontrol update JobId="$id" StartTime=now
+wait_job "$id" COMPLETED || { show_job "$id"; fail "requeued job did not complete"; }
+job_log "$id" | grep -q "restart count 1" || { show_job "$id"; fail "second run not logged as restart 1"; }
+job_log "$id" | grep -q "resumed from run/checkpoints/step_" || { show_job "$id"; fail "did not resume"; }
+job_log "$id" | grep -qE "^final val loss" || { show_job "$id"; fail "no final val loss"; }
+
+# The same run without interruption, outside Slurm.
+run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || fail "uninterrupted run failed"
+python3 - run/metrics.jsonl straight/metrics.jsonl <<'PY'
+import json, sys
+def last_per_step(path):
+    out = {}
+    for j in map(json.loads, open(path)):
+        if "loss" in j: out[j["step"]] = j["loss"]  # a step redone after the stop counts once, the last time
+    return out
+got, ref = last_per_step(sys.argv[1]), last_per_step(sys.argv[2])
+assert sorted(got) == list(range(1, 41)), sorted(got)
+bad = [s for s in ref if got[s] != ref[s]]
+assert not bad, f"steps {bad[:5]} differ: {[(got[s], ref[s]) for s in bad[:3]]}"
+print("requeued run: all 40 losses equal the uninterrupted run's")
+PY
