@@ -7,7 +7,7 @@ args="$SMALL --set parallel.dp=2 --set train.steps=40 --set train.eval_every=0"
 id=$(MPIFORMER_ARGS="$args" RUN_DIR=run sbatch --parsable -n 2 "$SBATCH_SCRIPT")
 wait_job "$id" RUNNING || { show_job "$id"; fail "job did not start"; }
 for i in $(seq 1 120); do
-  [ "$(grep -c '"loss"' run/metrics.jsonl 2>/dev/null)" -ge 5 ] && break
+  [ "$(grep -c '"loss"' run/metrics.jsonl 2>/dev/null || echo 0)" -ge 5 ] && break
   sleep 0.5
 done
 scancel --signal=USR1 --batch "$id"
