@@ -44,12 +44,7 @@ int run_generate(const GenerateArgs& args, int rank) {
   if (rank != 0) return 0;
   CheckpointReader reader(args.checkpoint);
   const CheckpointMeta& m = reader.meta();
-  GptConfig cfg;
-  cfg.n_layer = m.n_layer;
-  cfg.n_head = m.n_head;
-  cfg.n_embd = m.n_embd;
-  cfg.seq_len = m.seq_len;
-  cfg.vocab_size = m.vocab_size;
+  const GptConfig cfg = model_config(m);
   if (m.tokenizer != "byte" && m.tokenizer != "gpt2") {
     throw InputError(args.checkpoint, "attribute tokenizer",
                      "'" + m.tokenizer + "': generate knows the byte and gpt2 tokenizers");

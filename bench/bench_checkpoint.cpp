@@ -36,11 +36,7 @@ int main(int argc, char** argv) {
     std::fill(opt.v().begin(), opt.v().end(), 0.25f);
     const StageState st{stage.params(), opt.m().data(), opt.v().data()};
     CheckpointMeta meta;
-    meta.n_layer = cfg.n_layer;
-    meta.n_head = cfg.n_head;
-    meta.n_embd = cfg.n_embd;
-    meta.seq_len = cfg.seq_len;
-    meta.vocab_size = cfg.vocab_size;
+    set_model_config(meta, cfg);
     meta.world_size = world;
     meta.dp = world;
     meta.deck = deck.to_toml();

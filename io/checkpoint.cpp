@@ -105,6 +105,24 @@ int64_t fault_after() {
 
 }  // namespace
 
+void set_model_config(CheckpointMeta& meta, const GptConfig& cfg) {
+  meta.n_layer = cfg.n_layer;
+  meta.n_head = cfg.n_head;
+  meta.n_embd = cfg.n_embd;
+  meta.seq_len = cfg.seq_len;
+  meta.vocab_size = cfg.vocab_size;
+}
+
+GptConfig model_config(const CheckpointMeta& meta) {
+  GptConfig cfg;
+  cfg.n_layer = meta.n_layer;
+  cfg.n_head = meta.n_head;
+  cfg.n_embd = meta.n_embd;
+  cfg.seq_len = meta.seq_len;
+  cfg.vocab_size = meta.vocab_size;
+  return cfg;
+}
+
 bool is_checkpoint(const std::string& path) {
   H5QuietErrors quiet;
   if (H5Fis_hdf5(path.c_str()) <= 0) return false;

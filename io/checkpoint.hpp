@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "model/gpt_config.hpp"
+
 namespace mpiformer {
 
 constexpr int64_t kCheckpointFormatVersion = 1;
@@ -28,6 +30,10 @@ struct CheckpointMeta {
   std::string tokenizer;        // of the training data
   std::string deck;             // the resolved input deck, TOML
 };
+
+// The model shape recorded in / read from the root attributes.
+void set_model_config(CheckpointMeta& meta, const GptConfig& cfg);
+GptConfig model_config(const CheckpointMeta& meta);
 
 // What one rank contributes to one dataset. Every rank lists every dataset,
 // in the same order: creation is collective.
