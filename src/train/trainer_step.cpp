@@ -45,7 +45,9 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
       case Op::Forward:
         // The slot's previous occupant may still be on its way downstream.
         if (s.act_sends[slot]) s.act_sends[slot].reset();
-        load(a.micro, slot);
+        // Only the ends of the pipeline touch tokens: inputs on the first
+        // stage, targets on the last.
+        if (g.first_stage() || g.last_stage()) load(a.micro, slot);
         loss_sum += stage.forward(slot, s.inputs[slot].data(),
                                   g.first_stage() ? nullptr : stage.input_buffer(slot),
                                   s.targets[slot].data(), true, grad_scale);

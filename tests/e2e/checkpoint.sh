@@ -63,6 +63,13 @@ for lay in "1 1" "4 1" "1 4"; do
   compare ref22/metrics.jsonl "$dir/metrics.jsonl" 1e-5 "resume (2,2) -> ($1,$2)"
 done
 
+# Retention: keep = 2 with a checkpoint every step leaves the newest two.
+train 1 1 keep --set checkpoint.every=1 --set checkpoint.keep=2
+[ "$(cd keep/checkpoints && echo step_*)" = "step_00000005.h5 step_00000006.h5" ] ||
+  fail "keep=2 left: $(ls keep/checkpoints)"
+grep -qx "step_00000006.h5" keep/checkpoints/latest || fail "latest is not the newest"
+echo "ok: retention keeps the newest 2"
+
 # (5) An independent reader finds every name and shape.
 f=straight/checkpoints/step_00000006.h5
 h5ls -r "$f" | tr -s " " >ls.txt
