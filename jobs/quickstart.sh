@@ -16,7 +16,7 @@ MPIFORMER_ARGS=${MPIFORMER_ARGS:-}
 
 bash .ci/deps.sh
 cmake --preset "$PRESET" >/dev/null
-cmake --build --preset "$PRESET"
+cmake --build --preset "$PRESET" --target mpiformer
 BIN=build/$PRESET/app/mpiformer
 
 if [ ! -f data/tinyshakespeare_byte.h5 ] || [ ! -f data/tinyshakespeare_byte_val.h5 ]; then
