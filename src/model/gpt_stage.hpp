@@ -26,7 +26,6 @@ class GptStage {
   const GptConfig& config() const { return cfg_; }
   const StageRange& range() const { return range_; }
   const ParameterTable& table() const { return table_; }
-  int64_t micro_batch() const { return B_; }
   int num_slots() const { return static_cast<int>(slots_.size()); }
 
   T* params() { return params_.data(); }

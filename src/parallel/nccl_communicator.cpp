@@ -5,6 +5,7 @@
 
 #include <climits>
 
+#include "cuda/cuda_check.hpp"
 #include "parallel/mpi_check.hpp"
 
 #define NCCL_CHECK(call)                                                          \
@@ -14,15 +15,6 @@
       ::mpiformer::throw_system_error(#call, __FILE__, __LINE__,                  \
                                       "rank " + std::to_string(world_rank()) + ": " + \
                                           ncclGetErrorString(mpiformer_nr_));     \
-  } while (0)
-
-#define CUDART_CHECK(call)                                                        \
-  do {                                                                            \
-    const cudaError_t mpiformer_ce_ = (call);                                     \
-    if (mpiformer_ce_ != cudaSuccess)                                             \
-      ::mpiformer::throw_system_error(#call, __FILE__, __LINE__,                  \
-                                      "rank " + std::to_string(world_rank()) + ": " + \
-                                          cudaGetErrorString(mpiformer_ce_));     \
   } while (0)
 
 namespace mpiformer {
@@ -39,14 +31,14 @@ size_t count(int64_t n) {
 class CudaEventPending final : public PendingOp {
  public:
   explicit CudaEventPending(cudaStream_t stream) {
-    CUDART_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    CUDART_CHECK(cudaEventRecord(event_, stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(event_, stream));
   }
   ~CudaEventPending() override {
     cudaEventSynchronize(event_);
     cudaEventDestroy(event_);
   }
-  void wait() override { CUDART_CHECK(cudaEventSynchronize(event_)); }
+  void wait() override { CUDA_CHECK(cudaEventSynchronize(event_)); }
   bool test() override { return cudaEventQuery(event_) == cudaSuccess; }
 
  private:
@@ -62,10 +54,10 @@ int select_local_device() {
   MPI_CHECK(MPI_Comm_rank(node, &local));
   MPI_CHECK(MPI_Comm_free(&node));
   int devices = 0;
-  CUDART_CHECK(cudaGetDeviceCount(&devices));
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
   MPIFORMER_CHECK(devices > 0, "no CUDA device on this node");
   const int device = local % devices;
-  CUDART_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaSetDevice(device));
   return device;
 }
 
@@ -78,7 +70,7 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& group)
   NCCL_CHECK(ncclCommInitRank(&comm, size_, id, rank_));
   comm_ = comm;
   cudaStream_t stream = nullptr;
-  CUDART_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
 }
 
@@ -94,12 +86,12 @@ Pending NcclCommunicator::record() { return std::make_unique<CudaEventPending>(c
 
 void NcclCommunicator::allreduce_sum(float* data, int64_t n) {
   NCCL_CHECK(ncclAllReduce(data, data, count(n), ncclFloat, ncclSum, nccl(comm_), cuda(stream_)));
-  CUDART_CHECK(cudaStreamSynchronize(cuda(stream_)));
+  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
 }
 
 void NcclCommunicator::allreduce_sum(double* data, int64_t n) {
   NCCL_CHECK(ncclAllReduce(data, data, count(n), ncclDouble, ncclSum, nccl(comm_), cuda(stream_)));
-  CUDART_CHECK(cudaStreamSynchronize(cuda(stream_)));
+  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
 }
 
 Pending NcclCommunicator::start_allreduce_sum(float* data, int64_t n) {
@@ -120,12 +112,12 @@ void NcclCommunicator::recv(float* data, int64_t n, int peer, int) {
   NCCL_CHECK(ncclGroupStart());
   NCCL_CHECK(ncclRecv(data, count(n), ncclFloat, peer, nccl(comm_), cuda(stream_)));
   NCCL_CHECK(ncclGroupEnd());
-  CUDART_CHECK(cudaStreamSynchronize(cuda(stream_)));
+  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
 }
 
 void NcclCommunicator::broadcast(float* data, int64_t n, int root) {
   NCCL_CHECK(ncclBroadcast(data, data, count(n), ncclFloat, root, nccl(comm_), cuda(stream_)));
-  CUDART_CHECK(cudaStreamSynchronize(cuda(stream_)));
+  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
 }
 
 }  // namespace mpiformer

@@ -25,7 +25,6 @@ class Trainer {
   // must fix, the same one on every rank (see input_agreement.hpp).
   Trainer(Deck deck, int rank, int world);
   ~Trainer();
-  const Deck& deck() const { return deck_; }
   TrainResult run();
 
  private:
