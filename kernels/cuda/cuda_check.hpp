@@ -1,7 +1,7 @@
 // Checks for CUDA runtime and cuBLAS calls: the call, the file and line,
 // and the library's own reason, thrown as SystemError.
 #pragma once
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -21,5 +21,9 @@
     const cublasStatus_t mpiformer_st_ = (call);                                          \
     if (mpiformer_st_ != CUBLAS_STATUS_SUCCESS)                                           \
       ::mpiformer::throw_system_error(#call, __FILE__, __LINE__,                          \
-                                      cublasGetStatusString(mpiformer_st_));              \
+                                      cublasLtGetStatusString(mpiformer_st_));              \
   } while (0)
+
+// After a kernel launch: configuration errors surface here, at the launch
+// that caused them, instead of at some later synchronising call.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

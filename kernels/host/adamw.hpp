@@ -7,19 +7,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "adamw_params.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
 
-struct AdamWParams {
-  double lr;
-  double beta1;
-  double beta2;
-  double eps;
-  double weight_decay;
-  int64_t step;        // 1-based, for bias correction
-  double grad_scale;   // multiplies every gradient first (clipping)
-};
 
 namespace detail {
 // One contiguous chunk; restrict lets the compiler vectorise (the four

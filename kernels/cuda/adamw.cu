@@ -1,0 +1,68 @@
+#include <cmath>
+
+#include "cuda/adamw.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_math.cuh"
+
+namespace mpiformer::cuda {
+
+namespace {
+
+struct AdamWConstants {
+  float b1, b2, inv_c1, inv_sqrt_c2, lr, eps, wd, gs;
+};
+
+template <class A>
+__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
+                             float* __restrict__ m, float* __restrict__ v, int64_t n,
+                             AdamWConstants k, A* copy) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float gi = g[i] * k.gs;
+  const float mi = k.b1 * m[i] + (1.f - k.b1) * gi;
+  const float vi = k.b2 * v[i] + (1.f - k.b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  // The same expression as the host kernel, bias corrections folded in.
+  const float pi = p[i] - k.lr * (mi * k.inv_c1 / (sqrtf(vi) * k.inv_sqrt_c2 + k.eps) + k.wd * p[i]);
+  p[i] = pi;
+  if (copy != nullptr) copy[i] = from_float<A>(pi);
+}
+
+template <class A>
+__global__ void convert_kernel(A* dst, const float* src, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) dst[i] = from_float<A>(src[i]);
+}
+
+}  // namespace
+
+template <class A>
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
+                  const AdamWParams& p, A* copy, cudaStream_t stream) {
+  if (n == 0) return;
+  const double c1 = 1.0 - std::pow(p.beta1, static_cast<double>(p.step));
+  const double c2 = 1.0 - std::pow(p.beta2, static_cast<double>(p.step));
+  const AdamWConstants k{static_cast<float>(p.beta1),         static_cast<float>(p.beta2),
+                         static_cast<float>(1.0 / c1),        static_cast<float>(1.0 / std::sqrt(c2)),
+                         static_cast<float>(p.lr),            static_cast<float>(p.eps),
+                         static_cast<float>(p.weight_decay), static_cast<float>(p.grad_scale)};
+  adamw_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(params, grads, m, v, n, k, copy);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class A>
+void convert(A* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  convert_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dst, src, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+template void adamw_update<float>(float*, const float*, float*, float*, int64_t,
+                                  const AdamWParams&, float*, cudaStream_t);
+template void adamw_update<bf16>(float*, const float*, float*, float*, int64_t,
+                                 const AdamWParams&, bf16*, cudaStream_t);
+template void convert<float>(float*, const float*, int64_t, cudaStream_t);
+template void convert<bf16>(bf16*, const float*, int64_t, cudaStream_t);
+
+}  // namespace mpiformer::cuda

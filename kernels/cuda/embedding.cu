@@ -1,0 +1,99 @@
+#include <algorithm>
+#include <numeric>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/embedding.hpp"
+
+namespace mpiformer::cuda {
+
+void TokenGroups::build(const int32_t* tok, int64_t n) {
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  // Stable: positions of one token stay in increasing order, which fixes
+  // the order of the backward's sum.
+  std::stable_sort(order.begin(), order.end(),
+                   [tok](int32_t a, int32_t b) { return tok[a] < tok[b]; });
+  tokens.clear();
+  starts.clear();
+  positions = std::move(order);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || tok[positions[i]] != tok[positions[i - 1]]) {
+      tokens.push_back(tok[positions[i]]);
+      starts.push_back(static_cast<int32_t>(i));
+    }
+  }
+  starts.push_back(static_cast<int32_t>(n));
+}
+
+namespace {
+
+template <class A>
+__global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A* wte,
+                                         const A* wpe, int64_t BT, int64_t T, int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= BT * C) return;
+  const int64_t bt = i / C, c = i % C;
+  const float e = to_float(wte[static_cast<int64_t>(tokens[bt]) * C + c]);
+  out[i] = from_float<A>(e + to_float(wpe[(bt % T) * C + c]));
+}
+
+// Grid (distinct tokens, channel blocks): one thread per (token, channel)
+// sums that token's positions in order.
+template <class A>
+__global__ void embedding_backward_wte_kernel(float* dwte, const A* dout,
+                                              DeviceTokenGroups groups, int64_t C) {
+  const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t u = blockIdx.x;
+  if (c >= C) return;
+  float sum = 0.f;
+  for (int32_t k = groups.starts[u]; k < groups.starts[u + 1]; ++k)
+    sum += to_float(dout[static_cast<int64_t>(groups.positions[k]) * C + c]);
+  dwte[static_cast<int64_t>(groups.tokens[u]) * C + c] += sum;
+}
+
+// One thread per (t, c): the sum over the batch, in batch order.
+template <class A>
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const A* dout, int64_t B, int64_t T,
+                                              int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * C) return;
+  float sum = 0.f;
+  for (int64_t b = 0; b < B; ++b) sum += to_float(dout[b * T * C + i]);
+  dwpe[i] += sum;
+}
+
+}  // namespace
+
+template <class A>
+void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
+                       int64_t T, int64_t C, cudaStream_t stream) {
+  const int threads = 256;
+  embedding_forward_kernel<<<blocks_for(B * T * C, threads), threads, 0, stream>>>(
+      out, tokens, wte, wpe, B * T, T, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class A>
+void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,
+                        int64_t B, int64_t T, int64_t C, cudaStream_t stream) {
+  const int threads = 256;
+  MPIFORMER_CHECK(groups.count > 0 && groups.count <= B * T,
+                  "embedding_backward: token groups do not match the batch");
+  const dim3 grid(static_cast<unsigned>(groups.count), blocks_for(C, threads));
+  embedding_backward_wte_kernel<<<grid, threads, 0, stream>>>(dwte, dout, groups, C);
+  CUDA_CHECK_LAUNCH();
+  embedding_backward_wpe_kernel<<<blocks_for(T * C, threads), threads, 0, stream>>>(dwpe, dout, B,
+                                                                                    T, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define MPIFORMER_INSTANTIATE(A)                                                              \
+  template void embedding_forward<A>(A*, const int32_t*, const A*, const A*, int64_t, int64_t, \
+                                     int64_t, cudaStream_t);                                   \
+  template void embedding_backward<A>(float*, float*, const A*, const DeviceTokenGroups&,      \
+                                      int64_t, int64_t, int64_t, cudaStream_t);
+MPIFORMER_INSTANTIATE(float)
+MPIFORMER_INSTANTIATE(bf16)
+
+}  // namespace mpiformer::cuda

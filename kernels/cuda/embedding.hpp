@@ -1,0 +1,41 @@
+// Token + position embedding on the GPU (host twin: host/embedding.hpp).
+// out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]; wte [Vp,C], wpe [Tmax,C].
+//
+// The backward must add the gradients of repeated tokens into one row of
+// dwte. Atomics would make the sum order (and so the bits) change from run to
+// run; instead the positions are grouped by token once per micro-batch on
+// the host, where the tokens already are (TokenGroups), and one block sums
+// each token's positions in order.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace mpiformer::cuda {
+
+// Positions [0, B*T) grouped by token: group u is token `tokens[u]` at
+// positions `positions[starts[u] .. starts[u+1])`, in increasing order.
+struct TokenGroups {
+  std::vector<int32_t> tokens, starts, positions;
+  void build(const int32_t* tok, int64_t n);  // host side, O(n log n)
+};
+
+// The device copy of TokenGroups (buffers of n, n + 1 and n elements).
+struct DeviceTokenGroups {
+  int32_t* tokens;
+  int32_t* starts;
+  int32_t* positions;
+  int64_t count;  // number of distinct tokens
+};
+
+template <class A>
+void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
+                       int64_t T, int64_t C, cudaStream_t stream);
+
+// Parameter gradients accumulate (+=) in float.
+template <class A>
+void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,
+                        int64_t B, int64_t T, int64_t C, cudaStream_t stream);
+
+}  // namespace mpiformer::cuda

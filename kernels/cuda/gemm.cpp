@@ -1,0 +1,144 @@
+#include "cuda/gemm.hpp"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "core/format.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device.hpp"
+
+namespace mpiformer::cuda {
+
+namespace {
+
+// Hopper's kernels want up to 32 MiB of workspace; smaller GPUs use less.
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+// The alignment cuBLASLt may assume for a pointer (it picks vectorised
+// kernels from it): the largest power of two up to 256 dividing the address.
+uint32_t alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+using Key = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t,
+                       uint32_t>;
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+void set_batch(cublasLtMatrixLayout_t layout, int64_t count, int64_t stride) {
+  const int32_t n = static_cast<int32_t>(count);
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n,
+                                                sizeof n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+}
+
+}  // namespace
+
+struct Blas::Plans {
+  std::map<Key, Plan> by_key;
+  ~Plans() {
+    for (auto& [key, p] : by_key) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.op);
+    }
+  }
+};
+
+Blas::Blas(cudaStream_t stream) : plans_(std::make_unique<Plans>()), stream_(stream) {
+  cublasLtHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_ = h;
+  workspace_ = device_alloc(kWorkspaceBytes);
+}
+
+Blas::~Blas() {
+  plans_.reset();
+  device_free(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+void Blas::run(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+               float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, float beta,
+               void* c, int64_t ldc, const void* bias, const GemmBatch& batch) {
+  // cuBLASLt is column-major: the row-major C = op(A) op(B) is the
+  // column-major C^T = op(B)^T op(A)^T, so the operands swap places and keep
+  // their flags, and a bias over C's columns is a bias over C^T's rows,
+  // which is what the epilogue adds.
+  const Key key{static_cast<int>(in), static_cast<int>(out), ta, tb, m, n, k, lda, ldb, ldc,
+                batch.count, batch.stride_a, batch.stride_b, batch.stride_c, bias != nullptr,
+                alignment(a), alignment(b), alignment(c), alignment(bias)};
+  auto it = plans_->by_key.find(key);
+  if (it == plans_->by_key.end()) {
+    Plan p;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    // Stored shapes (column-major view of the row-major operands).
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(in), tb ? k : n, tb ? n : k, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(in), ta ? m : k, ta ? k : m, lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(out), n, m, ldc));
+    if (batch.count > 1) {
+      set_batch(p.a, batch.count, batch.stride_b);
+      set_batch(p.b, batch.count, batch.stride_a);
+      set_batch(p.c, batch.count, batch.stride_c);
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspaceBytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const uint32_t al[4] = {alignment(b), alignment(a), alignment(c), alignment(c)};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        static_cast<cublasLtHandle_t>(handle_), p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      throw SystemError(strprintf(
+          "cuBLASLt has no algorithm for a %s x %s -> %s GEMM m=%lld n=%lld k=%lld (trans %d%d, "
+          "batch %lld, bias %d): %s",
+          in == DType::F32 ? "fp32" : "bf16", in == DType::F32 ? "fp32" : "bf16",
+          out == DType::F32 ? "fp32" : "bf16", static_cast<long long>(m),
+          static_cast<long long>(n), static_cast<long long>(k), ta, tb,
+          static_cast<long long>(batch.count), bias != nullptr, cublasLtGetStatusString(st)));
+    }
+    p.algo = result.algo;
+    it = plans_->by_key.emplace(key, p).first;
+  }
+  Plan& p = it->second;
+  if (bias != nullptr) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
+  }
+  CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, b, p.a, a, p.b,
+                              &beta, c, p.c, c, p.c, &p.algo, workspace_, kWorkspaceBytes,
+                              stream_));
+}
+
+}  // namespace mpiformer::cuda

@@ -1,0 +1,48 @@
+#include "cuda/column_sums.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/matmul.hpp"
+
+namespace mpiformer::cuda {
+
+namespace {
+
+template <class A>
+struct BiasGradTerm {
+  const A* dout;
+  int64_t OC;
+  __device__ float2 operator()(int64_t n, int64_t o) const {
+    return make_float2(to_float(dout[n * OC + o]), 0.f);
+  }
+};
+
+}  // namespace
+
+template <class A>
+void matmul_forward(Blas& blas, A* out, const A* inp, const A* weight, const A* bias, int64_t N,
+                    int64_t C, int64_t OC) {
+  blas.gemm(false, true, N, OC, C, 1.f, inp, C, weight, C, 0.f, out, OC, bias);
+}
+
+template <class A>
+void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A* dout,
+                     const A* inp, const A* weight, int64_t N, int64_t C, int64_t OC) {
+  if (dinp != nullptr) blas.gemm(false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
+  // Activation-type inputs, float output accumulated in place (beta = 1).
+  blas.gemm(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
+  if (dbias != nullptr) {
+    launch_column_sums(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
+                       blas.stream());
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+template void matmul_forward<float>(Blas&, float*, const float*, const float*, const float*,
+                                    int64_t, int64_t, int64_t);
+template void matmul_forward<bf16>(Blas&, bf16*, const bf16*, const bf16*, const bf16*, int64_t,
+                                   int64_t, int64_t);
+template void matmul_backward<float>(Blas&, float*, float*, float*, const float*, const float*,
+                                     const float*, int64_t, int64_t, int64_t);
+template void matmul_backward<bf16>(Blas&, bf16*, float*, float*, const bf16*, const bf16*,
+                                    const bf16*, int64_t, int64_t, int64_t);
+
+}  // namespace mpiformer::cuda

@@ -1,0 +1,42 @@
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/reduce.hpp"
+
+namespace mpiformer::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void partial_sums_kernel(double* partial, const float* x, int64_t n, bool squares) {
+  __shared__ double shared[kWarp];
+  double s = 0.0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const double v = x[i];
+    s += squares ? v * v : v;
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void final_sum_kernel(double* out, const double* partial, int count, bool accumulate) {
+  __shared__ double shared[kWarp];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *out = accumulate ? *out + s : s;
+}
+
+}  // namespace
+
+void reduce_sum(double* out, const float* x, int64_t n, bool squares, bool accumulate,
+                double* scratch, cudaStream_t stream) {
+  partial_sums_kernel<<<kReduceBlocks, kThreads, 0, stream>>>(scratch, x, n, squares);
+  CUDA_CHECK_LAUNCH();
+  final_sum_kernel<<<1, kThreads, 0, stream>>>(out, scratch, kReduceBlocks, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mpiformer::cuda
