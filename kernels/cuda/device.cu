@@ -33,4 +33,6 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
 }  // namespace mpiformer::cuda

@@ -1,0 +1,318 @@
+// Every CUDA kernel against its host twin, in fp32 and bf16, on random
+// inputs. The reference is the host kernel run in double on the very values
+// the GPU received (inputs rounded to bf16 first in the bf16 case), and every
+// GPU output is poisoned with NaN before the call, so an element the kernel
+// fails to write fails the comparison.
+//
+// Tolerances, |got - want| <= tol * (1 + |want|):
+//  * fp32: 1e-5. Float accumulation over at most a few hundred terms, and
+//    the fast exp (__expf, 2 ulp) in the softmaxes.
+//  * bf16: 1e-2 for single ops (outputs rounded to 8 significant bits,
+//    2^-8 = 3.9e-3, plus float accumulation of bf16 products); 3e-2 for
+//    attention's backward, which stores the probabilities and dS in bf16
+//    between its four products.
+// Without a GPU the test exits 77, which CTest reports as skipped.
+#include <Kokkos_Core.hpp>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/adamw.hpp"
+#include "cuda/attention.hpp"
+#include "cuda/crossentropy.hpp"
+#include "cuda/device.hpp"
+#include "cuda/embedding.hpp"
+#include "cuda/gelu.hpp"
+#include "cuda/layernorm.hpp"
+#include "cuda/matmul.hpp"
+#include "cuda/reduce.hpp"
+#include "cuda/residual.hpp"
+#include "host/adamw.hpp"
+#include "host/attention.hpp"
+#include "host/crossentropy.hpp"
+#include "host/embedding.hpp"
+#include "host/gelu.hpp"
+#include "host/layernorm.hpp"
+#include "host/matmul.hpp"
+#include "host/residual.hpp"
+#include "../unit/reference.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+using cuda::bf16;
+
+double to_double(float x) { return x; }
+double to_double(double x) { return x; }
+double to_double(bf16 x) { return __bfloat162float(x); }
+template <class A>
+A from_double(double x) {
+  if constexpr (std::is_same_v<A, bf16>) {
+    return __float2bfloat16_rn(static_cast<float>(x));
+  } else {
+    return static_cast<A>(x);
+  }
+}
+
+// A device array of A mirrored by the double values it holds exactly.
+template <class A>
+struct Dev {
+  cuda::DeviceBuffer<A> buf;
+  std::vector<double> exact;  // what the device holds, as doubles
+  explicit Dev(const std::vector<double>& v) : buf(v.size()), exact(v.size()) {
+    std::vector<A> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      h[i] = from_double<A>(v[i]);
+      exact[i] = to_double(h[i]);
+    }
+    cuda::copy_to_device(buf.get(), h.data(), h.size() * sizeof(A));
+  }
+  static Dev poisoned(size_t n) { return Dev(std::vector<double>(n, std::nan(""))); }
+  A* get() { return buf.get(); }
+  std::vector<double> read() const {
+    cuda::synchronize();
+    std::vector<A> h(buf.size());
+    cuda::copy_to_host(h.data(), buf.get(), h.size() * sizeof(A));
+    std::vector<double> out(h.size());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = to_double(h[i]);
+    return out;
+  }
+};
+
+template <class A>
+double tol(double fp32, double bf) {
+  return std::is_same_v<A, float> ? fp32 : bf;
+}
+
+::testing::AssertionResult close(const std::vector<double>& got, const std::vector<double>& want,
+                                 double t) {
+  return all_close(got, want, t, t);
+}
+
+template <class A>
+class GpuKernels : public ::testing::Test {};
+using Types = ::testing::Types<float, bf16>;
+TYPED_TEST_SUITE(GpuKernels, Types);
+
+constexpr int64_t B = 2, T = 16, C = 32, NH = 4, V = 100, Vp = 128;
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, unsigned seed) {
+  std::mt19937 gen(seed);
+  // A small range so tokens repeat: the backward's grouping is exercised.
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab / 4));
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = dist(gen);
+  return t;
+}
+
+struct DevTokens {
+  cuda::DeviceBuffer<int32_t> buf;
+  explicit DevTokens(const std::vector<int32_t>& t) : buf(t.size()) {
+    cuda::copy_to_device(buf.get(), t.data(), t.size() * 4);
+  }
+};
+
+TYPED_TEST(GpuKernels, Embedding) {
+  using A = TypeParam;
+  const auto tok = random_tokens(B * T, V, 1);
+  Dev<A> wte(random_vector(Vp * C, 2)), wpe(random_vector(T * C, 3)), out = Dev<A>::poisoned(B * T * C);
+  DevTokens dtok(tok);
+  cuda::embedding_forward(out.get(), dtok.buf.get(), wte.get(), wpe.get(), B, T, C, nullptr);
+  std::vector<double> want(B * T * C);
+  host::embedding_forward(want.data(), tok.data(), wte.exact.data(), wpe.exact.data(), B, T, C);
+  EXPECT_TRUE(close(out.read(), want, tol<A>(1e-6, 1e-2)));
+
+  // Backward: accumulates into random float gradients.
+  Dev<A> dout(random_vector(B * T * C, 4));
+  Dev<float> dwte(random_vector(Vp * C, 5)), dwpe(random_vector(T * C, 6));
+  cuda::TokenGroups groups;
+  groups.build(tok.data(), B * T);
+  DevTokens gt(groups.tokens), gs(groups.starts), gp(groups.positions);
+  cuda::embedding_backward(dwte.get(), dwpe.get(), dout.get(),
+                           cuda::DeviceTokenGroups{gt.buf.get(), gs.buf.get(), gp.buf.get(),
+                                                   static_cast<int64_t>(groups.tokens.size())},
+                           B, T, C, nullptr);
+  auto want_wte = dwte.exact, want_wpe = dwpe.exact;
+  host::embedding_backward(want_wte.data(), want_wpe.data(), dout.exact.data(), tok.data(), B, T, C);
+  EXPECT_TRUE(close(dwte.read(), want_wte, 1e-5));
+  EXPECT_TRUE(close(dwpe.read(), want_wpe, 1e-5));
+}
+
+TYPED_TEST(GpuKernels, LayerNorm) {
+  using A = TypeParam;
+  const int64_t N = B * T;
+  Dev<A> x(random_vector(N * C, 7, 2.0)), w(random_vector(C, 8)), b(random_vector(C, 9));
+  Dev<A> out = Dev<A>::poisoned(N * C);
+  Dev<float> mean = Dev<float>::poisoned(N), rstd = Dev<float>::poisoned(N);
+  cuda::layernorm_forward(out.get(), mean.get(), rstd.get(), x.get(), w.get(), b.get(), N, C,
+                          nullptr);
+  std::vector<double> o(N * C), m(N), r(N);
+  host::layernorm_forward(o.data(), m.data(), r.data(), x.exact.data(), w.exact.data(),
+                          b.exact.data(), N, C);
+  EXPECT_TRUE(close(out.read(), o, tol<A>(1e-5, 1e-2)));
+  EXPECT_TRUE(close(mean.read(), m, 1e-5));
+  EXPECT_TRUE(close(rstd.read(), r, 1e-5));
+
+  // Backward from the statistics the reference computed (as the GPU saw them).
+  Dev<A> dout(random_vector(N * C, 10)), dinp(random_vector(N * C, 11));
+  Dev<float> dw(random_vector(C, 12)), db(random_vector(C, 13));
+  Dev<float> mr(m), rr(r);
+  cuda::layernorm_backward(dinp.get(), dw.get(), db.get(), dout.get(), x.get(), w.get(), mr.get(),
+                           rr.get(), N, C, nullptr);
+  auto want_dinp = dinp.exact, want_dw = dw.exact, want_db = db.exact;
+  host::layernorm_backward(want_dinp.data(), want_dw.data(), want_db.data(), dout.exact.data(),
+                           x.exact.data(), w.exact.data(), mr.exact.data(), rr.exact.data(), N, C);
+  EXPECT_TRUE(close(dinp.read(), want_dinp, tol<A>(1e-5, 1e-2)));
+  EXPECT_TRUE(close(dw.read(), want_dw, 1e-5));
+  EXPECT_TRUE(close(db.read(), want_db, 1e-5));
+}
+
+TYPED_TEST(GpuKernels, Matmul) {
+  using A = TypeParam;
+  const int64_t N = B * T, OC = 3 * C;
+  cuda::Blas blas;
+  Dev<A> x(random_vector(N * C, 14)), w(random_vector(OC * C, 15, 0.2)), b(random_vector(OC, 16));
+  for (bool with_bias : {true, false}) {
+    Dev<A> out = Dev<A>::poisoned(N * OC);
+    cuda::matmul_forward(blas, out.get(), x.get(), w.get(), with_bias ? b.get() : nullptr, N, C, OC);
+    std::vector<double> want(N * OC);
+    host::matmul_forward(want.data(), x.exact.data(), w.exact.data(),
+                         with_bias ? b.exact.data() : nullptr, N, C, OC);
+    EXPECT_TRUE(close(out.read(), want, tol<A>(1e-5, 1e-2))) << "bias " << with_bias;
+  }
+  Dev<A> dout(random_vector(N * OC, 17)), dinp = Dev<A>::poisoned(N * C);
+  Dev<float> dw(random_vector(OC * C, 18)), db(random_vector(OC, 19));
+  cuda::matmul_backward(blas, dinp.get(), dw.get(), db.get(), dout.get(), x.get(), w.get(), N, C, OC);
+  std::vector<double> want_dinp(N * C);
+  auto want_dw = dw.exact, want_db = db.exact;
+  host::matmul_backward(want_dinp.data(), want_dw.data(), want_db.data(), dout.exact.data(),
+                        x.exact.data(), w.exact.data(), N, C, OC);
+  EXPECT_TRUE(close(dinp.read(), want_dinp, tol<A>(1e-5, 1e-2)));
+  EXPECT_TRUE(close(dw.read(), want_dw, 1e-5));  // float accumulation of exact products
+  EXPECT_TRUE(close(db.read(), want_db, 1e-5));
+}
+
+TYPED_TEST(GpuKernels, Attention) {
+  using A = TypeParam;
+  cuda::Blas blas;
+  const int64_t n = B * T * C;
+  Dev<A> qkv(random_vector(3 * n, 20));
+  Dev<A> out = Dev<A>::poisoned(n), att = Dev<A>::poisoned(B * NH * T * T);
+  Dev<A> s_qkv = Dev<A>::poisoned(3 * n), s_y = Dev<A>::poisoned(n), s_d = Dev<A>::poisoned(3 * n);
+  const cuda::AttentionScratch<A> s{s_qkv.get(), s_y.get(), s_d.get()};
+  cuda::attention_forward(blas, out.get(), att.get(), qkv.get(), s, B, T, C, NH);
+  std::vector<double> want(n), want_att(B * NH * T * T);
+  host::attention_forward(want.data(), want_att.data(), qkv.exact.data(), B, T, C, NH);
+  EXPECT_TRUE(close(out.read(), want, tol<A>(1e-5, 1e-2)));
+  EXPECT_TRUE(close(att.read(), want_att, tol<A>(1e-5, 1e-2)));
+
+  // Backward from the probabilities the GPU stored.
+  const auto att_gpu = att.read();
+  Dev<A> dout(random_vector(n, 21)), dqkv = Dev<A>::poisoned(3 * n);
+  Dev<A> datt = Dev<A>::poisoned(B * NH * T * T);
+  cuda::attention_backward(blas, dqkv.get(), datt.get(), dout.get(), qkv.get(), att.get(), s, B, T,
+                           C, NH);
+  std::vector<double> want_dqkv(3 * n), scratch(B * NH * T * T);
+  host::attention_backward(want_dqkv.data(), scratch.data(), dout.exact.data(), qkv.exact.data(),
+                           att_gpu.data(), B, T, C, NH);
+  EXPECT_TRUE(close(dqkv.read(), want_dqkv, tol<A>(1e-5, 3e-2)));
+}
+
+TYPED_TEST(GpuKernels, GeluAndResidual) {
+  using A = TypeParam;
+  const int64_t n = 1000;
+  Dev<A> x(random_vector(n, 22, 2.0)), y(random_vector(n, 23)), out = Dev<A>::poisoned(n);
+  cuda::gelu_forward(out.get(), x.get(), n, nullptr);
+  std::vector<double> want(n);
+  host::gelu_forward(want.data(), x.exact.data(), n);
+  EXPECT_TRUE(close(out.read(), want, tol<A>(1e-6, 1e-2)));
+  Dev<A> din = Dev<A>::poisoned(n);
+  cuda::gelu_backward(din.get(), x.get(), y.get(), n, nullptr);
+  host::gelu_backward(want.data(), x.exact.data(), y.exact.data(), n);
+  EXPECT_TRUE(close(din.read(), want, tol<A>(1e-6, 1e-2)));
+  Dev<A> sum = Dev<A>::poisoned(n);
+  cuda::residual_forward(sum.get(), x.get(), y.get(), n, nullptr);
+  host::residual_forward(want.data(), x.exact.data(), y.exact.data(), n);
+  EXPECT_TRUE(close(sum.read(), want, tol<A>(1e-7, 1e-2)));
+}
+
+TYPED_TEST(GpuKernels, CrossEntropy) {
+  using A = TypeParam;
+  const int64_t N = B * T;
+  const auto tgt = random_tokens(N, V, 24);
+  DevTokens dt(tgt);
+  // Padded columns hold garbage: they must not enter the softmax.
+  auto z = random_vector(N * Vp, 25, 3.0);
+  Dev<A> logits(z);
+  Dev<float> losses = Dev<float>::poisoned(N);
+  cuda::crossentropy_forward(losses.get(), logits.get(), dt.buf.get(), N, V, Vp, nullptr);
+  std::vector<double> want(N);
+  host::crossentropy_forward(want.data(), logits.exact.data(), tgt.data(), N, V, Vp);
+  EXPECT_TRUE(close(losses.read(), want, 1e-5));
+
+  const double scale = 1.0 / 64;
+  Dev<float> losses2 = Dev<float>::poisoned(N);
+  cuda::crossentropy_forward_backward(losses2.get(), logits.get(), dt.buf.get(), N, V, Vp,
+                                      static_cast<float>(scale), nullptr);
+  auto grad = logits.exact;
+  host::crossentropy_forward_backward(want.data(), grad.data(), tgt.data(), N, V, Vp, scale);
+  EXPECT_TRUE(close(losses2.read(), want, 1e-5));
+  // Gradients are at most `scale` in size: compare relative to it.
+  auto got = logits.read();
+  for (auto* v : {&got, &grad})
+    for (auto& g : *v) g /= scale;
+  EXPECT_TRUE(close(got, grad, tol<A>(1e-5, 1e-2)));
+}
+
+TEST(GpuKernelsFloat, AdamWWithBf16Copy) {
+  const int64_t n = 3000;
+  Dev<float> p(random_vector(n, 26)), g(random_vector(n, 27)), m(random_vector(n, 28, 0.1));
+  auto v0 = random_vector(n, 29, 0.1);
+  for (auto& x : v0) x = x * x;
+  Dev<float> v(v0);
+  Dev<bf16> copy = Dev<bf16>::poisoned(n);
+  const AdamWParams ap{1e-3, 0.9, 0.95, 1e-8, 0.1, 7, 0.5};
+  cuda::adamw_update(p.get(), g.get(), m.get(), v.get(), n, ap, copy.get(), nullptr);
+  auto wp = p.exact, wm = m.exact, wv = v.exact;
+  host::adamw_update(wp.data(), g.exact.data(), wm.data(), wv.data(), n, ap);
+  EXPECT_TRUE(close(p.read(), wp, 1e-6));
+  EXPECT_TRUE(close(m.read(), wm, 1e-6));
+  EXPECT_TRUE(close(v.read(), wv, 1e-6));
+  EXPECT_TRUE(close(copy.read(), wp, 1e-2));
+}
+
+TEST(GpuKernelsFloat, Reductions) {
+  const int64_t n = 100003;  // not a multiple of any block size
+  Dev<float> x(random_vector(n, 30));
+  Dev<double> out(std::vector<double>{5.0});
+  cuda::DeviceBuffer<double> scratch(cuda::kReduceBlocks);
+  double want_sq = 0, want_sum = 0;
+  for (double e : x.exact) {
+    want_sq += e * e;
+    want_sum += e;
+  }
+  cuda::reduce_sum(out.get(), x.get(), n, true, false, scratch.get(), nullptr);
+  EXPECT_NEAR(out.read()[0], want_sq, 1e-9 * want_sq);
+  // Accumulating the plain sum onto it; double accumulation: 1e-9 relative to
+  // the sum of magnitudes.
+  cuda::reduce_sum(out.get(), x.get(), n, false, true, scratch.get(), nullptr);
+  EXPECT_NEAR(out.read()[0], want_sq + want_sum, 1e-9 * want_sq);
+}
+
+}  // namespace
+}  // namespace mpiformer::test
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (mpiformer::cuda::device_count(&why) == 0) {
+    std::printf("SKIP: no usable GPU (%s)\n", why.c_str());
+    return 77;
+  }
+  Kokkos::ScopeGuard kokkos(argc, argv);  // the host reference kernels run on Kokkos
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
