@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/rng.hpp"
 #include "host/attention.hpp"
 #include "host/crossentropy.hpp"
 #include "host/embedding.hpp"
@@ -19,24 +18,13 @@ using namespace host;
 template <class T>
 GptStage<T>::GptStage(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
                       int num_slots)
-    : cfg_(cfg), range_(range), table_(cfg, range), B_(micro_batch), T_(cfg.seq_len) {
+    : cfg_(cfg),
+      range_(range),
+      table_(cfg, range),
+      B_(micro_batch),
+      T_(cfg.seq_len),
+      at_(table_, range) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
-  static const char* const kLayerTensors[12] = {
-      "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-      "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-      "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
-  for (int64_t l = range_.first_layer; l < range_.last_layer; ++l) {
-    std::array<int64_t, 12> o{};
-    for (int k = 0; k < 12; ++k)
-      o[k] = table_.at("h." + std::to_string(l) + "." + kLayerTensors[k]).offset;
-    layer_offsets_.push_back(o);
-  }
-  if (range_.has_embedding || range_.has_head) off_wte_ = table_.at("wte").offset;
-  if (range_.has_embedding) off_wpe_ = table_.at("wpe").offset;
-  if (range_.has_head) {
-    off_lnfw_ = table_.at("ln_f.weight").offset;
-    off_lnfb_ = table_.at("ln_f.bias").offset;
-  }
   params_.assign(table_.total_storage(), T(0));
   grads_.assign(table_.total_storage(), T(0));
   slots_.resize(num_slots);
@@ -77,29 +65,12 @@ GptStage<T>::GptStage(const GptConfig& cfg, const StageRange& range, int64_t mic
 
 template <class T>
 void GptStage<T>::init_parameters(uint64_t seed) {
-  for (const auto& s : table_.specs()) {
-    T* p = params_.data() + s.offset;
-    std::fill(p, p + s.storage, T(0));
-    if (s.init_std == 0.0) {
-      std::fill(p, p + s.numel(), static_cast<T>(s.init_value));
-      continue;
-    }
-    Rng rng(seed, s.name);
-    for (int64_t i = 0; i < s.numel(); ++i) p[i] = static_cast<T>(s.init_std * rng.normal());
-  }
+  fill_initial_parameters(table_, seed, params_.data());
 }
 
 template <class T>
 void GptStage<T>::zero_grads() {
   std::fill(grads_.begin(), grads_.end(), T(0));
-}
-
-template <class T>
-template <class P>
-P GptStage<T>::layer_pointers(T* base, int64_t i) const {
-  const auto& o = layer_offsets_[i];
-  return P{base + o[0], base + o[1], base + o[2],  base + o[3],  base + o[4],  base + o[5],
-           base + o[6], base + o[7], base + o[8],  base + o[9],  base + o[10], base + o[11]};
 }
 
 template <class T>
@@ -109,13 +80,13 @@ double GptStage<T>::forward(int slot, const int32_t* tokens, const T* input,
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
   T* P = params_.data();
   if (range_.has_embedding) {
-    embedding_forward(s.residual[0].data(), tokens, P + off_wte_,
-                      P + off_wpe_, B_, T_, C);
+    embedding_forward(s.residual[0].data(), tokens, P + at_.wte,
+                      P + at_.wpe, B_, T_, C);
   } else if (input != s.residual[0].data()) {
     std::memcpy(s.residual[0].data(), input, sizeof(T) * BT * C);
   }
   for (int64_t i = 0; i < range_.num_layers(); ++i) {
-    const auto w = layer_pointers<LayerWeights>(P, i);
+    const auto w = at_.layer<BlockTensors<const T>>(P, i);
     LayerActs& a = s.layers[i];
     const T* x = s.residual[i].data();
     layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, BT,
@@ -135,9 +106,9 @@ double GptStage<T>::forward(int slot, const int32_t* tokens, const T* input,
   if (!range_.has_head) return 0.0;
   const int64_t Vp = cfg_.padded_vocab();
   layernorm_forward(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), s.residual.back().data(),
-                    P + off_lnfw_, P + off_lnfb_, BT,
+                    P + at_.lnf_w, P + at_.lnf_b, BT,
                     C);
-  matmul_forward(s.logits.data(), s.lnf.data(), P + off_wte_,
+  matmul_forward(s.logits.data(), s.lnf.data(), P + at_.wte,
                  static_cast<const T*>(nullptr), BT, C, Vp);
   if (for_backward) {
     crossentropy_forward_backward(s.losses.data(), s.logits.data(), targets, BT,
@@ -170,20 +141,20 @@ void GptStage<T>::backward(int slot, const int32_t* tokens, const T* dout,
     const int64_t Vp = cfg_.padded_vocab();
     // The tied head: its weight gradient lands in wte's gradient, which the
     // embedding backward then adds to.
-    matmul_backward(dln_.data(), G + off_wte_, static_cast<T*>(nullptr),
-                    s.logits.data(), s.lnf.data(), P + off_wte_, BT, C, Vp);
+    matmul_backward(dln_.data(), G + at_.wte, static_cast<T*>(nullptr),
+                    s.logits.data(), s.lnf.data(), P + at_.wte, BT, C, Vp);
     std::fill(dres, dres + BT * C, T(0));
-    layernorm_backward(dres, G + off_lnfw_,
-                       G + off_lnfb_, dln_.data(), s.residual.back().data(),
-                       P + off_lnfw_, s.lnf_mean.data(),
+    layernorm_backward(dres, G + at_.lnf_w,
+                       G + at_.lnf_b, dln_.data(), s.residual.back().data(),
+                       P + at_.lnf_w, s.lnf_mean.data(),
                        s.lnf_rstd.data(), BT, C);
-    final_from(off_lnfw_);
+    final_from(at_.lnf_w);
   } else {
     std::memcpy(dres, dout, sizeof(T) * BT * C);
   }
   for (int64_t i = range_.num_layers() - 1; i >= 0; --i) {
-    const auto w = layer_pointers<LayerWeights>(P, i);
-    const auto g = layer_pointers<LayerGrads>(G, i);
+    const auto w = at_.layer<BlockTensors<const T>>(P, i);
+    const auto g = at_.layer<BlockTensors<T>>(G, i);
     LayerActs& a = s.layers[i];
     // MLP: dres is the gradient of the block output, which is also the
     // gradient of the MLP projection's output (residual backward = identity).
@@ -202,10 +173,10 @@ void GptStage<T>::backward(int slot, const int32_t* tokens, const T* dout,
                     3 * C);
     layernorm_backward(dres, g.ln1w, g.ln1b, dln_.data(), s.residual[i].data(), w.ln1w,
                        a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
-    final_from(layer_offsets_[i][0]);
+    final_from(at_.layers[i][0]);
   }
   if (range_.has_embedding) {
-    embedding_backward(G + off_wte_, G + off_wpe_, dres, tokens,
+    embedding_backward(G + at_.wte, G + at_.wpe, dres, tokens,
                        B_, T_, C);
   }
   final_from(0);

@@ -15,6 +15,7 @@
 
 #include "model/gpt_config.hpp"
 #include "model/parameter_table.hpp"
+#include "model/stage_layout.hpp"
 
 namespace mpiformer {
 
@@ -75,14 +76,6 @@ class GptStage {
   const T* losses(int slot) const { return slots_[slot].losses.data(); }
 
  private:
-  struct LayerWeights {
-    const T *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    const T *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  };
-  struct LayerGrads {
-    T *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    T *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  };
   struct LayerActs {
     std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu;
@@ -92,17 +85,11 @@ class GptStage {
     std::vector<LayerActs> layers;
     std::vector<T> lnf, lnf_mean, lnf_rstd, logits, losses;
   };
-  // Pointers into a flat buffer (parameters or gradients) for layer i of
-  // this stage, from offsets resolved once at construction.
-  template <class P>
-  P layer_pointers(T* base, int64_t i) const;
-
   GptConfig cfg_;
   StageRange range_;
   ParameterTable table_;
   int64_t B_, T_;
-  std::vector<std::array<int64_t, 12>> layer_offsets_;
-  int64_t off_wte_ = -1, off_wpe_ = -1, off_lnfw_ = -1, off_lnfb_ = -1;
+  StageLayout at_;
   std::vector<T> params_, grads_;
   std::vector<Slot> slots_;
   // Backward scratch, shared by all slots.

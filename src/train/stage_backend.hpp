@@ -1,0 +1,84 @@
+// What the trainer needs from the pipeline stage it runs, whichever device
+// runs it: the host (GptStage<float> with CBLAS/Kokkos kernels) or a GPU
+// (CudaGptStage in fp32 or bf16). The trainer walks the schedule, moves
+// messages and reduces gradients through this interface only, so every
+// layout, schedule, checkpoint and signal path is the same code on both.
+//
+// Pointers it returns (activations, gradients) live where the back end
+// computes: host memory, or device memory for the GPU; communicators of the
+// matching kind (MPI, or NCCL) move them. Messages are byte ranges because
+// activations may be bf16.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "model/gpt_config.hpp"
+#include "model/parameter_table.hpp"
+#include "train/adamw_optimizer.hpp"
+#include "train/checkpointing.hpp"
+
+namespace mpiformer {
+
+class StageBackend {
+ public:
+  virtual ~StageBackend() = default;
+  virtual const ParameterTable& table() const = 0;
+  virtual const StageRange& range() const = 0;
+  virtual int num_slots() const = 0;
+  virtual int64_t param_storage() const = 0;
+  // One [B,T,C] activation or activation gradient, in bytes.
+  virtual size_t message_bytes() const = 0;
+  // "cpu fp32", "cuda bf16 (NVIDIA H200, device 0)", ...
+  virtual std::string describe() const = 0;
+  virtual bool on_device() const = 0;
+
+  virtual void init_parameters(uint64_t seed) = 0;
+  virtual void zero_grads() = 0;
+
+  // Where a non-first stage receives its input for `slot`.
+  virtual void* input_buffer(int slot) = 0;
+  virtual const void* output(int slot) const = 0;
+  // Where a non-last stage receives the gradient of its output.
+  virtual void* output_grad_buffer() = 0;
+  // tokens/targets [B,T] are host memory (the first stage reads tokens, the
+  // last targets). The loss sum accumulates inside until take_loss_sum().
+  virtual void forward(int slot, const int32_t* tokens, const int32_t* targets,
+                       bool for_backward, float grad_scale) = 0;
+  using GradsFinal = std::function<void(int64_t offset)>;
+  virtual void backward(int slot, const int32_t* tokens, const GradsFinal& grads_final) = 0;
+  // The input gradient of the last backward, copied into a buffer owned by
+  // `slot` that stays untouched until the slot's next backward.
+  virtual const void* input_grad_for_send(int slot) = 0;
+  // Sum of the per-token losses since the last call (waits for the device).
+  virtual double take_loss_sum() = 0;
+
+  // Gradients (flat, table order) where the back end keeps them.
+  virtual float* grads() = 0;
+  virtual double grad_sum_of_squares(int64_t offset, int64_t n) = 0;
+  virtual void adamw_step(double lr, int64_t step, double grad_scale) = 0;
+
+  // Parameters and moments in host memory (copied from the device when
+  // needed): valid until the next call. load_state copies them in.
+  virtual StageState host_state() = 0;
+  virtual void load_state(const float* params, const float* m, const float* v) = 0;
+};
+
+struct BackendChoice {
+  std::string device;     // "cpu" or "cuda" (resolved, never "auto")
+  std::string precision;  // "fp32" or "bf16"
+  int gpu = -1;           // the device ordinal for "cuda"
+};
+
+std::unique_ptr<StageBackend> make_host_backend(const GptConfig& cfg, const StageRange& range,
+                                                int64_t micro_batch, int slots,
+                                                const AdamWSettings& adam);
+#ifdef MPIFORMER_HAVE_CUDA
+std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
+                                                int64_t micro_batch, int slots,
+                                                const AdamWSettings& adam, const BackendChoice& c);
+#endif
+
+}  // namespace mpiformer
