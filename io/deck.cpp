@@ -101,11 +101,13 @@ const std::vector<Key>& schema() {
       int_key("train", "eval_every", false, 0, 1e12, MEMBER(train.eval_every)),
       int_key("train", "eval_batches", false, 1, 1e9, MEMBER(train.eval_batches)),
       int_key("train", "stop_at", false, 1, 1e12, MEMBER(train.stop_at)),
+      string_key("train", "precision", false, MEMBER(train.precision)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       string_key("parallel", "schedule", false, MEMBER(parallel.schedule)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       string_key("run", "dir", false, MEMBER(run.dir)),
+      string_key("run", "device", false, MEMBER(run.device)),
       float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),
       int_key("run", "blas_threads", false, 0, 4096, MEMBER(run.blas_threads)),
       bool_key("run", "trace", MEMBER(run.trace)),
@@ -197,6 +199,18 @@ void check_relations(const Deck& d, const std::string& where) {
   if (d.parallel.schedule != "1f1b" && d.parallel.schedule != "gpipe") {
     throw InputError(where, "[parallel] schedule",
                      "expected \"1f1b\" or \"gpipe\", got \"" + d.parallel.schedule + "\"");
+  }
+  if (d.train.precision != "fp32" && d.train.precision != "bf16") {
+    throw InputError(where, "[train] precision",
+                     "expected \"fp32\" or \"bf16\", got \"" + d.train.precision + "\"");
+  }
+  if (d.run.device != "auto" && d.run.device != "cpu" && d.run.device != "cuda") {
+    throw InputError(where, "[run] device",
+                     "expected \"auto\", \"cpu\" or \"cuda\", got \"" + d.run.device + "\"");
+  }
+  if (d.train.precision == "bf16" && d.run.device == "cpu") {
+    throw InputError(where, "[train] precision",
+                     "\"bf16\" runs on the GPU back end only, but [run] device is \"cpu\"");
   }
   if (d.parallel.pp > d.model.n_layer) {
     throw InputError(where, "[parallel] pp",

@@ -21,6 +21,9 @@ struct TrainConfig {
   int64_t seed = 0;
   int64_t log_every = 1, eval_every = 0, eval_batches = 1;
   int64_t stop_at = 0;  // end this run after this step (0: run to `steps`)
+  // "fp32", or "bf16": bf16 activations and matmul inputs with float
+  // accumulation, master weights and moments (GPU only; checkpoints stay fp32).
+  std::string precision = "fp32";
 };
 
 struct CheckpointConfig {
@@ -42,6 +45,9 @@ struct ParallelConfig {
 
 struct RunSection {
   std::string dir;
+  // "cuda": GPUs (cuda build), "cpu": the host kernels, "auto": a GPU when
+  // the build has CUDA and this node has a GPU, the host otherwise.
+  std::string device = "auto";
   double peak_tflops = 0;   // 0: measured at start with a large sgemm
   int64_t blas_threads = 0; // 0: the BLAS library's default
   bool trace = false;       // Chrome trace per rank: <dir>/trace-rank<N>.json

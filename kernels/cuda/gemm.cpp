@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -139,6 +140,49 @@ void Blas::run(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int6
   CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, b, p.a, a, p.b,
                               &beta, c, p.c, c, p.c, &p.algo, workspace_, kWorkspaceBytes,
                               stream_));
+}
+
+double measure_gemm_peak(DType in, int64_t n, int repeats) {
+  const size_t elt = in == DType::F32 ? 4 : 2, bytes = elt * static_cast<size_t>(n * n);
+  void* a = device_alloc(bytes);
+  void* b = device_alloc(bytes);
+  void* c = device_alloc(bytes);
+  // Values do not matter for the speed of a dense GEMM, only that they are
+  // finite: zeros.
+  CUDA_CHECK(cudaMemset(a, 0, bytes));
+  CUDA_CHECK(cudaMemset(b, 0, bytes));
+  double best = 0;
+  {
+    Blas blas;
+    cudaEvent_t t0 = nullptr, t1 = nullptr;
+    CUDA_CHECK(cudaEventCreate(&t0));
+    CUDA_CHECK(cudaEventCreate(&t1));
+    auto once = [&] {
+      if (in == DType::F32) {
+        blas.gemm(false, true, n, n, n, 1.f, static_cast<const float*>(a), n,
+                  static_cast<const float*>(b), n, 0.f, static_cast<float*>(c), n);
+      } else {
+        blas.gemm(false, true, n, n, n, 1.f, static_cast<const bf16*>(a), n,
+                  static_cast<const bf16*>(b), n, 0.f, static_cast<bf16*>(c), n);
+      }
+    };
+    once();  // warm-up: algorithm choice, clocks
+    for (int r = 0; r < repeats; ++r) {
+      CUDA_CHECK(cudaEventRecord(t0));
+      once();
+      CUDA_CHECK(cudaEventRecord(t1));
+      CUDA_CHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      best = std::max(best, 2.0 * static_cast<double>(n) * n * n / (1e-3 * ms));
+    }
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+  }
+  device_free(a);
+  device_free(b);
+  device_free(c);
+  return best;
 }
 
 }  // namespace mpiformer::cuda

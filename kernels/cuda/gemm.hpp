@@ -61,4 +61,9 @@ class Blas {
   cudaStream_t stream_ = nullptr;
 };
 
+// FLOP/s of a large square GEMM of `in` inputs (output of the same type,
+// float accumulation) on the current device: the peak MFU is measured
+// against, timed with CUDA events after a warm-up; the best of `repeats`.
+double measure_gemm_peak(DType in, int64_t n = 8192, int repeats = 10);
+
 }  // namespace mpiformer::cuda

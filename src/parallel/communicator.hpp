@@ -3,13 +3,17 @@
 // Communicator is one group of ranks: a data-parallel group, a pipeline, or
 // the two holders of the tied embedding.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
 namespace mpiformer {
 
 // A started non-blocking operation. Destroying it waits for it, so no
-// operation is ever abandoned with its buffer still in use.
+// operation is ever abandoned with its buffer still in use. For device
+// communicators "waits" is stream-ordered: work the caller enqueues on its
+// compute stream afterwards runs after the operation, without the host
+// blocking.
 class PendingOp {
  public:
   virtual ~PendingOp() = default;
@@ -30,10 +34,17 @@ class Communicator {
   virtual void allreduce_sum(double* data, int64_t n) = 0;
   virtual Pending start_allreduce_sum(float* data, int64_t n) = 0;
 
-  // Point to point within the group (peer is a group rank). Sends never
-  // block: the buffer must stay untouched until the PendingOp completes.
-  virtual Pending start_send(const float* data, int64_t n, int peer, int tag) = 0;
-  virtual void recv(float* data, int64_t n, int peer, int tag) = 0;
+  // Point to point within the group (peer is a group rank), in bytes:
+  // activations may be bf16. Sends never block: the buffer must stay
+  // untouched until the PendingOp completes.
+  virtual Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) = 0;
+  virtual void recv_bytes(void* data, size_t bytes, int peer, int tag) = 0;
+  Pending start_send(const float* data, int64_t n, int peer, int tag) {
+    return start_send_bytes(data, sizeof(float) * static_cast<size_t>(n), peer, tag);
+  }
+  void recv(float* data, int64_t n, int peer, int tag) {
+    recv_bytes(data, sizeof(float) * static_cast<size_t>(n), peer, tag);
+  }
 
   virtual void broadcast(float* data, int64_t n, int root) = 0;
 };

@@ -61,14 +61,16 @@ Pending MpiCommunicator::start_allreduce_sum(float* data, int64_t n) {
   return p;
 }
 
-Pending MpiCommunicator::start_send(const float* data, int64_t n, int peer, int tag) {
+Pending MpiCommunicator::start_send_bytes(const void* data, size_t bytes, int peer, int tag) {
   auto p = std::make_unique<MpiPending>();
-  MPI_CHECK(MPI_Isend(data, count(n), MPI_FLOAT, peer, tag, comm_, p->request()));
+  MPI_CHECK(MPI_Isend(data, count(static_cast<int64_t>(bytes)), MPI_BYTE, peer, tag, comm_,
+                      p->request()));
   return p;
 }
 
-void MpiCommunicator::recv(float* data, int64_t n, int peer, int tag) {
-  MPI_CHECK(MPI_Recv(data, count(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+void MpiCommunicator::recv_bytes(void* data, size_t bytes, int peer, int tag) {
+  MPI_CHECK(MPI_Recv(data, count(static_cast<int64_t>(bytes)), MPI_BYTE, peer, tag, comm_,
+                     MPI_STATUS_IGNORE));
 }
 
 void MpiCommunicator::broadcast(float* data, int64_t n, int root) {

@@ -21,8 +21,8 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(float* data, int64_t n) override;
   void allreduce_sum(double* data, int64_t n) override;
   Pending start_allreduce_sum(float* data, int64_t n) override;
-  Pending start_send(const float* data, int64_t n, int peer, int tag) override;
-  void recv(float* data, int64_t n, int peer, int tag) override;
+  Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
+  void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
   void broadcast(float* data, int64_t n, int root) override;
 
  private:

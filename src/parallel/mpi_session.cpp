@@ -39,4 +39,13 @@ void MpiSession::abort(int code) {
   std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
 
+int node_local_rank(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 0;
+  MPI_CHECK(MPI_Comm_rank(node, &local));
+  MPI_CHECK(MPI_Comm_free(&node));
+  return local;
+}
+
 }  // namespace mpiformer

@@ -24,4 +24,8 @@ class MpiSession {
   int size_ = 1;
 };
 
+// This rank's index among the ranks of its node (MPI_Comm_split_type
+// shared). Collective over `comm`.
+int node_local_rank(MPI_Comm comm = MPI_COMM_WORLD);
+
 }  // namespace mpiformer

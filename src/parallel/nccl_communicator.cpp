@@ -3,10 +3,12 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <climits>
+#include <algorithm>
+#include <cstring>
 
 #include "cuda/cuda_check.hpp"
 #include "parallel/mpi_check.hpp"
+#include "parallel/mpi_session.hpp"
 
 #define NCCL_CHECK(call)                                                          \
   do {                                                                            \
@@ -28,31 +30,34 @@ size_t count(int64_t n) {
   return static_cast<size_t>(n);
 }
 
+// Completion of an operation on the comm stream. wait() makes the compute
+// stream wait for it (no host block); test() asks without waiting.
 class CudaEventPending final : public PendingOp {
  public:
-  explicit CudaEventPending(cudaStream_t stream) {
+  CudaEventPending(cudaStream_t comm, cudaStream_t compute) : compute_(compute) {
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(event_, stream));
+    CUDA_CHECK(cudaEventRecord(event_, comm));
   }
   ~CudaEventPending() override {
-    cudaEventSynchronize(event_);
-    cudaEventDestroy(event_);
+    if (!waited_) cudaStreamWaitEvent(compute_, event_, 0);
+    cudaEventDestroy(event_);  // released by CUDA once the event completes
   }
-  void wait() override { CUDA_CHECK(cudaEventSynchronize(event_)); }
+  void wait() override {
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, event_, 0));
+    waited_ = true;
+  }
   bool test() override { return cudaEventQuery(event_) == cudaSuccess; }
 
  private:
+  cudaStream_t compute_;
   cudaEvent_t event_ = nullptr;
+  bool waited_ = false;
 };
 
 }  // namespace
 
 int select_local_device() {
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int local = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &local));
-  MPI_CHECK(MPI_Comm_free(&node));
+  const int local = node_local_rank(MPI_COMM_WORLD);
   int devices = 0;
   CUDA_CHECK(cudaGetDeviceCount(&devices));
   MPIFORMER_CHECK(devices > 0, "no CUDA device on this node");
@@ -61,8 +66,26 @@ int select_local_device() {
   return device;
 }
 
-NcclCommunicator::NcclCommunicator(MpiCommunicator& group)
-    : rank_(group.rank()), size_(group.size()) {
+bool group_shares_a_gpu(MpiCommunicator& group) {
+  // The PCI bus id names a GPU across processes (ordinals depend on each
+  // process's CUDA_VISIBLE_DEVICES); the host name tells nodes apart.
+  constexpr int kLen = 64;
+  char mine[2 * kLen] = {};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetPCIBusId(mine, kLen, device));
+  int name_len = 0;
+  MPI_CHECK(MPI_Get_processor_name(mine + kLen, &name_len));
+  std::vector<char> all(static_cast<size_t>(2 * kLen) * group.size());
+  MPI_CHECK(MPI_Allgather(mine, 2 * kLen, MPI_CHAR, all.data(), 2 * kLen, MPI_CHAR, group.get()));
+  for (int a = 0; a < group.size(); ++a)
+    for (int b = a + 1; b < group.size(); ++b)
+      if (std::memcmp(&all[a * 2 * kLen], &all[b * 2 * kLen], 2 * kLen) == 0) return true;
+  return false;
+}
+
+NcclCommunicator::NcclCommunicator(MpiCommunicator& group, void* compute_stream)
+    : compute_(compute_stream), rank_(group.rank()), size_(group.size()) {
   ncclUniqueId id{};
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, group.get()));
@@ -72,6 +95,9 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& group)
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
+  cudaEvent_t event = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  event_ = event;
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -79,45 +105,60 @@ NcclCommunicator::~NcclCommunicator() {
     cudaStreamSynchronize(cuda(stream_));
     cudaStreamDestroy(cuda(stream_));
   }
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
   if (comm_ != nullptr) ncclCommDestroy(nccl(comm_));
 }
 
-Pending NcclCommunicator::record() { return std::make_unique<CudaEventPending>(cuda(stream_)); }
+void NcclCommunicator::after_compute() {
+  // Recording reuses one event: cudaStreamWaitEvent captures the event's
+  // state at the call, so a later record does not disturb this wait.
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda(compute_)));
+  CUDA_CHECK(cudaStreamWaitEvent(cuda(stream_), static_cast<cudaEvent_t>(event_), 0));
+}
+
+void NcclCommunicator::before_compute() {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda(stream_)));
+  CUDA_CHECK(cudaStreamWaitEvent(cuda(compute_), static_cast<cudaEvent_t>(event_), 0));
+}
+
+Pending NcclCommunicator::record() {
+  return std::make_unique<CudaEventPending>(cuda(stream_), cuda(compute_));
+}
 
 void NcclCommunicator::allreduce_sum(float* data, int64_t n) {
+  after_compute();
   NCCL_CHECK(ncclAllReduce(data, data, count(n), ncclFloat, ncclSum, nccl(comm_), cuda(stream_)));
-  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
+  before_compute();
 }
 
 void NcclCommunicator::allreduce_sum(double* data, int64_t n) {
+  after_compute();
   NCCL_CHECK(ncclAllReduce(data, data, count(n), ncclDouble, ncclSum, nccl(comm_), cuda(stream_)));
-  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
+  before_compute();
 }
 
 Pending NcclCommunicator::start_allreduce_sum(float* data, int64_t n) {
+  after_compute();
   NCCL_CHECK(ncclAllReduce(data, data, count(n), ncclFloat, ncclSum, nccl(comm_), cuda(stream_)));
   return record();
 }
 
-Pending NcclCommunicator::start_send(const float* data, int64_t n, int peer, int) {
-  // A group of one: NCCL then schedules the send without blocking the host,
-  // so a neighbour that sends to us at the same time cannot deadlock.
-  NCCL_CHECK(ncclGroupStart());
-  NCCL_CHECK(ncclSend(data, count(n), ncclFloat, peer, nccl(comm_), cuda(stream_)));
-  NCCL_CHECK(ncclGroupEnd());
+Pending NcclCommunicator::start_send_bytes(const void* data, size_t bytes, int peer, int) {
+  after_compute();
+  NCCL_CHECK(ncclSend(data, bytes, ncclUint8, peer, nccl(comm_), cuda(stream_)));
   return record();
 }
 
-void NcclCommunicator::recv(float* data, int64_t n, int peer, int) {
-  NCCL_CHECK(ncclGroupStart());
-  NCCL_CHECK(ncclRecv(data, count(n), ncclFloat, peer, nccl(comm_), cuda(stream_)));
-  NCCL_CHECK(ncclGroupEnd());
-  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
+void NcclCommunicator::recv_bytes(void* data, size_t bytes, int peer, int) {
+  after_compute();
+  NCCL_CHECK(ncclRecv(data, bytes, ncclUint8, peer, nccl(comm_), cuda(stream_)));
+  before_compute();
 }
 
 void NcclCommunicator::broadcast(float* data, int64_t n, int root) {
+  after_compute();
   NCCL_CHECK(ncclBroadcast(data, data, count(n), ncclFloat, root, nccl(comm_), cuda(stream_)));
-  CUDA_CHECK(cudaStreamSynchronize(cuda(stream_)));
+  before_compute();
 }
 
 }  // namespace mpiformer

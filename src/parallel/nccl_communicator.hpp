@@ -1,22 +1,41 @@
 // Communicator over NCCL for device buffers (cuda build only). The NCCL
 // communicator is bootstrapped from the MPI group it mirrors: group rank 0
-// makes the unique id, MPI broadcasts it, every rank joins. Operations run
-// on the communicator's own CUDA stream; blocking calls synchronise it,
-// non-blocking ones return a PendingOp that waits on a CUDA event.
+// makes the unique id, MPI broadcasts it, every rank joins.
+//
+// Operations run on the communicator's own CUDA stream, ordered against the
+// caller's compute stream with events and never by blocking the host: each
+// operation starts after the work already enqueued on the compute stream,
+// and work enqueued on the compute stream after a blocking call (or after a
+// PendingOp's wait()) runs after the operation. So a DP all-reduce overlaps
+// the backward that follows it, and a pipeline receive is just a dependency.
+//
+// NCCL point-to-point ignores tags: messages between two ranks arrive in the
+// order they were sent, which is the order the schedules receive them. Use
+// one communicator per direction of pipeline traffic: a send blocks its
+// stream until the peer receives, so sends and receives of opposite
+// directions on one stream could wait on each other.
 #pragma once
+#include <vector>
+
 #include "parallel/communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 
 namespace mpiformer {
 
 // Chooses this rank's GPU from its rank among the ranks of its node
-// (MPI_Comm_split_type shared), modulo the GPUs visible. Returns the device.
+// (MPI_Comm_split_type shared), modulo the GPUs visible, and makes it
+// current. Collective over MPI_COMM_WORLD. Returns the device.
 int select_local_device();
+
+// True when two ranks of `group` use the same GPU (NCCL refuses that:
+// such a group needs HostStagedCommunicator). Collective over the group.
+bool group_shares_a_gpu(MpiCommunicator& group);
 
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over `group`; the current CUDA device must be set.
-  explicit NcclCommunicator(MpiCommunicator& group);
+  // `compute_stream` (a cudaStream_t; null: the legacy default stream).
+  explicit NcclCommunicator(MpiCommunicator& group, void* compute_stream = nullptr);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -26,16 +45,18 @@ class NcclCommunicator final : public Communicator {
   void allreduce_sum(float* data, int64_t n) override;
   void allreduce_sum(double* data, int64_t n) override;
   Pending start_allreduce_sum(float* data, int64_t n) override;
-  // NCCL point-to-point ignores tags: messages between two ranks arrive in
-  // the order they were sent, which is the order the schedules receive them.
-  Pending start_send(const float* data, int64_t n, int peer, int tag) override;
-  void recv(float* data, int64_t n, int peer, int tag) override;
+  Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
+  void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
   void broadcast(float* data, int64_t n, int root) override;
 
  private:
+  void after_compute();  // the comm stream waits for the compute stream
+  void before_compute(); // the compute stream waits for the comm stream
   Pending record();
-  void* comm_ = nullptr;    // ncclComm_t
-  void* stream_ = nullptr;  // cudaStream_t
+  void* comm_ = nullptr;     // ncclComm_t
+  void* stream_ = nullptr;   // cudaStream_t
+  void* compute_ = nullptr;  // cudaStream_t
+  void* event_ = nullptr;    // cudaEvent_t, reused for ordering
   int rank_ = 0, size_ = 0;
 };
 

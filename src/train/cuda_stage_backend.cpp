@@ -7,6 +7,7 @@
 #include "core/format.hpp"
 #include "cuda/adamw.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/gemm.hpp"
 #include "cuda/reduce.hpp"
 #include "model/gpt_stage_cuda.hpp"
 #include "train/stage_backend.hpp"
@@ -47,7 +48,10 @@ class CudaStageBackend final : public StageBackend {
   size_t message_bytes() const override { return sizeof(A) * static_cast<size_t>(bt_c_); }
   std::string describe() const override { return description_; }
   bool on_device() const override { return true; }
-  void* compute_stream() { return stream(); }
+  void* device_stream() override { return stream(); }
+  double measure_peak_flops() override {
+    return cuda::measure_gemm_peak(cuda::dtype_of<A>());
+  }
   void init_parameters(uint64_t seed) override { stage_.init_parameters(seed); }
   void zero_grads() override { stage_.zero_grads(); }
   void* input_buffer(int slot) override { return stage_.input_buffer(slot); }

@@ -1,9 +1,11 @@
 // The host back end: GptStage<float> and AdamW on the CPU.
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "host/adamw.hpp"
 #include "model/gpt_stage.hpp"
+#include "train/model_flops.hpp"
 #include "train/stage_backend.hpp"
 
 namespace mpiformer {
@@ -27,6 +29,7 @@ class HostStageBackend final : public StageBackend {
   size_t message_bytes() const override { return sizeof(float) * static_cast<size_t>(bt_c_); }
   std::string describe() const override { return "cpu fp32"; }
   bool on_device() const override { return false; }
+  double measure_peak_flops() override { return measure_sgemm_peak(); }
   void init_parameters(uint64_t seed) override { stage_.init_parameters(seed); }
   void zero_grads() override { stage_.zero_grads(); }
   void* input_buffer(int slot) override { return stage_.input_buffer(slot); }

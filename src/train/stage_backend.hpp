@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "deck.hpp"
 #include "model/gpt_config.hpp"
 #include "model/parameter_table.hpp"
 #include "train/adamw_optimizer.hpp"
@@ -34,6 +35,12 @@ class StageBackend {
   // "cpu fp32", "cuda bf16 (NVIDIA H200, device 0)", ...
   virtual std::string describe() const = 0;
   virtual bool on_device() const = 0;
+  // The CUDA stream the stage computes on (a cudaStream_t), null on the host.
+  virtual void* device_stream() { return nullptr; }
+  // FLOP/s of this back end's matmuls at their best, measured now (MFU's
+  // denominator): a large sgemm on the host, a cuBLASLt GEMM of the run's
+  // precision on a GPU.
+  virtual double measure_peak_flops() = 0;
 
   virtual void init_parameters(uint64_t seed) = 0;
   virtual void zero_grads() = 0;
@@ -70,7 +77,12 @@ struct BackendChoice {
   std::string device;     // "cpu" or "cuda" (resolved, never "auto")
   std::string precision;  // "fp32" or "bf16"
   int gpu = -1;           // the device ordinal for "cuda"
+  std::string why_cpu;    // for "cpu" under "auto": why no GPU
 };
+
+// Resolves [run] device and checks [train] precision against it; the GPU is
+// the node-local rank modulo the GPUs visible. Local: throws InputError.
+BackendChoice choose_backend(const Deck& deck, int local_rank);
 
 std::unique_ptr<StageBackend> make_host_backend(const GptConfig& cfg, const StageRange& range,
                                                 int64_t micro_batch, int slots,

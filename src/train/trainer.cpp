@@ -25,8 +25,10 @@ void check_dataset(const TokenDataset& d, const GptConfig& cfg, const std::strin
 }  // namespace
 
 Trainer::Trainer(Deck deck, int rank, int world) : deck_(std::move(deck)), rank_(rank) {
+  const int local_rank = node_local_rank(MPI_COMM_WORLD);
   agree_on_input_errors(MPI_COMM_WORLD, [&] {
     open_inputs(world);
+    st_->backend = choose_backend(deck_, local_rank);
     prepare_local();
   });
   connect();
@@ -68,11 +70,24 @@ void Trainer::prepare_local() {
   s.actions = pipeline_schedule(parse_schedule(deck_.parallel.schedule), pp, stage_index,
                                 static_cast<int>(M));
   const int slots = max_live_activations(s.actions);
-  s.stage = std::make_unique<GptStage<float>>(s.cfg, partition_stage(s.cfg, stage_index, pp), B,
-                                              slots);
+  const StageRange range = partition_stage(s.cfg, stage_index, pp);
+  const AdamWSettings adam{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
+  if (s.backend.device == "cuda") {
+#ifdef MPIFORMER_HAVE_CUDA
+    try {
+      s.stage = make_cuda_backend(s.cfg, range, B, slots, adam, s.backend);
+    } catch (const SystemError& e) {
+      if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+      throw InputError(deck_.path, "[train] micro_batch",
+                       strprintf("stage %d does not fit in GPU memory with micro_batch %lld and "
+                                 "%d activation slot(s): lower micro_batch or raise pp (%s)",
+                                 stage_index, static_cast<long long>(B), slots, e.what()));
+    }
+#endif
+  } else {
+    s.stage = make_host_backend(s.cfg, range, B, slots, adam);
+  }
   s.stage->init_parameters(static_cast<uint64_t>(tc.seed));
-  s.opt = std::make_unique<AdamWOptimizer<float>>(
-      s.stage->table(), AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay});
   s.order = std::make_unique<SampleOrder>(s.train.num_windows(T), static_cast<uint64_t>(tc.seed));
   // Every rank may write here (traces), so every rank makes sure it exists.
   std::error_code ec;
@@ -83,13 +98,10 @@ void Trainer::prepare_local() {
   s.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
       dp_rank);
-  const bool first = stage_index == 0, last = stage_index == pp - 1;
   s.inputs.assign(slots, std::vector<int32_t>(B * T));
   s.targets.assign(slots, std::vector<int32_t>(B * T));
-  s.grad_out.assign(first ? 0 : slots, std::vector<float>(B * T * s.cfg.n_embd));
   s.act_sends.resize(slots);
   s.grad_sends.resize(slots);
-  if (!last) s.grad_in.resize(B * T * s.cfg.n_embd);
   s.window.resize(T + 1);
   s.flops_per_token = training_flops_per_token(s.cfg);
 
@@ -114,13 +126,49 @@ void Trainer::connect() {
   State& s = *st_;
   s.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
                                          static_cast<int>(deck_.parallel.pp));
+  ProcessGrid& g = *s.grid;
+  s.pipe_act = s.pipe_grad = &g.pipeline();
+  s.dp = &g.data_parallel();
+  s.tied = g.tied_embedding();
+  if (s.stage->on_device()) connect_device();
   s.reducer = std::make_unique<GradReducer>(s.stage->table(), deck_.parallel.bucket_mb * (1 << 20),
-                                            s.grid->data_parallel());
+                                            *s.dp);
   // Every rank measures its own peak; MFU compares against their sum.
-  double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : measure_sgemm_peak();
+  double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12
+                                          : s.stage->measure_peak_flops();
   s.grid->world().allreduce_sum(&peak, 1);
   s.peak_flops = peak;
   resume();
+}
+
+void Trainer::connect_device() {
+#ifdef MPIFORMER_HAVE_CUDA
+  State& s = *st_;
+  ProcessGrid& g = *s.grid;
+  void* stream = s.stage->device_stream();
+  // Every rank builds its groups in the same order (data-parallel, then the
+  // two pipeline directions, then the tied pair), so the collective
+  // initialisations cannot wait on each other. Groups of one rank never
+  // carry a message and keep the MPI communicator.
+  auto device_comm = [&](MpiCommunicator& group, const char* what) -> Communicator* {
+    if (group.size() == 1) return &group;
+    if (group_shares_a_gpu(group)) {
+      s.device_comms.push_back(std::make_unique<HostStagedCommunicator>(group, stream));
+      s.comms_kind += s.comms_kind.empty() ? "" : ", ";
+      s.comms_kind += strprintf("%s: MPI through host memory (%d ranks share a GPU)", what,
+                                group.size());
+    } else {
+      s.device_comms.push_back(std::make_unique<NcclCommunicator>(group, stream));
+      s.comms_kind += s.comms_kind.empty() ? "" : ", ";
+      s.comms_kind += strprintf("%s: NCCL (%d ranks)", what, group.size());
+    }
+    return s.device_comms.back().get();
+  };
+  s.dp = device_comm(g.data_parallel(), "data-parallel");
+  s.pipe_act = device_comm(g.pipeline(), "activations");
+  s.pipe_grad = device_comm(g.pipeline(), "gradients");
+  if (MpiCommunicator* tied = g.tied_embedding()) s.tied = device_comm(*tied, "tied embedding");
+#endif
 }
 
 void Trainer::print_summary() const {
@@ -148,12 +196,19 @@ void Trainer::print_summary() const {
               g.dp(), g.pp(), deck_.parallel.schedule.c_str(),
               static_cast<long long>(s.stage->range().last_layer), s.stage->num_slots(),
               s.reducer->num_buckets());
+  const bool gpu = s.stage->on_device();
+  std::printf("device: %s on rank 0%s%s%s\n", s.stage->describe().c_str(),
+              gpu ? "" : " (", gpu ? "" : s.backend.why_cpu.c_str(), gpu ? "" : ")");
+  if (!s.comms_kind.empty()) std::printf("comms: %s on rank 0\n", s.comms_kind.c_str());
   std::printf("step:  %lld sequences x %lld tokens = %lld micro-batches of %lld per replica; "
               "%d BLAS threads; peak %.1f GFLOP/s over %d rank(s) (%s)\n",
               static_cast<long long>(tc.global_batch), static_cast<long long>(s.cfg.seq_len),
               static_cast<long long>(deck_.grad_accum()), static_cast<long long>(tc.micro_batch),
               host::blas_threads(), s.peak_flops / 1e9, g.dp() * g.pp(),
-              deck_.run.peak_tflops > 0 ? "[run] peak_tflops" : "sgemm 2048^3 measured now");
+              deck_.run.peak_tflops > 0 ? "[run] peak_tflops"
+              : gpu ? (s.backend.precision == "bf16" ? "cuBLASLt bf16 GEMM 8192^3 measured now"
+                                                     : "cuBLASLt fp32 GEMM 8192^3 measured now")
+                    : "sgemm 2048^3 measured now");
   std::fflush(stdout);
 }
 

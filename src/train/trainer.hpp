@@ -36,7 +36,8 @@ class Trainer {
   };
   void open_inputs(int world);  // local: no collective calls
   void prepare_local();         // local: no collective calls
-  void connect();               // collective: grid, reducer, peak
+  void connect();               // collective: grid, communicators, reducer, peak
+  void connect_device();        // collective: the communicators of a GPU run
   void resume();                // collective: restore from a checkpoint
   void save_checkpoint(int64_t step);
   void print_summary() const;

@@ -36,7 +36,7 @@ void Trainer::resume() {
     if (b > a) candidates.push_back(list.substr(a, b - a));
   }
 
-  GptStage<float>& stage = *s.stage;
+  StageBackend& stage = *s.stage;
   const int64_t n = stage.param_storage();
   std::string last_error;
   for (const auto& path : candidates) {
@@ -58,9 +58,7 @@ void Trainer::resume() {
       }
       continue;
     }
-    std::copy(params.begin(), params.end(), stage.params());
-    std::copy(m.begin(), m.end(), s.opt->m().begin());
-    std::copy(v.begin(), v.end(), s.opt->v().begin());
+    stage.load_state(params.data(), m.data(), v.data());
     s.start_step = meta.step;
     s.cursor = meta.sample_position;
     s.resumed = true;
@@ -101,9 +99,7 @@ void Trainer::save_checkpoint(int64_t step) {
   meta.tokenizer = s.train.tokenizer();
   meta.deck = deck_.to_toml();
   const std::string path = store.path_for_step(step);
-  const auto slices = checkpoint_slices(
-      s.cfg, s.stage->table(),
-      StageState{s.stage->params(), s.opt->m().data(), s.opt->v().data()}, *s.grid);
+  const auto slices = checkpoint_slices(s.cfg, s.stage->table(), s.stage->host_state(), *s.grid);
   write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
   if (rank_ == 0) {
     store.publish_latest(path);
@@ -126,7 +122,7 @@ void Trainer::check_tied_embedding() {
   if (tied == nullptr) return;
   // The last stage sends its copy; the first compares bit for bit.
   const auto& wte = s.stage->table().at("wte");
-  float* mine = s.stage->params() + wte.offset;
+  float* mine = s.stage->host_state().params + wte.offset;
   if (tied->rank() == 1) {
     tied->start_send(mine, wte.storage, 0, 0)->wait();
     return;

@@ -14,22 +14,26 @@
 #include "core/format.hpp"
 #include "host/adamw.hpp"
 #include "host/gemm.hpp"
-#include "model/gpt_stage.hpp"
 #include "parallel/input_agreement.hpp"
+#include "parallel/mpi_session.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/process_grid.hpp"
 #include "token_dataset.hpp"
 #include "checkpoint.hpp"
 #include "checkpoint_store.hpp"
-#include "train/adamw_optimizer.hpp"
 #include "train/checkpointing.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics_log.hpp"
 #include "train/model_flops.hpp"
 #include "train/sample_order.hpp"
+#include "train/stage_backend.hpp"
 #include "train/stop_request.hpp"
 #include "train/trace_writer.hpp"
+#ifdef MPIFORMER_HAVE_CUDA
+#include "parallel/host_staged_communicator.hpp"
+#include "parallel/nccl_communicator.hpp"
+#endif
 
 namespace mpiformer {
 
@@ -49,17 +53,25 @@ struct Trainer::State {
   GptConfig cfg;
   std::unique_ptr<ProcessGrid> grid;
   std::vector<Action> actions;  // this stage's schedule for one step
-  std::unique_ptr<GptStage<float>> stage;
-  std::unique_ptr<AdamWOptimizer<float>> opt;
+  BackendChoice backend;
+  std::unique_ptr<StageBackend> stage;
+  // What moves the stage's activations and gradients: the grid's MPI
+  // communicators on the host; NCCL (or host-staged MPI where ranks share a
+  // GPU) on GPUs, owned here. Pipeline traffic in each direction has its
+  // own communicator (see nccl_communicator.hpp).
+  std::vector<std::unique_ptr<Communicator>> device_comms;
+  Communicator* pipe_act = nullptr;   // activations, stage s -> s + 1
+  Communicator* pipe_grad = nullptr;  // gradients, stage s + 1 -> s
+  Communicator* dp = nullptr;
+  Communicator* tied = nullptr;       // null unless this rank holds a tied copy
+  std::string comms_kind;             // for the summary: what the GPU groups use
   std::unique_ptr<SampleOrder> order;
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<TraceWriter> trace;
   std::vector<int64_t> eval_windows;
   // The activation pool: one entry per slot the schedule keeps live.
   std::vector<std::vector<int32_t>> inputs, targets;
-  std::vector<std::vector<float>> grad_out;
   std::vector<Pending> act_sends, grad_sends;
-  std::vector<float> grad_in;
   std::vector<int32_t> window;
   double flops_per_token = 0, peak_flops = 0;
   int64_t start_step = 0;  // steps already done (from a checkpoint)

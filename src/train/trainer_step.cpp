@@ -9,14 +9,14 @@ namespace mpiformer {
 Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool want_stop) {
   State& s = *st_;
   ProcessGrid& g = *s.grid;
-  GptStage<float>& stage = *s.stage;
+  StageBackend& stage = *s.stage;
   TraceWriter& trace = *s.trace;
   const TrainConfig& tc = deck_.train;
-  const int64_t B = tc.micro_batch, T = s.cfg.seq_len, C = s.cfg.n_embd;
+  const int64_t B = tc.micro_batch, T = s.cfg.seq_len;
+  const size_t bytes = stage.message_bytes();
   const int M = static_cast<int>(deck_.grad_accum());
   const int slots = stage.num_slots();
   const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * T);
-  MpiCommunicator& pipe = g.pipeline();
 
   // Sample j of the step lives at global position cursor + j, whichever
   // rank and micro-batch reads it: replica r's micro-batch m holds samples
@@ -32,14 +32,14 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
   };
 
   stage.zero_grads();
-  double loss_sum = 0;
   StepResult result{0, 0, 0, false};
   for (const Action& a : s.actions) {
     const int slot = a.micro >= 0 ? a.micro % slots : 0;
     const auto t0 = Clock::now();
     switch (a.op) {
       case Op::RecvActivation:
-        pipe.recv(stage.input_buffer(slot), B * T * C, g.stage() - 1, activation_tag(a.micro));
+        s.pipe_act->recv_bytes(stage.input_buffer(slot), bytes, g.stage() - 1,
+                               activation_tag(a.micro));
         times.recv_wait += seconds(t0, Clock::now());
         break;
       case Op::Forward:
@@ -48,16 +48,15 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
         // Only the ends of the pipeline touch tokens: inputs on the first
         // stage, targets on the last.
         if (g.first_stage() || g.last_stage()) load(a.micro, slot);
-        loss_sum += stage.forward(slot, s.inputs[slot].data(),
-                                  g.first_stage() ? nullptr : stage.input_buffer(slot),
-                                  s.targets[slot].data(), true, grad_scale);
+        stage.forward(slot, s.inputs[slot].data(), s.targets[slot].data(), true, grad_scale);
         break;
       case Op::SendActivation:
-        s.act_sends[slot] = pipe.start_send(stage.output(slot), B * T * C, g.stage() + 1,
-                                            activation_tag(a.micro));
+        s.act_sends[slot] = s.pipe_act->start_send_bytes(stage.output(slot), bytes, g.stage() + 1,
+                                                         activation_tag(a.micro));
         break;
       case Op::RecvGradient:
-        pipe.recv(s.grad_in.data(), B * T * C, g.stage() + 1, gradient_tag(a.micro));
+        s.pipe_grad->recv_bytes(stage.output_grad_buffer(), bytes, g.stage() + 1,
+                                gradient_tag(a.micro));
         times.recv_wait += seconds(t0, Clock::now());
         break;
       case Op::Backward: {
@@ -65,8 +64,8 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
         // each bucket across replicas as soon as it is final.
         const bool overlap = a.micro == M - 1 && g.dp() > 1;
         if (overlap) s.reducer->begin(stage.grads());
-        stage.backward(slot, s.inputs[slot].data(), g.last_stage() ? nullptr : s.grad_in.data(),
-                       overlap ? GptStage<float>::GradsFinal([&](int64_t offset) {
+        stage.backward(slot, s.inputs[slot].data(),
+                       overlap ? StageBackend::GradsFinal([&](int64_t offset) {
                          s.reducer->grads_final_from(offset);
                        })
                                : nullptr);
@@ -74,38 +73,40 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
       }
       case Op::SendGradient:
         if (s.grad_sends[slot]) s.grad_sends[slot].reset();
-        std::memcpy(s.grad_out[slot].data(), stage.input_grad(), sizeof(float) * B * T * C);
-        s.grad_sends[slot] = pipe.start_send(s.grad_out[slot].data(), B * T * C, g.stage() - 1,
-                                             gradient_tag(a.micro));
+        s.grad_sends[slot] = s.pipe_grad->start_send_bytes(stage.input_grad_for_send(slot), bytes,
+                                                           g.stage() - 1, gradient_tag(a.micro));
         break;
       case Op::ReduceGradients:
         if (g.dp() > 1) times.reduce_exposed += s.reducer->finish();
         // The two copies of the tied embedding receive the sum of both
         // stages' gradients, so identical updates keep them identical.
-        if (MpiCommunicator* tied = g.tied_embedding()) {
+        if (s.tied != nullptr) {
           const auto& wte = stage.table().at("wte");
-          tied->allreduce_sum(stage.grads() + wte.offset, wte.storage);
+          s.tied->allreduce_sum(stage.grads() + wte.offset, wte.storage);
         }
         break;
       case Op::OptimizerStep: {
         // Each parameter counted once: one replica per stage, and the tied
         // embedding only on the first stage. The stop votes ride along, so
         // agreeing on preemption costs no extra collective.
-        double sums[3] = {loss_sum, 0.0, want_stop || stop_signal() != 0 ? 1.0 : 0.0};
+        // On a GPU these are the step's only copies to the host: the loss
+        // and the squared norm, which the log shows and clipping needs.
+        double sums[3] = {stage.take_loss_sum(), 0.0,
+                          want_stop || stop_signal() != 0 ? 1.0 : 0.0};
         if (g.dp_rank() == 0) {
-          sums[1] = host::sum_of_squares(stage.grads(), stage.param_storage());
+          sums[1] = stage.grad_sum_of_squares(0, stage.param_storage());
           if (g.pp() > 1 && g.last_stage()) {
             const auto& wte = stage.table().at("wte");
-            sums[1] -= host::sum_of_squares(stage.grads() + wte.offset, wte.storage);
+            sums[1] -= stage.grad_sum_of_squares(wte.offset, wte.storage);
           }
         }
         g.world().allreduce_sum(sums, 3);
-        loss_sum = sums[0];
+        result.loss = sums[0] / static_cast<double>(tc.global_batch * T);
         result.stop = sums[2] > 0;
         const double norm = std::sqrt(std::max(sums[1], 0.0));
         const double clip = (tc.grad_clip > 0 && norm > tc.grad_clip) ? tc.grad_clip / norm : 1.0;
         const double lr = learning_rate(tc.lr, tc.min_lr, tc.warmup_steps, tc.steps, step);
-        s.opt->update(stage.params(), stage.grads(), lr, step + 1, clip);
+        stage.adamw_step(lr, step + 1, clip);
         result.grad_norm = norm;
         result.lr = lr;
         break;
@@ -116,7 +117,6 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
   for (auto& p : s.act_sends) p.reset();
   for (auto& p : s.grad_sends) p.reset();
   trace.flush();
-  result.loss = loss_sum / static_cast<double>(tc.global_batch * T);
   s.cursor += tc.global_batch;
   return result;
 }
@@ -124,16 +124,16 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
 double Trainer::evaluate() {
   State& s = *st_;
   ProcessGrid& g = *s.grid;
-  GptStage<float>& stage = *s.stage;
-  const int64_t B = deck_.train.micro_batch, T = s.cfg.seq_len, C = s.cfg.n_embd;
+  StageBackend& stage = *s.stage;
+  const int64_t B = deck_.train.micro_batch, T = s.cfg.seq_len;
+  const size_t bytes = stage.message_bytes();
   // Evaluation micro-batch k goes to replica k % dp; forward only, one at a
   // time, through slot 0.
   const int local = static_cast<int>(s.eval_windows.size() / (B * g.dp()));
-  double sum = 0;
   for (const Action& a : forward_only_schedule(g.pp(), g.stage(), local)) {
     switch (a.op) {
       case Op::RecvActivation:
-        g.pipeline().recv(stage.input_buffer(0), B * T * C, g.stage() - 1, activation_tag(a.micro));
+        s.pipe_act->recv_bytes(stage.input_buffer(0), bytes, g.stage() - 1, activation_tag(a.micro));
         break;
       case Op::Forward: {
         const int64_t k = static_cast<int64_t>(a.micro) * g.dp() + g.dp_rank();
@@ -142,21 +142,19 @@ double Trainer::evaluate() {
           std::copy(s.window.begin(), s.window.end() - 1, s.inputs[0].begin() + b * T);
           std::copy(s.window.begin() + 1, s.window.end(), s.targets[0].begin() + b * T);
         }
-        sum += stage.forward(0, s.inputs[0].data(),
-                             g.first_stage() ? nullptr : stage.input_buffer(0),
-                             s.targets[0].data(), false, 0.0f);
+        stage.forward(0, s.inputs[0].data(), s.targets[0].data(), false, 0.0f);
         break;
       }
       case Op::SendActivation:
         // Waited at once: slot 0 is overwritten by the next forward.
-        g.pipeline()
-            .start_send(stage.output(0), B * T * C, g.stage() + 1, activation_tag(a.micro))
+        s.pipe_act->start_send_bytes(stage.output(0), bytes, g.stage() + 1, activation_tag(a.micro))
             ->wait();
         break;
       default:
         break;
     }
   }
+  double sum = stage.take_loss_sum();
   g.world().allreduce_sum(&sum, 1);
   return sum / static_cast<double>(s.eval_windows.size() * T);
 }

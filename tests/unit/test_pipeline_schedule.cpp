@@ -61,11 +61,19 @@ TEST(PipelineSchedule, EveryMicroBatchForwardThenBackwardOnce) {
           const auto acts = pipeline_schedule(kind, pp, s, m);
           std::map<int, int> fwd_at, bwd_at;
           for (size_t i = 0; i < acts.size(); ++i) {
-            if (acts[i].op == Op::Forward) EXPECT_TRUE(fwd_at.emplace(acts[i].micro, i).second);
-            if (acts[i].op == Op::Backward) EXPECT_TRUE(bwd_at.emplace(acts[i].micro, i).second);
+            if (acts[i].op == Op::Forward) {
+              EXPECT_TRUE(fwd_at.emplace(acts[i].micro, i).second);
+            }
+            if (acts[i].op == Op::Backward) {
+              EXPECT_TRUE(bwd_at.emplace(acts[i].micro, i).second);
+            }
             // Stage boundaries: nothing received from outside the pipeline.
-            if (s == 0) EXPECT_TRUE(acts[i].op != Op::RecvActivation && acts[i].op != Op::SendGradient);
-            if (s == pp - 1) EXPECT_TRUE(acts[i].op != Op::SendActivation && acts[i].op != Op::RecvGradient);
+            if (s == 0) {
+              EXPECT_TRUE(acts[i].op != Op::RecvActivation && acts[i].op != Op::SendGradient);
+            }
+            if (s == pp - 1) {
+              EXPECT_TRUE(acts[i].op != Op::SendActivation && acts[i].op != Op::RecvGradient);
+            }
           }
           ASSERT_EQ(fwd_at.size(), static_cast<size_t>(m));
           ASSERT_EQ(bwd_at.size(), static_cast<size_t>(m));

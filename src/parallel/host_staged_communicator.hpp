@@ -1,0 +1,37 @@
+// Device buffers moved by MPI through host memory (cuda build only): for
+// groups NCCL cannot serve, i.e. ranks sharing one GPU (a workstation with
+// one GPU running a dp x pp layout, or a test of one). Every operation
+// first waits for the compute stream, copies to the host, runs the MPI
+// operation and copies back, so it is correct and slow; NCCL is used
+// wherever each rank of a group has its own GPU.
+#pragma once
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
+
+namespace mpiformer {
+
+class HostStagedCommunicator final : public Communicator {
+ public:
+  // `group` must outlive this; `compute_stream` is a cudaStream_t.
+  HostStagedCommunicator(MpiCommunicator& group, void* compute_stream);
+
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  void allreduce_sum(float* data, int64_t n) override;
+  void allreduce_sum(double* data, int64_t n) override;
+  Pending start_allreduce_sum(float* data, int64_t n) override;
+  Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
+  void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
+  void broadcast(float* data, int64_t n, int root) override;
+
+ private:
+  template <class T>
+  void allreduce(T* data, int64_t n);
+  MpiCommunicator& group_;
+  void* compute_;
+  std::vector<char> staging_;
+};
+
+}  // namespace mpiformer
