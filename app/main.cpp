@@ -24,8 +24,13 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
 
   CLI::App app{"mpiformer: GPT training with data and pipeline parallelism over MPI", "mpiformer"};
-  app.set_version_flag("--version", std::string("mpiformer ") + MPIFORMER_VERSION + " (NCCL " +
-                                        nccl_version() + ")");
+#ifdef MPIFORMER_HAVE_CUDA
+  const std::string backends = "back ends: cpu, cuda; NCCL " + nccl_version();
+#else
+  const std::string backends = "back ends: cpu";
+#endif
+  app.set_version_flag("--version", std::string("mpiformer ") + MPIFORMER_VERSION + " (" +
+                                        backends + ")");
   app.require_subcommand(1);
 
   TrainArgs train;

@@ -39,6 +39,13 @@ for np in 1 2 4; do
   expect $np "[parallel] schedule: expected \"1f1b\" or \"gpipe\"" train "$DECK" \
     --set parallel.schedule=zigzag
 done
+# The GPU back end asked of a build or a node without one: named, on every rank.
+if ! "$MPIFORMER" --version 2>/dev/null | grep -q cuda; then
+  expect 1 "[run] device: \"cuda\", but this mpiformer was built without CUDA" train "$DECK" \
+    --set run.device=cuda
+  expect 1 "[train] precision: \"bf16\" runs on the GPU back end only" train "$DECK" \
+    --set train.precision=bf16
+fi
 expect 2 "[parallel] dp x pp: 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
 expect 4 "[parallel] dp x pp: 2 x 1 = 2 ranks, but the job has 4" train "$DECK" --set parallel.dp=2
 expect 1 "[parallel] dp x pp: 2 x 2 = 4 ranks, but the job has 1" train "$DECK" \

@@ -71,6 +71,12 @@ TEST(Deck, MistakesNameFileAndKey) {
   EXPECT_TRUE(has(e, "[train] min_lr")) << e;
   e = error_of(path, {"nodot=1"});
   EXPECT_TRUE(has(e, "section.key=value")) << e;
+  e = error_of(path, {"train.precision=\"fp16\""});
+  EXPECT_TRUE(has(e, "[train] precision") && has(e, "\"fp32\" or \"bf16\"")) << e;
+  e = error_of(path, {"run.device=\"tpu\""});
+  EXPECT_TRUE(has(e, "[run] device") && has(e, "\"cuda\"")) << e;
+  e = error_of(path, {"train.precision=\"bf16\"", "run.device=\"cpu\""});
+  EXPECT_TRUE(has(e, "[train] precision") && has(e, "GPU back end only")) << e;
   e = error_of(dir.write("m.toml", "[model]\nn_layer = 2\n"));
   EXPECT_TRUE(has(e, "m.toml") && has(e, "missing")) << e;
 }
