@@ -13,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libxxhash-dev
   slurm-wlm munge
+  file binutils xz-utils util-linux   # bench/make-gpu-bundle.sh, bench/bundle-selftest.sh
 )
 
 missing=()

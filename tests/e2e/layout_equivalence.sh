@@ -9,10 +9,17 @@
 # steps, while a real bug (a gradient averaged instead of summed, a
 # micro-batch dropped, the tied copies diverging) moves the loss by far more.
 # Also checks the tied-embedding copies and the Chrome traces.
+#
+# EXTRA_ARGS (words) go to every run: the GPU suite runs this file with
+# "--set run.device=cuda" (ranks then share the machine's GPUs, through NCCL
+# where each has its own and through host-staged MPI where they share one).
 source "$(dirname "$0")/lib.sh"
+if [ -n "${GPU_PROBE:-}" ]; then "$GPU_PROBE" || exit $?; fi
 prep_sample_data
+read -r -a extra <<<"${EXTRA_ARGS:-}"
 common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
-        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
+        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1
+        "${extra[@]}")
 
 run() {  # dp pp schedule [extra...]
   local dp=$1 pp=$2 sched=$3

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The GPU check, in one go and without network: the tests labelled `gpu`,
+# then the GPU benchmark (tokens/s and MFU of gpt2-124m and gpt2-350m at
+# seq_len 1024 in bf16, against the bf16 GEMM peak cuBLASLt reaches on the
+# same GPU in the same run), with a short table last.
+#
+# Runs from a native cuda build (build/cuda, built here if missing and the
+# dependencies are installed) or from the bundle bench/make-gpu-bundle.sh
+# makes (.bundle/mpiformer-gpu.tar.xz) on a machine without our
+# dependencies. Results go to $OUT (default bench-out/gpu).
+#   OUT=bench-out/gpu  FROM=auto|build|bundle  STEPS=15  TESTS=1  BENCH=1
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/bench-out/gpu}
+FROM=${FROM:-auto}
+STEPS=${STEPS:-15}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+: >"$OUT/summary.txt"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+bundle=$ROOT/.bundle/mpiformer-gpu.tar.xz
+if [ "$FROM" = bundle ] || { [ "$FROM" = auto ] && [ ! -x build/cuda/app/mpiformer ] && [ -f "$bundle" ]; }; then
+  U=${TMPDIR:-/tmp}/mpiformer-gpu-$$
+  mkdir -p "$U"
+  tar -C "$U" -xJf "$bundle" || { echo "cannot unpack $bundle" >&2; exit 1; }
+  P=$U/mpiformer-gpu
+  # Open MPI finds its plugins, help texts and daemon under OPAL_PREFIX;
+  # PMIx its plugins through its own component path. cuBLASLt and NCCL come
+  # from this machine: the toolkit, the system, or pip's nvidia-* wheels.
+  # env.sh holds it all, for running the carried binaries by hand too.
+  libs=
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+           /usr/lib/x86_64-linux-gnu $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    for lib in $(ls -d "$d"/libcublasLt.so.* "$d"/libnccl.so.* "$d"/nvidia/*/lib/libcublasLt.so.* \
+                 "$d"/nvidia/*/lib/libnccl.so.* 2>/dev/null); do
+      libs=$libs:$(dirname "$lib")
+    done
+  done
+  cat >"$U/env.sh" <<ENV
+export OPAL_PREFIX=$P PATH=$P/bin:\$PATH
+export OMPI_MCA_mca_base_component_path=$P/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+export PMIX_MCA_mca_base_component_path=$P/pmix
+export LD_LIBRARY_PATH=$P/lib$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
+ENV
+  source "$U/env.sh"
+  # The build tree's CTest files name this machine's paths instead of the
+  # build machine's.
+  source "$P/origin"
+  find "$P/build" -name CTestTestfile.cmake -exec sed -i \
+    -e "s|$BUILD|$P/build|g" -e "s|$MPIEXEC|$P/bin/mpirun|g" -e "s|$SOURCE|$ROOT|g" {} +
+  BUILD=$P/build
+  log "from the bundle ($(du -m "$bundle" | cut -f1) MiB), unpacked in $P"
+  glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  log "glibc here $glibc; the bundle needs $(cat "$P/glibc-needed")"
+else
+  if [ ! -x build/cuda/app/mpiformer ]; then
+    bash .ci/deps.sh && cmake --preset cuda >/dev/null && cmake --build --preset cuda ||
+      { echo "no build/cuda, no bundle, and the cuda preset does not build here" >&2; exit 1; }
+  fi
+  BUILD=$ROOT/build/cuda
+  log "from the build tree $BUILD"
+fi
+MPIFORMER=$BUILD/app/mpiformer
+if ldd "$MPIFORMER" | grep "not found" | tee -a "$OUT/summary.txt" | grep -q .; then
+  echo "missing shared libraries (above): install them or point LD_LIBRARY_PATH at them" >&2
+  exit 1
+fi
+log "$(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $("$MPIFORMER" --version)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 |
+  tee "$OUT/gpu.txt" | sed 's/^/== GPU: /' | tee -a "$OUT/summary.txt"
+"$BUILD/tests/mpiformer_gpu_probe"
+probe=$?
+
+tests_rc=0
+if [ "${TESTS:-1}" = 1 ]; then
+  log "tests: ctest -L gpu"
+  ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 900 >"$OUT/gpu-tests.log" 2>&1
+  tests_rc=$?
+  grep -E "Test +#|tests passed" "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
+fi
+
+bench_rc=0
+if [ "${BENCH:-1}" = 1 ] && [ "$probe" = 0 ]; then
+  W=$(mktemp -d)
+  mkdir -p "$W/data"
+  "$MPIFORMER" prep --tokenizer gpt2 --val-fraction 0.1 --output "$W/data/tinyshakespeare_gpt2.h5" \
+    inputs/tinyshakespeare.txt >/dev/null || { echo "prep failed" >&2; exit 1; }
+  printf '%-10s %-5s %3s %5s %12s %7s %12s %9s\n' model prec mb seq tokens/s MFU peak_TFLOP/s step_ms \
+    >"$OUT/table.txt"
+  for spec in gpt2-124m:16 gpt2-350m:16; do
+    model=${spec%%:*} mb=${spec##*:}
+    dir=$W/$model
+    log "bench: $model bf16 seq 1024 micro_batch $mb, $STEPS steps"
+    (cd "$W" && mpirun -np 1 "$MPIFORMER" train "$ROOT/inputs/$model.toml" \
+      --set run.device=cuda --set train.precision=bf16 --set model.seq_len=1024 \
+      --set train.micro_batch="$mb" --set train.global_batch="$mb" --set train.steps="$STEPS" \
+      --set train.warmup_steps=2 --set train.log_every=5 --set train.eval_every=0 \
+      --set train.eval_batches=1 --set checkpoint.resume=never --set checkpoint.dir="$dir/ckpt" \
+      --set run.dir="$dir") >"$OUT/$model.log" 2>&1 || { bench_rc=1; tail -20 "$OUT/$model.log"; continue; }
+    cp "$dir/metrics.jsonl" "$OUT/$model.metrics.jsonl"
+    peak=$(sed -n 's/.*peak \([0-9.]*\) GFLOP\/s.*/\1/p' "$OUT/$model.log" | head -1)
+    # The last logged interval: steps after the warm-up (plans, clocks).
+    python3 - "$dir/metrics.jsonl" "$model" "$mb" "$peak" >>"$OUT/table.txt" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
+r = rows[-1]
+print(f"{sys.argv[2]:<10} bf16  {int(sys.argv[3]):3d}  1024 {r['tokens_per_s']:12.0f} {100*r['mfu']:6.1f}% "
+      f"{float(sys.argv[4])/1e3:12.1f} {r['step_ms']:9.1f}")
+PY
+    rm -rf "$dir/ckpt"
+  done
+  rm -rf "$W"
+  log "table (MFU: 6N + 12LTC FLOPs per token over the cuBLASLt bf16 8192^3 GEMM peak measured in the run)"
+  tee -a "$OUT/summary.txt" <"$OUT/table.txt"
+elif [ "$probe" != 0 ]; then
+  log "no usable GPU: benchmark skipped"
+fi
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
