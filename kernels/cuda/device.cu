@@ -33,6 +33,10 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+void copy_device_to_device(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
+
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
 }  // namespace mpiformer::cuda

@@ -14,6 +14,7 @@ void* device_alloc(size_t bytes);
 void device_free(void* p) noexcept;
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+void copy_device_to_device(void* dst, const void* src, size_t bytes);
 // Waits for all work on the current device.
 void synchronize();
 

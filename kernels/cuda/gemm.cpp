@@ -22,12 +22,16 @@ cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R
 
 // The alignment cuBLASLt may assume for a pointer (it picks vectorised
 // kernels from it): the largest power of two up to 256 dividing the address.
-uint32_t alignment(const void* p) {
-  const auto v = reinterpret_cast<uintptr_t>(p);
+// In a batch, every matrix must be as aligned as the first: the offset
+// between two (stride elements) counts too.
+uint32_t alignment(const void* p, int64_t stride_bytes = 0) {
+  const auto v = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(stride_bytes);
   uint32_t a = 256;
   while (a > 1 && v % a != 0) a /= 2;
   return a;
 }
+
+size_t size_of(DType t) { return t == DType::F32 ? 4 : 2; }
 
 using Key = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t,
@@ -81,9 +85,12 @@ void Blas::run(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int6
   // column-major C^T = op(B)^T op(A)^T, so the operands swap places and keep
   // their flags, and a bias over C's columns is a bias over C^T's rows,
   // which is what the epilogue adds.
+  const uint32_t align_a = alignment(a, batch.stride_a * size_of(in)),
+                 align_b = alignment(b, batch.stride_b * size_of(in)),
+                 align_c = alignment(c, batch.stride_c * size_of(out));
   const Key key{static_cast<int>(in), static_cast<int>(out), ta, tb, m, n, k, lda, ldb, ldc,
                 batch.count, batch.stride_a, batch.stride_b, batch.stride_c, bias != nullptr,
-                alignment(a), alignment(b), alignment(c), alignment(bias)};
+                align_a, align_b, align_c, alignment(bias)};
   auto it = plans_->by_key.find(key);
   if (it == plans_->by_key.end()) {
     Plan p;
@@ -109,7 +116,8 @@ void Blas::run(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int6
     const uint64_t ws = kWorkspaceBytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    const uint32_t al[4] = {alignment(b), alignment(a), alignment(c), alignment(c)};
+    // A and B swap places in the column-major call; D is C.
+    const uint32_t al[4] = {align_b, align_a, align_c, align_c};
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};

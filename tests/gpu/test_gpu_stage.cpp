@@ -1,0 +1,190 @@
+// CudaGptStage against the host GptStage<double> on the same model: the
+// loss and every parameter gradient after two accumulated micro-batches,
+// for the whole model on one stage and split over two stages chained by
+// hand (activations forward, the input gradient back), in fp32 and bf16.
+//
+// Tolerances:
+//  * fp32: loss 1e-5 relative; each gradient element within 1e-4 of the
+//    tensor's largest |gradient| plus 1e-4 relative (float vs double through
+//    two layers of sums of up to B*T*4C terms).
+//  * bf16: loss 2e-2 relative, each gradient tensor within 5% in norm:
+//    activations round to 8 significant bits at every op, so elementwise
+//    bounds would only test the rounding's tails; a wrong kernel is off by
+//    far more (a sign, a transpose or a missing term is O(1) in norm).
+// Exits 77 without a GPU.
+#include <Kokkos_Core.hpp>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "model/gpt_stage.hpp"
+#include "model/gpt_stage_cuda.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+GptConfig tiny_config() {
+  GptConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.seq_len = 16;
+  c.vocab_size = 100;
+  return c;
+}
+
+constexpr int64_t kB = 2;
+
+std::vector<int32_t> tokens(int64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> d(0, 99);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(gen);
+  return t;
+}
+
+template <class T>
+std::vector<T> download(const T* dev, int64_t n) {
+  std::vector<T> h(n);
+  cuda::synchronize();
+  cuda::copy_to_host(h.data(), dev, sizeof(T) * n);
+  return h;
+}
+
+// The reference: the whole model in double on the host, from `params`.
+struct Reference {
+  double loss = 0;
+  std::vector<double> grads;
+  GptStage<double> stage;
+  Reference(const GptConfig& cfg, const std::vector<float>& params,
+            const std::vector<std::vector<int32_t>>& in, const std::vector<std::vector<int32_t>>& tg,
+            double scale)
+      : stage(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 1) {
+    std::copy(params.begin(), params.end(), stage.params());
+    stage.zero_grads();
+    for (size_t m = 0; m < in.size(); ++m) {
+      loss += stage.forward(0, in[m].data(), nullptr, tg[m].data(), true, scale);
+      stage.backward(0, in[m].data(), nullptr);
+    }
+    grads.assign(stage.grads(), stage.grads() + stage.param_storage());
+  }
+};
+
+// Compares the gradients of the tensors of `table` (a stage's) with the
+// whole-model reference, by name.
+template <class A>
+void expect_grads(const ParameterTable& table, const std::vector<float>& got,
+                  const ParameterTable& whole, const std::vector<double>& want) {
+  for (const auto& s : table.specs()) {
+    const auto& w = whole.at(s.name);
+    double max_want = 0, diff2 = 0, want2 = 0;
+    for (int64_t i = 0; i < s.numel(); ++i) max_want = std::max(max_want, std::fabs(want[w.offset + i]));
+    int bad = 0;
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      const double g = got[s.offset + i], r = want[w.offset + i];
+      diff2 += (g - r) * (g - r);
+      want2 += r * r;
+      if (std::is_same_v<A, float> && !(std::fabs(g - r) <= 1e-4 * max_want + 1e-4 * std::fabs(r))) {
+        if (bad++ == 0) ADD_FAILURE() << s.name << "[" << i << "]: got " << g << ", want " << r;
+      }
+    }
+    if (!std::is_same_v<A, float>) {
+      EXPECT_LE(std::sqrt(diff2), 0.05 * std::sqrt(want2) + 1e-12) << s.name;
+    }
+    // Padding (wte's rows past the vocabulary) gets no gradient at all.
+    for (int64_t i = s.numel(); i < s.storage; ++i) EXPECT_EQ(got[s.offset + i], 0.f) << s.name;
+  }
+}
+
+template <class A>
+class GpuStage : public ::testing::Test {};
+using Types = ::testing::Types<float, cuda::bf16>;
+TYPED_TEST_SUITE(GpuStage, Types);
+
+TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
+  using A = TypeParam;
+  const GptConfig cfg = tiny_config();
+  const int64_t BT = kB * cfg.seq_len;
+  const float scale = 1.f / static_cast<float>(2 * BT);
+  const std::vector<std::vector<int32_t>> in = {tokens(BT, 1), tokens(BT, 2)},
+                                          tg = {tokens(BT, 3), tokens(BT, 4)};
+  CudaGptStage<A> gpu(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2);
+  gpu.init_parameters(7);
+  const auto params = download(gpu.params(), gpu.param_storage());
+  const Reference ref(cfg, params, in, tg, scale);
+
+  gpu.zero_grads();
+  for (int m = 0; m < 2; ++m) gpu.forward(m, in[m].data(), tg[m].data(), true, scale);
+  for (int m = 1; m >= 0; --m) gpu.backward(m, nullptr);  // slots keep each micro-batch
+  const double loss = gpu.take_loss_sum();
+  EXPECT_NEAR(loss, ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
+  expect_grads<A>(gpu.table(), download(gpu.grads(), gpu.param_storage()), ref.stage.table(),
+                  ref.grads);
+}
+
+TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
+  using A = TypeParam;
+  const GptConfig cfg = tiny_config();
+  const int64_t BT = kB * cfg.seq_len, C = cfg.n_embd;
+  const float scale = 1.f / static_cast<float>(2 * BT);
+  const std::vector<std::vector<int32_t>> in = {tokens(BT, 5), tokens(BT, 6)},
+                                          tg = {tokens(BT, 7), tokens(BT, 8)};
+  CudaGptStage<A> first(cfg, partition_stage(cfg, 0, 2), kB, 1);
+  CudaGptStage<A> last(cfg, partition_stage(cfg, 1, 2), kB, 1);
+  first.init_parameters(9);
+  last.init_parameters(9);
+  // The reference model holds both stages' tensors (wte from the first).
+  GptStage<double> whole(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 1);
+  std::vector<float> params(whole.param_storage());
+  for (auto* st : {&last, &first}) {
+    const auto p = download(st->params(), st->param_storage());
+    for (const auto& s : st->table().specs())
+      std::copy_n(p.begin() + s.offset, s.storage, params.begin() + whole.table().at(s.name).offset);
+  }
+  const Reference ref(cfg, params, in, tg, scale);
+
+  first.zero_grads();
+  last.zero_grads();
+  cuda::DeviceBuffer<A> dgrad(BT * C);
+  for (int m = 0; m < 2; ++m) {
+    first.forward(0, in[m].data(), nullptr, false, 0.f);
+    cuda::synchronize();
+    cuda::copy_device_to_device(last.input_buffer(0), first.output(0), sizeof(A) * BT * C);
+    last.forward(0, nullptr, tg[m].data(), true, scale);
+    last.backward(0, nullptr);
+    cuda::synchronize();
+    cuda::copy_device_to_device(dgrad.get(), last.input_grad(), sizeof(A) * BT * C);
+    first.backward(0, dgrad.get());
+  }
+  EXPECT_NEAR(last.take_loss_sum(), ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
+  EXPECT_EQ(first.take_loss_sum(), 0.0);
+  // Each stage's copy of wte gets only its own half of the tied gradient:
+  // compare their sum, which is what the trainer's all-reduce makes.
+  auto g1 = download(first.grads(), first.param_storage());
+  auto g2 = download(last.grads(), last.param_storage());
+  const auto& w1 = first.table().at("wte");
+  const auto& w2 = last.table().at("wte");
+  for (int64_t i = 0; i < w1.storage; ++i) g1[w1.offset + i] += g2[w2.offset + i];
+  for (int64_t i = 0; i < w2.storage; ++i) g2[w2.offset + i] = g1[w1.offset + i];
+  expect_grads<A>(first.table(), g1, ref.stage.table(), ref.grads);
+  expect_grads<A>(last.table(), g2, ref.stage.table(), ref.grads);
+}
+
+}  // namespace
+}  // namespace mpiformer::test
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (mpiformer::cuda::device_count(&why) == 0) {
+    std::printf("SKIP: no usable GPU (%s)\n", why.c_str());
+    return 77;
+  }
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
