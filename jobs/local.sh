@@ -2,8 +2,9 @@
 # Workstation launcher: `jobs/local.sh DECK [mpiformer train arguments...]`.
 # Runs mpirun with as many ranks as the deck's dp x pp (or NP), adds
 # --oversubscribe when that is more than the cores (or OVERSUBSCRIBE=1), and
-# the root flags only when run as root. With GPUs (nvidia-smi lists them),
-# each rank sees one: GPU (node-local rank mod GPUs), by CUDA_VISIBLE_DEVICES.
+# the root flags only when run as root. With a cuda build every rank sees
+# every GPU and takes GPU (node-local rank mod GPUs) itself: keeping them
+# all visible lets NCCL use NVLink and peer-to-peer copies between ranks.
 #   NP=  OVERSUBSCRIBE=0  MPIFORMER=build/cpu/app/mpiformer
 set -euo pipefail
 DECK=${1:?usage: jobs/local.sh DECK [--set section.key=value]...}
@@ -27,12 +28,6 @@ NP=${NP:-$((dp * pp))}
 launch=(mpirun -np "$NP")
 [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
 if [ "${OVERSUBSCRIBE:-0}" = 1 ] || [ "$NP" -gt "$(nproc)" ]; then launch+=(--oversubscribe); fi
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-bind=()
-if [ "${gpus:-0}" -gt 0 ]; then
-  # shellcheck disable=SC2016  # expanded by each rank's shell, not here
-  bind=(bash -c 'export CUDA_VISIBLE_DEVICES=$((OMPI_COMM_WORLD_LOCAL_RANK % '"$gpus"')); exec "$@"' bind)
-fi
-cmd=("${launch[@]}" "${bind[@]+"${bind[@]}"}" "$MPIFORMER" train "$DECK" "$@")
+cmd=("${launch[@]}" "$MPIFORMER" train "$DECK" "$@")
 echo "mpiformer $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown): ${cmd[*]}"
 exec "${cmd[@]}"
