@@ -11,8 +11,8 @@
 //    2^-8 = 3.9e-3, plus float accumulation of bf16 products); 3e-2 for
 //    attention's backward, which stores the probabilities and dS in bf16
 //    between its four products.
-// Without a GPU the test exits 77, which CTest reports as skipped.
-#include <Kokkos_Core.hpp>
+// Without a GPU the test exits 77 (gpu_test_main.cpp), which CTest reports
+// as skipped.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -306,13 +306,3 @@ TEST(GpuKernelsFloat, Reductions) {
 }  // namespace
 }  // namespace mpiformer::test
 
-int main(int argc, char** argv) {
-  std::string why;
-  if (mpiformer::cuda::device_count(&why) == 0) {
-    std::printf("SKIP: no usable GPU (%s)\n", why.c_str());
-    return 77;
-  }
-  Kokkos::ScopeGuard kokkos(argc, argv);  // the host reference kernels run on Kokkos
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -12,7 +12,6 @@
 //    bounds would only test the rounding's tails; a wrong kernel is off by
 //    far more (a sign, a transpose or a missing term is O(1) in norm).
 // Exits 77 without a GPU.
-#include <Kokkos_Core.hpp>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -178,13 +177,3 @@ TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
 }  // namespace
 }  // namespace mpiformer::test
 
-int main(int argc, char** argv) {
-  std::string why;
-  if (mpiformer::cuda::device_count(&why) == 0) {
-    std::printf("SKIP: no usable GPU (%s)\n", why.c_str());
-    return 77;
-  }
-  Kokkos::ScopeGuard kokkos(argc, argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
