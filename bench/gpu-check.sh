@@ -9,12 +9,19 @@
 # makes (.bundle/mpiformer-gpu.tar.xz) on a machine without our
 # dependencies. Results go to $OUT (default bench-out/gpu).
 #   OUT=bench-out/gpu  FROM=auto|build|bundle  STEPS=15  TESTS=1  BENCH=1
+#   MODELS="gpt2-124m:16 gpt2-350m:16" (deck:micro_batch)  SEQ=1024
+#   PRECISION=bf16  DEVICE=cuda   (DEVICE=cpu PRECISION=fp32 SEQ=64 MODELS=gpt2-124m:1
+#   STEPS=2 TESTS=0 rehearses the benchmark's plumbing on a machine without a GPU)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench-out/gpu}
 FROM=${FROM:-auto}
 STEPS=${STEPS:-15}
+MODELS=${MODELS:-gpt2-124m:16 gpt2-350m:16}
+SEQ=${SEQ:-1024}
+PRECISION=${PRECISION:-bf16}
+DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 : >"$OUT/summary.txt"
@@ -84,19 +91,19 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 
 bench_rc=0
-if [ "${BENCH:-1}" = 1 ] && [ "$probe" = 0 ]; then
+if [ "${BENCH:-1}" = 1 ] && { [ "$probe" = 0 ] || [ "$DEVICE" = cpu ]; }; then
   W=$(mktemp -d)
   mkdir -p "$W/data"
   "$MPIFORMER" prep --tokenizer gpt2 --val-fraction 0.1 --output "$W/data/tinyshakespeare_gpt2.h5" \
-    inputs/tinyshakespeare.txt >/dev/null || { echo "prep failed" >&2; exit 1; }
+    inputs/tinyshakespeare.txt >"$OUT/prep.log" 2>&1 || { cat "$OUT/prep.log"; exit 1; }
   printf '%-10s %-5s %3s %5s %12s %7s %12s %9s\n' model prec mb seq tokens/s MFU peak_TFLOP/s step_ms \
     >"$OUT/table.txt"
-  for spec in gpt2-124m:16 gpt2-350m:16; do
+  for spec in $MODELS; do
     model=${spec%%:*} mb=${spec##*:}
     dir=$W/$model
-    log "bench: $model bf16 seq 1024 micro_batch $mb, $STEPS steps"
+    log "bench: $model $DEVICE $PRECISION seq $SEQ micro_batch $mb, $STEPS steps"
     (cd "$W" && mpirun -np 1 "$MPIFORMER" train "$ROOT/inputs/$model.toml" \
-      --set run.device=cuda --set train.precision=bf16 --set model.seq_len=1024 \
+      --set run.device="$DEVICE" --set train.precision="$PRECISION" --set model.seq_len="$SEQ" \
       --set train.micro_batch="$mb" --set train.global_batch="$mb" --set train.steps="$STEPS" \
       --set train.warmup_steps=2 --set train.log_every=5 --set train.eval_every=0 \
       --set train.eval_batches=1 --set checkpoint.resume=never --set checkpoint.dir="$dir/ckpt" \
@@ -104,17 +111,18 @@ if [ "${BENCH:-1}" = 1 ] && [ "$probe" = 0 ]; then
     cp "$dir/metrics.jsonl" "$OUT/$model.metrics.jsonl"
     peak=$(sed -n 's/.*peak \([0-9.]*\) GFLOP\/s.*/\1/p' "$OUT/$model.log" | head -1)
     # The last logged interval: steps after the warm-up (plans, clocks).
-    python3 - "$dir/metrics.jsonl" "$model" "$mb" "$peak" >>"$OUT/table.txt" <<'PY'
+    python3 - "$dir/metrics.jsonl" "$model" "$PRECISION" "$mb" "$SEQ" "$peak" >>"$OUT/table.txt" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 r = rows[-1]
-print(f"{sys.argv[2]:<10} bf16  {int(sys.argv[3]):3d}  1024 {r['tokens_per_s']:12.0f} {100*r['mfu']:6.1f}% "
-      f"{float(sys.argv[4])/1e3:12.1f} {r['step_ms']:9.1f}")
+model, prec, mb, seq, peak = sys.argv[2:7]
+print(f"{model:<10} {prec:<5} {int(mb):3d} {int(seq):5d} {r['tokens_per_s']:12.0f} {100*r['mfu']:6.1f}% "
+      f"{float(peak)/1e3:12.1f} {r['step_ms']:9.1f}")
 PY
     rm -rf "$dir/ckpt"
   done
   rm -rf "$W"
-  log "table (MFU: 6N + 12LTC FLOPs per token over the cuBLASLt bf16 8192^3 GEMM peak measured in the run)"
+  log "table (MFU: 6N + 12LTC FLOPs per token over the peak measured in the run: a cuBLASLt 8192^3 GEMM of the precision on a GPU)"
   tee -a "$OUT/summary.txt" <"$OUT/table.txt"
 elif [ "$probe" != 0 ]; then
   log "no usable GPU: benchmark skipped"
