@@ -152,16 +152,19 @@ void Trainer::connect_device() {
   // carry a message and keep the MPI communicator.
   auto device_comm = [&](MpiCommunicator& group, const char* what) -> Communicator* {
     if (group.size() == 1) return &group;
-    if (group_shares_a_gpu(group)) {
-      s.device_comms.push_back(std::make_unique<HostStagedCommunicator>(group, stream));
-      s.comms_kind += s.comms_kind.empty() ? "" : ", ";
-      s.comms_kind += strprintf("%s: MPI through host memory (%d ranks share a GPU)", what,
-                                group.size());
-    } else {
+    s.comms_kind += s.comms_kind.empty() ? "" : ", ";
+#ifdef MPIFORMER_HAVE_NCCL
+    if (!group_shares_a_gpu(group)) {
       s.device_comms.push_back(std::make_unique<NcclCommunicator>(group, stream));
-      s.comms_kind += s.comms_kind.empty() ? "" : ", ";
       s.comms_kind += strprintf("%s: NCCL (%d ranks)", what, group.size());
+      return s.device_comms.back().get();
     }
+    const char* why = "ranks share a GPU";
+#else
+    const char* why = "built without NCCL";
+#endif
+    s.device_comms.push_back(std::make_unique<HostStagedCommunicator>(group, stream));
+    s.comms_kind += strprintf("%s: MPI through host memory (%d ranks; %s)", what, group.size(), why);
     return s.device_comms.back().get();
   };
   s.dp = device_comm(g.data_parallel(), "data-parallel");

@@ -32,6 +32,8 @@
 #include "train/trace_writer.hpp"
 #ifdef MPIFORMER_HAVE_CUDA
 #include "parallel/host_staged_communicator.hpp"
+#endif
+#ifdef MPIFORMER_HAVE_NCCL
 #include "parallel/nccl_communicator.hpp"
 #endif
 
