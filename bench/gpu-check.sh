@@ -33,7 +33,9 @@ bundle=$ROOT/.bundle/mpiformer-gpu.tar.xz
 if [ "$FROM" = bundle ] || { [ "$FROM" = auto ] && [ ! -x build/cuda/app/mpiformer ] && [ -f "$bundle" ]; }; then
   U=${TMPDIR:-/tmp}/mpiformer-gpu-$$
   mkdir -p "$U"
-  tar -C "$U" -xJf "$bundle" || { echo "cannot unpack $bundle" >&2; exit 1; }
+  # Python's lzma, not tar -J: a bare GPU image may lack the xz program.
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle" "$U" ||
+    { echo "cannot unpack $bundle" >&2; exit 1; }
   P=$U/mpiformer-gpu
   # Open MPI finds its plugins, help texts and daemon under OPAL_PREFIX;
   # PMIx its plugins through its own component path. cuBLASLt and NCCL come
