@@ -89,7 +89,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   log "tests: ctest -L gpu"
   ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 900 >"$OUT/gpu-tests.log" 2>&1
   tests_rc=$?
-  grep -E "Test +#|tests passed" "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
+  grep -E "Test +#|tests passed|Error|error" "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
 fi
 
 bench_rc=0

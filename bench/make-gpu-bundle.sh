@@ -24,7 +24,8 @@ mkdir -p "$P/bin" "$P/lib" "$P/build"
 
 # The build tree's executables and CTest files, at their relative paths.
 (cd "$BUILD" && find . -path '*/CMakeFiles' -prune -o -type f \
-   \( -name CTestTestfile.cmake -o -perm -u+x \) -print) | while read -r f; do
+   \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' -o -perm -u+x \) \
+   -print) | while read -r f; do
   mkdir -p "$P/build/$(dirname "$f")"
   cp "$BUILD/$f" "$P/build/$f"
 done
