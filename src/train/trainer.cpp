@@ -127,6 +127,16 @@ void Trainer::connect() {
   s.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
                                          static_cast<int>(deck_.parallel.pp));
   ProcessGrid& g = *s.grid;
+  // "auto" resolves node by node: a job whose nodes differ would run half
+  // on GPUs and disagree on every message. The same verdict on every rank.
+  double on_gpu[2] = {s.stage->on_device() ? 1.0 : 0.0, 1.0};
+  g.world().allreduce_sum(on_gpu, 2);
+  if (on_gpu[0] != 0 && on_gpu[0] != on_gpu[1]) {
+    throw InputError(deck_.path, "[run] device",
+                     strprintf("\"%s\" put %.0f of %.0f ranks on a GPU: every rank must run on "
+                               "the same kind of device (set \"cuda\" or \"cpu\")",
+                               deck_.run.device.c_str(), on_gpu[0], on_gpu[1]));
+  }
   s.pipe_act = s.pipe_grad = &g.pipeline();
   s.dp = &g.data_parallel();
   s.tied = g.tied_embedding();
