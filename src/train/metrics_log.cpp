@@ -43,15 +43,18 @@ void MetricsLog::step(const StepMetrics& m) {
       m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
   std::string json = strprintf(
       "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-      "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"matmul_fraction\": %.4g, "
-      "\"samples\": %lld",
+      "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"samples\": %lld",
       static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu, m.step_ms,
-      m.matmul_fraction, static_cast<long long>(m.samples));
-  if (m.pipelined) {
+      static_cast<long long>(m.samples));
+  if (m.host_timings) json += strprintf(", \"matmul_fraction\": %.4g", m.matmul_fraction);
+  if (m.pipelined && m.host_timings) {
     line += strprintf(" | bubble %.0f%% (theory %.0f%%)", 100 * m.bubble, 100 * m.bubble_theory);
     json += strprintf(", \"bubble\": %.4g, \"bubble_theory\": %.4g", m.bubble, m.bubble_theory);
+  } else if (m.pipelined) {
+    line += strprintf(" | bubble theory %.0f%%", 100 * m.bubble_theory);
+    json += strprintf(", \"bubble_theory\": %.4g", m.bubble_theory);
   }
-  if (m.data_parallel) {
+  if (m.data_parallel && m.host_timings) {
     line += strprintf(" | reduce exposed %.1f ms", m.reduce_exposed_ms);
     json += strprintf(", \"reduce_exposed_ms\": %.4g", m.reduce_exposed_ms);
   }

@@ -17,6 +17,10 @@ struct StepMetrics {
   // the step time, and (pp-1)/(m+pp-1). Data parallel (dp > 1): the
   // gradient all-reduce time backward did not hide, per step.
   bool pipelined = false, data_parallel = false;
+  // The matmul share, the bubble and the exposed reduction are host-side
+  // timings: meaningless where the work is queued on GPU streams, so a GPU
+  // run logs none of them (the bubble's theory only).
+  bool host_timings = true;
   double bubble = 0, bubble_theory = 0, reduce_exposed_ms = 0;
 };
 

@@ -299,6 +299,7 @@ TrainResult Trainer::run() {
       sm.bubble_theory = static_cast<double>(g.pp() - 1) / static_cast<double>(M + g.pp() - 1);
       sm.data_parallel = g.dp() > 1;
       sm.reduce_exposed_ms = 1e3 * agg[1] / ranks / static_cast<double>(interval_steps);
+      sm.host_timings = !s.stage->on_device();
       log.step(sm);
       host::reset_gemm_seconds();
       interval_s = 0;

@@ -145,7 +145,8 @@ bool release(Scheduler& s) {
   }
   bool released = false;
   if (live > 0 && at_block == live) {
-    for (int t = 0; t < s.count; ++t) s.fibers[t].state = State::Ready;
+    for (int t = 0; t < s.count; ++t)
+      if (s.fibers[t].state == State::AtBlockBarrier) s.fibers[t].state = State::Ready;
     return true;
   }
   for (int w = 0; w * 32 < s.count; ++w) {
