@@ -92,6 +92,20 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -E "Test +#|tests passed|Error|error" "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
 fi
 
+# The CPU emulation (tests/emulation) runs threads in a fixed order, so it
+# cannot see data races: compute-sanitizer's racecheck (shared memory) and
+# memcheck (out-of-bounds, misaligned) look where the kernels really run.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ "${TESTS:-1}" = 1 ] && [ "$probe" = 0 ] && [ -n "$sanitizer" ]; then
+  for tool in memcheck racecheck; do
+    "$sanitizer" --tool "$tool" --error-exitcode 9 "$BUILD/tests/mpiformer_gpu_kernels_test" \
+      >"$OUT/sanitizer-$tool.log" 2>&1
+    rc=$?
+    log "compute-sanitizer $tool on gpu.kernels: $([ $rc = 0 ] && echo clean || echo "FAILED ($rc)")"
+    [ $rc = 0 ] || tests_rc=1
+  done
+fi
+
 bench_rc=0
 if [ "${BENCH:-1}" = 1 ] && { [ "$probe" = 0 ] || [ "$DEVICE" = cpu ]; }; then
   W=$(mktemp -d)
