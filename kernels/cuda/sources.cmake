@@ -1,0 +1,5 @@
+# The CUDA back end's sources, for its library (kernels/cuda) and for the
+# CPU emulation that compiles the same files (tests/emulation).
+set(MPIFORMER_CUDA_KERNELS embedding layernorm matmul attention gelu residual crossentropy adamw
+    reduce device)   # each NAME.cu
+set(MPIFORMER_CUDA_DEVICE_HEADERS column_sums device_math)   # each NAME.cuh
