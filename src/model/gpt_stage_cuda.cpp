@@ -28,8 +28,12 @@ void upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
 template <class A>
 CudaGptStage<A>::CudaGptStage(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
                               int num_slots)
-    : cfg_(cfg), range_(range), table_(cfg, range), B_(micro_batch), T_(cfg.seq_len) {
-  const StageLayout at(table_, range_);
+    : cfg_(cfg),
+      range_(range),
+      table_(cfg, range),
+      B_(micro_batch),
+      T_(cfg.seq_len),
+      at_(table_, range_) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head, L = range_.num_layers();
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<Blas>(stream_);
@@ -123,7 +127,7 @@ void CudaGptStage<A>::zero_grads() {
 template <class A>
 void CudaGptStage<A>::forward(int slot, const int32_t* tokens, const int32_t* targets,
                               bool for_backward, float grad_scale) {
-  const StageLayout at(table_, range_);
+  const StageLayout& at = at_;
   Slot& s = slots_[slot];
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
   const A* W = weights_;
@@ -178,7 +182,7 @@ void CudaGptStage<A>::forward(int slot, const int32_t* tokens, const int32_t* ta
 
 template <class A>
 void CudaGptStage<A>::backward(int slot, const A* dout, const GradsFinal& grads_final) {
-  const StageLayout at(table_, range_);
+  const StageLayout& at = at_;
   auto final_from = [&](int64_t offset) {
     if (grads_final) grads_final(offset);
   };

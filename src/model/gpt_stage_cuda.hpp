@@ -21,6 +21,7 @@
 #include "cuda/gemm.hpp"
 #include "model/gpt_config.hpp"
 #include "model/parameter_table.hpp"
+#include "model/stage_layout.hpp"
 
 namespace mpiformer {
 
@@ -87,8 +88,7 @@ class CudaGptStage {
   StageRange range_;
   ParameterTable table_;
   int64_t B_, T_;
-  std::vector<std::array<int64_t, 12>> layer_offsets_;
-  int64_t off_wte_ = -1, off_wpe_ = -1, off_lnfw_ = -1, off_lnfb_ = -1;
+  StageLayout at_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Blas> blas_;
   Buf<float> params_, grads_;
