@@ -132,16 +132,22 @@ void CudaGptStage<A>::forward(int slot, const int32_t* tokens, const int32_t* ta
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
   const A* W = weights_;
   const AttentionScratch<A> scratch{scratch_qkv_.get(), scratch_y_.get(), scratch_dqkv_.get()};
+  // Every host-to-device copy first, before any kernel of this micro-batch
+  // is queued: a copy from pageable memory waits for the stream to drain,
+  // so copies in the middle would stall the GPU while the host queues the
+  // rest. The token grouping (a sort on the host) is made before the first
+  // copy, while the GPU is still busy with earlier work.
   if (range_.has_embedding) {
-    upload(s.tokens.get(), tokens, sizeof(int32_t) * BT, stream_);
-    // The grouping the embedding's backward needs, made while the tokens
-    // are still on the host.
     groups_host_.build(tokens, BT);
     s.groups = static_cast<int64_t>(groups_host_.tokens.size());
+    upload(s.tokens.get(), tokens, sizeof(int32_t) * BT, stream_);
     upload(s.group_tokens.get(), groups_host_.tokens.data(), sizeof(int32_t) * s.groups, stream_);
     upload(s.group_starts.get(), groups_host_.starts.data(), sizeof(int32_t) * (s.groups + 1),
            stream_);
     upload(s.group_positions.get(), groups_host_.positions.data(), sizeof(int32_t) * BT, stream_);
+  }
+  if (range_.has_head) upload(s.targets.get(), targets, sizeof(int32_t) * BT, stream_);
+  if (range_.has_embedding) {
     embedding_forward(s.residual[0].get(), s.tokens.get(), W + at.wte, W + at.wpe, B_, T_, C,
                       stream_);
   }
@@ -165,7 +171,6 @@ void CudaGptStage<A>::forward(int slot, const int32_t* tokens, const int32_t* ta
   }
   if (!range_.has_head) return;
   const int64_t Vp = cfg_.padded_vocab();
-  upload(s.targets.get(), targets, sizeof(int32_t) * BT, stream_);
   layernorm_forward(s.lnf.get(), s.lnf_mean.get(), s.lnf_rstd.get(), s.residual.back().get(),
                     W + at.lnf_w, W + at.lnf_b, BT, C, stream_);
   matmul_forward(*blas_, s.logits.get(), s.lnf.get(), W + at.wte, static_cast<const A*>(nullptr),
