@@ -37,6 +37,15 @@ class CudaStageBackend final : public StageBackend {
     if (!range.has_embedding)
       for (int s = 0; s < slots; ++s) grad_out_.emplace_back(bt_c_);
     if (!range.has_head) grad_in_ = cuda::DeviceBuffer<A>(bt_c_);
+    // AdamW's work list, once: only logical elements (wte's padded rows stay
+    // zero), decay by tensor as on the host.
+    std::vector<cuda::AdamWChunk> chunks;
+    for (const auto& spec : stage_.table().specs())
+      cuda::append_adamw_chunks(chunks, spec.offset, spec.numel(),
+                                spec.decay ? adam_.weight_decay : 0.0);
+    chunks_ = cuda::DeviceBuffer<cuda::AdamWChunk>(chunks.size());
+    CUDA_CHECK(cudaMemcpy(chunks_.get(), chunks.data(), sizeof(cuda::AdamWChunk) * chunks.size(),
+                          cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
 
@@ -83,16 +92,10 @@ class CudaStageBackend final : public StageBackend {
     return out;
   }
   void adamw_step(double lr, int64_t step, double grad_scale) override {
-    // One launch per tensor, as on the host: decay differs by tensor, and
-    // only logical elements are touched (wte's padded rows stay zero).
     A* copy = std::is_same_v<A, float> ? nullptr : stage_.weights();
-    for (const auto& spec : table().specs()) {
-      const AdamWParams p{lr,   adam_.beta1, adam_.beta2, adam_.eps,
-                          spec.decay ? adam_.weight_decay : 0.0, step, grad_scale};
-      const int64_t o = spec.offset;
-      cuda::adamw_update(stage_.params() + o, stage_.grads() + o, m_.get() + o, v_.get() + o,
-                         spec.numel(), p, copy ? copy + o : copy, stream());
-    }
+    const AdamWParams p{lr, adam_.beta1, adam_.beta2, adam_.eps, 0.0, step, grad_scale};
+    cuda::adamw_update_chunks(stage_.params(), stage_.grads(), m_.get(), v_.get(), chunks_.get(),
+                              static_cast<int64_t>(chunks_.size()), p, copy, stream());
   }
 
   StageState host_state() override {
@@ -128,6 +131,7 @@ class CudaStageBackend final : public StageBackend {
   cuda::DeviceBuffer<double> scalar_, scratch_;
   std::vector<cuda::DeviceBuffer<A>> grad_out_;
   cuda::DeviceBuffer<A> grad_in_;
+  cuda::DeviceBuffer<cuda::AdamWChunk> chunks_;
   std::vector<float> host_params_, host_m_, host_v_;
   std::string description_;
 };
