@@ -92,6 +92,16 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -E "Test +#|tests passed|Error|error" "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
 fi
 
+# With two or more GPUs, NCCL's point-to-point paths too (ctest runs the
+# communicator test on one rank; ranks sharing one GPU cannot use NCCL).
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${TESTS:-1}" = 1 ] && [ "${ngpu:-0}" -ge 2 ]; then
+  mpirun -np "$ngpu" "$BUILD/tests/mpiformer_gpu_nccl_test" >"$OUT/nccl-$ngpu.log" 2>&1
+  rc=$?
+  log "NCCL communicator on $ngpu GPUs: $([ $rc = 0 ] && echo passed || echo "FAILED ($rc)")"
+  [ $rc = 0 ] || tests_rc=1
+fi
+
 # The CPU emulation (tests/emulation) runs threads in a fixed order, so it
 # cannot see data races: compute-sanitizer's racecheck (shared memory) and
 # memcheck (out-of-bounds, misaligned) look where the kernels really run.

@@ -39,18 +39,36 @@ int main(int argc, char** argv) {
         rc = 1;
         break;
       }
-    if (n > 1) {  // ring: send to the next rank, receive from the previous
-      cuda::DeviceBuffer<float> out(256), in(256);
-      std::vector<float> v(256, static_cast<float>(r));
-      cuda::copy_to_device(out.get(), v.data(), 1024);
-      auto sent = comm.start_send(out.get(), 256, (r + 1) % n, 0);
-      comm.recv(in.get(), 256, (r + n - 1) % n, 0);
-      sent->wait();
-      cuda::copy_to_host(v.data(), in.get(), 1024);
-      if (v[0] != static_cast<float>((r + n - 1) % n)) rc = 1;
+    if (n > 1) {
+      // A pipeline's two directions, each on its own communicator as the
+      // trainer uses them: a value travels 0 -> n-1 on one, every rank adding
+      // its rank, and back on the other, every rank adding 100 x its rank.
+      NcclCommunicator down(group), up(group);
+      cuda::DeviceBuffer<float> buf(256);
+      std::vector<float> v(256, 0.f);
+      auto add = [&](float x) {  // through the host: exact, and ordered by the copies
+        cuda::copy_to_host(v.data(), buf.get(), 1024);
+        for (auto& e : v) e += x;
+        cuda::copy_to_device(buf.get(), v.data(), 1024);
+      };
+      if (r == 0) cuda::copy_to_device(buf.get(), v.data(), 1024);
+      if (r > 0) down.recv(buf.get(), 256, r - 1, 0);
+      add(static_cast<float>(r));
+      if (r < n - 1) down.start_send(buf.get(), 256, r + 1, 0)->wait();
+      if (r < n - 1) up.recv(buf.get(), 256, r + 1, 1);
+      if (r > 0) add(100.f * static_cast<float>(r));
+      if (r > 0) up.start_send(buf.get(), 256, r - 1, 1)->wait();
+      if (r == 0) {
+        cuda::copy_to_host(v.data(), buf.get(), 1024);
+        const float want = 101.f * static_cast<float>(n * (n - 1) / 2);
+        if (v[0] != want || v[255] != want) {
+          std::printf("FAIL: pipeline round trip gave %g, want %g\n", v[0], want);
+          rc = 1;
+        }
+      }
     }
     if (r == 0) std::printf("%s: NCCL all-reduce%s on %d rank(s)\n", rc ? "FAILED" : "passed",
-                            n > 1 ? " and ring send/recv" : "", n);
+                            n > 1 ? " and a pipeline round trip" : "", n);
   }
   MPI_Finalize();
   return rc;
