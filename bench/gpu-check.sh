@@ -12,6 +12,9 @@
 #   MODELS="gpt2-124m:16 gpt2-350m:16" (deck:micro_batch)  SEQ=1024
 #   PRECISION=bf16  DEVICE=cuda   (DEVICE=cpu PRECISION=fp32 SEQ=64 MODELS=gpt2-124m:1
 #   STEPS=2 TESTS=0 rehearses the benchmark's plumbing on a machine without a GPU)
+#   DEADLINE=540: seconds for the whole check (a lent GPU machine allows 600
+#   per command); each phase gets a timeout, and phases that would start
+#   too late are skipped and said so, so a hang cannot eat the benchmark.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -28,6 +31,15 @@ OUT=$(cd "$OUT" && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+DEADLINE=${DEADLINE:-540}
+# left: seconds before the deadline; phase NEED NAME: false (and logged)
+# when NAME cannot have NEED seconds.
+left() { echo $((DEADLINE - SECONDS)); }
+phase() {
+  [ "$(left)" -ge "$1" ] && return 0
+  log "$2: skipped, $(left) s left of DEADLINE=$DEADLINE"
+  return 1
+}
 
 bundle=$ROOT/.bundle/mpiformer-gpu.tar.xz
 if [ "$FROM" = bundle ] || { [ "$FROM" = auto ] && [ ! -x build/cuda/app/mpiformer ] && [ -f "$bundle" ]; }; then
@@ -85,9 +97,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 probe=$?
 
 tests_rc=0
-if [ "${TESTS:-1}" = 1 ]; then
+if [ "${TESTS:-1}" = 1 ] && phase 120 "tests"; then
   log "tests: ctest -L gpu"
-  ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 900 >"$OUT/gpu-tests.log" 2>&1
+  # The benchmark keeps at least a third of the time.
+  timeout $(($(left) * 2 / 3)) ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 240 \
+    >"$OUT/gpu-tests.log" 2>&1
   tests_rc=$?
   grep -E "Test +#|tests passed|Error|error" "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
 fi
@@ -95,8 +109,8 @@ fi
 # With two or more GPUs, NCCL's point-to-point paths too (ctest runs the
 # communicator test on one rank; ranks sharing one GPU cannot use NCCL).
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if [ "${TESTS:-1}" = 1 ] && [ "${ngpu:-0}" -ge 2 ]; then
-  mpirun -np "$ngpu" "$BUILD/tests/mpiformer_gpu_nccl_test" >"$OUT/nccl-$ngpu.log" 2>&1
+if [ "${TESTS:-1}" = 1 ] && [ "${ngpu:-0}" -ge 2 ] && phase 60 "NCCL on $ngpu GPUs"; then
+  timeout 60 mpirun -np "$ngpu" "$BUILD/tests/mpiformer_gpu_nccl_test" >"$OUT/nccl-$ngpu.log" 2>&1
   rc=$?
   log "NCCL communicator on $ngpu GPUs: $([ $rc = 0 ] && echo passed || echo "FAILED ($rc)")"
   [ $rc = 0 ] || tests_rc=1
@@ -108,7 +122,8 @@ fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ "${TESTS:-1}" = 1 ] && [ "$probe" = 0 ] && [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
-    "$sanitizer" --tool "$tool" --error-exitcode 9 "$BUILD/tests/mpiformer_gpu_kernels_test" \
+    phase 150 "compute-sanitizer $tool" || continue
+    timeout 90 "$sanitizer" --tool "$tool" --error-exitcode 9 "$BUILD/tests/mpiformer_gpu_kernels_test" \
       >"$OUT/sanitizer-$tool.log" 2>&1
     rc=$?
     log "compute-sanitizer $tool on gpu.kernels: $([ $rc = 0 ] && echo clean || echo "FAILED ($rc)")"
@@ -127,8 +142,9 @@ if [ "${BENCH:-1}" = 1 ] && { [ "$probe" = 0 ] || [ "$DEVICE" = cpu ]; }; then
   for spec in $MODELS; do
     model=${spec%%:*} mb=${spec##*:}
     dir=$W/$model
+    phase 60 "bench $model" || { bench_rc=1; continue; }
     log "bench: $model $DEVICE $PRECISION seq $SEQ micro_batch $mb, $STEPS steps"
-    (cd "$W" && mpirun -np 1 "$MPIFORMER" train "$ROOT/inputs/$model.toml" \
+    (cd "$W" && timeout $(($(left) - 20)) mpirun -np 1 "$MPIFORMER" train "$ROOT/inputs/$model.toml" \
       --set run.device="$DEVICE" --set train.precision="$PRECISION" --set model.seq_len="$SEQ" \
       --set train.micro_batch="$mb" --set train.global_batch="$mb" --set train.steps="$STEPS" \
       --set train.warmup_steps=2 --set train.log_every=5 --set train.eval_every=0 \
