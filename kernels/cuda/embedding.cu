@@ -8,15 +8,17 @@
 namespace mpiformer::cuda {
 
 void TokenGroups::build(const int32_t* tok, int64_t n) {
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  // Stable: positions of one token stay in increasing order, which fixes
-  // the order of the backward's sum.
-  std::stable_sort(order.begin(), order.end(),
-                   [tok](int32_t a, int32_t b) { return tok[a] < tok[b]; });
+  // Called once per micro-batch: the vectors keep their capacity, and
+  // std::sort on (token, position) (a total order, so the result is fixed
+  // and positions of one token stay increasing) needs no scratch memory,
+  // unlike stable_sort.
+  positions.resize(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), 0);
+  std::sort(positions.begin(), positions.end(), [tok](int32_t a, int32_t b) {
+    return tok[a] != tok[b] ? tok[a] < tok[b] : a < b;
+  });
   tokens.clear();
   starts.clear();
-  positions = std::move(order);
   for (int64_t i = 0; i < n; ++i) {
     if (i == 0 || tok[positions[i]] != tok[positions[i - 1]]) {
       tokens.push_back(tok[positions[i]]);
