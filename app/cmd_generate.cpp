@@ -51,7 +51,8 @@ int run_generate(const GenerateArgs& args, int rank) {
   }
   const auto tok = make_tokenizer(
       m.tokenizer, args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir);
-  GptStage<float> stage(cfg, partition_stage(cfg, 0, 1), 1, 1);
+  host::Context ctx;
+  HostGptStage<float> stage(ctx, cfg, partition_stage(cfg, 0, 1), 1, 1);
   restore_stage(reader, cfg, stage.table(), StageState{stage.params(), nullptr, nullptr});
 
   std::vector<uint32_t> ids = tok->encode(args.prompt);
@@ -72,7 +73,7 @@ int run_generate(const GenerateArgs& args, int rank) {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), T);
     std::fill(window.begin(), window.end(), 0);
     std::copy(ids.end() - n, ids.end(), window.begin());
-    stage.forward(0, window.data(), nullptr, targets.data(), false, 0.0f);
+    stage.forward(0, window.data(), targets.data(), false, 0.0f);
     const int64_t next = sample(stage.logits(0) + (n - 1) * Vp, cfg.vocab_size, args.temperature,
                                 args.top_k, rng);
     ids.push_back(static_cast<uint32_t>(next));

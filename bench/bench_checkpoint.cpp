@@ -5,6 +5,7 @@
 // Prints one line: ranks, bytes, save s, save MB/s, load s, load MB/s.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -12,7 +13,7 @@
 
 #include "checkpoint.hpp"
 #include "deck.hpp"
-#include "train/adamw_optimizer.hpp"
+#include "train/stage_backend.hpp"
 #include "train/checkpointing.hpp"
 
 int main(int argc, char** argv) {
@@ -29,12 +30,11 @@ int main(int argc, char** argv) {
     const std::string dir = argv[2];
     GptConfig cfg = deck.model;
     ProcessGrid grid(world, 1);
-    GptStage<float> stage(cfg, partition_stage(cfg, 0, 1), 1, 1);
-    stage.init_parameters(1);
-    AdamWOptimizer<float> opt(stage.table(), AdamWSettings{});
-    std::fill(opt.m().begin(), opt.m().end(), 0.5f);
-    std::fill(opt.v().begin(), opt.v().end(), 0.25f);
-    const StageState st{stage.params(), opt.m().data(), opt.v().data()};
+    const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), 1, 1, AdamWSettings{});
+    stage->init_parameters(1);
+    const StageState st = stage->host_state();
+    std::fill_n(st.adam_m, stage->param_storage(), 0.5f);
+    std::fill_n(st.adam_v, stage->param_storage(), 0.25f);
     CheckpointMeta meta;
     set_model_config(meta, cfg);
     meta.world_size = world;
@@ -44,14 +44,14 @@ int main(int argc, char** argv) {
 
     MPI_Barrier(MPI_COMM_WORLD);
     auto t0 = Clock::now();
-    write_checkpoint(MPI_COMM_WORLD, path, meta, checkpoint_slices(cfg, stage.table(), st, grid));
+    write_checkpoint(MPI_COMM_WORLD, path, meta, checkpoint_slices(cfg, stage->table(), st, grid));
     MPI_Barrier(MPI_COMM_WORLD);
     const double save = std::chrono::duration<double>(Clock::now() - t0).count();
 
     t0 = Clock::now();
     {
       CheckpointReader reader(path);
-      restore_stage(reader, cfg, stage.table(), st);
+      restore_stage(reader, cfg, stage->table(), st);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     const double load = std::chrono::duration<double>(Clock::now() - t0).count();

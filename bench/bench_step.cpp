@@ -16,11 +16,9 @@
 
 #include "core/rng.hpp"
 #include "deck.hpp"
-#include "host/adamw.hpp"
 #include "host/gemm.hpp"
-#include "model/gpt_stage.hpp"
-#include "train/adamw_optimizer.hpp"
 #include "train/model_flops.hpp"
+#include "train/stage_backend.hpp"
 
 namespace {
 
@@ -69,9 +67,10 @@ int main(int argc, char** argv) {
     if (deck.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck.run.blas_threads));
     const int64_t B = deck.train.micro_batch, T = cfg.seq_len;
 
-    GptStage<float> stage(cfg, partition_stage(cfg, 0, 1), B, 1);
-    stage.init_parameters(1);
-    AdamWOptimizer<float> opt(stage.table(), AdamWSettings{0.9, 0.95, 1e-8, 0.1});
+    // The trainer's own stage and optimizer on the host.
+    const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), B, 1,
+                                         AdamWSettings{0.9, 0.95, 1e-8, 0.1});
+    stage->init_parameters(1);
     std::vector<int32_t> tokens(B * (T + 1));
     Rng rng(7, "bench");
     for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.vocab_size)));
@@ -81,15 +80,16 @@ int main(int argc, char** argv) {
       std::copy_n(tokens.begin() + b * (T + 1) + 1, T, targets.begin() + b * T);
     }
     auto step = [&](int64_t n) {
-      stage.zero_grads();
-      stage.forward(0, inputs.data(), nullptr, targets.data(), true, 1.0f / (B * T));
-      stage.backward(0, inputs.data(), nullptr);
-      const double norm = std::sqrt(host::sum_of_squares(stage.grads(), stage.param_storage()));
-      opt.update(stage.params(), stage.grads(), 1e-4, n, norm > 1 ? 1 / norm : 1);
+      stage->zero_grads();
+      stage->forward(0, inputs.data(), targets.data(), true, 1.0f / (B * T));
+      stage->backward(0, nullptr);
+      stage->take_loss_sum();
+      const double norm = std::sqrt(stage->grad_sum_of_squares(0, stage->param_storage()));
+      stage->adamw_step(1e-4, n, norm > 1 ? 1 / norm : 1);
     };
     step(1);  // warm-up: page faults, BLAS buffers
 
-    const double peak = measure_sgemm_peak();
+    const double peak = stage->measure_peak_flops();
     Kokkos::Tools::Experimental::set_begin_parallel_for_callback(on_begin);
     Kokkos::Tools::Experimental::set_end_parallel_for_callback(on_end);
     Kokkos::Tools::Experimental::set_begin_parallel_reduce_callback(on_begin);

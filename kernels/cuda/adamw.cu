@@ -44,7 +44,7 @@ __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restri
                                     const AdamWChunk* chunks, AdamWConstants k, A* copy) {
   const AdamWChunk c = chunks[blockIdx.x];
   for (int32_t j = threadIdx.x; j < c.length; j += blockDim.x)
-    adamw_element(p, g, m, v, c.offset + j, k, c.weight_decay, copy);
+    adamw_element(p, g, m, v, c.offset + j, k, c.decay ? k.wd : 0.f, copy);
 }
 
 AdamWConstants constants(const AdamWParams& p) {
@@ -71,14 +71,6 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   adamw_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(params, grads, m, v, n, constants(p),
                                                        copy);
   CUDA_CHECK_LAUNCH();
-}
-
-void append_adamw_chunks(std::vector<AdamWChunk>& chunks, int64_t offset, int64_t n,
-                         double weight_decay) {
-  for (int64_t o = 0; o < n; o += kAdamWChunkElements) {
-    const auto len = static_cast<int32_t>(std::min<int64_t>(kAdamWChunkElements, n - o));
-    chunks.push_back(AdamWChunk{offset + o, len, static_cast<float>(weight_decay)});
-  }
 }
 
 template <class A>

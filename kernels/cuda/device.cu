@@ -25,6 +25,16 @@ void device_free(void* p) noexcept {
   if (p != nullptr) cudaFree(p);
 }
 
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+
+void pinned_free(void* p) noexcept {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }

@@ -12,6 +12,8 @@ int device_count(std::string* why = nullptr);
 
 void* device_alloc(size_t bytes);
 void device_free(void* p) noexcept;
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p) noexcept;
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_device_to_device(void* dst, const void* src, size_t bytes);

@@ -1,12 +1,13 @@
 #include "cuda/column_sums.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/layernorm.hpp"
+#include "common/op_constants.hpp"
 
 namespace mpiformer::cuda {
 
 namespace {
 
-constexpr float kEps = 1e-5f;
+constexpr float kEps = static_cast<float>(kLayerNormEps);
 constexpr int kRowsPerBlock = 8;  // one warp per row
 
 template <class A>

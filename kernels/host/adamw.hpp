@@ -1,17 +1,16 @@
 // AdamW (decoupled weight decay, Loshchilov & Hutter) in one pass over a
-// contiguous parameter range, and the squared norm used for global clipping.
-// Weight decay is applied by range: the caller passes 0 for biases and
-// LayerNorm parameters.
+// contiguous range or over a stage's chunk list, and the squared norm used
+// for global clipping. Weight decay is applied by chunk: biases and
+// LayerNorm parameters are not decayed.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-#include "adamw_params.hpp"
+#include "common/adamw_params.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
-
 
 namespace detail {
 // One contiguous chunk; restrict lets the compiler vectorise (the four
@@ -31,21 +30,48 @@ void adamw_chunk(T* __restrict p, const T* __restrict g, T* __restrict m, T* __r
   }
 }
 constexpr int64_t kChunk = 4096;
+
+// The update's per-element constants, in the parameters' type.
+template <class T>
+struct AdamWConstants {
+  T b1, b2, inv_c1, inv_sqrt_c2, lr, eps, wd, gs;
+  explicit AdamWConstants(const AdamWParams& p)
+      : b1(static_cast<T>(p.beta1)),
+        b2(static_cast<T>(p.beta2)),
+        inv_c1(static_cast<T>(1.0 / (1.0 - std::pow(p.beta1, static_cast<double>(p.step))))),
+        inv_sqrt_c2(static_cast<T>(
+            1.0 / std::sqrt(1.0 - std::pow(p.beta2, static_cast<double>(p.step))))),
+        lr(static_cast<T>(p.lr)),
+        eps(static_cast<T>(p.eps)),
+        wd(static_cast<T>(p.weight_decay)),
+        gs(static_cast<T>(p.grad_scale)) {}
+  void apply(T* p, const T* g, T* m, T* v, int64_t n, T decay) const {
+    adamw_chunk(p, g, m, v, n, b1, b2, inv_c1, inv_sqrt_c2, lr, eps, decay, gs);
+  }
+};
 }  // namespace detail
 
+// One contiguous range, every element decayed by p.weight_decay.
 template <class T>
 void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWParams& p) {
-  const T b1 = static_cast<T>(p.beta1), b2 = static_cast<T>(p.beta2);
-  const double c1 = 1.0 - std::pow(p.beta1, static_cast<double>(p.step));
-  const double c2 = 1.0 - std::pow(p.beta2, static_cast<double>(p.step));
-  const T inv_c1 = static_cast<T>(1.0 / c1), inv_sqrt_c2 = static_cast<T>(1.0 / std::sqrt(c2));
-  const T lr = static_cast<T>(p.lr), eps = static_cast<T>(p.eps);
-  const T wd = static_cast<T>(p.weight_decay), gs = static_cast<T>(p.grad_scale);
+  const detail::AdamWConstants<T> k(p);
   const int64_t chunks = (n + detail::kChunk - 1) / detail::kChunk;
-  parallel_for("adamw_update", chunks, [=](const int64_t k) {
-    const int64_t i0 = k * detail::kChunk, len = std::min(detail::kChunk, n - i0);
-    detail::adamw_chunk(params + i0, grads + i0, m + i0, v + i0, len, b1, b2, inv_c1, inv_sqrt_c2, lr,
-                        eps, wd, gs);
+  parallel_for("adamw_update", chunks, [=](const int64_t c) {
+    const int64_t i0 = c * detail::kChunk, len = std::min(detail::kChunk, n - i0);
+    k.apply(params + i0, grads + i0, m + i0, v + i0, len, k.wd);
+  });
+}
+
+// A whole stage from its optimizer description (the same chunk list the GPU
+// kernel consumes); p.weight_decay applies to the chunks flagged `decay`.
+template <class T>
+void adamw_update_chunks(T* params, const T* grads, T* m, T* v, const AdamWChunk* chunks,
+                         int64_t count, const AdamWParams& p) {
+  const detail::AdamWConstants<T> k(p);
+  parallel_for("adamw_update", count, [=](const int64_t c) {
+    const AdamWChunk ch = chunks[c];
+    const int64_t o = ch.offset;
+    k.apply(params + o, grads + o, m + o, v + o, ch.length, ch.decay ? k.wd : T(0));
   });
 }
 

@@ -2,7 +2,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
+#include <random>
+#include <vector>
 
 namespace mpiformer::host {
 
@@ -42,6 +45,25 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
   cblas_dgemm(CblasRowMajor, op(ta), op(tb), static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
               beta, c, static_cast<int>(ldc));
+}
+
+double measure_gemm_peak(int64_t n, int repeats) {
+  // Random operands: some processors run measurably faster on constant or
+  // zero data, which would inflate the peak and understate MFU.
+  std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size(), 0.0f);
+  std::mt19937 gen(12345);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto* v : {&a, &b})
+    for (float& x : *v) x = u(gen);
+  gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
 }
 
 void set_blas_threads(int n) {

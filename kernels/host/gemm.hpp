@@ -18,6 +18,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 double gemm_seconds();
 void reset_gemm_seconds();
 
+// FLOP/s of a large square sgemm on this thread with the current BLAS
+// threads, on random data: the practical fp32 peak MFU is measured
+// against (the best of `repeats` after a warm-up).
+double measure_gemm_peak(int64_t n = 2048, int repeats = 3);
+
 // Threads the BLAS library may use (no-op where the BLAS has no such control).
 void set_blas_threads(int n);
 int blas_threads();

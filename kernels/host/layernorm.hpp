@@ -5,11 +5,10 @@
 #include <cstdint>
 
 #include "column_sums.hpp"
+#include "common/op_constants.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
-
-constexpr double kLayerNormEps = 1e-5;
 
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,

@@ -1,102 +1,140 @@
-// Forward and backward of one pipeline stage of GPT-2: an optional embedding,
-// a range of transformer blocks, and optionally the final LayerNorm, the tied
-// LM head and the loss. The stage does not know who sends it activations or
-// receives its gradients: the trainer moves them.
+// One pipeline stage of GPT-2: an optional embedding, a range of transformer
+// blocks, and optionally the final LayerNorm, the tied LM head and the loss.
+// Written once for every device: `Ops` is a device's op set (host/ops.hpp,
+// cuda/ops.hpp), which supplies the buffers, the context (stream, BLAS
+// handle, scratch) and one function per op. The stage does not know who
+// sends it activations or receives its gradients: the trainer moves them.
 //
 // Buffers are planned once at construction for a fixed micro-batch shape
-// [B, T]; nothing is allocated during forward or backward. Activations live in
-// `slots`, one per micro-batch that may be in flight at once (1 without
+// [B, T]; nothing is allocated during forward or backward. Activations live
+// in `slots`, one per micro-batch that may be in flight at once (1 without
 // pipelining); backward scratch is shared by all slots.
+//
+// Types: Act for activations and the weights the matmuls read; Acc for the
+// master weights, gradients, LayerNorm statistics and losses. They are the
+// same type except in mixed precision on a GPU (bf16 / float), where the
+// stage keeps an Act copy of the weights, refreshed by AdamW.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
+#include "host/ops.hpp"
 #include "model/gpt_config.hpp"
 #include "model/parameter_table.hpp"
 #include "model/stage_layout.hpp"
 
 namespace mpiformer {
 
-template <class T>
+// Called during backward each time every gradient at offsets >= `offset`
+// has received the micro-batch's contribution (after the head, after each
+// block, and with 0 at the end), so a caller can start reducing them while
+// the rest of the backward runs.
+using GradsFinal = std::function<void(int64_t offset)>;
+
+template <class Ops>
 class GptStage {
  public:
-  GptStage(const GptConfig& cfg, const StageRange& range, int64_t micro_batch, int num_slots);
+  using Act = typename Ops::Act;
+  using Acc = typename Ops::Acc;
+  using Context = typename Ops::Context;
+  template <class U>
+  using Buffer = typename Ops::template Buffer<U>;
 
+  // `ctx` must outlive the stage.
+  GptStage(Context& ctx, const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
+           int num_slots);
+  GptStage(const GptStage&) = delete;
+  GptStage& operator=(const GptStage&) = delete;
+
+  Context& context() { return ctx_; }
   const GptConfig& config() const { return cfg_; }
   const StageRange& range() const { return range_; }
   const ParameterTable& table() const { return table_; }
   int num_slots() const { return static_cast<int>(slots_.size()); }
-
-  T* params() { return params_.data(); }
-  const T* params() const { return params_.data(); }
-  T* grads() { return grads_.data(); }
-  const T* grads() const { return grads_.data(); }
   int64_t param_storage() const { return table_.total_storage(); }
+  // Elements of one [B,T,C] activation.
+  int64_t activation_size() const { return B_ * T_ * cfg_.n_embd; }
+
+  // Master weights and gradients (flat, table order, device memory).
+  Acc* params() { return params_.get(); }
+  Acc* grads() { return grads_.get(); }
+  // The weights the matmuls read: params() itself, or its Act copy.
+  // refresh_weights() re-derives the copy after params() changed outside
+  // the optimizer (initialisation, restore).
+  Act* weights() { return weights_; }
+  void refresh_weights();
 
   // GPT-2 initialisation; each tensor's values depend only on (seed, name),
-  // so every layout initialises the same model.
+  // so every layout and device initialises the same model.
   void init_parameters(uint64_t seed);
   void zero_grads();
 
-  // Where a non-first stage's input activation for `slot` lives [B,T,C]:
-  // receive into it and pass it to forward() to avoid a copy.
-  T* input_buffer(int slot) { return slots_[slot].residual[0].data(); }
-
-  // Forward of one micro-batch into `slot`. The first stage embeds `tokens`
-  // [B,T]; any other stage reads `input` [B,T,C]. The last stage computes the
-  // per-token losses against `targets` [B,T] and returns their sum (0 on
-  // other stages). With `for_backward`, the last stage also leaves
-  // dloss/dlogits (scaled by grad_scale) ready for backward().
-  double forward(int slot, const int32_t* tokens, const T* input, const int32_t* targets,
-                 bool for_backward, T grad_scale);
+  // Where a non-first stage's input [B,T,C] for `slot` must be written
+  // before forward().
+  Act* input_buffer(int slot) { return slots_[slot].residual[0].get(); }
+  // Forward of one micro-batch into `slot`. tokens and targets [B,T] are
+  // host memory: the first stage embeds `tokens`, the last computes the
+  // per-token losses against `targets` and adds their sum to the loss sum.
+  // With `for_backward`, the last stage also leaves dloss/dlogits (scaled by
+  // grad_scale) ready for backward().
+  void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
+               Acc grad_scale);
   // The residual stream leaving this stage [B,T,C] (non-last stages).
-  const T* output(int slot) const;
+  const Act* output(int slot) const { return slots_[slot].residual.back().get(); }
 
+  // Where a non-last stage's output gradient [B,T,C] must be written before
+  // backward().
+  Act* output_grad_buffer() { return grad_in_.get(); }
   // Backward of the micro-batch in `slot`; parameter gradients accumulate.
-  // The last stage starts from its loss; others read `dout` [B,T,C].
-  // `tokens` is needed by the first stage's embedding backward.
-  // Backward runs from the end of the parameter buffer to its start; when
-  // given, `grads_final(offset)` is called each time every gradient at
-  // offsets >= offset has received this micro-batch's contribution (after
-  // the head, after each layer, and with 0 at the end), so a caller can
-  // start reducing them while the rest of the backward runs.
-  using GradsFinal = std::function<void(int64_t offset)>;
-  void backward(int slot, const int32_t* tokens, const T* dout,
-                const GradsFinal& grads_final = nullptr);
-  // Gradient with respect to this stage's input [B,T,C] (non-first stages).
-  const T* input_grad() const { return dres_.data(); }
+  // Backward runs from the end of the parameter buffer to its start.
+  void backward(int slot, const GradsFinal& grads_final = nullptr);
+  // Gradient with respect to this stage's input [B,T,C] (non-first
+  // stages), valid until the next backward.
+  const Act* input_grad() const { return dres_.get(); }
 
+  // Sum of the per-token losses of every forward since the last call
+  // (waits for the device).
+  double take_loss_sum();
   // Logits [B*T, padded_vocab] of the last forward into `slot` made without
-  // for_backward (with it, the buffer holds their gradient instead).
-  const T* logits(int slot) const { return slots_[slot].logits.data(); }
-
-  // Per-token losses of the last forward into `slot` [B*T].
-  const T* losses(int slot) const { return slots_[slot].losses.data(); }
+  // for_backward (with it, their gradient), and its per-token losses [B*T].
+  const Act* logits(int slot) const { return slots_[slot].logits.get(); }
+  const Acc* losses(int slot) const { return slots_[slot].losses.get(); }
 
  private:
   struct LayerActs {
-    std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu;
+    Buffer<Act> ln1, qkv, atty, att, res2, ln2, fch, fch_gelu;
+    Buffer<Acc> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
   };
   struct Slot {
-    std::vector<std::vector<T>> residual;  // [layers + 1][B*T*C]
+    std::vector<Buffer<Act>> residual;  // [layers + 1][B*T*C]
     std::vector<LayerActs> layers;
-    std::vector<T> lnf, lnf_mean, lnf_rstd, logits, losses;
+    Buffer<Act> lnf, logits;
+    Buffer<Acc> lnf_mean, lnf_rstd, losses;
+    typename Ops::Tokens tokens, targets;
   };
+  void forward_block(Slot& s, int64_t i);
+  void backward_block(Slot& s, int64_t i);
+
+  Context& ctx_;
   GptConfig cfg_;
   StageRange range_;
   ParameterTable table_;
   int64_t B_, T_;
   StageLayout at_;
-  std::vector<T> params_, grads_;
+  Buffer<Acc> params_, grads_;
+  Buffer<Act> weight_copy_;  // mixed precision only
+  Act* weights_ = nullptr;
   std::vector<Slot> slots_;
-  // Backward scratch, shared by all slots.
-  std::vector<T> dres_, dln_, datty_, dqkv_, d4_, datt_;
+  // Backward scratch, shared by all slots, and the output gradient's inbox.
+  Buffer<Act> dres_, dln_, datty_, dqkv_, d4_, datt_, grad_in_;
+  Buffer<double> loss_sum_;
 };
 
-extern template class GptStage<float>;
-extern template class GptStage<double>;
+template <class T>
+using HostGptStage = GptStage<host::Ops<T>>;
+extern template class GptStage<host::Ops<float>>;
+extern template class GptStage<host::Ops<double>>;
 
 }  // namespace mpiformer

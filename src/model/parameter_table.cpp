@@ -1,5 +1,7 @@
 #include "model/parameter_table.hpp"
 
+#include "model/stage_layout.hpp"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -21,15 +23,53 @@ int64_t ParameterSpec::numel() const {
   return n;
 }
 
-void ParameterTable::add(std::string name, std::vector<int64_t> shape, bool decay, double std,
-                         double value, int64_t storage) {
+const TensorSchema& ParameterSpec::schema() const {
+  return layer >= 0 ? kBlockSchema[tensor] : kOuterSchema[tensor];
+}
+
+namespace {
+
+int64_t resolve(const Extent& e, const GptConfig& cfg) {
+  switch (e.size) {
+    case Extent::kEmbd:
+      return e.times * cfg.n_embd;
+    case Extent::kVocab:
+      return e.times * cfg.vocab_size;
+    case Extent::kSeqLen:
+      return e.times * cfg.seq_len;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void ParameterTable::add(const GptConfig& cfg, const TensorSchema& schema, std::string name,
+                         int64_t layer, int tensor) {
   ParameterSpec s;
   s.name = std::move(name);
-  s.shape = std::move(shape);
-  s.decay = decay;
-  s.init_std = std;
-  s.init_value = value;
-  s.storage = storage < 0 ? s.numel() : storage;
+  s.shape = {resolve(schema.rows, cfg)};
+  if (schema.cols.times > 0) s.shape.push_back(resolve(schema.cols, cfg));
+  s.decay = schema.decay;
+  constexpr double kStd = 0.02;
+  switch (schema.init) {
+    case Init::kNormal:
+      s.init_std = kStd;
+      break;
+    case Init::kResidualNormal:
+      s.init_std = kStd / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
+      break;
+    case Init::kOne:
+      s.init_value = 1.0;
+      break;
+    case Init::kZero:
+      break;
+  }
+  s.layer = layer;
+  s.tensor = tensor;
+  // The vocabulary is padded in storage (GptConfig::padded_vocab); the padded
+  // rows stay zero for ever.
+  s.storage = schema.rows.size == Extent::kVocab ? s.numel() / cfg.vocab_size * cfg.padded_vocab()
+                                                 : s.numel();
   // Keep every tensor 16-element aligned so vector loads never straddle two.
   s.offset = total_;
   total_ += (s.storage + 15) / 16 * 16;
@@ -37,34 +77,21 @@ void ParameterTable::add(std::string name, std::vector<int64_t> shape, bool deca
 }
 
 ParameterTable::ParameterTable(const GptConfig& cfg, const StageRange& range) {
-  const int64_t C = cfg.n_embd;
-  const double std = 0.02;
-  // GPT-2 scales the projections that write into the residual stream by
-  // 1/sqrt(2 * n_layer) so the stream's variance does not grow with depth.
-  const double proj_std = std / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
-  if (range.has_embedding || range.has_head) {
-    // The tied embedding / LM head; padded rows stay zero for ever.
-    add("wte", {cfg.vocab_size, C}, true, std, 0.0, cfg.padded_vocab() * C);
+  // Buffer order: the first stage's tensors (the tied wte also on the last
+  // stage, where it is the LM head), the blocks, the last stage's tensors.
+  for (int k = 0; k < outer::kCount; ++k) {
+    const TensorSchema& t = kOuterSchema[k];
+    if (t.placement == Placement::kFirstStage &&
+        (range.has_embedding || (k == outer::wte && range.has_head)))
+      add(cfg, t, t.name, -1, k);
   }
-  if (range.has_embedding) add("wpe", {cfg.seq_len, C}, true, std, 0.0);
   for (int64_t l = range.first_layer; l < range.last_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {C}, false, 0.0, 1.0);
-    add(h + "ln_1.bias", {C}, false, 0.0, 0.0);
-    add(h + "attn.c_attn.weight", {3 * C, C}, true, std, 0.0);
-    add(h + "attn.c_attn.bias", {3 * C}, false, 0.0, 0.0);
-    add(h + "attn.c_proj.weight", {C, C}, true, proj_std, 0.0);
-    add(h + "attn.c_proj.bias", {C}, false, 0.0, 0.0);
-    add(h + "ln_2.weight", {C}, false, 0.0, 1.0);
-    add(h + "ln_2.bias", {C}, false, 0.0, 0.0);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, true, std, 0.0);
-    add(h + "mlp.c_fc.bias", {4 * C}, false, 0.0, 0.0);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, true, proj_std, 0.0);
-    add(h + "mlp.c_proj.bias", {C}, false, 0.0, 0.0);
+    for (int k = 0; k < block::kCount; ++k) add(cfg, kBlockSchema[k], h + kBlockSchema[k].name, l, k);
   }
-  if (range.has_head) {
-    add("ln_f.weight", {C}, false, 0.0, 1.0);
-    add("ln_f.bias", {C}, false, 0.0, 0.0);
+  for (int k = 0; k < outer::kCount; ++k) {
+    const TensorSchema& t = kOuterSchema[k];
+    if (t.placement == Placement::kLastStage && range.has_head) add(cfg, t, t.name, -1, k);
   }
 }
 
@@ -78,6 +105,35 @@ int64_t ParameterTable::total_numel() const {
   int64_t n = 0;
   for (const auto& s : specs_) n += s.numel();
   return n;
+}
+
+std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table) {
+  std::vector<AdamWChunk> chunks;
+  for (const auto& s : table.specs()) append_adamw_chunks(chunks, s.offset, s.numel(), s.decay);
+  return chunks;
+}
+
+StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
+    : layers(static_cast<size_t>(range.num_layers())) {
+  outer.fill(-1);
+  std::vector<std::array<bool, block::kCount>> seen(layers.size());
+  for (const auto& s : table.specs()) {
+    if (s.layer < 0) {
+      outer[s.tensor] = s.offset;
+      continue;
+    }
+    const auto i = static_cast<size_t>(s.layer - range.first_layer);
+    layers.at(i)[s.tensor] = s.offset;
+    seen[i][s.tensor] = true;
+  }
+  // The table and the layout must describe the same stage.
+  for (const auto& b : seen)
+    for (bool k : b)
+      if (!k) throw std::logic_error("StageLayout: a block tensor is missing from the table");
+  if (range.has_embedding && (outer[outer::wte] < 0 || outer[outer::wpe] < 0))
+    throw std::logic_error("StageLayout: the first stage has no embedding tables");
+  if (range.has_head && (outer[outer::wte] < 0 || outer[outer::lnf_w] < 0))
+    throw std::logic_error("StageLayout: the last stage has no head");
 }
 
 }  // namespace mpiformer

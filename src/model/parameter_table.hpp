@@ -1,12 +1,15 @@
-// The parameters a pipeline stage owns, named as in GPT-2's checkpoints
-// (without the "transformer." prefix), with their shapes and their place in
-// the stage's flat parameter buffer.
+// The parameters a pipeline stage owns, generated from the schema
+// (gpt_schema.hpp): named as in GPT-2's checkpoints (without the
+// "transformer." prefix), with their shapes, their place in the stage's flat
+// parameter buffer, and where they sit in the model (block and schema row).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/adamw_params.hpp"
 #include "model/gpt_config.hpp"
+#include "model/gpt_schema.hpp"
 
 namespace mpiformer {
 
@@ -33,6 +36,9 @@ struct ParameterSpec {
   bool decay = false;          // AdamW weight decay: matrices and embeddings only
   double init_std = 0.0;       // normal(0, init_std); 0 means constant init_value
   double init_value = 0.0;
+  int64_t layer = -1;  // the block it belongs to; -1 outside the blocks
+  int tensor = 0;      // its row of kBlockSchema (layer >= 0) or kOuterSchema
+  const TensorSchema& schema() const;
   int64_t numel() const;
 };
 
@@ -46,10 +52,15 @@ class ParameterTable {
   int64_t total_numel() const;
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, bool decay, double std, double value,
-           int64_t storage = -1);
+  void add(const GptConfig& cfg, const TensorSchema& schema, std::string name, int64_t layer,
+           int tensor);
   std::vector<ParameterSpec> specs_;
   int64_t total_ = 0;
 };
+
+// The optimizer's description of a stage: every tensor's logical elements
+// (never wte's padding) as chunks, flagged for weight decay by the schema.
+// The host and the GPU AdamW both consume it.
+std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table);
 
 }  // namespace mpiformer

@@ -14,18 +14,16 @@ float* group_base(const StageState& s, int g) {
   return g == 0 ? s.params : g == 1 ? s.adam_m : s.adam_v;
 }
 
-// The stage that writes tensor `name`: the tied embedding and the position
-// table from the first stage, the final LayerNorm from the last, a block's
-// tensors from the stage holding the block.
-int owner_stage(const std::string& name, const GptConfig& cfg, int pp) {
-  if (name == "wte" || name == "wpe") return 0;
-  if (name.rfind("ln_f.", 0) == 0) return pp - 1;
-  const int64_t layer = std::stoll(name.substr(2, name.find('.', 2) - 2));
+// The stage that writes a tensor: the first stage for the embedding tables
+// (wte's copy on the last stage is tied to it), the last stage for the final
+// LayerNorm, the stage holding the block for a block's tensors.
+int owner_stage(const ParameterSpec& spec, const GptConfig& cfg, int pp) {
+  if (spec.layer < 0) return spec.schema().placement == Placement::kFirstStage ? 0 : pp - 1;
   for (int s = 0; s < pp; ++s) {
     const StageRange r = partition_stage(cfg, s, pp);
-    if (layer >= r.first_layer && layer < r.last_layer) return s;
+    if (spec.layer >= r.first_layer && spec.layer < r.last_layer) return s;
   }
-  throw std::logic_error("no stage holds " + name);
+  throw std::logic_error("no stage holds " + spec.name);
 }
 
 void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
@@ -55,7 +53,7 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
       DatasetSlice d;
       d.name = kGroups[g] + spec.name;
       d.shape = spec.shape;
-      if (owner_stage(spec.name, cfg, grid.pp()) == grid.stage()) {
+      if (owner_stage(spec, cfg, grid.pp()) == grid.stage()) {
         const ParameterSpec& mine = local.at(spec.name);
         const float* base = group_base(state, g) + mine.offset;
         // Rows split across the stage's replicas so all of them write.

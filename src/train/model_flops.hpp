@@ -1,4 +1,4 @@
-// Model FLOPs per token and the machine peak they are compared with (MFU).
+// Model FLOPs per token (MFU's numerator; the peak comes from the back end).
 #pragma once
 #include <cstdint>
 
@@ -10,9 +10,5 @@ namespace mpiformer {
 // matrices (N excludes the position table, a lookup) plus 12 L T C for the
 // attention score and value products, forward and backward.
 double training_flops_per_token(const GptConfig& cfg);
-
-// FLOP/s of a large square sgemm on this rank with the current BLAS threads:
-// the practical fp32 peak MFU is measured against.
-double measure_sgemm_peak(int64_t n = 2048, int repeats = 3);
 
 }  // namespace mpiformer

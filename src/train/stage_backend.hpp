@@ -1,6 +1,6 @@
 // What the trainer needs from the pipeline stage it runs, whichever device
-// runs it: the host (GptStage<float> with CBLAS/Kokkos kernels) or a GPU
-// (CudaGptStage in fp32 or bf16). The trainer walks the schedule, moves
+// runs it: the host (CBLAS/Kokkos kernels) or a GPU (fp32 or bf16). One
+// implementation, TrainingStage<Ops>, serves both. The trainer walks the schedule, moves
 // messages and reduces gradients through this interface only, so every
 // layout, schedule, checkpoint and signal path is the same code on both.
 //
@@ -18,10 +18,14 @@
 #include "deck.hpp"
 #include "model/gpt_config.hpp"
 #include "model/parameter_table.hpp"
-#include "train/adamw_optimizer.hpp"
+#include "model/gpt_stage.hpp"
 #include "train/checkpointing.hpp"
 
 namespace mpiformer {
+
+struct AdamWSettings {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+};
 
 class StageBackend {
  public:
@@ -33,7 +37,7 @@ class StageBackend {
   // One [B,T,C] activation or activation gradient, in bytes.
   virtual size_t message_bytes() const = 0;
   // "cpu fp32", "cuda bf16 (NVIDIA H200, device 0)", ...
-  virtual std::string describe() const = 0;
+  virtual std::string describe() = 0;
   virtual bool on_device() const = 0;
   // The CUDA stream the stage computes on (a cudaStream_t), null on the host.
   virtual void* device_stream() { return nullptr; }
@@ -41,6 +45,11 @@ class StageBackend {
   // denominator): a large sgemm on the host, a cuBLASLt GEMM of the run's
   // precision on a GPU.
   virtual double measure_peak_flops() = 0;
+  // Seconds spent in matrix products on this thread since the last
+  // host::reset_gemm_seconds(); NaN where not measured (a GPU, whose
+  // products run asynchronously).
+  virtual double gemm_seconds() const = 0;
+  virtual void reset_gemm_seconds() = 0;
 
   virtual void init_parameters(uint64_t seed) = 0;
   virtual void zero_grads() = 0;
@@ -54,8 +63,7 @@ class StageBackend {
   // last targets). The loss sum accumulates inside until take_loss_sum().
   virtual void forward(int slot, const int32_t* tokens, const int32_t* targets,
                        bool for_backward, float grad_scale) = 0;
-  using GradsFinal = std::function<void(int64_t offset)>;
-  virtual void backward(int slot, const int32_t* tokens, const GradsFinal& grads_final) = 0;
+  virtual void backward(int slot, const GradsFinal& grads_final) = 0;
   // The input gradient of the last backward, copied into a buffer owned by
   // `slot` that stays untouched until the slot's next backward.
   virtual const void* input_grad_for_send(int slot) = 0;

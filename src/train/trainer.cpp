@@ -254,7 +254,7 @@ TrainResult Trainer::run() {
   double interval_s = 0;
   int64_t interval_steps = 0;
   StepTimes times;
-  host::reset_gemm_seconds();
+  s.stage->reset_gemm_seconds();
   for (int64_t step = s.start_step; step < end_step; ++step) {
     const auto t0 = Clock::now();
     // Time for this step and a save after the next, with 20% to spare; a
@@ -293,7 +293,7 @@ TrainResult Trainer::run() {
       sm.mfu = sm.tokens_per_s * s.flops_per_token / s.peak_flops;
       sm.eta_s = mean_s * static_cast<double>(end_step - done);
       sm.samples = s.cursor;
-      sm.matmul_fraction = host::gemm_seconds() / interval_s;
+      sm.matmul_fraction = s.stage->gemm_seconds() / interval_s;
       sm.pipelined = g.pp() > 1;
       sm.bubble = agg[0] / ranks;
       sm.bubble_theory = static_cast<double>(g.pp() - 1) / static_cast<double>(M + g.pp() - 1);
@@ -301,7 +301,7 @@ TrainResult Trainer::run() {
       sm.reduce_exposed_ms = 1e3 * agg[1] / ranks / static_cast<double>(interval_steps);
       sm.host_timings = !s.stage->on_device();
       log.step(sm);
-      host::reset_gemm_seconds();
+      s.stage->reset_gemm_seconds();
       interval_s = 0;
       interval_steps = 0;
       times = StepTimes{};
@@ -309,7 +309,7 @@ TrainResult Trainer::run() {
     const bool eval_due = tc.eval_every > 0 && done % tc.eval_every == 0;
     if (s.val && (eval_due || done == tc.steps)) {
       result.final_val_loss = evaluate();
-      host::reset_gemm_seconds();  // evaluation is not part of the next interval
+      s.stage->reset_gemm_seconds();  // evaluation is not part of the next interval
       log.eval(done, tc.steps, result.final_val_loss);
     }
     const int64_t every = deck_.checkpoint.every;

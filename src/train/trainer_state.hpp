@@ -12,7 +12,7 @@
 #include <limits>
 #include "core/error.hpp"
 #include "core/format.hpp"
-#include "host/adamw.hpp"
+
 #include "host/gemm.hpp"
 #include "parallel/input_agreement.hpp"
 #include "parallel/mpi_session.hpp"

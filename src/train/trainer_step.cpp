@@ -64,11 +64,10 @@ Trainer::StepResult Trainer::train_step(int64_t step, StepTimes& times, bool wan
         // each bucket across replicas as soon as it is final.
         const bool overlap = a.micro == M - 1 && g.dp() > 1;
         if (overlap) s.reducer->begin(stage.grads());
-        stage.backward(slot, s.inputs[slot].data(),
-                       overlap ? StageBackend::GradsFinal([&](int64_t offset) {
-                         s.reducer->grads_final_from(offset);
-                       })
-                               : nullptr);
+        stage.backward(slot, overlap ? GradsFinal([&](int64_t offset) {
+          s.reducer->grads_final_from(offset);
+        })
+                                     : nullptr);
         break;
       }
       case Op::SendGradient:

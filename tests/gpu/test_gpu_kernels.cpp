@@ -294,26 +294,25 @@ TEST(GpuKernelsFloat, AdamWWithBf16Copy) {
 // The one-launch form over a model's tensors: two ranges with different
 // decay, longer than a chunk, and a gap between them that must stay as it was.
 TEST(GpuKernelsFloat, AdamWChunksMatchPerTensorUpdates) {
-  const int64_t n1 = cuda::kAdamWChunkElements + 77, gap = 50, n2 = 300, n = n1 + gap + n2;
+  const int64_t n1 = kAdamWChunkElements + 77, gap = 50, n2 = 300, n = n1 + gap + n2;
   Dev<float> p(random_vector(n, 31)), g(random_vector(n, 32)), m(random_vector(n, 33, 0.1));
   auto v0 = random_vector(n, 34, 0.1);
   for (auto& x : v0) x = x * x;
   Dev<float> v(v0);
-  std::vector<cuda::AdamWChunk> chunks;
-  cuda::append_adamw_chunks(chunks, 0, n1, 0.1);
-  cuda::append_adamw_chunks(chunks, n1 + gap, n2, 0.0);
+  std::vector<AdamWChunk> chunks;
+  append_adamw_chunks(chunks, 0, n1, true);
+  append_adamw_chunks(chunks, n1 + gap, n2, false);
   ASSERT_EQ(chunks.size(), 3u);
-  cuda::DeviceBuffer<cuda::AdamWChunk> dchunks(chunks.size());
-  cuda::copy_to_device(dchunks.get(), chunks.data(), sizeof(cuda::AdamWChunk) * chunks.size());
-  const AdamWParams ap{1e-3, 0.9, 0.95, 1e-8, 123.0 /* ignored */, 3, 0.7};
+  cuda::DeviceBuffer<AdamWChunk> dchunks(chunks.size());
+  cuda::copy_to_device(dchunks.get(), chunks.data(), sizeof(AdamWChunk) * chunks.size());
+  const AdamWParams ap{1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 0.7};
   cuda::adamw_update_chunks(p.get(), g.get(), m.get(), v.get(), dchunks.get(),
                             static_cast<int64_t>(chunks.size()), ap, static_cast<float*>(nullptr),
                             nullptr);
   auto wp = p.exact, wm = m.exact, wv = v.exact;
-  AdamWParams a1 = ap, a2 = ap;
-  a1.weight_decay = 0.1;
-  a2.weight_decay = 0.0;
-  host::adamw_update(wp.data(), g.exact.data(), wm.data(), wv.data(), n1, a1);
+  AdamWParams a2 = ap;
+  a2.weight_decay = 0.0;  // the second range is not decayed
+  host::adamw_update(wp.data(), g.exact.data(), wm.data(), wv.data(), n1, ap);
   host::adamw_update(wp.data() + n1 + gap, g.exact.data() + n1 + gap, wm.data() + n1 + gap,
                      wv.data() + n1 + gap, n2, a2);
   EXPECT_TRUE(close(p.read(), wp, 1e-6));  // the gap is unchanged in wp too

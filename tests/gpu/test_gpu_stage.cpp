@@ -1,4 +1,5 @@
-// CudaGptStage against the host GptStage<double> on the same model: the
+// GptStage on the CUDA op set against GptStage on the host op set in double,
+// on the same model: the
 // loss and every parameter gradient after two accumulated micro-batches,
 // for the whole model on one stage and split over two stages chained by
 // hand (activations forward, the input gradient back), in fp32 and bf16.
@@ -20,9 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device.hpp"
+#include "cuda/ops.hpp"
 #include "model/gpt_stage.hpp"
-#include "model/gpt_stage_cuda.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -47,11 +47,13 @@ std::vector<int32_t> tokens(int64_t n, unsigned seed) {
   return t;
 }
 
+template <class A>
+using CudaGptStage = GptStage<cuda::Ops<A>>;
+
 template <class T>
-std::vector<T> download(const T* dev, int64_t n) {
+std::vector<T> download(cuda::Context& ctx, const T* dev, int64_t n) {
   std::vector<T> h(n);
-  cuda::synchronize();
-  cuda::copy_to_host(h.data(), dev, sizeof(T) * n);
+  cuda::Ops<float>::download(ctx, h.data(), dev, n);
   return h;
 }
 
@@ -59,17 +61,19 @@ std::vector<T> download(const T* dev, int64_t n) {
 struct Reference {
   double loss = 0;
   std::vector<double> grads;
-  GptStage<double> stage;
+  host::Context ctx;
+  HostGptStage<double> stage;
   Reference(const GptConfig& cfg, const std::vector<float>& params,
             const std::vector<std::vector<int32_t>>& in, const std::vector<std::vector<int32_t>>& tg,
             double scale)
-      : stage(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 1) {
+      : stage(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, kB, 1) {
     std::copy(params.begin(), params.end(), stage.params());
     stage.zero_grads();
     for (size_t m = 0; m < in.size(); ++m) {
-      loss += stage.forward(0, in[m].data(), nullptr, tg[m].data(), true, scale);
-      stage.backward(0, in[m].data(), nullptr);
+      stage.forward(0, in[m].data(), tg[m].data(), true, scale);
+      stage.backward(0);
     }
+    loss = stage.take_loss_sum();
     grads.assign(stage.grads(), stage.grads() + stage.param_storage());
   }
 };
@@ -112,17 +116,18 @@ TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
   const float scale = 1.f / static_cast<float>(2 * BT);
   const std::vector<std::vector<int32_t>> in = {tokens(BT, 1), tokens(BT, 2)},
                                           tg = {tokens(BT, 3), tokens(BT, 4)};
-  CudaGptStage<A> gpu(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2);
+  cuda::Context ctx(0);
+  CudaGptStage<A> gpu(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2);
   gpu.init_parameters(7);
-  const auto params = download(gpu.params(), gpu.param_storage());
+  const auto params = download(ctx, gpu.params(), gpu.param_storage());
   const Reference ref(cfg, params, in, tg, scale);
 
   gpu.zero_grads();
   for (int m = 0; m < 2; ++m) gpu.forward(m, in[m].data(), tg[m].data(), true, scale);
-  for (int m = 1; m >= 0; --m) gpu.backward(m, nullptr);  // slots keep each micro-batch
+  for (int m = 1; m >= 0; --m) gpu.backward(m);  // slots keep each micro-batch
   const double loss = gpu.take_loss_sum();
   EXPECT_NEAR(loss, ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
-  expect_grads<A>(gpu.table(), download(gpu.grads(), gpu.param_storage()), ref.stage.table(),
+  expect_grads<A>(gpu.table(), download(ctx, gpu.grads(), gpu.param_storage()), ref.stage.table(),
                   ref.grads);
 }
 
@@ -133,39 +138,39 @@ TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
   const float scale = 1.f / static_cast<float>(2 * BT);
   const std::vector<std::vector<int32_t>> in = {tokens(BT, 5), tokens(BT, 6)},
                                           tg = {tokens(BT, 7), tokens(BT, 8)};
-  CudaGptStage<A> first(cfg, partition_stage(cfg, 0, 2), kB, 1);
-  CudaGptStage<A> last(cfg, partition_stage(cfg, 1, 2), kB, 1);
+  // Both stages on one context (one stream): the copies between them are
+  // ordered with their kernels.
+  cuda::Context ctx(0);
+  CudaGptStage<A> first(ctx, cfg, partition_stage(cfg, 0, 2), kB, 1);
+  CudaGptStage<A> last(ctx, cfg, partition_stage(cfg, 1, 2), kB, 1);
   first.init_parameters(9);
   last.init_parameters(9);
   // The reference model holds both stages' tensors (wte from the first).
-  GptStage<double> whole(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 1);
-  std::vector<float> params(whole.param_storage());
+  const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
+  std::vector<float> params(whole.total_storage());
   for (auto* st : {&last, &first}) {
-    const auto p = download(st->params(), st->param_storage());
+    const auto p = download(ctx, st->params(), st->param_storage());
     for (const auto& s : st->table().specs())
-      std::copy_n(p.begin() + s.offset, s.storage, params.begin() + whole.table().at(s.name).offset);
+      std::copy_n(p.begin() + s.offset, s.storage, params.begin() + whole.at(s.name).offset);
   }
   const Reference ref(cfg, params, in, tg, scale);
 
   first.zero_grads();
   last.zero_grads();
-  cuda::DeviceBuffer<A> dgrad(BT * C);
   for (int m = 0; m < 2; ++m) {
     first.forward(0, in[m].data(), nullptr, false, 0.f);
-    cuda::synchronize();
-    cuda::copy_device_to_device(last.input_buffer(0), first.output(0), sizeof(A) * BT * C);
+    cuda::Ops<A>::copy(ctx, last.input_buffer(0), first.output(0), BT * C);
     last.forward(0, nullptr, tg[m].data(), true, scale);
-    last.backward(0, nullptr);
-    cuda::synchronize();
-    cuda::copy_device_to_device(dgrad.get(), last.input_grad(), sizeof(A) * BT * C);
-    first.backward(0, dgrad.get());
+    last.backward(0);
+    cuda::Ops<A>::copy(ctx, first.output_grad_buffer(), last.input_grad(), BT * C);
+    first.backward(0);
   }
   EXPECT_NEAR(last.take_loss_sum(), ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
   EXPECT_EQ(first.take_loss_sum(), 0.0);
   // Each stage's copy of wte gets only its own half of the tied gradient:
   // compare their sum, which is what the trainer's all-reduce makes.
-  auto g1 = download(first.grads(), first.param_storage());
-  auto g2 = download(last.grads(), last.param_storage());
+  auto g1 = download(ctx, first.grads(), first.param_storage());
+  auto g2 = download(ctx, last.grads(), last.param_storage());
   const auto& w1 = first.table().at("wte");
   const auto& w2 = last.table().at("wte");
   for (int64_t i = 0; i < w1.storage; ++i) g1[w1.offset + i] += g2[w2.offset + i];

@@ -30,6 +30,30 @@ TEST(AdamW, TwoStepsMatchTheFormula) {
   EXPECT_TRUE(all_close(v, vw, 1e-14, 1e-12));
 }
 
+// A stage's chunk list: decay only where flagged, and elements between
+// chunks (wte's padding) untouched.
+TEST(AdamW, ChunkListDecaysByFlagAndSkipsGaps) {
+  const int64_t n1 = 20000, gap = 30, n2 = 70, n = n1 + gap + n2;
+  auto p = random_vector(n, 61), g = random_vector(n, 62);
+  std::vector<double> m(n, 0), v(n, 0);
+  std::vector<AdamWChunk> chunks;
+  append_adamw_chunks(chunks, 0, n1, true);
+  append_adamw_chunks(chunks, n1 + gap, n2, false);
+  ASSERT_EQ(chunks.size(), 3u);  // n1 is longer than one chunk
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  std::vector<double> want = p;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i >= n1 && i < n1 + gap) continue;
+    const double decay = i < n1 ? wd : 0.0;
+    const double mh = (1 - b1) * g[i] / (1 - b1), vh = (1 - b2) * g[i] * g[i] / (1 - b2);
+    want[i] -= lr * (mh / (std::sqrt(vh) + eps) + decay * want[i]);
+  }
+  host::adamw_update_chunks(p.data(), g.data(), m.data(), v.data(), chunks.data(),
+                            static_cast<int64_t>(chunks.size()),
+                            AdamWParams{lr, b1, b2, eps, wd, 1, 1.0});
+  EXPECT_TRUE(all_close(p, want, 1e-14, 1e-12));
+}
+
 TEST(AdamW, SumOfSquares) {
   const auto x = random_vector(1000, 54);
   double want = 0;

@@ -19,7 +19,7 @@ GptConfig tiny_config() {
   return c;
 }
 
-void randomise(GptStage<double>& stage, unsigned seed) {
+void randomise(HostGptStage<double>& stage, unsigned seed) {
   // Larger than GPT-2's init so every nonlinearity is exercised.
   for (const auto& s : stage.table().specs()) {
     const auto r = random_vector(static_cast<size_t>(s.numel()), seed++, 0.3);
@@ -30,22 +30,25 @@ void randomise(GptStage<double>& stage, unsigned seed) {
 TEST(GptModel, EveryParameterGradientMatchesFiniteDifferences) {
   const GptConfig cfg = tiny_config();
   const int64_t B = 2, T = cfg.seq_len;
-  GptStage<double> stage(cfg, partition_stage(cfg, 0, 1), B, 1);
+  host::Context ctx;
+  HostGptStage<double> stage(ctx, cfg, partition_stage(cfg, 0, 1), B, 1);
   randomise(stage, 100);
   const std::vector<int32_t> tok = {1, 5, 10, 3, 0, 7, 7, 2};
   const std::vector<int32_t> tgt = {5, 10, 3, 9, 7, 7, 2, 4};
   const double scale = 1.0 / static_cast<double>(B * T);
 
   stage.zero_grads();
-  stage.forward(0, tok.data(), nullptr, tgt.data(), true, scale);
-  stage.backward(0, tok.data(), nullptr);
+  stage.forward(0, tok.data(), tgt.data(), true, scale);
+  stage.backward(0);
+  stage.take_loss_sum();
 
   int64_t checked = 0;
   for (const auto& s : stage.table().specs()) {
     std::vector<double> x(stage.params() + s.offset, stage.params() + s.offset + s.numel());
     auto loss = [&] {
       std::memcpy(stage.params() + s.offset, x.data(), sizeof(double) * x.size());
-      return scale * stage.forward(0, tok.data(), nullptr, tgt.data(), false, 0.0);
+      stage.forward(0, tok.data(), tgt.data(), false, 0.0);
+      return scale * stage.take_loss_sum();
     };
     const auto want = finite_difference(x, loss, 1e-5);
     loss();  // restore the unperturbed values
@@ -69,19 +72,22 @@ TEST(GptModel, AccumulatedMicroBatchesEqualOneBatch) {
   const std::vector<int32_t> tgt = {5, 10, 3, 9, 7, 7, 2, 4};
   const double scale = 1.0 / static_cast<double>(2 * T);  // mean over the global batch
 
-  GptStage<double> whole(cfg, partition_stage(cfg, 0, 1), 2, 1);
+  host::Context ctx;
+  HostGptStage<double> whole(ctx, cfg, partition_stage(cfg, 0, 1), 2, 1);
   randomise(whole, 200);
   whole.zero_grads();
-  const double loss_whole = whole.forward(0, tok.data(), nullptr, tgt.data(), true, scale);
-  whole.backward(0, tok.data(), nullptr);
+  whole.forward(0, tok.data(), tgt.data(), true, scale);
+  const double loss_whole = whole.take_loss_sum();
+  whole.backward(0);
 
-  GptStage<double> split(cfg, partition_stage(cfg, 0, 1), 1, 1);
+  HostGptStage<double> split(ctx, cfg, partition_stage(cfg, 0, 1), 1, 1);
   randomise(split, 200);
   split.zero_grads();
   double loss_split = 0;
   for (int m = 0; m < 2; ++m) {
-    loss_split += split.forward(0, tok.data() + m * T, nullptr, tgt.data() + m * T, true, scale);
-    split.backward(0, tok.data() + m * T, nullptr);
+    split.forward(0, tok.data() + m * T, tgt.data() + m * T, true, scale);
+    loss_split += split.take_loss_sum();
+    split.backward(0);
   }
   EXPECT_NEAR(loss_split, loss_whole, 1e-12 * std::fabs(loss_whole));
   const int64_t n = whole.param_storage();
@@ -92,10 +98,11 @@ TEST(GptModel, AccumulatedMicroBatchesEqualOneBatch) {
 TEST(GptModel, InitialisationIsIndependentOfThePartition) {
   GptConfig cfg = tiny_config();
   cfg.n_layer = 3;
-  GptStage<float> all(cfg, partition_stage(cfg, 0, 1), 1, 1);
+  host::Context ctx;
+  HostGptStage<float> all(ctx, cfg, partition_stage(cfg, 0, 1), 1, 1);
   all.init_parameters(7);
   for (int64_t s = 0; s < 2; ++s) {
-    GptStage<float> part(cfg, partition_stage(cfg, s, 2), 1, 1);
+    HostGptStage<float> part(ctx, cfg, partition_stage(cfg, s, 2), 1, 1);
     part.init_parameters(7);
     for (const auto& spec : part.table().specs()) {
       const auto& ref = all.table().at(spec.name);

@@ -1,0 +1,103 @@
+#include "cuda/context.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuda/cuda_check.hpp"
+
+namespace mpiformer::cuda {
+
+Context::Context(int device) : device_(device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  blas_ = std::make_unique<Blas>(stream_);
+  reduce_ = DeviceBuffer<double>(kReduceBlocks + 1);
+  scalar_ = PinnedBuffer<double>(1);
+}
+
+Context::~Context() {
+  // Buffers are freed by their owners; the stream goes last, once idle.
+  // Errors are ignored: a destructor runs while unwinding too.
+  cudaStreamSynchronize(stream_);
+  blas_.reset();
+  cudaStreamDestroy(stream_);
+}
+
+std::string Context::device_name() const {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  return prop.name;
+}
+
+void Context::reserve_attention(int64_t B, int64_t T, int64_t C, size_t element_bytes) {
+  // Permuted q, k, v; a permuted output (or its gradient); permuted dq, dk, dv.
+  const size_t bytes = static_cast<size_t>(7 * B * T * C) * element_bytes;
+  if (attention_.size() < bytes) attention_ = DeviceBuffer<unsigned char>(bytes);
+}
+
+double Context::read(const double* device_value) {
+  CUDA_CHECK(cudaMemcpyAsync(scalar_.get(), device_value, sizeof(double), cudaMemcpyDeviceToHost,
+                             stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *scalar_.get();
+}
+
+Tokens::Tokens(int64_t n)
+    : n_(n),
+      device_(static_cast<size_t>(4 * n + 1)),
+      staging_(static_cast<size_t>(4 * n + 1)) {
+  CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+}
+
+Tokens::~Tokens() {
+  if (uploaded_ != nullptr) cudaEventDestroy(uploaded_);
+}
+
+Tokens::Tokens(Tokens&& o) noexcept
+    : n_(o.n_),
+      groups_(o.groups_),
+      device_(std::move(o.device_)),
+      staging_(std::move(o.staging_)),
+      uploaded_(std::exchange(o.uploaded_, nullptr)) {}
+
+Tokens& Tokens::operator=(Tokens&& o) noexcept {
+  if (this != &o) {
+    if (uploaded_ != nullptr) cudaEventDestroy(uploaded_);
+    n_ = o.n_;
+    groups_ = o.groups_;
+    device_ = std::move(o.device_);
+    staging_ = std::move(o.staging_);
+    uploaded_ = std::exchange(o.uploaded_, nullptr);
+  }
+  return *this;
+}
+
+void Tokens::load(Context& ctx, const int32_t* src, int64_t n, bool grouped) {
+  // The previous upload from the staging buffer must have left it; it was
+  // queued a micro-batch ago, so this rarely waits.
+  CUDA_CHECK(cudaEventSynchronize(uploaded_));
+  int32_t* h = staging_.get();
+  std::memcpy(h, src, sizeof(int32_t) * static_cast<size_t>(n));
+  size_t count = static_cast<size_t>(n);
+  if (grouped) {
+    // The grouping (a sort) runs here on the host, while the GPU is still
+    // busy with earlier work.
+    TokenGroups& g = ctx.token_groups();
+    g.build(src, n);
+    groups_ = static_cast<int64_t>(g.tokens.size());
+    std::copy(g.tokens.begin(), g.tokens.end(), h + n);
+    std::copy(g.starts.begin(), g.starts.end(), h + 2 * n);
+    std::copy(g.positions.begin(), g.positions.end(), h + 3 * n + 1);
+    count = static_cast<size_t>(4 * n + 1);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(device_.get(), h, sizeof(int32_t) * count, cudaMemcpyHostToDevice,
+                             ctx.stream()));
+  CUDA_CHECK(cudaEventRecord(uploaded_, ctx.stream()));
+}
+
+DeviceTokenGroups Tokens::groups() const {
+  int32_t* d = device_.get();
+  return DeviceTokenGroups{d + n_, d + 2 * n_, d + 3 * n_ + 1, groups_};
+}
+
+}  // namespace mpiformer::cuda

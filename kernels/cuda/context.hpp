@@ -1,0 +1,101 @@
+// What the CUDA op set carries from op to op (the host twin: host/ops.hpp's
+// Context): the stream every kernel of a stage runs on, the cuBLASLt handle
+// bound to it, and the scratch the kernels share, so no op allocates.
+// Also a micro-batch's tokens on the device, uploaded from pinned memory.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "cuda/device.hpp"
+#include "cuda/embedding.hpp"
+#include "cuda/gemm.hpp"
+#include "cuda/reduce.hpp"
+
+namespace mpiformer::cuda {
+
+// Page-locked host memory: a copy from it is truly asynchronous (a copy from
+// pageable memory returns only once the source has been staged, and waits
+// for the stream to drain first).
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t n) : ptr_(static_cast<T*>(pinned_alloc(n * sizeof(T)))), n_(n) {}
+  ~PinnedBuffer() { pinned_free(ptr_); }
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      pinned_free(ptr_);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
+class Context {
+ public:
+  // Binds the calling thread to `device` and creates the stage's stream.
+  explicit Context(int device);
+  ~Context();  // waits for the stream, then releases it
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int device() const { return device_; }
+  std::string device_name() const;
+  cudaStream_t stream() const { return stream_; }
+  Blas& blas() { return *blas_; }
+  // Scratch for attention (cuda/attention.hpp's AttentionScratch): sized
+  // once for the largest micro-batch, before the first forward.
+  void reserve_attention(int64_t B, int64_t T, int64_t C, size_t element_bytes);
+  void* attention_scratch() const { return attention_.get(); }
+  // kReduceBlocks partial sums (cuda/reduce.hpp), and one double for a result.
+  double* reduce_scratch() const { return reduce_.get(); }
+  double* reduce_result() const { return reduce_.get() + kReduceBlocks; }
+  // Reads one double of device memory (waits for the stream).
+  double read(const double* device_value);
+  TokenGroups& token_groups() { return groups_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Blas> blas_;
+  DeviceBuffer<unsigned char> attention_;
+  DeviceBuffer<double> reduce_;
+  PinnedBuffer<double> scalar_;
+  TokenGroups groups_;  // host-side scratch for the embedding's grouping
+};
+
+// A micro-batch's token ids on the device, and (for the embedding's
+// backward) its positions grouped by token. Staged through pinned memory in
+// one copy; an event tells when the staging buffer may be reused.
+class Tokens {
+ public:
+  Tokens() = default;
+  explicit Tokens(int64_t n);
+  ~Tokens();
+  Tokens(Tokens&& o) noexcept;
+  Tokens& operator=(Tokens&& o) noexcept;
+  void load(Context& ctx, const int32_t* src, int64_t n, bool grouped);
+  const int32_t* data() const { return device_.get(); }
+  DeviceTokenGroups groups() const;
+
+ private:
+  int64_t n_ = 0, groups_ = 0;
+  DeviceBuffer<int32_t> device_;   // ids [n], group tokens [n], starts [n+1], positions [n]
+  PinnedBuffer<int32_t> staging_;  // the same layout on the host
+  cudaEvent_t uploaded_ = nullptr;
+};
+
+}  // namespace mpiformer::cuda

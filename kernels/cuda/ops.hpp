@@ -1,0 +1,167 @@
+// The CUDA op set: the twin of host/ops.hpp (same names, same signatures,
+// the device's Context first), so one GptStage runs on either device. Every
+// op is queued on the context's stream; nothing here synchronises except
+// download and the reductions that return a value to the host.
+//
+// A is the activation type: float, or bf16 for mixed precision, where
+// activations and the weights the matmuls read are bf16 while the master
+// weights, their gradients, the moments, LayerNorm statistics and losses
+// stay float.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "cuda/adamw.hpp"
+#include "cuda/attention.hpp"
+#include "cuda/context.hpp"
+#include "cuda/crossentropy.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/embedding.hpp"
+#include "cuda/gelu.hpp"
+#include "cuda/layernorm.hpp"
+#include "cuda/matmul.hpp"
+#include "cuda/reduce.hpp"
+#include "cuda/residual.hpp"
+
+namespace mpiformer::cuda {
+
+template <class A>
+struct Ops {
+  using Act = A;
+  using Acc = float;
+  using Context = cuda::Context;
+  template <class U>
+  using Buffer = DeviceBuffer<U>;
+  using Tokens = cuda::Tokens;
+  static constexpr bool kHostMemory = false;
+
+  // ---- the device ------------------------------------------------------------
+  static std::string describe(Context& c) {
+    return std::string("cuda ") + (std::is_same_v<A, float> ? "fp32" : "bf16") + " (" +
+           c.device_name() + ", device " + std::to_string(c.device()) + ")";
+  }
+  static void* stream_handle(Context& c) { return c.stream(); }
+  static double measure_peak_flops(Context&) { return measure_gemm_peak(dtype_of<A>()); }
+  // Products run asynchronously: not timed.
+  static double gemm_seconds() { return std::numeric_limits<double>::quiet_NaN(); }
+  static void reset_gemm_seconds() {}
+
+  // ---- memory (all on the stream) ------------------------------------------
+  template <class U>
+  static void fill_zero(Context& c, U* p, int64_t n) {
+    if (n > 0) CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(U) * static_cast<size_t>(n), c.stream()));
+  }
+  template <class U>
+  static void copy(Context& c, U* dst, const U* src, int64_t n) {
+    if (n > 0 && dst != src)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(U) * static_cast<size_t>(n),
+                                 cudaMemcpyDeviceToDevice, c.stream()));
+  }
+  // From pageable host memory: returns once `src` has been read.
+  template <class U>
+  static void upload(Context& c, U* dst, const U* src, int64_t n) {
+    if (n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(U) * static_cast<size_t>(n),
+                                 cudaMemcpyHostToDevice, c.stream()));
+  }
+  // Complete on return.
+  template <class U>
+  static void download(Context& c, U* dst, const U* src, int64_t n) {
+    if (n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(U) * static_cast<size_t>(n),
+                                 cudaMemcpyDeviceToHost, c.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+  }
+  static void load_tokens(Context& c, Tokens& t, const int32_t* src, int64_t n, bool grouped) {
+    t.load(c, src, n, grouped);
+  }
+  // The activation-type copy of the master weights (bf16 runs).
+  static void convert(Context& c, A* dst, const float* src, int64_t n) {
+    cuda::convert(dst, src, n, c.stream());
+  }
+
+  // ---- the model's ops -------------------------------------------------------
+  static void embedding_forward(Context& c, A* out, const Tokens& tok, const A* wte, const A* wpe,
+                                int64_t B, int64_t T, int64_t C) {
+    cuda::embedding_forward(out, tok.data(), wte, wpe, B, T, C, c.stream());
+  }
+  static void embedding_backward(Context& c, float* dwte, float* dwpe, const A* dout,
+                                 const Tokens& tok, int64_t B, int64_t T, int64_t C) {
+    cuda::embedding_backward(dwte, dwpe, dout, tok.groups(), B, T, C, c.stream());
+  }
+  static void layernorm_forward(Context& c, A* out, float* mean, float* rstd, const A* inp,
+                                const A* w, const A* b, int64_t N, int64_t C) {
+    cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, c.stream());
+  }
+  static void layernorm_backward(Context& c, A* dinp, float* dw, float* db, const A* dout,
+                                 const A* inp, const A* w, const float* mean, const float* rstd,
+                                 int64_t N, int64_t C) {
+    cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, c.stream());
+  }
+  static void matmul_forward(Context& c, A* out, const A* inp, const A* w, const A* bias,
+                             int64_t N, int64_t C, int64_t OC) {
+    cuda::matmul_forward(c.blas(), out, inp, w, bias, N, C, OC);
+  }
+  static void matmul_backward(Context& c, A* dinp, float* dw, float* db, const A* dout,
+                              const A* inp, const A* w, int64_t N, int64_t C, int64_t OC) {
+    cuda::matmul_backward(c.blas(), dinp, dw, db, dout, inp, w, N, C, OC);
+  }
+  static void attention_forward(Context& c, A* out, A* att, const A* qkv, int64_t B, int64_t T,
+                                int64_t C, int64_t NH) {
+    cuda::attention_forward(c.blas(), out, att, qkv, scratch(c, B, T, C), B, T, C, NH);
+  }
+  static void attention_backward(Context& c, A* dqkv, A* datt, const A* dout, const A* qkv,
+                                 const A* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+    cuda::attention_backward(c.blas(), dqkv, datt, dout, qkv, att, scratch(c, B, T, C), B, T, C,
+                             NH);
+  }
+  static void gelu_forward(Context& c, A* out, const A* inp, int64_t n) {
+    cuda::gelu_forward(out, inp, n, c.stream());
+  }
+  static void gelu_backward(Context& c, A* dinp, const A* inp, const A* dout, int64_t n) {
+    cuda::gelu_backward(dinp, inp, dout, n, c.stream());
+  }
+  static void residual_forward(Context& c, A* out, const A* a, const A* b, int64_t n) {
+    cuda::residual_forward(out, a, b, n, c.stream());
+  }
+  static void crossentropy_forward(Context& c, float* losses, const A* logits,
+                                   const Tokens& targets, int64_t N, int64_t V, int64_t Vp) {
+    cuda::crossentropy_forward(losses, logits, targets.data(), N, V, Vp, c.stream());
+  }
+  static void crossentropy_forward_backward(Context& c, float* losses, A* logits,
+                                            const Tokens& targets, int64_t N, int64_t V,
+                                            int64_t Vp, float grad_scale) {
+    cuda::crossentropy_forward_backward(losses, logits, targets.data(), N, V, Vp, grad_scale,
+                                        c.stream());
+  }
+
+  // ---- reductions and the optimizer ------------------------------------------
+  // *sum (device) += the sum of x, in double, in a fixed order.
+  static void accumulate_sum(Context& c, double* sum, const float* x, int64_t n) {
+    reduce_sum(sum, x, n, false, true, c.reduce_scratch(), c.stream());
+  }
+  // Wait for the stream: the value goes to the host.
+  static double read(Context& c, const double* value) { return c.read(value); }
+  static double sum_of_squares(Context& c, const float* x, int64_t n) {
+    reduce_sum(c.reduce_result(), x, n, true, false, c.reduce_scratch(), c.stream());
+    return c.read(c.reduce_result());
+  }
+  static void adamw(Context& c, float* params, const float* grads, float* m, float* v,
+                    const AdamWChunk* chunks, int64_t count, const AdamWParams& p, A* weights) {
+    A* copy = std::is_same_v<A, float> ? nullptr : weights;
+    adamw_update_chunks(params, grads, m, v, chunks, count, p, copy, c.stream());
+  }
+
+ private:
+  static AttentionScratch<A> scratch(Context& c, int64_t B, int64_t T, int64_t C) {
+    A* s = static_cast<A*>(c.attention_scratch());
+    const int64_t n = B * T * C;
+    return AttentionScratch<A>{s, s + 3 * n, s + 4 * n};
+  }
+};
+
+}  // namespace mpiformer::cuda

@@ -1,0 +1,173 @@
+// The host op set: what a GptStage needs from a device, for the CPU. Its
+// twin is cuda/ops.hpp; both expose the same names and signatures, each op
+// taking the device's Context first, so one stage (src/model/gpt_stage.hpp)
+// runs on either. What differs between devices is below this line only.
+//
+// T is float for training and double for gradient checks; activations,
+// master weights, gradients and statistics all have that one type here.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attention.hpp"
+#include "crossentropy.hpp"
+#include "embedding.hpp"
+#include "gelu.hpp"
+#include "gemm.hpp"
+#include "layernorm.hpp"
+#include "matmul.hpp"
+#include "residual.hpp"
+#include "adamw.hpp"
+
+namespace mpiformer::host {
+
+// Host memory owned by a stage, zero-initialised.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t n) : v_(n, T{}) {}
+  T* get() { return v_.data(); }
+  const T* get() const { return v_.data(); }
+  size_t size() const { return v_.size(); }
+
+ private:
+  std::vector<T> v_;
+};
+
+// The host needs no stream, library handle or scratch arena: its BLAS is
+// process-wide and its kernels keep their scratch in registers and on the
+// stack. The type exists so the stage is written once.
+struct Context {
+  void reserve_attention(int64_t /*B*/, int64_t /*T*/, int64_t /*C*/, size_t /*element_bytes*/) {}
+};
+
+// A micro-batch's token ids where the kernels read them (a copy, so the
+// backward needs nothing from the caller).
+struct Tokens {
+  Buffer<int32_t> ids;
+  Tokens() = default;
+  explicit Tokens(int64_t n) : ids(static_cast<size_t>(n)) {}
+  const int32_t* data() const { return ids.get(); }
+};
+
+template <class T>
+struct Ops {
+  using Act = T;  // activations and what the matmuls read
+  using Acc = T;  // master weights, gradients, moments, statistics, losses
+  using Context = host::Context;
+  template <class U>
+  using Buffer = host::Buffer<U>;
+  using Tokens = host::Tokens;
+  static constexpr bool kHostMemory = true;
+
+  // ---- the device ------------------------------------------------------------
+  static std::string describe(Context&) {
+    return std::is_same_v<T, float> ? "cpu fp32" : "cpu fp64";
+  }
+  static void* stream_handle(Context&) { return nullptr; }
+  static double measure_peak_flops(Context&) { return measure_gemm_peak(); }
+  static double gemm_seconds() { return host::gemm_seconds(); }
+  static void reset_gemm_seconds() { host::reset_gemm_seconds(); }
+
+  // ---- memory --------------------------------------------------------------
+  template <class U>
+  static void fill_zero(Context&, U* p, int64_t n) {
+    std::fill(p, p + n, U(0));
+  }
+  template <class U>
+  static void copy(Context&, U* dst, const U* src, int64_t n) {
+    if (n > 0 && dst != src) std::memcpy(dst, src, sizeof(U) * static_cast<size_t>(n));
+  }
+  // Host to device and back: the same copy here; download is complete on
+  // return on every device.
+  template <class U>
+  static void upload(Context& c, U* dst, const U* src, int64_t n) {
+    copy(c, dst, src, n);
+  }
+  template <class U>
+  static void download(Context& c, U* dst, const U* src, int64_t n) {
+    copy(c, dst, src, n);
+  }
+  // `grouped`: the embedding's backward will read them (the GPU groups
+  // positions by token then; the host kernel needs nothing more).
+  static void load_tokens(Context& c, Tokens& t, const int32_t* src, int64_t n, bool /*grouped*/) {
+    copy(c, t.ids.get(), src, n);
+  }
+
+  // ---- the model's ops (layouts and semantics: the kernels' headers) -------
+  static void embedding_forward(Context&, T* out, const Tokens& tok, const T* wte, const T* wpe,
+                                int64_t B, int64_t Tn, int64_t C) {
+    host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C);
+  }
+  static void embedding_backward(Context&, T* dwte, T* dwpe, const T* dout, const Tokens& tok,
+                                 int64_t B, int64_t Tn, int64_t C) {
+    host::embedding_backward(dwte, dwpe, dout, tok.data(), B, Tn, C);
+  }
+  static void layernorm_forward(Context&, T* out, T* mean, T* rstd, const T* inp, const T* w,
+                                const T* b, int64_t N, int64_t C) {
+    host::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  static void layernorm_backward(Context&, T* dinp, T* dw, T* db, const T* dout, const T* inp,
+                                 const T* w, const T* mean, const T* rstd, int64_t N, int64_t C) {
+    host::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  static void matmul_forward(Context&, T* out, const T* inp, const T* w, const T* bias, int64_t N,
+                             int64_t C, int64_t OC) {
+    host::matmul_forward(out, inp, w, bias, N, C, OC);
+  }
+  static void matmul_backward(Context&, T* dinp, T* dw, T* db, const T* dout, const T* inp,
+                              const T* w, int64_t N, int64_t C, int64_t OC) {
+    host::matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+  }
+  static void attention_forward(Context&, T* out, T* att, const T* qkv, int64_t B, int64_t Tn,
+                                int64_t C, int64_t NH) {
+    host::attention_forward(out, att, qkv, B, Tn, C, NH);
+  }
+  static void attention_backward(Context&, T* dqkv, T* datt, const T* dout, const T* qkv,
+                                 const T* att, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+    host::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
+  }
+  static void gelu_forward(Context&, T* out, const T* inp, int64_t n) {
+    host::gelu_forward(out, inp, n);
+  }
+  static void gelu_backward(Context&, T* dinp, const T* inp, const T* dout, int64_t n) {
+    host::gelu_backward(dinp, inp, dout, n);
+  }
+  static void residual_forward(Context&, T* out, const T* a, const T* b, int64_t n) {
+    host::residual_forward(out, a, b, n);
+  }
+  static void crossentropy_forward(Context&, T* losses, const T* logits, const Tokens& targets,
+                                   int64_t N, int64_t V, int64_t Vp) {
+    host::crossentropy_forward(losses, logits, targets.data(), N, V, Vp);
+  }
+  static void crossentropy_forward_backward(Context&, T* losses, T* logits, const Tokens& targets,
+                                            int64_t N, int64_t V, int64_t Vp, T grad_scale) {
+    host::crossentropy_forward_backward(losses, logits, targets.data(), N, V, Vp, grad_scale);
+  }
+
+  // ---- reductions and the optimizer -----------------------------------------
+  // *sum += the sum of x, in double, in index order: the logged loss is
+  // reproducible bit for bit.
+  static void accumulate_sum(Context&, double* sum, const T* x, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);
+    *sum += s;
+  }
+  // A value the device accumulated (a loss sum), on the host.
+  static double read(Context&, const double* value) { return *value; }
+  static double sum_of_squares(Context&, const T* x, int64_t n) {
+    return host::sum_of_squares(x, n);
+  }
+  // `weights` (the activation-type copy) is unused: the host has none.
+  static void adamw(Context&, T* params, const T* grads, T* m, T* v, const AdamWChunk* chunks,
+                    int64_t count, const AdamWParams& p, T* /*weights*/) {
+    host::adamw_update_chunks(params, grads, m, v, chunks, count, p);
+  }
+};
+
+}  // namespace mpiformer::host

@@ -1,0 +1,120 @@
+// The one implementation of StageBackend: a device's context, the GptStage
+// on it, the AdamW moments and the optimizer's chunk list, and the buffers
+// that hold a micro-batch's input gradient until its send completes.
+// Instantiated for the host (host_stage_backend.cpp) and the GPU
+// (cuda_stage_backend.cpp); nothing in it depends on the device beyond the
+// op set.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/gpt_stage_impl.hpp"
+#include "train/stage_backend.hpp"
+
+namespace mpiformer {
+
+template <class Ops>
+class TrainingStage final : public StageBackend {
+ public:
+  using Act = typename Ops::Act;
+  using Acc = typename Ops::Acc;
+  template <class U>
+  using Buffer = typename Ops::template Buffer<U>;
+
+  template <class... ContextArgs>
+  TrainingStage(const GptConfig& cfg, const StageRange& range, int64_t micro_batch, int slots,
+                const AdamWSettings& adam, ContextArgs&&... context_args)
+      : ctx_(std::forward<ContextArgs>(context_args)...),
+        stage_(ctx_, cfg, range, micro_batch, slots),
+        adam_(adam),
+        m_(static_cast<size_t>(stage_.param_storage())),
+        v_(static_cast<size_t>(stage_.param_storage())) {
+    Ops::fill_zero(ctx_, m_.get(), stage_.param_storage());
+    Ops::fill_zero(ctx_, v_.get(), stage_.param_storage());
+    if (!range.has_embedding)
+      for (int s = 0; s < slots; ++s)
+        grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
+    const std::vector<AdamWChunk> chunks = adamw_chunks(stage_.table());
+    chunk_count_ = static_cast<int64_t>(chunks.size());
+    chunks_ = Buffer<AdamWChunk>(chunks.size());
+    Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
+  }
+
+  const ParameterTable& table() const override { return stage_.table(); }
+  const StageRange& range() const override { return stage_.range(); }
+  int num_slots() const override { return stage_.num_slots(); }
+  int64_t param_storage() const override { return stage_.param_storage(); }
+  size_t message_bytes() const override {
+    return sizeof(Act) * static_cast<size_t>(stage_.activation_size());
+  }
+  std::string describe() override { return Ops::describe(ctx_); }
+  bool on_device() const override { return !Ops::kHostMemory; }
+  void* device_stream() override { return Ops::stream_handle(ctx_); }
+  double measure_peak_flops() override { return Ops::measure_peak_flops(ctx_); }
+  double gemm_seconds() const override { return Ops::gemm_seconds(); }
+  void reset_gemm_seconds() override { Ops::reset_gemm_seconds(); }
+
+  void init_parameters(uint64_t seed) override { stage_.init_parameters(seed); }
+  void zero_grads() override { stage_.zero_grads(); }
+  void* input_buffer(int slot) override { return stage_.input_buffer(slot); }
+  const void* output(int slot) const override { return stage_.output(slot); }
+  void* output_grad_buffer() override { return stage_.output_grad_buffer(); }
+  void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
+               float grad_scale) override {
+    stage_.forward(slot, tokens, targets, for_backward, static_cast<Acc>(grad_scale));
+  }
+  void backward(int slot, const GradsFinal& grads_final) override {
+    stage_.backward(slot, grads_final);
+  }
+  const void* input_grad_for_send(int slot) override {
+    Act* dst = grad_out_[slot].get();
+    Ops::copy(ctx_, dst, stage_.input_grad(), stage_.activation_size());
+    return dst;
+  }
+  double take_loss_sum() override { return stage_.take_loss_sum(); }
+
+  float* grads() override { return stage_.grads(); }
+  double grad_sum_of_squares(int64_t offset, int64_t n) override {
+    return Ops::sum_of_squares(ctx_, stage_.grads() + offset, n);
+  }
+  void adamw_step(double lr, int64_t step, double grad_scale) override {
+    const AdamWParams p{lr, adam_.beta1, adam_.beta2, adam_.eps, adam_.weight_decay, step,
+                        grad_scale};
+    Ops::adamw(ctx_, stage_.params(), stage_.grads(), m_.get(), v_.get(), chunks_.get(),
+               chunk_count_, p, stage_.weights());
+  }
+
+  StageState host_state() override {
+    if constexpr (Ops::kHostMemory) {
+      return StageState{stage_.params(), m_.get(), v_.get()};
+    } else {
+      const int64_t n = stage_.param_storage();
+      for (auto* h : {&host_params_, &host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
+      Ops::download(ctx_, host_params_.data(), stage_.params(), n);
+      Ops::download(ctx_, host_m_.data(), m_.get(), n);
+      Ops::download(ctx_, host_v_.data(), v_.get(), n);
+      return StageState{host_params_.data(), host_m_.data(), host_v_.data()};
+    }
+  }
+  void load_state(const float* params, const float* m, const float* v) override {
+    const int64_t n = stage_.param_storage();
+    Ops::upload(ctx_, stage_.params(), params, n);
+    Ops::upload(ctx_, m_.get(), m, n);
+    Ops::upload(ctx_, v_.get(), v, n);
+    stage_.refresh_weights();
+  }
+
+ private:
+  typename Ops::Context ctx_;
+  GptStage<Ops> stage_;
+  AdamWSettings adam_;
+  Buffer<Acc> m_, v_;
+  Buffer<AdamWChunk> chunks_;
+  int64_t chunk_count_ = 0;
+  std::vector<Buffer<Act>> grad_out_;
+  std::vector<float> host_params_, host_m_, host_v_;  // device runs only
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,100 @@
+// The schema and everything generated from it: the parameter table's names,
+// shapes and flags, the stage layout's offsets and the optimizer's chunk
+// list, checked against GPT-2's tensor list written out here by hand.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "model/parameter_table.hpp"
+#include "model/stage_layout.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+GptConfig config() {
+  GptConfig c;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.seq_len = 5;
+  c.vocab_size = 11;
+  return c;
+}
+
+TEST(Schema, TableHoldsGpt2TensorsWithShapesAndFlags) {
+  const GptConfig cfg = config();
+  const ParameterTable t(cfg, StageRange{0, 3, true, true});
+  const int64_t C = 8;
+  // name -> {shape, decay}, GPT-2's checkpoint layout ([out, in] matrices).
+  std::map<std::string, std::pair<std::vector<int64_t>, bool>> want = {
+      {"wte", {{11, C}, true}}, {"wpe", {{5, C}, true}},
+      {"ln_f.weight", {{C}, false}}, {"ln_f.bias", {{C}, false}}};
+  for (int l = 0; l < 3; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    want[h + "ln_1.weight"] = {{C}, false};
+    want[h + "ln_1.bias"] = {{C}, false};
+    want[h + "attn.c_attn.weight"] = {{3 * C, C}, true};
+    want[h + "attn.c_attn.bias"] = {{3 * C}, false};
+    want[h + "attn.c_proj.weight"] = {{C, C}, true};
+    want[h + "attn.c_proj.bias"] = {{C}, false};
+    want[h + "ln_2.weight"] = {{C}, false};
+    want[h + "ln_2.bias"] = {{C}, false};
+    want[h + "mlp.c_fc.weight"] = {{4 * C, C}, true};
+    want[h + "mlp.c_fc.bias"] = {{4 * C}, false};
+    want[h + "mlp.c_proj.weight"] = {{C, 4 * C}, true};
+    want[h + "mlp.c_proj.bias"] = {{C}, false};
+  }
+  ASSERT_EQ(t.specs().size(), want.size());
+  for (const auto& s : t.specs()) {
+    ASSERT_TRUE(want.count(s.name)) << s.name;
+    EXPECT_EQ(s.shape, want[s.name].first) << s.name;
+    EXPECT_EQ(s.decay, want[s.name].second) << s.name;
+    // The structure is recorded, not parsed: the layer and schema row agree
+    // with the name.
+    if (s.layer >= 0) {
+      EXPECT_EQ(s.name, "h." + std::to_string(s.layer) + "." + kBlockSchema[s.tensor].name);
+    } else {
+      EXPECT_EQ(s.name, kOuterSchema[s.tensor].name);
+    }
+  }
+  EXPECT_EQ(t.at("wte").storage, 128 * C);  // the padded vocabulary
+}
+
+TEST(Schema, LayoutAndChunksAgreeWithTheTableOnEveryStage) {
+  const GptConfig cfg = config();
+  for (int64_t st = 0; st < 3; ++st) {
+    const StageRange r = partition_stage(cfg, st, 3);
+    const ParameterTable t(cfg, r);
+    const StageLayout at(t, r);
+    for (int64_t i = 0; i < r.num_layers(); ++i) {
+      const auto v = at.block(static_cast<float*>(nullptr), i);
+      for (int k = 0; k < block::kCount; ++k) {
+        const std::string name =
+            "h." + std::to_string(r.first_layer + i) + "." + kBlockSchema[k].name;
+        EXPECT_EQ(v[static_cast<block::Tensor>(k)] - static_cast<float*>(nullptr),
+                  t.at(name).offset)
+            << name;
+      }
+    }
+    EXPECT_EQ(at.at(outer::wte) >= 0, r.has_embedding || r.has_head);
+    EXPECT_EQ(at.at(outer::lnf_b) >= 0, r.has_head);
+    // The chunk list covers each tensor's logical elements exactly once,
+    // with the table's decay flag, and never wte's padding.
+    std::vector<int> covered(static_cast<size_t>(t.total_storage()), 0), decay(covered.size(), -1);
+    for (const AdamWChunk& c : adamw_chunks(t))
+      for (int64_t j = c.offset; j < c.offset + c.length; ++j) {
+        ++covered[j];
+        decay[j] = c.decay;
+      }
+    for (const auto& s : t.specs())
+      for (int64_t j = 0; j < s.storage; ++j) {
+        const bool logical = j < s.numel();
+        ASSERT_EQ(covered[s.offset + j], logical ? 1 : 0) << s.name << "[" << j << "]";
+        if (logical) ASSERT_EQ(decay[s.offset + j], s.decay ? 1 : 0) << s.name;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace mpiformer::test
