@@ -15,13 +15,16 @@ int run_train(const TrainArgs& args, int rank, int world) {
   agree_on_input_errors(MPI_COMM_WORLD, [&] { deck = load_deck(args.deck, args.overrides); });
   // Before anything slow, so an early SIGTERM is not fatal either.
   install_stop_handlers();
+  // Set-up's input errors are every rank's (agreed on): they propagate and
+  // every rank exits with the message once.
   Trainer trainer(std::move(deck), rank, world);
   try {
     if (trainer.run().stopped_to_requeue) return kExitRequeue;
-  } catch (const InputError& e) {
-    // Past set-up an input error is one rank's (a shard damaged mid-run):
-    // the others are inside collectives, so it must abort the job.
-    throw SystemError(e.what());
+  } catch (const std::exception& e) {
+    // Past set-up any failure is one rank's (even an input error: a shard
+    // damaged mid-run) while the others are inside collectives: end the
+    // job from here, with the trainer (streams, communicators) untouched.
+    return fail(e, rank, world);
   }
   return 0;
 }

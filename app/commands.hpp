@@ -2,10 +2,21 @@
 // code and throws InputError for anything the user must fix.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
 namespace mpiformer {
+
+constexpr int kExitInputError = 2;
+constexpr int kExitFailure = 3;
+
+// A failure that is not the user's input (a library call, a dead peer, a
+// full disk): says it, naming the rank, and ends the job. With more than
+// one rank it aborts every rank at once (MPI_Abort), before anything is
+// unwound: a rank that drained its streams or destroyed its communicators
+// first could wait for a peer that will never answer.
+int fail(const std::exception& e, int rank, int world);
 
 struct TrainArgs {
   std::string deck;

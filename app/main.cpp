@@ -11,17 +11,24 @@
 #include "parallel/mpi_session.hpp"
 #include "parallel/nccl_version.hpp"
 
-namespace {
+namespace mpiformer {
 
-constexpr int kExitInputError = 2;
-constexpr int kExitFailure = 3;
+int fail(const std::exception& e, int rank, int world) {
+  std::fprintf(stderr, "mpiformer: fatal on rank %d: %s\n", rank, e.what());
+  std::fflush(stderr);
+  if (world > 1) MpiSession::abort(kExitFailure);
+  return kExitFailure;
+}
 
-}  // namespace
+}  // namespace mpiformer
 
 int main(int argc, char** argv) {
   using namespace mpiformer;
   MpiSession mpi(&argc, &argv);
-  Kokkos::ScopeGuard kokkos(argc, argv);
+  // Kokkos never sees the program's arguments: it would print its own help
+  // for --help and could take options meant for us. It still reads its
+  // environment variables (KOKKOS_NUM_THREADS, ...).
+  Kokkos::ScopeGuard kokkos(Kokkos::InitArguments{});
 
   CLI::App app{"mpiformer: GPT training with data and pipeline parallelism over MPI", "mpiformer"};
 #ifdef MPIFORMER_HAVE_CUDA
@@ -89,9 +96,7 @@ int main(int argc, char** argv) {
     if (mpi.rank() == 0) std::fprintf(stderr, "mpiformer: error: %s\n", e.what());
     return kExitInputError;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mpiformer: fatal on rank %d: %s\n", mpi.rank(), e.what());
-    if (mpi.size() > 1) MpiSession::abort(kExitFailure);
-    return kExitFailure;
+    return fail(e, mpi.rank(), mpi.size());
   }
   return 0;
 }

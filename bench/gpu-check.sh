@@ -121,11 +121,23 @@ fi
 # memcheck (out-of-bounds, misaligned) look where the kernels really run.
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ "${TESTS:-1}" = 1 ] && [ "$probe" = 0 ] && [ -n "$sanitizer" ]; then
+  # cuBLASLt's Hopper kernels (sm90_xmma*, nvjet*) give false positives
+  # under the sanitizer: they are excluded by name (ours are all checked).
+  exclude=()
+  if "$sanitizer" --help 2>/dev/null | grep -q -- --kernel-name-exclude; then
+    for k in sm90_xmma nvjet cutlass; do exclude+=(--kernel-name-exclude "kns=$k"); done
+  fi
   for tool in memcheck racecheck; do
     phase 150 "compute-sanitizer $tool" || continue
-    timeout 90 "$sanitizer" --tool "$tool" --error-exitcode 9 "$BUILD/tests/mpiformer_gpu_kernels_test" \
-      >"$OUT/sanitizer-$tool.log" 2>&1
+    timeout 90 "$sanitizer" --tool "$tool" --error-exitcode 9 "${exclude[@]}" \
+      "$BUILD/tests/mpiformer_gpu_kernels_test" >"$OUT/sanitizer-$tool.log" 2>&1
     rc=$?
+    if grep -q "Device not supported" "$OUT/sanitizer-$tool.log"; then
+      # Sandboxed runtimes refuse the sanitizer's debugger interface: no
+      # verdict either way, so the check is skipped, not failed.
+      log "compute-sanitizer $tool on gpu.kernels: SKIPPED (device not supported by the sanitizer here)"
+      continue
+    fi
     log "compute-sanitizer $tool on gpu.kernels: $([ $rc = 0 ] && echo clean || echo "FAILED ($rc)")"
     [ $rc = 0 ] || tests_rc=1
   done

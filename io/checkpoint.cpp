@@ -1,7 +1,5 @@
 #include "checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
@@ -11,8 +9,11 @@
 #include <fstream>
 #include <functional>
 
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/mpi_check.hpp"
 #include "core/format.hpp"
+#include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
 
 namespace mpiformer {
@@ -39,52 +40,6 @@ const IntAttr kIntAttrs[] = {
     {"seq_len", &CheckpointMeta::seq_len},
     {"vocab_size", &CheckpointMeta::vocab_size},
 };
-
-void write_int_attr(hid_t obj, const char* name, int64_t v, const std::string& path) {
-  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle a(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5_CHECK(a.get(), path + ": attribute " + name);
-  H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_INT64, &v), path + ": attribute " + name);
-}
-
-void write_u64_attr(hid_t obj, const char* name, uint64_t v, const std::string& path) {
-  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle a(H5Acreate2(obj, name, H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5_CHECK(a.get(), path + ": attribute " + name);
-  H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_UINT64, &v), path + ": attribute " + name);
-}
-
-// Fixed-length strings: identical on every rank, as collective attribute
-// writes require, and readable by h5py and h5dump as plain text.
-void write_string_attr(hid_t obj, const char* name, const std::string& v, const std::string& path) {
-  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), std::max<size_t>(v.size(), 1));
-  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle a(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5_CHECK(a.get(), path + ": attribute " + name);
-  std::string buf = v.empty() ? std::string(1, '\0') : v;
-  H5_CHECK(H5Awrite(a.get(), type.get(), buf.data()), path + ": attribute " + name);
-}
-
-bool read_attr_raw(hid_t obj, const char* name, hid_t mem_type, void* out) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  H5Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  return a.valid() && H5Aread(a.get(), mem_type, out) >= 0;
-}
-
-std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
-  if (H5Aexists(obj, name) <= 0) throw InputError(path, std::string("attribute ") + name, "missing");
-  H5Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  H5Handle t(H5Aget_type(a.get()), H5Tclose);
-  if (!t.valid() || H5Tget_class(t.get()) != H5T_STRING || H5Tis_variable_str(t.get()) > 0) {
-    throw InputError(path, std::string("attribute ") + name, "expected a fixed-length string");
-  }
-  std::string out(H5Tget_size(t.get()), '\0');
-  if (H5Aread(a.get(), t.get(), out.data()) < 0) {
-    throw InputError(path, std::string("attribute ") + name, "unreadable");
-  }
-  return out.substr(0, out.find('\0'));
-}
 
 std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
   return std::vector<hsize_t>(shape.begin(), shape.end());
@@ -138,14 +93,14 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
                       const std::vector<DatasetSlice>& datasets) {
   const std::string tmp = path + ".tmp";
   int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
   // Checksums come from one rank per dataset; everyone needs them all
   // because attribute writes are collective.
   std::vector<uint64_t> sums(datasets.size(), 0);
   for (size_t i = 0; i < datasets.size(); ++i)
     if (datasets[i].reports_checksum) sums[i] = datasets[i].checksum;
-  MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM,
-                comm);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
+                          MPI_SUM, comm));
   const int64_t fault = fault_after();
   {
     H5QuietErrors quiet;
@@ -201,19 +156,19 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     write_string_attr(file.get(), "deck", meta.deck, tmp);
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), tmp);
   }  // closed, collectively, here
-  MPI_Barrier(comm);
-  int ok = 1;
+  MPI_CHECK(MPI_Barrier(comm));
+  // Rank 0 gives the finished file its name; every rank learns the outcome.
+  std::string failure;
   if (rank == 0) {
-    // On disk before it gets its final name, so a crash can never leave a
-    // step_*.h5 whose data was still in the page cache.
-    if (int fd = ::open(tmp.c_str(), O_RDONLY); fd >= 0) {
-      ::fsync(fd);
-      ::close(fd);
+    try {
+      durable_rename(tmp, path);
+    } catch (const SystemError& e) {
+      failure = e.what();
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) ok = 0;
   }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
-  if (!ok) throw SystemError("cannot rename " + tmp + " to " + path);
+  int ok = failure.empty() ? 1 : 0;
+  MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
+  if (!ok) throw SystemError(rank == 0 ? failure : "cannot publish " + path + " (see rank 0)");
 }
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
@@ -224,11 +179,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   }
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file_ < 0) throw InputError(path, "", "cannot open (truncated or damaged?)");
-  for (const auto& a : kIntAttrs) {
-    if (!read_attr_raw(file_, a.name, H5T_NATIVE_INT64, &(meta_.*(a.member)))) {
-      throw InputError(path, std::string("attribute ") + a.name, "missing or unreadable");
-    }
-  }
+  for (const auto& a : kIntAttrs) meta_.*(a.member) = read_int_attr(file_, a.name, path);
   if (meta_.format_version != kCheckpointFormatVersion) {
     throw InputError(path, "attribute format_version",
                      strprintf("this build reads version %lld, the file is version %lld",
@@ -264,10 +215,7 @@ void CheckpointReader::read(const std::string& name, const std::vector<int64_t>&
   if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
     throw InputError(path_, name, "read failed (truncated or damaged file)");
   }
-  uint64_t want = 0;
-  if (!read_attr_raw(dset.get(), "xxh64", H5T_NATIVE_UINT64, &want)) {
-    throw InputError(path_, name, "checksum attribute xxh64 missing");
-  }
+  const uint64_t want = read_u64_attr(dset.get(), "xxh64", path_ + ": " + name);
   const uint64_t got = tensor_checksum(out, numel(shape));
   if (got != want) {
     throw InputError(path_, name,

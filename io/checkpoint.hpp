@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/gpt_config.hpp"
+#include "core/gpt_config.hpp"
 
 namespace mpiformer {
 

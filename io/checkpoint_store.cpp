@@ -1,14 +1,12 @@
 #include "checkpoint_store.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
 
@@ -29,25 +27,7 @@ void CheckpointStore::create_dir() const {
 }
 
 void CheckpointStore::publish_latest(const std::string& path) const {
-  const std::string tmp = dir_ + "/latest.tmp", final_path = dir_ + "/latest";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << fs::path(path).filename().string() << "\n";
-    out.flush();
-    if (!out) throw SystemError("cannot write " + tmp);
-  }
-  // The data must be on disk before the name points at it.
-  if (int fd = ::open(tmp.c_str(), O_RDONLY); fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  if (std::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    throw SystemError("cannot rename " + tmp + " to " + final_path);
-  }
-  if (int dfd = ::open(dir_.c_str(), O_RDONLY); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  write_file_durably(dir_ + "/latest", fs::path(path).filename().string() + "\n");
 }
 
 std::string CheckpointStore::latest() const {

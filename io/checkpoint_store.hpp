@@ -11,7 +11,6 @@ namespace mpiformer {
 class CheckpointStore {
  public:
   explicit CheckpointStore(std::string dir);
-  const std::string& dir() const { return dir_; }
   std::string path_for_step(int64_t step) const;
   void create_dir() const;
   // Points `latest` at `path` (a file in this directory).

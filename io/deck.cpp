@@ -67,6 +67,51 @@ Key string_key(const char* sec, const char* name, bool req, M member) {
           }};
 }
 
+// A string naming one of an enum's values (core/settings.hpp).
+template <class E, size_t N, class M>
+Key choice_key(const char* sec, const char* name, const SettingName<E> (&names)[N], M member) {
+  return {sec, name, Kind::String, false, 0, 0,
+          [member, &names, sec, name](Deck& d, const toml::value& v) {
+            const std::string text = v.as_string().str;
+            if (!parse_setting(names, text, &member(d))) {
+              throw InputError("", strprintf("[%s] %s", sec, name),
+                               "expected " + setting_choices(names) + ", got \"" + text + "\"");
+            }
+          },
+          [member, &names](const Deck& d) {
+            return "\"" + std::string(setting_name(names, member(const_cast<Deck&>(d)))) + "\"";
+          }};
+}
+
+// [checkpoint] resume: "auto", "never" or a path.
+Key resume_key() {
+  return {"checkpoint", "resume", Kind::String, false, 0, 0,
+          [](Deck& d, const toml::value& v) {
+            const std::string text = v.as_string().str;
+            CheckpointConfig& c = d.checkpoint;
+            c.resume_path.clear();
+            if (text == "auto") {
+              c.resume = ResumeMode::kAuto;
+            } else if (text == "never") {
+              c.resume = ResumeMode::kNever;
+            } else if (text.empty()) {
+              throw InputError("", "[checkpoint] resume",
+                               "expected \"auto\", \"never\" or a checkpoint path");
+            } else {
+              c.resume = ResumeMode::kPath;
+              c.resume_path = text;
+            }
+          },
+          [](const Deck& d) {
+            const CheckpointConfig& c = d.checkpoint;
+            std::ostringstream os;
+            os << toml::value(c.resume == ResumeMode::kAuto    ? std::string("auto")
+                              : c.resume == ResumeMode::kNever ? std::string("never")
+                                                               : c.resume_path);
+            return os.str();
+          }};
+}
+
 template <class M>
 Key bool_key(const char* sec, const char* name, M member) {
   return {sec, name, Kind::Bool, false, 0, 0,
@@ -101,13 +146,13 @@ const std::vector<Key>& schema() {
       int_key("train", "eval_every", false, 0, 1e12, MEMBER(train.eval_every)),
       int_key("train", "eval_batches", false, 1, 1e9, MEMBER(train.eval_batches)),
       int_key("train", "stop_at", false, 1, 1e12, MEMBER(train.stop_at)),
-      string_key("train", "precision", false, MEMBER(train.precision)),
+      choice_key("train", "precision", kPrecisionNames, MEMBER(train.precision)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
-      string_key("parallel", "schedule", false, MEMBER(parallel.schedule)),
+      choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       string_key("run", "dir", false, MEMBER(run.dir)),
-      string_key("run", "device", false, MEMBER(run.device)),
+      choice_key("run", "device", kDeviceNames, MEMBER(run.device)),
       float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),
       int_key("run", "blas_threads", false, 0, 4096, MEMBER(run.blas_threads)),
       bool_key("run", "trace", MEMBER(run.trace)),
@@ -115,7 +160,7 @@ const std::vector<Key>& schema() {
       string_key("checkpoint", "dir", false, MEMBER(checkpoint.dir)),
       int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),
-      string_key("checkpoint", "resume", false, MEMBER(checkpoint.resume)),
+      resume_key(),
   };
   return keys;
 }
@@ -157,7 +202,13 @@ void apply(Deck& d, const Key& k, const toml::value& v, const std::string& where
                                  toml::format(v).c_str()));
     }
   }
-  k.set(d, v);
+  try {
+    k.set(d, v);
+  } catch (const InputError& e) {
+    // A value the key's own parser refused (an enum's spelling): name where.
+    if (!e.file().empty()) throw;
+    throw InputError(where, e.field(), e.reason());
+  }
 }
 
 const Key* find_key(const std::string& section, const std::string& name) {
@@ -196,22 +247,6 @@ void check_relations(const Deck& d, const std::string& where) {
                   static_cast<long long>(d.parallel.dp), static_cast<long long>(d.train.micro_batch),
                   static_cast<long long>(per_step), static_cast<long long>(d.train.global_batch)));
   }
-  if (d.parallel.schedule != "1f1b" && d.parallel.schedule != "gpipe") {
-    throw InputError(where, "[parallel] schedule",
-                     "expected \"1f1b\" or \"gpipe\", got \"" + d.parallel.schedule + "\"");
-  }
-  if (d.train.precision != "fp32" && d.train.precision != "bf16") {
-    throw InputError(where, "[train] precision",
-                     "expected \"fp32\" or \"bf16\", got \"" + d.train.precision + "\"");
-  }
-  if (d.run.device != "auto" && d.run.device != "cpu" && d.run.device != "cuda") {
-    throw InputError(where, "[run] device",
-                     "expected \"auto\", \"cpu\" or \"cuda\", got \"" + d.run.device + "\"");
-  }
-  if (d.train.precision == "bf16" && d.run.device == "cpu") {
-    throw InputError(where, "[train] precision",
-                     "\"bf16\" runs on the GPU back end only, but [run] device is \"cpu\"");
-  }
   if (d.parallel.pp > d.model.n_layer) {
     throw InputError(where, "[parallel] pp",
                      strprintf("must not exceed [model] n_layer (%lld), got %lld",
@@ -235,9 +270,6 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   }
   Deck d;
   d.path = path;
-  d.train.min_lr = -1;  // "not given": defaults to lr / 10 below
-  d.train.seed = 1337;
-  d.train.eval_batches = 4;
   std::map<std::string, bool> seen;
   for (const auto& [section, table] : root.as_table()) {
     if (!table.is_table() || !known_section(section)) {
@@ -282,13 +314,31 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
     }
   }
   if (d.train.min_lr < 0) d.train.min_lr = d.train.lr / 10;
-  if (d.run.dir.empty()) d.run.dir = "runs/default";
   if (d.checkpoint.dir.empty()) d.checkpoint.dir = d.run.dir + "/checkpoints";
-  if (d.checkpoint.resume.empty()) {
-    throw InputError(path, "[checkpoint] resume", "expected \"auto\", \"never\" or a checkpoint path");
-  }
   check_relations(d, path);
   return d;
+}
+
+namespace {
+
+// An optional key whose value means "not given" (vocab_size 0, no val path,
+// min_lr -1) is not written, so the resolved text is itself a valid deck.
+bool unset(const Key& k, const std::string& shown) {
+  return k.kind == Kind::String ? shown == "\"\""
+         : k.kind == Kind::Bool ? false
+                                : !(std::stod(shown) >= k.min);
+}
+
+}  // namespace
+
+std::vector<DeckKey> deck_keys() {
+  const Deck defaults;
+  std::vector<DeckKey> out;
+  for (const auto& k : schema()) {
+    const std::string v = k.show(defaults);
+    out.push_back({k.section, k.name, k.required, k.required || unset(k, v) ? "" : v});
+  }
+  return out;
 }
 
 std::string Deck::to_toml() const {
@@ -299,12 +349,7 @@ std::string Deck::to_toml() const {
       out += (out.empty() ? "[" : "\n[") + section + "]\n";
     }
     const std::string v = k.show(*this);
-    // Optional keys left unset (vocab_size 0, no val path) are not written,
-    // so the text is itself a valid deck.
-    const bool unset = k.kind == Kind::String ? v == "\"\""
-                       : k.kind == Kind::Bool ? false
-                                              : !(std::stod(v) >= k.min);
-    if (!unset) out += std::string(k.name) + " = " + v + "\n";
+    if (!unset(k, v)) out += std::string(k.name) + " = " + v + "\n";
   }
   return out;
 }

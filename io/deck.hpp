@@ -1,12 +1,17 @@
 // The input deck: a TOML file validated against a fixed schema, plus
 // command-line overrides (--set section.key=value). Every problem is an
 // InputError naming the file (or the override) and the key.
+//
+// Every default is the member initialiser below, and only there; the
+// README's table is tested against it (tests/unit/test_deck.cpp). Keys
+// without a fixed default say how it is derived.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "model/gpt_config.hpp"
+#include "core/settings.hpp"
+#include "core/gpt_config.hpp"
 
 namespace mpiformer {
 
@@ -14,23 +19,24 @@ struct TrainConfig {
   int64_t steps = 0;
   int64_t global_batch = 0;  // sequences per optimizer step, all ranks together
   int64_t micro_batch = 0;   // sequences per micro-batch per rank
-  double lr = 0, min_lr = 0;
+  double lr = 0;
+  double min_lr = -1;  // not given: lr / 10
   int64_t warmup_steps = 0;
   double weight_decay = 0, grad_clip = 0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  int64_t seed = 0;
-  int64_t log_every = 1, eval_every = 0, eval_batches = 1;
+  int64_t seed = 1337;
+  int64_t log_every = 1, eval_every = 0, eval_batches = 4;
   int64_t stop_at = 0;  // end this run after this step (0: run to `steps`)
-  // "fp32", or "bf16": bf16 activations and matmul inputs with float
-  // accumulation, master weights and moments (GPU only; checkpoints stay fp32).
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;  // checkpoints stay fp32 either way
 };
 
 struct CheckpointConfig {
-  std::string dir;        // default: <run.dir>/checkpoints
+  std::string dir;        // not given: <run.dir>/checkpoints
   int64_t every = 0;      // steps between checkpoints (0: only the final one)
   int64_t keep = 3;       // newest complete checkpoints kept (0: all)
-  std::string resume = "auto";  // "auto" | "never" | a checkpoint path
+  // "auto" | "never" | a checkpoint path (resume_path).
+  ResumeMode resume = ResumeMode::kAuto;
+  std::string resume_path;
 };
 
 struct DataConfig {
@@ -39,15 +45,15 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t dp = 1, pp = 1;
-  std::string schedule = "1f1b";  // pipeline schedule: "1f1b" or "gpipe"
+  ScheduleKind schedule = ScheduleKind::kOneFOneB;
   double bucket_mb = 25;          // data-parallel gradient bucket size, MiB
 };
 
 struct RunSection {
-  std::string dir;
-  // "cuda": GPUs (cuda build), "cpu": the host kernels, "auto": a GPU when
+  std::string dir = "runs/default";
+  // kCuda: GPUs (cuda build), kCpu: the host kernels, kAuto: a GPU when
   // the build has CUDA and this node has a GPU, the host otherwise.
-  std::string device = "auto";
+  Device device = Device::kAuto;
   double peak_tflops = 0;   // 0: measured at start with a large sgemm
   int64_t blas_threads = 0; // 0: the BLAS library's default
   bool trace = false;       // Chrome trace per rank: <dir>/trace-rank<N>.json
@@ -68,6 +74,16 @@ struct Deck {
   // The resolved deck as TOML, every key with its final value.
   std::string to_toml() const;
 };
+
+// The schema's keys and the default each takes, as the resolved deck would
+// show it (empty where the default is derived or absent), for the
+// documentation and its test.
+struct DeckKey {
+  std::string section, name;
+  bool required;
+  std::string default_value;
+};
+std::vector<DeckKey> deck_keys();
 
 // Reads and validates `path`, then applies `overrides` ("section.key=value",
 // value in TOML syntax; a bare word is taken as a string).

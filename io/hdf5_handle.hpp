@@ -2,6 +2,7 @@
 // attribute, property list), closed with the matching H5*close; and a check
 // for HDF5 calls that names the call and where it was made.
 #pragma once
+#include "core/hdf5_check.hpp"
 #include <hdf5.h>
 
 #include <string>
@@ -59,8 +60,3 @@ class H5QuietErrors {
 };
 
 }  // namespace mpiformer
-
-#define H5_CHECK(call, what)                                                     \
-  do {                                                                           \
-    if ((call) < 0) ::mpiformer::throw_system_error(#call, __FILE__, __LINE__, (what)); \
-  } while (0)

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
 
 namespace mpiformer {
@@ -129,8 +131,8 @@ class H5TokenSource final : public TokenSource {
     hsize_t dims[1] = {0};
     H5Sget_simple_extent_dims(space.get(), dims, nullptr);
     count_ = static_cast<int64_t>(dims[0]);
-    *vocab = read_int_attr("vocab_size");
-    *tokenizer = read_string_attr("tokenizer");
+    *vocab = read_int_attr(file_.get(), "vocab_size", path_);
+    *tokenizer = read_string_attr(file_.get(), "tokenizer", path_);
   }
   int64_t num_tokens() const override { return count_; }
   void read(int64_t first, int64_t count, int32_t* out) const override {
@@ -147,40 +149,6 @@ class H5TokenSource final : public TokenSource {
   const char* format() const override { return "HDF5"; }
 
  private:
-  int64_t read_int_attr(const char* name) {
-    if (H5Aexists(file_.get(), name) <= 0) {
-      throw InputError(path_, std::string("attribute ") + name, "missing at the root");
-    }
-    H5Handle a(H5Aopen(file_.get(), name, H5P_DEFAULT), H5Aclose);
-    int64_t v = 0;
-    if (!a.valid() || H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) {
-      throw InputError(path_, std::string("attribute ") + name, "expected an integer");
-    }
-    return v;
-  }
-  std::string read_string_attr(const char* name) {
-    if (H5Aexists(file_.get(), name) <= 0) {
-      throw InputError(path_, std::string("attribute ") + name, "missing at the root");
-    }
-    H5Handle a(H5Aopen(file_.get(), name, H5P_DEFAULT), H5Aclose);
-    H5Handle t(H5Aget_type(a.get()), H5Tclose);
-    if (H5Tget_class(t.get()) != H5T_STRING) {
-      throw InputError(path_, std::string("attribute ") + name, "expected a string");
-    }
-    if (H5Tis_variable_str(t.get()) > 0) {
-      char* s = nullptr;
-      H5Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
-      H5Tset_size(mt.get(), H5T_VARIABLE);
-      H5_CHECK(H5Aread(a.get(), mt.get(), &s), path_);
-      std::string out = s != nullptr ? s : "";
-      H5free_memory(s);
-      return out;
-    }
-    std::string out(H5Tget_size(t.get()), '\0');
-    H5_CHECK(H5Aread(a.get(), t.get(), out.data()), path_);
-    return out.substr(0, out.find('\0'));
-  }
-
   std::string path_;
   H5Handle file_, dset_;
   int64_t count_ = 0;
@@ -304,23 +272,15 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     H5_CHECK(dset.get(), path);
     H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()),
              path);
-    H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
-    H5Handle va(H5Acreate2(file.get(), "vocab_size", H5T_STD_I64LE, scalar.get(), H5P_DEFAULT,
-                           H5P_DEFAULT),
-                H5Aclose);
-    H5_CHECK(H5Awrite(va.get(), H5T_NATIVE_INT64, &vocab_size), path);
-    H5Handle st(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(st.get(), H5T_VARIABLE);
-    H5Handle ta(H5Acreate2(file.get(), "tokenizer", st.get(), scalar.get(), H5P_DEFAULT,
-                           H5P_DEFAULT),
-                H5Aclose);
-    const char* name = tokenizer.c_str();
-    H5_CHECK(H5Awrite(ta.get(), st.get(), &name), path);
+    write_int_attr(file.get(), "vocab_size", vocab_size, path);
+    write_string_attr(file.get(), "tokenizer", tokenizer, path);
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), path);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw InputError(path, "", std::string("cannot rename the finished file into place: ") +
-                                   std::strerror(errno));
+  try {
+    durable_rename(tmp, path);
+  } catch (const SystemError& e) {
+    std::remove(tmp.c_str());
+    throw InputError(path, "", std::string("cannot put the finished file in place: ") + e.what());
   }
 }
 

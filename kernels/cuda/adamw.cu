@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "cuda/adamw.hpp"
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 
 namespace mpiformer::cuda {

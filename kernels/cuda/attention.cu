@@ -1,7 +1,7 @@
 #include <cmath>
 
 #include "cuda/attention.hpp"
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 
 namespace mpiformer::cuda {
@@ -11,45 +11,59 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / kWarp;  // one warp per score row
 
+// The permutes run one block per token (b, t): the block's threads walk
+// the token's contiguous channels, so reads or writes are coalesced and the
+// only divisions per element are two in 32 bits (by C and by hs; a 64-bit
+// division costs several times more on a GPU). Token counts, C and hs are
+// far below 2^31 for any model that fits in memory.
+struct TokenIndex {
+  int64_t b, t;
+  __device__ TokenIndex(int64_t T) : b(blockIdx.x / T), t(blockIdx.x % T) {}
+};
+
 // [B,T,3,NH,hs] -> 3 x [B,NH,T,hs]
 template <class A>
-__global__ void split_heads_kernel(A* dst, const A* qkv, int64_t B, int64_t T, int64_t NH,
-                                   int64_t hs) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t C = NH * hs, n = B * T * C;
-  if (i >= 3 * n) return;
-  // i indexes the destination: part, b, h, t, d.
-  const int64_t part = i / n, r = i % n;
-  const int64_t b = r / (NH * T * hs), h = (r / (T * hs)) % NH, t = (r / hs) % T, d = r % hs;
-  dst[i] = qkv[(b * T + t) * 3 * C + part * C + h * hs + d];
+__global__ void __launch_bounds__(kThreads)
+    split_heads_kernel(A* dst, const A* qkv, int64_t B, int64_t T, int NH, int hs) {
+  const TokenIndex tok(T);
+  const int C = NH * hs;
+  const int64_t n = B * T * C;
+  const A* row = qkv + static_cast<int64_t>(blockIdx.x) * 3 * C;
+  for (int j = threadIdx.x; j < 3 * C; j += blockDim.x) {
+    const int part = j / C, r = j - part * C, h = r / hs, d = r - h * hs;
+    dst[part * n + ((tok.b * NH + h) * T + tok.t) * hs + d] = row[j];
+  }
 }
 
 // 3 x [B,NH,T,hs] -> [B,T,3,NH,hs] (the inverse of split_heads).
 template <class A>
-__global__ void merge_heads3_kernel(A* qkv, const A* src, int64_t B, int64_t T, int64_t NH,
-                                    int64_t hs) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t C = NH * hs, n = B * T * C;
-  if (i >= 3 * n) return;
-  // i indexes the destination: b, t, part, h, d.
-  const int64_t b = i / (T * 3 * C), t = (i / (3 * C)) % T, part = (i / C) % 3;
-  const int64_t h = (i % C) / hs, d = i % hs;
-  qkv[i] = src[part * n + ((b * NH + h) * T + t) * hs + d];
+__global__ void __launch_bounds__(kThreads)
+    merge_heads3_kernel(A* qkv, const A* src, int64_t B, int64_t T, int NH, int hs) {
+  const TokenIndex tok(T);
+  const int C = NH * hs;
+  const int64_t n = B * T * C;
+  A* row = qkv + static_cast<int64_t>(blockIdx.x) * 3 * C;
+  for (int j = threadIdx.x; j < 3 * C; j += blockDim.x) {
+    const int part = j / C, r = j - part * C, h = r / hs, d = r - h * hs;
+    row[j] = src[part * n + ((tok.b * NH + h) * T + tok.t) * hs + d];
+  }
 }
 
 // [B,NH,T,hs] <-> [B,T,NH,hs]; `to_heads` picks the direction.
 template <class A>
-__global__ void permute_heads_kernel(A* dst, const A* src, int64_t B, int64_t T, int64_t NH,
-                                     int64_t hs, bool to_heads) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t C = NH * hs;
-  if (i >= B * T * C) return;
-  const int64_t b = i / (T * C), t = (i / C) % T, h = (i % C) / hs, d = i % hs;
-  const int64_t heads = ((b * NH + h) * T + t) * hs + d;
-  if (to_heads) {
-    dst[heads] = src[i];
-  } else {
-    dst[i] = src[heads];
+__global__ void __launch_bounds__(kThreads)
+    permute_heads_kernel(A* dst, const A* src, int64_t T, int NH, int hs, bool to_heads) {
+  const TokenIndex tok(T);
+  const int C = NH * hs;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * C;
+  for (int j = threadIdx.x; j < C; j += blockDim.x) {
+    const int h = j / hs, d = j - h * hs;
+    const int64_t heads = ((tok.b * NH + h) * T + tok.t) * hs + d;
+    if (to_heads) {
+      dst[heads] = src[token + j];
+    } else {
+      dst[token + j] = src[heads];
+    }
   }
 }
 
@@ -92,6 +106,17 @@ __global__ void causal_softmax_backward_kernel(A* datt, const A* att, int64_t ro
   }
 }
 
+// One block per token.
+unsigned tokens(int64_t B, int64_t T) {
+  MPIFORMER_CHECK(B * T > 0 && B * T < (int64_t{1} << 31), "attention: B*T out of range");
+  return static_cast<unsigned>(B * T);
+}
+// A head count or head size as the permutes' 32-bit index type.
+int heads(int64_t x) {
+  MPIFORMER_CHECK(x > 0 && x < (int64_t{1} << 20), "attention: head count or size out of range");
+  return static_cast<int>(x);
+}
+
 }  // namespace
 
 template <class A>
@@ -99,8 +124,7 @@ void attention_forward(Blas& blas, A* out, A* att, const A* qkv, const Attention
                        int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hs = C / NH, n = B * T * C, BH = B * NH;
   cudaStream_t stream = blas.stream();
-  split_heads_kernel<<<blocks_for(3 * n, kThreads), kThreads, 0, stream>>>(s.qkv, qkv, B, T, NH,
-                                                                           hs);
+  split_heads_kernel<<<tokens(B, T), kThreads, 0, stream>>>(s.qkv, qkv, B, T, heads(NH), heads(hs));
   CUDA_CHECK_LAUNCH();
   const A *q = s.qkv, *k = s.qkv + n, *v = s.qkv + 2 * n;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
@@ -112,8 +136,8 @@ void attention_forward(Blas& blas, A* out, A* att, const A* qkv, const Attention
   // Y = A V, [T,hs] per (batch, head), then heads back side by side.
   blas.gemm(false, false, T, hs, T, 1.f, att, T, v, hs, 0.f, s.y, hs,
             static_cast<const A*>(nullptr), GemmBatch{BH, T * T, T * hs, T * hs});
-  permute_heads_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(out, s.y, B, T, NH, hs,
-                                                                         false);
+  permute_heads_kernel<<<tokens(B, T), kThreads, 0, stream>>>(out, s.y, T, heads(NH), heads(hs),
+                                                               false);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -124,11 +148,10 @@ void attention_backward(Blas& blas, A* dqkv, A* datt, const A* dout, const A* qk
   const int64_t hs = C / NH, n = B * T * C, BH = B * NH;
   cudaStream_t stream = blas.stream();
   // q, k, v again (the forward's copies are scratch shared by every layer).
-  split_heads_kernel<<<blocks_for(3 * n, kThreads), kThreads, 0, stream>>>(s.qkv, qkv, B, T, NH,
-                                                                           hs);
+  split_heads_kernel<<<tokens(B, T), kThreads, 0, stream>>>(s.qkv, qkv, B, T, heads(NH), heads(hs));
   CUDA_CHECK_LAUNCH();
-  permute_heads_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(s.y, dout, B, T, NH, hs,
-                                                                         true);
+  permute_heads_kernel<<<tokens(B, T), kThreads, 0, stream>>>(s.y, dout, T, heads(NH), heads(hs),
+                                                               true);
   CUDA_CHECK_LAUNCH();
   const A *q = s.qkv, *k = s.qkv + n, *v = s.qkv + 2 * n, *dy = s.y;
   A *dq = s.dqkv, *dk = s.dqkv + n, *dv = s.dqkv + 2 * n;
@@ -145,8 +168,8 @@ void attention_backward(Blas& blas, A* dqkv, A* datt, const A* dout, const A* qk
             GemmBatch{BH, T * T, T * hs, T * hs});  // dQ = dS K
   blas.gemm(true, false, T, hs, T, 1.f, datt, T, q, hs, 0.f, dk, hs, none,
             GemmBatch{BH, T * T, T * hs, T * hs});  // dK = dS^T Q
-  merge_heads3_kernel<<<blocks_for(3 * n, kThreads), kThreads, 0, stream>>>(dqkv, s.dqkv, B, T,
-                                                                            NH, hs);
+  merge_heads3_kernel<<<tokens(B, T), kThreads, 0, stream>>>(dqkv, s.dqkv, B, T, heads(NH),
+                                                              heads(hs));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,9 +1,12 @@
 #include "cuda/context.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <thread>
 #include <cstring>
 
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 
 namespace mpiformer::cuda {
 
@@ -17,10 +20,27 @@ Context::Context(int device) : device_(device) {
 
 Context::~Context() {
   // Buffers are freed by their owners; the stream goes last, once idle.
-  // Errors are ignored: a destructor runs while unwinding too.
-  cudaStreamSynchronize(stream_);
+  // While unwinding, the stream may wait on a communication that will never
+  // complete: do not wait (errors are ignored for the same reason).
+  if (std::uncaught_exceptions() == 0) cudaStreamSynchronize(stream_);
   blas_.reset();
   cudaStreamDestroy(stream_);
+}
+
+void Context::synchronize() {
+  if (!wait_check_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  for (;;) {
+    const cudaError_t st = cudaStreamQuery(stream_);
+    if (st == cudaSuccess) return;
+    if (st != cudaErrorNotReady) CUDA_CHECK(st);
+    wait_check_();
+    // A step's waits are milliseconds long; 20 us between polls costs
+    // nothing measurable and keeps one host core from spinning flat out.
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 std::string Context::device_name() const {
@@ -38,7 +58,7 @@ void Context::reserve_attention(int64_t B, int64_t T, int64_t C, size_t element_
 double Context::read(const double* device_value) {
   CUDA_CHECK(cudaMemcpyAsync(scalar_.get(), device_value, sizeof(double), cudaMemcpyDeviceToHost,
                              stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize();
   return *scalar_.get();
 }
 

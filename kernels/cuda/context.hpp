@@ -6,9 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
-#include <utility>
 
 #include "cuda/device.hpp"
 #include "cuda/embedding.hpp"
@@ -17,38 +17,11 @@
 
 namespace mpiformer::cuda {
 
-// Page-locked host memory: a copy from it is truly asynchronous (a copy from
-// pageable memory returns only once the source has been staged, and waits
-// for the stream to drain first).
-template <class T>
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(size_t n) : ptr_(static_cast<T*>(pinned_alloc(n * sizeof(T)))), n_(n) {}
-  ~PinnedBuffer() { pinned_free(ptr_); }
-  PinnedBuffer(PinnedBuffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      pinned_free(ptr_);
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  T* get() const { return ptr_; }
-  size_t size() const { return n_; }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_ = 0;
-};
-
 class Context {
  public:
   // Binds the calling thread to `device` and creates the stage's stream.
   explicit Context(int device);
-  ~Context();  // waits for the stream, then releases it
+  ~Context();  // waits for the stream (not while unwinding), then releases it
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
@@ -63,6 +36,11 @@ class Context {
   // kReduceBlocks partial sums (cuda/reduce.hpp), and one double for a result.
   double* reduce_scratch() const { return reduce_.get(); }
   double* reduce_result() const { return reduce_.get() + kReduceBlocks; }
+  // Waits for the stream. It polls rather than blocks, calling the wait
+  // check between polls, so a failure elsewhere (a communicator's peer
+  // gone) surfaces as an exception instead of a hang.
+  void synchronize();
+  void set_wait_check(std::function<void()> check) { wait_check_ = std::move(check); }
   // Reads one double of device memory (waits for the stream).
   double read(const double* device_value);
   TokenGroups& token_groups() { return groups_; }
@@ -75,6 +53,7 @@ class Context {
   DeviceBuffer<double> reduce_;
   PinnedBuffer<double> scalar_;
   TokenGroups groups_;  // host-side scratch for the embedding's grouping
+  std::function<void()> wait_check_;
 };
 
 // A micro-batch's token ids on the device, and (for the embedding's

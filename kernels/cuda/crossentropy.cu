@@ -1,5 +1,5 @@
 #include "cuda/crossentropy.hpp"
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 
 namespace mpiformer::cuda {

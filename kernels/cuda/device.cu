@@ -1,4 +1,4 @@
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/device.hpp"
 
 namespace mpiformer::cuda {
@@ -34,19 +34,5 @@ void* pinned_alloc(size_t bytes) {
 void pinned_free(void* p) noexcept {
   if (p != nullptr) cudaFreeHost(p);
 }
-
-void copy_to_device(void* dst, const void* src, size_t bytes) {
-  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-}
-
-void copy_to_host(void* dst, const void* src, size_t bytes) {
-  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-
-void copy_device_to_device(void* dst, const void* src, size_t bytes) {
-  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-}
-
-void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
 }  // namespace mpiformer::cuda

@@ -14,31 +14,27 @@ void* device_alloc(size_t bytes);
 void device_free(void* p) noexcept;
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* p) noexcept;
-void copy_to_device(void* dst, const void* src, size_t bytes);
-void copy_to_host(void* dst, const void* src, size_t bytes);
-void copy_device_to_device(void* dst, const void* src, size_t bytes);
-// Waits for all work on the current device.
-void synchronize();
 
-// Move-only owner of a device allocation; its deleter never throws.
-template <class T>
-class DeviceBuffer {
+// Move-only owner of an allocation made by Alloc and released by Free (which
+// never throws).
+template <class T, void* (*Alloc)(size_t), void (*Free)(void*) noexcept>
+class OwnedBuffer {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : ptr_(static_cast<T*>(device_alloc(n * sizeof(T)))), n_(n) {}
-  ~DeviceBuffer() { device_free(ptr_); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept
+  OwnedBuffer() = default;
+  explicit OwnedBuffer(size_t n) : ptr_(static_cast<T*>(Alloc(n * sizeof(T)))), n_(n) {}
+  ~OwnedBuffer() { Free(ptr_); }
+  OwnedBuffer(OwnedBuffer&& o) noexcept
       : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  OwnedBuffer& operator=(OwnedBuffer&& o) noexcept {
     if (this != &o) {
-      device_free(ptr_);
+      Free(ptr_);
       ptr_ = std::exchange(o.ptr_, nullptr);
       n_ = std::exchange(o.n_, 0);
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  OwnedBuffer(const OwnedBuffer&) = delete;
+  OwnedBuffer& operator=(const OwnedBuffer&) = delete;
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
 
@@ -46,5 +42,14 @@ class DeviceBuffer {
   T* ptr_ = nullptr;
   size_t n_ = 0;
 };
+
+// Device memory.
+template <class T>
+using DeviceBuffer = OwnedBuffer<T, device_alloc, device_free>;
+// Page-locked host memory: a copy from it is truly asynchronous (a copy from
+// pageable memory returns only once the source has been staged, and waits
+// for the stream to drain first).
+template <class T>
+using PinnedBuffer = OwnedBuffer<T, pinned_alloc, pinned_free>;
 
 }  // namespace mpiformer::cuda

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/embedding.hpp"
 

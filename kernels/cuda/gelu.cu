@@ -1,4 +1,4 @@
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/gelu.hpp"
 

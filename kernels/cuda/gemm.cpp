@@ -8,8 +8,9 @@
 #include <tuple>
 
 #include "core/format.hpp"
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/device.hpp"
+#include "cuda/fill.hpp"
 
 namespace mpiformer::cuda {
 
@@ -142,6 +143,10 @@ void Blas::run(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int6
   }
   Plan& p = it->second;
   if (bias != nullptr) {
+    // cuBLASLt reads the bias with vector loads: it must be 16-byte aligned
+    // (every tensor of the parameter table is).
+    MPIFORMER_CHECK(reinterpret_cast<uintptr_t>(bias) % 16 == 0,
+                    "cuBLASLt bias pointer not 16-byte aligned");
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof bias));
   }
@@ -155,10 +160,15 @@ double measure_gemm_peak(DType in, int64_t n, int repeats) {
   void* a = device_alloc(bytes);
   void* b = device_alloc(bytes);
   void* c = device_alloc(bytes);
-  // Values do not matter for the speed of a dense GEMM, only that they are
-  // finite: zeros.
-  CUDA_CHECK(cudaMemset(a, 0, bytes));
-  CUDA_CHECK(cudaMemset(b, 0, bytes));
+  // Random operands (cuda/fill.hpp): a GPU runs faster on zeros.
+  const int64_t count = n * n;
+  if (in == DType::F32) {
+    fill_random(static_cast<float*>(a), count, 1, nullptr);
+    fill_random(static_cast<float*>(b), count, 2, nullptr);
+  } else {
+    fill_random(static_cast<bf16*>(a), count, 1, nullptr);
+    fill_random(static_cast<bf16*>(b), count, 2, nullptr);
+  }
   double best = 0;
   {
     Blas blas;

@@ -1,5 +1,5 @@
 #include "cuda/column_sums.cuh"
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/layernorm.hpp"
 #include "common/op_constants.hpp"
 
@@ -94,7 +94,7 @@ void layernorm_backward(A* dinp, float* dweight, float* dbias, const A* dout, co
   layernorm_backward_input_kernel<<<blocks_for(N, kRowsPerBlock), kRowsPerBlock * kWarp, 0,
                                     stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
-  launch_column_sums(dweight, dbias, N, C, LayerNormParamTerm<A>{dout, inp, mean, rstd, C},
+  launch_column_sums<A>(dweight, dbias, N, C, LayerNormParamTerm<A>{dout, inp, mean, rstd, C},
                      stream);
   CUDA_CHECK_LAUNCH();
 }

@@ -1,5 +1,5 @@
 #include "cuda/column_sums.cuh"
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/matmul.hpp"
 
 namespace mpiformer::cuda {
@@ -30,7 +30,7 @@ void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A*
   // Activation-type inputs, float output accumulated in place (beta = 1).
   blas.gemm(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
   if (dbias != nullptr) {
-    launch_column_sums(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
+    launch_column_sums<A>(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
                        blas.stream());
     CUDA_CHECK_LAUNCH();
   }

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -19,7 +20,7 @@
 #include "cuda/attention.hpp"
 #include "cuda/context.hpp"
 #include "cuda/crossentropy.hpp"
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/embedding.hpp"
 #include "cuda/gelu.hpp"
 #include "cuda/layernorm.hpp"
@@ -45,6 +46,9 @@ struct Ops {
            c.device_name() + ", device " + std::to_string(c.device()) + ")";
   }
   static void* stream_handle(Context& c) { return c.stream(); }
+  static void set_wait_check(Context& c, std::function<void()> check) {
+    c.set_wait_check(std::move(check));
+  }
   static double measure_peak_flops(Context&) { return measure_gemm_peak(dtype_of<A>()); }
   // Products run asynchronously: not timed.
   static double gemm_seconds() { return std::numeric_limits<double>::quiet_NaN(); }
@@ -74,7 +78,7 @@ struct Ops {
     if (n > 0)
       CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(U) * static_cast<size_t>(n),
                                  cudaMemcpyDeviceToHost, c.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+    c.synchronize();
   }
   static void load_tokens(Context& c, Tokens& t, const int32_t* src, int64_t n, bool grouped) {
     t.load(c, src, n, grouped);

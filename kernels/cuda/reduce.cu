@@ -1,4 +1,6 @@
-#include "cuda/cuda_check.hpp"
+#include <algorithm>
+
+#include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/reduce.hpp"
 
@@ -8,7 +10,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void partial_sums_kernel(double* partial, const float* x, int64_t n, bool squares) {
+__global__ void __launch_bounds__(kThreads) partial_sums_kernel(double* partial, const float* x, int64_t n, bool squares) {
   __shared__ double shared[kWarp];
   double s = 0.0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -21,7 +23,7 @@ __global__ void partial_sums_kernel(double* partial, const float* x, int64_t n, 
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void final_sum_kernel(double* out, const double* partial, int count, bool accumulate) {
+__global__ void __launch_bounds__(kThreads) final_sum_kernel(double* out, const double* partial, int count, bool accumulate) {
   __shared__ double shared[kWarp];
   double s = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
@@ -33,9 +35,16 @@ __global__ void final_sum_kernel(double* out, const double* partial, int count, 
 
 void reduce_sum(double* out, const float* x, int64_t n, bool squares, bool accumulate,
                 double* scratch, cudaStream_t stream) {
-  partial_sums_kernel<<<kReduceBlocks, kThreads, 0, stream>>>(scratch, x, n, squares);
+  // The grid grows with n (at least kPerThread elements a thread) up to
+  // kReduceBlocks, enough to fill a large GPU for a model's gradients; it
+  // depends on n alone, so the bits do not depend on the device.
+  constexpr int64_t kPerThread = 16;
+  const auto blocks = static_cast<int>(
+      std::clamp<int64_t>((n + kThreads * kPerThread - 1) / (kThreads * kPerThread), 1,
+                          kReduceBlocks));
+  partial_sums_kernel<<<blocks, kThreads, 0, stream>>>(scratch, x, n, squares);
   CUDA_CHECK_LAUNCH();
-  final_sum_kernel<<<1, kThreads, 0, stream>>>(out, scratch, kReduceBlocks, accumulate);
+  final_sum_kernel<<<1, kThreads, 0, stream>>>(out, scratch, blocks, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

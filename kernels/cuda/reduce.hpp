@@ -1,7 +1,8 @@
-// Sums over a float range into a double on the device, in a fixed order
-// (a fixed grid, then one block adding the partial sums in order), so the
-// result is the same bits on every run: the global gradient norm (sum of
-// squares, host twin host::sum_of_squares) and the loss of a micro-batch.
+// Sums over a float range into a double on the device, in a fixed order (a
+// grid fixed by n, then one block adding the partial sums in order), so the
+// result is the same bits on every run and device: the global gradient norm
+// (sum of squares, host twin host::sum_of_squares) and the loss of a
+// micro-batch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,7 +11,7 @@
 namespace mpiformer::cuda {
 
 // Doubles of scratch the reductions need.
-constexpr int kReduceBlocks = 256;
+constexpr int kReduceBlocks = 1024;
 
 // *out (device) = sum of x[i]^2 (squares) or of x[i], in double; with
 // `accumulate`, added to *out instead.

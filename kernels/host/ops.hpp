@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -70,6 +71,8 @@ struct Ops {
     return std::is_same_v<T, float> ? "cpu fp32" : "cpu fp64";
   }
   static void* stream_handle(Context&) { return nullptr; }
+  // The host never waits on a device.
+  static void set_wait_check(Context&, std::function<void()>) {}
   static double measure_peak_flops(Context&) { return measure_gemm_peak(); }
   static double gemm_seconds() { return host::gemm_seconds(); }
   static void reset_gemm_seconds() { host::reset_gemm_seconds(); }

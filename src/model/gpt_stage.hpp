@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "host/ops.hpp"
-#include "model/gpt_config.hpp"
+#include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
 #include "model/stage_layout.hpp"
 

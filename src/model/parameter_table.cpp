@@ -95,6 +95,12 @@ ParameterTable::ParameterTable(const GptConfig& cfg, const StageRange& range) {
   }
 }
 
+const ParameterSpec* ParameterTable::find(const std::string& name) const {
+  for (const auto& s : specs_)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
 const ParameterSpec& ParameterTable::at(const std::string& name) const {
   for (const auto& s : specs_)
     if (s.name == name) return s;

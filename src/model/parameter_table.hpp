@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/adamw_params.hpp"
-#include "model/gpt_config.hpp"
+#include "core/gpt_config.hpp"
 #include "model/gpt_schema.hpp"
 
 namespace mpiformer {
@@ -47,6 +47,8 @@ class ParameterTable {
   ParameterTable(const GptConfig& cfg, const StageRange& range);
   const std::vector<ParameterSpec>& specs() const { return specs_; }
   const ParameterSpec& at(const std::string& name) const;
+  // Null when this stage does not hold `name`.
+  const ParameterSpec* find(const std::string& name) const;
   int64_t total_storage() const { return total_; }
   // Real parameters (padding excluded).
   int64_t total_numel() const;

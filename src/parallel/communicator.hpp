@@ -39,14 +39,17 @@ class Communicator {
   // untouched until the PendingOp completes.
   virtual Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv_bytes(void* data, size_t bytes, int peer, int tag) = 0;
+  // Throws SystemError if the transport reports a failure that happened
+  // asynchronously (a peer gone, a network error): called while the host
+  // waits for a device, so a dead job ends instead of hanging.
+  virtual void check_health() {}
+
   Pending start_send(const float* data, int64_t n, int peer, int tag) {
     return start_send_bytes(data, sizeof(float) * static_cast<size_t>(n), peer, tag);
   }
   void recv(float* data, int64_t n, int peer, int tag) {
     recv_bytes(data, sizeof(float) * static_cast<size_t>(n), peer, tag);
   }
-
-  virtual void broadcast(float* data, int64_t n, int root) = 0;
 };
 
 }  // namespace mpiformer

@@ -2,7 +2,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 
 namespace mpiformer {
 
@@ -31,6 +31,21 @@ class StagedSend final : public PendingOp {
   Pending inner_;
 };
 
+// Copies on the compute stream, so they are ordered with the stage's
+// kernels (a copy on the legacy stream is not: the compute stream is
+// non-blocking). To the host: complete on return.
+void to_host(void* dst, const void* src, size_t bytes, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+// To the device: queued before any later kernel; the source may be reused
+// at once (a copy from pageable memory returns once it has been read).
+void to_device(void* dst, const void* src, size_t bytes, void* stream) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                             static_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace
 
 HostStagedCommunicator::HostStagedCommunicator(MpiCommunicator& group, void* compute_stream)
@@ -40,10 +55,9 @@ template <class T>
 void HostStagedCommunicator::allreduce(T* data, int64_t n) {
   const size_t bytes = sizeof(T) * static_cast<size_t>(n);
   staging_.resize(bytes);
-  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_)));
-  CUDA_CHECK(cudaMemcpy(staging_.data(), data, bytes, cudaMemcpyDeviceToHost));
+  to_host(staging_.data(), data, bytes, compute_);
   group_.allreduce_sum(reinterpret_cast<T*>(staging_.data()), n);
-  CUDA_CHECK(cudaMemcpy(data, staging_.data(), bytes, cudaMemcpyHostToDevice));
+  to_device(data, staging_.data(), bytes, compute_);
 }
 
 void HostStagedCommunicator::allreduce_sum(float* data, int64_t n) { allreduce(data, n); }
@@ -57,8 +71,7 @@ Pending HostStagedCommunicator::start_allreduce_sum(float* data, int64_t n) {
 Pending HostStagedCommunicator::start_send_bytes(const void* data, size_t bytes, int peer,
                                                  int tag) {
   std::vector<char> copy(bytes);
-  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_)));
-  CUDA_CHECK(cudaMemcpy(copy.data(), data, bytes, cudaMemcpyDeviceToHost));
+  to_host(copy.data(), data, bytes, compute_);
   auto op = std::make_unique<StagedSend>(std::move(copy));
   op->start(group_, peer, tag);
   return op;
@@ -67,18 +80,9 @@ Pending HostStagedCommunicator::start_send_bytes(const void* data, size_t bytes,
 void HostStagedCommunicator::recv_bytes(void* data, size_t bytes, int peer, int tag) {
   staging_.resize(bytes);
   group_.recv_bytes(staging_.data(), bytes, peer, tag);
-  // The buffer may still be read by work queued before this receive.
-  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_)));
-  CUDA_CHECK(cudaMemcpy(data, staging_.data(), bytes, cudaMemcpyHostToDevice));
-}
-
-void HostStagedCommunicator::broadcast(float* data, int64_t n, int root) {
-  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
-  staging_.resize(bytes);
-  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_)));
-  CUDA_CHECK(cudaMemcpy(staging_.data(), data, bytes, cudaMemcpyDeviceToHost));
-  group_.broadcast(reinterpret_cast<float*>(staging_.data()), n, root);
-  CUDA_CHECK(cudaMemcpy(data, staging_.data(), bytes, cudaMemcpyHostToDevice));
+  // On the compute stream: after the work queued before this receive (which
+  // may still read the buffer), before the work queued after it.
+  to_device(data, staging_.data(), bytes, compute_);
 }
 
 }  // namespace mpiformer

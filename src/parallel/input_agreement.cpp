@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "parallel/mpi_check.hpp"
+#include "core/mpi_check.hpp"
 
 namespace mpiformer {
 

@@ -2,7 +2,7 @@
 
 #include <climits>
 
-#include "parallel/mpi_check.hpp"
+#include "core/mpi_check.hpp"
 
 namespace mpiformer {
 namespace {
@@ -71,10 +71,6 @@ Pending MpiCommunicator::start_send_bytes(const void* data, size_t bytes, int pe
 void MpiCommunicator::recv_bytes(void* data, size_t bytes, int peer, int tag) {
   MPI_CHECK(MPI_Recv(data, count(static_cast<int64_t>(bytes)), MPI_BYTE, peer, tag, comm_,
                      MPI_STATUS_IGNORE));
-}
-
-void MpiCommunicator::broadcast(float* data, int64_t n, int root) {
-  MPI_CHECK(MPI_Bcast(data, count(n), MPI_FLOAT, root, comm_));
 }
 
 }  // namespace mpiformer

@@ -23,7 +23,6 @@ class MpiCommunicator final : public Communicator {
   Pending start_allreduce_sum(float* data, int64_t n) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
-  void broadcast(float* data, int64_t n, int root) override;
 
  private:
   MPI_Comm comm_;

@@ -5,19 +5,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <string>
 
-#include "cuda/cuda_check.hpp"
-#include "parallel/mpi_check.hpp"
+#include "core/cuda_check.hpp"
+#include "core/mpi_check.hpp"
+#include "core/nccl_check.hpp"
 #include "parallel/mpi_session.hpp"
-
-#define NCCL_CHECK(call)                                                          \
-  do {                                                                            \
-    const ncclResult_t mpiformer_nr_ = (call);                                    \
-    if (mpiformer_nr_ != ncclSuccess)                                             \
-      ::mpiformer::throw_system_error(#call, __FILE__, __LINE__,                  \
-                                      "rank " + std::to_string(world_rank()) + ": " + \
-                                          ncclGetErrorString(mpiformer_nr_));     \
-  } while (0)
 
 namespace mpiformer {
 namespace {
@@ -56,16 +50,6 @@ class CudaEventPending final : public PendingOp {
 
 }  // namespace
 
-int select_local_device() {
-  const int local = node_local_rank(MPI_COMM_WORLD);
-  int devices = 0;
-  CUDA_CHECK(cudaGetDeviceCount(&devices));
-  MPIFORMER_CHECK(devices > 0, "no CUDA device on this node");
-  const int device = local % devices;
-  CUDA_CHECK(cudaSetDevice(device));
-  return device;
-}
-
 bool group_shares_a_gpu(MpiCommunicator& group) {
   // The PCI bus id names a GPU across processes (ordinals depend on each
   // process's CUDA_VISIBLE_DEVICES); the host name tells nodes apart.
@@ -101,12 +85,26 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& group, void* compute_stream)
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  const bool failing = std::uncaught_exceptions() > 0;
+  if (failing && comm_ != nullptr) {
+    ncclCommAbort(nccl(comm_));  // ends its kernels; nothing is waited for
+    comm_ = nullptr;
+  }
   if (stream_ != nullptr) {
-    cudaStreamSynchronize(cuda(stream_));
+    if (!failing) cudaStreamSynchronize(cuda(stream_));
     cudaStreamDestroy(cuda(stream_));
   }
   if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
   if (comm_ != nullptr) ncclCommDestroy(nccl(comm_));
+}
+
+void NcclCommunicator::check_health() {
+  ncclResult_t async = ncclSuccess;
+  NCCL_CHECK(ncclCommGetAsyncError(nccl(comm_), &async));
+  if (async != ncclSuccess && async != ncclInProgress) {
+    throw SystemError("rank " + std::to_string(world_rank()) + ": NCCL failed asynchronously: " +
+                      ncclGetErrorString(async) + " (a peer gone or a network error?)");
+  }
 }
 
 void NcclCommunicator::after_compute() {
@@ -152,12 +150,6 @@ Pending NcclCommunicator::start_send_bytes(const void* data, size_t bytes, int p
 void NcclCommunicator::recv_bytes(void* data, size_t bytes, int peer, int) {
   after_compute();
   NCCL_CHECK(ncclRecv(data, bytes, ncclUint8, peer, nccl(comm_), cuda(stream_)));
-  before_compute();
-}
-
-void NcclCommunicator::broadcast(float* data, int64_t n, int root) {
-  after_compute();
-  NCCL_CHECK(ncclBroadcast(data, data, count(n), ncclFloat, root, nccl(comm_), cuda(stream_)));
   before_compute();
 }
 

@@ -22,11 +22,6 @@
 
 namespace mpiformer {
 
-// Chooses this rank's GPU from its rank among the ranks of its node
-// (MPI_Comm_split_type shared), modulo the GPUs visible, and makes it
-// current. Collective over MPI_COMM_WORLD. Returns the device.
-int select_local_device();
-
 // True when two ranks of `group` use the same GPU (NCCL refuses that:
 // such a group needs HostStagedCommunicator). Collective over the group.
 bool group_shares_a_gpu(MpiCommunicator& group);
@@ -36,6 +31,10 @@ class NcclCommunicator final : public Communicator {
   // Collective over `group`; the current CUDA device must be set.
   // `compute_stream` (a cudaStream_t; null: the legacy default stream).
   explicit NcclCommunicator(MpiCommunicator& group, void* compute_stream = nullptr);
+  // Destroyed while an exception unwinds (this rank failed), the
+  // communicator is aborted, not drained: its stream may hold a send or
+  // receive whose peer will never come, and waiting would hang the job
+  // instead of letting this rank reach MPI_Abort.
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -47,7 +46,7 @@ class NcclCommunicator final : public Communicator {
   Pending start_allreduce_sum(float* data, int64_t n) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
-  void broadcast(float* data, int64_t n, int root) override;
+  void check_health() override;
 
  private:
   void after_compute();  // the comm stream waits for the compute stream

@@ -5,16 +5,6 @@
 
 namespace mpiformer {
 
-ScheduleKind parse_schedule(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  throw std::invalid_argument("unknown pipeline schedule '" + name + "'");
-}
-
-const char* schedule_name(ScheduleKind kind) {
-  return kind == ScheduleKind::GPipe ? "gpipe" : "1f1b";
-}
-
 const char* op_name(Op op) {
   switch (op) {
     case Op::RecvActivation: return "recv_activation";
@@ -53,7 +43,7 @@ struct Builder {
 std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int stage,
                                       int num_micro) {
   Builder b{num_stages, stage, {}};
-  if (kind == ScheduleKind::GPipe) {
+  if (kind == ScheduleKind::kGPipe) {
     for (int m = 0; m < num_micro; ++m) b.forward(m);
     for (int m = 0; m < num_micro; ++m) b.backward(m);
   } else {

@@ -5,13 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.hpp"
+
 namespace mpiformer {
 
-enum class ScheduleKind { GPipe, OneFOneB };
-
-// "gpipe" or "1f1b"; throws std::invalid_argument otherwise.
-ScheduleKind parse_schedule(const std::string& name);
-const char* schedule_name(ScheduleKind kind);
 
 enum class Op {
   RecvActivation,  // from the previous stage

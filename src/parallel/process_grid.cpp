@@ -1,7 +1,7 @@
 #include "parallel/process_grid.hpp"
 
 #include "core/error.hpp"
-#include "parallel/mpi_check.hpp"
+#include "core/mpi_check.hpp"
 
 namespace mpiformer {
 

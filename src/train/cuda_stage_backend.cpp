@@ -6,14 +6,14 @@ namespace mpiformer {
 
 std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
                                                 int64_t micro_batch, int slots,
-                                                const AdamWSettings& adam,
-                                                const BackendChoice& c) {
-  if (c.precision == "bf16") {
+                                                const AdamWSettings& adam, int gpu,
+                                                bool bf16) {
+  if (bf16) {
     return std::make_unique<TrainingStage<cuda::Ops<cuda::bf16>>>(cfg, range, micro_batch, slots,
-                                                                 adam, c.gpu);
+                                                                 adam, gpu);
   }
   return std::make_unique<TrainingStage<cuda::Ops<float>>>(cfg, range, micro_batch, slots, adam,
-                                                          c.gpu);
+                                                          gpu);
 }
 
 }  // namespace mpiformer

@@ -2,7 +2,7 @@
 #pragma once
 #include <cstdint>
 
-#include "model/gpt_config.hpp"
+#include "core/gpt_config.hpp"
 
 namespace mpiformer {
 

@@ -15,8 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "deck.hpp"
-#include "model/gpt_config.hpp"
+#include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
 #include "model/gpt_stage.hpp"
 #include "train/checkpointing.hpp"
@@ -41,6 +40,9 @@ class StageBackend {
   virtual bool on_device() const = 0;
   // The CUDA stream the stage computes on (a cudaStream_t), null on the host.
   virtual void* device_stream() { return nullptr; }
+  // Called while the host waits for the device (GPU runs): a failure
+  // elsewhere it reports (by throwing) ends the wait.
+  virtual void set_wait_check(std::function<void()> check) = 0;
   // FLOP/s of this back end's matmuls at their best, measured now (MFU's
   // denominator): a large sgemm on the host, a cuBLASLt GEMM of the run's
   // precision on a GPU.
@@ -81,24 +83,13 @@ class StageBackend {
   virtual void load_state(const float* params, const float* m, const float* v) = 0;
 };
 
-struct BackendChoice {
-  std::string device;     // "cpu" or "cuda" (resolved, never "auto")
-  std::string precision;  // "fp32" or "bf16"
-  int gpu = -1;           // the device ordinal for "cuda"
-  std::string why_cpu;    // for "cpu" under "auto": why no GPU
-};
-
-// Resolves [run] device and checks [train] precision against it; the GPU is
-// the node-local rank modulo the GPUs visible. Local: throws InputError.
-BackendChoice choose_backend(const Deck& deck, int local_rank);
-
+// The back ends' factories (each in its own file, the GPU one in CUDA
+// builds only); backend_factory.hpp chooses between them.
 std::unique_ptr<StageBackend> make_host_backend(const GptConfig& cfg, const StageRange& range,
                                                 int64_t micro_batch, int slots,
                                                 const AdamWSettings& adam);
-#ifdef MPIFORMER_HAVE_CUDA
 std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
                                                 int64_t micro_batch, int slots,
-                                                const AdamWSettings& adam, const BackendChoice& c);
-#endif
+                                                const AdamWSettings& adam, int gpu, bool bf16);
 
 }  // namespace mpiformer

@@ -1,7 +1,9 @@
-// The training loop of one rank in a dp x pp grid: data, the pipeline
-// schedule of each step (micro-batches, gradient accumulation), the
-// data-parallel and tied-embedding reductions, clipping, AdamW, evaluation,
-// logs and traces.
+// The training run of one rank in a dp x pp grid, assembled from components
+// that each own one concern: the data feeder (sample order, windows, the
+// global cursor), the stage and its communicators (backend_factory.hpp),
+// the step executor (the schedule of each step), the checkpoint manager
+// (resume, save, retention), the stop policy (signals, deadlines) and the
+// progress log.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,35 +22,23 @@ struct TrainResult {
 class Trainer {
  public:
   // Opens the datasets, checks them and the layout against the deck and
-  // plans every buffer, then builds the process grid. Collective over
-  // MPI_COMM_WORLD (`world` ranks). Throws InputError on anything the user
-  // must fix, the same one on every rank (see input_agreement.hpp).
+  // plans every buffer, then builds the process grid, the communicators
+  // and restores a checkpoint. Collective over MPI_COMM_WORLD (`world`
+  // ranks). Throws InputError on anything the user must fix, the same one
+  // on every rank (see input_agreement.hpp).
   Trainer(Deck deck, int rank, int world);
   ~Trainer();
   TrainResult run();
 
  private:
-  struct State;
-  struct StepTimes;
-  struct StepResult {
-    double loss, grad_norm, lr;
-    bool stop;  // every rank agreed to stop after this step
-  };
-  void open_inputs(int world);  // local: no collective calls
-  void prepare_local();         // local: no collective calls
-  void connect();               // collective: grid, communicators, reducer, peak
-  void connect_device();        // collective: the communicators of a GPU run
-  void resume();                // collective: restore from a checkpoint
-  void save_checkpoint(int64_t step);
+  struct Parts;
+  void prepare_local(int world, int local_rank);  // no collective calls
+  void connect();                                 // collective
   void print_summary() const;
-  // `want_stop`: this rank's vote to stop after the step (signal, time).
-  StepResult train_step(int64_t step, StepTimes& times, bool want_stop);
-  double evaluate();
-  void check_tied_embedding();
 
   Deck deck_;
   int rank_;
-  std::unique_ptr<State> st_;
+  std::unique_ptr<Parts> p_;
 };
 
 }  // namespace mpiformer

@@ -52,6 +52,9 @@ class TrainingStage final : public StageBackend {
   std::string describe() override { return Ops::describe(ctx_); }
   bool on_device() const override { return !Ops::kHostMemory; }
   void* device_stream() override { return Ops::stream_handle(ctx_); }
+  void set_wait_check(std::function<void()> check) override {
+    Ops::set_wait_check(ctx_, std::move(check));
+  }
   double measure_peak_flops() override { return Ops::measure_peak_flops(ctx_); }
   double gemm_seconds() const override { return Ops::gemm_seconds(); }
   void reset_gemm_seconds() override { Ops::reset_gemm_seconds(); }

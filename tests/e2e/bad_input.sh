@@ -96,4 +96,13 @@ printf 'ok \xff\xfe bad' >bad_utf8.txt
 expect 1 "bad_utf8.txt: byte 3: text is not valid UTF-8" prep --tokenizer gpt2 --output keep.h5 bad_utf8.txt
 [ "$sum_before" = "$(md5sum keep.h5)" ] || fail "a failed prep changed the existing output"
 expect 1 "--tokenizer" prep --tokenizer nope --output x.h5 plain.txt
+# Help is ours alone: Kokkos never sees the program's arguments.
+for args in "--help" "train --help"; do
+  # shellcheck disable=SC2086
+  "$MPIFORMER" $args >help.txt 2>&1 || fail "$args: non-zero exit"
+  grep -q "^Usage:" help.txt || { cat help.txt >&2; fail "$args: no usage"; }
+  ! grep -qi kokkos help.txt || { cat help.txt >&2; fail "$args: Kokkos' help printed"; }
+  [ "$(wc -l <help.txt)" -lt 40 ] || fail "$args: $(wc -l <help.txt) lines of help"
+done
+echo "ok: --help and train --help print ours only"
 echo "all bad inputs rejected"

@@ -15,6 +15,7 @@
 // replaced by the host BLAS (gemm_emulated.cpp).
 #pragma once
 #define __shared__ static
+#define __launch_bounds__(...)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

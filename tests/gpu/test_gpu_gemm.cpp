@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/device.hpp"
+#include "device_copy.hpp"
 #include "cuda/gemm.hpp"
 #include "host/gemm.hpp"
 

@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "cuda/device.hpp"
+#include "device_copy.hpp"
+#include "core/cuda_check.hpp"
+#include "parallel/mpi_session.hpp"
 #include "parallel/nccl_communicator.hpp"
 
 int main(int argc, char** argv) {
@@ -20,7 +23,8 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 77;
     }
-    select_local_device();
+    // This rank's GPU: its rank on the node, modulo the node's GPUs.
+    CUDA_CHECK(cudaSetDevice(node_local_rank(MPI_COMM_WORLD) % cuda::device_count()));
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     MpiCommunicator group(dup);

@@ -54,7 +54,7 @@ bool simulate(const Schedules& stages, std::string* why) {
 }
 
 TEST(PipelineSchedule, EveryMicroBatchForwardThenBackwardOnce) {
-  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+  for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB})
     for (int pp = 1; pp <= 6; ++pp)
       for (int m = 1; m <= 10; ++m)
         for (int s = 0; s < pp; ++s) {
@@ -88,20 +88,20 @@ TEST(PipelineSchedule, OneFOneBBoundsLiveActivations) {
   for (int pp = 1; pp <= 6; ++pp)
     for (int m = 1; m <= 10; ++m)
       for (int s = 0; s < pp; ++s) {
-        const int live = max_live_activations(pipeline_schedule(ScheduleKind::OneFOneB, pp, s, m));
+        const int live = max_live_activations(pipeline_schedule(ScheduleKind::kOneFOneB, pp, s, m));
         EXPECT_LE(live, pp - s) << "pp " << pp << " m " << m << " stage " << s;
         EXPECT_EQ(live, std::min(pp - s, m));
-        EXPECT_EQ(max_live_activations(pipeline_schedule(ScheduleKind::GPipe, pp, s, m)), m);
+        EXPECT_EQ(max_live_activations(pipeline_schedule(ScheduleKind::kGPipe, pp, s, m)), m);
       }
 }
 
 TEST(PipelineSchedule, SimulatedRunNeverDeadlocks) {
-  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+  for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB})
     for (int pp = 1; pp <= 6; ++pp)
       for (int m = 1; m <= 10; ++m) {
         std::string why;
         EXPECT_TRUE(simulate(all_stages(kind, pp, m), &why))
-            << schedule_name(kind) << " pp " << pp << " m " << m << ": " << why;
+            << name_of(kind) << " pp " << pp << " m " << m << ": " << why;
       }
   std::string why;
   EXPECT_TRUE(simulate({forward_only_schedule(3, 0, 4), forward_only_schedule(3, 1, 4),
@@ -112,7 +112,7 @@ TEST(PipelineSchedule, SimulatedRunNeverDeadlocks) {
 // The simulation itself must be able to fail: a stage that waits for a
 // gradient before sending its activation deadlocks with its neighbour.
 TEST(PipelineSchedule, SimulationDetectsADeadlock) {
-  Schedules bad = all_stages(ScheduleKind::OneFOneB, 2, 2);
+  Schedules bad = all_stages(ScheduleKind::kOneFOneB, 2, 2);
   bad[0] = {{Op::Forward, 0}, {Op::RecvGradient, 0}, {Op::SendActivation, 0}, {Op::Backward, 0}};
   std::string why;
   EXPECT_FALSE(simulate(bad, &why));
@@ -121,7 +121,7 @@ TEST(PipelineSchedule, SimulationDetectsADeadlock) {
 
 TEST(PipelineSchedule, OneFOneBMatchesMegatronOrderForTwoStages) {
   // pp = 2, m = 3, stage 0: one warm-up forward, then F1 B0, F2 B1, then B2.
-  const auto acts = pipeline_schedule(ScheduleKind::OneFOneB, 2, 0, 3);
+  const auto acts = pipeline_schedule(ScheduleKind::kOneFOneB, 2, 0, 3);
   std::vector<std::pair<Op, int>> compute;
   for (const auto& a : acts)
     if (a.op == Op::Forward || a.op == Op::Backward) compute.emplace_back(a.op, a.micro);

@@ -91,7 +91,9 @@ TEST(Schema, LayoutAndChunksAgreeWithTheTableOnEveryStage) {
       for (int64_t j = 0; j < s.storage; ++j) {
         const bool logical = j < s.numel();
         ASSERT_EQ(covered[s.offset + j], logical ? 1 : 0) << s.name << "[" << j << "]";
-        if (logical) ASSERT_EQ(decay[s.offset + j], s.decay ? 1 : 0) << s.name;
+        if (logical) {
+          ASSERT_EQ(decay[s.offset + j], s.decay ? 1 : 0) << s.name;
+        }
       }
   }
 }

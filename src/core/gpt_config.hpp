@@ -1,4 +1,5 @@
-// The shape of a GPT-2 model.
+// The shape of a GPT-2 model: in core because the input deck (io) and the
+// checkpoints (io) describe it as much as the model does.
 #pragma once
 #include <cstdint>
 

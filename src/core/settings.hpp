@@ -1,0 +1,63 @@
+// The settings that pick among alternatives, as enums with their names:
+// parsed once at the edge (the input deck) and compared as enums
+// everywhere else. Each name table is the one list of accepted spellings.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace mpiformer {
+
+// [run] device.
+enum class Device { kAuto, kCpu, kCuda };
+// [train] precision: bf16 activations and matmul inputs with float
+// accumulation, master weights and moments (GPU only).
+enum class Precision { kFp32, kBf16 };
+// [parallel] schedule.
+enum class ScheduleKind { kOneFOneB, kGPipe };
+// [checkpoint] resume: the newest usable checkpoint, none, or one path.
+enum class ResumeMode { kAuto, kNever, kPath };
+
+template <class E>
+struct SettingName {
+  E value;
+  const char* name;
+};
+
+inline constexpr SettingName<Device> kDeviceNames[] = {
+    {Device::kAuto, "auto"}, {Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}};
+inline constexpr SettingName<Precision> kPrecisionNames[] = {{Precision::kFp32, "fp32"},
+                                                             {Precision::kBf16, "bf16"}};
+inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::kOneFOneB, "1f1b"},
+                                                               {ScheduleKind::kGPipe, "gpipe"}};
+
+template <class E, size_t N>
+const char* setting_name(const SettingName<E> (&names)[N], E value) {
+  for (const auto& n : names)
+    if (n.value == value) return n.name;
+  return "?";
+}
+// False when `text` is none of the names.
+template <class E, size_t N>
+bool parse_setting(const SettingName<E> (&names)[N], const std::string& text, E* value) {
+  for (const auto& n : names) {
+    if (text == n.name) {
+      *value = n.value;
+      return true;
+    }
+  }
+  return false;
+}
+// "\"a\", \"b\" or \"c\"", for error messages.
+template <class E, size_t N>
+std::string setting_choices(const SettingName<E> (&names)[N]) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i)
+    s += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + ("\"" + std::string(names[i].name) + "\"");
+  return s;
+}
+
+inline const char* name_of(Device d) { return setting_name(kDeviceNames, d); }
+inline const char* name_of(Precision p) { return setting_name(kPrecisionNames, p); }
+inline const char* name_of(ScheduleKind s) { return setting_name(kScheduleNames, s); }
+
+}  // namespace mpiformer

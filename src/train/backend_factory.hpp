@@ -1,0 +1,51 @@
+// The one place that knows which back ends this build has: which device a
+// rank runs on, the stage for it, and the communicators that move that
+// stage's buffers. The training loop sees StageBackend and Communicator
+// only, and has no #ifdef.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deck.hpp"
+#include "model/parameter_table.hpp"
+#include "parallel/communicator.hpp"
+#include "parallel/process_grid.hpp"
+#include "train/stage_backend.hpp"
+
+namespace mpiformer {
+
+struct BackendChoice {
+  Device device = Device::kCpu;  // resolved: never kAuto
+  Precision precision = Precision::kFp32;
+  int gpu = -1;         // the device ordinal on kCuda
+  std::string why_cpu;  // on kCpu: why no GPU
+};
+
+// Resolves [run] device against the build and the node, and checks [train]
+// precision against the result; the GPU is the node-local rank modulo the
+// GPUs visible. Local: throws InputError.
+BackendChoice choose_backend(const Deck& deck, int local_rank);
+
+// The stage this rank runs (parameters not yet initialised). A stage that
+// does not fit in GPU memory is an InputError on [train] micro_batch.
+std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
+                                                 const GptConfig& cfg, int stage_index,
+                                                 int slots);
+
+// The communicators that move one stage's buffers: the grid's MPI groups on
+// the host; on GPUs NCCL, or MPI through host memory where the ranks of a
+// group share a GPU. Pipeline traffic in each direction has its own.
+struct StageComms {
+  Communicator* pipe_act = nullptr;   // activations, stage s -> s + 1
+  Communicator* pipe_grad = nullptr;  // gradients, stage s + 1 -> s
+  Communicator* dp = nullptr;
+  Communicator* tied = nullptr;  // null unless this rank holds a copy of the tied embedding
+  std::string description;       // what the GPU groups use, for the summary
+  std::vector<std::unique_ptr<Communicator>> owned;
+};
+
+// Collective over the grid.
+StageComms connect_stage(ProcessGrid& grid, StageBackend& stage);
+
+}  // namespace mpiformer

@@ -1,0 +1,163 @@
+#include "train/checkpoint_manager.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "checkpoint_store.hpp"
+#include "core/error.hpp"
+#include "parallel/input_agreement.hpp"
+#include "core/mpi_check.hpp"
+#include "train/checkpointing.hpp"
+
+namespace mpiformer {
+
+CheckpointManager::CheckpointManager(const Deck& deck, const GptConfig& cfg, ProcessGrid& grid,
+                                     StageBackend& stage, std::string tokenizer)
+    : deck_(deck), cfg_(cfg), grid_(grid), stage_(stage), tokenizer_(std::move(tokenizer)) {}
+
+namespace {
+
+// Rank 0 decides what to try (file systems may disagree between nodes):
+// `latest` first, then every complete checkpoint, newest first.
+std::vector<std::string> candidates(const CheckpointConfig& cc, int rank) {
+  std::string list;
+  if (rank == 0) {
+    if (cc.resume == ResumeMode::kPath) {
+      list = cc.resume_path;
+    } else {
+      const CheckpointStore store(cc.dir);
+      std::vector<std::string> names;
+      if (const std::string l = store.latest(); !l.empty()) names.push_back(l);
+      for (const auto& p : store.complete())
+        if (std::find(names.begin(), names.end(), p) == names.end()) names.push_back(p);
+      for (const auto& n : names) list += n + "\n";
+    }
+  }
+  int len = static_cast<int>(list.size());
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  list.resize(static_cast<size_t>(len));
+  MPI_CHECK(MPI_Bcast(list.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD));
+  std::vector<std::string> out;
+  for (size_t a = 0, b; a < list.size(); a = b + 1) {
+    b = list.find('\n', a);
+    if (b == std::string::npos) b = list.size();
+    if (b > a) out.push_back(list.substr(a, b - a));
+  }
+  return out;
+}
+
+}  // namespace
+
+ResumePoint CheckpointManager::resume() {
+  const CheckpointConfig& cc = deck_.checkpoint;
+  ResumePoint start;
+  if (cc.resume == ResumeMode::kNever) return start;
+  const bool automatic = cc.resume == ResumeMode::kAuto;
+  const int rank = grid_.world_rank();
+  const std::vector<std::string> paths = candidates(cc, rank);
+  const int64_t n = stage_.param_storage();
+  std::string last_error;
+  for (const auto& path : paths) {
+    std::vector<float> params(n), m(n), v(n);
+    CheckpointMeta meta;
+    try {
+      // Never half-loaded: every rank reads into scratch, all agree, then commit.
+      agree_on_input_errors(MPI_COMM_WORLD, [&] {
+        CheckpointReader reader(path);
+        restore_stage(reader, cfg_, stage_.table(), StageState{params.data(), m.data(), v.data()});
+        meta = reader.meta();
+      });
+    } catch (const InputError& e) {
+      if (!automatic) throw;
+      last_error = e.what();
+      if (rank == 0) {
+        std::fprintf(stderr, "mpiformer: warning: cannot resume from %s: %s; trying an older one\n",
+                     path.c_str(), e.what());
+      }
+      continue;
+    }
+    stage_.load_state(params.data(), m.data(), v.data());
+    start.step = meta.step;
+    start.cursor = meta.sample_position;
+    start.resumed = true;
+    if (rank == 0) {
+      std::printf("resumed from %s: step %lld, %lld samples seen (epoch %lld), written by "
+                  "dp %lld x pp %lld on %lld rank(s); now dp %d x pp %d\n",
+                  path.c_str(), static_cast<long long>(meta.step),
+                  static_cast<long long>(meta.sample_position), static_cast<long long>(meta.epoch),
+                  static_cast<long long>(meta.dp), static_cast<long long>(meta.pp),
+                  static_cast<long long>(meta.world_size), grid_.dp(), grid_.pp());
+      std::fflush(stdout);
+    }
+    return start;
+  }
+  if (!paths.empty()) {
+    throw InputError(cc.dir, "[checkpoint] resume",
+                     "no checkpoint here could be loaded (last error: " + last_error +
+                         "); set [checkpoint] resume = \"never\" to start afresh");
+  }
+  return start;
+}
+
+double CheckpointManager::save(int64_t step, const DataPosition& data) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const CheckpointStore store(deck_.checkpoint.dir);
+  store.create_dir();
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.sample_position = data.cursor;
+  meta.tokens_seen = data.cursor * cfg_.seq_len;
+  meta.epoch = data.epoch;
+  meta.seed = deck_.train.seed;
+  meta.dp = grid_.dp();
+  meta.pp = grid_.pp();
+  meta.world_size = grid_.dp() * grid_.pp();
+  set_model_config(meta, cfg_);
+  meta.tokenizer = tokenizer_;
+  meta.deck = deck_.to_toml();
+  const std::string path = store.path_for_step(step);
+  const auto slices = checkpoint_slices(cfg_, stage_.table(), stage_.host_state(), grid_);
+  write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
+  if (grid_.world_rank() == 0) {
+    store.publish_latest(path);
+    store.prune(deck_.checkpoint.keep);
+  }
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (grid_.world_rank() == 0) {
+    const ParameterTable whole(cfg_, StageRange{0, cfg_.n_layer, true, true});
+    const double mb = 3.0 * 4.0 * static_cast<double>(whole.total_numel()) / 1e6;
+    std::printf("checkpoint: wrote %s (%.1f MB in %.2f s, %.0f MB/s)\n", path.c_str(), mb, dt,
+                mb / dt);
+    std::fflush(stdout);
+  }
+  return dt;
+}
+
+void CheckpointManager::check_tied_embedding() {
+  MpiCommunicator* tied = grid_.tied_embedding();
+  if (tied == nullptr) return;
+  // The last stage sends its copy; the first compares bit for bit.
+  const auto& wte = stage_.table().at(kOuterSchema[outer::wte].name);
+  float* mine = stage_.host_state().params + wte.offset;
+  if (tied->rank() == 1) {
+    tied->start_send(mine, wte.storage, 0, 0)->wait();
+    return;
+  }
+  std::vector<float> theirs(static_cast<size_t>(wte.storage));
+  tied->recv(theirs.data(), wte.storage, 1, 0);
+  if (std::memcmp(theirs.data(), mine, sizeof(float) * theirs.size()) != 0) {
+    throw SystemError("the tied embedding's copies on the first and last stage differ");
+  }
+  if (grid_.world_rank() == 0) {
+    std::printf("tied embedding: first and last stage copies are identical\n");
+  }
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,52 @@
+// The run's checkpoints: resuming (which checkpoint, all ranks agreeing,
+// never half-loaded), saving (every rank its rows, then `latest` and
+// retention), and the end-of-run check that the tied embedding's two copies
+// are identical.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "deck.hpp"
+#include "core/gpt_config.hpp"
+#include "parallel/process_grid.hpp"
+#include "train/stage_backend.hpp"
+
+namespace mpiformer {
+
+// Where a run starts: step 0 at sample 0, or a checkpoint's position.
+struct ResumePoint {
+  int64_t step = 0;
+  int64_t cursor = 0;  // global sample position of the next step
+  bool resumed = false;
+};
+
+// Where the data stood after a step, as a checkpoint records it.
+struct DataPosition {
+  int64_t cursor = 0;
+  int64_t epoch = 0;
+};
+
+class CheckpointManager {
+ public:
+  CheckpointManager(const Deck& deck, const GptConfig& cfg, ProcessGrid& grid,
+                    StageBackend& stage, std::string tokenizer);
+
+  // Collective: restores the stage from [checkpoint] resume and says where
+  // to start. Under "auto", a damaged checkpoint is reported and an older
+  // one tried. Throws InputError when none can be loaded.
+  ResumePoint resume();
+  // Collective: writes the checkpoint of `step`, publishes it as `latest`
+  // and prunes old ones. Returns the seconds it took.
+  double save(int64_t step, const DataPosition& data);
+  // Collective: throws SystemError if the tied embedding's copies differ.
+  void check_tied_embedding();
+
+ private:
+  const Deck& deck_;
+  const GptConfig& cfg_;
+  ProcessGrid& grid_;
+  StageBackend& stage_;
+  std::string tokenizer_;
+};
+
+}  // namespace mpiformer

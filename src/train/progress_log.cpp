@@ -1,0 +1,57 @@
+#include "train/progress_log.hpp"
+
+namespace mpiformer {
+
+ProgressLog::ProgressLog(const Deck& deck, ProcessGrid& grid, StageBackend& stage,
+                         double flops_per_token, double peak_flops, bool append)
+    : deck_(deck),
+      grid_(grid),
+      stage_(stage),
+      flops_per_token_(flops_per_token),
+      peak_flops_(peak_flops),
+      log_(deck.run.dir, grid.world_rank() == 0, append) {
+  stage_.reset_gemm_seconds();
+}
+
+void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const StepResult& r,
+                            int64_t samples) {
+  interval_s_ += step_s;
+  ++interval_steps_;
+  const TrainConfig& tc = deck_.train;
+  if (done % tc.log_every != 0 && done != end_step) return;
+  // Means over the interval and over ranks (one small all-reduce).
+  double agg[2] = {times_.recv_wait / interval_s_, times_.reduce_exposed};
+  grid_.world().allreduce_sum(agg, 2);
+  const int ranks = grid_.dp() * grid_.pp();
+  const double mean_s = interval_s_ / static_cast<double>(interval_steps_);
+  const auto M = static_cast<double>(deck_.grad_accum());
+  StepMetrics sm;
+  sm.step = done;
+  sm.steps = tc.steps;
+  sm.loss = r.loss;
+  sm.lr = r.lr;
+  sm.grad_norm = r.grad_norm;
+  sm.step_ms = 1e3 * mean_s;
+  sm.tokens_per_s = static_cast<double>(tc.global_batch * deck_.model.seq_len) / mean_s;
+  sm.mfu = sm.tokens_per_s * flops_per_token_ / peak_flops_;
+  sm.eta_s = mean_s * static_cast<double>(end_step - done);
+  sm.samples = samples;
+  sm.matmul_fraction = stage_.gemm_seconds() / interval_s_;
+  sm.pipelined = grid_.pp() > 1;
+  sm.bubble = agg[0] / ranks;
+  sm.bubble_theory = static_cast<double>(grid_.pp() - 1) / (M + grid_.pp() - 1);
+  sm.data_parallel = grid_.dp() > 1;
+  sm.reduce_exposed_ms = 1e3 * agg[1] / ranks / static_cast<double>(interval_steps_);
+  sm.host_timings = !stage_.on_device();
+  log_.step(sm);
+  stage_.reset_gemm_seconds();
+  interval_s_ = 0;
+  interval_steps_ = 0;
+  times_ = StepTimes{};
+}
+
+void ProgressLog::eval_done(int64_t done, double val_loss) {
+  log_.eval(done, deck_.train.steps, val_loss);
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,44 @@
+// What a run reports as it goes: per logging interval, means over the
+// interval's steps and over ranks (loss, lr, grad norm, tokens/s, MFU, ETA,
+// bubble, exposed reduction), and each evaluation; written by MetricsLog to
+// stdout (rank 0) and <run.dir>/metrics.jsonl.
+#pragma once
+#include <cstdint>
+
+#include "deck.hpp"
+#include "parallel/process_grid.hpp"
+#include "train/metrics_log.hpp"
+#include "train/stage_backend.hpp"
+#include "train/step_executor.hpp"
+
+namespace mpiformer {
+
+class ProgressLog {
+ public:
+  // `peak_flops`: the sum over ranks, MFU's denominator. `append`: a
+  // resumed run keeps the earlier segments' lines.
+  ProgressLog(const Deck& deck, ProcessGrid& grid, StageBackend& stage, double flops_per_token,
+              double peak_flops, bool append);
+
+  // The waits the executor adds to during the current interval.
+  StepTimes& times() { return times_; }
+  // After step `done` (1-based) of a run ending at `end_step`; collective
+  // at the steps that log.
+  void step_done(int64_t done, int64_t end_step, double step_s, const StepResult& r,
+                 int64_t samples);
+  void eval_done(int64_t done, double val_loss);
+  // Time spent outside steps (evaluation, saves) is not the interval's.
+  void exclude_pause() { stage_.reset_gemm_seconds(); }
+
+ private:
+  const Deck& deck_;
+  ProcessGrid& grid_;
+  StageBackend& stage_;
+  double flops_per_token_, peak_flops_;
+  MetricsLog log_;
+  StepTimes times_;
+  double interval_s_ = 0;
+  int64_t interval_steps_ = 0;
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,166 @@
+#include "train/step_executor.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "train/lr_schedule.hpp"
+#include "train/stop_policy.hpp"
+
+namespace mpiformer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Message tags: activations and gradients of micro-batch m never share one.
+int activation_tag(int micro) { return 2 * micro; }
+int gradient_tag(int micro) { return 2 * micro + 1; }
+
+}  // namespace
+
+StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& stage,
+                           StageComms& comms, std::vector<Action> actions, TraceWriter& trace)
+    : deck_(deck),
+      grid_(grid),
+      stage_(stage),
+      comms_(comms),
+      actions_(std::move(actions)),
+      trace_(trace),
+      reducer_(stage.table(), deck.parallel.bucket_mb * (1 << 20), *comms.dp),
+      wte_(stage.table().find(kOuterSchema[outer::wte].name)),
+      act_sends_(static_cast<size_t>(stage.num_slots())),
+      grad_sends_(static_cast<size_t>(stage.num_slots())) {}
+
+StepExecutor::~StepExecutor() = default;
+
+StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_time,
+                                    StepTimes& times) {
+  ProcessGrid& g = grid_;
+  StageBackend& stage = stage_;
+  const TrainConfig& tc = deck_.train;
+  const int64_t T = deck_.model.seq_len;
+  const size_t bytes = stage.message_bytes();
+  const int M = static_cast<int>(deck_.grad_accum());
+  const int slots = stage.num_slots();
+  const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * T);
+
+  stage.zero_grads();
+  StepResult result;
+  for (const Action& a : actions_) {
+    const int slot = a.micro >= 0 ? a.micro % slots : 0;
+    const auto t0 = Clock::now();
+    switch (a.op) {
+      case Op::RecvActivation:
+        comms_.pipe_act->recv_bytes(stage.input_buffer(slot), bytes, g.stage() - 1,
+                                    activation_tag(a.micro));
+        times.recv_wait += seconds(t0, Clock::now());
+        break;
+      case Op::Forward:
+        // The slot's previous occupant may still be on its way downstream.
+        act_sends_[slot].reset();
+        // Only the ends of the pipeline touch tokens: inputs on the first
+        // stage, targets on the last.
+        if (g.first_stage() || g.last_stage()) data.load_train(a.micro, slot);
+        stage.forward(slot, data.inputs(slot), data.targets(slot), true, grad_scale);
+        break;
+      case Op::SendActivation:
+        act_sends_[slot] = comms_.pipe_act->start_send_bytes(
+            stage.output(slot), bytes, g.stage() + 1, activation_tag(a.micro));
+        break;
+      case Op::RecvGradient:
+        comms_.pipe_grad->recv_bytes(stage.output_grad_buffer(), bytes, g.stage() + 1,
+                                     gradient_tag(a.micro));
+        times.recv_wait += seconds(t0, Clock::now());
+        break;
+      case Op::Backward: {
+        // The last micro-batch's backward finishes the gradients: reduce
+        // each bucket across replicas as soon as it is final.
+        const bool overlap = a.micro == M - 1 && g.dp() > 1;
+        if (overlap) reducer_.begin(stage.grads());
+        stage.backward(slot, overlap ? GradsFinal([&](int64_t offset) {
+          reducer_.grads_final_from(offset);
+        })
+                                     : nullptr);
+        break;
+      }
+      case Op::SendGradient:
+        grad_sends_[slot].reset();
+        grad_sends_[slot] = comms_.pipe_grad->start_send_bytes(
+            stage.input_grad_for_send(slot), bytes, g.stage() - 1, gradient_tag(a.micro));
+        break;
+      case Op::ReduceGradients:
+        if (g.dp() > 1) times.reduce_exposed += reducer_.finish();
+        // The two copies of the tied embedding receive the sum of both
+        // stages' gradients, so identical updates keep them identical.
+        if (comms_.tied != nullptr)
+          comms_.tied->allreduce_sum(stage.grads() + wte_->offset, wte_->storage);
+        break;
+      case Op::OptimizerStep: {
+        // Each parameter counted once: one replica per stage, and the tied
+        // embedding only on the first stage. The stop votes ride along, so
+        // agreeing on preemption costs no extra collective. On a GPU these
+        // are the step's only copies to the host: the loss and the squared
+        // norm, which the log shows and clipping needs.
+        double sums[3] = {stage.take_loss_sum(), 0.0, StopPolicy::vote(out_of_time) ? 1.0 : 0.0};
+        if (g.dp_rank() == 0) {
+          sums[1] = stage.grad_sum_of_squares(0, stage.param_storage());
+          if (g.pp() > 1 && g.last_stage())
+            sums[1] -= stage.grad_sum_of_squares(wte_->offset, wte_->storage);
+        }
+        g.world().allreduce_sum(sums, 3);
+        result.loss = sums[0] / static_cast<double>(tc.global_batch * T);
+        result.stop = sums[2] > 0;
+        const double norm = std::sqrt(std::max(sums[1], 0.0));
+        const double clip = (tc.grad_clip > 0 && norm > tc.grad_clip) ? tc.grad_clip / norm : 1.0;
+        const double lr = learning_rate(tc.lr, tc.min_lr, tc.warmup_steps, tc.steps, step);
+        stage.adamw_step(lr, step + 1, clip);
+        result.grad_norm = norm;
+        result.lr = lr;
+        break;
+      }
+    }
+    trace_.span(op_name(a.op), t0, Clock::now(), step + 1, a.micro);
+  }
+  for (auto& p : act_sends_) p.reset();
+  for (auto& p : grad_sends_) p.reset();
+  trace_.flush();
+  data.next_step();
+  return result;
+}
+
+double StepExecutor::evaluate(DataFeeder& data) {
+  ProcessGrid& g = grid_;
+  StageBackend& stage = stage_;
+  const size_t bytes = stage.message_bytes();
+  // Forward only, one micro-batch at a time, through slot 0.
+  for (const Action& a : forward_only_schedule(g.pp(), g.stage(), data.eval_micro_batches())) {
+    switch (a.op) {
+      case Op::RecvActivation:
+        comms_.pipe_act->recv_bytes(stage.input_buffer(0), bytes, g.stage() - 1,
+                                    activation_tag(a.micro));
+        break;
+      case Op::Forward:
+        data.load_eval(a.micro, 0);
+        stage.forward(0, data.inputs(0), data.targets(0), false, 0.0f);
+        break;
+      case Op::SendActivation:
+        // Waited at once: slot 0 is overwritten by the next forward.
+        comms_.pipe_act->start_send_bytes(stage.output(0), bytes, g.stage() + 1,
+                                          activation_tag(a.micro))
+            ->wait();
+        break;
+      default:
+        break;
+    }
+  }
+  double sum = stage.take_loss_sum();
+  g.world().allreduce_sum(&sum, 1);
+  return sum / static_cast<double>(data.eval_windows() * deck_.model.seq_len);
+}
+
+}  // namespace mpiformer

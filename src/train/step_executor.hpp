@@ -1,0 +1,59 @@
+// One optimizer step of one rank: walks its stage's schedule (the same
+// action list the tests check), feeding micro-batches, moving activations
+// and gradients through the stage's communicators, reducing gradients
+// across replicas while backward runs, then clipping and AdamW. Also the
+// forward-only walk of evaluation. Every span goes to the trace.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "deck.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "parallel/process_grid.hpp"
+#include "train/backend_factory.hpp"
+#include "train/data_feeder.hpp"
+#include "train/grad_reducer.hpp"
+#include "train/stage_backend.hpp"
+#include "train/trace_writer.hpp"
+
+namespace mpiformer {
+
+struct StepResult {
+  double loss = 0, grad_norm = 0, lr = 0;
+  bool stop = false;  // every rank agreed to stop after this step
+};
+
+// Host-side waits within steps, summed until reset.
+struct StepTimes {
+  double recv_wait = 0;       // blocked receiving activations or gradients
+  double reduce_exposed = 0;  // data-parallel reduction not hidden by backward
+};
+
+class StepExecutor {
+ public:
+  StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& stage, StageComms& comms,
+               std::vector<Action> actions, TraceWriter& trace);
+  ~StepExecutor();
+
+  // Step `step` (0-based) from the data feeder's cursor; `out_of_time`: the
+  // stop policy's verdict before the step (a signal is checked at its end).
+  // Advances the cursor by one global batch.
+  StepResult train_step(int64_t step, DataFeeder& data, bool out_of_time, StepTimes& times);
+  // Mean loss per token over the evaluation set (collective).
+  double evaluate(DataFeeder& data);
+  int num_buckets() const { return reducer_.num_buckets(); }
+
+ private:
+  const Deck& deck_;
+  ProcessGrid& grid_;
+  StageBackend& stage_;
+  StageComms& comms_;
+  std::vector<Action> actions_;
+  TraceWriter& trace_;
+  GradReducer reducer_;
+  const ParameterSpec* wte_;  // the tied embedding, where this stage holds a copy
+  std::vector<Pending> act_sends_, grad_sends_;  // one per activation slot
+};
+
+}  // namespace mpiformer
