@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/gpt_stage_impl.hpp"
+#include "model/gpt_stage.hpp"
 #include "train/stage_backend.hpp"
 
 namespace mpiformer {

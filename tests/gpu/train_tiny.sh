@@ -12,9 +12,8 @@
 #  * The bf16 run's checkpoint is plain fp32: inspect verifies it, and the
 #    host back end resumes from it.
 # SHORT_STEPS (20) and LONG_STEPS (200) set the two parts' lengths, and
-# EXTRA_ARGS (words) go to every run: the CPU emulation of the back end
-# runs this file on a smaller model, fewer steps, and the bf16 bound only
-# applies to full-length runs.
+# EXTRA_ARGS (words) go to every run (a smaller model for a quick look);
+# the bf16 bound only applies to full-length runs.
 source "$(dirname "$0")/../e2e/lib.sh"
 "$GPU_PROBE" || exit $?
 prep_sample_data
