@@ -92,8 +92,11 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& fil
   H5QuietErrors quiet;
   H5Handle type(H5Aget_type(a.get()), H5Tclose);
   if (H5Tis_variable_str(type.get()) > 0) {
+    // In the file's character set: HDF5 does not convert between ASCII and
+    // UTF-8, and h5py writes UTF-8 by default.
     H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
     char* s = nullptr;
     if (H5Aread(a.get(), mem.get(), &s) < 0 || s == nullptr) {
       throw InputError(file, field(name), "unreadable string");
