@@ -1,4 +1,7 @@
 #include <cstdio>
+#include <filesystem>
+#include <utility>
+#include <vector>
 #include <fstream>
 #include <sstream>
 
@@ -16,8 +19,44 @@ std::string val_output_path(const std::string& out) {
   return has_ext ? out.substr(0, dot) + "_val" + out.substr(dot) : out + "_val";
 }
 
+namespace {
+
+// True when `a` and `b` name the same file (or would: neither exists yet
+// and their normalised paths agree).
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+// Checked before anything is read or written: prep must never replace its
+// own input, and a fraction that is not a number passes a range check.
+void check_outputs(const PrepArgs& args) {
+  if (!(args.val_fraction >= 0.0 && args.val_fraction <= 0.5)) {
+    throw InputError("--val-fraction", "",
+                     "expected a number in [0, 0.5], got " + std::to_string(args.val_fraction));
+  }
+  std::vector<std::pair<std::string, std::string>> outputs = {{"--output", args.output}};
+  if (args.val_fraction > 0) {
+    outputs.emplace_back("the validation split (--val-fraction)", val_output_path(args.output));
+  }
+  for (const auto& [what, out] : outputs) {
+    for (const auto& in : args.inputs) {
+      if (same_file(out, in)) {
+        throw InputError(in, "",
+                         "is both an input and " + what + " (" + out +
+                             "): prep would overwrite its own text; choose another --output");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 int run_prep(const PrepArgs& args, int rank) {
   if (rank != 0) return 0;  // one writer; other ranks of an mpirun have nothing to do
+  check_outputs(args);
   const auto tok = make_tokenizer(
       args.tokenizer, args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir);
   std::vector<uint32_t> tokens;

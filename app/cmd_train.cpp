@@ -20,6 +20,8 @@ int run_train(const TrainArgs& args, int rank, int world) {
   Trainer trainer(std::move(deck), rank, world);
   try {
     if (trainer.run().stopped_to_requeue) return kExitRequeue;
+  } catch (const AgreedInputError&) {
+    throw;  // every rank stops here with it: exit 2, the message once
   } catch (const std::exception& e) {
     // Past set-up any failure is one rank's (even an input error: a shard
     // damaged mid-run) while the others are inside collectives: end the

@@ -64,7 +64,9 @@ int main(int argc, char** argv) {
   InspectArgs inspect;
   auto* i = app.add_subcommand("inspect", "summarise a token dataset or a checkpoint");
   i->add_option("file", inspect.file, "token dataset (.h5 or llm.c .bin) or checkpoint")->required();
-  i->add_option("--tokens", inspect.tokens, "how many leading tokens to show")->capture_default_str();
+  i->add_option("--tokens", inspect.tokens, "how many leading tokens to show")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
 
   GenerateArgs gen;
   auto* g = app.add_subcommand("generate", "sample text from a checkpoint");

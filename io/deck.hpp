@@ -28,6 +28,14 @@ struct TrainConfig {
   int64_t log_every = 1, eval_every = 0, eval_batches = 4;
   int64_t stop_at = 0;  // end this run after this step (0: run to `steps`)
   Precision precision = Precision::kFp32;  // checkpoints stay fp32 either way
+  // A step whose loss or gradient norm is not finite: stop the run (nothing
+  // of it applied or saved) or skip its update.
+  NonfinitePolicy nonfinite = NonfinitePolicy::kStop;
+  // Skip the update of a step whose loss or gradient norm is this many
+  // standard deviations above its recent mean (0: off).
+  double spike_zscore = 0;
+  // Consecutive skipped updates after which the run stops.
+  int64_t skip_limit = 10;
 };
 
 struct CheckpointConfig {

@@ -28,6 +28,15 @@ class InputError : public std::runtime_error {
   std::string file_, field_, reason_;
 };
 
+// An InputError that every rank raises at the same point with the same
+// message after set-up (they judged the same all-reduced values): the job
+// can end like a set-up input error, the message once and exit 2 on every
+// rank, instead of aborting as a failure of one rank must.
+class AgreedInputError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 // A library call (MPI, HDF5, BLAS, I/O) failed: a bug or a broken system.
 class SystemError : public std::runtime_error {
  public:

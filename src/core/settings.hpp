@@ -14,6 +14,8 @@ enum class Device { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16 };
 // [parallel] schedule.
 enum class ScheduleKind { kOneFOneB, kGPipe };
+// [train] nonfinite: what a non-finite loss or gradient norm does.
+enum class NonfinitePolicy { kStop, kSkip };
 // [checkpoint] resume: the newest usable checkpoint, none, or one path.
 enum class ResumeMode { kAuto, kNever, kPath };
 
@@ -27,6 +29,8 @@ inline constexpr SettingName<Device> kDeviceNames[] = {
     {Device::kAuto, "auto"}, {Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}};
 inline constexpr SettingName<Precision> kPrecisionNames[] = {{Precision::kFp32, "fp32"},
                                                              {Precision::kBf16, "bf16"}};
+inline constexpr SettingName<NonfinitePolicy> kNonfiniteNames[] = {
+    {NonfinitePolicy::kStop, "stop"}, {NonfinitePolicy::kSkip, "skip"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::kOneFOneB, "1f1b"},
                                                                {ScheduleKind::kGPipe, "gpipe"}};
 
@@ -59,5 +63,6 @@ std::string setting_choices(const SettingName<E> (&names)[N]) {
 inline const char* name_of(Device d) { return setting_name(kDeviceNames, d); }
 inline const char* name_of(Precision p) { return setting_name(kPrecisionNames, p); }
 inline const char* name_of(ScheduleKind s) { return setting_name(kScheduleNames, s); }
+inline const char* name_of(NonfinitePolicy p) { return setting_name(kNonfiniteNames, p); }
 
 }  // namespace mpiformer

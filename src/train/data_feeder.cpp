@@ -26,8 +26,19 @@ void check_dataset(const TokenDataset& d, const GptConfig& cfg, const std::strin
 
 }  // namespace
 
+namespace {
+
+const std::string& train_path(const Deck& deck) {
+  if (deck.data.train.empty()) {
+    throw InputError(deck.path, "[data] train", "empty: name a token dataset (a file or a glob)");
+  }
+  return deck.data.train;
+}
+
+}  // namespace
+
 DataFeeder::DataFeeder(const Deck& deck, GptConfig& cfg)
-    : train_(deck.data.train),
+    : train_(train_path(deck)),
       micro_batch_(deck.train.micro_batch),
       seq_len_(cfg.seq_len),
       global_batch_(deck.train.global_batch),

@@ -1,6 +1,7 @@
 #include "train/metrics_log.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -20,17 +21,40 @@ MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool append)
     : active_(active), path_(run_dir + "/metrics.jsonl") {
   if (!active_) return;
   file_ = std::fopen(path_.c_str(), append ? "a" : "w");
-  if (file_ == nullptr) throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
+  if (file_ == nullptr) {
+    throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
+  }
 }
 
 MetricsLog::~MetricsLog() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
+namespace {
+
+// JSON has no NaN or infinity: a non-finite value is null.
+std::string number(double x) { return std::isfinite(x) ? strprintf("%.9g", x) : "null"; }
+
+// A JSON string of plain text (the reasons we write hold no control
+// characters; quotes and backslashes are escaped).
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
 void MetricsLog::write_line(const std::string& json) {
-  std::fputs(json.c_str(), file_);
-  std::fputc('\n', file_);
-  std::fflush(file_);  // a crash or a kill loses no logged line
+  // Flushed per line: a crash or a kill loses no logged line. A failed
+  // write (a full disk) ends the run instead of losing the log silently.
+  if (std::fputs(json.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF ||
+      std::fflush(file_) != 0) {
+    throw SystemError("cannot write " + path_ + ": " + std::strerror(errno));
+  }
 }
 
 void MetricsLog::step(const StepMetrics& m) {
@@ -42,10 +66,21 @@ void MetricsLog::step(const StepMetrics& m) {
       w, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr,
       m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
   std::string json = strprintf(
-      "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+      "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, "
       "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"samples\": %lld",
-      static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu, m.step_ms,
-      static_cast<long long>(m.samples));
+      static_cast<long long>(m.step), number(m.loss).c_str(), m.lr, number(m.grad_norm).c_str(),
+      m.tokens_per_s, m.mfu, m.step_ms, static_cast<long long>(m.samples));
+  if (!m.skipped.empty()) {
+    line += " | update skipped (" + m.skipped + ")";
+    json += ", \"skipped\": " + quoted(m.skipped);
+  }
+  if (!m.stopped.empty()) {
+    line += " | stopping (" + m.stopped + ")";
+    json += ", \"stopped\": " + quoted(m.stopped);
+  }
+  if (m.skipped_steps > 0) {
+    json += strprintf(", \"skipped_steps\": %lld", static_cast<long long>(m.skipped_steps));
+  }
   if (m.host_timings) json += strprintf(", \"matmul_fraction\": %.4g", m.matmul_fraction);
   if (m.pipelined && m.host_timings) {
     line += strprintf(" | bubble %.0f%% (theory %.0f%%)", 100 * m.bubble, 100 * m.bubble_theory);
@@ -68,8 +103,8 @@ void MetricsLog::eval(int64_t step, int64_t steps, double val_loss) {
   std::printf("step %lld/%lld | val loss %.4f\n", static_cast<long long>(step),
               static_cast<long long>(steps), val_loss);
   std::fflush(stdout);
-  write_line(strprintf("{\"step\": %lld, \"val_loss\": %.9g}", static_cast<long long>(step),
-                       val_loss));
+  write_line(strprintf("{\"step\": %lld, \"val_loss\": %s}", static_cast<long long>(step),
+                       number(val_loss).c_str()));
 }
 
 }  // namespace mpiformer

@@ -18,7 +18,9 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   interval_s_ += step_s;
   ++interval_steps_;
   const TrainConfig& tc = deck_.train;
-  if (done % tc.log_every != 0 && done != end_step) return;
+  // A step whose update was not applied is always logged.
+  const bool not_applied = r.verdict != StepVerdict::kApply;
+  if (done % tc.log_every != 0 && done != end_step && !not_applied) return;
   // Means over the interval and over ranks (one small all-reduce).
   double agg[2] = {times_.recv_wait / interval_s_, times_.reduce_exposed};
   grid_.world().allreduce_sum(agg, 2);
@@ -43,6 +45,9 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   sm.data_parallel = grid_.dp() > 1;
   sm.reduce_exposed_ms = 1e3 * agg[1] / ranks / static_cast<double>(interval_steps_);
   sm.host_timings = !stage_.on_device();
+  if (r.verdict == StepVerdict::kSkip) sm.skipped = r.why;
+  if (r.verdict == StepVerdict::kStop) sm.stopped = r.why;
+  sm.skipped_steps = r.skipped_steps;
   log_.step(sm);
   stage_.reset_gemm_seconds();
   interval_s_ = 0;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 
 #include "train/lr_schedule.hpp"
 #include "train/stop_policy.hpp"
@@ -33,8 +35,15 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       trace_(trace),
       reducer_(stage.table(), deck.parallel.bucket_mb * (1 << 20), *comms.dp),
       wte_(stage.table().find(kOuterSchema[outer::wte].name)),
+      guard_(deck.train.nonfinite, deck.train.spike_zscore, deck.train.skip_limit),
       act_sends_(static_cast<size_t>(stage.num_slots())),
-      grad_sends_(static_cast<size_t>(stage.num_slots())) {}
+      grad_sends_(static_cast<size_t>(stage.num_slots())) {
+  // Test hook: MPIFORMER_FAULT_NONFINITE_STEP=N makes a gradient of world
+  // rank 0 NaN at step N, as a numerical or hardware fault would (host
+  // back end: the gradients are host memory there).
+  const char* v = std::getenv("MPIFORMER_FAULT_NONFINITE_STEP");
+  fault_step_ = v != nullptr && !stage.on_device() ? std::atoll(v) : -1;
+}
 
 StepExecutor::~StepExecutor() = default;
 
@@ -106,6 +115,9 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         // agreeing on preemption costs no extra collective. On a GPU these
         // are the step's only copies to the host: the loss and the squared
         // norm, which the log shows and clipping needs.
+        if (step + 1 == fault_step_ && g.world_rank() == 0) {
+          stage.grads()[0] = std::numeric_limits<float>::quiet_NaN();
+        }
         double sums[3] = {stage.take_loss_sum(), 0.0, StopPolicy::vote(out_of_time) ? 1.0 : 0.0};
         if (g.dp_rank() == 0) {
           sums[1] = stage.grad_sum_of_squares(0, stage.param_storage());
@@ -115,10 +127,14 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         g.world().allreduce_sum(sums, 3);
         result.loss = sums[0] / static_cast<double>(tc.global_batch * T);
         result.stop = sums[2] > 0;
+        // NaN stays NaN through max and sqrt: the guard sees it.
         const double norm = std::sqrt(std::max(sums[1], 0.0));
         const double clip = (tc.grad_clip > 0 && norm > tc.grad_clip) ? tc.grad_clip / norm : 1.0;
         const double lr = learning_rate(tc.lr, tc.min_lr, tc.warmup_steps, tc.steps, step);
-        stage.adamw_step(lr, step + 1, clip);
+        result.verdict = guard_.judge(result.loss, norm);
+        result.why = guard_.why();
+        result.skipped_steps = guard_.skipped();
+        if (result.verdict == StepVerdict::kApply) stage.adamw_step(lr, step + 1, clip);
         result.grad_norm = norm;
         result.lr = lr;
         break;

@@ -15,6 +15,7 @@
 #include "train/data_feeder.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/stage_backend.hpp"
+#include "train/step_guard.hpp"
 #include "train/trace_writer.hpp"
 
 namespace mpiformer {
@@ -22,6 +23,9 @@ namespace mpiformer {
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
   bool stop = false;  // every rank agreed to stop after this step
+  StepVerdict verdict = StepVerdict::kApply;  // the update applied, skipped, or the run stops
+  std::string why;                            // why not applied
+  int64_t skipped_steps = 0;                  // skipped so far in this run
 };
 
 // Host-side waits within steps, summed until reset.
@@ -53,6 +57,8 @@ class StepExecutor {
   TraceWriter& trace_;
   GradReducer reducer_;
   const ParameterSpec* wte_;  // the tied embedding, where this stage holds a copy
+  StepGuard guard_;
+  int64_t fault_step_;  // test hook (see the constructor)
   std::vector<Pending> act_sends_, grad_sends_;  // one per activation slot
 };
 

@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <limits>
 
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "parallel/input_agreement.hpp"
+#include "run_lock.hpp"
 #include "parallel/mpi_session.hpp"
 #include "train/backend_factory.hpp"
 #include "train/checkpoint_manager.hpp"
@@ -23,7 +25,31 @@
 
 namespace mpiformer {
 
+namespace {
+
+void make_dir(const std::string& dir, const char* key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw InputError(dir, key, "cannot create the directory: " + ec.message());
+}
+
+// Writes, flushes and removes a small file in `dir`; an InputError naming
+// the key otherwise.
+void probe_writable(const std::string& dir, const char* key, int rank) {
+  std::error_code ec;
+  const std::string probe = dir + strprintf("/.write-probe-rank%d", rank);
+  try {
+    write_file_durably(probe, "mpiformer checks that this directory is writable\n");
+  } catch (const SystemError& e) {
+    throw InputError(dir, key, std::string("not writable: ") + e.what());
+  }
+  std::filesystem::remove(probe, ec);
+}
+
+}  // namespace
+
 struct Trainer::Parts {
+  std::vector<std::unique_ptr<RunLock>> locks;  // rank 0 only
   std::unique_ptr<DataFeeder> data;
   BackendChoice backend;
   std::vector<Action> actions;  // this stage's schedule for one step
@@ -66,12 +92,22 @@ void Trainer::prepare_local(int world, int local_rank) {
   const int slots = max_live_activations(p.actions);
   p.stage = make_stage_backend(deck_, p.backend, deck_.model, stage_index, slots);
   p.stage->init_parameters(static_cast<uint64_t>(deck_.train.seed));
-  // Every rank may write here (traces), so every rank makes sure it exists.
-  std::error_code ec;
-  std::filesystem::create_directories(deck_.run.dir, ec);
-  if (ec) {
-    throw InputError(deck_.run.dir, "[run] dir", "cannot create the run directory: " + ec.message());
+  // Every rank may write in the run directory (traces). The checkpoint
+  // directory is written at the first save, possibly hours from now: find
+  // out now that both can be (a read-only mount, a file in the place of a
+  // directory, a full file system).
+  make_dir(deck_.run.dir, "[run] dir");
+  make_dir(deck_.checkpoint.dir, "[checkpoint] dir");
+  // One job per run (and checkpoint) directory: rank 0 holds the locks for
+  // the job's life; a second job is refused here, before it writes there.
+  if (rank_ == 0) {
+    p.locks.push_back(std::make_unique<RunLock>(deck_.run.dir, "[run] dir"));
+    if (!std::filesystem::equivalent(deck_.run.dir, deck_.checkpoint.dir)) {
+      p.locks.push_back(std::make_unique<RunLock>(deck_.checkpoint.dir, "[checkpoint] dir"));
+    }
   }
+  probe_writable(deck_.run.dir, "[run] dir", rank_);
+  probe_writable(deck_.checkpoint.dir, "[checkpoint] dir", rank_);
   p.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
       dp_rank);
@@ -171,12 +207,18 @@ TrainResult Trainer::run() {
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
     stop.step_took(step_s);
     result.losses.push_back(r.loss);
-    if (!std::isfinite(r.loss)) {
-      throw SystemError(strprintf("loss is %g at step %lld: training diverged (lower [train] lr?)",
-                                  r.loss, static_cast<long long>(step + 1)));
-    }
     const int64_t done = step + 1;
     progress.step_done(done, end_step, step_s, r, p.data->cursor());
+    if (r.verdict == StepVerdict::kStop) {
+      // Every rank judged the same values: all stop here, before anything
+      // of this step is applied or saved.
+      throw AgreedInputError(
+          deck_.path, "[train] nonfinite",
+          strprintf("step %lld: %s; the run stops with nothing of this step applied or saved "
+                    "(the last checkpoint is the good one): lower [train] lr, raise [train] "
+                    "grad_clip, or set [train] nonfinite = \"skip\" / [train] spike_zscore",
+                    static_cast<long long>(done), r.why.c_str()));
+    }
     const bool eval_due = tc.eval_every > 0 && done % tc.eval_every == 0;
     if (p.data->val() && (eval_due || done == tc.steps)) {
       const auto te = Clock::now();

@@ -29,6 +29,7 @@ for np in 1 2; do
   expect $np "[train] lr: expected a value in" train "$DECK" --set train.lr=-1
   expect $np "[train] global_batch: must be a multiple" train "$DECK" --set train.micro_batch=5
   expect $np "nothing.h5: no such file" train "$DECK" --set data.train=nothing.h5
+  expect $np "tiny.toml: [data] train: empty" train "$DECK" --set 'data.train=""'
 done
 # Layouts that do not fit, at every rank count: each fails fast, once, everywhere.
 for np in 1 2 4; do
@@ -50,6 +51,17 @@ expect 2 "[parallel] dp x pp: 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
 expect 4 "[parallel] dp x pp: 2 x 1 = 2 ranks, but the job has 4" train "$DECK" --set parallel.dp=2
 expect 1 "[parallel] dp x pp: 2 x 2 = 4 ranks, but the job has 1" train "$DECK" \
   --set parallel.dp=2 --set parallel.pp=2
+
+# A checkpoint directory that cannot be written is found at the start, not
+# at the first save after hours of training (as root, permissions cannot
+# stop a write, so a file stands where a directory should be).
+touch not_a_dir
+for np in 1 2; do
+  expect $np "not_a_dir/ckpt: [checkpoint] dir: cannot create the directory" train "$DECK" \
+    --set parallel.dp=$np --set checkpoint.dir=not_a_dir/ckpt
+  expect $np "not_a_dir/run: [run] dir: cannot create the directory" train "$DECK" \
+    --set parallel.dp=$np --set run.dir=not_a_dir/run
+done
 
 # An input only one rank cannot read (a file missing on one node): no hang,
 # the message once, every rank non-zero.
@@ -96,6 +108,17 @@ printf 'ok \xff\xfe bad' >bad_utf8.txt
 expect 1 "bad_utf8.txt: byte 3: text is not valid UTF-8" prep --tokenizer gpt2 --output keep.h5 bad_utf8.txt
 [ "$sum_before" = "$(md5sum keep.h5)" ] || fail "a failed prep changed the existing output"
 expect 1 "--tokenizer" prep --tokenizer nope --output x.h5 plain.txt
+expect 1 "--tokens" inspect data/tinyshakespeare_byte.h5 --tokens -1
+# prep never overwrites its own input, as the output or as the validation split.
+cp plain.txt own.txt
+expect 1 "own.txt: is both an input and --output" prep --output own.txt own.txt
+cp plain.txt own_val.txt
+expect 1 "own_val.txt: is both an input and the validation split" \
+  prep --val-fraction 0.1 --output own.txt own_val.txt
+[ "$(cat own.txt)" = "just text" ] && [ "$(cat own_val.txt)" = "just text" ] ||
+  fail "prep changed its own input"
+expect 1 "--val-fraction: expected a number in [0, 0.5], got nan" \
+  prep --val-fraction nan --output x.h5 plain.txt
 # Help is ours alone: Kokkos never sees the program's arguments.
 for args in "--help" "train --help"; do
   # shellcheck disable=SC2086
