@@ -1,9 +1,12 @@
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "checkpoint.hpp"
 #include "commands.hpp"
 #include "core/format.hpp"
+#include "train/checkpointing.hpp"
 
 namespace mpiformer {
 
@@ -24,34 +27,52 @@ int inspect_checkpoint(const std::string& path) {
               static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
               static_cast<long long>(m.n_embd), static_cast<long long>(m.seq_len),
               static_cast<long long>(m.vocab_size), m.tokenizer.c_str());
+  // What the file holds is checked against what a checkpoint of its model
+  // must hold (the schema), so a missing tensor is found, not overlooked.
   struct Group {
     int64_t tensors = 0, elements = 0;
   };
   std::map<std::string, Group> groups;
-  int64_t bad = 0, total = 0;
-  for (const auto& [name, shape] : r.datasets()) {
+  std::map<std::string, std::vector<int64_t>> present;
+  for (const auto& [name, shape] : r.datasets()) present[name] = shape;
+  int64_t damaged = 0, missing = 0;
+  const auto expected = checkpoint_datasets(model_config(m));
+  for (const auto& d : expected) {
+    const auto it = present.find(d.name);
+    if (it == present.end()) {
+      ++missing;
+      std::printf("MISSING:     %s\n", d.name.c_str());
+      continue;
+    }
+    present.erase(it);
     int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    Group& g = groups[name.substr(0, name.rfind('/'))];
+    for (int64_t x : d.shape) n *= x;
+    Group& g = groups[d.name.substr(0, d.name.rfind('/'))];
     ++g.tensors;
     g.elements += n;
-    ++total;
-    if (const std::string why = r.verify(name, shape); !why.empty()) {
-      ++bad;
-      std::printf("DAMAGED:     %s: %s\n", name.c_str(), why.c_str());
+    if (const std::string why = r.verify(d.name, d.shape); !why.empty()) {
+      ++damaged;
+      std::printf("DAMAGED:     %s: %s\n", d.name.c_str(), why.c_str());
     }
+  }
+  for (const auto& [name, shape] : present) {
+    std::printf("UNEXPECTED:  %s (not part of this model)\n", name.c_str());
   }
   for (const auto& [name, g] : groups) {
     std::printf("%-12s %lld tensors, %lld parameters, %.1f MB\n", (name + ":").c_str(),
                 static_cast<long long>(g.tensors), static_cast<long long>(g.elements),
                 4.0 * static_cast<double>(g.elements) / 1e6);
   }
-  if (bad > 0) {
-    std::printf("checksums:   %lld of %lld datasets FAIL\n", static_cast<long long>(bad),
-                static_cast<long long>(total));
-    return 2;
+  const auto total = static_cast<long long>(expected.size());
+  if (missing > 0) {
+    std::printf("complete:    NO, %lld of the model's %lld datasets missing\n",
+                static_cast<long long>(missing), total);
   }
-  std::printf("checksums:   all %lld datasets verify (xxh64)\n", static_cast<long long>(total));
+  if (damaged > 0) {
+    std::printf("checksums:   %lld of %lld datasets FAIL\n", static_cast<long long>(damaged), total);
+  }
+  if (missing > 0 || damaged > 0) return 2;
+  std::printf("checksums:   all %lld datasets verify (xxh64)\n", total);
   return 0;
 }
 

@@ -44,6 +44,14 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
 
 }  // namespace
 
+std::vector<CheckpointDataset> checkpoint_datasets(const GptConfig& cfg) {
+  const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
+  std::vector<CheckpointDataset> out;
+  for (int g = 0; g < 3; ++g)
+    for (const auto& spec : whole.specs()) out.push_back({kGroups[g] + spec.name, spec.shape});
+  return out;
+}
+
 std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const ParameterTable& local,
                                             const StageState& state, const ProcessGrid& grid) {
   const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});

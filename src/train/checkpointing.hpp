@@ -21,6 +21,14 @@ struct StageState {
   float* adam_v;
 };
 
+// Every dataset a checkpoint of model `cfg` holds, named and shaped from the
+// schema: the parameters and both AdamW moments of every tensor.
+struct CheckpointDataset {
+  std::string name;  // "/model/wte", "/optim/adam_m/h.0.ln_1.weight", ...
+  std::vector<int64_t> shape;
+};
+std::vector<CheckpointDataset> checkpoint_datasets(const GptConfig& cfg);
+
 // Every dataset of the full model (same list on every rank), with this
 // rank's rows and, on the reporting rank, the checksum.
 std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const ParameterTable& local,

@@ -156,6 +156,11 @@ rc=0
 "$MPIFORMER" inspect dmg/flip.h5 >inspect.txt || rc=$?
 [ "$rc" -eq 2 ] && grep -q "DAMAGED: *//*model/h.0.attn.c_attn.weight: checksum mismatch" inspect.txt ||
   { cat inspect.txt; fail "inspect of a damaged checkpoint (exit $rc)"; }
+rc=0
+"$MPIFORMER" inspect dmg/deleted.h5 >inspect.txt || rc=$?
+[ "$rc" -eq 2 ] && grep -q "MISSING: */optim/adam_v/wpe" inspect.txt &&
+  grep -q "complete: *NO, 1 of the model's 156 datasets missing" inspect.txt ||
+  { cat inspect.txt; fail "inspect of a checkpoint missing a tensor (exit $rc)"; }
 ck=straight/checkpoints/step_00000006.h5
 "$MPIFORMER" generate "$ck" --prompt "ROMEO:" --tokens 30 --temperature 0 >g1.txt 2>g1.err
 "$MPIFORMER" generate "$ck" --prompt "ROMEO:" --tokens 30 --temperature 0 >g2.txt 2>/dev/null
