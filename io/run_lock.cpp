@@ -56,10 +56,11 @@ RunLock::RunLock(const std::string& dir, const std::string& key) {
                          (holder.empty() ? std::string("holder unknown") : holder) +
                          "): wait for it to end, or choose another directory");
   }
+  // The lock is what matters; the text only helps a second job's message,
+  // so failing to write it is not an error.
   const std::string me = holder_text() + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
-    // The lock is what matters; the text only helps the message.
-  }
+  const bool written = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, me.data(), me.size(), 0) >= 0;
+  (void)written;
 }
 
 RunLock::~RunLock() {
