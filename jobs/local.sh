@@ -5,6 +5,8 @@
 # the root flags only when run as root. With a cuda build every rank sees
 # every GPU and takes GPU (node-local rank mod GPUs) itself: keeping them
 # all visible lets NCCL use NVLink and peer-to-peer copies between ranks.
+# Ctrl-C or SIGTERM to this script checkpoints and exits 75 (see
+# forward-signals.sh); mpirun's own handling of them would not.
 #   NP=  OVERSUBSCRIBE=0  MPIFORMER=build/cpu/app/mpiformer
 set -euo pipefail
 DECK=${1:?usage: jobs/local.sh DECK [--set section.key=value]...}
@@ -30,4 +32,7 @@ launch=(mpirun -np "$NP")
 if [ "${OVERSUBSCRIBE:-0}" = 1 ] || [ "$NP" -gt "$(nproc)" ]; then launch+=(--oversubscribe); fi
 cmd=("${launch[@]}" "$MPIFORMER" train "$DECK" "$@")
 echo "mpiformer $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown): ${cmd[*]}"
-exec "${cmd[@]}"
+# Ctrl-C or SIGTERM here: the ranks checkpoint and the exit code is 75.
+source "$(dirname "$0")/forward-signals.sh"
+run_forwarding "${cmd[@]}"
+exit "$rc"

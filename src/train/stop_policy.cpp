@@ -54,7 +54,7 @@ bool StopPolicy::out_of_time(Clock::time_point now) const {
 
 const char* StopPolicy::reason() const {
   const int sig = stop_signal();
-  return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "time limit";
+  return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "time limit";
 }
 
 }  // namespace mpiformer

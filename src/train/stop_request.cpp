@@ -18,6 +18,7 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;  // blocking MPI and file calls carry on
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);  // Ctrl-C where the ranks share the terminal (srun)
 }
 
 int stop_signal() { return g_signal; }

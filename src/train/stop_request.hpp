@@ -1,8 +1,9 @@
 // Preemption: SIGUSR1 (Slurm's warning before the time limit, when asked
-// with --signal) and SIGTERM (scancel, preemption) only set a flag. The
-// trainer reads it once per step, inside the step's existing all-reduce, so
-// every rank agrees on the same last step; it then checkpoints and exits
-// with kExitRequeue. A second signal during the save changes nothing.
+// with --signal), SIGTERM (scancel, preemption) and SIGINT (Ctrl-C where a
+// rank shares the terminal; jobs/local.sh turns its own into SIGUSR1) only
+// set a flag. The trainer reads it once per step, inside the step's
+// existing all-reduce, so every rank agrees on the same last step; it then
+// checkpoints and exits with kExitRequeue. A second signal during the save changes nothing.
 #pragma once
 
 namespace mpiformer {

@@ -32,3 +32,25 @@ run_mpi 1 train "$DECK" --set train.steps=$((stopped + 2)) --set train.eval_ever
   { cat tl2.log; fail "resume after the time limit failed"; }
 grep -q "resumed from tl/checkpoints/step_$(printf %08d "$stopped").h5" tl2.log || { cat tl2.log; fail "no resume"; }
 echo "ok: time guard stopped at step $stopped and the run resumed"
+
+# The workstation launcher: Ctrl-C (SIGINT) and SIGTERM to jobs/local.sh
+# reach the ranks as SIGUSR1, so the run checkpoints and the exit code is 75
+# (mpirun's own SIGTERM handling kills the ranks after a short grace and
+# exits 1). Job control on: a background job would otherwise ignore SIGINT.
+set -m
+for sig in INT TERM; do
+  MPIFORMER="$MPIFORMER" "$SOURCE_DIR/jobs/local.sh" "$DECK" "${args[@]}" --set run.dir="l$sig" >"l$sig.log" 2>&1 &
+  pid=$!
+  for i in $(seq 1 120); do
+    [ "$(grep -c '"loss"' "l$sig/metrics.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
+    sleep 0.5
+  done
+  kill -"$sig" "$pid"
+  rc=0
+  wait "$pid" || rc=$?
+  [ "$rc" -eq 75 ] || { cat "l$sig.log"; fail "SIG$sig to jobs/local.sh: exit $rc, expected 75"; }
+  grep -q "to be requeued (SIGUSR1)" "l$sig.log" || { cat "l$sig.log"; fail "SIG$sig: no checkpoint-and-stop"; }
+  ls "l$sig"/checkpoints/step_*.h5 >/dev/null || fail "SIG$sig: no checkpoint"
+  echo "ok: SIG$sig to jobs/local.sh checkpointed and exited 75"
+done
+set +m
