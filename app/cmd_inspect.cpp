@@ -16,6 +16,9 @@ int run_inspect(const InspectArgs& args, int rank) {
   std::printf("tokens:    %lld\n", static_cast<long long>(d.num_tokens()));
   std::printf("vocab:     %lld\n", static_cast<long long>(d.vocab_size()));
   std::printf("tokenizer: %s\n", d.tokenizer().c_str());
+  // Training checks ids as it reads them; inspect reads every one.
+  const int64_t max_id = d.verify_token_range();
+  std::printf("ids:       all below vocab_size (largest %lld)\n", static_cast<long long>(max_id));
   const int64_t n = std::min<int64_t>(args.tokens, d.num_tokens());
   std::vector<int32_t> ids(static_cast<size_t>(n));
   d.read_tokens(0, n, ids.data());

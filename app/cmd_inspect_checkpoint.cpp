@@ -16,6 +16,8 @@ int inspect_checkpoint(const std::string& path) {
   std::printf("file:        %s\n", path.c_str());
   std::printf("format:      mpiformer checkpoint, version %lld\n",
               static_cast<long long>(m.format_version));
+  std::printf("run:         %s%s\n", m.run_id.empty() ? "(no id: version 1)" : m.run_id.c_str(),
+              m.format_version >= 2 ? ", root attributes verify" : "");
   std::printf("step:        %lld\n", static_cast<long long>(m.step));
   std::printf("tokens seen: %lld (%lld samples, epoch %lld, seed %lld)\n",
               static_cast<long long>(m.tokens_seen), static_cast<long long>(m.sample_position),

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <ctime>
 #include <functional>
+#include <random>
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
@@ -58,7 +60,23 @@ int64_t fault_after() {
   return v != nullptr ? std::atoll(v) : -1;
 }
 
+// Every root attribute as text, in one order: what "meta_xxh64" covers, so
+// an edited step or data position is found like a damaged tensor.
+uint64_t meta_checksum(const CheckpointMeta& meta) {
+  std::string text;
+  for (const auto& a : kIntAttrs) text += std::string(a.name) + "=" + std::to_string(meta.*(a.member)) + "\n";
+  text += "tokenizer=" + meta.tokenizer + "\ndeck=" + meta.deck + "\nrun_id=" + meta.run_id + "\n";
+  return XXH64(text.data(), text.size(), 0);
+}
+
 }  // namespace
+
+std::string new_run_id() {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+  return strprintf("%s-%08x", stamp, static_cast<unsigned>(std::random_device{}()));
+}
 
 void set_model_config(CheckpointMeta& meta, const GptConfig& cfg) {
   meta.n_layer = cfg.n_layer;
@@ -154,6 +172,8 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     for (const auto& a : kIntAttrs) write_int_attr(file.get(), a.name, meta.*(a.member), tmp);
     write_string_attr(file.get(), "tokenizer", meta.tokenizer, tmp);
     write_string_attr(file.get(), "deck", meta.deck, tmp);
+    write_string_attr(file.get(), "run_id", meta.run_id, tmp);
+    write_u64_attr(file.get(), "meta_xxh64", meta_checksum(meta), tmp);
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), tmp);
   }  // closed, collectively, here
   MPI_CHECK(MPI_Barrier(comm));
@@ -180,14 +200,25 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file_ < 0) throw InputError(path, "", "cannot open (truncated or damaged?)");
   for (const auto& a : kIntAttrs) meta_.*(a.member) = read_int_attr(file_, a.name, path);
-  if (meta_.format_version != kCheckpointFormatVersion) {
+  if (meta_.format_version != kCheckpointFormatVersion && meta_.format_version != 1) {
     throw InputError(path, "attribute format_version",
-                     strprintf("this build reads version %lld, the file is version %lld",
+                     strprintf("this build reads versions 1 and %lld, the file is version %lld",
                                static_cast<long long>(kCheckpointFormatVersion),
                                static_cast<long long>(meta_.format_version)));
   }
   meta_.tokenizer = read_string_attr(file_, "tokenizer", path);
   meta_.deck = read_string_attr(file_, "deck", path);
+  if (meta_.format_version >= 2) {
+    meta_.run_id = read_string_attr(file_, "run_id", path);
+    const uint64_t want = read_u64_attr(file_, "meta_xxh64", path);
+    if (const uint64_t got = meta_checksum(meta_); got != want) {
+      throw InputError(path, "root attributes",
+                       strprintf("checksum mismatch (stored %016llx, attributes %016llx): the "
+                                 "step, data position or deck were edited or damaged",
+                                 static_cast<unsigned long long>(want),
+                                 static_cast<unsigned long long>(got)));
+    }
+  }
 }
 
 CheckpointReader::~CheckpointReader() {

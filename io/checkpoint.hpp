@@ -15,7 +15,9 @@
 
 namespace mpiformer {
 
-constexpr int64_t kCheckpointFormatVersion = 1;
+// 2: the run id and a checksum of the root metadata. Version 1 files are
+// still read (without either).
+constexpr int64_t kCheckpointFormatVersion = 2;
 
 // The run's state, stored as root attributes.
 struct CheckpointMeta {
@@ -29,7 +31,13 @@ struct CheckpointMeta {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab_size = 0;
   std::string tokenizer;        // of the training data
   std::string deck;             // the resolved input deck, TOML
+  // The run that wrote it: a new id for each fresh run, kept across
+  // resumes, so a run never prunes or is outranked by another's files.
+  std::string run_id;
 };
+
+// A new run id: the UTC start time and 32 random bits.
+std::string new_run_id();
 
 // The model shape recorded in / read from the root attributes.
 void set_model_config(CheckpointMeta& meta, const GptConfig& cfg);

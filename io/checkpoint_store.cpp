@@ -1,6 +1,8 @@
 #include "checkpoint_store.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <ctime>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,8 +28,9 @@ void CheckpointStore::create_dir() const {
   if (ec) throw InputError(dir_, "[checkpoint] dir", "cannot create: " + ec.message());
 }
 
-void CheckpointStore::publish_latest(const std::string& path) const {
-  write_file_durably(dir_ + "/latest", fs::path(path).filename().string() + "\n");
+void CheckpointStore::publish_latest(const std::string& path, const std::string& run_id) const {
+  write_file_durably(dir_ + "/latest",
+                     fs::path(path).filename().string() + "\nrun " + run_id + "\n");
 }
 
 std::string CheckpointStore::latest() const {
@@ -57,6 +60,28 @@ void CheckpointStore::prune(int64_t keep) const {
     std::error_code ec;
     fs::remove(all[i], ec);
   }
+}
+
+int64_t CheckpointStore::step_of(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  return std::atoll(name.c_str() + 5);  // "step_" then the digits
+}
+
+std::string CheckpointStore::set_aside(const std::vector<std::string>& paths) const {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+  std::string aside = dir_ + "/superseded-" + stamp;
+  for (int i = 2; fs::exists(aside); ++i) aside = dir_ + "/superseded-" + stamp + strprintf("-%d", i);
+  std::error_code ec;
+  fs::create_directories(aside, ec);
+  if (ec) throw SystemError("cannot create " + aside + ": " + ec.message());
+  const std::string named = latest();
+  for (const auto& p : paths) {
+    durable_rename(p, aside + "/" + fs::path(p).filename().string());
+    if (p == named) durable_rename(dir_ + "/latest", aside + "/latest");
+  }
+  return aside;
 }
 
 }  // namespace mpiformer

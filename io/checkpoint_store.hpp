@@ -1,6 +1,7 @@
 // A directory of checkpoints: step_<8 digits>.h5 files, complete by
 // construction (written under .tmp and renamed), and a `latest` file naming
-// the newest, itself replaced by write-and-rename. Called on one rank.
+// the newest (first line) and its run id (second line, "run <id>"), itself
+// replaced by write-and-rename. Called on one rank.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,8 +14,8 @@ class CheckpointStore {
   explicit CheckpointStore(std::string dir);
   std::string path_for_step(int64_t step) const;
   void create_dir() const;
-  // Points `latest` at `path` (a file in this directory).
-  void publish_latest(const std::string& path) const;
+  // Points `latest` at `path` (a file in this directory) of run `run_id`.
+  void publish_latest(const std::string& path, const std::string& run_id) const;
   // The file `latest` names, or "" when there is no `latest`.
   std::string latest() const;
   // Complete checkpoints, newest first.
@@ -22,6 +23,12 @@ class CheckpointStore {
   // Keeps the newest `keep` complete checkpoints (0: keep all); runs only
   // after a newer one is complete, so it never leaves none.
   void prune(int64_t keep) const;
+  // The step in a checkpoint's name.
+  static int64_t step_of(const std::string& path);
+  // Moves `paths` (complete checkpoints here), and `latest` if it names
+  // one of them, into a new subdirectory superseded-<UTC time>; returns it.
+  // Nothing is deleted: another run's files are kept, out of the way.
+  std::string set_aside(const std::vector<std::string>& paths) const;
 
  private:
   std::string dir_;

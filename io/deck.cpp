@@ -1,7 +1,9 @@
 #include "deck.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <limits>
 #include <map>
@@ -260,14 +262,41 @@ void check_relations(const Deck& d, const std::string& where) {
 
 }  // namespace
 
-Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
-  {
-    std::ifstream probe(path);
-    if (!probe) throw InputError(path, "", "cannot open the input deck (does the file exist?)");
+std::string read_deck_text(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    throw InputError(path, "", "cannot open the input deck (does the file exist?)");
   }
+  // A FIFO or a device would block or never end; a deck is a small file.
+  if (!std::filesystem::is_regular_file(status)) {
+    throw InputError(path, "", "not a regular file (an input deck is a TOML file)");
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxDeckBytes) {
+    throw InputError(path, "",
+                     strprintf("%llu bytes: an input deck is a few hundred bytes of TOML, at most "
+                               "%lld (is this the right file?)",
+                               static_cast<unsigned long long>(size),
+                               static_cast<long long>(kMaxDeckBytes)));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "", "cannot open the input deck (permissions?)");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > kMaxDeckBytes) throw InputError(path, "", "larger than an input deck can be");
+  return text;
+}
+
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_deck(read_deck_text(path), path, overrides);
+}
+
+Deck parse_deck(const std::string& text, const std::string& path,
+                const std::vector<std::string>& overrides) {
   toml::value root;
   try {
-    root = toml::parse(path);
+    std::istringstream in(text);
+    root = toml::parse(in, path);
   } catch (const std::exception& e) {
     throw InputError(path, "", std::string("not valid TOML:\n") + e.what());
   }
@@ -355,6 +384,21 @@ std::string Deck::to_toml() const {
     if (!unset(k, v)) out += std::string(k.name) + " = " + v + "\n";
   }
   return out;
+}
+
+}  // namespace mpiformer
+
+namespace mpiformer {
+
+void rebase_relative_paths(Deck& d, const std::string& base) {
+  const auto rebase = [&](std::string& p) {
+    if (!p.empty() && std::filesystem::path(p).is_relative()) p = base + "/" + p;
+  };
+  rebase(d.data.train);
+  rebase(d.data.val);
+  rebase(d.run.dir);
+  rebase(d.checkpoint.dir);
+  rebase(d.checkpoint.resume_path);
 }
 
 }  // namespace mpiformer

@@ -93,8 +93,21 @@ struct DeckKey {
 };
 std::vector<DeckKey> deck_keys();
 
+// A deck larger than this is refused before it is parsed (a garbage file
+// of 100 MB would otherwise take a minute to be refused).
+constexpr uint64_t kMaxDeckBytes = 1 << 20;
+
 // Reads and validates `path`, then applies `overrides` ("section.key=value",
 // value in TOML syntax; a bare word is taken as a string).
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
+// The two halves of load_deck, so that one rank can read the file and
+// every rank parse the same text: the file's bytes (a regular file of at
+// most kMaxDeckBytes), and their validation.
+std::string read_deck_text(const std::string& path);
+Deck parse_deck(const std::string& text, const std::string& path,
+                const std::vector<std::string>& overrides);
+// Makes the deck's relative paths relative to `base` (a rank whose working
+// directory differs from the one that read the deck).
+void rebase_relative_paths(Deck& d, const std::string& base);
 
 }  // namespace mpiformer

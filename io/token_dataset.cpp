@@ -22,10 +22,15 @@ namespace mpiformer {
 // One file of a dataset.
 class TokenSource {
  public:
+  explicit TokenSource(std::string path) : path_(std::move(path)) {}
   virtual ~TokenSource() = default;
+  const std::string& path() const { return path_; }
   virtual int64_t num_tokens() const = 0;
   virtual void read(int64_t first, int64_t count, int32_t* out) const = 0;
   virtual const char* format() const = 0;
+
+ protected:
+  std::string path_;
 };
 
 namespace {
@@ -34,19 +39,16 @@ constexpr int32_t kBinMagic = 20240520;
 constexpr int64_t kBinHeaderInts = 256;
 constexpr int64_t kScanChunk = 1 << 20;
 
-// Checks every token of `src` is below vocab, a chunk at a time.
-void check_token_range(const TokenSource& src, const std::string& path, int64_t vocab) {
-  std::vector<int32_t> buf(static_cast<size_t>(std::min(src.num_tokens(), kScanChunk)));
-  for (int64_t first = 0; first < src.num_tokens(); first += kScanChunk) {
-    const int64_t n = std::min(kScanChunk, src.num_tokens() - first);
-    src.read(first, n, buf.data());
-    for (int64_t i = 0; i < n; ++i) {
-      if (buf[i] < 0 || buf[i] >= vocab) {
-        throw InputError(path, "token " + std::to_string(first + i),
-                         strprintf("id %lld is not below vocab_size %lld",
-                                   static_cast<long long>(static_cast<uint32_t>(buf[i])),
-                                   static_cast<long long>(vocab)));
-      }
+// Throws unless out[0..n) are ids below vocab; `first` is out[0]'s index in
+// the file, for the message.
+void check_ids(const int32_t* out, int64_t n, int64_t first, int64_t vocab,
+               const std::string& path) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (out[i] < 0 || out[i] >= vocab) {
+      throw InputError(path, "token " + std::to_string(first + i),
+                       strprintf("id %lld is not below vocab_size %lld",
+                                 static_cast<long long>(static_cast<uint32_t>(out[i])),
+                                 static_cast<long long>(vocab)));
     }
   }
 }
@@ -54,7 +56,7 @@ void check_token_range(const TokenSource& src, const std::string& path, int64_t 
 // llm.c shard: mapped read-only; the page cache does the buffering.
 class BinTokenSource final : public TokenSource {
  public:
-  explicit BinTokenSource(const std::string& path) {
+  explicit BinTokenSource(const std::string& path) : TokenSource(path) {
     fd_ = ::open(path.c_str(), O_RDONLY);
     if (fd_ < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
     struct stat st {};
@@ -110,7 +112,8 @@ class BinTokenSource final : public TokenSource {
 
 class H5TokenSource final : public TokenSource {
  public:
-  H5TokenSource(const std::string& path, int64_t* vocab, std::string* tokenizer) : path_(path) {
+  H5TokenSource(const std::string& path, int64_t* vocab, std::string* tokenizer)
+      : TokenSource(path) {
     H5QuietErrors quiet;
     file_ = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (!file_.valid()) throw InputError(path, "", "cannot open as HDF5 (damaged or truncated?)");
@@ -133,6 +136,16 @@ class H5TokenSource final : public TokenSource {
     count_ = static_cast<int64_t>(dims[0]);
     *vocab = read_int_attr(file_.get(), "vocab_size", path_);
     *tokenizer = read_string_attr(file_.get(), "tokenizer", path_);
+    // Written by prep: the whole file's range checked in O(1). Files from
+    // elsewhere are checked a window at a time as they are read.
+    if (has_attr(file_.get(), "max_token_id")) {
+      const int64_t max_id = read_int_attr(file_.get(), "max_token_id", path_);
+      if (max_id >= *vocab) {
+        throw InputError(path, "attribute max_token_id",
+                         strprintf("%lld is not below vocab_size %lld",
+                                   static_cast<long long>(max_id), static_cast<long long>(*vocab)));
+      }
+    }
   }
   int64_t num_tokens() const override { return count_; }
   void read(int64_t first, int64_t count, int32_t* out) const override {
@@ -141,7 +154,7 @@ class H5TokenSource final : public TokenSource {
     H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, n, nullptr), path_);
     H5Handle mspace(H5Screate_simple(1, n, nullptr), H5Sclose);
     // Stored unsigned; read as uint32 (HDF5 converts) into int32 storage:
-    // ids are checked below vocab_size < 2^24 at open, so they fit.
+    // an id of 2^31 or more reads negative and fails the range check.
     if (H5Dread(dset_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
       throw InputError(path_, "/tokens", "read failed (damaged or truncated file?)");
     }
@@ -149,7 +162,6 @@ class H5TokenSource final : public TokenSource {
   const char* format() const override { return "HDF5"; }
 
  private:
-  std::string path_;
   H5Handle file_, dset_;
   int64_t count_ = 0;
 };
@@ -175,6 +187,16 @@ std::vector<std::string> expand(const std::string& pattern) {
 
 TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob) {
   for (const auto& p : expand(path_or_glob)) {
+    // Before reading a byte: a FIFO would block forever, a device never end.
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      throw InputError(p, "", std::string("cannot open: ") + std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      throw InputError(p, "", S_ISDIR(st.st_mode) ? "a directory, not a token dataset"
+                                                  : "not a regular file (a FIFO or a device?): "
+                                                    "a token dataset is a file");
+    }
     int32_t magic = 0;
     std::ifstream(p, std::ios::binary).read(reinterpret_cast<char*>(&magic), sizeof magic);
     int64_t vocab = 0;
@@ -198,7 +220,6 @@ TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob
     if (!files_.empty() && (vocab != vocab_size_ || tokenizer != tokenizer_)) {
       throw InputError(p, "vocab_size/tokenizer", "differs from the first file of " + path_or_glob);
     }
-    check_token_range(*src, p, vocab);
     vocab_size_ = vocab;
     tokenizer_ = tokenizer;
     files_.push_back(std::move(src));
@@ -231,6 +252,7 @@ void TokenDataset::read_window(int64_t index, int64_t seq_len, int32_t* out) con
     const int64_t w = std::max<int64_t>(0, (f->num_tokens() - 1) / seq_len);
     if (index < w) {
       f->read(index * seq_len, seq_len + 1, out);
+      check_ids(out, seq_len + 1, index * seq_len, vocab_size_, f->path());
       return;
     }
     index -= w;
@@ -244,6 +266,7 @@ void TokenDataset::read_tokens(int64_t first, int64_t count, int32_t* out) const
     if (first < f->num_tokens()) {
       const int64_t n = std::min(count, f->num_tokens() - first);
       f->read(first, n, out);
+      check_ids(out, n, first, vocab_size_, f->path());
       out += n;
       count -= n;
       first = 0;
@@ -251,6 +274,22 @@ void TokenDataset::read_tokens(int64_t first, int64_t count, int32_t* out) const
       first -= f->num_tokens();
     }
   }
+}
+
+int64_t TokenDataset::verify_token_range() const {
+  constexpr int64_t kChunk = 1 << 20;
+  int64_t max_id = -1;
+  std::vector<int32_t> buf;
+  for (const auto& f : files_) {
+    buf.resize(static_cast<size_t>(std::min(f->num_tokens(), kChunk)));
+    for (int64_t first = 0; first < f->num_tokens(); first += kChunk) {
+      const int64_t n = std::min(kChunk, f->num_tokens() - first);
+      f->read(first, n, buf.data());
+      check_ids(buf.data(), n, first, vocab_size_, f->path());
+      max_id = std::max<int64_t>(max_id, *std::max_element(buf.begin(), buf.begin() + n));
+    }
+  }
+  return max_id;
 }
 
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
@@ -274,6 +313,8 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
              path);
     write_int_attr(file.get(), "vocab_size", vocab_size, path);
     write_string_attr(file.get(), "tokenizer", tokenizer, path);
+    const auto max_id = std::max_element(tokens.begin(), tokens.end());
+    write_int_attr(file.get(), "max_token_id", max_id == tokens.end() ? -1 : *max_id, path);
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), path);
   }
   try {

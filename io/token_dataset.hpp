@@ -1,6 +1,7 @@
 // A token dataset, read-only, in either of two formats detected by content:
 //  - HDF5: a 1-D unsigned integer dataset /tokens, root attributes
-//    vocab_size (integer) and tokenizer (string);
+//    vocab_size (integer) and tokenizer (string), and max_token_id
+//    (integer, optional: prep writes it);
 //  - llm.c .bin shards: a 256 x int32 header (magic 20240520, version 1,
 //    token count) then uint16 tokens; one file or a glob of several.
 // A sample is a window of seq_len + 1 consecutive tokens (inputs and the
@@ -18,8 +19,11 @@ class TokenSource;
 
 class TokenDataset {
  public:
-  // Opens and checks every file: format, size, and that every token is
-  // below vocab_size. Errors name the file and what is wrong.
+  // Opens and checks every file in O(1) of its size: a regular file, the
+  // format, the header's sizes, max_token_id below vocab_size where the
+  // file has it. Token ids are checked below vocab_size as they are read
+  // (a corpus of 10^12 tokens opens at once). Errors name the file and
+  // what is wrong.
   explicit TokenDataset(const std::string& path_or_glob);
   ~TokenDataset();
   TokenDataset(TokenDataset&&) noexcept;
@@ -37,6 +41,9 @@ class TokenDataset {
   void read_window(int64_t index, int64_t seq_len, int32_t* out) const;
   // Any `count` consecutive tokens of the whole dataset (for inspection).
   void read_tokens(int64_t first, int64_t count, int32_t* out) const;
+  // Reads every token and checks it is below vocab_size (inspect's full
+  // check, linear in the size); returns the largest id (-1: empty).
+  int64_t verify_token_range() const;
 
  private:
   std::string path_;

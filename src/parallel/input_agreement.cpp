@@ -1,6 +1,8 @@
 #include "parallel/input_agreement.hpp"
 
 #include <climits>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,13 +29,38 @@ void agree_on_input_errors(MPI_Comm comm, const std::function<void()>& local_che
   if (first == INT_MAX) return;
   // The lowest failing rank's message, to every rank.
   std::string text = file + '\0' + field + '\0' + reason;
-  int len = static_cast<int>(text.size());
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, comm));
-  text.resize(static_cast<size_t>(len));
-  MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, first, comm));
+  broadcast_string(comm, text, first);
   const size_t a = text.find('\0'), b = text.find('\0', a + 1);
   throw InputError(text.substr(0, a), text.substr(a + 1, b - a - 1),
                    text.substr(b + 1) + (first != 0 ? " (on rank " + std::to_string(first) + ")" : ""));
+}
+
+void broadcast_string(MPI_Comm comm, std::string& text, int root) {
+  int len = static_cast<int>(text.size());
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, root, comm));
+  text.resize(static_cast<size_t>(len));
+  MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, root, comm));
+}
+
+void agree_on_view(MPI_Comm comm, const std::string& view, const std::string& file,
+                   const std::string& field) {
+  int size = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  // Every rank runs the same binary, so std::hash agrees across ranks.
+  const uint64_t mine = std::hash<std::string>{}(view);
+  std::vector<uint64_t> all(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm));
+  int other = 0;
+  for (int r = 1; r < size && other == 0; ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) other = r;
+  if (other == 0) return;
+  std::string first = view, theirs = view;
+  broadcast_string(comm, first, 0);
+  broadcast_string(comm, theirs, other);
+  throw InputError(file, field,
+                   "differs between ranks (edited between node launches, or a different copy on "
+                   "some node?): rank 0 reads " + first + ", rank " + std::to_string(other) +
+                       " reads " + theirs);
 }
 
 }  // namespace mpiformer

@@ -7,11 +7,22 @@
 #include <mpi.h>
 
 #include <functional>
+#include <string>
 
 namespace mpiformer {
 
 // Runs `local_checks` (which must make no collective call) on every rank of
 // `comm`, then agrees on the outcome with one all-reduce and a broadcast.
 void agree_on_input_errors(MPI_Comm comm, const std::function<void()>& local_checks);
+
+// `text` of rank `root`, on every rank of `comm`.
+void broadcast_string(MPI_Comm comm, std::string& text, int root);
+
+// Every rank passes its view of one input (a file's header, written as
+// text); when any rank's differs from rank 0's (a file edited between node
+// launches, a node-local copy), every rank throws the same InputError naming
+// `file` and `field`, with both views. One all-gather of a hash otherwise.
+void agree_on_view(MPI_Comm comm, const std::string& view, const std::string& file,
+                   const std::string& field);
 
 }  // namespace mpiformer

@@ -11,6 +11,7 @@
 #include "checkpoint.hpp"
 #include "checkpoint_store.hpp"
 #include "core/error.hpp"
+#include "core/format.hpp"
 #include "parallel/input_agreement.hpp"
 #include "core/mpi_check.hpp"
 #include "train/checkpointing.hpp"
@@ -39,10 +40,7 @@ std::vector<std::string> candidates(const CheckpointConfig& cc, int rank) {
       for (const auto& n : names) list += n + "\n";
     }
   }
-  int len = static_cast<int>(list.size());
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD));
-  list.resize(static_cast<size_t>(len));
-  MPI_CHECK(MPI_Bcast(list.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD));
+  broadcast_string(MPI_COMM_WORLD, list, 0);
   std::vector<std::string> out;
   for (size_t a = 0, b; a < list.size(); a = b + 1) {
     b = list.find('\n', a);
@@ -55,6 +53,58 @@ std::vector<std::string> candidates(const CheckpointConfig& cc, int rank) {
 }  // namespace
 
 ResumePoint CheckpointManager::resume() {
+  ResumePoint start = load();
+  if (!start.resumed) {
+    start.run_id = grid_.world_rank() == 0 ? new_run_id() : "";
+    broadcast_string(MPI_COMM_WORLD, start.run_id, 0);
+  }
+  run_id_ = start.run_id;
+  std::string failure;
+  if (grid_.world_rank() == 0) {
+    try {
+      set_aside_others(start);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  broadcast_string(MPI_COMM_WORLD, failure, 0);
+  if (!failure.empty()) {
+    throw InputError(deck_.checkpoint.dir, "[checkpoint] dir",
+                     "cannot move another run's checkpoints aside: " + failure);
+  }
+  return start;
+}
+
+void CheckpointManager::set_aside_others(const ResumePoint& start) const {
+  const CheckpointStore store(deck_.checkpoint.dir);
+  std::vector<std::string> others;
+  std::string why;
+  for (const auto& path : store.complete()) {
+    std::string id = "(unreadable)";
+    if (CheckpointStore::step_of(path) <= start.step) {
+      try {
+        id = CheckpointReader(path).meta().run_id;
+      } catch (const InputError&) {
+      }
+    }
+    if (id != start.run_id) {
+      others.push_back(path);
+      if (why.empty()) {
+        why = strprintf("%s (step %lld, run %s)", path.c_str(),
+                        static_cast<long long>(CheckpointStore::step_of(path)),
+                        id.empty() ? "without id" : id.c_str());
+      }
+    }
+  }
+  if (others.empty()) return;
+  const std::string aside = store.set_aside(others);
+  std::printf("checkpoint: moved %zu checkpoint(s) this run did not write, or past its start "
+              "(step %lld), out of the way into %s, e.g. %s\n",
+              others.size(), static_cast<long long>(start.step), aside.c_str(), why.c_str());
+  std::fflush(stdout);
+}
+
+ResumePoint CheckpointManager::load() {
   const CheckpointConfig& cc = deck_.checkpoint;
   ResumePoint start;
   if (cc.resume == ResumeMode::kNever) return start;
@@ -86,6 +136,7 @@ ResumePoint CheckpointManager::resume() {
     start.step = meta.step;
     start.cursor = meta.sample_position;
     start.resumed = true;
+    start.run_id = meta.run_id;
     if (rank == 0) {
       std::printf("resumed from %s: step %lld, %lld samples seen (epoch %lld), written by "
                   "dp %lld x pp %lld on %lld rank(s); now dp %d x pp %d\n",
@@ -121,11 +172,12 @@ double CheckpointManager::save(int64_t step, const DataPosition& data) {
   set_model_config(meta, cfg_);
   meta.tokenizer = tokenizer_;
   meta.deck = deck_.to_toml();
+  meta.run_id = run_id_;
   const std::string path = store.path_for_step(step);
   const auto slices = checkpoint_slices(cfg_, stage_.table(), stage_.host_state(), grid_);
   write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
   if (grid_.world_rank() == 0) {
-    store.publish_latest(path);
+    store.publish_latest(path, run_id_);
     store.prune(deck_.checkpoint.keep);
   }
   MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));

@@ -18,6 +18,7 @@ struct ResumePoint {
   int64_t step = 0;
   int64_t cursor = 0;  // global sample position of the next step
   bool resumed = false;
+  std::string run_id;  // a new one, or the resumed checkpoint's
 };
 
 // Where the data stood after a step, as a checkpoint records it.
@@ -33,7 +34,10 @@ class CheckpointManager {
 
   // Collective: restores the stage from [checkpoint] resume and says where
   // to start. Under "auto", a damaged checkpoint is reported and an older
-  // one tried. Throws InputError when none can be loaded.
+  // one tried. Throws InputError when none can be loaded. Then sets aside
+  // (moves, never deletes) every checkpoint in [checkpoint] dir that this
+  // run did not write or that is past its start: a fresh run in an old
+  // run's directory is never outranked or pruned by the old files.
   ResumePoint resume();
   // Collective: writes the checkpoint of `step`, publishes it as `latest`
   // and prunes old ones. Returns the seconds it took.
@@ -46,7 +50,13 @@ class CheckpointManager {
   const GptConfig& cfg_;
   ProcessGrid& grid_;
   StageBackend& stage_;
+  // Collective: the checkpoint loaded per [checkpoint] resume, if any.
+  ResumePoint load();
+  // Rank 0: moves aside what the run starting at `start` must not see.
+  void set_aside_others(const ResumePoint& start) const;
+
   std::string tokenizer_;
+  std::string run_id_;
 };
 
 }  // namespace mpiformer

@@ -67,6 +67,16 @@ Trainer::Trainer(Deck deck, int rank, int world)
     : deck_(std::move(deck)), rank_(rank), p_(std::make_unique<Parts>()) {
   const int local_rank = node_local_rank(MPI_COMM_WORLD);
   agree_on_input_errors(MPI_COMM_WORLD, [&] { prepare_local(world, local_rank); });
+  // Every rank opened the data itself (a node-local copy, a file rewritten
+  // between node launches): the same headers on every rank, or an error.
+  for (const TokenDataset* d : {&p_->data->train(), p_->data->val()}) {
+    if (d == nullptr) continue;
+    agree_on_view(MPI_COMM_WORLD,
+                  strprintf("%s, %lld tokens, vocab_size %lld, tokenizer \"%s\"",
+                            d->format().c_str(), static_cast<long long>(d->num_tokens()),
+                            static_cast<long long>(d->vocab_size()), d->tokenizer().c_str()),
+                  d->path(), d == p_->data->val() ? "[data] val" : "[data] train");
+  }
   connect();
 }
 
@@ -151,6 +161,8 @@ void Trainer::print_summary() const {
   const TokenDataset& train = p.data->train();
   std::printf("mpiformer %s: resolved deck (%s)\n%s\n", MPIFORMER_VERSION, deck_.path.c_str(),
               deck_.to_toml().c_str());
+  std::printf("run:   %s (%s)\n", p.start.run_id.c_str(),
+              p.start.resumed ? "resumed" : "a new run");
   std::printf("train: %s (%s, %lld tokens, %lld windows, tokenizer %s)\n", train.path().c_str(),
               train.format().c_str(), static_cast<long long>(train.num_tokens()),
               static_cast<long long>(p.data->order().num_windows()), train.tokenizer().c_str());

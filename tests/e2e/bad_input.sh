@@ -80,6 +80,28 @@ grep -qF "only-on-rank-1.h5: no such file (nothing matches this path) (on rank 1
 [ "$(grep -c 'mpiformer: error' err.txt)" -eq 1 ] || fail "rank-local error printed more than once"
 echo "ok (2 rank(s)): an input error on one rank only"
 
+# A deck that differs between ranks: each rank starts in its own working
+# directory holding its own deck.toml (n_layer 2 on rank 0, 3 on rank 1).
+# Rank 0's deck, and its directory for relative paths, are every rank's.
+mkdir -p wd0 wd1
+ln -s ../data wd0/data
+sed 's/^n_layer = .*/n_layer = 2/' "$DECK" >wd0/deck.toml
+sed 's/^n_layer = .*/n_layer = 3/; s/^lr = .*/lr = 1.0/' "$DECK" >wd1/deck.toml
+one=(train deck.toml --set parallel.pp=2 --set train.steps=2 --set train.eval_every=0)
+rc=0
+timeout 120 mpirun -np 1 -wdir "$WORK/wd0" "$MPIFORMER" "${one[@]}" :   -np 1 -wdir "$WORK/wd1" "$MPIFORMER" "${one[@]}" >out.txt 2>err.txt || rc=$?
+[ "$rc" -eq 0 ] || { cat out.txt err.txt >&2; fail "decks differing between ranks: exit $rc"; }
+grep -q "parameters, 2 layers" out.txt || { cat out.txt >&2; fail "not rank 0's deck"; }
+[ -e wd0/runs/tiny/checkpoints/step_00000002.h5 ] && [ ! -e wd1/runs ] ||
+  fail "relative paths did not mean rank 0's"
+echo "ok (2 rank(s)): rank 0's deck and working directory are every rank's"
+
+# Decks that are not decks: refused at once, before parsing.
+head -c 2000000 /dev/urandom >garbage.toml
+expect 2 "garbage.toml: 2000000 bytes: an input deck is" train garbage.toml
+mkfifo fifo.toml
+expect 2 "fifo.toml: not a regular file" train fifo.toml
+
 # Damaged datasets.
 printf 'just text' >plain.txt
 expect 1 "plain.txt: not a token dataset" train "$DECK" --set data.train=plain.txt
@@ -96,7 +118,12 @@ shard("short.bin", [1] * 20)
 PY
 expect 1 "magic.bin: header magic: expected 20240520" train "$DECK" --set data.train=magic.bin
 expect 1 "trunc.bin: header token count" train "$DECK" --set data.train=trunc.bin
-expect 1 "range.bin: token 50: id 60000 is not below" train "$DECK" --set data.train=range.bin
+expect 1 "range.bin: token 50: id 60000 is not below" train "$DECK" --set data.train=range.bin \
+  --set 'data.val=""'
+expect 1 "range.bin: token 50: id 60000 is not below" inspect range.bin
+# A FIFO named like a dataset would block the open forever.
+mkfifo fifo.bin
+expect 2 "fifo.bin: not a regular file" train "$DECK" --set data.train=fifo.bin --set parallel.dp=2
 expect 1 "the data's vocabulary (50257) exceeds [model] vocab_size (256)" train "$DECK" \
   --set data.train=short.bin --set model.vocab_size=256
 expect 1 "short.bin: [data] train: 20 tokens: too few" train "$DECK" --set data.train=short.bin

@@ -1,15 +1,26 @@
 // Damages an HDF5 checkpoint for the tests, with the HDF5 library alone (no
 // mpiformer code): `delete FILE DATASET` unlinks a dataset; `reshape FILE
-// DATASET` replaces it by one with a first dimension one larger.
+// DATASET` replaces it by one with a first dimension one larger; `setint
+// FILE ATTRIBUTE VALUE` overwrites an integer root attribute in place.
 #include <hdf5.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "setint") == 0) {
+    const hid_t f = H5Fopen(argv[2], H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t a = H5Aopen(f, argv[3], H5P_DEFAULT);
+    const long long v = std::atoll(argv[4]);
+    const int rc = a < 0 || H5Awrite(a, H5T_NATIVE_LLONG, &v) < 0;
+    H5Aclose(a);
+    H5Fclose(f);
+    return rc;
+  }
   if (argc != 4) {
-    std::fprintf(stderr, "usage: h5_damage delete|reshape FILE DATASET\n");
+    std::fprintf(stderr, "usage: h5_damage delete|reshape FILE DATASET | setint FILE ATTR VALUE\n");
     return 2;
   }
   const hid_t f = H5Fopen(argv[2], H5F_ACC_RDWR, H5P_DEFAULT);
