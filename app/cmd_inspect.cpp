@@ -1,4 +1,7 @@
+#include <algorithm>
 #include <cstdio>
+
+#include "core/error.hpp"
 
 #include "checkpoint.hpp"
 #include "commands.hpp"
@@ -7,11 +10,11 @@
 
 namespace mpiformer {
 
-int run_inspect(const InspectArgs& args, int rank) {
-  if (rank != 0) return 0;
-  if (is_checkpoint(args.file)) return inspect_checkpoint(args.file);
-  TokenDataset d(args.file);
-  std::printf("file:      %s\n", args.file.c_str());
+namespace {
+
+int inspect_dataset(const std::string& file, int tokens) {
+  TokenDataset d(file);
+  std::printf("file:      %s\n", file.c_str());
   std::printf("format:    %s\n", d.format().c_str());
   std::printf("tokens:    %lld\n", static_cast<long long>(d.num_tokens()));
   std::printf("vocab:     %lld\n", static_cast<long long>(d.vocab_size()));
@@ -19,7 +22,7 @@ int run_inspect(const InspectArgs& args, int rank) {
   // Training checks ids as it reads them; inspect reads every one.
   const int64_t max_id = d.verify_token_range();
   std::printf("ids:       all below vocab_size (largest %lld)\n", static_cast<long long>(max_id));
-  const int64_t n = std::min<int64_t>(args.tokens, d.num_tokens());
+  const int64_t n = std::min<int64_t>(tokens, d.num_tokens());
   std::vector<int32_t> ids(static_cast<size_t>(n));
   d.read_tokens(0, n, ids.data());
   std::printf("first %lld ids:", static_cast<long long>(n));
@@ -31,6 +34,31 @@ int run_inspect(const InspectArgs& args, int rank) {
                 tok->decode(std::vector<uint32_t>(ids.begin(), ids.end())).c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int run_inspect(const InspectArgs& args, int rank) {
+  if (rank != 0) return 0;
+  if (args.files.size() == 1) {  // the error, if any, is the program's
+    const std::string& f = args.files[0];
+    return is_checkpoint(f) ? inspect_checkpoint(f) : inspect_dataset(f, args.tokens);
+  }
+  // Several: each one's verdict, and exit 2 if any failed.
+  int rc = 0;
+  for (size_t k = 0; k < args.files.size(); ++k) {
+    const std::string& f = args.files[k];
+    if (k > 0) std::printf("\n");
+    std::fflush(stdout);
+    try {
+      rc = std::max(rc, is_checkpoint(f) ? inspect_checkpoint(f) : inspect_dataset(f, args.tokens));
+    } catch (const InputError& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "mpiformer: error: %s\n", e.what());
+      rc = 2;
+    }
+  }
+  return rc;
 }
 
 }  // namespace mpiformer

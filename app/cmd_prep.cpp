@@ -3,10 +3,11 @@
 #include <utility>
 #include <vector>
 #include <fstream>
-#include <sstream>
 
 #include "commands.hpp"
 #include "core/error.hpp"
+#include "core/format.hpp"
+#include "core/host_memory.hpp"
 #include "token_dataset.hpp"
 #include "tokenizer.hpp"
 
@@ -20,6 +21,10 @@ std::string val_output_path(const std::string& out) {
 }
 
 namespace {
+
+// Memory prep needs per byte of text at most: the text, one 4-byte id per
+// byte (the byte tokenizer) and the copy written as the training split.
+constexpr int kBytesPerTextByte = 9;
 
 // True when `a` and `b` name the same file (or would: neither exists yet
 // and their normalised paths agree).
@@ -52,6 +57,29 @@ void check_outputs(const PrepArgs& args) {
   }
 }
 
+// Appends the bytes of `path` to `text`, refusing to go past `limit` bytes
+// in all: prep holds a corpus in memory, and an endless input (a device, a
+// pipe that never closes) must end with a message, not bad_alloc.
+void read_text(const std::string& path, std::string& text, double limit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in || std::filesystem::is_directory(path)) {
+    throw InputError(path, "", "cannot open the text file");
+  }
+  std::vector<char> chunk(1 << 20);
+  while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) {
+    text.append(chunk.data(), static_cast<size_t>(in.gcount()));
+    if (static_cast<double>(text.size()) > limit) {
+      throw InputError(path, "",
+                       strprintf("more than %.2f GB of text so far, the most prep takes here "
+                                 "(--max-text-gb, by default what memory allows at about %d "
+                                 "bytes per byte of text): split the "
+                                 "corpus, prep each part to its own file, and give [data] train "
+                                 "a glob of them (is this input endless, a device or a pipe?)",
+                                 limit / 1e9, kBytesPerTextByte));
+    }
+  }
+}
+
 }  // namespace
 
 int run_prep(const PrepArgs& args, int rank) {
@@ -60,15 +88,18 @@ int run_prep(const PrepArgs& args, int rank) {
   const auto tok = make_tokenizer(
       args.tokenizer, args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir);
   std::vector<uint32_t> tokens;
+  const double avail = host_available_bytes();
+  double text_limit = args.max_text_gb > 0 ? args.max_text_gb * 1e9
+                      : avail > 0          ? avail / kBytesPerTextByte
+                                           : 1e18;
   for (const auto& path : args.inputs) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(path, "", "cannot open the text file");
-    std::ostringstream ss;
-    ss << in.rdbuf();
+    std::string text;
+    read_text(path, text, text_limit);
+    text_limit -= static_cast<double>(text.size());
     // GPT-2 pipelines start every document with <|endoftext|>.
     if (tok->end_of_text() >= 0) tokens.push_back(static_cast<uint32_t>(tok->end_of_text()));
     try {
-      const auto ids = tok->encode(ss.str());
+      const auto ids = tok->encode(text);
       tokens.insert(tokens.end(), ids.begin(), ids.end());
     } catch (const InputError& e) {
       throw InputError(path, e.field(), e.reason());

@@ -28,6 +28,7 @@ struct PrepArgs {
   std::string tokenizer = "byte";
   std::string vocab_dir;
   double val_fraction = 0.0;
+  double max_text_gb = 0;  // 0: what this node's memory allows
   std::string output;
   std::vector<std::string> inputs;
 };
@@ -36,7 +37,7 @@ int run_prep(const PrepArgs& args, int rank);
 std::string val_output_path(const std::string& out);
 
 struct InspectArgs {
-  std::string file;
+  std::vector<std::string> files;
   int tokens = 32;
 };
 int run_inspect(const InspectArgs& args, int rank);

@@ -58,12 +58,19 @@ int main(int argc, char** argv) {
                 "fraction of tokens (taken from the end) written to OUT_val.h5")
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
+  p->add_option("--max-text-gb", prep.max_text_gb,
+                "refuse more text than this, in GB (default: available memory / 9, as prep "
+                "holds the corpus in memory)")
+      ->check(CLI::NonNegativeNumber);
   p->add_option("--output,-o", prep.output, "output file (.h5)")->required();
   p->add_option("text", prep.inputs, "text files, one document each")->required();
 
   InspectArgs inspect;
   auto* i = app.add_subcommand("inspect", "summarise a token dataset or a checkpoint");
-  i->add_option("file", inspect.file, "token dataset (.h5 or llm.c .bin) or checkpoint")->required();
+  i->add_option("files", inspect.files,
+                "token datasets (.h5 or llm.c .bin) or checkpoints; each is checked in turn, "
+                "exit 2 if any fails")
+      ->required();
   i->add_option("--tokens", inspect.tokens, "how many leading tokens to show")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "core/format.hpp"
 #include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
+#include "hdf5_precheck.hpp"
 
 namespace mpiformer {
 namespace {
@@ -99,6 +101,7 @@ GptConfig model_config(const CheckpointMeta& meta) {
 bool is_checkpoint(const std::string& path) {
   H5QuietErrors quiet;
   if (H5Fis_hdf5(path.c_str()) <= 0) return false;
+  precheck_hdf5(path);
   H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   return f.valid() && H5Lexists(f.get(), "model", H5P_DEFAULT) > 0;
 }
@@ -120,6 +123,19 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
                           MPI_SUM, comm));
   const int64_t fault = fault_after();
+  // This rank's first failed write; agree() makes it every rank's.
+  std::string failure;
+  const auto agree = [&] {
+    int mine = failure.empty() ? INT_MAX : rank, first = INT_MAX;
+    MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == INT_MAX) return false;
+    broadcast_string(comm, failure, first);
+    return true;
+  };
+  const auto failed = [&](const std::string& what) {
+    // errno is a hint only: MPI-IO and HDF5 do not always keep it.
+    if (failure.empty()) failure = what + ": " + (errno != 0 ? std::strerror(errno) : "failed");
+  };
   {
     H5QuietErrors quiet;
     H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -159,9 +175,12 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
         H5_CHECK(H5Sselect_none(fspace.get()), tmp);
         H5_CHECK(H5Sselect_none(mspace.get()), tmp);
       }
-      H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(),
-                        rows > 0 ? d.rows : nullptr),
-               tmp + ": " + d.name);
+      errno = 0;
+      if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(),
+                   rows > 0 ? d.rows : nullptr) < 0) {
+        failed("writing " + d.name);
+      }
+      if (agree()) break;
       write_u64_attr(dset.get(), "xxh64", sums[i], tmp);
       if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {
         std::fprintf(stderr, "mpiformer: fault injected after %lld datasets of %s\n",
@@ -169,16 +188,24 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
         MPI_Abort(MPI_COMM_WORLD, 9);
       }
     }
-    for (const auto& a : kIntAttrs) write_int_attr(file.get(), a.name, meta.*(a.member), tmp);
-    write_string_attr(file.get(), "tokenizer", meta.tokenizer, tmp);
-    write_string_attr(file.get(), "deck", meta.deck, tmp);
-    write_string_attr(file.get(), "run_id", meta.run_id, tmp);
-    write_u64_attr(file.get(), "meta_xxh64", meta_checksum(meta), tmp);
-    H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), tmp);
+    if (failure.empty()) {
+      for (const auto& a : kIntAttrs) write_int_attr(file.get(), a.name, meta.*(a.member), tmp);
+      write_string_attr(file.get(), "tokenizer", meta.tokenizer, tmp);
+      write_string_attr(file.get(), "deck", meta.deck, tmp);
+      write_string_attr(file.get(), "run_id", meta.run_id, tmp);
+      write_u64_attr(file.get(), "meta_xxh64", meta_checksum(meta), tmp);
+      errno = 0;
+      if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) failed("flushing the file's metadata");
+      agree();
+    }
   }  // closed, collectively, here
   MPI_CHECK(MPI_Barrier(comm));
+  if (!failure.empty()) {
+    if (rank == 0) std::remove(tmp.c_str());  // its space is given back at once
+    MPI_CHECK(MPI_Barrier(comm));
+    throw CheckpointWriteError(tmp + ": " + failure + " (the partial file was removed)");
+  }
   // Rank 0 gives the finished file its name; every rank learns the outcome.
-  std::string failure;
   if (rank == 0) {
     try {
       durable_rename(tmp, path);
@@ -194,6 +221,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   H5QuietErrors quiet;
   if (!std::ifstream(path)) throw InputError(path, "", "does not exist");
+  precheck_hdf5(path);
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     throw InputError(path, "", "not a readable HDF5 checkpoint (missing, truncated or damaged)");
   }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/gpt_config.hpp"
 
 namespace mpiformer {
@@ -59,9 +60,18 @@ uint64_t tensor_checksum(const float* data, int64_t n);
 // True when `path` is an HDF5 file with a /model group (not a token dataset).
 bool is_checkpoint(const std::string& path);
 
+// A write that failed (a full or failing file system): thrown on every rank
+// of the write with the same message, after the partial file is removed.
+class CheckpointWriteError : public SystemError {
+ public:
+  using SystemError::SystemError;
+};
+
 // Collective over `comm`: writes `path` + ".tmp", flushes and closes it, then
 // renames it to `path` (rank 0). Nothing named `path` exists until it is
-// complete.
+// complete. The ranks agree after every dataset whether its write worked;
+// if not, every rank stops there, the partial file is removed and every
+// rank throws the same CheckpointWriteError.
 void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
                       const std::vector<DatasetSlice>& datasets);
 

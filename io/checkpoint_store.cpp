@@ -1,5 +1,7 @@
 #include "checkpoint_store.hpp"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <ctime>
@@ -60,6 +62,12 @@ void CheckpointStore::prune(int64_t keep) const {
     std::error_code ec;
     fs::remove(all[i], ec);
   }
+}
+
+int64_t CheckpointStore::free_bytes() const {
+  struct statvfs st {};
+  if (::statvfs(dir_.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
 
 int64_t CheckpointStore::step_of(const std::string& path) {

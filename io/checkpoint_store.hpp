@@ -23,6 +23,9 @@ class CheckpointStore {
   // Keeps the newest `keep` complete checkpoints (0: keep all); runs only
   // after a newer one is complete, so it never leaves none.
   void prune(int64_t keep) const;
+  // Bytes free to an unprivileged writer on the directory's file system
+  // (-1: unknown).
+  int64_t free_bytes() const;
   // The step in a checkpoint's name.
   static int64_t step_of(const std::string& path);
   // Moves `paths` (complete checkpoints here), and `latest` if it names

@@ -162,6 +162,7 @@ const std::vector<Key>& schema() {
       int_key("run", "blas_threads", false, 0, 4096, MEMBER(run.blas_threads)),
       bool_key("run", "trace", MEMBER(run.trace)),
       float_key("run", "time_limit", false, 1e-3, 1e9, MEMBER(run.time_limit)),
+      float_key("run", "watchdog_s", false, 0, 1e9, MEMBER(run.watchdog_s)),
       string_key("checkpoint", "dir", false, MEMBER(checkpoint.dir)),
       int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),

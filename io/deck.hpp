@@ -66,6 +66,9 @@ struct RunSection {
   int64_t blas_threads = 0; // 0: the BLAS library's default
   bool trace = false;       // Chrome trace per rank: <dir>/trace-rank<N>.json
   double time_limit = 0;    // seconds this run may take (0: none; see SLURM_JOB_END_TIME)
+  // Seconds one phase (an action of a step, an evaluation) may last before
+  // the watchdog ends the job (0: automatic, see train/watchdog.hpp).
+  double watchdog_s = 0;
 };
 
 struct Deck {

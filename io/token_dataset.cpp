@@ -16,6 +16,7 @@
 #include "core/format.hpp"
 #include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
+#include "hdf5_precheck.hpp"
 
 namespace mpiformer {
 
@@ -114,6 +115,7 @@ class H5TokenSource final : public TokenSource {
  public:
   H5TokenSource(const std::string& path, int64_t* vocab, std::string* tokenizer)
       : TokenSource(path) {
+    precheck_hdf5(path);
     H5QuietErrors quiet;
     file_ = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (!file_.valid()) throw InputError(path, "", "cannot open as HDF5 (damaged or truncated?)");

@@ -15,6 +15,13 @@ int device_count(std::string* why) {
   return n;
 }
 
+size_t device_free_bytes(int gpu) {
+  size_t free = 0, total = 0;
+  CUDA_CHECK(cudaSetDevice(gpu));
+  CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
 void* device_alloc(size_t bytes) {
   void* p = nullptr;
   CUDA_CHECK(cudaMalloc(&p, bytes));

@@ -10,6 +10,9 @@ namespace mpiformer::cuda {
 // throws), with the reason in *why.
 int device_count(std::string* why = nullptr);
 
+// Free memory of GPU `gpu` now (makes it the current device).
+size_t device_free_bytes(int gpu);
+
 void* device_alloc(size_t bytes);
 void device_free(void* p) noexcept;
 void* pinned_alloc(size_t bytes);

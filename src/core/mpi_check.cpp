@@ -17,4 +17,11 @@ int world_rank() {
   return rank;
 }
 
+void broadcast_string(MPI_Comm comm, std::string& text, int root) {
+  int len = static_cast<int>(text.size());
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, root, comm));
+  text.resize(static_cast<size_t>(len));
+  MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, root, comm));
+}
+
 }  // namespace mpiformer

@@ -11,6 +11,8 @@
 namespace mpiformer {
 std::string mpi_error_string(int code);
 int world_rank();
+// `text` of rank `root`, on every rank of `comm`.
+void broadcast_string(MPI_Comm comm, std::string& text, int root);
 }  // namespace mpiformer
 
 #define MPI_CHECK(call)                                                                   \

@@ -54,6 +54,9 @@ class GptStage {
   const ParameterTable& table() const { return table_; }
   int num_slots() const { return static_cast<int>(slots_.size()); }
   int64_t param_storage() const { return table_.total_storage(); }
+  // Bytes of every buffer the constructor allocated (what stage_footprint
+  // predicts; the context's scratch is not the stage's).
+  int64_t allocated_bytes() const { return allocated_; }
   // Elements of one [B,T,C] activation.
   int64_t activation_size() const { return B_ * T_ * cfg_.n_embd; }
 
@@ -130,6 +133,7 @@ class GptStage {
   // Backward scratch, shared by all slots, and the output gradient's inbox.
   Buffer<Act> dres_, dln_, datty_, dqkv_, d4_, datt_, grad_in_;
   Buffer<double> loss_sum_;
+  int64_t allocated_ = 0;
 };
 
 template <class T>

@@ -17,19 +17,30 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       T_(cfg.seq_len),
       at_(table_, range) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head, L = range_.num_layers();
-  const auto n = static_cast<size_t>(table_.total_storage());
-  params_ = Buffer<Acc>(n);
-  grads_ = Buffer<Acc>(n);
-  Ops::fill_zero(ctx_, params_.get(), table_.total_storage());
-  Ops::fill_zero(ctx_, grads_.get(), table_.total_storage());
+  // Every allocation is counted: stage_footprint must predict the sum.
+  auto act = [&](int64_t count) {
+    allocated_ += count * static_cast<int64_t>(sizeof(Act));
+    return Buffer<Act>(static_cast<size_t>(count));
+  };
+  auto acc = [&](int64_t count) {
+    allocated_ += count * static_cast<int64_t>(sizeof(Acc));
+    return Buffer<Acc>(static_cast<size_t>(count));
+  };
+  auto tokens = [&](int64_t count) {
+    allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
+    return typename Ops::Tokens(count);
+  };
+  const int64_t n = table_.total_storage();
+  params_ = acc(n);
+  grads_ = acc(n);
+  Ops::fill_zero(ctx_, params_.get(), n);
+  Ops::fill_zero(ctx_, grads_.get(), n);
   if constexpr (std::is_same_v<Act, Acc>) {
     weights_ = params_.get();
   } else {
-    weight_copy_ = Buffer<Act>(n);
+    weight_copy_ = act(n);
     weights_ = weight_copy_.get();
   }
-  auto act = [](int64_t count) { return Buffer<Act>(static_cast<size_t>(count)); };
-  auto acc = [](int64_t count) { return Buffer<Acc>(static_cast<size_t>(count)); };
   slots_.resize(static_cast<size_t>(num_slots));
   for (Slot& s : slots_) {
     for (int64_t i = 0; i <= L; ++i) s.residual.push_back(act(BT * C));
@@ -48,14 +59,14 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       a.fch = act(BT * 4 * C);
       a.fch_gelu = act(BT * 4 * C);
     }
-    if (range_.has_embedding) s.tokens = typename Ops::Tokens(BT);
+    if (range_.has_embedding) s.tokens = tokens(BT);
     if (range_.has_head) {
       s.lnf = act(BT * C);
       s.lnf_mean = acc(BT);
       s.lnf_rstd = acc(BT);
       s.logits = act(BT * cfg_.padded_vocab());
       s.losses = acc(BT);
-      s.targets = typename Ops::Tokens(BT);
+      s.targets = tokens(BT);
     }
   }
   dres_ = act(BT * C);
@@ -69,6 +80,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   }
   if (!range_.has_head) grad_in_ = act(BT * C);
   loss_sum_ = Buffer<double>(1);
+  allocated_ += static_cast<int64_t>(sizeof(double));
   Ops::fill_zero(ctx_, loss_sum_.get(), 1);
 }
 

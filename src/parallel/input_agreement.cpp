@@ -35,13 +35,6 @@ void agree_on_input_errors(MPI_Comm comm, const std::function<void()>& local_che
                    text.substr(b + 1) + (first != 0 ? " (on rank " + std::to_string(first) + ")" : ""));
 }
 
-void broadcast_string(MPI_Comm comm, std::string& text, int root) {
-  int len = static_cast<int>(text.size());
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, root, comm));
-  text.resize(static_cast<size_t>(len));
-  MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, root, comm));
-}
-
 void agree_on_view(MPI_Comm comm, const std::string& view, const std::string& file,
                    const std::string& field) {
   int size = 0;

@@ -9,14 +9,13 @@
 #include <functional>
 #include <string>
 
+#include "core/mpi_check.hpp"  // broadcast_string
+
 namespace mpiformer {
 
 // Runs `local_checks` (which must make no collective call) on every rank of
 // `comm`, then agrees on the outcome with one all-reduce and a broadcast.
 void agree_on_input_errors(MPI_Comm comm, const std::function<void()>& local_checks);
-
-// `text` of rank `root`, on every rank of `comm`.
-void broadcast_string(MPI_Comm comm, std::string& text, int root);
 
 // Every rank passes its view of one input (a file's header, written as
 // text); when any rank's differs from rank 0's (a file edited between node

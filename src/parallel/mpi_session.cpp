@@ -24,13 +24,14 @@ void MpiSession::abort(int code) {
   std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
 
-int node_local_rank(MPI_Comm comm) {
+NodePlace node_place(MPI_Comm comm) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int local = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &local));
+  NodePlace p;
+  MPI_CHECK(MPI_Comm_rank(node, &p.rank));
+  MPI_CHECK(MPI_Comm_size(node, &p.size));
   MPI_CHECK(MPI_Comm_free(&node));
-  return local;
+  return p;
 }
 
 }  // namespace mpiformer

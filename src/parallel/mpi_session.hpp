@@ -25,7 +25,10 @@ class MpiSession {
 };
 
 // This rank's index among the ranks of its node (MPI_Comm_split_type
-// shared). Collective over `comm`.
-int node_local_rank(MPI_Comm comm = MPI_COMM_WORLD);
+// shared), and how many they are. Collective over `comm`.
+struct NodePlace {
+  int rank = 0, size = 1;
+};
+NodePlace node_place(MPI_Comm comm = MPI_COMM_WORLD);
 
 }  // namespace mpiformer

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/host_memory.hpp"
 #ifdef MPIFORMER_HAVE_CUDA
 #include "cuda/device.hpp"
 #include "parallel/host_staged_communicator.hpp"
@@ -12,9 +13,10 @@
 
 namespace mpiformer {
 
-BackendChoice choose_backend(const Deck& deck, int local_rank) {
+BackendChoice choose_backend(const Deck& deck, NodePlace node) {
   BackendChoice c;
   c.precision = deck.train.precision;
+  c.sharing = node.size;
 #ifdef MPIFORMER_HAVE_CUDA
   std::string why;
   const int gpus = cuda::device_count(&why);
@@ -24,12 +26,12 @@ BackendChoice choose_backend(const Deck& deck, int local_rank) {
                        "\"cuda\" needs a GPU, but none is usable on this node (" + why + ")");
     }
     c.device = Device::kCuda;
-    c.gpu = local_rank % gpus;
+    c.gpu = node.rank % gpus;
+    c.sharing = (node.size + gpus - 1) / gpus;
     return c;
   }
   c.why_cpu = "no usable GPU: " + why;
 #else
-  (void)local_rank;
   if (deck.run.device == Device::kCuda) {
     throw InputError(deck.path, "[run] device",
                      "\"cuda\", but this mpiformer was built without CUDA (cmake --preset cuda)");
@@ -46,9 +48,66 @@ BackendChoice choose_backend(const Deck& deck, int local_rank) {
   return c;
 }
 
+RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
+  const GptConfig& cfg = deck.model;
+  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp));
+  const bool bf16 = choice.precision == Precision::kBf16;
+  RankMemory m;
+  m.stage = stage_footprint(cfg, range, deck.train.micro_batch, slots, bf16 ? 2 : 4, 4);
+  m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
+  if (choice.device == Device::kCuda && range.num_layers() > 0) {
+    // The context's attention scratch (cuda/context.cpp: 7 [B,T,C]).
+    m.workspace = 7.0 * static_cast<double>(deck.train.micro_batch * cfg.seq_len * cfg.n_embd) *
+                  (bf16 ? 2 : 4);
+  }
+  return m;
+}
+
+namespace {
+
+// Bytes the device can still give each rank sharing it (-1: unknown).
+double available_per_rank(const BackendChoice& choice, std::string* what) {
+  double bytes = -1;
+#ifdef MPIFORMER_HAVE_CUDA
+  if (choice.device == Device::kCuda) {
+    bytes = static_cast<double>(cuda::device_free_bytes(choice.gpu));
+    *what = strprintf("GPU %d has free", choice.gpu);
+  }
+#endif
+  if (choice.device == Device::kCpu) {
+    bytes = host_available_bytes();
+    *what = "this node has available (MemAvailable, or the cgroup's limit)";
+  }
+  return bytes < 0 ? -1 : bytes / choice.sharing;
+}
+
+void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
+  const RankMemory m = rank_memory(deck, choice, stage_index, slots);
+  std::string what;
+  const double avail = available_per_rank(choice, &what);
+  if (avail < 0 || m.total() <= avail) return;
+  const double gb = 1e9;
+  throw InputError(
+      deck.path, "[model], [train] micro_batch, [parallel] pp",
+      strprintf("stage %d needs about %.2f GB per rank (parameters and gradients %.2f GB, AdamW "
+                "moments %.2f GB, activations %.2f GB = %d slot(s) x %.2f GB at micro_batch "
+                "%lld, scratch %.2f GB), but %s %.2f GB per rank (%d rank(s) share it). To fit: "
+                "raise [parallel] pp (fewer layers per stage; now %lld), lower [train] "
+                "micro_batch, or train a smaller model",
+                stage_index, m.total() / gb,
+                (m.stage.parameters + m.stage.gradients + m.stage.weight_copy) / gb,
+                m.optimizer / gb, m.stage.activations / gb, slots, m.stage.per_slot / gb,
+                static_cast<long long>(deck.train.micro_batch),
+                (m.stage.scratch + m.workspace) / gb, what.c_str(), avail / gb, choice.sharing,
+                static_cast<long long>(deck.parallel.pp)));
+}
+
+}  // namespace
+
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
                                                  const GptConfig& cfg, int stage_index,
                                                  int slots) {
+  check_fits(deck, choice, stage_index, slots);
   const TrainConfig& tc = deck.train;
   const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp));
   const AdamWSettings adam{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};

@@ -9,6 +9,8 @@
 
 #include "deck.hpp"
 #include "model/parameter_table.hpp"
+#include "model/stage_footprint.hpp"
+#include "parallel/mpi_session.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/process_grid.hpp"
 #include "train/stage_backend.hpp"
@@ -20,15 +22,28 @@ struct BackendChoice {
   Precision precision = Precision::kFp32;
   int gpu = -1;         // the device ordinal on kCuda
   std::string why_cpu;  // on kCpu: why no GPU
+  int sharing = 1;      // ranks sharing this rank's memory (its node's, or its GPU's)
 };
 
 // Resolves [run] device against the build and the node, and checks [train]
 // precision against the result; the GPU is the node-local rank modulo the
 // GPUs visible. Local: throws InputError.
-BackendChoice choose_backend(const Deck& deck, int local_rank);
+BackendChoice choose_backend(const Deck& deck, NodePlace node);
 
-// The stage this rank runs (parameters not yet initialised). A stage that
-// does not fit in GPU memory is an InputError on [train] micro_batch.
+// The bytes this rank's stage and optimizer will allocate on its device
+// (the stage's buffers exactly, plus the AdamW moments and the device
+// context's scratch), by category, as the refusal below words them.
+struct RankMemory {
+  StageFootprint stage;
+  double optimizer = 0, workspace = 0;
+  double total() const { return stage.total() + optimizer + workspace; }
+};
+RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
+
+// The stage this rank runs (parameters not yet initialised). First compares
+// rank_memory with what the device has left for each rank sharing it: a
+// deck that cannot fit is an InputError naming the keys and the bytes,
+// before anything is allocated.
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
                                                  const GptConfig& cfg, int stage_index,
                                                  int slots);

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -174,8 +175,37 @@ double CheckpointManager::save(int64_t step, const DataPosition& data) {
   meta.deck = deck_.to_toml();
   meta.run_id = run_id_;
   const std::string path = store.path_for_step(step);
+  // The tensors' bytes alone (HDF5 adds a little): a file system with less
+  // free cannot hold it, and nothing is started. Old checkpoints are pruned
+  // only after a newer one is complete, so they cannot make room first.
+  const ParameterTable whole(cfg_, StageRange{0, cfg_.n_layer, true, true});
+  const double need = 3.0 * 4.0 * static_cast<double>(whole.total_numel());
+  double free = grid_.world_rank() == 0 ? static_cast<double>(store.free_bytes()) : 0;
+  MPI_CHECK(MPI_Bcast(&free, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+  const auto no_space = [&](const std::string& what) {
+    return AgreedInputError(
+        deck_.checkpoint.dir, "[checkpoint] dir",
+        strprintf("no space left on its file system: the checkpoint of step %lld needs %.2f MB "
+                  "(and HDF5's metadata), %.2f MB were free; %s. The checkpoints already there "
+                  "are intact: free space "
+                  "(or set [checkpoint] dir elsewhere) and run again to resume",
+                  static_cast<long long>(step), need / 1e6, free / 1e6, what.c_str()));
+  };
+  if (free >= 0 && free < need) throw no_space("nothing was written");
   const auto slices = checkpoint_slices(cfg_, stage_.table(), stage_.host_state(), grid_);
-  write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
+  try {
+    write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
+  } catch (const CheckpointWriteError& e) {
+    // Every rank is here with the same message: stop together. (errno
+    // does not always survive MPI-IO and HDF5, hence the second test.)
+    const std::string why = e.what();
+    if (why.find(std::strerror(ENOSPC)) != std::string::npos || (free >= 0 && free < 1.5 * need)) {
+      throw no_space(why);
+    }
+    throw AgreedInputError(deck_.checkpoint.dir, "[checkpoint] dir",
+                           std::string("the checkpoint could not be written: ") + e.what() +
+                               ". The checkpoints already there are intact");
+  }
   if (grid_.world_rank() == 0) {
     store.publish_latest(path, run_id_);
     store.prune(deck_.checkpoint.keep);

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
+
+#include "core/format.hpp"
 
 #include "train/lr_schedule.hpp"
 #include "train/stop_policy.hpp"
@@ -19,6 +22,20 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// What an action waits on, for the watchdog's report ("" for computing).
+std::string peer_of(Op op, const ProcessGrid& g) {
+  const auto rank_of_stage = [&](int stage) {
+    return strprintf("rank %d (stage %d)", stage * g.dp() + g.dp_rank(), stage);
+  };
+  switch (op) {
+    case Op::RecvActivation: return rank_of_stage(g.stage() - 1);
+    case Op::RecvGradient: return rank_of_stage(g.stage() + 1);
+    case Op::ReduceGradients: return strprintf("the %d ranks of stage %d (all-reduce)", g.dp(), g.stage());
+    case Op::OptimizerStep: return "every rank (the step's all-reduce)";
+    default: return "";
+  }
+}
+
 // Message tags: activations and gradients of micro-batch m never share one.
 int activation_tag(int micro) { return 2 * micro; }
 int gradient_tag(int micro) { return 2 * micro + 1; }
@@ -26,13 +43,15 @@ int gradient_tag(int micro) { return 2 * micro + 1; }
 }  // namespace
 
 StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& stage,
-                           StageComms& comms, std::vector<Action> actions, TraceWriter& trace)
+                           StageComms& comms, std::vector<Action> actions, TraceWriter& trace,
+                           Watchdog& watchdog)
     : deck_(deck),
       grid_(grid),
       stage_(stage),
       comms_(comms),
       actions_(std::move(actions)),
       trace_(trace),
+      watchdog_(watchdog),
       reducer_(stage.table(), deck.parallel.bucket_mb * (1 << 20), *comms.dp),
       wte_(stage.table().find(kOuterSchema[outer::wte].name)),
       guard_(deck.train.nonfinite, deck.train.spike_zscore, deck.train.skip_limit),
@@ -62,6 +81,9 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   StepResult result;
   for (const Action& a : actions_) {
     const int slot = a.micro >= 0 ? a.micro % slots : 0;
+    watchdog_.enter(a.micro >= 0 ? strprintf("%s of micro-batch %d", op_name(a.op), a.micro)
+                                 : std::string(op_name(a.op)),
+                    step + 1, peer_of(a.op, g));
     const auto t0 = Clock::now();
     switch (a.op) {
       case Op::RecvActivation:
@@ -153,6 +175,7 @@ double StepExecutor::evaluate(DataFeeder& data) {
   ProcessGrid& g = grid_;
   StageBackend& stage = stage_;
   const size_t bytes = stage.message_bytes();
+  watchdog_.enter("evaluation", 0, "the pipeline's neighbours and every rank");
   // Forward only, one micro-batch at a time, through slot 0.
   for (const Action& a : forward_only_schedule(g.pp(), g.stage(), data.eval_micro_batches())) {
     switch (a.op) {

@@ -17,6 +17,7 @@
 #include "train/stage_backend.hpp"
 #include "train/step_guard.hpp"
 #include "train/trace_writer.hpp"
+#include "train/watchdog.hpp"
 
 namespace mpiformer {
 
@@ -37,7 +38,7 @@ struct StepTimes {
 class StepExecutor {
  public:
   StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& stage, StageComms& comms,
-               std::vector<Action> actions, TraceWriter& trace);
+               std::vector<Action> actions, TraceWriter& trace, Watchdog& watchdog);
   ~StepExecutor();
 
   // Step `step` (0-based) from the data feeder's cursor; `out_of_time`: the
@@ -55,6 +56,7 @@ class StepExecutor {
   StageComms& comms_;
   std::vector<Action> actions_;
   TraceWriter& trace_;
+  Watchdog& watchdog_;
   GradReducer reducer_;
   const ParameterSpec* wte_;  // the tied embedding, where this stage holds a copy
   StepGuard guard_;

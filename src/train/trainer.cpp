@@ -22,6 +22,7 @@
 #include "train/stop_request.hpp"
 #include "host/gemm.hpp"
 #include "train/trace_writer.hpp"
+#include "train/watchdog.hpp"
 
 namespace mpiformer {
 
@@ -46,6 +47,12 @@ void probe_writable(const std::string& dir, const char* key, int rank) {
   std::filesystem::remove(probe, ec);
 }
 
+// Seconds the watchdog allows a save or a load of this rank's state: 10x
+// its time at the 100 MB/s the stop policy assumes.
+double save_allowance(const StageBackend& stage) {
+  return 12.0 * static_cast<double>(stage.param_storage()) / 1e7;
+}
+
 }  // namespace
 
 struct Trainer::Parts {
@@ -55,6 +62,7 @@ struct Trainer::Parts {
   std::vector<Action> actions;  // this stage's schedule for one step
   std::unique_ptr<StageBackend> stage;
   std::unique_ptr<TraceWriter> trace;
+  std::unique_ptr<Watchdog> watchdog;
   std::unique_ptr<ProcessGrid> grid;
   StageComms comms;
   std::unique_ptr<StepExecutor> executor;
@@ -65,8 +73,8 @@ struct Trainer::Parts {
 
 Trainer::Trainer(Deck deck, int rank, int world)
     : deck_(std::move(deck)), rank_(rank), p_(std::make_unique<Parts>()) {
-  const int local_rank = node_local_rank(MPI_COMM_WORLD);
-  agree_on_input_errors(MPI_COMM_WORLD, [&] { prepare_local(world, local_rank); });
+  const NodePlace node = node_place(MPI_COMM_WORLD);
+  agree_on_input_errors(MPI_COMM_WORLD, [&] { prepare_local(world, node); });
   // Every rank opened the data itself (a node-local copy, a file rewritten
   // between node launches): the same headers on every rank, or an error.
   for (const TokenDataset* d : {&p_->data->train(), p_->data->val()}) {
@@ -82,7 +90,7 @@ Trainer::Trainer(Deck deck, int rank, int world)
 
 Trainer::~Trainer() = default;
 
-void Trainer::prepare_local(int world, int local_rank) {
+void Trainer::prepare_local(int world, const NodePlace& node) {
   Parts& p = *p_;
   p.data = std::make_unique<DataFeeder>(deck_, deck_.model);
   // After the data, so a data error reads the same whatever the rank count.
@@ -93,7 +101,7 @@ void Trainer::prepare_local(int world, int local_rank) {
                                static_cast<long long>(par.dp), static_cast<long long>(par.pp),
                                static_cast<long long>(par.dp * par.pp), world));
   }
-  p.backend = choose_backend(deck_, local_rank);
+  p.backend = choose_backend(deck_, node);
   const int dp = static_cast<int>(par.dp), pp = static_cast<int>(par.pp);
   const int stage_index = rank_ / dp, dp_rank = rank_ % dp;  // as ProcessGrid lays them out
   if (deck_.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck_.run.blas_threads));
@@ -127,6 +135,13 @@ void Trainer::prepare_local(int world, int local_rank) {
 
 void Trainer::connect() {
   Parts& p = *p_;
+  // From here on a stuck rank ends the job. Set-up (communicators, the
+  // peak measurement, the resume) is no step: it gets the automatic floor,
+  // or more for a large checkpoint to read.
+  p.watchdog = std::make_unique<Watchdog>(deck_.run.watchdog_s, deck_.run.dir, rank_,
+                                          static_cast<int>(deck_.parallel.dp * deck_.parallel.pp));
+  p.watchdog->enter("setting up", 0, "every rank",
+                    std::max(Watchdog::kMinAutoLimit, save_allowance(*p.stage)));
   p.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
                                          static_cast<int>(deck_.parallel.pp));
   ProcessGrid& g = *p.grid;
@@ -141,7 +156,8 @@ void Trainer::connect() {
                                name_of(deck_.run.device), on_gpu[0], on_gpu[1]));
   }
   p.comms = connect_stage(g, *p.stage);
-  p.executor = std::make_unique<StepExecutor>(deck_, g, *p.stage, p.comms, p.actions, *p.trace);
+  p.executor = std::make_unique<StepExecutor>(deck_, g, *p.stage, p.comms, p.actions, *p.trace,
+                                              *p.watchdog);
   // Every rank measures its own peak; MFU compares against their sum.
   double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12
                                           : p.stage->measure_peak_flops();
@@ -218,6 +234,7 @@ TrainResult Trainer::run() {
     const StepResult r = p.executor->train_step(step, *p.data, stop.out_of_time(t0), progress.times());
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
     stop.step_took(step_s);
+    p.watchdog->step_took(step_s);
     result.losses.push_back(r.loss);
     const int64_t done = step + 1;
     progress.step_done(done, end_step, step_s, r, p.data->cursor());
@@ -241,6 +258,8 @@ TrainResult Trainer::run() {
     }
     const int64_t every = deck_.checkpoint.every;
     if ((every > 0 && done % every == 0) || done == end_step || r.stop) {
+      p.watchdog->enter("checkpoint save", done, "every rank (collective write)",
+                        save_allowance(*p.stage));
       stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch()}));
     }
     if (r.stop && done < end_step) {
@@ -253,6 +272,7 @@ TrainResult Trainer::run() {
       return result;
     }
   }
+  p.watchdog->enter("comparing the tied embedding's copies", end_step, "the first and last stage");
   p.checkpoints->check_tied_embedding();
   if (lead && p.data->val() && end_step == tc.steps && p.start.step < end_step) {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,

@@ -13,6 +13,8 @@
 
 namespace mpiformer {
 
+struct NodePlace;
+
 struct TrainResult {
   std::vector<double> losses;  // per step, the same on every rank
   double final_val_loss = 0;   // NaN when the deck has no validation data
@@ -32,7 +34,7 @@ class Trainer {
 
  private:
   struct Parts;
-  void prepare_local(int world, int local_rank);  // no collective calls
+  void prepare_local(int world, const NodePlace& node);  // no collective calls
   void connect();                                 // collective
   void print_summary() const;
 

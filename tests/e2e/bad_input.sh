@@ -40,6 +40,18 @@ for np in 1 2 4; do
   expect $np "[parallel] schedule: expected \"1f1b\" or \"gpipe\"" train "$DECK" \
     --set parallel.schedule=zigzag
 done
+# Decks that cannot fit in this machine's memory: refused before anything
+# is allocated (no bad_alloc), naming the keys and the bytes, on every rank.
+fit="[model], [train] micro_batch, [parallel] pp: stage 0 needs about"
+for np in 1 2; do
+  expect $np "$fit" train "$DECK" --set parallel.dp=$np \
+    --set model.n_layer=64 --set model.n_head=64 --set model.n_embd=8192
+done
+expect 1 "$fit" train "$DECK" --set model.vocab_size=16000000
+expect 2 "at micro_batch 1000000" train "$DECK" --set parallel.pp=2 \
+  --set train.micro_batch=1000000 --set train.global_batch=1000000
+grep -q "To fit: raise \[parallel\] pp" err.txt || { cat err.txt >&2; fail "no advice in the refusal"; }
+
 # The GPU back end asked of a build or a node without one: named, on every rank.
 if ! "$MPIFORMER" --version 2>/dev/null | grep -q cuda; then
   expect 1 "[run] device: \"cuda\", but this mpiformer was built without CUDA" train "$DECK" \
@@ -144,6 +156,8 @@ expect 1 "own_val.txt: is both an input and the validation split" \
   prep --val-fraction 0.1 --output own.txt own_val.txt
 [ "$(cat own.txt)" = "just text" ] && [ "$(cat own_val.txt)" = "just text" ] ||
   fail "prep changed its own input"
+# An endless input ends with a size message, not by exhausting memory.
+expect 1 "/dev/zero: more than 0.01 GB of text so far" prep --max-text-gb 0.01 --output z.h5 /dev/zero
 expect 1 "--val-fraction: expected a number in [0, 0.5], got nan" \
   prep --val-fraction nan --output x.h5 plain.txt
 # Help is ours alone: Kokkos never sees the program's arguments.

@@ -17,7 +17,7 @@ MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" "${args[@]}" --set run.
 [ "$rc" -eq 2 ] || { cat stop.log stop.err; fail "nonfinite stop: exit $rc, expected 2"; }
 grep -qF "[train] nonfinite: step 5: grad norm nan" stop.err || { cat stop.err; fail "no message"; }
 [ "$(grep -c 'mpiformer: error' stop.err)" -eq 1 ] || fail "the message should be printed once"
-[ "$(cat stop/checkpoints/latest)" = step_00000004.h5 ] || fail "latest moved past the good step"
+[ "$(head -1 stop/checkpoints/latest)" = step_00000004.h5 ] || fail "latest moved past the good step"
 [ ! -e stop/checkpoints/step_00000005.h5 ] && [ ! -e stop/checkpoints/step_00000006.h5 ] ||
   fail "a checkpoint was written at or after the non-finite step"
 python3 - stop/metrics.jsonl <<'PY'

@@ -2,6 +2,8 @@
 // runtime API the back end calls, on host memory.
 #include "cuda_emulation.hpp"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -297,6 +299,15 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+// "Device" memory is the host's.
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  const auto pages = static_cast<size_t>(sysconf(_SC_PHYS_PAGES));
+  const auto avail = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES));
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  *free = avail * page;
+  *total = pages * page;
+  return cudaSuccess;
+}
 cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
   std::memmove(d, s, n);

@@ -83,7 +83,7 @@ TEST(Deck, MistakesNameFileAndKey) {
   EXPECT_TRUE(has(e, "[run] device") && has(e, "\"cuda\"")) << e;
   // bf16 on the host is refused once, where the device is resolved.
   try {
-    choose_backend(load_deck(path, {"train.precision=\"bf16\"", "run.device=\"cpu\""}), 0);
+    choose_backend(load_deck(path, {"train.precision=\"bf16\"", "run.device=\"cpu\""}), NodePlace{});
     ADD_FAILURE() << "bf16 on the host accepted";
   } catch (const InputError& err) {
     EXPECT_TRUE(has(err.what(), "[train] precision") && has(err.what(), "GPU back end only"))

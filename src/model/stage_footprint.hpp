@@ -1,0 +1,30 @@
+// The bytes a GptStage allocates, by category, from the shapes alone: the
+// answer to "will it fit" before anything is allocated. Exact for the
+// stage's own buffers (tests/unit/test_stage_footprint.cpp checks it
+// against what the stage allocates, for several shapes and splits); the
+// device's context adds its scratch on top (see the trainer's estimate).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpt_config.hpp"
+#include "model/parameter_table.hpp"
+
+namespace mpiformer {
+
+struct StageFootprint {
+  double parameters = 0;   // master weights (Acc)
+  double gradients = 0;    // Acc
+  double weight_copy = 0;  // the Act copy of mixed precision
+  double per_slot = 0;     // activations of one in-flight micro-batch
+  double activations = 0;  // per_slot x slots
+  double scratch = 0;      // backward scratch shared by the slots, inbox, loss
+  double total() const { return parameters + gradients + weight_copy + activations + scratch; }
+};
+
+// Doubles: a deck's shapes may overflow any integer count (that is what
+// this is for). act_bytes/acc_bytes: sizeof(Act), sizeof(Acc).
+StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
+                               int slots, size_t act_bytes, size_t acc_bytes);
+
+}  // namespace mpiformer
