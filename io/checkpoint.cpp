@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -140,15 +141,27 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     H5QuietErrors quiet;
     H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     H5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), tmp);
+    use_checksummed_format(fapl.get(), tmp);
     H5_CHECK(H5Pset_all_coll_metadata_ops(fapl.get(), 1), tmp);
     H5_CHECK(H5Pset_coll_metadata_write(fapl.get(), 1), tmp);
     H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     if (!file.valid()) throw InputError(tmp, "[checkpoint] dir", "cannot create (is it writable?)");
     H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
     H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
-    // Intermediate groups (/model, /optim/adam_m, ...) are made on the way.
     H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
     H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
+    // The groups first (/model, /optim/adam_m, ...), in one order on every
+    // rank (creation is collective), keeping their links compact.
+    H5Handle gcpl = compact_group_properties(tmp);
+    std::vector<std::string> groups;
+    for (const auto& d : datasets) {
+      const std::string g = d.name.substr(0, d.name.rfind('/'));
+      if (!g.empty() && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    }
+    for (const auto& g : groups) {
+      H5Handle made(H5Gcreate2(file.get(), g.c_str(), lcpl.get(), gcpl.get(), H5P_DEFAULT), H5Gclose);
+      H5_CHECK(made.get(), tmp + ": " + g);
+    }
 
     for (size_t i = 0; i < datasets.size(); ++i) {
       const DatasetSlice& d = datasets[i];

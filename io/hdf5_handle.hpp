@@ -42,6 +42,26 @@ class H5Handle {
   Closer close_ = nullptr;
 };
 
+// Every file mpiformer writes uses HDF5's 1.8+ file format: its superblock,
+// object headers, B-trees and heaps carry checksums that HDF5 verifies on
+// reading, so damaged metadata is an error, not input to the parser (which
+// trusts the unchecksummed 1.6 structures h5py writes by default). Readable
+// by HDF5 1.8 and later (every h5py of the last decade).
+inline void use_checksummed_format(hid_t fapl, const std::string& file) {
+  H5_CHECK(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST), file);
+}
+
+// Group creation properties that keep every link in the group's object
+// header (checksummed) rather than in "dense" storage (a fractal heap and a
+// B-tree), however many tensors a group holds: libhdf5 1.10's error path
+// for damaged dense storage frees memory it never allocated (found by
+// tests/e2e/fuzz.sh under AddressSanitizer).
+inline H5Handle compact_group_properties(const std::string& file) {
+  H5Handle gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  H5_CHECK(H5Pset_link_phase_change(gcpl.get(), 65535, 65535), file);
+  return gcpl;
+}
+
 // Silences HDF5's automatic error stack printing for the scope: we report
 // failures ourselves, with the file and dataset named.
 class H5QuietErrors {

@@ -299,7 +299,9 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
   const std::string tmp = path + ".tmp";
   {
     H5QuietErrors quiet;
-    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    use_checksummed_format(fapl.get(), path);
+    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     if (!file.valid()) throw InputError(path, "", "cannot create (is the directory writable?)");
     // The narrowest unsigned type that holds every id halves or quarters the file.
     const hid_t stored = vocab_size <= 256 ? H5T_STD_U8LE

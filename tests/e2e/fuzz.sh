@@ -68,23 +68,22 @@ PY
 ls cases/* >all.txt
 split -l 50 all.txt batch.
 crashed=0
+sanitizer="ERROR: AddressSanitizer\|runtime error:"
 for batch in batch.*; do
   rc=0
   xargs -a "$batch" "$MPIFORMER" inspect --tokens 4 >"$batch.out" 2>"$batch.err" || rc=$?
   # xargs says 123 when the command exited 1-125, 125 when it was killed.
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 123 ]; then
+  if { [ "$rc" -ne 0 ] && [ "$rc" -ne 123 ]; } || grep -q "$sanitizer" "$batch.err"; then
     while read -r f; do
       frc=0
       "$MPIFORMER" inspect --tokens 4 "$f" >/dev/null 2>one.err || frc=$?
-      if [ "$frc" -ne 0 ] && [ "$frc" -ne 2 ]; then
-        echo "CRASH: exit $frc on $f: $(tail -3 one.err)"
+      if { [ "$frc" -ne 0 ] && [ "$frc" -ne 2 ]; } || grep -q "$sanitizer" one.err; then
+        echo "CRASH: exit $frc on $f:"
+        grep -m1 -A12 "$sanitizer" one.err || tail -3 one.err
+        cp "$f" "${FUZZ_KEEP:-/dev/null}" 2>/dev/null || true
         crashed=$((crashed + 1))
       fi
     done <"$batch"
-  fi
-  if grep -q "ERROR: AddressSanitizer\|runtime error:" "$batch.err"; then
-    grep -m3 "ERROR: AddressSanitizer\|runtime error:" "$batch.err"
-    crashed=$((crashed + 1))
   fi
 done
 [ "$crashed" -eq 0 ] || fail "$crashed crash(es) or sanitizer reports"
