@@ -1,6 +1,8 @@
-// Samples text from a checkpoint: the model runs on one rank, the whole
-// context window each token (no KV cache: generation is for looking at what
-// a model learned, not for serving). Text to stdout, everything else to
+// Samples text from a checkpoint on one rank, with a KV cache (one token
+// costs one row through the model, not the whole window): generation is
+// linear in the tokens. When the window (seq_len) is full, the newest half
+// is fed again and decoding goes on from there, so every token sees at
+// least seq_len / 2 tokens of context. Text to stdout, everything else to
 // stderr.
 #include <algorithm>
 #include <cmath>
@@ -11,7 +13,7 @@
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
-#include "model/gpt_stage.hpp"
+#include "model/gpt_decoder.hpp"
 #include "tokenizer.hpp"
 #include "train/checkpointing.hpp"
 
@@ -51,9 +53,8 @@ int run_generate(const GenerateArgs& args, int rank) {
   }
   const auto tok = make_tokenizer(
       m.tokenizer, args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir);
-  host::Context ctx;
-  HostGptStage<float> stage(ctx, cfg, partition_stage(cfg, 0, 1), 1, 1);
-  restore_stage(reader, cfg, stage.table(), StageState{stage.params(), nullptr, nullptr});
+  GptDecoder decoder(cfg);
+  restore_stage(reader, cfg, decoder.table(), StageState{decoder.params(), nullptr, nullptr});
 
   std::vector<uint32_t> ids = tok->encode(args.prompt);
   if (ids.empty()) {
@@ -64,19 +65,22 @@ int run_generate(const GenerateArgs& args, int rank) {
                args.checkpoint.c_str(), static_cast<long long>(m.step),
                static_cast<long long>(ids.size()), args.tokens, args.temperature, args.top_k);
   std::fputs(args.prompt.c_str(), stdout);
-  const int64_t T = cfg.seq_len, Vp = cfg.padded_vocab();
-  std::vector<int32_t> window(T, 0), targets(T, 0);
+  const int64_t T = cfg.seq_len;
+  // Feeds the last `n` tokens from position 0; the logits after the last.
+  const auto refill = [&](int64_t n) {
+    decoder.clear();
+    const float* logits = nullptr;
+    for (auto it = ids.end() - n; it != ids.end(); ++it) {
+      logits = decoder.push(static_cast<int32_t>(*it));
+    }
+    return logits;
+  };
+  const float* logits = refill(std::min<int64_t>(static_cast<int64_t>(ids.size()), T));
   Rng rng(args.seed, "generate");
   for (int i = 0; i < args.tokens; ++i) {
-    // The last T tokens; positions after them are padding the causal mask
-    // keeps from influencing position n - 1.
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), T);
-    std::fill(window.begin(), window.end(), 0);
-    std::copy(ids.end() - n, ids.end(), window.begin());
-    stage.forward(0, window.data(), targets.data(), false, 0.0f);
-    const int64_t next = sample(stage.logits(0) + (n - 1) * Vp, cfg.vocab_size, args.temperature,
-                                args.top_k, rng);
+    const int64_t next = sample(logits, cfg.vocab_size, args.temperature, args.top_k, rng);
     ids.push_back(static_cast<uint32_t>(next));
+    logits = decoder.length() < T ? decoder.push(static_cast<int32_t>(next)) : refill(T / 2 + 1);
     const std::string piece = tok->decode({static_cast<uint32_t>(next)});
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);

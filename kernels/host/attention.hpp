@@ -44,6 +44,40 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int6
   });
 }
 
+// One query against cached keys and values (incremental decoding): qkv holds
+// rows 0..n-1 of [n,3C] as attention_forward lays them out; out[C] receives
+// the attention of row n-1 (the newest) over rows 0..n-1. `scores` is
+// scratch of n elements. The same arithmetic as a row of attention_forward.
+template <class T>
+void attention_forward_last(T* out, T* scores, const T* qkv, int64_t n, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  for (int64_t h = 0; h < NH; ++h) {
+    const T* q = qkv + (n - 1) * 3 * C + h * hs;
+    T mx = T(0);
+    for (int64_t j = 0; j < n; ++j) {
+      const T* k = qkv + j * 3 * C + C + h * hs;
+      T dot = T(0);
+      for (int64_t c = 0; c < hs; ++c) dot += q[c] * k[c];
+      scores[j] = scale * dot;
+      mx = j == 0 || scores[j] > mx ? scores[j] : mx;
+    }
+    T sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      scores[j] = exp_fast(scores[j] - mx);
+      sum += scores[j];
+    }
+    const T inv = T(1) / sum;
+    T* o = out + h * hs;
+    for (int64_t c = 0; c < hs; ++c) o[c] = T(0);
+    for (int64_t j = 0; j < n; ++j) {
+      const T p = scores[j] * inv;
+      const T* v = qkv + j * 3 * C + 2 * C + h * hs;
+      for (int64_t c = 0; c < hs; ++c) o[c] += p * v[c];
+    }
+  }
+}
+
 // dqkv is overwritten (=); datt is scratch of the size of att.
 template <class T>
 void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int64_t B,
