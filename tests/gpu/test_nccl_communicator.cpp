@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
       return 77;
     }
     // This rank's GPU: its rank on the node, modulo the node's GPUs.
-    CUDA_CHECK(cudaSetDevice(node_local_rank(MPI_COMM_WORLD) % cuda::device_count()));
+    CUDA_CHECK(cudaSetDevice(node_place(MPI_COMM_WORLD).rank % cuda::device_count()));
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     MpiCommunicator group(dup);
