@@ -11,11 +11,7 @@
 namespace mpiformer::test {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+// world_rank() is core's (mpi_check.hpp).
 int world_size() {
   int n = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
