@@ -53,6 +53,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp));
   const bool bf16 = choice.precision == Precision::kBf16;
   RankMemory m;
+  m.slots = slots;
   m.stage = stage_footprint(cfg, range, deck.train.micro_batch, slots, bf16 ? 2 : 4, 4);
   m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
   if (choice.device == Device::kCuda && range.num_layers() > 0) {

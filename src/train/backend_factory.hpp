@@ -34,6 +34,7 @@ BackendChoice choose_backend(const Deck& deck, NodePlace node);
 // (the stage's buffers exactly, plus the AdamW moments and the device
 // context's scratch), by category, as the refusal below words them.
 struct RankMemory {
+  int slots = 0;  // activation slots of the stage's schedule
   StageFootprint stage;
   double optimizer = 0, workspace = 0;
   double total() const { return stage.total() + optimizer + workspace; }

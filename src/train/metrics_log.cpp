@@ -107,4 +107,8 @@ void MetricsLog::eval(int64_t step, int64_t steps, double val_loss) {
                        number(val_loss).c_str()));
 }
 
+void MetricsLog::record(const std::string& json) {
+  if (active_) write_line(json);
+}
+
 }  // namespace mpiformer

@@ -40,6 +40,8 @@ class MetricsLog {
 
   void step(const StepMetrics& m);
   void eval(int64_t step, int64_t steps, double val_loss);
+  // Any other record, one JSON object (the memory accounting).
+  void record(const std::string& json);
   const std::string& path() const { return path_; }
 
  private:

@@ -27,6 +27,8 @@ class ProgressLog {
   void step_done(int64_t done, int64_t end_step, double step_s, const StepResult& r,
                  int64_t samples);
   void eval_done(int64_t done, double val_loss);
+  // metrics.jsonl, for records other than steps and evaluations.
+  MetricsLog& metrics() { return log_; }
   // Time spent outside steps (evaluation, saves) is not the interval's.
   void exclude_pause() { stage_.reset_gemm_seconds(); }
 

@@ -23,6 +23,8 @@
 #include "host/gemm.hpp"
 #include "train/trace_writer.hpp"
 #include "train/watchdog.hpp"
+#include "train/memory_report.hpp"
+#include "core/mpi_check.hpp"
 
 namespace mpiformer {
 
@@ -69,10 +71,12 @@ struct Trainer::Parts {
   std::unique_ptr<CheckpointManager> checkpoints;
   ResumePoint start;
   double flops_per_token = 0, peak_flops = 0;
+  double baseline_resident = 0;  // before the trainer allocated anything
 };
 
 Trainer::Trainer(Deck deck, int rank, int world)
     : deck_(std::move(deck)), rank_(rank), p_(std::make_unique<Parts>()) {
+  p_->baseline_resident = resident_bytes();
   const NodePlace node = node_place(MPI_COMM_WORLD);
   agree_on_input_errors(MPI_COMM_WORLD, [&] { prepare_local(world, node); });
   // Every rank opened the data itself (a node-local copy, a file rewritten
@@ -202,6 +206,7 @@ void Trainer::print_summary() const {
   std::printf("device: %s on rank 0%s%s%s\n", p.stage->describe().c_str(), gpu ? "" : " (",
               gpu ? "" : p.backend.why_cpu.c_str(), gpu ? "" : ")");
   if (!p.comms.description.empty()) std::printf("comms: %s on rank 0\n", p.comms.description.c_str());
+  std::printf("%s", memory_table(predicted_memory(deck_, p.backend)).c_str());
   std::printf("step:  %lld sequences x %lld tokens = %lld micro-batches of %lld per replica; "
               "%d BLAS threads; peak %.1f GFLOP/s over %d rank(s) (%s)\n",
               static_cast<long long>(tc.global_batch), static_cast<long long>(cfg.seq_len),
@@ -214,6 +219,33 @@ void Trainer::print_summary() const {
   std::fflush(stdout);
 }
 
+void Trainer::report_measured_memory(MetricsLog& metrics) const {
+  const Parts& p = *p_;
+  const int world = p.grid->dp() * p.grid->pp();
+  const double mine[3] = {
+      static_cast<double>(p.grid->stage()),
+      rank_memory(deck_, p.backend, p.grid->stage(), p.stage->num_slots()).total(),
+      peak_resident_bytes() - p.baseline_resident};
+  std::vector<double> all(3 * static_cast<size_t>(world));
+  MPI_CHECK(MPI_Allgather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, MPI_COMM_WORLD));
+  std::string text = "memory per rank, measured (growth of host resident memory over the "
+                     "process's baseline, MB):\n";
+  std::string json = "{\"memory_measured\": [";
+  for (int r = 0; r < world; ++r) {
+    const double* m = &all[3 * static_cast<size_t>(r)];
+    text += strprintf("  rank %d (stage %.0f): %.1f, predicted %.1f (%+.1f%%)\n", r, m[0],
+                      m[2] / 1e6, m[1] / 1e6, 100.0 * (m[2] - m[1]) / m[1]);
+    json += strprintf("%s{\"rank\": %d, \"stage\": %.0f, \"predicted\": %.0f, "
+                      "\"peak_growth\": %.0f}",
+                      r == 0 ? "" : ", ", r, m[0], m[1], m[2]);
+  }
+  if (rank_ == 0 && !p.stage->on_device()) {
+    std::printf("%s", text.c_str());
+    std::fflush(stdout);
+  }
+  if (!p.stage->on_device()) metrics.record(json + "]}");
+}
+
 TrainResult Trainer::run() {
   using Clock = std::chrono::steady_clock;
   Parts& p = *p_;
@@ -221,6 +253,7 @@ TrainResult Trainer::run() {
   const bool lead = rank_ == 0;
   if (lead) print_summary();
   ProgressLog progress(deck_, *p.grid, *p.stage, p.flops_per_token, p.peak_flops, p.start.resumed);
+  progress.metrics().record(memory_json(predicted_memory(deck_, p.backend)));
   StopPolicy stop(deck_.run.time_limit, 12 * p.stage->param_storage());
   const int64_t end_step = tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
   if (lead && p.start.step >= end_step) {
@@ -269,11 +302,13 @@ TrainResult Trainer::run() {
                     static_cast<long long>(done), stop.reason(), kExitRequeue);
         std::fflush(stdout);
       }
+      report_measured_memory(progress.metrics());
       return result;
     }
   }
   p.watchdog->enter("comparing the tied embedding's copies", end_step, "the first and last stage");
   p.checkpoints->check_tied_embedding();
+  report_measured_memory(progress.metrics());
   if (lead && p.data->val() && end_step == tc.steps && p.start.step < end_step) {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,
                 static_cast<long long>(tc.steps));

@@ -14,6 +14,7 @@
 namespace mpiformer {
 
 struct NodePlace;
+class MetricsLog;
 
 struct TrainResult {
   std::vector<double> losses;  // per step, the same on every rank
@@ -37,6 +38,9 @@ class Trainer {
   void prepare_local(int world, const NodePlace& node);  // no collective calls
   void connect();                                 // collective
   void print_summary() const;
+  // Collective: each rank's resident-memory growth against its stage's
+  // prediction, printed by rank 0 and recorded (host back end).
+  void report_measured_memory(MetricsLog& metrics) const;
 
   Deck deck_;
   int rank_;

@@ -13,4 +13,17 @@ val=$(sed -n 's/^final val loss \([0-9.]*\) .*/\1/p' out.txt)
 awk -v v="$val" 'BEGIN { exit !(v < 2.8) }' || fail "val loss $val is not below 2.8"
 [ "$(grep -c '"val_loss"' run/metrics.jsonl)" -eq 2 ] || fail "expected 2 evaluation lines in metrics.jsonl"
 [ "$(grep -c '"grad_norm"' run/metrics.jsonl)" -eq 8 ] || fail "expected 8 step lines in metrics.jsonl"
+# The memory accounting: predicted per stage at the start, measured at the
+# end (the figures' accuracy is a benchmark's business, not a test's).
+python3 - run/metrics.jsonl <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+pred = [r["memory_predicted"] for r in recs if "memory_predicted" in r]
+meas = [r["memory_measured"] for r in recs if "memory_measured" in r]
+assert len(pred) == 1 and len(pred[0]) == 1, pred
+p = pred[0][0]
+parts = p["parameters"] + p["gradients"] + p["weight_copy"] + p["optimizer"] + p["activations"] + p["scratch"] + p["workspace"]
+assert abs(parts - p["total"]) <= 1 and p["activations"] == p["slots"] * p["per_slot"], p
+assert len(meas) == 1 and meas[0][0]["predicted"] == p["total"] and meas[0][0]["peak_growth"] > 0, meas
+PY
 echo "val loss $val < 2.8"

@@ -1,0 +1,66 @@
+#include "train/memory_report.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "core/format.hpp"
+#include "parallel/pipeline_schedule.hpp"
+
+namespace mpiformer {
+
+std::vector<RankMemory> predicted_memory(const Deck& deck, const BackendChoice& backend) {
+  std::vector<RankMemory> out;
+  const int pp = static_cast<int>(deck.parallel.pp);
+  for (int s = 0; s < pp; ++s) {
+    // Each stage's schedule keeps its own number of micro-batches alive.
+    const int slots = max_live_activations(
+        pipeline_schedule(deck.parallel.schedule, pp, s, static_cast<int>(deck.grad_accum())));
+    out.push_back(rank_memory(deck, backend, s, slots));
+  }
+  return out;
+}
+
+std::string memory_table(const std::vector<RankMemory>& stages) {
+  std::string t = "memory per rank, predicted (MB): stage | parameters+gradients | AdamW | "
+                  "activations (slots x per slot) | scratch | total\n";
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const RankMemory& m = stages[s];
+    t += strprintf("  %zu | %.1f | %.1f | %.1f (%d x %.1f) | %.1f | %.1f\n", s,
+                   (m.stage.parameters + m.stage.gradients + m.stage.weight_copy) / 1e6,
+                   m.optimizer / 1e6, m.stage.activations / 1e6, m.slots, m.stage.per_slot / 1e6,
+                   (m.stage.scratch + m.workspace) / 1e6, m.total() / 1e6);
+  }
+  return t;
+}
+
+std::string memory_json(const std::vector<RankMemory>& stages) {
+  std::string j = "{\"memory_predicted\": [";
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const RankMemory& m = stages[s];
+    j += strprintf("%s{\"stage\": %zu, \"parameters\": %.0f, \"gradients\": %.0f, "
+                   "\"weight_copy\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
+                   "\"slots\": %d, \"per_slot\": %.0f, \"scratch\": %.0f, \"workspace\": %.0f, "
+                   "\"total\": %.0f}",
+                   s == 0 ? "" : ", ", s, m.stage.parameters, m.stage.gradients,
+                   m.stage.weight_copy, m.optimizer, m.stage.activations, m.slots,
+                   m.stage.per_slot, m.stage.scratch, m.workspace, m.total());
+  }
+  return j + "]}";
+}
+
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+double peak_resident_bytes() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;  // Linux reports KiB
+}
+
+}  // namespace mpiformer
