@@ -24,7 +24,7 @@ model=(--set model.n_layer=8 --set model.n_embd=256 --set model.n_head=8 --set m
        --set train.eval_every=0 --set data.val='""' --set run.peak_tflops=1)
 
 # Mean of a metrics field over the steps after the first (warm-up).
-mean() { python3 -c "import json,sys; v=[json.loads(l)[sys.argv[2]] for l in open(sys.argv[1])][1:]; print(sum(v)/len(v))" "$@"; }
+mean() { python3 -c "import json,sys; v=[j[sys.argv[2]] for j in map(json.loads, open(sys.argv[1])) if sys.argv[2] in j][1:]; print(sum(v)/len(v))" "$@"; }
 
 echo "| pp | m | schedule | measured bubble | theory (pp-1)/(m+pp-1) | tokens/s |"
 echo "| --- | --- | --- | --- | --- | --- |"

@@ -23,7 +23,7 @@ grep -qF "[train] nonfinite: step 5: grad norm nan" stop.err || { cat stop.err; 
 python3 - stop/metrics.jsonl <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]  # strict: NaN is not JSON
-last = lines[-1]
+last = [l for l in lines if "step" in l][-1]
 assert last["step"] == 5 and last["grad_norm"] is None and "stopped" in last, last
 PY
 echo "ok: nonfinite = stop ends the run at the step, the last good checkpoint kept"
