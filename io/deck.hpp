@@ -36,6 +36,8 @@ struct TrainConfig {
   double spike_zscore = 0;
   // Consecutive skipped updates after which the run stops.
   int64_t skip_limit = 10;
+  // Activations recomputed in backward instead of kept (bit-identical).
+  Recompute recompute = Recompute::kNone;
 };
 
 struct CheckpointConfig {
@@ -54,7 +56,11 @@ struct DataConfig {
 struct ParallelConfig {
   int64_t dp = 1, pp = 1;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
-  double bucket_mb = 25;          // data-parallel gradient bucket size, MiB
+  double bucket_mb = 25;          // data-parallel gradient bucket size, MiB (zero 0)
+  // ZeRO stage over each stage's data-parallel group: 1 shards the AdamW
+  // moments and master weights, 2 also the gradients, 3 also the blocks'
+  // weights (see train/zero_shards.hpp).
+  int64_t zero = 0;
 };
 
 struct RunSection {

@@ -18,6 +18,10 @@ enum class ScheduleKind { kOneFOneB, kGPipe };
 enum class NonfinitePolicy { kStop, kSkip };
 // [checkpoint] resume: the newest usable checkpoint, none, or one path.
 enum class ResumeMode { kAuto, kNever, kPath };
+// [train] recompute: what backward recomputes instead of keeping from the
+// forward: nothing, each block's attention probabilities (the T x T part),
+// or each whole block from its input.
+enum class Recompute { kNone, kAttention, kFull };
 
 template <class E>
 struct SettingName {
@@ -31,6 +35,8 @@ inline constexpr SettingName<Precision> kPrecisionNames[] = {{Precision::kFp32, 
                                                              {Precision::kBf16, "bf16"}};
 inline constexpr SettingName<NonfinitePolicy> kNonfiniteNames[] = {
     {NonfinitePolicy::kStop, "stop"}, {NonfinitePolicy::kSkip, "skip"}};
+inline constexpr SettingName<Recompute> kRecomputeNames[] = {
+    {Recompute::kNone, "none"}, {Recompute::kAttention, "attention"}, {Recompute::kFull, "full"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::kOneFOneB, "1f1b"},
                                                                {ScheduleKind::kGPipe, "gpipe"}};
 
@@ -64,5 +70,6 @@ inline const char* name_of(Device d) { return setting_name(kDeviceNames, d); }
 inline const char* name_of(Precision p) { return setting_name(kPrecisionNames, p); }
 inline const char* name_of(ScheduleKind s) { return setting_name(kScheduleNames, s); }
 inline const char* name_of(NonfinitePolicy p) { return setting_name(kNonfiniteNames, p); }
+inline const char* name_of(Recompute r) { return setting_name(kRecomputeNames, r); }
 
 }  // namespace mpiformer

@@ -8,7 +8,9 @@
 // Buffers are planned once at construction for a fixed micro-batch shape
 // [B, T]; nothing is allocated during forward or backward. Activations live
 // in `slots`, one per micro-batch that may be in flight at once (1 without
-// pipelining); backward scratch is shared by all slots.
+// pipelining); backward scratch is shared by all slots. StageOptions says
+// what backward recomputes instead of keeping, and (ZeRO) which parameter
+// buffers live outside the stage or in windows filled through BlockHooks.
 //
 // Types: Act for activations and the weights the matmuls read; Acc for the
 // master weights, gradients, LayerNorm statistics and losses. They are the
@@ -24,6 +26,7 @@
 #include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
 #include "model/stage_layout.hpp"
+#include "model/stage_options.hpp"
 
 namespace mpiformer {
 
@@ -32,6 +35,21 @@ namespace mpiformer {
 // block, and with 0 at the end), so a caller can start reducing them while
 // the rest of the backward runs.
 using GradsFinal = std::function<void(int64_t offset)>;
+
+// How a ZeRO trainer fills and drains the stage's block windows. Block i
+// (the stage's i-th) uses weight window i % 2 and gradient window i % 2.
+struct BlockHooks {
+  // window_weights: on return weight window i % 2 holds block i's weights;
+  // `next` (-1: none) is the block the stage needs after it, which may be
+  // fetched ahead into the other window.
+  std::function<void(int64_t i, int64_t next)> need_weights;
+  // window_grads: before block i's backward, once gradient window i % 2 may
+  // be overwritten (the stage then zeroes it) ...
+  std::function<void(int64_t i)> need_grad_window;
+  // ... and after it, when the window holds this micro-batch's gradients of
+  // block i.
+  std::function<void(int64_t i)> grads_ready;
+};
 
 template <class Ops>
 class GptStage {
@@ -43,8 +61,11 @@ class GptStage {
   using Buffer = typename Ops::template Buffer<U>;
 
   // `ctx` must outlive the stage.
+  GptStage(Context& ctx, const GptConfig& cfg, const StageRange& range,
+           const StageOptions& options);
   GptStage(Context& ctx, const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
-           int num_slots);
+           int num_slots)
+      : GptStage(ctx, cfg, range, StageOptions{micro_batch, num_slots}) {}
   GptStage(const GptStage&) = delete;
   GptStage& operator=(const GptStage&) = delete;
 
@@ -52,6 +73,8 @@ class GptStage {
   const GptConfig& config() const { return cfg_; }
   const StageRange& range() const { return range_; }
   const ParameterTable& table() const { return table_; }
+  const StageLayout& layout() const { return at_; }
+  const StageOptions& options() const { return opt_; }
   int num_slots() const { return static_cast<int>(slots_.size()); }
   int64_t param_storage() const { return table_.total_storage(); }
   // Bytes of every buffer the constructor allocated (what stage_footprint
@@ -60,7 +83,10 @@ class GptStage {
   // Elements of one [B,T,C] activation.
   int64_t activation_size() const { return B_ * T_ * cfg_.n_embd; }
 
-  // Master weights and gradients (flat, table order, device memory).
+  // Master weights and gradients (flat, table order, device memory). With
+  // external_master there is no params(); with window_grads (window_weights)
+  // grads() (weights()) holds the tensors outside the blocks only, at
+  // resident_offset() of their table offset.
   Acc* params() { return params_.get(); }
   Acc* grads() { return grads_.get(); }
   // The weights the matmuls read: params() itself, or its Act copy.
@@ -68,6 +94,13 @@ class GptStage {
   // the optimizer (initialisation, restore).
   Act* weights() { return weights_; }
   void refresh_weights();
+  int64_t resident_offset(int64_t table_offset, bool windowed) const {
+    return windowed && table_offset >= at_.block_end ? table_offset - block_span() : table_offset;
+  }
+  int64_t block_span() const { return at_.block_end - at_.block_begin(); }
+  Act* weight_window(int w) { return wwin_[w].get(); }
+  Acc* grad_window(int w) { return gwin_[w].get(); }
+  void set_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
 
   // GPT-2 initialisation; each tensor's values depend only on (seed, name),
   // so every layout and device initialises the same model.
@@ -117,15 +150,35 @@ class GptStage {
     Buffer<Acc> lnf_mean, lnf_rstd, losses;
     typename Ops::Tokens tokens, targets;
   };
-  void forward_block(Slot& s, int64_t i);
+  // Block i's forward from x into out, keeping what backward needs in `a`.
+  void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i);
   void backward_block(Slot& s, int64_t i);
+  BlockView<const Act> block_weights(int64_t i);
+  BlockView<Acc> block_grads(int64_t i);
+  const Act* w_outer(outer::Tensor k) const {
+    return weights_ + resident_offset(at_.at(k), opt_.window_weights);
+  }
+  Acc* g_outer(outer::Tensor k) {
+    return grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
+  }
+  // The attention probabilities of block i: kept per slot, or (recomputed)
+  // in the one shared buffer.
+  Act* probabilities(LayerActs& a) { return opt_.recompute == Recompute::kNone ? a.att.get() : rc_.att.get(); }
 
   Context& ctx_;
   GptConfig cfg_;
   StageRange range_;
+  StageOptions opt_;
   ParameterTable table_;
   int64_t B_, T_;
   StageLayout at_;
+  BlockHooks hooks_;
+  Buffer<Act> wwin_[2];
+  Buffer<Acc> gwin_[2];
+  // Recomputation's shared buffers: the probabilities (attention), or one
+  // block's whole activations and output (full).
+  LayerActs rc_;
+  Buffer<Act> rc_out_;
   Buffer<Acc> params_, grads_;
   Buffer<Act> weight_copy_;  // mixed precision only
   Act* weights_ = nullptr;

@@ -8,12 +8,13 @@ namespace mpiformer {
 
 template <class Ops>
 GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& range,
-                        int64_t micro_batch, int num_slots)
+                        const StageOptions& options)
     : ctx_(ctx),
       cfg_(cfg),
       range_(range),
+      opt_(options),
       table_(cfg, range),
-      B_(micro_batch),
+      B_(options.micro_batch),
       T_(cfg.seq_len),
       at_(table_, range) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head, L = range_.num_layers();
@@ -31,33 +32,47 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     return typename Ops::Tokens(count);
   };
   const int64_t n = table_.total_storage();
-  params_ = acc(n);
-  grads_ = acc(n);
-  Ops::fill_zero(ctx_, params_.get(), n);
-  Ops::fill_zero(ctx_, grads_.get(), n);
-  if constexpr (std::is_same_v<Act, Acc>) {
-    weights_ = params_.get();
+  const int64_t n_grads = opt_.window_grads ? n - block_span() : n;
+  const int64_t n_weights = opt_.window_weights ? n - block_span() : n;
+  grads_ = acc(n_grads);
+  Ops::fill_zero(ctx_, grads_.get(), n_grads);
+  if (!opt_.external_master) {
+    params_ = acc(n);
+    Ops::fill_zero(ctx_, params_.get(), n);
+  }
+  if (std::is_same_v<Act, Acc> && !opt_.external_master) {
+    weights_ = reinterpret_cast<Act*>(params_.get());
   } else {
-    weight_copy_ = act(n);
+    weight_copy_ = act(n_weights);
+    Ops::fill_zero(ctx_, weight_copy_.get(), n_weights);
     weights_ = weight_copy_.get();
   }
-  slots_.resize(static_cast<size_t>(num_slots));
+  for (int w = 0; w < 2; ++w) {
+    if (opt_.window_weights) wwin_[w] = act(at_.block_storage());
+    if (opt_.window_grads) gwin_[w] = acc(at_.block_storage());
+  }
+  // What a block keeps for backward: everything (none), everything but the
+  // T x T probabilities (attention), or nothing but its input (full).
+  auto keep = [&](LayerActs& a, bool probabilities) {
+    a.ln1 = act(BT * C);
+    a.ln1_mean = acc(BT);
+    a.ln1_rstd = acc(BT);
+    a.qkv = act(BT * 3 * C);
+    a.atty = act(BT * C);
+    if (probabilities) a.att = act(B_ * NH * T_ * T_);
+    a.res2 = act(BT * C);
+    a.ln2 = act(BT * C);
+    a.ln2_mean = acc(BT);
+    a.ln2_rstd = acc(BT);
+    a.fch = act(BT * 4 * C);
+    a.fch_gelu = act(BT * 4 * C);
+  };
+  slots_.resize(static_cast<size_t>(opt_.slots));
   for (Slot& s : slots_) {
     for (int64_t i = 0; i <= L; ++i) s.residual.push_back(act(BT * C));
-    s.layers.resize(static_cast<size_t>(L));
-    for (LayerActs& a : s.layers) {
-      a.ln1 = act(BT * C);
-      a.ln1_mean = acc(BT);
-      a.ln1_rstd = acc(BT);
-      a.qkv = act(BT * 3 * C);
-      a.atty = act(BT * C);
-      a.att = act(B_ * NH * T_ * T_);
-      a.res2 = act(BT * C);
-      a.ln2 = act(BT * C);
-      a.ln2_mean = acc(BT);
-      a.ln2_rstd = acc(BT);
-      a.fch = act(BT * 4 * C);
-      a.fch_gelu = act(BT * 4 * C);
+    if (opt_.recompute != Recompute::kFull) {
+      s.layers.resize(static_cast<size_t>(L));
+      for (LayerActs& a : s.layers) keep(a, opt_.recompute == Recompute::kNone);
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
     if (range_.has_head) {
@@ -68,6 +83,11 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       s.losses = acc(BT);
       s.targets = tokens(BT);
     }
+  }
+  if (L > 0 && opt_.recompute == Recompute::kAttention) rc_.att = act(B_ * NH * T_ * T_);
+  if (L > 0 && opt_.recompute == Recompute::kFull) {
+    keep(rc_, true);
+    rc_out_ = act(BT * C);
   }
   dres_ = act(BT * C);
   dln_ = act(BT * C);
@@ -86,8 +106,9 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
 
 template <class Ops>
 void GptStage<Ops>::refresh_weights() {
+  // With external_master the trainer writes weights() itself.
   if constexpr (!std::is_same_v<Act, Acc>)
-    Ops::convert(ctx_, weights_, params_.get(), table_.total_storage());
+    if (!opt_.external_master) Ops::convert(ctx_, weights_, params_.get(), table_.total_storage());
 }
 
 template <class Ops>
@@ -105,30 +126,48 @@ void GptStage<Ops>::init_parameters(uint64_t seed) {
 
 template <class Ops>
 void GptStage<Ops>::zero_grads() {
-  Ops::fill_zero(ctx_, grads_.get(), table_.total_storage());
+  Ops::fill_zero(ctx_, grads_.get(),
+                 opt_.window_grads ? table_.total_storage() - block_span() : table_.total_storage());
+}
+
+template <class Ops>
+BlockView<const typename Ops::Act> GptStage<Ops>::block_weights(int64_t i) {
+  if (opt_.window_weights) return at_.block_at(static_cast<const Act*>(wwin_[i % 2].get()), i);
+  return at_.block(static_cast<const Act*>(weights_), i);
+}
+
+template <class Ops>
+BlockView<typename Ops::Acc> GptStage<Ops>::block_grads(int64_t i) {
+  if (opt_.window_grads) return at_.block_at(gwin_[i % 2].get(), i);
+  return at_.block(grads_.get(), i);
 }
 
 template <class Ops>
 void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targets,
                             bool for_backward, Acc grad_scale) {
   Slot& s = slots_[slot];
-  const int64_t BT = B_ * T_, C = cfg_.n_embd;
-  const Act* W = weights_;
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.num_layers();
   // Every host-to-device copy first, before any op of this micro-batch is
   // queued, so the device never waits on the host in the middle.
   if (range_.has_embedding) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
   if (range_.has_head) Ops::load_tokens(ctx_, s.targets, targets, BT, false);
   if (range_.has_embedding) {
-    Ops::embedding_forward(ctx_, s.residual[0].get(), s.tokens, W + at_.at(outer::wte),
-                           W + at_.at(outer::wpe), B_, T_, C);
+    Ops::embedding_forward(ctx_, s.residual[0].get(), s.tokens, w_outer(outer::wte),
+                           w_outer(outer::wpe), B_, T_, C);
   }
-  for (int64_t i = 0; i < range_.num_layers(); ++i) forward_block(s, i);
+  for (int64_t i = 0; i < L; ++i) {
+    if (opt_.window_weights) hooks_.need_weights(i, i + 1 < L ? i + 1 : -1);
+    // Under full recomputation the block's activations go to the shared
+    // buffers and only its input (the residual stream) is kept.
+    LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[i];
+    forward_block(a, s.residual[i].get(), s.residual[i + 1].get(), i);
+  }
   if (!range_.has_head) return;
   const int64_t Vp = cfg_.padded_vocab();
   Ops::layernorm_forward(ctx_, s.lnf.get(), s.lnf_mean.get(), s.lnf_rstd.get(),
-                         s.residual.back().get(), W + at_.at(outer::lnf_w),
-                         W + at_.at(outer::lnf_b), BT, C);
-  Ops::matmul_forward(ctx_, s.logits.get(), s.lnf.get(), W + at_.at(outer::wte),
+                         s.residual.back().get(), w_outer(outer::lnf_w), w_outer(outer::lnf_b),
+                         BT, C);
+  Ops::matmul_forward(ctx_, s.logits.get(), s.lnf.get(), w_outer(outer::wte),
                       static_cast<const Act*>(nullptr), BT, C, Vp);
   if (for_backward) {
     Ops::crossentropy_forward_backward(ctx_, s.losses.get(), s.logits.get(), s.targets, BT,
@@ -141,16 +180,14 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
 }
 
 template <class Ops>
-void GptStage<Ops>::forward_block(Slot& s, int64_t i) {
+void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t i) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
-  const auto w = at_.block(static_cast<const Act*>(weights_), i);
-  LayerActs& a = s.layers[i];
-  const Act* x = s.residual[i].get();
+  const auto w = block_weights(i);
   Ops::layernorm_forward(ctx_, a.ln1.get(), a.ln1_mean.get(), a.ln1_rstd.get(), x,
                          w[block::ln1_w], w[block::ln1_b], BT, C);
   Ops::matmul_forward(ctx_, a.qkv.get(), a.ln1.get(), w[block::qkv_w], w[block::qkv_b], BT, C,
                       3 * C);
-  Ops::attention_forward(ctx_, a.atty.get(), a.att.get(), a.qkv.get(), B_, T_, C, NH);
+  Ops::attention_forward(ctx_, a.atty.get(), probabilities(a), a.qkv.get(), B_, T_, C, NH);
   Ops::matmul_forward(ctx_, a.res2.get(), a.atty.get(), w[block::attn_proj_w],
                       w[block::attn_proj_b], BT, C, C);
   Ops::residual_forward(ctx_, a.res2.get(), x, a.res2.get(), BT * C);
@@ -159,7 +196,6 @@ void GptStage<Ops>::forward_block(Slot& s, int64_t i) {
   Ops::matmul_forward(ctx_, a.fch.get(), a.ln2.get(), w[block::fc_w], w[block::fc_b], BT, C,
                       4 * C);
   Ops::gelu_forward(ctx_, a.fch_gelu.get(), a.fch.get(), BT * 4 * C);
-  Act* out = s.residual[i + 1].get();
   Ops::matmul_forward(ctx_, out, a.fch_gelu.get(), w[block::fc_proj_w], w[block::fc_proj_b], BT,
                       4 * C, C);
   Ops::residual_forward(ctx_, out, a.res2.get(), out, BT * C);
@@ -171,31 +207,35 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
     if (grads_final) grads_final(offset);
   };
   Slot& s = slots_[slot];
-  const int64_t BT = B_ * T_, C = cfg_.n_embd;
-  const Act* W = weights_;
-  Acc* G = grads_.get();
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.num_layers();
   Act* dres = dres_.get();
   if (range_.has_head) {
     const int64_t Vp = cfg_.padded_vocab();
     // The tied head: its weight gradient lands in wte's gradient, which the
     // embedding backward then adds to.
-    Ops::matmul_backward(ctx_, dln_.get(), G + at_.at(outer::wte), static_cast<Acc*>(nullptr),
-                         s.logits.get(), s.lnf.get(), W + at_.at(outer::wte), BT, C, Vp);
+    Ops::matmul_backward(ctx_, dln_.get(), g_outer(outer::wte), static_cast<Acc*>(nullptr),
+                         s.logits.get(), s.lnf.get(), w_outer(outer::wte), BT, C, Vp);
     Ops::fill_zero(ctx_, dres, BT * C);
-    Ops::layernorm_backward(ctx_, dres, G + at_.at(outer::lnf_w), G + at_.at(outer::lnf_b),
-                            dln_.get(), s.residual.back().get(), W + at_.at(outer::lnf_w),
-                            s.lnf_mean.get(), s.lnf_rstd.get(), BT, C);
+    Ops::layernorm_backward(ctx_, dres, g_outer(outer::lnf_w), g_outer(outer::lnf_b), dln_.get(),
+                            s.residual.back().get(), w_outer(outer::lnf_w), s.lnf_mean.get(),
+                            s.lnf_rstd.get(), BT, C);
     final_from(at_.at(outer::lnf_w));
   } else {
     Ops::copy(ctx_, dres, static_cast<const Act*>(grad_in_.get()), BT * C);
   }
-  for (int64_t i = range_.num_layers() - 1; i >= 0; --i) {
+  for (int64_t i = L - 1; i >= 0; --i) {
+    if (opt_.window_weights) hooks_.need_weights(i, i > 0 ? i - 1 : -1);
+    if (opt_.window_grads) {
+      hooks_.need_grad_window(i);
+      Ops::fill_zero(ctx_, gwin_[i % 2].get(), at_.block_storage());
+    }
     backward_block(s, i);
+    if (opt_.window_grads) hooks_.grads_ready(i);
     final_from(at_.layers[i][0]);
   }
   if (range_.has_embedding) {
-    Ops::embedding_backward(ctx_, G + at_.at(outer::wte), G + at_.at(outer::wpe), dres, s.tokens,
-                            B_, T_, C);
+    Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe), dres, s.tokens, B_, T_,
+                            C);
   }
   final_from(0);
 }
@@ -203,9 +243,13 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
 template <class Ops>
 void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
-  const auto w = at_.block(static_cast<const Act*>(weights_), i);
-  const auto g = at_.block(grads_.get(), i);
-  LayerActs& a = s.layers[i];
+  const auto w = block_weights(i);
+  const auto g = block_grads(i);
+  // Full recomputation: the block's forward again, from its kept input,
+  // into the shared buffers (the same ops on the same inputs, so the same
+  // bits); its output is not needed again.
+  if (opt_.recompute == Recompute::kFull) forward_block(rc_, s.residual[i].get(), rc_out_.get(), i);
+  LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[i];
   Act* dres = dres_.get();
   // MLP: dres is the gradient of the block output, which is also the
   // gradient of the MLP projection's output (residual backward = identity).
@@ -219,8 +263,13 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   // Attention, the same way round.
   Ops::matmul_backward(ctx_, datty_.get(), g[block::attn_proj_w], g[block::attn_proj_b], dres,
                        a.atty.get(), w[block::attn_proj_w], BT, C, C);
-  Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.att.get(),
-                          B_, T_, C, NH);
+  // Attention recomputation: the probabilities again from the kept qkv.
+  // The forward also rewrites atty, with the bits it already holds (it was
+  // read just above and is not read again).
+  if (opt_.recompute == Recompute::kAttention)
+    Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, C, NH);
+  Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(),
+                          probabilities(a), B_, T_, C, NH);
   Ops::matmul_backward(ctx_, dln_.get(), g[block::qkv_w], g[block::qkv_b], dqkv_.get(),
                        a.ln1.get(), w[block::qkv_w], BT, C, 3 * C);
   Ops::layernorm_backward(ctx_, dres, g[block::ln1_w], g[block::ln1_b], dln_.get(),

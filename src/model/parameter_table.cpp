@@ -2,6 +2,7 @@
 
 #include "model/stage_layout.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -132,6 +133,10 @@ StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
     layers.at(i)[s.tensor] = s.offset;
     seen[i][s.tensor] = true;
   }
+  // The blocks end where the last stage's tensors begin, or with the buffer.
+  block_end = table.total_storage();
+  for (const auto& s : table.specs())
+    if (s.layer < 0 && s.offset > block_begin()) block_end = std::min(block_end, s.offset);
   // The table and the layout must describe the same stage.
   for (const auto& b : seen)
     for (bool k : b)

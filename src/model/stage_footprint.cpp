@@ -1,35 +1,51 @@
 #include "model/stage_footprint.hpp"
 
+#include "model/stage_layout.hpp"
+
 namespace mpiformer {
 
 // Mirrors GptStage's constructor (gpt_stage_impl.hpp), buffer by buffer.
-StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
-                               int slots, size_t act_bytes, size_t acc_bytes) {
+StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
+                               const StageOptions& o, size_t act_bytes, size_t acc_bytes) {
   const double act = static_cast<double>(act_bytes), acc = static_cast<double>(acc_bytes);
-  const double B = static_cast<double>(micro_batch), T = static_cast<double>(cfg.seq_len);
+  const double B = static_cast<double>(o.micro_batch), T = static_cast<double>(cfg.seq_len);
   const double C = static_cast<double>(cfg.n_embd), NH = static_cast<double>(cfg.n_head);
   const double V = static_cast<double>(cfg.padded_vocab()), BT = B * T;
   const double L = static_cast<double>(range.num_layers());
   const double attention = B * NH * T * T;  // scores of every head
   // The deck's limits on the model's shapes keep this count in an int64;
   // the batch is not limited so, hence doubles for the activations.
-  const double n = static_cast<double>(ParameterTable(cfg, range).total_storage());
+  const ParameterTable table(cfg, range);
+  const StageLayout layout(table, range);
+  const double n = static_cast<double>(table.total_storage());
+  const double blocks = static_cast<double>(layout.block_end - layout.block_begin());
+  const double window = static_cast<double>(layout.block_storage());
   StageFootprint f;
-  f.parameters = n * acc;
-  f.gradients = n * acc;
-  f.weight_copy = act_bytes != acc_bytes ? n * act : 0;
+  f.parameters = o.external_master ? 0 : n * acc;
+  f.gradients = (o.window_grads ? n - blocks + 2 * window : n) * acc;
+  if (act_bytes != acc_bytes || o.external_master)
+    f.weight_copy = (o.window_weights ? n - blocks + 2 * window : n) * act;
+  // What one block keeps for backward: ln1, qkv, atty, res2, ln2 (1+3+1+1+1),
+  // fch and its GELU (4+4), 4 LayerNorm statistics, and the attention
+  // probabilities unless recomputed.
+  const double block_kept = 15 * BT * C * act + 4 * BT * acc;
   // One slot: the residual stream at every block boundary, then per block
-  // ln1, qkv, atty, res2, ln2 (1+3+1+1+1), fch and its GELU (4+4), the
-  // attention probabilities, and 4 LayerNorm statistics.
-  double slot = (L + 1) * BT * C * act + L * ((15 * BT * C + attention) * act + 4 * BT * acc);
+  // what it keeps (nothing under full recomputation).
+  double slot = (L + 1) * BT * C * act;
+  if (o.recompute == Recompute::kNone) slot += L * (block_kept + attention * act);
+  if (o.recompute == Recompute::kAttention) slot += L * block_kept;
   if (range.has_embedding) slot += BT * 4;  // token ids
   if (range.has_head) slot += (BT * C + BT * V) * act + 3 * BT * acc + BT * 4;  // lnf, logits, targets
   f.per_slot = slot;
-  f.activations = slot * slots;
+  f.activations = slot * o.slots;
   // Backward scratch: dres, dln, datty; dqkv, d4 and datt with blocks; the
-  // output gradient's inbox on a non-last stage; the loss sum (a double).
+  // output gradient's inbox on a non-last stage; the loss sum (a double);
+  // recomputation's shared probabilities, or one block's activations and
+  // output.
   f.scratch = 3 * BT * C * act + (L > 0 ? (7 * BT * C + attention) * act : 0) +
               (range.has_head ? 0 : BT * C * act) + 8;
+  if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention * act;
+  if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention * act + BT * C * act;
   return f;
 }
 

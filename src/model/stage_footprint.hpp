@@ -9,13 +9,15 @@
 
 #include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
+#include "model/stage_options.hpp"
 
 namespace mpiformer {
 
 struct StageFootprint {
-  double parameters = 0;   // master weights (Acc)
-  double gradients = 0;    // Acc
-  double weight_copy = 0;  // the Act copy of mixed precision
+  double parameters = 0;   // master weights (Acc), unless external_master
+  double gradients = 0;    // Acc: whole, or outside the blocks + 2 windows
+  double weight_copy = 0;  // the Act weights where they are not the master:
+                           // whole, or outside the blocks + 2 windows
   double per_slot = 0;     // activations of one in-flight micro-batch
   double activations = 0;  // per_slot x slots
   double scratch = 0;      // backward scratch shared by the slots, inbox, loss
@@ -24,7 +26,12 @@ struct StageFootprint {
 
 // Doubles: a deck's shapes may overflow any integer count (that is what
 // this is for). act_bytes/acc_bytes: sizeof(Act), sizeof(Acc).
-StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
-                               int slots, size_t act_bytes, size_t acc_bytes);
+StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
+                               const StageOptions& options, size_t act_bytes, size_t acc_bytes);
+inline StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
+                                      int64_t micro_batch, int slots, size_t act_bytes,
+                                      size_t acc_bytes) {
+  return stage_footprint(cfg, range, StageOptions{micro_batch, slots}, act_bytes, acc_bytes);
+}
 
 }  // namespace mpiformer

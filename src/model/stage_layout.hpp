@@ -28,6 +28,21 @@ struct StageLayout {
     for (int k = 0; k < block::kCount; ++k) v.t[k] = base + layers[i][k];
     return v;
   }
+  // The same, for a buffer holding block i alone (a ZeRO window).
+  template <class T>
+  BlockView<T> block_at(T* block_base, int64_t i) const {
+    BlockView<T> v;
+    for (int k = 0; k < block::kCount; ++k) v.t[k] = block_base + (layers[i][k] - layers[i][0]);
+    return v;
+  }
+  // The blocks' span of the flat buffer [block_begin, block_end): the blocks
+  // are contiguous, between the first stage's tensors and the last's, and
+  // equally sized.
+  int64_t block_begin() const { return layers.empty() ? 0 : layers.front()[0]; }
+  int64_t block_end = 0;
+  int64_t block_storage() const {
+    return layers.empty() ? 0 : (block_end - block_begin()) / static_cast<int64_t>(layers.size());
+  }
 };
 
 // GPT-2 initialisation into `out` (table order, padding zero); each tensor's

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace mpiformer {
 
@@ -33,6 +34,16 @@ class Communicator {
   virtual void allreduce_sum(float* data, int64_t n) = 0;
   virtual void allreduce_sum(double* data, int64_t n) = 0;
   virtual Pending start_allreduce_sum(float* data, int64_t n) = 0;
+  // ZeRO's pair. Parts are in rank order, rank r's of counts[r] elements.
+  // Reduce-scatter: `send` holds every part (sum of counts); the sum over
+  // the group of this rank's part lands in `recv` (counts[rank()]).
+  virtual Pending start_reduce_scatter_sum(const float* send, float* recv,
+                                           const std::vector<int64_t>& counts) = 0;
+  // All-gather: this rank's part, at `send` (elements of elem_bytes, 2 or
+  // 4), lands at its place in `recv`, and every other rank's at theirs.
+  // `send` may be that very place (in place).
+  virtual Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                  size_t elem_bytes) = 0;
 
   // Point to point within the group (peer is a group rank), in bytes:
   // activations may be bf16. Sends never block: the buffer must stay

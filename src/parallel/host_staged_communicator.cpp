@@ -46,6 +46,16 @@ void to_device(void* dst, const void* src, size_t bytes, void* stream) {
                              static_cast<cudaStream_t>(stream)));
 }
 
+// Where rank's part starts among the parts, and their total.
+std::pair<int64_t, int64_t> part_place(const std::vector<int64_t>& counts, int rank) {
+  int64_t before = 0, total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (static_cast<int>(r) < rank) before += counts[r];
+    total += counts[r];
+  }
+  return {before, total};
+}
+
 }  // namespace
 
 HostStagedCommunicator::HostStagedCommunicator(MpiCommunicator& group, void* compute_stream)
@@ -65,6 +75,29 @@ void HostStagedCommunicator::allreduce_sum(double* data, int64_t n) { allreduce(
 
 Pending HostStagedCommunicator::start_allreduce_sum(float* data, int64_t n) {
   allreduce(data, n);
+  return std::make_unique<Done>();
+}
+
+Pending HostStagedCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
+                                                          const std::vector<int64_t>& counts) {
+  const auto [before, total] = part_place(counts, rank());
+  std::vector<float> all(static_cast<size_t>(total));
+  to_host(all.data(), send, sizeof(float) * all.size(), compute_);
+  std::vector<float> mine(static_cast<size_t>(counts[rank()]));  // MPI forbids aliasing
+  group_.start_reduce_scatter_sum(all.data(), mine.data(), counts)->wait();
+  to_device(recv, mine.data(), sizeof(float) * mine.size(), compute_);
+  return std::make_unique<Done>();
+}
+
+Pending HostStagedCommunicator::start_allgather(const void* send, void* recv,
+                                                const std::vector<int64_t>& counts,
+                                                size_t elem_bytes) {
+  const auto [before, total] = part_place(counts, rank());
+  staging_.resize(elem_bytes * static_cast<size_t>(total));
+  char* mine = staging_.data() + elem_bytes * static_cast<size_t>(before);
+  to_host(mine, send, elem_bytes * static_cast<size_t>(counts[rank()]), compute_);
+  group_.start_allgather(mine, staging_.data(), counts, elem_bytes)->wait();
+  to_device(recv, staging_.data(), staging_.size(), compute_);
   return std::make_unique<Done>();
 }
 

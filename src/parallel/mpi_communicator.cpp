@@ -1,6 +1,8 @@
 #include "parallel/mpi_communicator.hpp"
 
 #include <climits>
+#include <list>
+#include <vector>
 
 #include "core/mpi_check.hpp"
 
@@ -21,6 +23,17 @@ class MpiPending final : public PendingOp {
     if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
   }
   MPI_Request* request() { return &req_; }
+  // Counts (or, with offsets, their running sums) as MPI's ints, kept
+  // alive with the request.
+  std::vector<int>& ints(const std::vector<int64_t>& counts, bool offsets) {
+    arrays_.emplace_back();
+    int64_t at = 0;
+    for (int64_t n : counts) {
+      arrays_.back().push_back(count(offsets ? at : n));
+      at += n;
+    }
+    return arrays_.back();
+  }
   void wait() override { MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE)); }
   bool test() override {
     int done = 0;
@@ -30,6 +43,7 @@ class MpiPending final : public PendingOp {
 
  private:
   MPI_Request req_ = MPI_REQUEST_NULL;
+  std::list<std::vector<int>> arrays_;  // stable addresses
 };
 
 }  // namespace
@@ -58,6 +72,35 @@ void MpiCommunicator::allreduce_sum(double* data, int64_t n) {
 Pending MpiCommunicator::start_allreduce_sum(float* data, int64_t n) {
   auto p = std::make_unique<MpiPending>();
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), MPI_FLOAT, MPI_SUM, comm_, p->request()));
+  return p;
+}
+
+namespace {
+// The element type MPI moves for an all-gather part (bits, not values).
+MPI_Datatype element_type(size_t elem_bytes) {
+  MPIFORMER_CHECK(elem_bytes == 2 || elem_bytes == 4, "element of " + std::to_string(elem_bytes) + " bytes");
+  return elem_bytes == 2 ? MPI_UINT16_T : MPI_FLOAT;
+}
+}  // namespace
+
+Pending MpiCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
+                                                  const std::vector<int64_t>& counts) {
+  // Non-blocking collectives may keep the count array: it lives in the op.
+  auto p = std::make_unique<MpiPending>();
+  auto& c = p->ints(counts, false);
+  MPI_CHECK(MPI_Ireduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_, p->request()));
+  return p;
+}
+
+Pending MpiCommunicator::start_allgather(const void* send, void* recv,
+                                         const std::vector<int64_t>& counts, size_t elem_bytes) {
+  auto p = std::make_unique<MpiPending>();
+  auto& c = p->ints(counts, false);
+  auto& displs = p->ints(counts, true);
+  char* mine = static_cast<char*>(recv) + elem_bytes * static_cast<size_t>(displs[rank_]);
+  const MPI_Datatype type = element_type(elem_bytes);
+  MPI_CHECK(MPI_Iallgatherv(send == mine ? MPI_IN_PLACE : send, c[rank_], type, recv, c.data(),
+                            displs.data(), type, comm_, p->request()));
   return p;
 }
 

@@ -21,6 +21,10 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(float* data, int64_t n) override;
   void allreduce_sum(double* data, int64_t n) override;
   Pending start_allreduce_sum(float* data, int64_t n) override;
+  Pending start_reduce_scatter_sum(const float* send, float* recv,
+                                   const std::vector<int64_t>& counts) override;
+  Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,
+                          size_t elem_bytes) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
 

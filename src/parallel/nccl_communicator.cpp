@@ -141,6 +141,40 @@ Pending NcclCommunicator::start_allreduce_sum(float* data, int64_t n) {
   return record();
 }
 
+// NCCL's reduce-scatter and all-gather need equal parts; ZeRO's parts end
+// at tensor rows, so each part is its own root's reduce or broadcast, all
+// in one group (one launch, the same traffic pattern).
+Pending NcclCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
+                                                   const std::vector<int64_t>& counts) {
+  after_compute();
+  NCCL_CHECK(ncclGroupStart());
+  int64_t at = 0;
+  for (int r = 0; r < size_; ++r) {
+    NCCL_CHECK(ncclReduce(send + at, recv, count(counts[r]), ncclFloat, ncclSum, r, nccl(comm_),
+                          cuda(stream_)));
+    at += counts[r];
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  return record();
+}
+
+Pending NcclCommunicator::start_allgather(const void* send, void* recv,
+                                          const std::vector<int64_t>& counts, size_t elem_bytes) {
+  after_compute();
+  // Bits, not values: a 2-byte type for bf16 parts.
+  const ncclDataType_t type = elem_bytes == 2 ? ncclFloat16 : ncclFloat;
+  NCCL_CHECK(ncclGroupStart());
+  int64_t at = 0;
+  for (int r = 0; r < size_; ++r) {
+    void* place = static_cast<char*>(recv) + elem_bytes * static_cast<size_t>(at);
+    NCCL_CHECK(ncclBroadcast(r == rank_ ? send : place, place, count(counts[r]), type, r,
+                             nccl(comm_), cuda(stream_)));
+    at += counts[r];
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  return record();
+}
+
 Pending NcclCommunicator::start_send_bytes(const void* data, size_t bytes, int peer, int) {
   after_compute();
   NCCL_CHECK(ncclSend(data, bytes, ncclUint8, peer, nccl(comm_), cuda(stream_)));

@@ -39,6 +39,55 @@ TEST(MpiCommunicator, AllreduceBlockingAndNonBlockingAreExact) {
   EXPECT_EQ(d, n * (n - 1) / 2.0 + 0.5 * n);
 }
 
+// ZeRO's parts are unequal (they end at tensor rows) and may be empty.
+std::vector<int64_t> uneven_parts(int n) {
+  std::vector<int64_t> counts;
+  for (int r = 0; r < n; ++r) counts.push_back(r == 1 ? 0 : 3 + 5 * r);
+  return counts;
+}
+
+TEST(MpiCommunicator, ReduceScatterOfUnevenPartsIsExact) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  const std::vector<int64_t> counts = uneven_parts(n);
+  int64_t total = 0, mine_at = 0;
+  for (int q = 0; q < n; ++q) {
+    if (q < r) mine_at += counts[q];
+    total += counts[q];
+  }
+  std::vector<float> send(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) send[i] = static_cast<float>((r + 1) * (i % 5));
+  std::vector<float> recv(static_cast<size_t>(counts[r]) + 1, -7.0f);  // + a guard element
+  comm.start_reduce_scatter_sum(send.data(), recv.data(), counts)->wait();
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  for (int64_t i = 0; i < counts[r]; ++i)
+    ASSERT_EQ(recv[i], ranks_sum * static_cast<float>((mine_at + i) % 5)) << i;
+  EXPECT_EQ(recv.back(), -7.0f);
+}
+
+TEST(MpiCommunicator, AllgatherOfUnevenPartsInPlaceAndNot) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  const std::vector<int64_t> counts = uneven_parts(n);
+  int64_t total = 0, mine_at = 0;
+  for (int q = 0; q < n; ++q) {
+    if (q < r) mine_at += counts[q];
+    total += counts[q];
+  }
+  auto value = [](int64_t i) { return static_cast<float>(i * 3 + 1); };
+  // Apart: from a buffer of this rank's part alone; floats.
+  std::vector<float> part(static_cast<size_t>(counts[r]) + 1);
+  for (int64_t i = 0; i < counts[r]; ++i) part[i] = value(mine_at + i);
+  std::vector<float> all(static_cast<size_t>(total), -1.0f);
+  comm.start_allgather(part.data(), all.data(), counts, sizeof(float))->wait();
+  for (int64_t i = 0; i < total; ++i) ASSERT_EQ(all[i], value(i));
+  // In place, 2-byte elements (bf16 weights travel so).
+  std::vector<uint16_t> bits(static_cast<size_t>(total), 0);
+  for (int64_t i = 0; i < counts[r]; ++i) bits[mine_at + i] = static_cast<uint16_t>(mine_at + i + 40000);
+  comm.start_allgather(bits.data() + mine_at, bits.data(), counts, 2)->wait();
+  for (int64_t i = 0; i < total; ++i) ASSERT_EQ(bits[i], static_cast<uint16_t>(i + 40000));
+}
+
 TEST(MpiCommunicator, RingSendReceive) {
   MpiCommunicator comm = world_copy();
   const int n = comm.size(), r = comm.rank();

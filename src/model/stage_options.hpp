@@ -1,0 +1,28 @@
+// How a pipeline stage holds its memory: the micro-batch shape and slots it
+// plans activations for, what backward recomputes, and which parameter
+// buffers live outside it or in windows (ZeRO). The stage's constructor and
+// stage_footprint both read it, so the prediction follows every choice.
+#pragma once
+#include <cstdint>
+
+#include "core/settings.hpp"
+
+namespace mpiformer {
+
+struct StageOptions {
+  int64_t micro_batch = 1;
+  int slots = 1;  // micro-batches in flight at once (the schedule's)
+  Recompute recompute = Recompute::kNone;
+  // ZeRO >= 1: the Acc master weights live in the optimizer's shard, not in
+  // the stage; the stage keeps only the weights its matmuls read (Act).
+  bool external_master = false;
+  // ZeRO >= 2: the blocks' gradients live in two block-sized windows the
+  // trainer drains after each block's backward (the embeddings' and final
+  // LayerNorm's stay whole: the tied wte is final only at the end).
+  bool window_grads = false;
+  // ZeRO 3: the blocks' weights live in two windows the trainer fills
+  // before each block's forward and backward (the next one ahead).
+  bool window_weights = false;
+};
+
+}  // namespace mpiformer

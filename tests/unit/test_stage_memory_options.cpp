@@ -1,0 +1,171 @@
+// The stage's memory options change where values live, never the values:
+// recomputation (attention, full) gives bit-identical losses and gradients
+// to keeping everything, and the ZeRO windows (weights and gradients of one
+// block at a time, filled and drained by hooks) give bit-identical results
+// to the flat buffers. Two micro-batches in flight, as 1F1B has them, and
+// a stage without the embedding. stage_footprint stays exact for each.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "model/gpt_stage.hpp"
+#include "model/stage_footprint.hpp"
+#include "reference.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+GptConfig config() {
+  GptConfig c;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.seq_len = 8;
+  c.vocab_size = 37;
+  return c;
+}
+
+struct Outcome {
+  double loss = 0;
+  std::vector<float> grads;  // flat, table order
+  std::vector<float> input_grad;
+};
+
+// Two micro-batches: forward 0, forward 1, backward 1, backward 0.
+Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& opt) {
+  host::Context ctx;
+  GptStage<host::Ops<float>> stage(ctx, cfg, range, opt);
+  const ParameterTable& table = stage.table();
+  const int64_t n = table.total_storage(), BT = opt.micro_batch * cfg.seq_len;
+  std::vector<float> weights(static_cast<size_t>(n));
+  fill_initial_parameters(table, 7, weights.data());
+  std::vector<float> grads(static_cast<size_t>(n), 0.0f);
+  const StageLayout& at = stage.layout();
+  const int64_t block = at.block_storage();
+  // Resident tensors (outside the blocks) at their compacted places.
+  auto resident = [&](float* dst, bool windowed) {
+    for (const auto& s : table.specs())
+      if (s.layer < 0)
+        std::memcpy(dst + stage.resident_offset(s.offset, windowed), weights.data() + s.offset,
+                    sizeof(float) * s.storage);
+  };
+  if (opt.external_master) {
+    resident(stage.weights(), opt.window_weights);
+    if (!opt.window_weights) std::memcpy(stage.weights(), weights.data(), sizeof(float) * n);
+  } else {
+    std::memcpy(stage.params(), weights.data(), sizeof(float) * n);
+    stage.refresh_weights();
+  }
+  BlockHooks hooks;
+  hooks.need_weights = [&](int64_t i, int64_t) {
+    std::memcpy(stage.weight_window(static_cast<int>(i % 2)), weights.data() + at.layers[i][0],
+                sizeof(float) * block);
+  };
+  hooks.need_grad_window = [](int64_t) {};
+  hooks.grads_ready = [&](int64_t i) {
+    const float* w = stage.grad_window(static_cast<int>(i % 2));
+    for (int64_t k = 0; k < block; ++k) grads[at.layers[i][0] + k] += w[k];
+  };
+  stage.set_hooks(hooks);
+  stage.zero_grads();
+  std::vector<int32_t> tok(BT), tgt(BT);
+  for (int64_t i = 0; i < BT; ++i) {
+    tok[i] = static_cast<int32_t>((i * 7 + 3) % cfg.vocab_size);
+    tgt[i] = static_cast<int32_t>((i * 5 + 1) % cfg.vocab_size);
+  }
+  const auto input = random_vector(static_cast<size_t>(BT * cfg.n_embd), 3, 1.0);
+  Outcome o;
+  for (int slot = 0; slot < 2; ++slot) {
+    if (!range.has_embedding)
+      for (int64_t k = 0; k < BT * cfg.n_embd; ++k)
+        stage.input_buffer(slot)[k] = static_cast<float>(input[k]) * (slot + 1);
+    stage.forward(slot, tok.data(), tgt.data(), true, 0.01f);
+  }
+  for (int slot = 1; slot >= 0; --slot) {
+    if (!range.has_head)
+      for (int64_t k = 0; k < BT * cfg.n_embd; ++k)
+        stage.output_grad_buffer()[k] = static_cast<float>(input[k]) * 0.5f;
+    stage.backward(slot);
+    if (!range.has_embedding)
+      o.input_grad.insert(o.input_grad.end(), stage.input_grad(), stage.input_grad() + BT * cfg.n_embd);
+  }
+  o.loss = stage.take_loss_sum();
+  // The resident gradients, back at their table offsets.
+  for (const auto& s : table.specs()) {
+    if (s.layer >= 0 && opt.window_grads) continue;
+    const float* g = stage.grads() + stage.resident_offset(s.offset, opt.window_grads);
+    for (int64_t k = 0; k < s.storage; ++k) grads[s.offset + k] += g[k];
+  }
+  o.grads = grads;
+  EXPECT_EQ(static_cast<double>(stage.allocated_bytes()),
+            stage_footprint(cfg, range, opt, sizeof(float), sizeof(float)).total());
+  return o;
+}
+
+void expect_identical(const Outcome& a, const Outcome& b, const char* what) {
+  EXPECT_EQ(a.loss, b.loss) << what;
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  EXPECT_EQ(0, std::memcmp(a.grads.data(), b.grads.data(), sizeof(float) * a.grads.size())) << what;
+  EXPECT_EQ(a.input_grad, b.input_grad) << what;
+}
+
+TEST(StageMemoryOptions, RecomputationAndWindowsChangeNoBit) {
+  const GptConfig cfg = config();
+  for (int pp : {1, 2}) {
+    for (int s = 0; s < pp; ++s) {
+      const StageRange range = partition_stage(cfg, s, pp);
+      StageOptions base{2, 2};
+      const Outcome want = run(cfg, range, base);
+      if (range.has_head) {
+        ASSERT_NE(want.loss, 0.0);
+      }
+      double norm = 0;
+      for (float g : want.grads) norm += g * g;
+      ASSERT_GT(norm, 0.0);  // so equal gradients are not two sets of zeros
+      for (Recompute r : {Recompute::kAttention, Recompute::kFull}) {
+        StageOptions o = base;
+        o.recompute = r;
+        expect_identical(want, run(cfg, range, o), name_of(r));
+      }
+      StageOptions z2 = base;
+      z2.external_master = z2.window_grads = true;
+      expect_identical(want, run(cfg, range, z2), "gradient windows");
+      StageOptions z3 = z2;
+      z3.window_weights = true;
+      z3.recompute = Recompute::kFull;
+      expect_identical(want, run(cfg, range, z3), "weight and gradient windows, full recompute");
+    }
+  }
+}
+
+TEST(StageMemoryOptions, FootprintShrinksAsExpected) {
+  GptConfig cfg = config();
+  cfg.n_layer = 8;
+  const StageRange all = partition_stage(cfg, 0, 1);
+  const StageOptions none{4, 2};
+  StageOptions attention = none, full = none;
+  attention.recompute = Recompute::kAttention;
+  full.recompute = Recompute::kFull;
+  const double B = 4, T = cfg.seq_len, C = cfg.n_embd, NH = cfg.n_head, L = 8, slots = 2;
+  const auto f0 = stage_footprint(cfg, all, none, 4, 4);
+  const auto fa = stage_footprint(cfg, all, attention, 4, 4);
+  const auto ff = stage_footprint(cfg, all, full, 4, 4);
+  // attention: every kept T x T block but one shared.
+  EXPECT_EQ(f0.total() - fa.total(), (L * slots - 1) * B * NH * T * T * 4);
+  // full: per slot only the block inputs remain of the blocks' activations.
+  EXPECT_EQ(f0.per_slot - ff.per_slot, L * (15 * B * T * C * 4 + 4 * B * T * 4 + B * NH * T * T * 4));
+  // ZeRO windows: two blocks' gradients (weights) instead of all eight.
+  StageOptions z2 = none, z3 = none;
+  z2.external_master = z2.window_grads = true;
+  z3 = z2;
+  z3.window_weights = true;
+  const StageLayout layout(ParameterTable(cfg, all), all);
+  const double block = static_cast<double>(layout.block_storage()) * 4;
+  EXPECT_EQ(stage_footprint(cfg, all, z2, 4, 4).gradients, f0.gradients - (L - 2) * block);
+  EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).weight_copy, f0.parameters - (L - 2) * block);
+  EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).parameters, 0.0);
+}
+
+}  // namespace
+}  // namespace mpiformer::test
