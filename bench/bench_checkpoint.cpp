@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
     const std::string dir = argv[2];
     GptConfig cfg = deck.model;
     ProcessGrid grid(world, 1);
-    const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), 1, 1, AdamWSettings{});
+    const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), StageSetup{});
     stage->init_parameters(1);
     const StageState st = stage->host_state();
     std::fill_n(st.adam_m, stage->param_storage(), 0.5f);

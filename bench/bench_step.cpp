@@ -68,8 +68,10 @@ int main(int argc, char** argv) {
     const int64_t B = deck.train.micro_batch, T = cfg.seq_len;
 
     // The trainer's own stage and optimizer on the host.
-    const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), B, 1,
-                                         AdamWSettings{0.9, 0.95, 1e-8, 0.1});
+    StageSetup setup;
+    setup.options = stage_options(B, 1, deck.train.recompute, 0);
+    setup.adam = AdamWSettings{0.9, 0.95, 1e-8, 0.1};
+    const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), setup);
     stage->init_parameters(1);
     std::vector<int32_t> tokens(B * (T + 1));
     Rng rng(7, "bench");

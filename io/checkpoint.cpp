@@ -266,8 +266,8 @@ CheckpointReader::~CheckpointReader() {
   if (file_ >= 0) H5Fclose(file_);
 }
 
-void CheckpointReader::read(const std::string& name, const std::vector<int64_t>& shape,
-                            float* out) const {
+uint64_t CheckpointReader::read_rows(const std::string& name, const std::vector<int64_t>& shape,
+                                     int64_t row_begin, int64_t row_end, float* out) const {
   H5QuietErrors quiet;
   if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) throw InputError(path_, name, "missing");
   H5Handle dset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
@@ -284,17 +284,36 @@ void CheckpointReader::read(const std::string& name, const std::vector<int64_t>&
     };
     throw InputError(path_, name, "shape " + show(dims) + ", the deck's model needs " + show(shape));
   }
-  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+  const uint64_t stored = read_u64_attr(dset.get(), "xxh64", path_ + ": " + name);
+  if (row_end <= row_begin) return stored;
+  // Rows [row_begin, row_end) of dimension 0, whole in the others.
+  std::vector<hsize_t> start(dims.size(), 0), count = dims;
+  start[0] = static_cast<hsize_t>(row_begin);
+  count[0] = static_cast<hsize_t>(row_end - row_begin);
+  H5Handle memory(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
+  if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                          nullptr) < 0 ||
+      H5Dread(dset.get(), H5T_NATIVE_FLOAT, memory.get(), space.get(), H5P_DEFAULT, out) < 0) {
     throw InputError(path_, name, "read failed (truncated or damaged file)");
   }
-  const uint64_t want = read_u64_attr(dset.get(), "xxh64", path_ + ": " + name);
-  const uint64_t got = tensor_checksum(out, numel(shape));
-  if (got != want) {
-    throw InputError(path_, name,
+  return stored;
+}
+
+void check_tensor_checksum(const std::string& path, const std::string& name, uint64_t stored,
+                           const float* data, int64_t n) {
+  const uint64_t got = tensor_checksum(data, n);
+  if (got != stored) {
+    throw InputError(path, name,
                      strprintf("checksum mismatch (stored %016llx, data %016llx): the file is damaged",
-                               static_cast<unsigned long long>(want),
+                               static_cast<unsigned long long>(stored),
                                static_cast<unsigned long long>(got)));
   }
+}
+
+void CheckpointReader::read(const std::string& name, const std::vector<int64_t>& shape,
+                            float* out) const {
+  const uint64_t stored = read_rows(name, shape, 0, shape.empty() ? 1 : shape[0], out);
+  check_tensor_checksum(path_, name, stored, out, numel(shape));
 }
 
 std::string CheckpointReader::verify(const std::string& name,

@@ -56,6 +56,9 @@ struct DatasetSlice {
 };
 
 uint64_t tensor_checksum(const float* data, int64_t n);
+// InputError (path, name) unless data[n] has checksum `stored`.
+void check_tensor_checksum(const std::string& path, const std::string& name, uint64_t stored,
+                           const float* data, int64_t n);
 
 // True when `path` is an HDF5 file with a /model group (not a token dataset).
 bool is_checkpoint(const std::string& path);
@@ -89,6 +92,11 @@ class CheckpointReader {
   const CheckpointMeta& meta() const { return meta_; }
   // Reads dataset `name` of `shape` into out[numel] and verifies its checksum.
   void read(const std::string& name, const std::vector<int64_t>& shape, float* out) const;
+  // Reads rows [row_begin, row_end) of dimension 0 into `out` (a sharded
+  // restore: the checksum covers the whole tensor, so the caller verifies
+  // it once the rows are together); returns the stored checksum.
+  uint64_t read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t row_begin,
+                     int64_t row_end, float* out) const;
   // Verifies one dataset's checksum; "" when it holds, else the reason.
   std::string verify(const std::string& name, const std::vector<int64_t>& shape) const;
   // Every dataset under /model and /optim, with its shape.

@@ -132,6 +132,10 @@ struct Ops {
   static void residual_forward(Context& c, A* out, const A* a, const A* b, int64_t n) {
     cuda::residual_forward(out, a, b, n, c.stream());
   }
+  // dst += src in the accumulation type (ZeRO's gradient shards).
+  static void add_into(Context& c, float* dst, const float* src, int64_t n) {
+    cuda::residual_forward<float>(dst, dst, src, n, c.stream());
+  }
   static void crossentropy_forward(Context& c, float* losses, const A* logits,
                                    const Tokens& targets, int64_t N, int64_t V, int64_t Vp) {
     cuda::crossentropy_forward(losses, logits, targets.data(), N, V, Vp, c.stream());

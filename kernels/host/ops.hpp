@@ -144,6 +144,10 @@ struct Ops {
   static void residual_forward(Context&, T* out, const T* a, const T* b, int64_t n) {
     host::residual_forward(out, a, b, n);
   }
+  // dst += src in the accumulation type (ZeRO's gradient shards).
+  static void add_into(Context&, T* dst, const T* src, int64_t n) {
+    host::residual_forward(dst, dst, src, n);
+  }
   static void crossentropy_forward(Context&, T* losses, const T* logits, const Tokens& targets,
                                    int64_t N, int64_t V, int64_t Vp) {
     host::crossentropy_forward(losses, logits, targets.data(), N, V, Vp);

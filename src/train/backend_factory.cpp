@@ -48,18 +48,43 @@ BackendChoice choose_backend(const Deck& deck, NodePlace node) {
   return c;
 }
 
+StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero) {
+  StageOptions o;
+  o.micro_batch = micro_batch;
+  o.slots = slots;
+  o.recompute = recompute;
+  o.external_master = zero >= 1;
+  o.window_grads = zero >= 2;
+  o.window_weights = zero >= 3;
+  return o;
+}
+
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
   const GptConfig& cfg = deck.model;
   const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp));
   const bool bf16 = choice.precision == Precision::kBf16;
+  const double act = bf16 ? 2 : 4, acc = 4;
+  const int zero = static_cast<int>(deck.parallel.zero);
   RankMemory m;
   m.slots = slots;
-  m.stage = stage_footprint(cfg, range, deck.train.micro_batch, slots, bf16 ? 2 : 4, 4);
-  m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
+  m.stage = stage_footprint(cfg, range,
+                            stage_options(deck.train.micro_batch, slots, deck.train.recompute, zero),
+                            static_cast<size_t>(act), static_cast<size_t>(acc));
+  if (zero == 0) {
+    m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
+  } else {
+    // The largest shard of the group (parts end at rows, so they differ a little).
+    const ParameterTable table(cfg, range);
+    const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0);
+    const double shard = static_cast<double>(plan.max_shard_size());
+    m.shard_master = shard * (acc + (bf16 ? act : 0));
+    m.shard_gradients = shard * acc;
+    m.optimizer = 2 * shard * acc;
+    if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
+  }
   if (choice.device == Device::kCuda && range.num_layers() > 0) {
     // The context's attention scratch (cuda/context.cpp: 7 [B,T,C]).
-    m.workspace = 7.0 * static_cast<double>(deck.train.micro_batch * cfg.seq_len * cfg.n_embd) *
-                  (bf16 ? 2 : 4);
+    m.workspace = 7.0 * static_cast<double>(deck.train.micro_batch * cfg.seq_len * cfg.n_embd) * act;
   }
   return m;
 }
@@ -89,36 +114,40 @@ void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index, 
   if (avail < 0 || m.total() <= avail) return;
   const double gb = 1e9;
   throw InputError(
-      deck.path, "[model], [train] micro_batch, [parallel] pp",
-      strprintf("stage %d needs about %.2f GB per rank (parameters and gradients %.2f GB, AdamW "
-                "moments %.2f GB, activations %.2f GB = %d slot(s) x %.2f GB at micro_batch "
-                "%lld, scratch %.2f GB), but %s %.2f GB per rank (%d rank(s) share it). To fit: "
-                "raise [parallel] pp (fewer layers per stage; now %lld), lower [train] "
+      deck.path, "[model], [train] micro_batch, [parallel] pp, [parallel] zero",
+      strprintf("stage %d needs about %.2f GB per rank (parameters %.2f GB, gradients %.2f GB, "
+                "AdamW moments %.2f GB, activations %.2f GB = %d slot(s) x %.2f GB at "
+                "micro_batch %lld with recompute \"%s\", scratch and buffers %.2f GB), but %s "
+                "%.2f GB per rank (%d rank(s) share it). To fit: raise [parallel] zero (now "
+                "%lld; shards optimizer state, gradients and weights over dp = %lld), set [train] "
+                "recompute = \"full\", raise [parallel] pp (now %lld), lower [train] "
                 "micro_batch, or train a smaller model",
-                stage_index, m.total() / gb,
-                (m.stage.parameters + m.stage.gradients + m.stage.weight_copy) / gb,
+                stage_index, m.total() / gb, m.parameters() / gb, m.gradients() / gb,
                 m.optimizer / gb, m.stage.activations / gb, slots, m.stage.per_slot / gb,
-                static_cast<long long>(deck.train.micro_batch),
-                (m.stage.scratch + m.workspace) / gb, what.c_str(), avail / gb, choice.sharing,
-                static_cast<long long>(deck.parallel.pp)));
+                static_cast<long long>(deck.train.micro_batch), name_of(deck.train.recompute),
+                (m.stage.scratch + m.comm + m.workspace) / gb, what.c_str(), avail / gb,
+                choice.sharing, static_cast<long long>(deck.parallel.zero),
+                static_cast<long long>(deck.parallel.dp), static_cast<long long>(deck.parallel.pp)));
 }
 
 }  // namespace
 
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
                                                  const GptConfig& cfg, int stage_index,
-                                                 int slots) {
+                                                 int dp_rank, int slots) {
   check_fits(deck, choice, stage_index, slots);
   const TrainConfig& tc = deck.train;
   const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp));
-  const AdamWSettings adam{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
-  if (choice.device == Device::kCpu) {
-    return make_host_backend(cfg, range, tc.micro_batch, slots, adam);
-  }
+  StageSetup setup;
+  setup.options = stage_options(tc.micro_batch, slots, tc.recompute, static_cast<int>(deck.parallel.zero));
+  setup.adam = AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
+  setup.zero = static_cast<int>(deck.parallel.zero);
+  setup.dp = static_cast<int>(deck.parallel.dp);
+  setup.dp_rank = dp_rank;
+  if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
 #ifdef MPIFORMER_HAVE_CUDA
   try {
-    return make_cuda_backend(cfg, range, tc.micro_batch, slots, adam, choice.gpu,
-                             choice.precision == Precision::kBf16);
+    return make_cuda_backend(cfg, range, setup, choice.gpu, choice.precision == Precision::kBf16);
   } catch (const SystemError& e) {
     if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
     throw InputError(deck.path, "[train] micro_batch",

@@ -31,13 +31,25 @@ struct BackendChoice {
 BackendChoice choose_backend(const Deck& deck, NodePlace node);
 
 // The bytes this rank's stage and optimizer will allocate on its device
-// (the stage's buffers exactly, plus the AdamW moments and the device
-// context's scratch), by category, as the refusal below words them.
+// (the stage's buffers exactly, the AdamW moments, ZeRO's shard and
+// receive buffers, and the device context's scratch), by category, as the
+// accounting prints them and the refusal below words them. A pure
+// function of the deck (model, layout, zero, recompute, precision,
+// micro-batch) and the schedule's slots: what the planner builds on.
 struct RankMemory {
   int slots = 0;  // activation slots of the stage's schedule
   StageFootprint stage;
-  double optimizer = 0, workspace = 0;
-  double total() const { return stage.total() + optimizer + workspace; }
+  double shard_master = 0;     // ZeRO: master weights of the shard (and its Act copy)
+  double shard_gradients = 0;  // ZeRO: the reduced gradients of the shard
+  double optimizer = 0;        // AdamW's two moments (whole, or the shard)
+  double comm = 0;             // buffers only collectives use (zero >= 2: two block parts)
+  double workspace = 0;        // the device context's scratch
+  double parameters() const { return stage.parameters + stage.weight_copy + shard_master; }
+  double gradients() const { return stage.gradients + shard_gradients; }
+  double total() const {
+    return parameters() + gradients() + optimizer + stage.activations + stage.scratch + comm +
+           workspace;
+  }
 };
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
 
@@ -47,7 +59,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
 // before anything is allocated.
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
                                                  const GptConfig& cfg, int stage_index,
-                                                 int slots);
+                                                 int dp_rank, int slots);
 
 // The communicators that move one stage's buffers: the grid's MPI groups on
 // the host; on GPUs NCCL, or MPI through host memory where the ranks of a

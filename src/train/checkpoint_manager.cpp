@@ -112,18 +112,27 @@ ResumePoint CheckpointManager::load() {
   const bool automatic = cc.resume == ResumeMode::kAuto;
   const int rank = grid_.world_rank();
   const std::vector<std::string> paths = candidates(cc, rank);
-  const int64_t n = stage_.param_storage();
+  const int64_t n = stage_.state_size();
   std::string last_error;
   for (const auto& path : paths) {
     std::vector<float> params(n), m(n), v(n);
+    const StageState scratch{params.data(), m.data(), v.data(), stage_.shard_plan()};
     CheckpointMeta meta;
     try {
-      // Never half-loaded: every rank reads into scratch, all agree, then commit.
+      // Never half-loaded: every rank reads into scratch, all agree, then
+      // commit. Under ZeRO, once every rank has the file open, each reads
+      // its shard's rows (collective over its group, errors agreed there).
+      std::unique_ptr<CheckpointReader> reader;
       agree_on_input_errors(MPI_COMM_WORLD, [&] {
-        CheckpointReader reader(path);
-        restore_stage(reader, cfg_, stage_.table(), StageState{params.data(), m.data(), v.data()});
-        meta = reader.meta();
+        reader = std::make_unique<CheckpointReader>(path);
+        if (scratch.shards == nullptr) restore_stage(*reader, cfg_, stage_.table(), scratch);
+        meta = reader->meta();
       });
+      if (scratch.shards != nullptr) {
+        agree_on_input_errors(MPI_COMM_WORLD, [&] {
+          restore_shard(*reader, cfg_, stage_.table(), scratch, grid_.data_parallel().get());
+        });
+      }
     } catch (const InputError& e) {
       if (!automatic) throw;
       last_error = e.what();
@@ -225,15 +234,23 @@ double CheckpointManager::save(int64_t step, const DataPosition& data) {
 void CheckpointManager::check_tied_embedding() {
   MpiCommunicator* tied = grid_.tied_embedding();
   if (tied == nullptr) return;
-  // The last stage sends its copy; the first compares bit for bit.
+  // The last stage sends its copy; the first compares bit for bit. Under
+  // ZeRO each pair compares the part it owns (cut alike on both stages).
   const auto& wte = stage_.table().at(kOuterSchema[outer::wte].name);
-  float* mine = stage_.host_state().params + wte.offset;
+  const StageState state = stage_.host_state();
+  float* mine = state.params + wte.offset;
+  int64_t n = wte.storage;
+  if (state.shards != nullptr) {
+    const ShardUnit& u = state.shards->unit_at(wte.offset);
+    mine = state.params + u.shard_offset;
+    n = state.shards->part_size(u);
+  }
   if (tied->rank() == 1) {
-    tied->start_send(mine, wte.storage, 0, 0)->wait();
+    tied->start_send(mine, n, 0, 0)->wait();
     return;
   }
-  std::vector<float> theirs(static_cast<size_t>(wte.storage));
-  tied->recv(theirs.data(), wte.storage, 1, 0);
+  std::vector<float> theirs(static_cast<size_t>(n));
+  tied->recv(theirs.data(), n, 1, 0);
   if (std::memcmp(theirs.data(), mine, sizeof(float) * theirs.size()) != 0) {
     throw SystemError("the tied embedding's copies on the first and last stage differ");
   }

@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/mpi_check.hpp"
 
 namespace mpiformer {
 namespace {
@@ -42,6 +43,26 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
   }
 }
 
+// Gathers one tensor's rows, held by the ranks of `comm` in rank order,
+// whole on `root` (ZeRO: for its checksum). Empty elsewhere.
+std::vector<float> gather_tensor(MPI_Comm comm, int root, const float* rows, int64_t n_mine) {
+  int size = 0, rank = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  const int mine = static_cast<int>(n_mine);
+  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[r] = total;
+    total += counts[r];
+  }
+  std::vector<float> whole(rank == root ? static_cast<size_t>(total) : 0);
+  MPI_CHECK(MPI_Gatherv(rows, mine, MPI_FLOAT, whole.data(), counts.data(), displs.data(),
+                        MPI_FLOAT, root, comm));
+  return whole;
+}
+
 }  // namespace
 
 std::vector<CheckpointDataset> checkpoint_datasets(const GptConfig& cfg) {
@@ -53,15 +74,31 @@ std::vector<CheckpointDataset> checkpoint_datasets(const GptConfig& cfg) {
 }
 
 std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const ParameterTable& local,
-                                            const StageState& state, const ProcessGrid& grid) {
+                                            const StageState& state, ProcessGrid& grid) {
   const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
   std::vector<DatasetSlice> out;
+  int tensor = 0;  // spreads the checksums' gathers over the group
   for (int g = 0; g < 3; ++g) {
     for (const auto& spec : whole.specs()) {
       DatasetSlice d;
       d.name = kGroups[g] + spec.name;
       d.shape = spec.shape;
-      if (owner_stage(spec, cfg, grid.pp()) == grid.stage()) {
+      if (owner_stage(spec, cfg, grid.pp()) == grid.stage() && state.shards != nullptr) {
+        // ZeRO: each owner writes its rows, so no byte is written twice.
+        const ParameterSpec& mine = local.at(spec.name);
+        const TensorPart p = state.shards->part_of(mine);
+        const int64_t row_len = spec.numel() / spec.shape[0];
+        d.row_begin = p.row_begin;
+        d.row_end = p.row_end;
+        d.rows = group_base(state, g) + p.shard_offset;
+        const int root = tensor++ % grid.dp();
+        const std::vector<float> all = gather_tensor(grid.data_parallel().get(), root, d.rows,
+                                                     (p.row_end - p.row_begin) * row_len);
+        if (grid.dp_rank() == root) {
+          d.reports_checksum = true;
+          d.checksum = tensor_checksum(all.data(), spec.numel());
+        }
+      } else if (owner_stage(spec, cfg, grid.pp()) == grid.stage()) {
         const ParameterSpec& mine = local.at(spec.name);
         const float* base = group_base(state, g) + mine.offset;
         // Rows split across the stage's replicas so all of them write.
@@ -92,6 +129,56 @@ void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
       reader.read(kGroups[g] + spec.name, spec.shape, base);
     }
   }
+}
+
+void restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
+                   const ParameterTable& local, const StageState& state, MPI_Comm group) {
+  check_model(reader, cfg);
+  const ShardPlan& plan = *state.shards;
+  int rank = 0, size = 0;
+  MPI_CHECK(MPI_Comm_rank(group, &rank));
+  MPI_CHECK(MPI_Comm_size(group, &size));
+  for (int g = 0; g < 3; ++g) std::fill(group_base(state, g), group_base(state, g) + plan.shard_size(), 0.0f);
+  // A read that fails or a checksum that does not hold may be found on one
+  // rank only: it is reported after the loop, so no rank leaves the others
+  // in a gather.
+  std::string damaged, damaged_field;
+  int tensor = 0;
+  for (int g = 0; g < 3; ++g) {
+    for (const auto& spec : local.specs()) {
+      const TensorPart p = plan.part_of(spec);
+      const int64_t row_len = spec.numel() / spec.shape[0];
+      float* rows = group_base(state, g) + p.shard_offset;
+      // Each rank reads its own rows; a failure is kept for the end too (a
+      // truncated file may fail some ranks' rows only).
+      uint64_t stored = 0;
+      try {
+        stored = reader.read_rows(kGroups[g] + spec.name, spec.shape, p.row_begin, p.row_end, rows);
+      } catch (const InputError& e) {
+        if (damaged.empty()) {
+          damaged_field = e.field();
+          damaged = e.reason();
+        }
+      }
+      const int root = tensor++ % size;
+      const std::vector<float> all = gather_tensor(group, root, rows, (p.row_end - p.row_begin) * row_len);
+      if (rank != root || !damaged.empty()) continue;
+      try {
+        check_tensor_checksum(reader.path(), kGroups[g] + spec.name, stored, all.data(), spec.numel());
+      } catch (const InputError& e) {
+        damaged_field = e.field();
+        damaged = e.reason();
+      }
+    }
+  }
+  // The first rank that found damage names it to the group.
+  int finder = damaged.empty() ? size : rank;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &finder, 1, MPI_INT, MPI_MIN, group));
+  if (finder == size) return;
+  std::string field = damaged_field, reason = damaged;
+  broadcast_string(group, field, finder);
+  broadcast_string(group, reason, finder);
+  throw InputError(reader.path(), field, reason);
 }
 
 }  // namespace mpiformer

@@ -9,16 +9,20 @@
 
 #include "checkpoint.hpp"
 #include "model/gpt_stage.hpp"
+#include "model/shard_plan.hpp"
 #include "parallel/process_grid.hpp"
 
 namespace mpiformer {
 
 // The three float buffers a checkpoint holds for one stage. On restore, null
 // moment buffers are skipped (inference needs the parameters only).
+// Under ZeRO they are one rank's shard, cut as `shards` says (null: the
+// stage's whole flat buffers).
 struct StageState {
   float* params;
   float* adam_m;
   float* adam_v;
+  const ShardPlan* shards = nullptr;
 };
 
 // Every dataset a checkpoint of model `cfg` holds, named and shaped from the
@@ -31,13 +35,22 @@ std::vector<CheckpointDataset> checkpoint_datasets(const GptConfig& cfg);
 
 // Every dataset of the full model (same list on every rank), with this
 // rank's rows and, on the reporting rank, the checksum.
+// Under ZeRO (state.shards) each owner lists its rows, and each dataset's
+// checksum is taken on one rank of the group after a gather (collective
+// over the data-parallel group).
 std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const ParameterTable& local,
-                                            const StageState& state, const ProcessGrid& grid);
+                                            const StageState& state, ProcessGrid& grid);
 
 // Reads the tensors of `local` from `reader` into `state` (whole logical
 // tensors; padding left zero). Throws InputError (file, dataset) on any
 // mismatch, missing dataset or bad checksum.
 void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
                    const ParameterTable& local, const StageState& state);
+// ZeRO: reads only this rank's rows of each tensor into its shard (each
+// byte of the file once per data-parallel group), then checks every
+// tensor's checksum on one rank of `group` after a gather. Collective over
+// `group`; the same errors on every rank of it.
+void restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
+                   const ParameterTable& local, const StageState& state, MPI_Comm group);
 
 }  // namespace mpiformer

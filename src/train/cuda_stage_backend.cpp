@@ -5,15 +5,9 @@
 namespace mpiformer {
 
 std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
-                                                int64_t micro_batch, int slots,
-                                                const AdamWSettings& adam, int gpu,
-                                                bool bf16) {
-  if (bf16) {
-    return std::make_unique<TrainingStage<cuda::Ops<cuda::bf16>>>(cfg, range, micro_batch, slots,
-                                                                 adam, gpu);
-  }
-  return std::make_unique<TrainingStage<cuda::Ops<float>>>(cfg, range, micro_batch, slots, adam,
-                                                          gpu);
+                                                const StageSetup& setup, int gpu, bool bf16) {
+  if (bf16) return std::make_unique<TrainingStage<cuda::Ops<cuda::bf16>>>(cfg, range, setup, gpu);
+  return std::make_unique<TrainingStage<cuda::Ops<float>>>(cfg, range, setup, gpu);
 }
 
 }  // namespace mpiformer

@@ -4,9 +4,8 @@
 namespace mpiformer {
 
 std::unique_ptr<StageBackend> make_host_backend(const GptConfig& cfg, const StageRange& range,
-                                                int64_t micro_batch, int slots,
-                                                const AdamWSettings& adam) {
-  return std::make_unique<TrainingStage<host::Ops<float>>>(cfg, range, micro_batch, slots, adam);
+                                                const StageSetup& setup) {
+  return std::make_unique<TrainingStage<host::Ops<float>>>(cfg, range, setup);
 }
 
 }  // namespace mpiformer

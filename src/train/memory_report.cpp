@@ -23,13 +23,13 @@ std::vector<RankMemory> predicted_memory(const Deck& deck, const BackendChoice& 
 }
 
 std::string memory_table(const std::vector<RankMemory>& stages) {
-  std::string t = "memory per rank, predicted (MB): stage | parameters+gradients | AdamW | "
-                  "activations (slots x per slot) | scratch | total\n";
+  std::string t = "memory per rank, predicted (MB): stage | parameters | gradients | AdamW | "
+                  "activations (slots x per slot) | comm buffers | scratch | total\n";
   for (size_t s = 0; s < stages.size(); ++s) {
     const RankMemory& m = stages[s];
-    t += strprintf("  %zu | %.1f | %.1f | %.1f (%d x %.1f) | %.1f | %.1f\n", s,
-                   (m.stage.parameters + m.stage.gradients + m.stage.weight_copy) / 1e6,
-                   m.optimizer / 1e6, m.stage.activations / 1e6, m.slots, m.stage.per_slot / 1e6,
+    t += strprintf("  %zu | %.1f | %.1f | %.1f | %.1f (%d x %.1f) | %.1f | %.1f | %.1f\n", s,
+                   m.parameters() / 1e6, m.gradients() / 1e6, m.optimizer / 1e6,
+                   m.stage.activations / 1e6, m.slots, m.stage.per_slot / 1e6, m.comm / 1e6,
                    (m.stage.scratch + m.workspace) / 1e6, m.total() / 1e6);
   }
   return t;
@@ -40,12 +40,12 @@ std::string memory_json(const std::vector<RankMemory>& stages) {
   for (size_t s = 0; s < stages.size(); ++s) {
     const RankMemory& m = stages[s];
     j += strprintf("%s{\"stage\": %zu, \"parameters\": %.0f, \"gradients\": %.0f, "
-                   "\"weight_copy\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
-                   "\"slots\": %d, \"per_slot\": %.0f, \"scratch\": %.0f, \"workspace\": %.0f, "
-                   "\"total\": %.0f}",
-                   s == 0 ? "" : ", ", s, m.stage.parameters, m.stage.gradients,
-                   m.stage.weight_copy, m.optimizer, m.stage.activations, m.slots,
-                   m.stage.per_slot, m.stage.scratch, m.workspace, m.total());
+                   "\"optimizer\": %.0f, \"activations\": %.0f, \"slots\": %d, "
+                   "\"per_slot\": %.0f, \"comm\": %.0f, \"scratch\": %.0f, "
+                   "\"workspace\": %.0f, \"total\": %.0f}",
+                   s == 0 ? "" : ", ", s, m.parameters(), m.gradients(), m.optimizer,
+                   m.stage.activations, m.slots, m.stage.per_slot, m.comm, m.stage.scratch,
+                   m.workspace, m.total());
   }
   return j + "]}";
 }

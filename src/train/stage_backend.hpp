@@ -18,6 +18,8 @@
 #include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
 #include "model/gpt_stage.hpp"
+#include "model/shard_plan.hpp"
+#include "parallel/communicator.hpp"
 #include "train/checkpointing.hpp"
 
 namespace mpiformer {
@@ -25,6 +27,16 @@ namespace mpiformer {
 struct AdamWSettings {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
 };
+
+// Everything a back end's stage is built from besides the model.
+struct StageSetup {
+  StageOptions options;  // micro-batch, slots, recompute, ZeRO's windows
+  AdamWSettings adam;
+  int zero = 0;          // [parallel] zero
+  int dp = 1, dp_rank = 0;
+};
+// The stage options a deck asks for, with `slots` from the schedule.
+StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero);
 
 class StageBackend {
  public:
@@ -56,6 +68,19 @@ class StageBackend {
   virtual void init_parameters(uint64_t seed) = 0;
   virtual void zero_grads() = 0;
 
+  // ZeRO (zero() >= 1; see train/zero_shards.hpp). connect_data_parallel
+  // (once the groups exist) gives the stage its data-parallel group. Then
+  // backward_sharded replaces backward: the stage reduce-scatters the
+  // gradients to their owners itself; finish_sharded_reduction waits for
+  // them (and sums the tied embedding's copies; returns the seconds
+  // waited); sharded_grad_sum_of_squares covers this rank's shard; and
+  // adamw_step updates the shard and gathers the weights.
+  virtual int zero() const = 0;
+  virtual void connect_data_parallel(Communicator& dp) = 0;
+  virtual void backward_sharded(int slot, bool last_micro_batch) = 0;
+  virtual double finish_sharded_reduction(Communicator* tied) = 0;
+  virtual double sharded_grad_sum_of_squares(bool without_tied_wte) = 0;
+
   // Where a non-first stage receives its input for `slot`.
   virtual void* input_buffer(int slot) = 0;
   virtual const void* output(int slot) const = 0;
@@ -78,18 +103,20 @@ class StageBackend {
   virtual void adamw_step(double lr, int64_t step, double grad_scale) = 0;
 
   // Parameters and moments in host memory (copied from the device when
-  // needed): valid until the next call. load_state copies them in.
+  // needed): valid until the next call. load_state copies them in. Under
+  // ZeRO they are this rank's shard (state.shards says how it is cut),
+  // state_size() elements each.
   virtual StageState host_state() = 0;
   virtual void load_state(const float* params, const float* m, const float* v) = 0;
+  virtual int64_t state_size() const = 0;
+  virtual const ShardPlan* shard_plan() const = 0;
 };
 
 // The back ends' factories (each in its own file, the GPU one in CUDA
 // builds only); backend_factory.hpp chooses between them.
 std::unique_ptr<StageBackend> make_host_backend(const GptConfig& cfg, const StageRange& range,
-                                                int64_t micro_batch, int slots,
-                                                const AdamWSettings& adam);
+                                                const StageSetup& setup);
 std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
-                                                int64_t micro_batch, int slots,
-                                                const AdamWSettings& adam, int gpu, bool bf16);
+                                                const StageSetup& setup, int gpu, bool bf16);
 
 }  // namespace mpiformer

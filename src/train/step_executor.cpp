@@ -109,6 +109,10 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         times.recv_wait += seconds(t0, Clock::now());
         break;
       case Op::Backward: {
+        if (stage.zero() > 0) {
+          stage.backward_sharded(slot, a.micro == M - 1);
+          break;
+        }
         // The last micro-batch's backward finishes the gradients: reduce
         // each bucket across replicas as soon as it is final.
         const bool overlap = a.micro == M - 1 && g.dp() > 1;
@@ -125,6 +129,10 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
             stage.input_grad_for_send(slot), bytes, g.stage() - 1, gradient_tag(a.micro));
         break;
       case Op::ReduceGradients:
+        if (stage.zero() > 0) {
+          times.reduce_exposed += stage.finish_sharded_reduction(comms_.tied);
+          break;
+        }
         if (g.dp() > 1) times.reduce_exposed += reducer_.finish();
         // The two copies of the tied embedding receive the sum of both
         // stages' gradients, so identical updates keep them identical.
@@ -141,7 +149,10 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
           stage.grads()[0] = std::numeric_limits<float>::quiet_NaN();
         }
         double sums[3] = {stage.take_loss_sum(), 0.0, StopPolicy::vote(out_of_time) ? 1.0 : 0.0};
-        if (g.dp_rank() == 0) {
+        if (stage.zero() > 0) {
+          // Each rank holds the reduced gradients of its shard only.
+          sums[1] = stage.sharded_grad_sum_of_squares(g.pp() > 1 && g.last_stage());
+        } else if (g.dp_rank() == 0) {
           sums[1] = stage.grad_sum_of_squares(0, stage.param_storage());
           if (g.pp() > 1 && g.last_stage())
             sums[1] -= stage.grad_sum_of_squares(wte_->offset, wte_->storage);

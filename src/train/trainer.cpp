@@ -112,7 +112,7 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   p.actions = pipeline_schedule(par.schedule, pp, stage_index,
                                 static_cast<int>(deck_.grad_accum()));
   const int slots = max_live_activations(p.actions);
-  p.stage = make_stage_backend(deck_, p.backend, deck_.model, stage_index, slots);
+  p.stage = make_stage_backend(deck_, p.backend, deck_.model, stage_index, dp_rank, slots);
   p.stage->init_parameters(static_cast<uint64_t>(deck_.train.seed));
   // Every rank may write in the run directory (traces). The checkpoint
   // directory is written at the first save, possibly hours from now: find
@@ -160,6 +160,7 @@ void Trainer::connect() {
                                name_of(deck_.run.device), on_gpu[0], on_gpu[1]));
   }
   p.comms = connect_stage(g, *p.stage);
+  p.stage->connect_data_parallel(*p.comms.dp);
   p.executor = std::make_unique<StepExecutor>(deck_, g, *p.stage, p.comms, p.actions, *p.trace,
                                               *p.watchdog);
   // Every rank measures its own peak; MFU compares against their sum.

@@ -1,6 +1,7 @@
 // The one implementation of StageBackend: a device's context, the GptStage
-// on it, the AdamW moments and the optimizer's chunk list, and the buffers
-// that hold a micro-batch's input gradient until its send completes.
+// on it, the AdamW moments and the optimizer's chunk list (or, under ZeRO,
+// the rank's shard of them: zero_shards.hpp), and the buffers that hold a
+// micro-batch's input gradient until its send completes.
 // Instantiated for the host (host_stage_backend.cpp) and the GPU
 // (cuda_stage_backend.cpp); nothing in it depends on the device beyond the
 // op set.
@@ -12,6 +13,7 @@
 
 #include "model/gpt_stage.hpp"
 #include "train/stage_backend.hpp"
+#include "train/zero_shards.hpp"
 
 namespace mpiformer {
 
@@ -24,18 +26,23 @@ class TrainingStage final : public StageBackend {
   using Buffer = typename Ops::template Buffer<U>;
 
   template <class... ContextArgs>
-  TrainingStage(const GptConfig& cfg, const StageRange& range, int64_t micro_batch, int slots,
-                const AdamWSettings& adam, ContextArgs&&... context_args)
+  TrainingStage(const GptConfig& cfg, const StageRange& range, const StageSetup& setup,
+                ContextArgs&&... context_args)
       : ctx_(std::forward<ContextArgs>(context_args)...),
-        stage_(ctx_, cfg, range, micro_batch, slots),
-        adam_(adam),
-        m_(static_cast<size_t>(stage_.param_storage())),
-        v_(static_cast<size_t>(stage_.param_storage())) {
+        stage_(ctx_, cfg, range, setup.options),
+        adam_(setup.adam),
+        zero_level_(setup.zero) {
+    if (!range.has_embedding)
+      for (int s = 0; s < setup.options.slots; ++s)
+        grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
+    if (setup.zero > 0) {
+      zero_ = std::make_unique<ZeroShards<Ops>>(stage_, setup.zero, setup.dp, setup.dp_rank);
+      return;
+    }
+    m_ = Buffer<Acc>(static_cast<size_t>(stage_.param_storage()));
+    v_ = Buffer<Acc>(static_cast<size_t>(stage_.param_storage()));
     Ops::fill_zero(ctx_, m_.get(), stage_.param_storage());
     Ops::fill_zero(ctx_, v_.get(), stage_.param_storage());
-    if (!range.has_embedding)
-      for (int s = 0; s < slots; ++s)
-        grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
     const std::vector<AdamWChunk> chunks = adamw_chunks(stage_.table());
     chunk_count_ = static_cast<int64_t>(chunks.size());
     chunks_ = Buffer<AdamWChunk>(chunks.size());
@@ -59,8 +66,35 @@ class TrainingStage final : public StageBackend {
   double gemm_seconds() const override { return Ops::gemm_seconds(); }
   void reset_gemm_seconds() override { Ops::reset_gemm_seconds(); }
 
-  void init_parameters(uint64_t seed) override { stage_.init_parameters(seed); }
-  void zero_grads() override { stage_.zero_grads(); }
+  void init_parameters(uint64_t seed) override {
+    if (!zero_) return stage_.init_parameters(seed);
+    // Every rank draws the whole stage (the same values everywhere) and
+    // keeps its shard; the weights are gathered once the group exists.
+    std::vector<float> whole(static_cast<size_t>(stage_.param_storage()));
+    fill_initial_parameters(stage_.table(), seed, whole.data());
+    std::vector<float> shard(static_cast<size_t>(zero_->plan().shard_size()));
+    for (const ShardUnit& u : zero_->plan().units())
+      std::copy(whole.begin() + zero_->plan().part_begin(u),
+                whole.begin() + zero_->plan().part_begin(u) + zero_->plan().part_size(u),
+                shard.begin() + u.shard_offset);
+    zero_->load(shard.data(), nullptr, nullptr);
+  }
+  void zero_grads() override {
+    stage_.zero_grads();
+    if (zero_) zero_->zero_grads();
+  }
+
+  int zero() const override { return zero_level_; }
+  void connect_data_parallel(Communicator& dp) override {
+    if (zero_) zero_->connect(dp);
+  }
+  void backward_sharded(int slot, bool last_micro_batch) override {
+    zero_->backward(slot, last_micro_batch);
+  }
+  double finish_sharded_reduction(Communicator* tied) override { return zero_->finish(tied); }
+  double sharded_grad_sum_of_squares(bool without_tied_wte) override {
+    return zero_->grad_sum_of_squares(without_tied_wte);
+  }
   void* input_buffer(int slot) override { return stage_.input_buffer(slot); }
   const void* output(int slot) const override { return stage_.output(slot); }
   void* output_grad_buffer() override { return stage_.output_grad_buffer(); }
@@ -85,38 +119,50 @@ class TrainingStage final : public StageBackend {
   void adamw_step(double lr, int64_t step, double grad_scale) override {
     const AdamWParams p{lr, adam_.beta1, adam_.beta2, adam_.eps, adam_.weight_decay, step,
                         grad_scale};
+    if (zero_) return zero_->adamw(p);
     Ops::adamw(ctx_, stage_.params(), stage_.grads(), m_.get(), v_.get(), chunks_.get(),
                chunk_count_, p, stage_.weights());
   }
 
   StageState host_state() override {
+    Acc* params = zero_ ? zero_->master() : stage_.params();
+    Acc* m = zero_ ? zero_->adam_m() : m_.get();
+    Acc* v = zero_ ? zero_->adam_v() : v_.get();
+    const ShardPlan* shards = shard_plan();
     if constexpr (Ops::kHostMemory) {
-      return StageState{stage_.params(), m_.get(), v_.get()};
+      return StageState{params, m, v, shards};
     } else {
-      const int64_t n = stage_.param_storage();
+      const int64_t n = state_size();
       for (auto* h : {&host_params_, &host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
-      Ops::download(ctx_, host_params_.data(), stage_.params(), n);
-      Ops::download(ctx_, host_m_.data(), m_.get(), n);
-      Ops::download(ctx_, host_v_.data(), v_.get(), n);
-      return StageState{host_params_.data(), host_m_.data(), host_v_.data()};
+      Ops::download(ctx_, host_params_.data(), params, n);
+      Ops::download(ctx_, host_m_.data(), m, n);
+      Ops::download(ctx_, host_v_.data(), v, n);
+      return StageState{host_params_.data(), host_m_.data(), host_v_.data(), shards};
     }
   }
   void load_state(const float* params, const float* m, const float* v) override {
+    if (zero_) return zero_->load(params, m, v);
     const int64_t n = stage_.param_storage();
     Ops::upload(ctx_, stage_.params(), params, n);
     Ops::upload(ctx_, m_.get(), m, n);
     Ops::upload(ctx_, v_.get(), v, n);
     stage_.refresh_weights();
   }
+  int64_t state_size() const override {
+    return zero_ ? zero_->plan().shard_size() : stage_.param_storage();
+  }
+  const ShardPlan* shard_plan() const override { return zero_ ? &zero_->plan() : nullptr; }
 
  private:
   typename Ops::Context ctx_;
   GptStage<Ops> stage_;
   AdamWSettings adam_;
+  int zero_level_;
   Buffer<Acc> m_, v_;
   Buffer<AdamWChunk> chunks_;
   int64_t chunk_count_ = 0;
   std::vector<Buffer<Act>> grad_out_;
+  std::unique_ptr<ZeroShards<Ops>> zero_;  // zero >= 1
   std::vector<float> host_params_, host_m_, host_v_;  // device runs only
 };
 

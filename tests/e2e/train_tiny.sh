@@ -22,7 +22,7 @@ pred = [r["memory_predicted"] for r in recs if "memory_predicted" in r]
 meas = [r["memory_measured"] for r in recs if "memory_measured" in r]
 assert len(pred) == 1 and len(pred[0]) == 1, pred
 p = pred[0][0]
-parts = p["parameters"] + p["gradients"] + p["weight_copy"] + p["optimizer"] + p["activations"] + p["scratch"] + p["workspace"]
+parts = p["parameters"] + p["gradients"] + p["optimizer"] + p["activations"] + p["comm"] + p["scratch"] + p["workspace"]
 assert abs(parts - p["total"]) <= 1 and p["activations"] == p["slots"] * p["per_slot"], p
 assert len(meas) == 1 and meas[0][0]["predicted"] == p["total"] and meas[0][0]["peak_growth"] > 0, meas
 PY

@@ -1,0 +1,110 @@
+#include "model/shard_plan.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace mpiformer {
+namespace {
+
+int64_t row_length(const ParameterSpec& s) { return s.numel() / s.shape[0]; }
+
+// The first row boundary at or after `target` within [begin, end) of the
+// unit whose tensors are `specs` (in offset order).
+int64_t snap_to_row(const std::vector<const ParameterSpec*>& specs, int64_t target, int64_t end) {
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const ParameterSpec& s = *specs[k];
+    const int64_t next = k + 1 < specs.size() ? specs[k + 1]->offset : end;
+    if (target >= next) continue;
+    if (target <= s.offset) return s.offset;
+    // Rows of the stored tensor (wte's padding rows too, all zeros); the
+    // alignment gap after the tensor goes with the next one.
+    const int64_t rl = row_length(s), stored = s.offset + s.storage;
+    if (target >= stored) return next;
+    return std::min(stored, s.offset + (target - s.offset + rl - 1) / rl * rl);
+  }
+  return end;
+}
+
+}  // namespace
+
+ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int dp, int rank)
+    : dp_(dp), rank_(rank) {
+  // Units in offset order: the tensors before the blocks one by one, each
+  // block, the tensors after them one by one.
+  std::vector<const ParameterSpec*> specs;
+  for (const auto& s : table.specs()) specs.push_back(&s);
+  std::sort(specs.begin(), specs.end(),
+            [](const ParameterSpec* a, const ParameterSpec* b) { return a->offset < b->offset; });
+  std::vector<std::pair<ShardUnit, std::vector<const ParameterSpec*>>> units;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const ParameterSpec& s = *specs[k];
+    const int64_t next = k + 1 < specs.size() ? specs[k + 1]->offset : table.total_storage();
+    const int64_t block =
+        s.layer < 0 ? -1 : (s.offset - layout.block_begin()) / layout.block_storage();
+    if (s.layer >= 0 && !units.empty() && units.back().first.block == block) {
+      units.back().first.end = next;
+      units.back().second.push_back(&s);
+      continue;
+    }
+    ShardUnit u;
+    u.begin = s.offset;
+    u.end = next;
+    u.block = block;
+    units.push_back({u, {&s}});
+  }
+  std::vector<int64_t> sizes(static_cast<size_t>(dp), 0);
+  for (auto& [u, members] : units) {
+    u.cuts.assign(static_cast<size_t>(dp) + 1, u.begin);
+    for (int r = 1; r < dp; ++r) {
+      const int64_t target = u.begin + (u.end - u.begin) * r / dp;
+      u.cuts[r] = std::max(u.cuts[r - 1], snap_to_row(members, target, u.end));
+    }
+    u.cuts[dp] = u.end;
+    u.shard_offset = sizes[rank];
+    for (int r = 0; r < dp; ++r) {
+      sizes[r] += u.cuts[r + 1] - u.cuts[r];
+      if (u.block >= 0) max_block_part_ = std::max(max_block_part_, u.cuts[r + 1] - u.cuts[r]);
+    }
+    if (u.block == 0) first_block_ = units_.size();
+    units_.push_back(std::move(u));
+  }
+  shard_size_ = sizes[rank];
+  max_shard_size_ = *std::max_element(sizes.begin(), sizes.end());
+}
+
+const ShardUnit& ShardPlan::unit_at(int64_t offset) const {
+  for (const auto& u : units_)
+    if (offset >= u.begin && offset < u.end) return u;
+  throw std::out_of_range("ShardPlan: no unit holds offset " + std::to_string(offset));
+}
+
+std::vector<int64_t> ShardPlan::counts(const ShardUnit& u) const {
+  std::vector<int64_t> c;
+  for (int r = 0; r < dp_; ++r) c.push_back(u.cuts[r + 1] - u.cuts[r]);
+  return c;
+}
+
+TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {
+  const ShardUnit& u = unit_at(spec.offset);
+  const int64_t rl = row_length(spec);
+  // Clipped to the logical tensor: rows past numel are wte's padding.
+  const int64_t lo = std::clamp(u.cuts[rank_], spec.offset, spec.offset + spec.numel());
+  const int64_t hi = std::clamp(u.cuts[rank_ + 1], spec.offset, spec.offset + spec.numel());
+  TensorPart p;
+  p.row_begin = (lo - spec.offset) / rl;
+  p.row_end = std::max(p.row_begin, (hi - spec.offset) / rl);
+  p.shard_offset = u.shard_offset + (lo - u.cuts[rank_]);
+  return p;
+}
+
+std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table) const {
+  std::vector<AdamWChunk> chunks;
+  for (const auto& s : table.specs()) {
+    const TensorPart p = part_of(s);
+    const int64_t rl = row_length(s);
+    append_adamw_chunks(chunks, p.shard_offset, (p.row_end - p.row_begin) * rl, s.decay);
+  }
+  return chunks;
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,63 @@
+// ZeRO's division of one stage's flat parameter buffer among the ranks of
+// its data-parallel group. The buffer is cut into units: each tensor
+// outside the blocks (wte alone, so the tied copies on the first and last
+// stage are cut alike), and each block. Each unit is cut into dp parts at
+// row boundaries of its tensors, as evenly as rows allow (a part holds
+// whole rows, so a checkpoint writes each owner's rows as a hyperslab; a
+// part may be empty). Rank r owns part r of every unit; its shard is those
+// parts one after another, in unit order. A pure function of the table and
+// (dp, rank): the trainer, the checkpoints and the memory accounting all
+// read the same plan.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/parameter_table.hpp"
+#include "model/stage_layout.hpp"
+
+namespace mpiformer {
+
+struct ShardUnit {
+  int64_t begin = 0, end = 0;  // flat offsets
+  int64_t block = -1;          // the stage's block index; -1 outside the blocks
+  std::vector<int64_t> cuts;   // dp + 1 flat offsets: part r is [cuts[r], cuts[r + 1])
+  int64_t shard_offset = 0;    // where this rank's part sits in its shard
+};
+
+// The rows of one tensor a rank owns, and where the first sits in its shard.
+struct TensorPart {
+  int64_t row_begin = 0, row_end = 0;  // logical rows (wte's padding excluded)
+  int64_t shard_offset = 0;
+};
+
+class ShardPlan {
+ public:
+  ShardPlan(const ParameterTable& table, const StageLayout& layout, int dp, int rank);
+
+  int dp() const { return dp_; }
+  int rank() const { return rank_; }
+  const std::vector<ShardUnit>& units() const { return units_; }
+  const ShardUnit& block_unit(int64_t i) const { return units_[first_block_ + i]; }
+  // The unit holding flat offset `offset`'s tensor.
+  const ShardUnit& unit_at(int64_t offset) const;
+  int64_t part_begin(const ShardUnit& u) const { return u.cuts[rank_]; }
+  int64_t part_size(const ShardUnit& u) const { return u.cuts[rank_ + 1] - u.cuts[rank_]; }
+  // Every rank's part size of `u` (the collectives' counts).
+  std::vector<int64_t> counts(const ShardUnit& u) const;
+  // Elements of this rank's shard; the largest any rank of the group has.
+  int64_t shard_size() const { return shard_size_; }
+  int64_t max_shard_size() const { return max_shard_size_; }
+  // The largest part of any block (a receive buffer for a block's sum).
+  int64_t max_block_part() const { return max_block_part_; }
+  TensorPart part_of(const ParameterSpec& spec) const;
+  // AdamW over the shard: every owned logical element, at shard offsets.
+  std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table) const;
+
+ private:
+  int dp_, rank_;
+  std::vector<ShardUnit> units_;
+  size_t first_block_ = 0;
+  int64_t shard_size_ = 0, max_shard_size_ = 0, max_block_part_ = 0;
+};
+
+}  // namespace mpiformer

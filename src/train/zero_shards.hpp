@@ -1,0 +1,234 @@
+// ZeRO stages 1-3 for one pipeline stage, over its data-parallel group, on
+// any device (the stage's op set and the group's communicator do the work).
+// The rank owns its part of every unit (model/shard_plan.hpp) and keeps,
+// for its shard only: the Acc master weights, both AdamW moments and the
+// reduced gradients (plus, in mixed precision, the Act copy it gathers
+// from).
+//   zero 1: the stage keeps whole gradients, accumulated locally over the
+//     micro-batches; at the last one each unit is reduce-scattered to its
+//     owners as soon as backward has finished it (the overlap zero 0's
+//     all-reduce has). After AdamW on the shard, every unit's weights are
+//     all-gathered.
+//   zero 2: the blocks' gradients live in two windows: each block's is
+//     reduce-scattered after its backward in every micro-batch and added
+//     to the shard, so the whole gradient never exists (bytes moved: the
+//     blocks' gradients once per micro-batch instead of once per step; the
+//     memory: two blocks instead of all). Tensors outside the blocks (the
+//     tied wte is final only at the end) stay whole and go as in zero 1.
+//   zero 3: the blocks' weights too live in two windows: each block's is
+//     all-gathered before its forward and again before its backward, the
+//     next block's gather started before this block computes. A window
+//     that still holds the block asked for is not gathered again (the
+//     last blocks of a forward are the first of the next backward).
+// The tied embedding's two copies (first and last stage, pp > 1) are cut
+// alike, so their owned parts are summed across the pair after the
+// reduce-scatter: the same sums, in the same order, as zero 0.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "model/gpt_stage.hpp"
+#include "model/shard_plan.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mpiformer {
+
+template <class Ops>
+class ZeroShards {
+ public:
+  using Act = typename Ops::Act;
+  using Acc = typename Ops::Acc;
+  template <class U>
+  using Buffer = typename Ops::template Buffer<U>;
+
+  ZeroShards(GptStage<Ops>& stage, int zero, int dp, int dp_rank)
+      : stage_(stage),
+        ctx_(stage.context()),
+        zero_(zero),
+        plan_(stage.table(), stage.layout(), dp, dp_rank),
+        n_(plan_.shard_size()),
+        master_(static_cast<size_t>(n_)),
+        m_(static_cast<size_t>(n_)),
+        v_(static_cast<size_t>(n_)),
+        g_(static_cast<size_t>(n_)) {
+    for (auto* b : {&master_, &m_, &v_, &g_}) Ops::fill_zero(ctx_, b->get(), n_);
+    if constexpr (!std::is_same_v<Act, Acc>) wshard_ = Buffer<Act>(static_cast<size_t>(n_));
+    if (zero_ >= 2)
+      for (auto& r : recv_) r = Buffer<Acc>(static_cast<size_t>(plan_.max_block_part()));
+    const std::vector<AdamWChunk> chunks = plan_.adamw_chunks(stage.table());
+    chunk_count_ = static_cast<int64_t>(chunks.size());
+    chunks_ = Buffer<AdamWChunk>(chunks.size());
+    Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
+    const ParameterSpec* wte = stage.table().find(kOuterSchema[outer::wte].name);
+    if (wte != nullptr) wte_unit_ = &plan_.unit_at(wte->offset);
+    BlockHooks hooks;
+    hooks.need_weights = [this](int64_t i, int64_t next) { need_weights(i, next); };
+    hooks.need_grad_window = [this](int64_t i) { drain(static_cast<int>(i % 2)); };
+    hooks.grads_ready = [this](int64_t i) { reduce_block(i); };
+    stage.set_hooks(std::move(hooks));
+  }
+
+  const ShardPlan& plan() const { return plan_; }
+  // Bytes this object allocates (for the accounting's test).
+  double allocated_bytes() const {
+    return static_cast<double>(n_) * (4 * sizeof(Acc) + (std::is_same_v<Act, Acc> ? 0 : sizeof(Act))) +
+           (zero_ >= 2 ? 2.0 * static_cast<double>(plan_.max_block_part()) * sizeof(Acc) : 0);
+  }
+
+  // The group; the weights are published at once if they are pending.
+  void connect(Communicator& dp) {
+    dp_ = &dp;
+    if (stale_) publish();
+  }
+
+  // The shard's state from host memory (n elements each, shard order);
+  // null moments start at zero. The weights follow once published.
+  void load(const float* master, const float* m, const float* v) {
+    Ops::upload(ctx_, master_.get(), master, n_);
+    if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n_);
+    if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n_);
+    refresh_wshard();
+    stale_ = true;
+    if (dp_ != nullptr) publish();
+  }
+  Acc* master() { return master_.get(); }
+  Acc* adam_m() { return m_.get(); }
+  Acc* adam_v() { return v_.get(); }
+
+  void zero_grads() { Ops::fill_zero(ctx_, g_.get(), n_); }
+
+  // One micro-batch's backward; `last`: the step's last.
+  void backward(int slot, bool last) {
+    next_unit_ = plan_.units().size();
+    stage_.backward(slot, [&](int64_t offset) {
+      if (last) reduce_resident_from(offset);
+      for (auto& p : pending_) p->test();  // MPI progresses inside MPI calls only
+    });
+  }
+
+  // Waits for every reduce-scatter; sums the tied embedding's copies.
+  // Returns the seconds spent waiting.
+  double finish(Communicator* tied) {
+    const auto t0 = std::chrono::steady_clock::now();
+    drain(0);
+    drain(1);
+    for (auto& p : pending_) p->wait();
+    pending_.clear();
+    if (tied != nullptr && wte_unit_ != nullptr)
+      tied->allreduce_sum(g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // The owned gradients' sum of squares (without the tied wte's: its other
+  // copy counts it).
+  double grad_sum_of_squares(bool without_wte) {
+    double s = Ops::sum_of_squares(ctx_, g_.get(), n_);
+    if (without_wte && wte_unit_ != nullptr)
+      s -= Ops::sum_of_squares(ctx_, g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
+    return s;
+  }
+
+  void adamw(const AdamWParams& p) {
+    Ops::adamw(ctx_, master_.get(), g_.get(), m_.get(), v_.get(), chunks_.get(), chunk_count_, p,
+               wshard());
+    publish();
+  }
+
+ private:
+  Act* wshard() {
+    if constexpr (std::is_same_v<Act, Acc>) return master_.get();
+    else return wshard_.get();
+  }
+  void refresh_wshard() {
+    if constexpr (!std::is_same_v<Act, Acc>) Ops::convert(ctx_, wshard_.get(), master_.get(), n_);
+  }
+  bool windowed(const ShardUnit& u, int min_zero) const { return u.block >= 0 && zero_ >= min_zero; }
+
+  // Every unit whose weights the stage keeps whole gets every rank's part;
+  // windowed blocks are gathered when needed.
+  void publish() {
+    for (auto& h : holds_) h = -1;  // the windows hold old weights now
+    std::vector<Pending> gathers;
+    for (const ShardUnit& u : plan_.units()) {
+      if (windowed(u, 3)) continue;
+      Act* whole = stage_.weights() + stage_.resident_offset(u.begin, zero_ >= 3);
+      Act* mine = whole + (plan_.part_begin(u) - u.begin);
+      Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
+      gathers.push_back(dp_->start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
+    }
+    for (auto& g : gathers) g->wait();
+    stale_ = false;
+  }
+
+  // zero 3: block i's weights into window i % 2, then block `next`'s on its way.
+  void need_weights(int64_t i, int64_t next) {
+    gather(i);
+    const int w = static_cast<int>(i % 2);
+    if (wpend_[w]) {
+      wpend_[w]->wait();
+      wpend_[w].reset();
+    }
+    if (next >= 0) gather(next);
+  }
+  void gather(int64_t i) {
+    const int w = static_cast<int>(i % 2);
+    if (holds_[w] == i) return;
+    if (wpend_[w]) wpend_[w]->wait();
+    const ShardUnit& u = plan_.block_unit(i);
+    wpend_[w] = dp_->start_allgather(wshard() + u.shard_offset, stage_.weight_window(w),
+                                     plan_.counts(u), sizeof(Act));
+    holds_[w] = i;
+  }
+
+  // Units the stage keeps whole gradients of, at offsets >= offset, not yet
+  // started: reduce-scattered into the shard.
+  void reduce_resident_from(int64_t offset) {
+    const auto& units = plan_.units();
+    while (next_unit_ > 0 && units[next_unit_ - 1].begin >= offset) {
+      const ShardUnit& u = units[--next_unit_];
+      if (windowed(u, 2)) continue;
+      const Acc* g = stage_.grads() + stage_.resident_offset(u.begin, zero_ >= 2);
+      pending_.push_back(
+          dp_->start_reduce_scatter_sum(g, g_.get() + u.shard_offset, plan_.counts(u)));
+    }
+  }
+
+  // zero >= 2: block i's window, reduce-scattered into a receive buffer
+  // that drain() adds to the shard.
+  void reduce_block(int64_t i) {
+    const int w = static_cast<int>(i % 2);
+    const ShardUnit& u = plan_.block_unit(i);
+    gpend_[w] = dp_->start_reduce_scatter_sum(stage_.grad_window(w), recv_[w].get(), plan_.counts(u));
+    gunit_[w] = &u;
+  }
+  void drain(int w) {
+    if (!gpend_[w]) return;
+    gpend_[w]->wait();
+    gpend_[w].reset();
+    Ops::add_into(ctx_, g_.get() + gunit_[w]->shard_offset, recv_[w].get(),
+                  plan_.part_size(*gunit_[w]));
+  }
+
+  GptStage<Ops>& stage_;
+  typename Ops::Context& ctx_;
+  int zero_;
+  ShardPlan plan_;
+  int64_t n_;
+  Buffer<Acc> master_, m_, v_, g_;
+  Buffer<Act> wshard_;  // mixed precision only
+  Buffer<Acc> recv_[2];
+  Buffer<AdamWChunk> chunks_;
+  int64_t chunk_count_ = 0;
+  const ShardUnit* wte_unit_ = nullptr;
+  Communicator* dp_ = nullptr;
+  bool stale_ = true;
+  size_t next_unit_ = 0;
+  std::vector<Pending> pending_;
+  Pending gpend_[2], wpend_[2];
+  const ShardUnit* gunit_[2] = {nullptr, nullptr};
+  int64_t holds_[2] = {-1, -1};
+};
+
+}  // namespace mpiformer
