@@ -5,12 +5,15 @@
 # context; runs of this deck reach about 2.5 at step 80, which leaves margin
 # for rounding differences across machines and BLAS builds.
 source "$(dirname "$0")/lib.sh"
+export MEASURE_PEAK=1  # this test checks the measured peak and MFU
 prep_sample_data
 run_mpi 1 train "$SOURCE_DIR/inputs/tiny.toml" --set train.steps=80 --set train.eval_every=40 \
   --set run.dir="$WORK/run" | tee out.txt
 val=$(sed -n 's/^final val loss \([0-9.]*\) .*/\1/p' out.txt)
 [ -n "$val" ] || fail "no final validation loss in the log"
 awk -v v="$val" 'BEGIN { exit !(v < 2.8) }' || fail "val loss $val is not below 2.8"
+grep -q "peak [0-9.]* GFLOP/s over 1 rank(s) (sgemm 2048^3 measured now)" out.txt || fail "no measured peak in the log"
+grep -q "MFU [0-9.]*%" out.txt || fail "no MFU in the step lines"
 [ "$(grep -c '"val_loss"' run/metrics.jsonl)" -eq 2 ] || fail "expected 2 evaluation lines in metrics.jsonl"
 [ "$(grep -c '"grad_norm"' run/metrics.jsonl)" -eq 8 ] || fail "expected 8 step lines in metrics.jsonl"
 # The memory accounting: predicted per stage at the start, measured at the
