@@ -112,27 +112,39 @@ ResumePoint CheckpointManager::load() {
   const bool automatic = cc.resume == ResumeMode::kAuto;
   const int rank = grid_.world_rank();
   const std::vector<std::string> paths = candidates(cc, rank);
-  const int64_t n = stage_.state_size();
+  // Each rank reads only its rows of a plan cut over its data-parallel
+  // group: its ZeRO shard, or under zero 0 a plan made for the read, after
+  // which the group gathers the whole stage. Each byte of the file is read
+  // once per group, not once per replica.
+  const ShardPlan* plan = stage_.shard_plan();
+  std::unique_ptr<ShardPlan> read_plan;
+  if (plan == nullptr) {
+    read_plan = std::make_unique<ShardPlan>(stage_.table(),
+                                            StageLayout(stage_.table(), stage_.range()),
+                                            grid_.dp(), grid_.dp_rank());
+    plan = read_plan.get();
+  }
+  const int64_t n = plan->shard_size();
+  MPI_Comm group = grid_.data_parallel().get();
   std::string last_error;
   for (const auto& path : paths) {
+    const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> params(n), m(n), v(n);
-    const StageState scratch{params.data(), m.data(), v.data(), stage_.shard_plan()};
+    const StageState scratch{params.data(), m.data(), v.data(), plan};
     CheckpointMeta meta;
+    double bytes_read = 0;
     try {
-      // Never half-loaded: every rank reads into scratch, all agree, then
-      // commit. Under ZeRO, once every rank has the file open, each reads
-      // its shard's rows (collective over its group, errors agreed there).
+      // Never half-loaded: every rank opens the file, all agree; then each
+      // reads its rows into scratch (collective over its group, errors
+      // agreed there); all agree; then commit.
       std::unique_ptr<CheckpointReader> reader;
       agree_on_input_errors(MPI_COMM_WORLD, [&] {
         reader = std::make_unique<CheckpointReader>(path);
-        if (scratch.shards == nullptr) restore_stage(*reader, cfg_, stage_.table(), scratch);
         meta = reader->meta();
       });
-      if (scratch.shards != nullptr) {
-        agree_on_input_errors(MPI_COMM_WORLD, [&] {
-          restore_shard(*reader, cfg_, stage_.table(), scratch, grid_.data_parallel().get());
-        });
-      }
+      agree_on_input_errors(MPI_COMM_WORLD, [&] {
+        bytes_read = static_cast<double>(restore_shard(*reader, cfg_, stage_.table(), scratch, group));
+      });
     } catch (const InputError& e) {
       if (!automatic) throw;
       last_error = e.what();
@@ -142,18 +154,33 @@ ResumePoint CheckpointManager::load() {
       }
       continue;
     }
-    stage_.load_state(params.data(), m.data(), v.data());
+    if (read_plan != nullptr) {
+      const int64_t whole = stage_.param_storage();
+      std::vector<float> wp(whole), wm(whole), wv(whole);
+      gather_shards(*plan, params.data(), wp.data(), group);
+      gather_shards(*plan, m.data(), wm.data(), group);
+      gather_shards(*plan, v.data(), wv.data(), group);
+      stage_.load_state(wp.data(), wm.data(), wv.data());
+    } else {
+      stage_.load_state(params.data(), m.data(), v.data());
+    }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bytes_read, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     start.step = meta.step;
     start.cursor = meta.sample_position;
     start.resumed = true;
     start.run_id = meta.run_id;
     if (rank == 0) {
       std::printf("resumed from %s: step %lld, %lld samples seen (epoch %lld), written by "
-                  "dp %lld x pp %lld on %lld rank(s); now dp %d x pp %d\n",
+                  "dp %lld x pp %lld on %lld rank(s); now dp %d x pp %d, zero %lld\n",
                   path.c_str(), static_cast<long long>(meta.step),
                   static_cast<long long>(meta.sample_position), static_cast<long long>(meta.epoch),
                   static_cast<long long>(meta.dp), static_cast<long long>(meta.pp),
-                  static_cast<long long>(meta.world_size), grid_.dp(), grid_.pp());
+                  static_cast<long long>(meta.world_size), grid_.dp(), grid_.pp(),
+                  static_cast<long long>(deck_.parallel.zero));
+      std::printf("checkpoint: read %.1f MB of tensors from the file over all ranks (each byte "
+                  "once per data-parallel group) in %.2f s\n",
+                  bytes_read / 1e6, dt);
       std::fflush(stdout);
     }
     return start;

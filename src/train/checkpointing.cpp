@@ -131,8 +131,8 @@ void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
   }
 }
 
-void restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
-                   const ParameterTable& local, const StageState& state, MPI_Comm group) {
+int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
+                      const ParameterTable& local, const StageState& state, MPI_Comm group) {
   check_model(reader, cfg);
   const ShardPlan& plan = *state.shards;
   int rank = 0, size = 0;
@@ -144,11 +144,13 @@ void restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   // in a gather.
   std::string damaged, damaged_field;
   int tensor = 0;
+  int64_t bytes = 0;
   for (int g = 0; g < 3; ++g) {
     for (const auto& spec : local.specs()) {
       const TensorPart p = plan.part_of(spec);
       const int64_t row_len = spec.numel() / spec.shape[0];
       float* rows = group_base(state, g) + p.shard_offset;
+      bytes += (p.row_end - p.row_begin) * row_len * static_cast<int64_t>(sizeof(float));
       // Each rank reads its own rows; a failure is kept for the end too (a
       // truncated file may fail some ranks' rows only).
       uint64_t stored = 0;
@@ -174,11 +176,23 @@ void restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   // The first rank that found damage names it to the group.
   int finder = damaged.empty() ? size : rank;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &finder, 1, MPI_INT, MPI_MIN, group));
-  if (finder == size) return;
+  if (finder == size) return bytes;
   std::string field = damaged_field, reason = damaged;
   broadcast_string(group, field, finder);
   broadcast_string(group, reason, finder);
   throw InputError(reader.path(), field, reason);
+}
+
+void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group) {
+  std::vector<int> counts(static_cast<size_t>(plan.dp())), displs(counts.size());
+  for (const ShardUnit& u : plan.units()) {
+    for (int r = 0; r < plan.dp(); ++r) {
+      counts[r] = static_cast<int>(u.cuts[r + 1] - u.cuts[r]);
+      displs[r] = static_cast<int>(u.cuts[r] - u.begin);
+    }
+    MPI_CHECK(MPI_Allgatherv(shard + u.shard_offset, counts[plan.rank()], MPI_FLOAT, whole + u.begin,
+                             counts.data(), displs.data(), MPI_FLOAT, group));
+  }
 }
 
 }  // namespace mpiformer

@@ -46,11 +46,14 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
 // mismatch, missing dataset or bad checksum.
 void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
                    const ParameterTable& local, const StageState& state);
-// ZeRO: reads only this rank's rows of each tensor into its shard (each
-// byte of the file once per data-parallel group), then checks every
-// tensor's checksum on one rank of `group` after a gather. Collective over
-// `group`; the same errors on every rank of it.
-void restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
-                   const ParameterTable& local, const StageState& state, MPI_Comm group);
+// Reads only this rank's rows of each tensor (state.shards: a ZeRO shard,
+// or a plan cut for the read) into its shard, so each byte of the file is
+// read once per data-parallel group, then checks every tensor's checksum
+// on one rank of `group` after a gather. Collective over `group`; the same
+// errors on every rank of it. Returns the bytes this rank read.
+int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
+                      const ParameterTable& local, const StageState& state, MPI_Comm group);
+// The whole flat buffer on every rank of `group` from each rank's shard.
+void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group);
 
 }  // namespace mpiformer

@@ -1,0 +1,120 @@
+// The memory accounting (rank_memory) for a tiny model, against byte counts
+// worked out by hand below, for zero 0-3 and each recompute mode; and the
+// drops ZeRO promises on a larger model: AdamW moments ~1/dp at zero 1,
+// gradients ~1/dp at zero 2, weights ~1/dp at zero 3 (plus two blocks).
+#include <gtest/gtest.h>
+
+#include "train/backend_factory.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+// n_layer 3, n_head 2, n_embd 8, seq_len 4, vocab 11 (padded to 128);
+// micro_batch 2, dp 2, one slot, fp32 on the host.
+//
+// Parameters, each tensor's storage rounded up to 16 floats:
+//   wte 128 x 8 = 1024, wpe 4 x 8 = 32, ln_f 16 + 16;
+//   a block: ln_1 16 + 16, c_attn 24 x 8 = 192 + 32, attn c_proj 64 + 16,
+//   ln_2 16 + 16, c_fc 32 x 8 = 256 + 32, mlp c_proj 256 + 16 = 928;
+//   n = 1024 + 32 + 3 x 928 + 32 = 3872 floats = 15488 bytes.
+// Shards at dp 2 (cuts at rows): wte 512 | 512, wpe 16 | 16, each block
+//   464 | 464 (the cut falls on a row of c_fc), ln_f.weight and .bias 16 | 0
+//   (the cut would fall in the alignment gap after their 8 floats, which
+//   goes with the next unit): rank 0's shard, the largest, is 1952 floats =
+//   7808 bytes.
+// Activations of one slot (BT = 8, C = 8; 4 bytes each):
+//   residual stream 4 x 64 = 256 floats = 1024 bytes;
+//   a block keeps 15 x 64 floats (3840 bytes), 4 x 8 statistics (128) and
+//   its probabilities 2 x 2 x 4 x 4 = 64 floats (256): 4224 bytes;
+//   tokens and targets 32 + 32; the head lnf 64 floats, logits 8 x 128,
+//   losses and statistics 3 x 8: 4352 + 96.
+// Scratch: dres, dln, datty 3 x 256; dqkv, d4, datt (3 + 4) x 256 + 256;
+//   the loss sum 8: 2824 bytes.
+GptConfig model() {
+  GptConfig c;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.seq_len = 4;
+  c.vocab_size = 11;
+  return c;
+}
+
+RankMemory memory(int zero, Recompute recompute, int64_t dp = 2, GptConfig cfg = model()) {
+  Deck d;
+  d.model = cfg;
+  d.train.micro_batch = 2;
+  d.train.recompute = recompute;
+  d.parallel.dp = dp;
+  d.parallel.zero = zero;
+  return rank_memory(d, BackendChoice{}, 0, 1);
+}
+
+TEST(MemoryAccounting, ExactBytesOfATinyModel) {
+  const RankMemory z0 = memory(0, Recompute::kNone);
+  EXPECT_EQ(z0.parameters(), 15488);
+  EXPECT_EQ(z0.gradients(), 15488);
+  EXPECT_EQ(z0.optimizer, 2 * 15488);
+  EXPECT_EQ(z0.stage.per_slot, 1024 + 3 * 4224 + 64 + 4352 + 96);
+  EXPECT_EQ(z0.stage.activations, z0.stage.per_slot);
+  EXPECT_EQ(z0.stage.scratch, 2824);
+  EXPECT_EQ(z0.comm, 0);
+  EXPECT_EQ(z0.total(), 15488 * 4 + 18208 + 2824);
+
+  // zero 1: whole weights (the matmuls' copy) and gradients, shard of the
+  // master weights, gradients and moments.
+  const RankMemory z1 = memory(1, Recompute::kNone);
+  EXPECT_EQ(z1.parameters(), 15488 + 7808);
+  EXPECT_EQ(z1.gradients(), 15488 + 7808);
+  EXPECT_EQ(z1.optimizer, 2 * 7808);
+  // zero 2: the blocks' gradients in two windows of 928 floats, and two
+  // receive buffers of a block's part (464 floats).
+  const RankMemory z2 = memory(2, Recompute::kNone);
+  EXPECT_EQ(z2.gradients(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
+  EXPECT_EQ(z2.comm, 2 * 464 * 4);
+  // zero 3: the blocks' weights in two windows too.
+  const RankMemory z3 = memory(3, Recompute::kNone);
+  EXPECT_EQ(z3.parameters(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
+  EXPECT_EQ(z3.total(), z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 + 2 * 464 * 4);
+
+  // Recomputation: attention keeps one shared set of probabilities (256
+  // bytes) instead of one per block; full keeps nothing of a block but its
+  // input, plus one block's activations (4224) and output (256) shared.
+  const RankMemory ra = memory(0, Recompute::kAttention);
+  EXPECT_EQ(ra.stage.per_slot, 1024 + 3 * (4224 - 256) + 64 + 4352 + 96);
+  EXPECT_EQ(ra.stage.scratch, 2824 + 256);
+  const RankMemory rf = memory(0, Recompute::kFull);
+  EXPECT_EQ(rf.stage.per_slot, 1024 + 64 + 4352 + 96);
+  EXPECT_EQ(rf.stage.scratch, 2824 + 4224 + 256);
+}
+
+TEST(MemoryAccounting, ZeroShrinksEachCategoryByTheDataParallelWidth) {
+  GptConfig cfg;  // GPT-2 124M's shape
+  cfg.n_layer = 12;
+  cfg.n_head = 12;
+  cfg.n_embd = 768;
+  cfg.seq_len = 1024;
+  cfg.vocab_size = 50257;
+  const double block = 12.0 * 768 * 768 * 4 + 13 * 768 * 4;  // a block's bytes, about
+  for (int64_t dp : {2, 4, 8}) {
+    const RankMemory z0 = memory(0, Recompute::kNone, dp, cfg);
+    const RankMemory z1 = memory(1, Recompute::kNone, dp, cfg);
+    const RankMemory z2 = memory(2, Recompute::kNone, dp, cfg);
+    const RankMemory z3 = memory(3, Recompute::kNone, dp, cfg);
+    const double n = z0.stage.parameters;  // the whole stage's bytes
+    // Parts end at rows: shards within 0.1% of an even split.
+    EXPECT_NEAR(z1.optimizer, z0.optimizer / dp, 1e-3 * z0.optimizer / dp) << dp;
+    EXPECT_NEAR(z1.shard_master, n / dp, 1e-3 * n / dp) << dp;
+    EXPECT_EQ(z1.stage.gradients, z0.stage.gradients);
+    // zero 2: whole gradients only outside the blocks, plus two windows.
+    EXPECT_NEAR(z2.gradients(), n - 12 * block + 2 * block + n / dp, 1e-3 * n);
+    EXPECT_LT(z2.total(), z1.total());
+    // zero 3: weights likewise.
+    EXPECT_NEAR(z3.parameters(), n - 12 * block + 2 * block + n / dp, 1e-3 * n);
+    EXPECT_LT(z3.total(), z2.total());
+    EXPECT_EQ(z3.stage.activations, z0.stage.activations);
+  }
+}
+
+}  // namespace
+}  // namespace mpiformer::test
