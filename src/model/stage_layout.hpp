@@ -45,21 +45,24 @@ struct StageLayout {
   }
 };
 
-// GPT-2 initialisation into `out` (table order, padding zero); each tensor's
-// values depend only on (seed, name), so every layout and device
+// GPT-2 initialisation of one tensor into out[s.storage] (padding zero);
+// its values depend only on (seed, name), so every layout and device
 // initialises the same model.
 template <class T>
-void fill_initial_parameters(const ParameterTable& table, uint64_t seed, T* out) {
-  for (const auto& s : table.specs()) {
-    T* p = out + s.offset;
-    std::fill(p, p + s.storage, T(0));
-    if (s.init_std == 0.0) {
-      std::fill(p, p + s.numel(), static_cast<T>(s.init_value));
-      continue;
-    }
-    Rng rng(seed, s.name);
-    for (int64_t i = 0; i < s.numel(); ++i) p[i] = static_cast<T>(s.init_std * rng.normal());
+void fill_initial_tensor(const ParameterSpec& s, uint64_t seed, T* out) {
+  std::fill(out, out + s.storage, T(0));
+  if (s.init_std == 0.0) {
+    std::fill(out, out + s.numel(), static_cast<T>(s.init_value));
+    return;
   }
+  Rng rng(seed, s.name);
+  for (int64_t i = 0; i < s.numel(); ++i) out[i] = static_cast<T>(s.init_std * rng.normal());
+}
+
+// The whole stage into `out` (table order).
+template <class T>
+void fill_initial_parameters(const ParameterTable& table, uint64_t seed, T* out) {
+  for (const auto& s : table.specs()) fill_initial_tensor(s, seed, out + s.offset);
 }
 
 }  // namespace mpiformer

@@ -93,6 +93,7 @@ void MetricsLog::step(const StepMetrics& m) {
     line += strprintf(" | reduce exposed %.1f ms", m.reduce_exposed_ms);
     json += strprintf(", \"reduce_exposed_ms\": %.4g", m.reduce_exposed_ms);
   }
+  if (m.data_parallel) json += strprintf(", \"dp_sent_mb\": %.4g", m.dp_sent_mb);
   std::puts(line.c_str());
   std::fflush(stdout);
   write_line(json + "}");

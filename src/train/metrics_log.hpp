@@ -22,6 +22,9 @@ struct StepMetrics {
   // run logs none of them (the bubble's theory only).
   bool host_timings = true;
   double bubble = 0, bubble_theory = 0, reduce_exposed_ms = 0;
+  // Data parallel: MB each rank sent to its group per step, counted from the
+  // collectives issued (ring model).
+  double dp_sent_mb = 0;
   // Why this step's update was skipped, or why the run stops at it (empty:
   // applied), and the updates skipped so far.
   std::string skipped, stopped;

@@ -80,6 +80,9 @@ class StageBackend {
   virtual void backward_sharded(int slot, bool last_micro_batch) = 0;
   virtual double finish_sharded_reduction(Communicator* tied) = 0;
   virtual double sharded_grad_sum_of_squares(bool without_tied_wte) = 0;
+  // Bytes sent to the data-parallel group by the stage's own collectives
+  // since the last call (ring model; see ZeroShards::take_sent_bytes).
+  virtual double take_sent_bytes() = 0;
 
   // Where a non-first stage receives its input for `slot`.
   virtual void* input_buffer(int slot) = 0;

@@ -133,7 +133,12 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
           times.reduce_exposed += stage.finish_sharded_reduction(comms_.tied);
           break;
         }
-        if (g.dp() > 1) times.reduce_exposed += reducer_.finish();
+        if (g.dp() > 1) {
+          times.reduce_exposed += reducer_.finish();
+          // A ring all-reduce of n bytes sends 2 n (dp - 1) / dp per rank.
+          times.dp_sent_bytes += 2.0 * sizeof(float) * static_cast<double>(stage.param_storage()) *
+                                 (g.dp() - 1) / g.dp();
+        }
         // The two copies of the tied embedding receive the sum of both
         // stages' gradients, so identical updates keep them identical.
         if (comms_.tied != nullptr)
@@ -177,6 +182,8 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   }
   for (auto& p : act_sends_) p.reset();
   for (auto& p : grad_sends_) p.reset();
+  // ZeRO's gathers after AdamW belong to this step too.
+  if (g.dp() > 1) times.dp_sent_bytes += stage.take_sent_bytes();
   trace_.flush();
   data.next_step();
   return result;

@@ -33,6 +33,7 @@ struct StepResult {
 struct StepTimes {
   double recv_wait = 0;       // blocked receiving activations or gradients
   double reduce_exposed = 0;  // data-parallel reduction not hidden by backward
+  double dp_sent_bytes = 0;   // sent to the data-parallel group (ring model)
 };
 
 class StepExecutor {

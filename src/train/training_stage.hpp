@@ -68,15 +68,19 @@ class TrainingStage final : public StageBackend {
 
   void init_parameters(uint64_t seed) override {
     if (!zero_) return stage_.init_parameters(seed);
-    // Every rank draws the whole stage (the same values everywhere) and
-    // keeps its shard; the weights are gathered once the group exists.
-    std::vector<float> whole(static_cast<size_t>(stage_.param_storage()));
-    fill_initial_parameters(stage_.table(), seed, whole.data());
-    std::vector<float> shard(static_cast<size_t>(zero_->plan().shard_size()));
-    for (const ShardUnit& u : zero_->plan().units())
-      std::copy(whole.begin() + zero_->plan().part_begin(u),
-                whole.begin() + zero_->plan().part_begin(u) + zero_->plan().part_size(u),
-                shard.begin() + u.shard_offset);
+    // Every rank draws each tensor whole (the same values everywhere), one
+    // at a time, and keeps its rows; the weights are gathered once the
+    // group exists.
+    const ShardPlan& plan = zero_->plan();
+    std::vector<float> shard(static_cast<size_t>(plan.shard_size()), 0.0f), tensor;
+    for (const auto& spec : stage_.table().specs()) {
+      tensor.resize(static_cast<size_t>(spec.storage));
+      fill_initial_tensor(spec, seed, tensor.data());
+      const TensorPart p = plan.part_of(spec);
+      const int64_t row_len = spec.numel() / spec.shape[0];
+      std::copy(tensor.begin() + p.row_begin * row_len, tensor.begin() + p.row_end * row_len,
+                shard.begin() + p.shard_offset);
+    }
     zero_->load(shard.data(), nullptr, nullptr);
   }
   void zero_grads() override {
@@ -95,6 +99,7 @@ class TrainingStage final : public StageBackend {
   double sharded_grad_sum_of_squares(bool without_tied_wte) override {
     return zero_->grad_sum_of_squares(without_tied_wte);
   }
+  double take_sent_bytes() override { return zero_ ? zero_->take_sent_bytes() : 0.0; }
   void* input_buffer(int slot) override { return stage_.input_buffer(slot); }
   const void* output(int slot) const override { return stage_.output(slot); }
   void* output_grad_buffer() override { return stage_.output_grad_buffer(); }

@@ -130,6 +130,15 @@ class ZeroShards {
     return s;
   }
 
+  // Bytes this rank sent to its group since the last call, counted from the
+  // collectives issued under the ring model (a reduce-scatter or all-gather
+  // of n bytes sends n (dp - 1) / dp per rank).
+  double take_sent_bytes() {
+    const double dp = plan_.dp(), sent = issued_ * (dp - 1) / dp;
+    issued_ = 0;
+    return sent;
+  }
+
   void adamw(const AdamWParams& p) {
     Ops::adamw(ctx_, master_.get(), g_.get(), m_.get(), v_.get(), chunks_.get(), chunk_count_, p,
                wshard());
@@ -157,6 +166,7 @@ class ZeroShards {
       Act* mine = whole + (plan_.part_begin(u) - u.begin);
       Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
       gathers.push_back(dp_->start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
+      issued_ += static_cast<double>((u.end - u.begin) * sizeof(Act));
     }
     for (auto& g : gathers) g->wait();
     stale_ = false;
@@ -179,6 +189,7 @@ class ZeroShards {
     const ShardUnit& u = plan_.block_unit(i);
     wpend_[w] = dp_->start_allgather(wshard() + u.shard_offset, stage_.weight_window(w),
                                      plan_.counts(u), sizeof(Act));
+    issued_ += static_cast<double>((u.end - u.begin) * sizeof(Act));
     holds_[w] = i;
   }
 
@@ -192,6 +203,7 @@ class ZeroShards {
       const Acc* g = stage_.grads() + stage_.resident_offset(u.begin, zero_ >= 2);
       pending_.push_back(
           dp_->start_reduce_scatter_sum(g, g_.get() + u.shard_offset, plan_.counts(u)));
+      issued_ += static_cast<double>((u.end - u.begin) * sizeof(Acc));
     }
   }
 
@@ -201,6 +213,7 @@ class ZeroShards {
     const int w = static_cast<int>(i % 2);
     const ShardUnit& u = plan_.block_unit(i);
     gpend_[w] = dp_->start_reduce_scatter_sum(stage_.grad_window(w), recv_[w].get(), plan_.counts(u));
+    issued_ += static_cast<double>((u.end - u.begin) * sizeof(Acc));
     gunit_[w] = &u;
   }
   void drain(int w) {
@@ -229,6 +242,7 @@ class ZeroShards {
   Pending gpend_[2], wpend_[2];
   const ShardUnit* gunit_[2] = {nullptr, nullptr};
   int64_t holds_[2] = {-1, -1};
+  double issued_ = 0;  // bytes of the collectives issued
 };
 
 }  // namespace mpiformer
