@@ -14,6 +14,8 @@ int device_count(std::string* why = nullptr);
 size_t device_free_bytes(int gpu);
 
 void* device_alloc(size_t bytes);
+// The most bytes device_alloc had handed out at once (this process).
+size_t device_allocated_peak();
 void device_free(void* p) noexcept;
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* p) noexcept;

@@ -46,6 +46,7 @@ struct Ops {
            c.device_name() + ", device " + std::to_string(c.device()) + ")";
   }
   static void* stream_handle(Context& c) { return c.stream(); }
+  static double allocated_peak_bytes() { return static_cast<double>(device_allocated_peak()); }
   static void set_wait_check(Context& c, std::function<void()> check) {
     c.set_wait_check(std::move(check));
   }

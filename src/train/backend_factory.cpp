@@ -1,5 +1,7 @@
 #include "train/backend_factory.hpp"
 
+#include "train/zero_shards.hpp"
+
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "core/host_memory.hpp"
@@ -81,6 +83,19 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     m.shard_gradients = shard * acc;
     m.optimizer = 2 * shard * acc;
     if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
+    // On the host, MPI's non-blocking reduce-scatter keeps a temporary of
+    // its whole input: kInFlight units at most (zero_shards.hpp).
+    if (choice.device == Device::kCpu) {
+      double largest = 0;
+      for (const ShardUnit& u : plan.units()) largest = std::max(largest, static_cast<double>(u.end - u.begin));
+      m.comm += static_cast<double>(kInFlight) * largest * acc;
+    }
+    // A save gathers each tensor whole on one rank for its checksum
+    // (checkpointing.cpp): the largest, on the host.
+    double largest_tensor = 0;
+    for (const auto& spec : table.specs())
+      largest_tensor = std::max(largest_tensor, static_cast<double>(spec.numel()));
+    m.comm += largest_tensor * 4;
   }
   if (choice.device == Device::kCuda && range.num_layers() > 0) {
     // The context's attention scratch (cuda/context.cpp: 7 [B,T,C]).

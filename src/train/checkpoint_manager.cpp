@@ -117,14 +117,7 @@ ResumePoint CheckpointManager::load() {
   // which the group gathers the whole stage. Each byte of the file is read
   // once per group, not once per replica.
   const ShardPlan* plan = stage_.shard_plan();
-  std::unique_ptr<ShardPlan> read_plan;
-  if (plan == nullptr) {
-    read_plan = std::make_unique<ShardPlan>(stage_.table(),
-                                            StageLayout(stage_.table(), stage_.range()),
-                                            grid_.dp(), grid_.dp_rank());
-    plan = read_plan.get();
-  }
-  const int64_t n = plan->shard_size();
+  const int64_t n = stage_.state_size();
   MPI_Comm group = grid_.data_parallel().get();
   std::string last_error;
   for (const auto& path : paths) {
@@ -143,7 +136,10 @@ ResumePoint CheckpointManager::load() {
         meta = reader->meta();
       });
       agree_on_input_errors(MPI_COMM_WORLD, [&] {
-        bytes_read = static_cast<double>(restore_shard(*reader, cfg_, stage_.table(), scratch, group));
+        bytes_read = static_cast<double>(
+            plan != nullptr
+                ? restore_shard(*reader, cfg_, stage_.table(), scratch, group)
+                : restore_whole_stage(*reader, cfg_, stage_.table(), stage_.range(), scratch, group));
       });
     } catch (const InputError& e) {
       if (!automatic) throw;
@@ -154,16 +150,7 @@ ResumePoint CheckpointManager::load() {
       }
       continue;
     }
-    if (read_plan != nullptr) {
-      const int64_t whole = stage_.param_storage();
-      std::vector<float> wp(whole), wm(whole), wv(whole);
-      gather_shards(*plan, params.data(), wp.data(), group);
-      gather_shards(*plan, m.data(), wm.data(), group);
-      gather_shards(*plan, v.data(), wv.data(), group);
-      stage_.load_state(wp.data(), wm.data(), wv.data());
-    } else {
-      stage_.load_state(params.data(), m.data(), v.data());
-    }
+    stage_.load_state(params.data(), m.data(), v.data());
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bytes_read, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     start.step = meta.step;

@@ -183,6 +183,22 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   throw InputError(reader.path(), field, reason);
 }
 
+int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg,
+                            const ParameterTable& local, const StageRange& range,
+                            const StageState& whole, MPI_Comm group) {
+  int size = 0, rank = 0;
+  MPI_CHECK(MPI_Comm_size(group, &size));
+  MPI_CHECK(MPI_Comm_rank(group, &rank));
+  const ShardPlan plan(local, StageLayout(local, range), size, rank);
+  const auto n = static_cast<size_t>(plan.shard_size());
+  std::vector<float> p(n), m(n), v(n);
+  const int64_t bytes = restore_shard(reader, cfg, local, StageState{p.data(), m.data(), v.data(), &plan}, group);
+  gather_shards(plan, p.data(), whole.params, group);
+  gather_shards(plan, m.data(), whole.adam_m, group);
+  gather_shards(plan, v.data(), whole.adam_v, group);
+  return bytes;
+}
+
 void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group) {
   std::vector<int> counts(static_cast<size_t>(plan.dp())), displs(counts.size());
   for (const ShardUnit& u : plan.units()) {

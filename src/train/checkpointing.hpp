@@ -55,5 +55,11 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
                       const ParameterTable& local, const StageState& state, MPI_Comm group);
 // The whole flat buffer on every rank of `group` from each rank's shard.
 void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group);
+// zero 0: every rank of `group` holds the whole stage; each reads its rows
+// of a plan cut over the group (restore_shard), then the group gathers
+// them into `whole`. Returns the bytes this rank read.
+int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg,
+                            const ParameterTable& local, const StageRange& range,
+                            const StageState& whole, MPI_Comm group);
 
 }  // namespace mpiformer

@@ -50,6 +50,9 @@ class StageBackend {
   // "cpu fp32", "cuda bf16 (NVIDIA H200, device 0)", ...
   virtual std::string describe() = 0;
   virtual bool on_device() const = 0;
+  // The device allocator's peak (bytes of mpiformer's device buffers at
+  // once; GPU runs), -1 on the host (its resident memory is read instead).
+  virtual double device_peak_bytes() const { return -1; }
   // The CUDA stream the stage computes on (a cudaStream_t), null on the host.
   virtual void* device_stream() { return nullptr; }
   // Called while the host waits for the device (GPU runs): a failure

@@ -30,7 +30,7 @@ std::string peer_of(Op op, const ProcessGrid& g) {
   switch (op) {
     case Op::RecvActivation: return rank_of_stage(g.stage() - 1);
     case Op::RecvGradient: return rank_of_stage(g.stage() + 1);
-    case Op::ReduceGradients: return strprintf("the %d ranks of stage %d (all-reduce)", g.dp(), g.stage());
+    case Op::ReduceGradients: return strprintf("the %d ranks of stage %d (gradient reduction)", g.dp(), g.stage());
     case Op::OptimizerStep: return "every rank (the step's all-reduce)";
     default: return "";
   }

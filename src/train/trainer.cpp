@@ -226,25 +226,30 @@ void Trainer::report_measured_memory(MetricsLog& metrics) const {
   const double mine[3] = {
       static_cast<double>(p.grid->stage()),
       rank_memory(deck_, p.backend, p.grid->stage(), p.stage->num_slots()).total(),
-      peak_resident_bytes() - p.baseline_resident};
+      p.stage->on_device() ? p.stage->device_peak_bytes()
+                           : peak_resident_bytes() - p.baseline_resident};
   std::vector<double> all(3 * static_cast<size_t>(world));
   MPI_CHECK(MPI_Allgather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, MPI_COMM_WORLD));
-  std::string text = "memory per rank, measured (growth of host resident memory over the "
-                     "process's baseline, MB):\n";
+  std::string text = p.stage->on_device()
+                         ? "memory per rank, measured (the GPU allocator's peak, MB; cuBLAS, NCCL "
+                           "and the CUDA context come on top):\n"
+                         : "memory per rank, measured (growth of host resident memory over the "
+                           "process's baseline, MB):\n";
   std::string json = "{\"memory_measured\": [";
   for (int r = 0; r < world; ++r) {
     const double* m = &all[3 * static_cast<size_t>(r)];
     text += strprintf("  rank %d (stage %.0f): %.1f, predicted %.1f (%+.1f%%)\n", r, m[0],
                       m[2] / 1e6, m[1] / 1e6, 100.0 * (m[2] - m[1]) / m[1]);
     json += strprintf("%s{\"rank\": %d, \"stage\": %.0f, \"predicted\": %.0f, "
-                      "\"peak_growth\": %.0f}",
-                      r == 0 ? "" : ", ", r, m[0], m[1], m[2]);
+                      "\"peak_growth\": %.0f, \"measure\": \"%s\"}",
+                      r == 0 ? "" : ", ", r, m[0], m[1], m[2],
+                      p.stage->on_device() ? "gpu allocator peak" : "host resident growth");
   }
-  if (rank_ == 0 && !p.stage->on_device()) {
+  if (rank_ == 0) {
     std::printf("%s", text.c_str());
     std::fflush(stdout);
   }
-  if (!p.stage->on_device()) metrics.record(json + "]}");
+  metrics.record(json + "]}");
 }
 
 TrainResult Trainer::run() {

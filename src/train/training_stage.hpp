@@ -58,6 +58,10 @@ class TrainingStage final : public StageBackend {
   }
   std::string describe() override { return Ops::describe(ctx_); }
   bool on_device() const override { return !Ops::kHostMemory; }
+  double device_peak_bytes() const override {
+    if constexpr (Ops::kHostMemory) return -1;
+    else return Ops::allocated_peak_bytes();
+  }
   void* device_stream() override { return Ops::stream_handle(ctx_); }
   void set_wait_check(std::function<void()> check) override {
     Ops::set_wait_check(ctx_, std::move(check));

@@ -30,6 +30,11 @@ namespace {
 //   losses and statistics 3 x 8: 4352 + 96.
 // Scratch: dres, dln, datty 3 x 256; dqkv, d4, datt (3 + 4) x 256 + 256;
 //   the loss sum 8: 2824 bytes.
+// Communication (zero >= 1, host): MPI's temporaries of two reduce-scatters
+//   in flight, each the size of the largest unit (wte, 1024 floats), and a
+//   save's gather of the largest tensor (c_fc's 32 x 8 floats) for
+//   its checksum: 8192 + 1024 bytes; at zero >= 2 also two receive buffers
+//   of a block's part.
 GptConfig model() {
   GptConfig c;
   c.n_layer = 3;
@@ -67,15 +72,17 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   EXPECT_EQ(z1.parameters(), 15488 + 7808);
   EXPECT_EQ(z1.gradients(), 15488 + 7808);
   EXPECT_EQ(z1.optimizer, 2 * 7808);
+  EXPECT_EQ(z1.comm, (8192 + 1024));
   // zero 2: the blocks' gradients in two windows of 928 floats, and two
   // receive buffers of a block's part (464 floats).
   const RankMemory z2 = memory(2, Recompute::kNone);
   EXPECT_EQ(z2.gradients(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
-  EXPECT_EQ(z2.comm, 2 * 464 * 4);
+  EXPECT_EQ(z2.comm, 2 * 464 * 4 + (8192 + 1024));
   // zero 3: the blocks' weights in two windows too.
   const RankMemory z3 = memory(3, Recompute::kNone);
   EXPECT_EQ(z3.parameters(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
-  EXPECT_EQ(z3.total(), z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 + 2 * 464 * 4);
+  EXPECT_EQ(z3.total(),
+            z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 + 2 * 464 * 4 + (8192 + 1024));
 
   // Recomputation: attention keeps one shared set of probabilities (256
   // bytes) instead of one per block; full keeps nothing of a block but its
