@@ -1,5 +1,6 @@
 #include "train/backend_factory.hpp"
 
+#include "train/grad_reducer.hpp"
 #include "train/zero_shards.hpp"
 
 #include "core/error.hpp"
@@ -74,6 +75,15 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
                             static_cast<size_t>(act), static_cast<size_t>(acc));
   if (zero == 0) {
     m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
+    // On the host, MPI's non-blocking all-reduce keeps a temporary of its
+    // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp).
+    if (choice.device == Device::kCpu && deck.parallel.dp > 1) {
+      double largest = 0;
+      for (const auto& [begin, end] :
+           gradient_buckets(ParameterTable(cfg, range), deck.parallel.bucket_mb * (1 << 20)))
+        largest = std::max(largest, static_cast<double>(end - begin));
+      m.comm = static_cast<double>(kReductionsInFlight) * largest * acc;
+    }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
     const ParameterTable table(cfg, range);

@@ -198,11 +198,18 @@ void Trainer::print_summary() const {
               static_cast<long long>(whole.total_numel()), static_cast<long long>(cfg.n_layer),
               static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
               static_cast<long long>(cfg.vocab_size), static_cast<long long>(cfg.padded_vocab()));
+  const ShardPlan* shards = p.stage->shard_plan();
+  const std::string reduction =
+      shards != nullptr
+          ? strprintf("zero %d: %zu units sharded over dp, recompute %s", p.stage->zero(),
+                      shards->units().size(), name_of(deck_.train.recompute))
+          : strprintf("%d gradient bucket(s), recompute %s", p.executor->num_buckets(),
+                      name_of(deck_.train.recompute));
   std::printf("grid:  dp %d x pp %d, schedule %s, stage 0 holds layers [0, %lld); "
-              "%d activation slot(s) on stage 0; %d gradient bucket(s)\n",
+              "%d activation slot(s) on stage 0; %s\n",
               g.dp(), g.pp(), name_of(deck_.parallel.schedule),
               static_cast<long long>(p.stage->range().last_layer), p.stage->num_slots(),
-              p.executor->num_buckets());
+              reduction.c_str());
   const bool gpu = p.stage->on_device();
   std::printf("device: %s on rank 0%s%s%s\n", p.stage->describe().c_str(), gpu ? "" : " (",
               gpu ? "" : p.backend.why_cpu.c_str(), gpu ? "" : ")");

@@ -73,19 +73,19 @@ class TrainingStage final : public StageBackend {
   void init_parameters(uint64_t seed) override {
     if (!zero_) return stage_.init_parameters(seed);
     // Every rank draws each tensor whole (the same values everywhere), one
-    // at a time, and keeps its rows; the weights are gathered once the
-    // group exists.
+    // at a time, and keeps its rows (the shard's other elements, padding,
+    // stay zero); the weights are gathered once the group exists.
     const ShardPlan& plan = zero_->plan();
-    std::vector<float> shard(static_cast<size_t>(plan.shard_size()), 0.0f), tensor;
+    std::vector<float> tensor;
     for (const auto& spec : stage_.table().specs()) {
       tensor.resize(static_cast<size_t>(spec.storage));
       fill_initial_tensor(spec, seed, tensor.data());
       const TensorPart p = plan.part_of(spec);
       const int64_t row_len = spec.numel() / spec.shape[0];
-      std::copy(tensor.begin() + p.row_begin * row_len, tensor.begin() + p.row_end * row_len,
-                shard.begin() + p.shard_offset);
+      zero_->upload_master(tensor.data() + p.row_begin * row_len, p.shard_offset,
+                           (p.row_end - p.row_begin) * row_len);
     }
-    zero_->load(shard.data(), nullptr, nullptr);
+    zero_->loaded();
   }
   void zero_grads() override {
     stage_.zero_grads();

@@ -51,15 +51,25 @@ class ZeroShards {
         ctx_(stage.context()),
         zero_(zero),
         plan_(stage.table(), stage.layout(), dp, dp_rank),
-        n_(plan_.shard_size()),
-        master_(static_cast<size_t>(n_)),
-        m_(static_cast<size_t>(n_)),
-        v_(static_cast<size_t>(n_)),
-        g_(static_cast<size_t>(n_)) {
-    for (auto* b : {&master_, &m_, &v_, &g_}) Ops::fill_zero(ctx_, b->get(), n_);
-    if constexpr (!std::is_same_v<Act, Acc>) wshard_ = Buffer<Act>(static_cast<size_t>(n_));
+        n_(plan_.shard_size()) {
+    // Counted as allocated, as the stage counts its own: the accounting
+    // (rank_memory) must predict the sum (test_memory_accounting.cpp).
+    auto acc = [&](int64_t count) {
+      allocated_ += static_cast<double>(count) * sizeof(Acc);
+      Buffer<Acc> b(static_cast<size_t>(count));
+      Ops::fill_zero(ctx_, b.get(), count);
+      return b;
+    };
+    master_ = acc(n_);
+    m_ = acc(n_);
+    v_ = acc(n_);
+    g_ = acc(n_);
+    if constexpr (!std::is_same_v<Act, Acc>) {
+      wshard_ = Buffer<Act>(static_cast<size_t>(n_));
+      allocated_ += static_cast<double>(n_) * sizeof(Act);
+    }
     if (zero_ >= 2)
-      for (auto& r : recv_) r = Buffer<Acc>(static_cast<size_t>(plan_.max_block_part()));
+      for (auto& r : recv_) r = acc(plan_.max_block_part());
     const std::vector<AdamWChunk> chunks = plan_.adamw_chunks(stage.table());
     chunk_count_ = static_cast<int64_t>(chunks.size());
     chunks_ = Buffer<AdamWChunk>(chunks.size());
@@ -74,11 +84,8 @@ class ZeroShards {
   }
 
   const ShardPlan& plan() const { return plan_; }
-  // Bytes this object allocates (for the accounting's test).
-  double allocated_bytes() const {
-    return static_cast<double>(n_) * (4 * sizeof(Acc) + (std::is_same_v<Act, Acc> ? 0 : sizeof(Act))) +
-           (zero_ >= 2 ? 2.0 * static_cast<double>(plan_.max_block_part()) * sizeof(Acc) : 0);
-  }
+  // Bytes of the shard's buffers (its small chunk list aside).
+  double allocated_bytes() const { return allocated_; }
 
   // The group; the weights are published at once if they are pending.
   void connect(Communicator& dp) {
@@ -92,6 +99,14 @@ class ZeroShards {
     Ops::upload(ctx_, master_.get(), master, n_);
     if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n_);
     if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n_);
+    loaded();
+  }
+  // Initialisation part by part (no shard-sized temporary): n master
+  // weights at `offset` of the shard from host memory, then loaded().
+  void upload_master(const float* src, int64_t offset, int64_t n) {
+    Ops::upload(ctx_, master_.get() + offset, src, n);
+  }
+  void loaded() {
     refresh_wshard();
     stale_ = true;
     if (dp_ != nullptr) publish();
@@ -257,6 +272,7 @@ class ZeroShards {
   const ShardUnit* gunit_[2] = {nullptr, nullptr};
   int64_t holds_[2] = {-1, -1};
   double issued_ = 0;  // bytes of the collectives issued
+  double allocated_ = 0;
 };
 
 }  // namespace mpiformer

@@ -4,7 +4,10 @@
 // gradients ~1/dp at zero 2, weights ~1/dp at zero 3 (plus two blocks).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "train/backend_factory.hpp"
+#include "train/zero_shards.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -63,8 +66,11 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   EXPECT_EQ(z0.stage.per_slot, 1024 + 3 * 4224 + 64 + 4352 + 96);
   EXPECT_EQ(z0.stage.activations, z0.stage.per_slot);
   EXPECT_EQ(z0.stage.scratch, 2824);
-  EXPECT_EQ(z0.comm, 0);
-  EXPECT_EQ(z0.total(), 15488 * 4 + 18208 + 2824);
+  // MPI's temporaries of two all-reduces in flight: one 25 MiB bucket holds
+  // the whole tiny stage.
+  EXPECT_EQ(z0.comm, 2 * 15488);
+  EXPECT_EQ(z0.total(), 15488 * 4 + 18208 + 2824 + 2 * 15488);
+  EXPECT_EQ(memory(0, Recompute::kNone, 1).comm, 0);  // one replica: no collective
 
   // zero 1: whole weights (the matmuls' copy) and gradients, shard of the
   // master weights, gradients and moments.
@@ -93,6 +99,38 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   const RankMemory rf = memory(0, Recompute::kFull);
   EXPECT_EQ(rf.stage.per_slot, 1024 + 64 + 4352 + 96);
   EXPECT_EQ(rf.stage.scratch, 2824 + 4224 + 256);
+}
+
+// What the stage and its shard allocate, counted as they allocate, is what
+// the accounting predicts besides MPI's temporaries, for the rank of the
+// group with the largest shard, at each zero stage and recompute mode.
+TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
+  GptConfig cfg = model();
+  cfg.n_layer = 5;
+  const StageRange range = partition_stage(cfg, 0, 1);
+  for (int zero : {1, 2, 3}) {
+    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+      double largest = 0;
+      for (int rank = 0; rank < 3; ++rank) {
+        host::Context ctx;
+        GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, r, zero));
+        ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank);
+        largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
+      }
+      Deck d;
+      d.model = cfg;
+      d.train.micro_batch = 2;
+      d.train.recompute = r;
+      d.parallel.dp = 3;
+      d.parallel.zero = zero;
+      const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
+      // MPI's temporaries (two of the largest unit, wte's 1024 floats) and
+      // the save's gather (the largest tensor, 256 floats) are not buffers
+      // of ours.
+      EXPECT_EQ(m.total() - (2 * 1024 + 256) * 4, largest)
+          << "zero " << zero << ", recompute " << name_of(r);
+    }
+  }
 }
 
 TEST(MemoryAccounting, ZeroShrinksEachCategoryByTheDataParallelWidth) {
