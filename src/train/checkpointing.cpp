@@ -43,12 +43,15 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
   }
 }
 
-// Gathers one tensor's rows, held by the ranks of `comm` in rank order,
-// whole on `root` (ZeRO: for its checksum). Empty elsewhere.
-std::vector<float> gather_tensor(MPI_Comm comm, int root, const float* rows, int64_t n_mine) {
+// One tensor's rows, held by the ranks of `comm` in rank order, whole on
+// `root` (for its checksum): a pointer to it there (this rank's own rows
+// when the group is one rank; else a copy kept in `store`), null elsewhere.
+const float* gather_tensor(MPI_Comm comm, int root, const float* rows, int64_t n_mine,
+                           std::vector<float>& store) {
   int size = 0, rank = 0;
   MPI_CHECK(MPI_Comm_size(comm, &size));
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  if (size == 1) return rows;
   const int mine = static_cast<int>(n_mine);
   std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
   MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
@@ -57,10 +60,10 @@ std::vector<float> gather_tensor(MPI_Comm comm, int root, const float* rows, int
     displs[r] = total;
     total += counts[r];
   }
-  std::vector<float> whole(rank == root ? static_cast<size_t>(total) : 0);
-  MPI_CHECK(MPI_Gatherv(rows, mine, MPI_FLOAT, whole.data(), counts.data(), displs.data(),
+  store.resize(rank == root ? static_cast<size_t>(total) : 0);
+  MPI_CHECK(MPI_Gatherv(rows, mine, MPI_FLOAT, store.data(), counts.data(), displs.data(),
                         MPI_FLOAT, root, comm));
-  return whole;
+  return rank == root ? store.data() : nullptr;
 }
 
 }  // namespace
@@ -92,11 +95,12 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
         d.row_end = p.row_end;
         d.rows = group_base(state, g) + p.shard_offset;
         const int root = tensor++ % grid.dp();
-        const std::vector<float> all = gather_tensor(grid.data_parallel().get(), root, d.rows,
-                                                     (p.row_end - p.row_begin) * row_len);
+        std::vector<float> store;
+        const float* all = gather_tensor(grid.data_parallel().get(), root, d.rows,
+                                         (p.row_end - p.row_begin) * row_len, store);
         if (grid.dp_rank() == root) {
           d.reports_checksum = true;
-          d.checksum = tensor_checksum(all.data(), spec.numel());
+          d.checksum = tensor_checksum(all, spec.numel());
         }
       } else if (owner_stage(spec, cfg, grid.pp()) == grid.stage()) {
         const ParameterSpec& mine = local.at(spec.name);
@@ -145,6 +149,7 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   std::string damaged, damaged_field;
   int tensor = 0;
   int64_t bytes = 0;
+  std::vector<float> store;
   for (int g = 0; g < 3; ++g) {
     for (const auto& spec : local.specs()) {
       const TensorPart p = plan.part_of(spec);
@@ -163,10 +168,10 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
         }
       }
       const int root = tensor++ % size;
-      const std::vector<float> all = gather_tensor(group, root, rows, (p.row_end - p.row_begin) * row_len);
+      const float* all = gather_tensor(group, root, rows, (p.row_end - p.row_begin) * row_len, store);
       if (rank != root || !damaged.empty()) continue;
       try {
-        check_tensor_checksum(reader.path(), kGroups[g] + spec.name, stored, all.data(), spec.numel());
+        check_tensor_checksum(reader.path(), kGroups[g] + spec.name, stored, all, spec.numel());
       } catch (const InputError& e) {
         damaged_field = e.field();
         damaged = e.reason();
@@ -190,6 +195,11 @@ int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg
   MPI_CHECK(MPI_Comm_size(group, &size));
   MPI_CHECK(MPI_Comm_rank(group, &rank));
   const ShardPlan plan(local, StageLayout(local, range), size, rank);
+  // One rank: its shard is the whole buffer, in order; read into it.
+  if (size == 1) {
+    return restore_shard(reader, cfg, local,
+                         StageState{whole.params, whole.adam_m, whole.adam_v, &plan}, group);
+  }
   const auto n = static_cast<size_t>(plan.shard_size());
   std::vector<float> p(n), m(n), v(n);
   const int64_t bytes = restore_shard(reader, cfg, local, StageState{p.data(), m.data(), v.data(), &plan}, group);
