@@ -94,18 +94,17 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     m.optimizer = 2 * shard * acc;
     if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
     // On the host, MPI's non-blocking reduce-scatter keeps a temporary of
-    // its whole input: kInFlight units at most (zero_shards.hpp).
+    // its whole input (kInFlight units at most), and a save gathers each
+    // tensor whole on one rank for its checksum (checkpointing.cpp; on a
+    // GPU run both are host memory, not the device's).
     if (choice.device == Device::kCpu) {
-      double largest = 0;
-      for (const ShardUnit& u : plan.units()) largest = std::max(largest, static_cast<double>(u.end - u.begin));
-      m.comm += static_cast<double>(kInFlight) * largest * acc;
+      double largest = 0, largest_tensor = 0;
+      for (const ShardUnit& u : plan.units())
+        largest = std::max(largest, static_cast<double>(u.end - u.begin));
+      for (const auto& spec : table.specs())
+        largest_tensor = std::max(largest_tensor, static_cast<double>(spec.numel()));
+      m.comm += static_cast<double>(kInFlight) * largest * acc + largest_tensor * 4;
     }
-    // A save gathers each tensor whole on one rank for its checksum
-    // (checkpointing.cpp): the largest, on the host.
-    double largest_tensor = 0;
-    for (const auto& spec : table.specs())
-      largest_tensor = std::max(largest_tensor, static_cast<double>(spec.numel()));
-    m.comm += largest_tensor * 4;
   }
   if (choice.device == Device::kCuda && range.num_layers() > 0) {
     // The context's attention scratch (cuda/context.cpp: 7 [B,T,C]).
