@@ -62,7 +62,8 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
     u.cuts[dp] = u.end;
     u.shard_offset = sizes[rank];
     for (int r = 0; r < dp; ++r) {
-      sizes[r] += u.cuts[r + 1] - u.cuts[r];
+      u.counts.push_back(u.cuts[r + 1] - u.cuts[r]);
+      sizes[r] += u.counts.back();
       if (u.block >= 0) max_block_part_ = std::max(max_block_part_, u.cuts[r + 1] - u.cuts[r]);
     }
     if (u.block == 0) first_block_ = units_.size();
@@ -76,12 +77,6 @@ const ShardUnit& ShardPlan::unit_at(int64_t offset) const {
   for (const auto& u : units_)
     if (offset >= u.begin && offset < u.end) return u;
   throw std::out_of_range("ShardPlan: no unit holds offset " + std::to_string(offset));
-}
-
-std::vector<int64_t> ShardPlan::counts(const ShardUnit& u) const {
-  std::vector<int64_t> c;
-  for (int r = 0; r < dp_; ++r) c.push_back(u.cuts[r + 1] - u.cuts[r]);
-  return c;
 }
 
 TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {

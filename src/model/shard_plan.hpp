@@ -21,6 +21,8 @@ struct ShardUnit {
   int64_t begin = 0, end = 0;  // flat offsets
   int64_t block = -1;          // the stage's block index; -1 outside the blocks
   std::vector<int64_t> cuts;   // dp + 1 flat offsets: part r is [cuts[r], cuts[r + 1])
+  std::vector<int64_t> counts; // dp part sizes, what the collectives take (kept so a
+                               // step allocates none)
   int64_t shard_offset = 0;    // where this rank's part sits in its shard
 };
 
@@ -43,7 +45,7 @@ class ShardPlan {
   int64_t part_begin(const ShardUnit& u) const { return u.cuts[rank_]; }
   int64_t part_size(const ShardUnit& u) const { return u.cuts[rank_ + 1] - u.cuts[rank_]; }
   // Every rank's part size of `u` (the collectives' counts).
-  std::vector<int64_t> counts(const ShardUnit& u) const;
+  const std::vector<int64_t>& counts(const ShardUnit& u) const { return u.counts; }
   // Elements of this rank's shard; the largest any rank of the group has.
   int64_t shard_size() const { return shard_size_; }
   int64_t max_shard_size() const { return max_shard_size_; }

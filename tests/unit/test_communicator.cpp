@@ -46,15 +46,21 @@ std::vector<int64_t> uneven_parts(int n) {
   return counts;
 }
 
+// Where rank r's part starts, and the parts' total.
+std::pair<int64_t, int64_t> place_of(const std::vector<int64_t>& counts, int r) {
+  int64_t at = 0, total = 0;
+  for (int q = 0; q < static_cast<int>(counts.size()); ++q) {
+    if (q < r) at += counts[q];
+    total += counts[q];
+  }
+  return {at, total};
+}
+
 TEST(MpiCommunicator, ReduceScatterOfUnevenPartsIsExact) {
   MpiCommunicator comm = world_copy();
   const int n = comm.size(), r = comm.rank();
   const std::vector<int64_t> counts = uneven_parts(n);
-  int64_t total = 0, mine_at = 0;
-  for (int q = 0; q < n; ++q) {
-    if (q < r) mine_at += counts[q];
-    total += counts[q];
-  }
+  const auto [mine_at, total] = place_of(counts, r);
   std::vector<float> send(static_cast<size_t>(total));
   for (int64_t i = 0; i < total; ++i) send[i] = static_cast<float>((r + 1) * (i % 5));
   std::vector<float> recv(static_cast<size_t>(counts[r]) + 1, -7.0f);  // + a guard element
@@ -69,11 +75,7 @@ TEST(MpiCommunicator, AllgatherOfUnevenPartsInPlaceAndNot) {
   MpiCommunicator comm = world_copy();
   const int n = comm.size(), r = comm.rank();
   const std::vector<int64_t> counts = uneven_parts(n);
-  int64_t total = 0, mine_at = 0;
-  for (int q = 0; q < n; ++q) {
-    if (q < r) mine_at += counts[q];
-    total += counts[q];
-  }
+  const auto [mine_at, total] = place_of(counts, r);
   auto value = [](int64_t i) { return static_cast<float>(i * 3 + 1); };
   // Apart: from a buffer of this rank's part alone; floats.
   std::vector<float> part(static_cast<size_t>(counts[r]) + 1);
