@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     {
       CheckpointReader reader(path);
-      restore_whole_stage(reader, cfg, stage->table(), stage->range(), st, grid.data_parallel().get());
+      restore_whole_stage(reader, cfg, stage->table(), stage->range(), st, grid.data_parallel().get(),
+                          grid.stage_group().get());
     }
     MPI_Barrier(MPI_COMM_WORLD);
     const double load = std::chrono::duration<double>(Clock::now() - t0).count();

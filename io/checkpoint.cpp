@@ -28,6 +28,7 @@ namespace {
 struct IntAttr {
   const char* name;
   int64_t CheckpointMeta::*member;
+  int64_t since = 1;  // the format version that added it
 };
 const IntAttr kIntAttrs[] = {
     {"format_version", &CheckpointMeta::format_version},
@@ -44,6 +45,7 @@ const IntAttr kIntAttrs[] = {
     {"n_embd", &CheckpointMeta::n_embd},
     {"seq_len", &CheckpointMeta::seq_len},
     {"vocab_size", &CheckpointMeta::vocab_size},
+    {"tp", &CheckpointMeta::tp, 3},
 };
 
 std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
@@ -67,9 +69,38 @@ int64_t fault_after() {
 // an edited step or data position is found like a damaged tensor.
 uint64_t meta_checksum(const CheckpointMeta& meta) {
   std::string text;
-  for (const auto& a : kIntAttrs) text += std::string(a.name) + "=" + std::to_string(meta.*(a.member)) + "\n";
+  for (const auto& a : kIntAttrs)
+    if (meta.format_version >= a.since)
+      text += std::string(a.name) + "=" + std::to_string(meta.*(a.member)) + "\n";
   text += "tokenizer=" + meta.tokenizer + "\ndeck=" + meta.deck + "\nrun_id=" + meta.run_id + "\n";
   return XXH64(text.data(), text.size(), 0);
+}
+
+// Selects `boxes` of a dataset of `shape` in `space` (none when empty);
+// returns the elements selected.
+int64_t select_boxes(hid_t space, const std::vector<int64_t>& shape,
+                     const std::vector<DatasetBox>& boxes, const std::string& where) {
+  int64_t count = 0;
+  bool first = true;
+  for (const DatasetBox& b : boxes) {
+    if (b.rows <= 0) continue;
+    std::vector<hsize_t> start(shape.size(), 0), n = dims_of(shape);
+    start[0] = static_cast<hsize_t>(b.row);
+    n[0] = static_cast<hsize_t>(b.rows);
+    if (shape.size() > 1) {
+      start[1] = static_cast<hsize_t>(b.col);
+      n[1] = static_cast<hsize_t>(b.cols);
+    }
+    H5_CHECK(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
+                                 nullptr, n.data(), nullptr),
+             where);
+    first = false;
+    int64_t e = 1;
+    for (hsize_t x : n) e *= static_cast<int64_t>(x);
+    count += e;
+  }
+  if (first) H5_CHECK(H5Sselect_none(space), where);
+  return count;
 }
 
 }  // namespace
@@ -171,26 +202,16 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
                                H5P_DEFAULT, H5P_DEFAULT),
                     H5Dclose);
       H5_CHECK(dset.get(), tmp + ": " + d.name);
-      // This rank's rows as a hyperslab; an empty selection still joins the
-      // collective transfer.
-      const int64_t rows = d.row_end - d.row_begin;
-      const int64_t row_len = d.shape.size() > 1 ? numel(d.shape) / d.shape[0] : 1;
-      const hsize_t mcount[1] = {static_cast<hsize_t>(std::max<int64_t>(rows * row_len, 1))};
+      // This rank's blocks as a union of hyperslabs (HDF5 walks it in the
+      // file's order, which is the blocks' order: increasing rows); an empty
+      // selection still joins the collective transfer.
+      const int64_t count = select_boxes(fspace.get(), d.shape, d.boxes, tmp + ": " + d.name);
+      const hsize_t mcount[1] = {static_cast<hsize_t>(std::max<int64_t>(count, 1))};
       H5Handle mspace(H5Screate_simple(1, mcount, nullptr), H5Sclose);
-      if (rows > 0) {
-        std::vector<hsize_t> start(dims.size(), 0), count = dims;
-        start[0] = static_cast<hsize_t>(d.row_begin);
-        count[0] = static_cast<hsize_t>(rows);
-        H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                     count.data(), nullptr),
-                 tmp + ": " + d.name);
-      } else {
-        H5_CHECK(H5Sselect_none(fspace.get()), tmp);
-        H5_CHECK(H5Sselect_none(mspace.get()), tmp);
-      }
+      if (count == 0) H5_CHECK(H5Sselect_none(mspace.get()), tmp);
       errno = 0;
       if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(),
-                   rows > 0 ? d.rows : nullptr) < 0) {
+                   count > 0 ? d.data : nullptr) < 0) {
         failed("writing " + d.name);
       }
       if (agree()) break;
@@ -240,13 +261,15 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   }
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file_ < 0) throw InputError(path, "", "cannot open (truncated or damaged?)");
-  for (const auto& a : kIntAttrs) meta_.*(a.member) = read_int_attr(file_, a.name, path);
-  if (meta_.format_version != kCheckpointFormatVersion && meta_.format_version != 1) {
+  meta_.format_version = read_int_attr(file_, "format_version", path);
+  if (meta_.format_version < 1 || meta_.format_version > kCheckpointFormatVersion) {
     throw InputError(path, "attribute format_version",
-                     strprintf("this build reads versions 1 and %lld, the file is version %lld",
+                     strprintf("this build reads versions 1 to %lld, the file is version %lld",
                                static_cast<long long>(kCheckpointFormatVersion),
                                static_cast<long long>(meta_.format_version)));
   }
+  for (const auto& a : kIntAttrs)
+    if (meta_.format_version >= a.since) meta_.*(a.member) = read_int_attr(file_, a.name, path);
   meta_.tokenizer = read_string_attr(file_, "tokenizer", path);
   meta_.deck = read_string_attr(file_, "deck", path);
   if (meta_.format_version >= 2) {
@@ -268,6 +291,12 @@ CheckpointReader::~CheckpointReader() {
 
 uint64_t CheckpointReader::read_rows(const std::string& name, const std::vector<int64_t>& shape,
                                      int64_t row_begin, int64_t row_end, float* out) const {
+  const int64_t width = shape.size() > 1 ? shape[1] : 1;
+  return read_boxes(name, shape, {DatasetBox{row_begin, row_end - row_begin, 0, width}}, out);
+}
+
+uint64_t CheckpointReader::read_boxes(const std::string& name, const std::vector<int64_t>& shape,
+                                      const std::vector<DatasetBox>& boxes, float* out) const {
   H5QuietErrors quiet;
   if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) throw InputError(path_, name, "missing");
   H5Handle dset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
@@ -285,15 +314,11 @@ uint64_t CheckpointReader::read_rows(const std::string& name, const std::vector<
     throw InputError(path_, name, "shape " + show(dims) + ", the deck's model needs " + show(shape));
   }
   const uint64_t stored = read_u64_attr(dset.get(), "xxh64", path_ + ": " + name);
-  if (row_end <= row_begin) return stored;
-  // Rows [row_begin, row_end) of dimension 0, whole in the others.
-  std::vector<hsize_t> start(dims.size(), 0), count = dims;
-  start[0] = static_cast<hsize_t>(row_begin);
-  count[0] = static_cast<hsize_t>(row_end - row_begin);
-  H5Handle memory(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
-  if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                          nullptr) < 0 ||
-      H5Dread(dset.get(), H5T_NATIVE_FLOAT, memory.get(), space.get(), H5P_DEFAULT, out) < 0) {
+  const int64_t count = select_boxes(space.get(), shape, boxes, path_ + ": " + name);
+  if (count == 0) return stored;
+  const hsize_t mcount[1] = {static_cast<hsize_t>(count)};
+  H5Handle memory(H5Screate_simple(1, mcount, nullptr), H5Sclose);
+  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, memory.get(), space.get(), H5P_DEFAULT, out) < 0) {
     throw InputError(path_, name, "read failed (truncated or damaged file)");
   }
   return stored;

@@ -16,9 +16,10 @@
 
 namespace mpiformer {
 
-// 2: the run id and a checksum of the root metadata. Version 1 files are
-// still read (without either).
-constexpr int64_t kCheckpointFormatVersion = 2;
+// 2: the run id and a checksum of the root metadata; 3: the tensor-parallel
+// width that wrote it (the tensors are the same logical ones). Versions 1
+// and 2 are still read (without what they lack).
+constexpr int64_t kCheckpointFormatVersion = 3;
 
 // The run's state, stored as root attributes.
 struct CheckpointMeta {
@@ -29,6 +30,7 @@ struct CheckpointMeta {
   int64_t epoch = 0;            // sample_position / windows per epoch
   int64_t seed = 0;             // with the cursor, fixes the sample order
   int64_t dp = 1, pp = 1, world_size = 1;  // the layout that wrote it
+  int64_t tp = 1;
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab_size = 0;
   std::string tokenizer;        // of the training data
   std::string deck;             // the resolved input deck, TOML
@@ -44,13 +46,22 @@ std::string new_run_id();
 void set_model_config(CheckpointMeta& meta, const GptConfig& cfg);
 GptConfig model_config(const CheckpointMeta& meta);
 
+// A block of a dataset: rows [row, row + rows) of dimension 0 and, for a
+// matrix, columns [col, col + cols) of dimension 1.
+struct DatasetBox {
+  int64_t row = 0, rows = 0, col = 0, cols = 0;
+};
+
 // What one rank contributes to one dataset. Every rank lists every dataset,
 // in the same order: creation is collective.
 struct DatasetSlice {
   std::string name;             // "/model/wte"
   std::vector<int64_t> shape;   // logical shape
-  int64_t row_begin = 0, row_end = 0;  // rows of dimension 0 this rank writes
-  const float* rows = nullptr;  // data of row_begin (row-major)
+  // The blocks this rank writes (none, one, or a tensor slice's several),
+  // in increasing rows, over the same columns: their elements follow each
+  // other at `data`, each block row-major.
+  std::vector<DatasetBox> boxes;
+  const float* data = nullptr;
   bool reports_checksum = false;  // exactly one rank per dataset
   uint64_t checksum = 0;        // xxh64 of the whole tensor, on that rank
 };
@@ -97,6 +108,9 @@ class CheckpointReader {
   // it once the rows are together); returns the stored checksum.
   uint64_t read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t row_begin,
                      int64_t row_end, float* out) const;
+  // The same for blocks (DatasetSlice's order: one after another at `out`).
+  uint64_t read_boxes(const std::string& name, const std::vector<int64_t>& shape,
+                      const std::vector<DatasetBox>& boxes, float* out) const;
   // Verifies one dataset's checksum; "" when it holds, else the reason.
   std::string verify(const std::string& name, const std::vector<int64_t>& shape) const;
   // Every dataset under /model and /optim, with its shape.

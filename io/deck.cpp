@@ -155,6 +155,7 @@ const std::vector<Key>& schema() {
       choice_key("train", "recompute", kRecomputeNames, MEMBER(train.recompute)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
+      int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
       choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       int_key("parallel", "zero", false, 0, 3, MEMBER(parallel.zero)),
@@ -254,6 +255,16 @@ void check_relations(const Deck& d, const std::string& where) {
                   "%lld (so every step is whole micro-batches), got %lld",
                   static_cast<long long>(d.parallel.dp), static_cast<long long>(d.train.micro_batch),
                   static_cast<long long>(per_step), static_cast<long long>(d.train.global_batch)));
+  }
+  // Megatron's partitioning: each tensor rank keeps whole heads. With
+  // n_head dividing n_embd this also gives every rank an equal share of the
+  // attention's n_embd and the MLP's 4 x n_embd channels.
+  if (d.model.n_head % d.parallel.tp != 0) {
+    throw InputError(where, "[parallel] tp",
+                     strprintf("must divide [model] n_head (%lld) so each tensor rank keeps whole "
+                               "attention heads, got %lld",
+                               static_cast<long long>(d.model.n_head),
+                               static_cast<long long>(d.parallel.tp)));
   }
   if (d.parallel.pp > d.model.n_layer) {
     throw InputError(where, "[parallel] pp",

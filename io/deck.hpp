@@ -54,7 +54,9 @@ struct DataConfig {
 };
 
 struct ParallelConfig {
-  int64_t dp = 1, pp = 1;
+  // dp x pp x tp ranks; tp is Megatron's tensor parallelism within each
+  // block (ranks laid out tp fastest: parallel/process_grid.hpp).
+  int64_t dp = 1, pp = 1, tp = 1;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   double bucket_mb = 25;          // data-parallel gradient bucket size, MiB (zero 0)
   // ZeRO stage over each stage's data-parallel group: 1 shards the AdamW

@@ -32,11 +32,17 @@ namespace {
 
 template <class A>
 __global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A* wte,
-                                         const A* wpe, int64_t BT, int64_t T, int64_t C) {
+                                         const A* wpe, int64_t BT, int64_t T, int64_t C,
+                                         int64_t vocab_begin, int64_t vocab_rows) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= BT * C) return;
   const int64_t bt = i / C, c = i % C;
-  const float e = to_float(wte[static_cast<int64_t>(tokens[bt]) * C + c]);
+  const int64_t row = static_cast<int64_t>(tokens[bt]) - vocab_begin;
+  if (row < 0 || row >= vocab_rows) {
+    out[i] = from_float<A>(0.f);
+    return;
+  }
+  const float e = to_float(wte[row * C + c]);
   out[i] = from_float<A>(e + to_float(wpe[(bt % T) * C + c]));
 }
 
@@ -44,14 +50,16 @@ __global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A*
 // sums that token's positions in order.
 template <class A>
 __global__ void embedding_backward_wte_kernel(float* dwte, const A* dout,
-                                              DeviceTokenGroups groups, int64_t C) {
+                                              DeviceTokenGroups groups, int64_t C,
+                                              int64_t vocab_begin, int64_t vocab_rows) {
   const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t u = blockIdx.x;
-  if (c >= C) return;
+  const int64_t row = static_cast<int64_t>(groups.tokens[u]) - vocab_begin;
+  if (c >= C || row < 0 || row >= vocab_rows) return;
   float sum = 0.f;
   for (int32_t k = groups.starts[u]; k < groups.starts[u + 1]; ++k)
     sum += to_float(dout[static_cast<int64_t>(groups.positions[k]) * C + c]);
-  dwte[static_cast<int64_t>(groups.tokens[u]) * C + c] += sum;
+  dwte[row * C + c] += sum;
 }
 
 // One thread per (t, c): the sum over the batch, in batch order.
@@ -69,21 +77,24 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const A* dout, int64_
 
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
-                       int64_t T, int64_t C, cudaStream_t stream) {
+                       int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
+                       cudaStream_t stream) {
   const int threads = 256;
   embedding_forward_kernel<<<blocks_for(B * T * C, threads), threads, 0, stream>>>(
-      out, tokens, wte, wpe, B * T, T, C);
+      out, tokens, wte, wpe, B * T, T, C, vocab_begin, vocab_rows);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class A>
 void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,
-                        int64_t B, int64_t T, int64_t C, cudaStream_t stream) {
+                        int64_t B, int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
+                        cudaStream_t stream) {
   const int threads = 256;
   MPIFORMER_CHECK(groups.count > 0 && groups.count <= B * T,
                   "embedding_backward: token groups do not match the batch");
   const dim3 grid(static_cast<unsigned>(groups.count), blocks_for(C, threads));
-  embedding_backward_wte_kernel<<<grid, threads, 0, stream>>>(dwte, dout, groups, C);
+  embedding_backward_wte_kernel<<<grid, threads, 0, stream>>>(dwte, dout, groups, C, vocab_begin,
+                                                              vocab_rows);
   CUDA_CHECK_LAUNCH();
   embedding_backward_wpe_kernel<<<blocks_for(T * C, threads), threads, 0, stream>>>(dwpe, dout, B,
                                                                                     T, C);
@@ -92,9 +103,9 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
 
 #define MPIFORMER_INSTANTIATE(A)                                                              \
   template void embedding_forward<A>(A*, const int32_t*, const A*, const A*, int64_t, int64_t, \
-                                     int64_t, cudaStream_t);                                   \
+                                     int64_t, int64_t, int64_t, cudaStream_t);                 \
   template void embedding_backward<A>(float*, float*, const A*, const DeviceTokenGroups&,      \
-                                      int64_t, int64_t, int64_t, cudaStream_t);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
 

@@ -1,5 +1,7 @@
 // Token + position embedding on the GPU (host twin: host/embedding.hpp).
 // out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]; wte [Vp,C], wpe [Tmax,C].
+// Vocabulary-parallel as on the host: wte holds rows [vocab_begin,
+// vocab_begin + vocab_rows); other tokens give zeros and no gradient.
 //
 // The backward must add the gradients of repeated tokens into one row of
 // dwte. Atomics would make the sum order (and so the bits) change from run to
@@ -31,11 +33,13 @@ struct DeviceTokenGroups {
 
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
-                       int64_t T, int64_t C, cudaStream_t stream);
+                       int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
+                       cudaStream_t stream);
 
 // Parameter gradients accumulate (+=) in float.
 template <class A>
 void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,
-                        int64_t B, int64_t T, int64_t C, cudaStream_t stream);
+                        int64_t B, int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
+                        cudaStream_t stream);
 
 }  // namespace mpiformer::cuda

@@ -91,12 +91,16 @@ struct Ops {
 
   // ---- the model's ops -------------------------------------------------------
   static void embedding_forward(Context& c, A* out, const Tokens& tok, const A* wte, const A* wpe,
-                                int64_t B, int64_t T, int64_t C) {
-    cuda::embedding_forward(out, tok.data(), wte, wpe, B, T, C, c.stream());
+                                int64_t B, int64_t T, int64_t C, int64_t vocab_begin,
+                                int64_t vocab_rows) {
+    cuda::embedding_forward(out, tok.data(), wte, wpe, B, T, C, vocab_begin, vocab_rows,
+                            c.stream());
   }
   static void embedding_backward(Context& c, float* dwte, float* dwpe, const A* dout,
-                                 const Tokens& tok, int64_t B, int64_t T, int64_t C) {
-    cuda::embedding_backward(dwte, dwpe, dout, tok.groups(), B, T, C, c.stream());
+                                 const Tokens& tok, int64_t B, int64_t T, int64_t C,
+                                 int64_t vocab_begin, int64_t vocab_rows) {
+    cuda::embedding_backward(dwte, dwpe, dout, tok.groups(), B, T, C, vocab_begin, vocab_rows,
+                             c.stream());
   }
   static void layernorm_forward(Context& c, A* out, float* mean, float* rstd, const A* inp,
                                 const A* w, const A* b, int64_t N, int64_t C) {
@@ -146,6 +150,21 @@ struct Ops {
                                             int64_t Vp, float grad_scale) {
     cuda::crossentropy_forward_backward(losses, logits, targets.data(), N, V, Vp, grad_scale,
                                         c.stream());
+  }
+  static void crossentropy_vp_max(Context& c, float* rowmax, const A* logits, int64_t N, int64_t V,
+                                  int64_t Vl) {
+    cuda::crossentropy_vp_max(rowmax, logits, N, V, Vl, c.stream());
+  }
+  static void crossentropy_vp_sums(Context& c, float* stats, const A* logits, const Tokens& targets,
+                                   const float* rowmax, int64_t N, int64_t V, int64_t Vl,
+                                   int64_t v0) {
+    cuda::crossentropy_vp_sums(stats, logits, targets.data(), rowmax, N, V, Vl, v0, c.stream());
+  }
+  static void crossentropy_vp_finish(Context& c, float* losses, A* logits, const Tokens& targets,
+                                     const float* rowmax, const float* stats, int64_t N, int64_t V,
+                                     int64_t Vl, int64_t v0, float grad_scale, bool backward) {
+    cuda::crossentropy_vp_finish(losses, logits, targets.data(), rowmax, stats, N, V, Vl, v0,
+                                 grad_scale, backward, c.stream());
   }
 
   // ---- reductions and the optimizer ------------------------------------------

@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "fast_math.hpp"
 #include "parallel.hpp"
@@ -48,6 +49,59 @@ void crossentropy_forward_backward(T* losses, T* logits, const int32_t* targets,
     for (int64_t i = 0; i < V; ++i) z[i] *= inv * grad_scale;
     z[y] -= grad_scale;
     for (int64_t i = V; i < Vp; ++i) z[i] = T(0);
+  });
+}
+
+// Vocabulary-parallel cross-entropy (tensor parallelism, as Megatron's):
+// each rank of a tensor group holds logits [N, Vl] of the columns
+// [v0, v0 + Vl) of the padded vocabulary, the first V (<= Vl, maybe 0) of
+// them real tokens. The whole logits are never gathered: three passes, with
+// an all-reduce of per-row statistics after the first two.
+//   1. rowmax[n]: the maximum over this rank's real columns (-inf with none);
+//      the group then takes the maximum.
+//   2. stats[n]: sum of exp(z - rowmax) over them; stats[N + n]: the
+//      target's logit if this rank holds the target, else 0; the group
+//      then sums both.
+//   3. losses[n] = log(sum) + max - z_target (the same on every rank); with
+//      backward, logits becomes grad_scale * (softmax - onehot) on this
+//      rank's columns, padding zero.
+template <class T>
+void crossentropy_vp_max(T* rowmax, const T* logits, int64_t N, int64_t V, int64_t Vl) {
+  parallel_for("crossentropy_vp_max", N, [=](const int64_t n) {
+    const T* z = logits + n * Vl;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t i = 0; i < V; ++i) mx = z[i] > mx ? z[i] : mx;
+    rowmax[n] = mx;
+  });
+}
+
+template <class T>
+void crossentropy_vp_sums(T* stats, const T* logits, const int32_t* targets, const T* rowmax,
+                          int64_t N, int64_t V, int64_t Vl, int64_t v0) {
+  parallel_for("crossentropy_vp_sums", N, [=](const int64_t n) {
+    const T* z = logits + n * Vl;
+    T sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += exp_fast(z[i] - rowmax[n]);
+    const int64_t y = static_cast<int64_t>(targets[n]) - v0;
+    stats[n] = sum;
+    stats[N + n] = y >= 0 && y < V ? z[y] : T(0);
+  });
+}
+
+template <class T>
+void crossentropy_vp_finish(T* losses, T* logits, const int32_t* targets, const T* rowmax,
+                            const T* stats, int64_t N, int64_t V, int64_t Vl, int64_t v0,
+                            T grad_scale, bool backward) {
+  parallel_for("crossentropy_vp_finish", N, [=](const int64_t n) {
+    const T mx = rowmax[n], sum = stats[n];
+    losses[n] = std::log(sum) + mx - stats[N + n];
+    if (!backward) return;
+    T* z = logits + n * Vl;
+    const T scale = grad_scale / sum;
+    for (int64_t i = 0; i < V; ++i) z[i] = exp_fast(z[i] - mx) * scale;
+    for (int64_t i = V; i < Vl; ++i) z[i] = T(0);
+    const int64_t y = static_cast<int64_t>(targets[n]) - v0;
+    if (y >= 0 && y < V) z[y] -= grad_scale;
   });
 }
 

@@ -103,13 +103,16 @@ struct Ops {
   }
 
   // ---- the model's ops (layouts and semantics: the kernels' headers) -------
+  // wte holds rows [vocab_begin, vocab_begin + vocab_rows) of the vocabulary.
   static void embedding_forward(Context&, T* out, const Tokens& tok, const T* wte, const T* wpe,
-                                int64_t B, int64_t Tn, int64_t C) {
-    host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C);
+                                int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
+                                int64_t vocab_rows) {
+    host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C, vocab_begin, vocab_rows);
   }
   static void embedding_backward(Context&, T* dwte, T* dwpe, const T* dout, const Tokens& tok,
-                                 int64_t B, int64_t Tn, int64_t C) {
-    host::embedding_backward(dwte, dwpe, dout, tok.data(), B, Tn, C);
+                                 int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
+                                 int64_t vocab_rows) {
+    host::embedding_backward(dwte, dwpe, dout, tok.data(), B, Tn, C, vocab_begin, vocab_rows);
   }
   static void layernorm_forward(Context&, T* out, T* mean, T* rstd, const T* inp, const T* w,
                                 const T* b, int64_t N, int64_t C) {
@@ -155,6 +158,21 @@ struct Ops {
   static void crossentropy_forward_backward(Context&, T* losses, T* logits, const Tokens& targets,
                                             int64_t N, int64_t V, int64_t Vp, T grad_scale) {
     host::crossentropy_forward_backward(losses, logits, targets.data(), N, V, Vp, grad_scale);
+  }
+  // The vocabulary-parallel cross-entropy's three passes (crossentropy.hpp).
+  static void crossentropy_vp_max(Context&, T* rowmax, const T* logits, int64_t N, int64_t V,
+                                  int64_t Vl) {
+    host::crossentropy_vp_max(rowmax, logits, N, V, Vl);
+  }
+  static void crossentropy_vp_sums(Context&, T* stats, const T* logits, const Tokens& targets,
+                                   const T* rowmax, int64_t N, int64_t V, int64_t Vl, int64_t v0) {
+    host::crossentropy_vp_sums(stats, logits, targets.data(), rowmax, N, V, Vl, v0);
+  }
+  static void crossentropy_vp_finish(Context&, T* losses, T* logits, const Tokens& targets,
+                                     const T* rowmax, const T* stats, int64_t N, int64_t V,
+                                     int64_t Vl, int64_t v0, T grad_scale, bool backward) {
+    host::crossentropy_vp_finish(losses, logits, targets.data(), rowmax, stats, N, V, Vl, v0,
+                                 grad_scale, backward);
   }
 
   // ---- reductions and the optimizer -----------------------------------------

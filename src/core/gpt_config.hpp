@@ -12,10 +12,15 @@ struct GptConfig {
   int64_t seq_len = 0;     // maximum context, the size of the position table
   int64_t vocab_size = 0;  // real tokens
 
-  // The LM head and embedding are padded to a multiple of 128 rows so the
-  // largest GEMM of the model has a friendly shape; the padding is never
-  // visible outside the model (checkpoints and logits use vocab_size).
-  int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  // The LM head and embedding are padded to a multiple of 128 rows per
+  // tensor rank (tp ranks each hold padded_vocab(tp) / tp of them) so the
+  // largest GEMM of the model has a friendly shape on every rank; the
+  // padding is never visible outside the model (checkpoints and logits use
+  // vocab_size).
+  int64_t padded_vocab(int64_t tp = 1) const {
+    const int64_t m = 128 * tp;
+    return (vocab_size + m - 1) / m * m;
+  }
   int64_t head_dim() const { return n_embd / n_head; }
 };
 

@@ -26,12 +26,24 @@ enum class Init : uint8_t {
 // Which stage of a pipeline holds a tensor outside the blocks.
 enum class Placement : uint8_t { kFirstStage, kLastStage };
 
+// How the ranks of a tensor-parallel group divide a tensor (Megatron's
+// partitioning; layouts are [out, in]):
+//   kNone:  replicated (LayerNorms, the biases of row-parallel layers, wpe);
+//   kRows:  contiguous rows, rank r the r-th of tp equal blocks: the
+//           column-parallel MLP fc and the vocabulary-parallel wte;
+//   kCols:  contiguous columns (the input dimension): the row-parallel
+//           output projections;
+//   kHeads: qkv's rows by heads: each of its three [C, ...] blocks (q, k,
+//           v) split into tp row blocks, rank r keeping the r-th of each.
+enum class Split : uint8_t { kNone, kRows, kCols, kHeads };
+
 struct TensorSchema {
   const char* name;  // GPT-2's (block tensors: the part after "h.<i>.")
   Extent rows, cols;
   bool decay;  // AdamW weight decay: matrices and embeddings only
   Init init;
   Placement placement;  // tensors outside the blocks only
+  Split split;          // under tensor parallelism
 };
 
 // One transformer block, in the order of the parameter buffer.
@@ -43,18 +55,18 @@ enum Tensor : int {
 }  // namespace block
 
 inline constexpr TensorSchema kBlockSchema[] = {
-    {"ln_1.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, {}},
-    {"ln_1.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}},
-    {"attn.c_attn.weight", {Extent::kEmbd, 3}, {Extent::kEmbd, 1}, true, Init::kNormal, {}},
-    {"attn.c_attn.bias", {Extent::kEmbd, 3}, {}, false, Init::kZero, {}},
-    {"attn.c_proj.weight", {Extent::kEmbd, 1}, {Extent::kEmbd, 1}, true, Init::kResidualNormal, {}},
-    {"attn.c_proj.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}},
-    {"ln_2.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, {}},
-    {"ln_2.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}},
-    {"mlp.c_fc.weight", {Extent::kEmbd, 4}, {Extent::kEmbd, 1}, true, Init::kNormal, {}},
-    {"mlp.c_fc.bias", {Extent::kEmbd, 4}, {}, false, Init::kZero, {}},
-    {"mlp.c_proj.weight", {Extent::kEmbd, 1}, {Extent::kEmbd, 4}, true, Init::kResidualNormal, {}},
-    {"mlp.c_proj.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}},
+    {"ln_1.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, {}, Split::kNone},
+    {"ln_1.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}, Split::kNone},
+    {"attn.c_attn.weight", {Extent::kEmbd, 3}, {Extent::kEmbd, 1}, true, Init::kNormal, {}, Split::kHeads},
+    {"attn.c_attn.bias", {Extent::kEmbd, 3}, {}, false, Init::kZero, {}, Split::kHeads},
+    {"attn.c_proj.weight", {Extent::kEmbd, 1}, {Extent::kEmbd, 1}, true, Init::kResidualNormal, {}, Split::kCols},
+    {"attn.c_proj.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}, Split::kNone},
+    {"ln_2.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, {}, Split::kNone},
+    {"ln_2.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}, Split::kNone},
+    {"mlp.c_fc.weight", {Extent::kEmbd, 4}, {Extent::kEmbd, 1}, true, Init::kNormal, {}, Split::kRows},
+    {"mlp.c_fc.bias", {Extent::kEmbd, 4}, {}, false, Init::kZero, {}, Split::kRows},
+    {"mlp.c_proj.weight", {Extent::kEmbd, 1}, {Extent::kEmbd, 4}, true, Init::kResidualNormal, {}, Split::kCols},
+    {"mlp.c_proj.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}, Split::kNone},
 };
 static_assert(sizeof(kBlockSchema) / sizeof(kBlockSchema[0]) == block::kCount,
               "one schema row per block tensor");
@@ -66,10 +78,10 @@ enum Tensor : int { wte, wpe, lnf_w, lnf_b, kCount };
 }  // namespace outer
 
 inline constexpr TensorSchema kOuterSchema[] = {
-    {"wte", {Extent::kVocab, 1}, {Extent::kEmbd, 1}, true, Init::kNormal, Placement::kFirstStage},
-    {"wpe", {Extent::kSeqLen, 1}, {Extent::kEmbd, 1}, true, Init::kNormal, Placement::kFirstStage},
-    {"ln_f.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, Placement::kLastStage},
-    {"ln_f.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, Placement::kLastStage},
+    {"wte", {Extent::kVocab, 1}, {Extent::kEmbd, 1}, true, Init::kNormal, Placement::kFirstStage, Split::kRows},
+    {"wpe", {Extent::kSeqLen, 1}, {Extent::kEmbd, 1}, true, Init::kNormal, Placement::kFirstStage, Split::kNone},
+    {"ln_f.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, Placement::kLastStage, Split::kNone},
+    {"ln_f.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, Placement::kLastStage, Split::kNone},
 };
 static_assert(sizeof(kOuterSchema) / sizeof(kOuterSchema[0]) == outer::kCount,
               "one schema row per tensor outside the blocks");

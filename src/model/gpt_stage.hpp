@@ -51,6 +51,18 @@ struct BlockHooks {
   std::function<void(int64_t i)> grads_ready;
 };
 
+// The stage's tensor-parallel group (range().tp > 1), as Megatron divides a
+// block: qkv and fc column-parallel, the two output projections
+// row-parallel, the embedding and LM head vocabulary-parallel. The group
+// sums, in place and identically on every rank, the row-parallel outputs
+// and the embedding (forward), the column-parallel layers' input gradients
+// (backward), and the cross-entropy's statistics; and takes their maximum.
+// elem_bytes is that of the buffer (2: bf16, 4: float, 8: double). The
+// trainer provides them (the stage does not know the communicator).
+struct TensorGroup {
+  std::function<void(void* data, int64_t n, size_t elem_bytes)> sum, max;
+};
+
 template <class Ops>
 class GptStage {
  public:
@@ -101,6 +113,8 @@ class GptStage {
   Act* weight_window(int w) { return wwin_[w].get(); }
   Acc* grad_window(int w) { return gwin_[w].get(); }
   void set_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
+  // Needed before the first forward when range().tp > 1.
+  void set_tensor_group(TensorGroup group) { tp_ = std::move(group); }
 
   // GPT-2 initialisation; each tensor's values depend only on (seed, name),
   // so every layout and device initialises the same model.
@@ -133,7 +147,7 @@ class GptStage {
   // Sum of the per-token losses of every forward since the last call
   // (waits for the device).
   double take_loss_sum();
-  // Logits [B*T, padded_vocab] of the last forward into `slot` made without
+  // Logits [B*T, this rank's share of the padded vocabulary] of the last forward into `slot` made without
   // for_backward (with it, their gradient), and its per-token losses [B*T].
   const Act* logits(int slot) const { return slots_[slot].logits.get(); }
   const Acc* losses(int slot) const { return slots_[slot].losses.get(); }
@@ -150,6 +164,12 @@ class GptStage {
     Buffer<Acc> lnf_mean, lnf_rstd, losses;
     typename Ops::Tokens tokens, targets;
   };
+  // The group's in-place sum (no-op at tp = 1).
+  template <class U>
+  void tp_sum(U* data, int64_t n) {
+    if (range_.tp > 1) tp_.sum(data, n, sizeof(U));
+  }
+  void head_loss(Slot& s, bool for_backward, Acc grad_scale);
   // Block i's forward from x into out, keeping what backward needs in `a`.
   void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i);
   void backward_block(Slot& s, int64_t i);
@@ -173,6 +193,11 @@ class GptStage {
   int64_t B_, T_;
   StageLayout at_;
   BlockHooks hooks_;
+  TensorGroup tp_;
+  // This rank's widths under tensor parallelism: heads, attention channels
+  // (C / tp), MLP channels (4C / tp); its share of the padded vocabulary,
+  // the real tokens in it and the first of them.
+  int64_t nh_, ca_, cm_, vl_, v_real_, v0_;
   Buffer<Act> wwin_[2];
   Buffer<Acc> gwin_[2];
   // Recomputation's shared buffers: the probabilities (attention), or one
@@ -186,6 +211,8 @@ class GptStage {
   // Backward scratch, shared by all slots, and the output gradient's inbox.
   Buffer<Act> dres_, dln_, datty_, dqkv_, d4_, datt_, grad_in_;
   Buffer<double> loss_sum_;
+  // The vocabulary-parallel cross-entropy's row statistics (tp > 1).
+  Buffer<Acc> ce_max_, ce_stats_;
   int64_t allocated_ = 0;
 };
 

@@ -17,7 +17,15 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       B_(options.micro_batch),
       T_(cfg.seq_len),
       at_(table_, range) {
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head, L = range_.num_layers();
+  const int64_t tp = range_.tp;
+  nh_ = cfg_.n_head / tp;
+  ca_ = cfg_.n_embd / tp;
+  cm_ = 4 * cfg_.n_embd / tp;
+  vl_ = cfg_.padded_vocab(tp) / tp;
+  const ParameterSpec* wte = table_.find(kOuterSchema[outer::wte].name);
+  v_real_ = wte != nullptr ? wte->shape[0] : 0;
+  v0_ = wte != nullptr ? wte->vocab_begin() : 0;
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = nh_, L = range_.num_layers();
   // Every allocation is counted: stage_footprint must predict the sum.
   auto act = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(Act));
@@ -57,15 +65,15 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     a.ln1 = act(BT * C);
     a.ln1_mean = acc(BT);
     a.ln1_rstd = acc(BT);
-    a.qkv = act(BT * 3 * C);
-    a.atty = act(BT * C);
+    a.qkv = act(BT * 3 * ca_);
+    a.atty = act(BT * ca_);
     if (probabilities) a.att = act(B_ * NH * T_ * T_);
     a.res2 = act(BT * C);
     a.ln2 = act(BT * C);
     a.ln2_mean = acc(BT);
     a.ln2_rstd = acc(BT);
-    a.fch = act(BT * 4 * C);
-    a.fch_gelu = act(BT * 4 * C);
+    a.fch = act(BT * cm_);
+    a.fch_gelu = act(BT * cm_);
   };
   slots_.resize(static_cast<size_t>(opt_.slots));
   for (Slot& s : slots_) {
@@ -79,7 +87,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       s.lnf = act(BT * C);
       s.lnf_mean = acc(BT);
       s.lnf_rstd = acc(BT);
-      s.logits = act(BT * cfg_.padded_vocab());
+      s.logits = act(BT * vl_);
       s.losses = acc(BT);
       s.targets = tokens(BT);
     }
@@ -91,12 +99,16 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   }
   dres_ = act(BT * C);
   dln_ = act(BT * C);
-  datty_ = act(BT * C);
+  datty_ = act(BT * ca_);
   if (L > 0) {
-    dqkv_ = act(BT * 3 * C);
-    d4_ = act(BT * 4 * C);
+    dqkv_ = act(BT * 3 * ca_);
+    d4_ = act(BT * cm_);
     datt_ = act(B_ * NH * T_ * T_);
-    ctx_.reserve_attention(B_, T_, C, sizeof(Act));
+    ctx_.reserve_attention(B_, T_, ca_, sizeof(Act));
+  }
+  if (range_.has_head && tp > 1) {
+    ce_max_ = acc(BT);
+    ce_stats_ = acc(2 * BT);
   }
   if (!range_.has_head) grad_in_ = act(BT * C);
   loss_sum_ = Buffer<double>(1);
@@ -152,8 +164,11 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   if (range_.has_embedding) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
   if (range_.has_head) Ops::load_tokens(ctx_, s.targets, targets, BT, false);
   if (range_.has_embedding) {
+    // Vocabulary-parallel: each rank embeds the tokens of its rows, the
+    // group's sum is the embedding.
     Ops::embedding_forward(ctx_, s.residual[0].get(), s.tokens, w_outer(outer::wte),
-                           w_outer(outer::wpe), B_, T_, C);
+                           w_outer(outer::wpe), B_, T_, C, v0_, vl_);
+    tp_sum(s.residual[0].get(), BT * C);
   }
   for (int64_t i = 0; i < L; ++i) {
     if (opt_.window_weights) hooks_.need_weights(i, i + 1 < L ? i + 1 : -1);
@@ -163,41 +178,62 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
     forward_block(a, s.residual[i].get(), s.residual[i + 1].get(), i);
   }
   if (!range_.has_head) return;
-  const int64_t Vp = cfg_.padded_vocab();
   Ops::layernorm_forward(ctx_, s.lnf.get(), s.lnf_mean.get(), s.lnf_rstd.get(),
                          s.residual.back().get(), w_outer(outer::lnf_w), w_outer(outer::lnf_b),
                          BT, C);
   Ops::matmul_forward(ctx_, s.logits.get(), s.lnf.get(), w_outer(outer::wte),
-                      static_cast<const Act*>(nullptr), BT, C, Vp);
-  if (for_backward) {
-    Ops::crossentropy_forward_backward(ctx_, s.losses.get(), s.logits.get(), s.targets, BT,
-                                       cfg_.vocab_size, Vp, grad_scale);
-  } else {
-    Ops::crossentropy_forward(ctx_, s.losses.get(), s.logits.get(), s.targets, BT,
-                              cfg_.vocab_size, Vp);
-  }
+                      static_cast<const Act*>(nullptr), BT, C, vl_);
+  head_loss(s, for_backward, grad_scale);
   Ops::accumulate_sum(ctx_, loss_sum_.get(), s.losses.get(), BT);
 }
 
 template <class Ops>
+void GptStage<Ops>::head_loss(Slot& s, bool for_backward, Acc grad_scale) {
+  const int64_t BT = B_ * T_;
+  if (range_.tp == 1) {
+    if (for_backward) {
+      Ops::crossentropy_forward_backward(ctx_, s.losses.get(), s.logits.get(), s.targets, BT,
+                                         cfg_.vocab_size, vl_, grad_scale);
+    } else {
+      Ops::crossentropy_forward(ctx_, s.losses.get(), s.logits.get(), s.targets, BT,
+                                cfg_.vocab_size, vl_);
+    }
+    return;
+  }
+  // Vocabulary-parallel: only per-row statistics cross the group, never the
+  // logits.
+  Ops::crossentropy_vp_max(ctx_, ce_max_.get(), s.logits.get(), BT, v_real_, vl_);
+  tp_.max(ce_max_.get(), BT, sizeof(Acc));
+  Ops::crossentropy_vp_sums(ctx_, ce_stats_.get(), s.logits.get(), s.targets, ce_max_.get(), BT,
+                            v_real_, vl_, v0_);
+  tp_sum(ce_stats_.get(), 2 * BT);
+  Ops::crossentropy_vp_finish(ctx_, s.losses.get(), s.logits.get(), s.targets, ce_max_.get(),
+                              ce_stats_.get(), BT, v_real_, vl_, v0_, grad_scale, for_backward);
+}
+
+template <class Ops>
 void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t i) {
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
+  const int64_t BT = B_ * T_, C = cfg_.n_embd;
   const auto w = block_weights(i);
+  // The row-parallel projections' outputs are partial sums until the group
+  // adds them; their bias (replicated) is added once, by tensor rank 0.
+  const bool adds_bias = range_.tp_rank == 0;
   Ops::layernorm_forward(ctx_, a.ln1.get(), a.ln1_mean.get(), a.ln1_rstd.get(), x,
                          w[block::ln1_w], w[block::ln1_b], BT, C);
   Ops::matmul_forward(ctx_, a.qkv.get(), a.ln1.get(), w[block::qkv_w], w[block::qkv_b], BT, C,
-                      3 * C);
-  Ops::attention_forward(ctx_, a.atty.get(), probabilities(a), a.qkv.get(), B_, T_, C, NH);
+                      3 * ca_);
+  Ops::attention_forward(ctx_, a.atty.get(), probabilities(a), a.qkv.get(), B_, T_, ca_, nh_);
   Ops::matmul_forward(ctx_, a.res2.get(), a.atty.get(), w[block::attn_proj_w],
-                      w[block::attn_proj_b], BT, C, C);
+                      adds_bias ? w[block::attn_proj_b] : nullptr, BT, ca_, C);
+  tp_sum(a.res2.get(), BT * C);
   Ops::residual_forward(ctx_, a.res2.get(), x, a.res2.get(), BT * C);
   Ops::layernorm_forward(ctx_, a.ln2.get(), a.ln2_mean.get(), a.ln2_rstd.get(), a.res2.get(),
                          w[block::ln2_w], w[block::ln2_b], BT, C);
-  Ops::matmul_forward(ctx_, a.fch.get(), a.ln2.get(), w[block::fc_w], w[block::fc_b], BT, C,
-                      4 * C);
-  Ops::gelu_forward(ctx_, a.fch_gelu.get(), a.fch.get(), BT * 4 * C);
-  Ops::matmul_forward(ctx_, out, a.fch_gelu.get(), w[block::fc_proj_w], w[block::fc_proj_b], BT,
-                      4 * C, C);
+  Ops::matmul_forward(ctx_, a.fch.get(), a.ln2.get(), w[block::fc_w], w[block::fc_b], BT, C, cm_);
+  Ops::gelu_forward(ctx_, a.fch_gelu.get(), a.fch.get(), BT * cm_);
+  Ops::matmul_forward(ctx_, out, a.fch_gelu.get(), w[block::fc_proj_w],
+                      adds_bias ? w[block::fc_proj_b] : nullptr, BT, cm_, C);
+  tp_sum(out, BT * C);
   Ops::residual_forward(ctx_, out, a.res2.get(), out, BT * C);
 }
 
@@ -210,11 +246,12 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.num_layers();
   Act* dres = dres_.get();
   if (range_.has_head) {
-    const int64_t Vp = cfg_.padded_vocab();
     // The tied head: its weight gradient lands in wte's gradient, which the
-    // embedding backward then adds to.
+    // embedding backward then adds to. Vocabulary-parallel, each rank's
+    // input gradient covers its columns only: the group sums them.
     Ops::matmul_backward(ctx_, dln_.get(), g_outer(outer::wte), static_cast<Acc*>(nullptr),
-                         s.logits.get(), s.lnf.get(), w_outer(outer::wte), BT, C, Vp);
+                         s.logits.get(), s.lnf.get(), w_outer(outer::wte), BT, C, vl_);
+    tp_sum(dln_.get(), BT * C);
     Ops::fill_zero(ctx_, dres, BT * C);
     Ops::layernorm_backward(ctx_, dres, g_outer(outer::lnf_w), g_outer(outer::lnf_b), dln_.get(),
                             s.residual.back().get(), w_outer(outer::lnf_w), s.lnf_mean.get(),
@@ -235,14 +272,14 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
   }
   if (range_.has_embedding) {
     Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe), dres, s.tokens, B_, T_,
-                            C);
+                            C, v0_, vl_);
   }
   final_from(0);
 }
 
 template <class Ops>
 void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = cfg_.n_head;
+  const int64_t BT = B_ * T_, C = cfg_.n_embd;
   const auto w = block_weights(i);
   const auto g = block_grads(i);
   // Full recomputation: the block's forward again, from its kept input,
@@ -253,25 +290,31 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   Act* dres = dres_.get();
   // MLP: dres is the gradient of the block output, which is also the
   // gradient of the MLP projection's output (residual backward = identity).
+  // Under tensor parallelism dres is the same on every rank of the group,
+  // so the replicated parameters (LayerNorms, the projections' biases) get
+  // the same gradients everywhere; the column-parallel layers' input
+  // gradients are partial sums until the group adds them.
   Ops::matmul_backward(ctx_, d4_.get(), g[block::fc_proj_w], g[block::fc_proj_b], dres,
-                       a.fch_gelu.get(), w[block::fc_proj_w], BT, 4 * C, C);
-  Ops::gelu_backward(ctx_, d4_.get(), a.fch.get(), d4_.get(), BT * 4 * C);
+                       a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
+  Ops::gelu_backward(ctx_, d4_.get(), a.fch.get(), d4_.get(), BT * cm_);
   Ops::matmul_backward(ctx_, dln_.get(), g[block::fc_w], g[block::fc_b], d4_.get(), a.ln2.get(),
-                       w[block::fc_w], BT, C, 4 * C);
+                       w[block::fc_w], BT, C, cm_);
+  tp_sum(dln_.get(), BT * C);
   Ops::layernorm_backward(ctx_, dres, g[block::ln2_w], g[block::ln2_b], dln_.get(), a.res2.get(),
                           w[block::ln2_w], a.ln2_mean.get(), a.ln2_rstd.get(), BT, C);
   // Attention, the same way round.
   Ops::matmul_backward(ctx_, datty_.get(), g[block::attn_proj_w], g[block::attn_proj_b], dres,
-                       a.atty.get(), w[block::attn_proj_w], BT, C, C);
+                       a.atty.get(), w[block::attn_proj_w], BT, ca_, C);
   // Attention recomputation: the probabilities again from the kept qkv.
   // The forward also rewrites atty, with the bits it already holds (it was
   // read just above and is not read again).
   if (opt_.recompute == Recompute::kAttention)
-    Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, C, NH);
+    Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_);
   Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(),
-                          probabilities(a), B_, T_, C, NH);
+                          probabilities(a), B_, T_, ca_, nh_);
   Ops::matmul_backward(ctx_, dln_.get(), g[block::qkv_w], g[block::qkv_b], dqkv_.get(),
-                       a.ln1.get(), w[block::qkv_w], BT, C, 3 * C);
+                       a.ln1.get(), w[block::qkv_w], BT, C, 3 * ca_);
+  tp_sum(dln_.get(), BT * C);
   Ops::layernorm_backward(ctx_, dres, g[block::ln1_w], g[block::ln1_b], dln_.get(),
                           s.residual[i].get(), w[block::ln1_w], a.ln1_mean.get(),
                           a.ln1_rstd.get(), BT, C);

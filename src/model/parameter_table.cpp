@@ -8,13 +8,16 @@
 
 namespace mpiformer {
 
-StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages) {
+StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages, int64_t tp,
+                           int64_t tp_rank) {
   const int64_t base = cfg.n_layer / num_stages, extra = cfg.n_layer % num_stages;
   StageRange r;
   r.first_layer = stage * base + std::min(stage, extra);
   r.last_layer = r.first_layer + base + (stage < extra ? 1 : 0);
   r.has_embedding = stage == 0;
   r.has_head = stage == num_stages - 1;
+  r.tp = tp;
+  r.tp_rank = tp_rank;
   return r;
 }
 
@@ -22,6 +25,48 @@ int64_t ParameterSpec::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+int64_t ParameterSpec::row_length() const { return shape.size() > 1 ? shape[1] : 1; }
+
+int64_t ParameterSpec::logical_numel() const {
+  int64_t n = 1;
+  for (int64_t d : logical_shape) n *= d;
+  return n;
+}
+
+int64_t ParameterSpec::vocab_begin() const { return split == Split::kRows ? tp_rank * (storage / row_length()) : 0; }
+
+std::vector<LogicalBox> ParameterSpec::boxes(int64_t row_begin, int64_t row_end) const {
+  const int64_t rl = row_length();
+  std::vector<LogicalBox> out;
+  if (row_end <= row_begin) return out;
+  switch (split) {
+    case Split::kNone:
+      out.push_back({row_begin, row_end - row_begin, 0, rl, row_begin});
+      break;
+    case Split::kRows: {
+      // Rank r's rows start at r times the slice's stored rows (wte: the
+      // padded vocabulary's share; elsewhere rows / tp).
+      const int64_t first = tp_rank * (storage / rl);
+      out.push_back({first + row_begin, row_end - row_begin, 0, rl, row_begin});
+      break;
+    }
+    case Split::kCols:
+      out.push_back({row_begin, row_end - row_begin, tp_rank * rl, rl, row_begin});
+      break;
+    case Split::kHeads: {
+      // The slice is q, k, v of this rank's heads, each logical_shape[0] / 3
+      // / tp rows; each goes to its own third of the whole tensor.
+      const int64_t part = shape[0] / 3, third = logical_shape[0] / 3;
+      for (int64_t p = 0; p < 3; ++p) {
+        const int64_t b = std::max(row_begin, p * part), e = std::min(row_end, (p + 1) * part);
+        if (b < e) out.push_back({p * third + tp_rank * part + (b - p * part), e - b, 0, rl, b});
+      }
+      break;
+    }
+  }
+  return out;
 }
 
 const TensorSchema& ParameterSpec::schema() const {
@@ -44,12 +89,40 @@ int64_t resolve(const Extent& e, const GptConfig& cfg) {
 
 }  // namespace
 
-void ParameterTable::add(const GptConfig& cfg, const TensorSchema& schema, std::string name,
-                         int64_t layer, int tensor) {
+void ParameterTable::add(const GptConfig& cfg, const StageRange& range, const TensorSchema& schema,
+                         std::string name, int64_t layer, int tensor) {
   ParameterSpec s;
   s.name = std::move(name);
-  s.shape = {resolve(schema.rows, cfg)};
-  if (schema.cols.times > 0) s.shape.push_back(resolve(schema.cols, cfg));
+  s.logical_shape = {resolve(schema.rows, cfg)};
+  if (schema.cols.times > 0) s.logical_shape.push_back(resolve(schema.cols, cfg));
+  s.shape = s.logical_shape;
+  s.tp = range.tp;
+  s.tp_rank = range.tp_rank;
+  s.split = range.tp > 1 ? schema.split : Split::kNone;
+  const bool vocab = schema.rows.size == Extent::kVocab;
+  // Rows of the stored slice (wte: its share of the padded vocabulary).
+  int64_t stored_rows = s.shape[0];
+  switch (s.split) {
+    case Split::kNone:
+      if (vocab) stored_rows = cfg.padded_vocab();
+      break;
+    case Split::kRows:
+      if (vocab) {
+        // The padded vocabulary is split evenly; the real tokens fill the
+        // first ranks' shares (the last ones may hold padding only).
+        stored_rows = cfg.padded_vocab(range.tp) / range.tp;
+        s.shape[0] = std::clamp(cfg.vocab_size - range.tp_rank * stored_rows, int64_t{0}, stored_rows);
+      } else {
+        stored_rows = s.shape[0] = s.shape[0] / range.tp;
+      }
+      break;
+    case Split::kHeads:
+      stored_rows = s.shape[0] = s.shape[0] / range.tp;
+      break;
+    case Split::kCols:
+      s.shape[1] /= range.tp;
+      break;
+  }
   s.decay = schema.decay;
   constexpr double kStd = 0.02;
   switch (schema.init) {
@@ -69,8 +142,7 @@ void ParameterTable::add(const GptConfig& cfg, const TensorSchema& schema, std::
   s.tensor = tensor;
   // The vocabulary is padded in storage (GptConfig::padded_vocab); the padded
   // rows stay zero for ever.
-  s.storage = schema.rows.size == Extent::kVocab ? s.numel() / cfg.vocab_size * cfg.padded_vocab()
-                                                 : s.numel();
+  s.storage = stored_rows * s.row_length();
   // Keep every tensor 16-element aligned so vector loads never straddle two.
   s.offset = total_;
   total_ += (s.storage + 15) / 16 * 16;
@@ -84,15 +156,15 @@ ParameterTable::ParameterTable(const GptConfig& cfg, const StageRange& range) {
     const TensorSchema& t = kOuterSchema[k];
     if (t.placement == Placement::kFirstStage &&
         (range.has_embedding || (k == outer::wte && range.has_head)))
-      add(cfg, t, t.name, -1, k);
+      add(cfg, range, t, t.name, -1, k);
   }
   for (int64_t l = range.first_layer; l < range.last_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
-    for (int k = 0; k < block::kCount; ++k) add(cfg, kBlockSchema[k], h + kBlockSchema[k].name, l, k);
+    for (int k = 0; k < block::kCount; ++k) add(cfg, range, kBlockSchema[k], h + kBlockSchema[k].name, l, k);
   }
   for (int k = 0; k < outer::kCount; ++k) {
     const TensorSchema& t = kOuterSchema[k];
-    if (t.placement == Placement::kLastStage && range.has_head) add(cfg, t, t.name, -1, k);
+    if (t.placement == Placement::kLastStage && range.has_head) add(cfg, range, t, t.name, -1, k);
   }
 }
 

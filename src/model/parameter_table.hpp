@@ -14,25 +14,42 @@
 namespace mpiformer {
 
 // A contiguous range of transformer layers and whether the stage also holds
-// the embeddings (first stage) or the final LayerNorm + tied head (last stage).
+// the embeddings (first stage) or the final LayerNorm + tied head (last
+// stage); under tensor parallelism, which of the tp slices of its split
+// tensors (gpt_schema.hpp's Split) this rank holds.
 struct StageRange {
   int64_t first_layer = 0;
   int64_t last_layer = 0;  // one past the end
   bool has_embedding = true;
   bool has_head = true;
+  int64_t tp = 1, tp_rank = 0;
   int64_t num_layers() const { return last_layer - first_layer; }
 };
 
 // Layers are split as evenly as possible; the first (n_layer % pp) stages get
 // one layer more. A stage may hold zero layers only if pp > n_layer, which the
 // deck validation rejects.
-StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages);
+StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages,
+                           int64_t tp = 1, int64_t tp_rank = 0);
+
+// A block of a tensor in logical (checkpoint) coordinates, [row, row + rows)
+// x [col, col + cols), and where it sits in a rank's slice: its rows
+// [local_row, local_row + rows), whole (a slice's row is `cols` long).
+struct LogicalBox {
+  int64_t row = 0, rows = 0, col = 0, cols = 0;
+  int64_t local_row = 0;
+};
 
 struct ParameterSpec {
   std::string name;
-  std::vector<int64_t> shape;  // logical shape (wte: [vocab_size, n_embd])
+  // This rank's slice (the whole tensor unless split under tensor
+  // parallelism); wte's counts real rows only: [vocab_size, n_embd] whole.
+  std::vector<int64_t> shape;
+  std::vector<int64_t> logical_shape;  // the whole tensor, as checkpoints hold it
+  Split split = Split::kNone;          // effective: kNone whenever tp = 1
+  int64_t tp = 1, tp_rank = 0;
   int64_t offset = 0;          // into the flat buffer
-  int64_t storage = 0;         // elements reserved (wte: padded_vocab * n_embd)
+  int64_t storage = 0;         // elements reserved (wte: its padded rows * n_embd)
   bool decay = false;          // AdamW weight decay: matrices and embeddings only
   double init_std = 0.0;       // normal(0, init_std); 0 means constant init_value
   double init_value = 0.0;
@@ -40,6 +57,16 @@ struct ParameterSpec {
   int tensor = 0;      // its row of kBlockSchema (layer >= 0) or kOuterSchema
   const TensorSchema& schema() const;
   int64_t numel() const;
+  // Elements of one row of the slice (1 for a vector).
+  int64_t row_length() const;
+  int64_t logical_numel() const;
+  // Whether this rank holds the whole tensor (replicated or tp = 1).
+  bool whole() const { return split == Split::kNone; }
+  // Where rows [row_begin, row_end) of the slice sit in the whole tensor: one
+  // box, or (qkv) up to three, in slice order.
+  std::vector<LogicalBox> boxes(int64_t row_begin, int64_t row_end) const;
+  // The first row of the whole vocabulary in this slice (wte).
+  int64_t vocab_begin() const;
 };
 
 class ParameterTable {
@@ -54,8 +81,8 @@ class ParameterTable {
   int64_t total_numel() const;
 
  private:
-  void add(const GptConfig& cfg, const TensorSchema& schema, std::string name, int64_t layer,
-           int tensor);
+  void add(const GptConfig& cfg, const StageRange& range, const TensorSchema& schema,
+           std::string name, int64_t layer, int tensor);
   std::vector<ParameterSpec> specs_;
   int64_t total_ = 0;
 };

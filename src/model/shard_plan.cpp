@@ -6,8 +6,6 @@
 namespace mpiformer {
 namespace {
 
-int64_t row_length(const ParameterSpec& s) { return s.numel() / s.shape[0]; }
-
 // The first row boundary at or after `target` within [begin, end) of the
 // unit whose tensors are `specs` (in offset order).
 int64_t snap_to_row(const std::vector<const ParameterSpec*>& specs, int64_t target, int64_t end) {
@@ -18,7 +16,7 @@ int64_t snap_to_row(const std::vector<const ParameterSpec*>& specs, int64_t targ
     if (target <= s.offset) return s.offset;
     // Rows of the stored tensor (wte's padding rows too, all zeros); the
     // alignment gap after the tensor goes with the next one.
-    const int64_t rl = row_length(s), stored = s.offset + s.storage;
+    const int64_t rl = s.row_length(), stored = s.offset + s.storage;
     if (target >= stored) return next;
     return std::min(stored, s.offset + (target - s.offset + rl - 1) / rl * rl);
   }
@@ -81,7 +79,7 @@ const ShardUnit& ShardPlan::unit_at(int64_t offset) const {
 
 TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {
   const ShardUnit& u = unit_at(spec.offset);
-  const int64_t rl = row_length(spec);
+  const int64_t rl = spec.row_length();
   // Clipped to the logical tensor: rows past numel are wte's padding.
   const int64_t lo = std::clamp(u.cuts[rank_], spec.offset, spec.offset + spec.numel());
   const int64_t hi = std::clamp(u.cuts[rank_ + 1], spec.offset, spec.offset + spec.numel());
@@ -96,7 +94,7 @@ std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table) con
   std::vector<AdamWChunk> chunks;
   for (const auto& s : table.specs()) {
     const TensorPart p = part_of(s);
-    const int64_t rl = row_length(s);
+    const int64_t rl = s.row_length();
     append_adamw_chunks(chunks, p.shard_offset, (p.row_end - p.row_begin) * rl, s.decay);
   }
   return chunks;

@@ -9,8 +9,12 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
                                const StageOptions& o, size_t act_bytes, size_t acc_bytes) {
   const double act = static_cast<double>(act_bytes), acc = static_cast<double>(acc_bytes);
   const double B = static_cast<double>(o.micro_batch), T = static_cast<double>(cfg.seq_len);
-  const double C = static_cast<double>(cfg.n_embd), NH = static_cast<double>(cfg.n_head);
-  const double V = static_cast<double>(cfg.padded_vocab()), BT = B * T;
+  // Under tensor parallelism: this rank's heads, attention and MLP
+  // channels, and share of the padded vocabulary.
+  const double tp = static_cast<double>(range.tp);
+  const double C = static_cast<double>(cfg.n_embd), NH = static_cast<double>(cfg.n_head) / tp;
+  const double Ca = C / tp, Cm = 4 * C / tp;
+  const double V = static_cast<double>(cfg.padded_vocab(range.tp)) / tp, BT = B * T;
   const double L = static_cast<double>(range.num_layers());
   const double attention = B * NH * T * T;  // scores of every head
   // The deck's limits on the model's shapes keep this count in an int64;
@@ -25,10 +29,11 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   f.gradients = (o.window_grads ? n - blocks + 2 * window : n) * acc;
   if (act_bytes != acc_bytes || o.external_master)
     f.weight_copy = (o.window_weights ? n - blocks + 2 * window : n) * act;
-  // What one block keeps for backward: ln1, qkv, atty, res2, ln2 (1+3+1+1+1),
-  // fch and its GELU (4+4), 4 LayerNorm statistics, and the attention
-  // probabilities unless recomputed.
-  const double block_kept = 15 * BT * C * act + 4 * BT * acc;
+  // What one block keeps for backward: ln1, res2, ln2 (C each), qkv and
+  // atty (3 + 1 attention channels), fch and its GELU (MLP channels), 4
+  // LayerNorm statistics, and the attention probabilities unless
+  // recomputed.
+  const double block_kept = (3 * C + 4 * Ca + 2 * Cm) * BT * act + 4 * BT * acc;
   // One slot: the residual stream at every block boundary, then per block
   // what it keeps (nothing under full recomputation).
   double slot = (L + 1) * BT * C * act;
@@ -40,10 +45,12 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   f.activations = slot * o.slots;
   // Backward scratch: dres, dln, datty; dqkv, d4 and datt with blocks; the
   // output gradient's inbox on a non-last stage; the loss sum (a double);
+  // the vocabulary-parallel cross-entropy's row statistics (3 per row);
   // recomputation's shared probabilities, or one block's activations and
   // output.
-  f.scratch = 3 * BT * C * act + (L > 0 ? (7 * BT * C + attention) * act : 0) +
+  f.scratch = (2 * C + Ca) * BT * act + (L > 0 ? ((3 * Ca + Cm) * BT + attention) * act : 0) +
               (range.has_head ? 0 : BT * C * act) + 8;
+  if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention * act;
   if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention * act + BT * C * act;
   return f;

@@ -47,7 +47,8 @@ struct StageLayout {
 
 // GPT-2 initialisation of one tensor into out[s.storage] (padding zero);
 // its values depend only on (seed, name), so every layout and device
-// initialises the same model.
+// initialises the same model: a tensor-parallel slice is cut from the whole
+// tensor as drawn.
 template <class T>
 void fill_initial_tensor(const ParameterSpec& s, uint64_t seed, T* out) {
   std::fill(out, out + s.storage, T(0));
@@ -56,7 +57,17 @@ void fill_initial_tensor(const ParameterSpec& s, uint64_t seed, T* out) {
     return;
   }
   Rng rng(seed, s.name);
-  for (int64_t i = 0; i < s.numel(); ++i) out[i] = static_cast<T>(s.init_std * rng.normal());
+  if (s.whole()) {
+    for (int64_t i = 0; i < s.numel(); ++i) out[i] = static_cast<T>(s.init_std * rng.normal());
+    return;
+  }
+  std::vector<T> whole(static_cast<size_t>(s.logical_numel()));
+  for (T& x : whole) x = static_cast<T>(s.init_std * rng.normal());
+  const int64_t width = s.logical_shape.size() > 1 ? s.logical_shape[1] : 1;
+  for (const LogicalBox& b : s.boxes(0, s.shape[0]))
+    for (int64_t r = 0; r < b.rows; ++r)
+      std::copy_n(whole.data() + (b.row + r) * width + b.col, b.cols,
+                  out + (b.local_row + r) * b.cols);
 }
 
 // The whole stage into `out` (table order).

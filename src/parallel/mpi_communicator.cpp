@@ -69,6 +69,13 @@ void MpiCommunicator::allreduce_sum(double* data, int64_t n) {
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count(n), MPI_DOUBLE, MPI_SUM, comm_));
 }
 
+void MpiCommunicator::allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) {
+  MPIFORMER_CHECK(elem_bytes == 4 || elem_bytes == 8,
+                  "host all-reduce of " + std::to_string(elem_bytes) + "-byte elements");
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count(n), elem_bytes == 4 ? MPI_FLOAT : MPI_DOUBLE,
+                          op == Reduction::kSum ? MPI_SUM : MPI_MAX, comm_));
+}
+
 Pending MpiCommunicator::start_allreduce_sum(float* data, int64_t n) {
   auto p = std::make_unique<MpiPending>();
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), MPI_FLOAT, MPI_SUM, comm_, p->request()));

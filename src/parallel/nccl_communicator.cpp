@@ -135,6 +135,17 @@ void NcclCommunicator::allreduce_sum(double* data, int64_t n) {
   before_compute();
 }
 
+void NcclCommunicator::allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) {
+  MPIFORMER_CHECK(elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8,
+                  "all-reduce of " + std::to_string(elem_bytes) + "-byte elements");
+  const ncclDataType_t type =
+      elem_bytes == 2 ? ncclBfloat16 : elem_bytes == 4 ? ncclFloat : ncclDouble;
+  after_compute();
+  NCCL_CHECK(ncclAllReduce(data, data, count(n), type, op == Reduction::kSum ? ncclSum : ncclMax,
+                           nccl(comm_), cuda(stream_)));
+  before_compute();
+}
+
 Pending NcclCommunicator::start_allreduce_sum(float* data, int64_t n) {
   after_compute();
   NCCL_CHECK(ncclAllReduce(data, data, count(n), ncclFloat, ncclSum, nccl(comm_), cuda(stream_)));

@@ -1,7 +1,11 @@
-// The dp x pp process grid. World rank r holds pipeline stage r / dp and is
-// replica r % dp of that stage: the replicas of a stage are neighbours, so
-// the data-parallel all-reduce (the largest transfer) stays within a node
-// whenever dp divides the ranks per node.
+// The dp x pp x tp process grid. Ranks are laid out tensor-parallel
+// fastest, then data-parallel, then pipeline stage: world rank
+// r = (stage * dp + dp_rank) * tp + tp_rank. A tensor group (the largest
+// and most frequent traffic: all-reduces inside every block) is then made
+// of neighbouring ranks, inside a node whenever tp divides the ranks per
+// node; the replicas of a stage come next, so the data-parallel reduction
+// stays within a node when dp x tp divides it; pipeline neighbours, which
+// exchange the least, may be on other nodes.
 #pragma once
 #include <memory>
 
@@ -9,29 +13,55 @@
 
 namespace mpiformer {
 
+// Where world rank `rank` sits in a grid of dp x tp ranks per stage.
+struct GridPlace {
+  int stage = 0, dp_rank = 0, tp_rank = 0;
+};
+inline GridPlace grid_place(int rank, int dp, int tp) {
+  return GridPlace{rank / (dp * tp), (rank / tp) % dp, rank % tp};
+}
+// The world rank at a place.
+inline int grid_rank(const GridPlace& p, int dp, int tp) {
+  return (p.stage * dp + p.dp_rank) * tp + p.tp_rank;
+}
+
 class ProcessGrid {
  public:
-  ProcessGrid(int dp, int pp, MPI_Comm world = MPI_COMM_WORLD);
+  ProcessGrid(int dp, int pp, int tp = 1, MPI_Comm world = MPI_COMM_WORLD);
 
   int dp() const { return dp_; }
   int pp() const { return pp_; }
+  int tp() const { return tp_; }
   int world_rank() const { return world_rank_; }
-  int stage() const { return stage_; }
-  int dp_rank() const { return dp_rank_; }
-  bool first_stage() const { return stage_ == 0; }
-  bool last_stage() const { return stage_ == pp_ - 1; }
+  int stage() const { return place_.stage; }
+  int dp_rank() const { return place_.dp_rank; }
+  int tp_rank() const { return place_.tp_rank; }
+  bool first_stage() const { return stage() == 0; }
+  bool last_stage() const { return stage() == pp_ - 1; }
+  // The world rank of the same replica and tensor rank at another stage.
+  int rank_of_stage(int stage) const {
+    return grid_rank(GridPlace{stage, dp_rank(), tp_rank()}, dp_, tp_);
+  }
 
-  // The replicas of this stage (size dp), this replica's pipeline (size pp;
-  // group rank = stage), and, when pp > 1 on the first and last stage, the
-  // pair holding the two copies of the tied embedding (group rank 0 = first).
+  // The replicas of this stage holding this tensor slice (size dp), this
+  // replica's pipeline of this slice (size pp; group rank = stage), the
+  // tensor group of this stage and replica (size tp; group rank = tp rank),
+  // every rank of this stage (size dp x tp; the checkpoint's gathers of a
+  // whole tensor), and, when pp > 1 on the first and last stage, the pair
+  // holding the two copies of the tied embedding's slice (group rank 0 =
+  // first).
   MpiCommunicator& data_parallel() { return *dp_comm_; }
   MpiCommunicator& pipeline() { return *pp_comm_; }
+  MpiCommunicator& tensor_parallel() { return *tp_comm_; }
+  MpiCommunicator& stage_group() { return *stage_comm_; }
   MpiCommunicator* tied_embedding() { return tied_comm_->valid() ? tied_comm_.get() : nullptr; }
   MpiCommunicator& world() { return *world_comm_; }
 
  private:
-  int dp_, pp_, world_rank_ = 0, stage_ = 0, dp_rank_ = 0;
-  std::unique_ptr<MpiCommunicator> world_comm_, dp_comm_, pp_comm_, tied_comm_;
+  int dp_, pp_, tp_, world_rank_ = 0;
+  GridPlace place_;
+  std::unique_ptr<MpiCommunicator> world_comm_, dp_comm_, pp_comm_, tp_comm_, stage_comm_,
+      tied_comm_;
 };
 
 }  // namespace mpiformer

@@ -64,7 +64,10 @@ StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, 
 
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
   const GptConfig& cfg = deck.model;
-  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp));
+  // Tensor rank 0: every rank stores as much, and it holds the most real
+  // vocabulary rows (what the save's gathers and ZeRO's parts follow).
+  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
+                                           deck.parallel.tp, 0);
   const bool bf16 = choice.precision == Precision::kBf16;
   const double act = bf16 ? 2 : 4, acc = 4;
   const int zero = static_cast<int>(deck.parallel.zero);
@@ -101,14 +104,19 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       double largest = 0, largest_tensor = 0;
       for (const ShardUnit& u : plan.units())
         largest = std::max(largest, static_cast<double>(u.end - u.begin));
+      // Under tensor parallelism the checksum's root gathers the whole
+      // logical tensor from the slices, then puts it in order (twice).
       for (const auto& spec : table.specs())
-        largest_tensor = std::max(largest_tensor, static_cast<double>(spec.numel()));
+        largest_tensor = std::max(largest_tensor, static_cast<double>(spec.logical_numel()) *
+                                                      (spec.whole() ? 1 : 2));
       m.comm += static_cast<double>(kInFlight) * largest * acc + largest_tensor * 4;
     }
   }
   if (choice.device == Device::kCuda && range.num_layers() > 0) {
-    // The context's attention scratch (cuda/context.cpp: 7 [B,T,C]).
-    m.workspace = 7.0 * static_cast<double>(deck.train.micro_batch * cfg.seq_len * cfg.n_embd) * act;
+    // The context's attention scratch (cuda/context.cpp: 7 [B,T,C], of
+    // this rank's heads).
+    m.workspace = 7.0 * static_cast<double>(deck.train.micro_batch * cfg.seq_len * cfg.n_embd /
+                                            deck.parallel.tp) * act;
   }
   return m;
 }
@@ -157,17 +165,19 @@ void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index, 
 }  // namespace
 
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
-                                                 const GptConfig& cfg, int stage_index,
-                                                 int dp_rank, int slots) {
+                                                 const GptConfig& cfg, const GridPlace& place,
+                                                 int slots) {
+  const int stage_index = place.stage;
   check_fits(deck, choice, stage_index, slots);
   const TrainConfig& tc = deck.train;
-  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp));
+  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
+                                           deck.parallel.tp, place.tp_rank);
   StageSetup setup;
   setup.options = stage_options(tc.micro_batch, slots, tc.recompute, static_cast<int>(deck.parallel.zero));
   setup.adam = AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
   setup.zero = static_cast<int>(deck.parallel.zero);
   setup.dp = static_cast<int>(deck.parallel.dp);
-  setup.dp_rank = dp_rank;
+  setup.dp_rank = place.dp_rank;
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
 #ifdef MPIFORMER_HAVE_CUDA
   try {
@@ -189,12 +199,16 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   StageComms c;
   c.pipe_act = c.pipe_grad = &g.pipeline();
   c.dp = &g.data_parallel();
+  c.tp = &g.tensor_parallel();
   c.tied = g.tied_embedding();
-  if (!stage.on_device()) return c;
+  if (!stage.on_device()) {
+    stage.connect_tensor_parallel(*c.tp);
+    return c;
+  }
 #ifdef MPIFORMER_HAVE_CUDA
   void* stream = stage.device_stream();
-  // Every rank builds its groups in the same order (data-parallel, then the
-  // two pipeline directions, then the tied pair), so the collective
+  // Every rank builds its groups in the same order (tensor, data-parallel,
+  // then the two pipeline directions, then the tied pair), so the collective
   // initialisations cannot wait on each other. Groups of one rank never
   // carry a message and keep the MPI communicator.
   auto device_comm = [&](MpiCommunicator& group, const char* what) -> Communicator* {
@@ -215,10 +229,12 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
         strprintf("%s: MPI through host memory (%d ranks; %s)", what, group.size(), why);
     return c.owned.back().get();
   };
+  c.tp = device_comm(g.tensor_parallel(), "tensor-parallel");
   c.dp = device_comm(g.data_parallel(), "data-parallel");
   c.pipe_act = device_comm(g.pipeline(), "activations");
   c.pipe_grad = device_comm(g.pipeline(), "gradients");
   if (MpiCommunicator* tied = g.tied_embedding()) c.tied = device_comm(*tied, "tied embedding");
+  stage.connect_tensor_parallel(*c.tp);
   // While the stage waits for its GPU, a communicator that failed (a peer
   // gone) ends the wait with an exception instead of a hang.
   std::vector<Communicator*> watched;

@@ -53,13 +53,13 @@ struct RankMemory {
 };
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
 
-// The stage this rank runs (parameters not yet initialised). First compares
-// rank_memory with what the device has left for each rank sharing it: a
-// deck that cannot fit is an InputError naming the keys and the bytes,
-// before anything is allocated.
+// The stage this rank runs at `place` (parameters not yet initialised).
+// First compares rank_memory with what the device has left for each rank
+// sharing it: a deck that cannot fit is an InputError naming the keys and
+// the bytes, before anything is allocated.
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
-                                                 const GptConfig& cfg, int stage_index,
-                                                 int dp_rank, int slots);
+                                                 const GptConfig& cfg, const GridPlace& place,
+                                                 int slots);
 
 // The communicators that move one stage's buffers: the grid's MPI groups on
 // the host; on GPUs NCCL, or MPI through host memory where the ranks of a
@@ -68,12 +68,13 @@ struct StageComms {
   Communicator* pipe_act = nullptr;   // activations, stage s -> s + 1
   Communicator* pipe_grad = nullptr;  // gradients, stage s + 1 -> s
   Communicator* dp = nullptr;
+  Communicator* tp = nullptr;    // the tensor group (the stage all-reduces over it itself)
   Communicator* tied = nullptr;  // null unless this rank holds a copy of the tied embedding
   std::string description;       // what the GPU groups use, for the summary
   std::vector<std::unique_ptr<Communicator>> owned;
 };
 
-// Collective over the grid.
+// Collective over the grid; gives the stage its tensor group.
 StageComms connect_stage(ProcessGrid& grid, StageBackend& stage);
 
 }  // namespace mpiformer

@@ -118,7 +118,7 @@ ResumePoint CheckpointManager::load() {
   // once per group, not once per replica.
   const ShardPlan* plan = stage_.shard_plan();
   const int64_t n = stage_.state_size();
-  MPI_Comm group = grid_.data_parallel().get();
+  MPI_Comm group = grid_.data_parallel().get(), stage_group = grid_.stage_group().get();
   std::string last_error;
   for (const auto& path : paths) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -138,8 +138,9 @@ ResumePoint CheckpointManager::load() {
       agree_on_input_errors(MPI_COMM_WORLD, [&] {
         bytes_read = static_cast<double>(
             plan != nullptr
-                ? restore_shard(*reader, cfg_, stage_.table(), scratch, group)
-                : restore_whole_stage(*reader, cfg_, stage_.table(), stage_.range(), scratch, group));
+                ? restore_shard(*reader, cfg_, stage_.table(), scratch, stage_group)
+                : restore_whole_stage(*reader, cfg_, stage_.table(), stage_.range(), scratch,
+                                      group, stage_group));
       });
     } catch (const InputError& e) {
       if (!automatic) throw;
@@ -159,12 +160,13 @@ ResumePoint CheckpointManager::load() {
     start.run_id = meta.run_id;
     if (rank == 0) {
       std::printf("resumed from %s: step %lld, %lld samples seen (epoch %lld), written by "
-                  "dp %lld x pp %lld on %lld rank(s); now dp %d x pp %d, zero %lld\n",
+                  "dp %lld x pp %lld x tp %lld on %lld rank(s); now dp %d x pp %d x tp %d, zero "
+                  "%lld\n",
                   path.c_str(), static_cast<long long>(meta.step),
                   static_cast<long long>(meta.sample_position), static_cast<long long>(meta.epoch),
                   static_cast<long long>(meta.dp), static_cast<long long>(meta.pp),
-                  static_cast<long long>(meta.world_size), grid_.dp(), grid_.pp(),
-                  static_cast<long long>(deck_.parallel.zero));
+                  static_cast<long long>(meta.tp), static_cast<long long>(meta.world_size),
+                  grid_.dp(), grid_.pp(), grid_.tp(), static_cast<long long>(deck_.parallel.zero));
       std::printf("checkpoint: read %.1f MB of tensors from the file over all ranks (each byte "
                   "once per data-parallel group) in %.2f s\n",
                   bytes_read / 1e6, dt);
@@ -192,7 +194,8 @@ double CheckpointManager::save(int64_t step, const DataPosition& data) {
   meta.seed = deck_.train.seed;
   meta.dp = grid_.dp();
   meta.pp = grid_.pp();
-  meta.world_size = grid_.dp() * grid_.pp();
+  meta.tp = grid_.tp();
+  meta.world_size = grid_.dp() * grid_.pp() * grid_.tp();
   set_model_config(meta, cfg_);
   meta.tokenizer = tokenizer_;
   meta.deck = deck_.to_toml();
@@ -243,6 +246,44 @@ double CheckpointManager::save(int64_t step, const DataPosition& data) {
     std::fflush(stdout);
   }
   return dt;
+}
+
+void CheckpointManager::check_tensor_replicas() {
+  MpiCommunicator& group = grid_.tensor_parallel();
+  if (group.size() == 1) return;
+  // The tensors a tensor group replicates get identical updates from
+  // identical gradients: their bits must agree on every rank of it. Each
+  // rank hashes its copy (under ZeRO, the rows it owns, cut alike on every
+  // tensor rank); the group compares the hashes.
+  const StageState state = stage_.host_state();
+  std::vector<const ParameterSpec*> replicated;
+  std::vector<uint64_t> lo, hi;
+  for (const auto& spec : stage_.table().specs()) {
+    if (!spec.whole()) continue;
+    const float* mine = state.params + spec.offset;
+    int64_t n = spec.numel();
+    if (state.shards != nullptr) {
+      const TensorPart p = state.shards->part_of(spec);
+      mine = state.params + p.shard_offset;
+      n = (p.row_end - p.row_begin) * spec.row_length();
+    }
+    replicated.push_back(&spec);
+    lo.push_back(tensor_checksum(mine, n));
+  }
+  hi = lo;
+  const int count = static_cast<int>(lo.size());
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, lo.data(), count, MPI_UINT64_T, MPI_MIN, group.get()));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, hi.data(), count, MPI_UINT64_T, MPI_MAX, group.get()));
+  for (size_t i = 0; i < lo.size(); ++i) {
+    if (lo[i] != hi[i]) {
+      throw SystemError(strprintf("stage %d, replica %d: the tensor group's copies of %s differ",
+                                  grid_.stage(), grid_.dp_rank(), replicated[i]->name.c_str()));
+    }
+  }
+  if (grid_.world_rank() == 0) {
+    std::printf("tensor groups: every rank's replicated tensors match its group's (%d on stage 0)\n",
+                count);
+  }
 }
 
 void CheckpointManager::check_tied_embedding() {

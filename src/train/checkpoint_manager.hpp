@@ -43,6 +43,10 @@ class CheckpointManager {
   // and prunes old ones. Returns the seconds it took.
   double save(int64_t step, const DataPosition& data);
   // Collective: throws SystemError if the tied embedding's copies differ.
+  // The end of a run: every rank of each tensor group holds the same bits
+  // of the tensors the group replicates (SystemError naming one otherwise).
+  // Collective over each tensor group.
+  void check_tensor_replicas();
   void check_tied_embedding();
 
  private:

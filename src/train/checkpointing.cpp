@@ -43,27 +43,105 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
   }
 }
 
-// One tensor's rows, held by the ranks of `comm` in rank order, whole on
-// `root` (for its checksum): a pointer to it there (this rank's own rows
-// when the group is one rank; else a copy kept in `store`), null elsewhere.
-const float* gather_tensor(MPI_Comm comm, int root, const float* rows, int64_t n_mine,
-                           std::vector<float>& store) {
+std::vector<DatasetBox> dataset_boxes(const std::vector<LogicalBox>& boxes) {
+  std::vector<DatasetBox> out;
+  for (const LogicalBox& b : boxes) out.push_back({b.row, b.rows, b.col, b.cols});
+  return out;
+}
+
+int64_t elements(const std::vector<DatasetBox>& boxes) {
+  int64_t n = 0;
+  for (const DatasetBox& b : boxes) n += b.rows * b.cols;
+  return n;
+}
+
+// One tensor whole on `root` of `comm` (for its checksum), from the blocks
+// each rank holds (`boxes`, elements one after another at `data`; ranks
+// with none send nothing): a pointer to it there, null elsewhere. Blocks
+// that are whole rows in increasing order (rows split over replicas) are
+// the tensor as gathered; others (tensor-parallel slices) are put in order
+// in `assembled`.
+const float* gather_tensor(MPI_Comm comm, int root, const std::vector<int64_t>& shape,
+                           const std::vector<DatasetBox>& boxes, const float* data,
+                           std::vector<float>& store, std::vector<float>& assembled) {
   int size = 0, rank = 0;
   MPI_CHECK(MPI_Comm_size(comm, &size));
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  if (size == 1) return rows;
-  const int mine = static_cast<int>(n_mine);
-  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
-  MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    displs[r] = total;
-    total += counts[r];
+  constexpr int kMaxBoxes = 3;  // a qkv slice's q, k and v
+  MPIFORMER_CHECK(boxes.size() <= kMaxBoxes, "a tensor slice of more than three blocks");
+  int64_t mine[4 * kMaxBoxes] = {};
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    mine[4 * i] = boxes[i].row;
+    mine[4 * i + 1] = boxes[i].rows;
+    mine[4 * i + 2] = boxes[i].col;
+    mine[4 * i + 3] = boxes[i].cols;
   }
-  store.resize(rank == root ? static_cast<size_t>(total) : 0);
-  MPI_CHECK(MPI_Gatherv(rows, mine, MPI_FLOAT, store.data(), counts.data(), displs.data(),
-                        MPI_FLOAT, root, comm));
-  return rank == root ? store.data() : nullptr;
+  std::vector<int64_t> all(static_cast<size_t>(4 * kMaxBoxes) * (rank == root ? size : 0));
+  const int64_t width = shape.size() > 1 ? shape[1] : 1;
+  int64_t total = 1;
+  for (int64_t d : shape) total *= d;
+  const float* gathered = data;
+  if (size > 1) {
+    MPI_CHECK(MPI_Gather(mine, 4 * kMaxBoxes, MPI_INT64_T, all.data(), 4 * kMaxBoxes, MPI_INT64_T,
+                         root, comm));
+    const int n_mine = static_cast<int>(elements(boxes));
+    std::vector<int> counts(static_cast<size_t>(size)), displs(counts.size());
+    MPI_CHECK(MPI_Gather(&n_mine, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
+    int at = 0;
+    for (int r = 0; r < size && rank == root; ++r) {
+      displs[r] = at;
+      at += counts[r];
+    }
+    store.resize(rank == root ? static_cast<size_t>(at) : 0);
+    MPI_CHECK(MPI_Gatherv(data, n_mine, MPI_FLOAT, store.data(), counts.data(), displs.data(),
+                          MPI_FLOAT, root, comm));
+    gathered = store.data();
+  } else {
+    all.assign(mine, mine + 4 * kMaxBoxes);
+  }
+  if (rank != root) return nullptr;
+  // In order already: whole rows, each block starting where the last ended.
+  bool in_order = true;
+  int64_t next_row = 0, seen = 0;
+  for (size_t i = 0; i + 4 <= all.size(); i += 4) {
+    if (all[i + 1] <= 0) continue;
+    in_order = in_order && all[i] == next_row && all[i + 2] == 0 && all[i + 3] == width;
+    next_row = all[i] + all[i + 1];
+    seen += all[i + 1] * all[i + 3];
+  }
+  MPIFORMER_CHECK(seen == total, "the blocks gathered for a checksum do not make the tensor");
+  if (in_order) return gathered;
+  assembled.resize(static_cast<size_t>(total));
+  const float* from = gathered;
+  for (size_t i = 0; i + 4 <= all.size(); i += 4) {
+    for (int64_t r = 0; r < all[i + 1]; ++r, from += all[i + 3])
+      std::copy_n(from, all[i + 3], assembled.data() + (all[i] + r) * width + all[i + 2]);
+  }
+  return assembled.data();
+}
+
+// The rows of its slice of `spec` a rank of a stage writes or reads as its
+// share: its ZeRO part, or (zero 0) its block of rows split over the
+// replicas; replicated tensors are left to tensor rank 0.
+struct Share {
+  int64_t row_begin = 0, row_end = 0;
+  int64_t offset = 0;  // of row_begin, in the state's buffers
+};
+Share share_of(const ParameterSpec& mine, const StageState& state, int dp, int dp_rank) {
+  Share sh;
+  if (state.shards != nullptr) {
+    const TensorPart p = state.shards->part_of(mine);
+    sh = {p.row_begin, p.row_end, p.shard_offset};
+  } else {
+    const int64_t rows = mine.shape[0];
+    const int64_t block = (rows + dp - 1) / dp;
+    sh.row_begin = std::min(rows, dp_rank * block);
+    sh.row_end = std::min(rows, sh.row_begin + block);
+    sh.offset = mine.offset + sh.row_begin * mine.row_length();
+  }
+  if (!mine.whole() || mine.tp_rank == 0) return sh;
+  sh.row_end = sh.row_begin;
+  return sh;
 }
 
 }  // namespace
@@ -80,40 +158,36 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
                                             const StageState& state, ProcessGrid& grid) {
   const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
   std::vector<DatasetSlice> out;
-  int tensor = 0;  // spreads the checksums' gathers over the group
+  MPI_Comm stage_group = grid.stage_group().get();
+  const int stage_size = grid.dp() * grid.tp();
+  int tensor = 0;  // spreads the checksums' gathers over the stage's ranks
   for (int g = 0; g < 3; ++g) {
     for (const auto& spec : whole.specs()) {
       DatasetSlice d;
       d.name = kGroups[g] + spec.name;
       d.shape = spec.shape;
-      if (owner_stage(spec, cfg, grid.pp()) == grid.stage() && state.shards != nullptr) {
-        // ZeRO: each owner writes its rows, so no byte is written twice.
+      if (owner_stage(spec, cfg, grid.pp()) == grid.stage()) {
+        // Every rank of the stage writes its share, so no byte is written
+        // twice and all of them write.
         const ParameterSpec& mine = local.at(spec.name);
-        const TensorPart p = state.shards->part_of(mine);
-        const int64_t row_len = spec.numel() / spec.shape[0];
-        d.row_begin = p.row_begin;
-        d.row_end = p.row_end;
-        d.rows = group_base(state, g) + p.shard_offset;
-        const int root = tensor++ % grid.dp();
-        std::vector<float> store;
-        const float* all = gather_tensor(grid.data_parallel().get(), root, d.rows,
-                                         (p.row_end - p.row_begin) * row_len, store);
-        if (grid.dp_rank() == root) {
-          d.reports_checksum = true;
-          d.checksum = tensor_checksum(all, spec.numel());
-        }
-      } else if (owner_stage(spec, cfg, grid.pp()) == grid.stage()) {
-        const ParameterSpec& mine = local.at(spec.name);
-        const float* base = group_base(state, g) + mine.offset;
-        // Rows split across the stage's replicas so all of them write.
-        const int64_t rows = spec.shape[0], row_len = spec.numel() / rows;
-        const int64_t block = (rows + grid.dp() - 1) / grid.dp();
-        d.row_begin = std::min(rows, grid.dp_rank() * block);
-        d.row_end = std::min(rows, d.row_begin + block);
-        d.rows = base + d.row_begin * row_len;
-        if (grid.dp_rank() == 0) {
-          d.reports_checksum = true;
-          d.checksum = tensor_checksum(base, spec.numel());
+        const Share sh = share_of(mine, state, grid.dp(), grid.dp_rank());
+        d.boxes = dataset_boxes(mine.boxes(sh.row_begin, sh.row_end));
+        d.data = group_base(state, g) + sh.offset;
+        if (state.shards == nullptr && mine.whole()) {
+          // The first replica holds it whole: no gather.
+          if (grid.dp_rank() == 0 && grid.tp_rank() == 0) {
+            d.reports_checksum = true;
+            d.checksum = tensor_checksum(group_base(state, g) + mine.offset, spec.numel());
+          }
+        } else {
+          const int root = tensor++ % stage_size;
+          std::vector<float> store, assembled;
+          const float* all =
+              gather_tensor(stage_group, root, spec.shape, d.boxes, d.data, store, assembled);
+          if (grid.stage_group().rank() == root) {
+            d.reports_checksum = true;
+            d.checksum = tensor_checksum(all, spec.numel());
+          }
         }
       }
       out.push_back(std::move(d));
@@ -128,6 +202,7 @@ void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
   for (int g = 0; g < 3; ++g) {
     if (group_base(state, g) == nullptr) continue;
     for (const auto& spec : local.specs()) {
+      if (!spec.whole()) throw std::logic_error("restore_stage: a tensor-parallel slice");
       float* base = group_base(state, g) + spec.offset;
       std::fill(base, base + spec.storage, 0.0f);
       reader.read(kGroups[g] + spec.name, spec.shape, base);
@@ -136,12 +211,12 @@ void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
 }
 
 int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
-                      const ParameterTable& local, const StageState& state, MPI_Comm group) {
+                      const ParameterTable& local, const StageState& state, MPI_Comm stage_group) {
   check_model(reader, cfg);
   const ShardPlan& plan = *state.shards;
   int rank = 0, size = 0;
-  MPI_CHECK(MPI_Comm_rank(group, &rank));
-  MPI_CHECK(MPI_Comm_size(group, &size));
+  MPI_CHECK(MPI_Comm_rank(stage_group, &rank));
+  MPI_CHECK(MPI_Comm_size(stage_group, &size));
   for (int g = 0; g < 3; ++g) std::fill(group_base(state, g), group_base(state, g) + plan.shard_size(), 0.0f);
   // A read that fails or a checksum that does not hold may be found on one
   // rank only: it is reported after the loop, so no rank leaves the others
@@ -149,60 +224,68 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   std::string damaged, damaged_field;
   int tensor = 0;
   int64_t bytes = 0;
-  std::vector<float> store;
+  std::vector<float> store, assembled;
   for (int g = 0; g < 3; ++g) {
     for (const auto& spec : local.specs()) {
       const TensorPart p = plan.part_of(spec);
-      const int64_t row_len = spec.numel() / spec.shape[0];
+      const std::vector<DatasetBox> boxes = dataset_boxes(spec.boxes(p.row_begin, p.row_end));
       float* rows = group_base(state, g) + p.shard_offset;
-      bytes += (p.row_end - p.row_begin) * row_len * static_cast<int64_t>(sizeof(float));
+      bytes += elements(boxes) * static_cast<int64_t>(sizeof(float));
       // Each rank reads its own rows; a failure is kept for the end too (a
       // truncated file may fail some ranks' rows only).
       uint64_t stored = 0;
       try {
-        stored = reader.read_rows(kGroups[g] + spec.name, spec.shape, p.row_begin, p.row_end, rows);
+        stored = reader.read_boxes(kGroups[g] + spec.name, spec.logical_shape, boxes, rows);
       } catch (const InputError& e) {
         if (damaged.empty()) {
           damaged_field = e.field();
           damaged = e.reason();
         }
       }
+      // The checksum over the whole tensor, from every rank's blocks; a
+      // replicated tensor's copies are the same bytes of the file: tensor
+      // rank 0's are checked.
       const int root = tensor++ % size;
-      const float* all = gather_tensor(group, root, rows, (p.row_end - p.row_begin) * row_len, store);
+      const bool counts = spec.whole() ? spec.tp_rank == 0 : true;
+      const float* all = gather_tensor(stage_group, root, spec.logical_shape,
+                                       counts ? boxes : std::vector<DatasetBox>{}, rows, store,
+                                       assembled);
       if (rank != root || !damaged.empty()) continue;
       try {
-        check_tensor_checksum(reader.path(), kGroups[g] + spec.name, stored, all, spec.numel());
+        check_tensor_checksum(reader.path(), kGroups[g] + spec.name, stored, all,
+                              spec.logical_numel());
       } catch (const InputError& e) {
         damaged_field = e.field();
         damaged = e.reason();
       }
     }
   }
-  // The first rank that found damage names it to the group.
+  // The first rank that found damage names it to the stage.
   int finder = damaged.empty() ? size : rank;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &finder, 1, MPI_INT, MPI_MIN, group));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &finder, 1, MPI_INT, MPI_MIN, stage_group));
   if (finder == size) return bytes;
   std::string field = damaged_field, reason = damaged;
-  broadcast_string(group, field, finder);
-  broadcast_string(group, reason, finder);
+  broadcast_string(stage_group, field, finder);
+  broadcast_string(stage_group, reason, finder);
   throw InputError(reader.path(), field, reason);
 }
 
 int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg,
                             const ParameterTable& local, const StageRange& range,
-                            const StageState& whole, MPI_Comm group) {
+                            const StageState& whole, MPI_Comm group, MPI_Comm stage_group) {
   int size = 0, rank = 0;
   MPI_CHECK(MPI_Comm_size(group, &size));
   MPI_CHECK(MPI_Comm_rank(group, &rank));
   const ShardPlan plan(local, StageLayout(local, range), size, rank);
-  // One rank: its shard is the whole buffer, in order; read into it.
+  // One replica: its shard is the whole buffer, in order; read into it.
   if (size == 1) {
     return restore_shard(reader, cfg, local,
-                         StageState{whole.params, whole.adam_m, whole.adam_v, &plan}, group);
+                         StageState{whole.params, whole.adam_m, whole.adam_v, &plan}, stage_group);
   }
   const auto n = static_cast<size_t>(plan.shard_size());
   std::vector<float> p(n), m(n), v(n);
-  const int64_t bytes = restore_shard(reader, cfg, local, StageState{p.data(), m.data(), v.data(), &plan}, group);
+  const int64_t bytes = restore_shard(reader, cfg, local,
+                                      StageState{p.data(), m.data(), v.data(), &plan}, stage_group);
   gather_shards(plan, p.data(), whole.params, group);
   gather_shards(plan, m.data(), whole.adam_m, group);
   gather_shards(plan, v.data(), whole.adam_v, group);

@@ -1,7 +1,8 @@
 // Between a pipeline stage's flat buffers and the checkpoint's logical
-// tensors. Saving: which rows of which tensors this rank writes (its stage's
-// tensors, rows split across the stage's replicas). Restoring: each rank
-// reads the whole tensors its stage holds, whatever layout wrote them.
+// tensors. Saving: which blocks of which tensors this rank writes (its
+// stage's tensors: its tensor slice, rows split across the stage's
+// replicas; replicated tensors by tensor rank 0). Restoring: each rank
+// reads its slice's rows of its stage's tensors, whatever layout wrote them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,10 +35,10 @@ struct CheckpointDataset {
 std::vector<CheckpointDataset> checkpoint_datasets(const GptConfig& cfg);
 
 // Every dataset of the full model (same list on every rank), with this
-// rank's rows and, on the reporting rank, the checksum.
-// Under ZeRO (state.shards) each owner lists its rows, and each dataset's
-// checksum is taken on one rank of the group after a gather (collective
-// over the data-parallel group).
+// rank's blocks and, on the reporting rank, the checksum.
+// Under ZeRO (state.shards) each owner lists its rows; under ZeRO or tensor
+// parallelism each dataset's checksum is taken on one rank of the stage
+// after a gather (collective over the stage's ranks).
 std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const ParameterTable& local,
                                             const StageState& state, ProcessGrid& grid);
 
@@ -46,20 +47,22 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
 // mismatch, missing dataset or bad checksum.
 void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
                    const ParameterTable& local, const StageState& state);
-// Reads only this rank's rows of each tensor (state.shards: a ZeRO shard,
-// or a plan cut for the read) into its shard, so each byte of the file is
-// read once per data-parallel group, then checks every tensor's checksum
-// on one rank of `group` after a gather. Collective over `group`; the same
-// errors on every rank of it. Returns the bytes this rank read.
+// Reads only this rank's rows of each tensor slice (state.shards: a ZeRO
+// shard, or a plan cut for the read) into its shard, so each byte of the
+// file is read once per data-parallel group (and tensor rank), then checks
+// every tensor's checksum on one rank of `stage_group` (every rank of the
+// stage) after a gather. Collective over it; the same errors on every rank
+// of it. Returns the bytes this rank read.
 int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
-                      const ParameterTable& local, const StageState& state, MPI_Comm group);
+                      const ParameterTable& local, const StageState& state, MPI_Comm stage_group);
 // The whole flat buffer on every rank of `group` from each rank's shard.
 void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group);
-// zero 0: every rank of `group` holds the whole stage; each reads its rows
-// of a plan cut over the group (restore_shard), then the group gathers
+// zero 0: every rank of its data-parallel `group` holds the whole stage
+// (slice); each reads its rows of a plan cut over the group
+// (restore_shard, checksums over `stage_group`), then the group gathers
 // them into `whole`. Returns the bytes this rank read.
 int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg,
                             const ParameterTable& local, const StageRange& range,
-                            const StageState& whole, MPI_Comm group);
+                            const StageState& whole, MPI_Comm group, MPI_Comm stage_group);
 
 }  // namespace mpiformer

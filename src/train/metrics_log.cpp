@@ -94,6 +94,11 @@ void MetricsLog::step(const StepMetrics& m) {
     json += strprintf(", \"reduce_exposed_ms\": %.4g", m.reduce_exposed_ms);
   }
   if (m.data_parallel) json += strprintf(", \"dp_sent_mb\": %.4g", m.dp_sent_mb);
+  if (m.tensor_parallel && m.host_timings) {
+    line += strprintf(" | tensor all-reduce %.0f%%", 100 * m.tp_reduce_fraction);
+    json += strprintf(", \"tp_reduce_fraction\": %.4g", m.tp_reduce_fraction);
+  }
+  if (m.tensor_parallel) json += strprintf(", \"tp_sent_mb\": %.4g", m.tp_sent_mb);
   std::puts(line.c_str());
   std::fflush(stdout);
   write_line(json + "}");

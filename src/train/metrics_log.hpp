@@ -25,6 +25,11 @@ struct StepMetrics {
   // Data parallel: MB each rank sent to its group per step, counted from the
   // collectives issued (ring model).
   double dp_sent_mb = 0;
+  // Tensor parallel (tp > 1): the share of the step time in the tensor
+  // group's all-reduces (host timings) and the MB each rank sent to it per
+  // step (ring model).
+  bool tensor_parallel = false;
+  double tp_reduce_fraction = 0, tp_sent_mb = 0;
   // Why this step's update was skipped, or why the run stops at it (empty:
   // applied), and the updates skipped so far.
   std::string skipped, stopped;

@@ -22,9 +22,10 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   const bool not_applied = r.verdict != StepVerdict::kApply;
   if (done % tc.log_every != 0 && done != end_step && !not_applied) return;
   // Means over the interval and over ranks (one small all-reduce).
-  double agg[3] = {times_.recv_wait / interval_s_, times_.reduce_exposed, times_.dp_sent_bytes};
-  grid_.world().allreduce_sum(agg, 3);
-  const int ranks = grid_.dp() * grid_.pp();
+  double agg[5] = {times_.recv_wait / interval_s_, times_.reduce_exposed, times_.dp_sent_bytes,
+                   times_.tp_reduce / interval_s_, times_.tp_sent_bytes};
+  grid_.world().allreduce_sum(agg, 5);
+  const int ranks = grid_.dp() * grid_.pp() * grid_.tp();
   const double mean_s = interval_s_ / static_cast<double>(interval_steps_);
   const auto M = static_cast<double>(deck_.grad_accum());
   StepMetrics sm;
@@ -45,6 +46,9 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   sm.data_parallel = grid_.dp() > 1;
   sm.reduce_exposed_ms = 1e3 * agg[1] / ranks / static_cast<double>(interval_steps_);
   sm.dp_sent_mb = agg[2] / 1e6 / ranks / static_cast<double>(interval_steps_);
+  sm.tensor_parallel = grid_.tp() > 1;
+  sm.tp_reduce_fraction = agg[3] / ranks;
+  sm.tp_sent_mb = agg[4] / 1e6 / ranks / static_cast<double>(interval_steps_);
   sm.host_timings = !stage_.on_device();
   if (r.verdict == StepVerdict::kSkip) sm.skipped = r.why;
   if (r.verdict == StepVerdict::kStop) sm.stopped = r.why;

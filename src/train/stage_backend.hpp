@@ -9,6 +9,7 @@
 // matching kind (MPI, or NCCL) move them. Messages are byte ranges because
 // activations may be bf16.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -37,6 +38,12 @@ struct StageSetup {
 };
 // The stage options a deck asks for, with `slots` from the schedule.
 StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero);
+
+// Told of each of the stage's tensor-group all-reduces: when it ran (on a
+// GPU, when the host queued it) and the bytes this rank sent (ring model).
+using TensorReduceObserver = std::function<void(std::chrono::steady_clock::time_point start,
+                                                std::chrono::steady_clock::time_point end,
+                                                double bytes_sent)>;
 
 class StageBackend {
  public:
@@ -80,9 +87,13 @@ class StageBackend {
   // adamw_step updates the shard and gathers the weights.
   virtual int zero() const = 0;
   virtual void connect_data_parallel(Communicator& dp) = 0;
+  // The tensor group (range().tp ranks, possibly one) the stage all-reduces
+  // over inside forward and backward; needed before the first forward.
+  virtual void connect_tensor_parallel(Communicator& tp) = 0;
+  virtual void observe_tensor_reductions(TensorReduceObserver observer) = 0;
   virtual void backward_sharded(int slot, bool last_micro_batch) = 0;
   virtual double finish_sharded_reduction(Communicator* tied) = 0;
-  virtual double sharded_grad_sum_of_squares(bool without_tied_wte) = 0;
+  virtual double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
   // Bytes sent to the data-parallel group by the stage's own collectives
   // since the last call (ring model; see ZeroShards::take_sent_bytes).
   virtual double take_sent_bytes() = 0;
@@ -106,6 +117,10 @@ class StageBackend {
   // Gradients (flat, table order) where the back end keeps them.
   virtual float* grads() = 0;
   virtual double grad_sum_of_squares(int64_t offset, int64_t n) = 0;
+  // The squared norm of the tensors a tensor rank does not share: the
+  // replicated ones (the same on every rank of the group) are counted by
+  // tensor rank 0 only (whole gradients; zero 0).
+  virtual double replicated_grad_sum_of_squares() = 0;
   virtual void adamw_step(double lr, int64_t step, double grad_scale) = 0;
 
   // Parameters and moments in host memory (copied from the device when

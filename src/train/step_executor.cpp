@@ -25,12 +25,13 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 // What an action waits on, for the watchdog's report ("" for computing).
 std::string peer_of(Op op, const ProcessGrid& g) {
   const auto rank_of_stage = [&](int stage) {
-    return strprintf("rank %d (stage %d)", stage * g.dp() + g.dp_rank(), stage);
+    return strprintf("rank %d (stage %d)", g.rank_of_stage(stage), stage);
   };
   switch (op) {
     case Op::RecvActivation: return rank_of_stage(g.stage() - 1);
     case Op::RecvGradient: return rank_of_stage(g.stage() + 1);
-    case Op::ReduceGradients: return strprintf("the %d ranks of stage %d (gradient reduction)", g.dp(), g.stage());
+    case Op::ReduceGradients:
+      return strprintf("the %d replicas of stage %d (gradient reduction)", g.dp(), g.stage());
     case Op::OptimizerStep: return "every rank (the step's all-reduce)";
     default: return "";
   }
@@ -62,6 +63,15 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
   // back end: the gradients are host memory there).
   const char* v = std::getenv("MPIFORMER_FAULT_NONFINITE_STEP");
   fault_step_ = v != nullptr && !stage.on_device() ? std::atoll(v) : -1;
+  if (grid.tp() > 1) {
+    stage.observe_tensor_reductions(
+        [this](Clock::time_point t0, Clock::time_point t1, double bytes) {
+          trace_.span("tensor all-reduce", t0, t1, step_ + 1, micro_);
+          if (times_ == nullptr) return;
+          times_->tp_reduce += seconds(t0, t1);
+          times_->tp_sent_bytes += bytes;
+        });
+  }
 }
 
 StepExecutor::~StepExecutor() = default;
@@ -79,8 +89,11 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
 
   stage.zero_grads();
   StepResult result;
+  times_ = &times;
+  step_ = step;
   for (const Action& a : actions_) {
     const int slot = a.micro >= 0 ? a.micro % slots : 0;
+    micro_ = a.micro;
     watchdog_.enter(a.micro >= 0 ? strprintf("%s of micro-batch %d", op_name(a.op), a.micro)
                                  : std::string(op_name(a.op)),
                     step + 1, peer_of(a.op, g));
@@ -153,14 +166,20 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         if (step + 1 == fault_step_ && g.world_rank() == 0) {
           stage.grads()[0] = std::numeric_limits<float>::quiet_NaN();
         }
-        double sums[3] = {stage.take_loss_sum(), 0.0, StopPolicy::vote(out_of_time) ? 1.0 : 0.0};
+        // Every rank of a tensor group computes the same losses: its rank
+        // 0 counts them, and the tensors the group replicates.
+        const double loss_sum = stage.take_loss_sum();
+        double sums[3] = {g.tp_rank() == 0 ? loss_sum : 0.0, 0.0,
+                          StopPolicy::vote(out_of_time) ? 1.0 : 0.0};
+        const bool shared = g.tp_rank() != 0;
         if (stage.zero() > 0) {
           // Each rank holds the reduced gradients of its shard only.
-          sums[1] = stage.sharded_grad_sum_of_squares(g.pp() > 1 && g.last_stage());
+          sums[1] = stage.sharded_grad_sum_of_squares(g.pp() > 1 && g.last_stage(), shared);
         } else if (g.dp_rank() == 0) {
           sums[1] = stage.grad_sum_of_squares(0, stage.param_storage());
           if (g.pp() > 1 && g.last_stage())
             sums[1] -= stage.grad_sum_of_squares(wte_->offset, wte_->storage);
+          if (shared) sums[1] -= stage.replicated_grad_sum_of_squares();
         }
         g.world().allreduce_sum(sums, 3);
         result.loss = sums[0] / static_cast<double>(tc.global_batch * T);
@@ -186,6 +205,7 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   if (g.dp() > 1) times.dp_sent_bytes += stage.take_sent_bytes();
   trace_.flush();
   data.next_step();
+  times_ = nullptr;  // evaluation's reductions are not the step's
   return result;
 }
 
@@ -216,6 +236,7 @@ double StepExecutor::evaluate(DataFeeder& data) {
     }
   }
   double sum = stage.take_loss_sum();
+  if (g.tp_rank() != 0) sum = 0;  // the tensor group's ranks all hold it
   g.world().allreduce_sum(&sum, 1);
   return sum / static_cast<double>(data.eval_windows() * deck_.model.seq_len);
 }

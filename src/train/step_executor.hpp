@@ -34,6 +34,8 @@ struct StepTimes {
   double recv_wait = 0;       // blocked receiving activations or gradients
   double reduce_exposed = 0;  // data-parallel reduction not hidden by backward
   double dp_sent_bytes = 0;   // sent to the data-parallel group (ring model)
+  double tp_reduce = 0;       // in the tensor group's all-reduces (host: their time)
+  double tp_sent_bytes = 0;   // sent to the tensor group (ring model)
 };
 
 class StepExecutor {
@@ -63,6 +65,11 @@ class StepExecutor {
   StepGuard guard_;
   int64_t fault_step_;  // test hook (see the constructor)
   std::vector<Pending> act_sends_, grad_sends_;  // one per activation slot
+  // Where the stage's tensor all-reduces are reported: the step's times and
+  // the micro-batch they belong to (for the trace).
+  StepTimes* times_ = nullptr;
+  int64_t step_ = 0;
+  int micro_ = -1;
 };
 
 }  // namespace mpiformer

@@ -7,7 +7,8 @@
 
 namespace mpiformer {
 
-TraceWriter::TraceWriter(bool enabled, const std::string& path, int rank, int stage, int dp_rank)
+TraceWriter::TraceWriter(bool enabled, const std::string& path, int rank, int stage, int dp_rank,
+                         int tp_rank)
     : rank_(rank),
       origin_(Clock::now()),
       origin_epoch_us_(std::chrono::duration<double, std::micro>(
@@ -18,13 +19,13 @@ TraceWriter::TraceWriter(bool enabled, const std::string& path, int rank, int st
   if (file_ == nullptr) {
     throw InputError(path, "[run] trace", std::string("cannot write: ") + std::strerror(errno));
   }
-  // Track names carry the rank, the stage and the replica.
+  // Track names carry the rank, the stage, the replica and the tensor rank.
   std::fprintf(file_,
                "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
-               "\"rank %d (stage %d, replica %d)\"}},\n"
+               "\"rank %d (stage %d, replica %d, tensor rank %d)\"}},\n"
                "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"args\": "
                "{\"sort_index\": %d}}",
-               rank, rank, stage, dp_rank, rank, rank);
+               rank, rank, stage, dp_rank, tp_rank, rank, rank);
 }
 
 TraceWriter::~TraceWriter() {

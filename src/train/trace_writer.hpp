@@ -12,7 +12,8 @@ namespace mpiformer {
 class TraceWriter {
  public:
   // Inactive (every call a no-op) unless `enabled`.
-  TraceWriter(bool enabled, const std::string& path, int rank, int stage, int dp_rank);
+  TraceWriter(bool enabled, const std::string& path, int rank, int stage, int dp_rank,
+              int tp_rank);
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;

@@ -99,20 +99,22 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   p.data = std::make_unique<DataFeeder>(deck_, deck_.model);
   // After the data, so a data error reads the same whatever the rank count.
   const auto& par = deck_.parallel;
-  if (par.dp * par.pp != world) {
-    throw InputError(deck_.path, "[parallel] dp x pp",
-                     strprintf("%lld x %lld = %lld ranks, but the job has %d",
+  if (par.dp * par.pp * par.tp != world) {
+    throw InputError(deck_.path, "[parallel] dp x pp x tp",
+                     strprintf("%lld x %lld x %lld = %lld ranks, but the job has %d",
                                static_cast<long long>(par.dp), static_cast<long long>(par.pp),
-                               static_cast<long long>(par.dp * par.pp), world));
+                               static_cast<long long>(par.tp),
+                               static_cast<long long>(par.dp * par.pp * par.tp), world));
   }
   p.backend = choose_backend(deck_, node);
   const int dp = static_cast<int>(par.dp), pp = static_cast<int>(par.pp);
-  const int stage_index = rank_ / dp, dp_rank = rank_ % dp;  // as ProcessGrid lays them out
+  const GridPlace place = grid_place(rank_, dp, static_cast<int>(par.tp));  // as ProcessGrid does
+  const int stage_index = place.stage, dp_rank = place.dp_rank;
   if (deck_.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck_.run.blas_threads));
   p.actions = pipeline_schedule(par.schedule, pp, stage_index,
                                 static_cast<int>(deck_.grad_accum()));
   const int slots = max_live_activations(p.actions);
-  p.stage = make_stage_backend(deck_, p.backend, deck_.model, stage_index, dp_rank, slots);
+  p.stage = make_stage_backend(deck_, p.backend, deck_.model, place, slots);
   p.stage->init_parameters(static_cast<uint64_t>(deck_.train.seed));
   // Every rank may write in the run directory (traces). The checkpoint
   // directory is written at the first save, possibly hours from now: find
@@ -132,7 +134,7 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   probe_writable(deck_.checkpoint.dir, "[checkpoint] dir", rank_);
   p.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
-      dp_rank);
+      dp_rank, place.tp_rank);
   p.data->plan(slots, dp, dp_rank);
   p.flops_per_token = training_flops_per_token(deck_.model);
 }
@@ -142,12 +144,14 @@ void Trainer::connect() {
   // From here on a stuck rank ends the job. Set-up (communicators, the
   // peak measurement, the resume) is no step: it gets the automatic floor,
   // or more for a large checkpoint to read.
-  p.watchdog = std::make_unique<Watchdog>(deck_.run.watchdog_s, deck_.run.dir, rank_,
-                                          static_cast<int>(deck_.parallel.dp * deck_.parallel.pp));
+  p.watchdog = std::make_unique<Watchdog>(
+      deck_.run.watchdog_s, deck_.run.dir, rank_,
+      static_cast<int>(deck_.parallel.dp * deck_.parallel.pp * deck_.parallel.tp));
   p.watchdog->enter("setting up", 0, "every rank",
                     std::max(Watchdog::kMinAutoLimit, save_allowance(*p.stage)));
   p.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
-                                         static_cast<int>(deck_.parallel.pp));
+                                         static_cast<int>(deck_.parallel.pp),
+                                         static_cast<int>(deck_.parallel.tp));
   ProcessGrid& g = *p.grid;
   // "auto" resolves node by node: a job whose nodes differ would run half
   // on GPUs and disagree on every message. The same verdict on every rank.
@@ -197,7 +201,7 @@ void Trainer::print_summary() const {
               "(padded %lld)\n",
               static_cast<long long>(whole.total_numel()), static_cast<long long>(cfg.n_layer),
               static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
-              static_cast<long long>(cfg.vocab_size), static_cast<long long>(cfg.padded_vocab()));
+              static_cast<long long>(cfg.vocab_size), static_cast<long long>(cfg.padded_vocab(g.tp())));
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =
       shards != nullptr
@@ -205,11 +209,20 @@ void Trainer::print_summary() const {
                       shards->units().size(), name_of(deck_.train.recompute))
           : strprintf("%d gradient bucket(s), recompute %s", p.executor->num_buckets(),
                       name_of(deck_.train.recompute));
-  std::printf("grid:  dp %d x pp %d, schedule %s, stage 0 holds layers [0, %lld); "
+  std::printf("grid:  dp %d x pp %d x tp %d, schedule %s, stage 0 holds layers [0, %lld); "
               "%d activation slot(s) on stage 0; %s\n",
-              g.dp(), g.pp(), name_of(deck_.parallel.schedule),
+              g.dp(), g.pp(), g.tp(), name_of(deck_.parallel.schedule),
               static_cast<long long>(p.stage->range().last_layer), p.stage->num_slots(),
               reduction.c_str());
+  // The mapping (tp fastest, then dp, then pp), so a user can check that
+  // each tensor group sits inside a node.
+  std::printf("ranks: rank = (stage x %d + replica) x %d + tensor rank", g.dp(), g.tp());
+  if (g.tp() > 1) {
+    std::printf("; tensor groups:");
+    for (int first = 0; first < g.dp() * g.pp() * g.tp(); first += g.tp())
+      std::printf(" [%d-%d]", first, first + g.tp() - 1);
+  }
+  std::printf("\n");
   const bool gpu = p.stage->on_device();
   std::printf("device: %s on rank 0%s%s%s\n", p.stage->describe().c_str(), gpu ? "" : " (",
               gpu ? "" : p.backend.why_cpu.c_str(), gpu ? "" : ")");
@@ -219,7 +232,7 @@ void Trainer::print_summary() const {
               "%d BLAS threads; peak %.1f GFLOP/s over %d rank(s) (%s)\n",
               static_cast<long long>(tc.global_batch), static_cast<long long>(cfg.seq_len),
               static_cast<long long>(deck_.grad_accum()), static_cast<long long>(tc.micro_batch),
-              host::blas_threads(), p.peak_flops / 1e9, g.dp() * g.pp(),
+              host::blas_threads(), p.peak_flops / 1e9, g.dp() * g.pp() * g.tp(),
               deck_.run.peak_tflops > 0 ? "[run] peak_tflops"
               : gpu ? (tc.precision == Precision::kBf16 ? "cuBLASLt bf16 GEMM 8192^3 measured now"
                                                         : "cuBLASLt fp32 GEMM 8192^3 measured now")
@@ -229,7 +242,7 @@ void Trainer::print_summary() const {
 
 void Trainer::report_measured_memory(MetricsLog& metrics) const {
   const Parts& p = *p_;
-  const int world = p.grid->dp() * p.grid->pp();
+  const int world = p.grid->dp() * p.grid->pp() * p.grid->tp();
   const double mine[3] = {
       static_cast<double>(p.grid->stage()),
       rank_memory(deck_, p.backend, p.grid->stage(), p.stage->num_slots()).total(),
@@ -321,6 +334,9 @@ TrainResult Trainer::run() {
   }
   p.watchdog->enter("comparing the tied embedding's copies", end_step, "the first and last stage");
   p.checkpoints->check_tied_embedding();
+  p.watchdog->enter("comparing the tensor groups' replicated tensors", end_step,
+                    "the ranks of this tensor group");
+  p.checkpoints->check_tensor_replicas();
   report_measured_memory(progress.metrics());
   if (lead && p.data->val() && end_step == tc.steps && p.start.step < end_step) {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,

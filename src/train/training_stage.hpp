@@ -6,6 +6,7 @@
 // (cuda_stage_backend.cpp); nothing in it depends on the device beyond the
 // op set.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -81,7 +82,7 @@ class TrainingStage final : public StageBackend {
       tensor.resize(static_cast<size_t>(spec.storage));
       fill_initial_tensor(spec, seed, tensor.data());
       const TensorPart p = plan.part_of(spec);
-      const int64_t row_len = spec.numel() / spec.shape[0];
+      const int64_t row_len = spec.row_length();
       zero_->upload_master(tensor.data() + p.row_begin * row_len, p.shard_offset,
                            (p.row_end - p.row_begin) * row_len);
     }
@@ -96,12 +97,31 @@ class TrainingStage final : public StageBackend {
   void connect_data_parallel(Communicator& dp) override {
     if (zero_) zero_->connect(dp);
   }
+  void connect_tensor_parallel(Communicator& tp) override {
+    tp_ = &tp;
+    auto reduce = [this](Reduction op) {
+      return [this, op](void* data, int64_t n, size_t elem_bytes) {
+        const auto t0 = std::chrono::steady_clock::now();
+        tp_->allreduce(data, n, elem_bytes, op);
+        // A ring all-reduce of b bytes sends 2 b (tp - 1) / tp per rank.
+        const double tp_size = tp_->size();
+        if (observer_)
+          observer_(t0, std::chrono::steady_clock::now(),
+                    2.0 * static_cast<double>(n * static_cast<int64_t>(elem_bytes)) *
+                        (tp_size - 1) / tp_size);
+      };
+    };
+    stage_.set_tensor_group(TensorGroup{reduce(Reduction::kSum), reduce(Reduction::kMax)});
+  }
+  void observe_tensor_reductions(TensorReduceObserver observer) override {
+    observer_ = std::move(observer);
+  }
   void backward_sharded(int slot, bool last_micro_batch) override {
     zero_->backward(slot, last_micro_batch);
   }
   double finish_sharded_reduction(Communicator* tied) override { return zero_->finish(tied); }
-  double sharded_grad_sum_of_squares(bool without_tied_wte) override {
-    return zero_->grad_sum_of_squares(without_tied_wte);
+  double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
+    return zero_->grad_sum_of_squares(without_tied_wte, without_replicated);
   }
   double take_sent_bytes() override { return zero_ ? zero_->take_sent_bytes() : 0.0; }
   void* input_buffer(int slot) override { return stage_.input_buffer(slot); }
@@ -124,6 +144,12 @@ class TrainingStage final : public StageBackend {
   float* grads() override { return stage_.grads(); }
   double grad_sum_of_squares(int64_t offset, int64_t n) override {
     return Ops::sum_of_squares(ctx_, stage_.grads() + offset, n);
+  }
+  double replicated_grad_sum_of_squares() override {
+    double s = 0;
+    for (const auto& spec : stage_.table().specs())
+      if (spec.whole()) s += grad_sum_of_squares(spec.offset, spec.numel());
+    return s;
   }
   void adamw_step(double lr, int64_t step, double grad_scale) override {
     const AdamWParams p{lr, adam_.beta1, adam_.beta2, adam_.eps, adam_.weight_decay, step,
@@ -172,6 +198,8 @@ class TrainingStage final : public StageBackend {
   int64_t chunk_count_ = 0;
   std::vector<Buffer<Act>> grad_out_;
   std::unique_ptr<ZeroShards<Ops>> zero_;  // zero >= 1
+  Communicator* tp_ = nullptr;
+  TensorReduceObserver observer_;
   std::vector<float> host_params_, host_m_, host_v_;  // device runs only
 };
 

@@ -140,11 +140,20 @@ class ZeroShards {
   }
 
   // The owned gradients' sum of squares (without the tied wte's: its other
-  // copy counts it).
-  double grad_sum_of_squares(bool without_wte) {
+  // copy counts it; without the tensors replicated over a tensor group:
+  // its rank 0 counts them).
+  double grad_sum_of_squares(bool without_wte, bool without_replicated) {
     double s = Ops::sum_of_squares(ctx_, g_.get(), n_);
     if (without_wte && wte_unit_ != nullptr)
       s -= Ops::sum_of_squares(ctx_, g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
+    if (without_replicated) {
+      for (const auto& spec : stage_.table().specs()) {
+        if (!spec.whole()) continue;
+        const TensorPart p = plan_.part_of(spec);
+        s -= Ops::sum_of_squares(ctx_, g_.get() + p.shard_offset,
+                                 (p.row_end - p.row_begin) * spec.row_length());
+      }
+    }
     return s;
   }
 

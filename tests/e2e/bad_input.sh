@@ -43,6 +43,13 @@ for np in 1 2 4; do
   expect $np "[parallel] zero: expected an integer" train "$DECK" --set parallel.zero=1.5
   expect $np "[train] recompute: expected \"none\", \"attention\" or \"full\"" train "$DECK" \
     --set train.recompute=blocks
+  # Tensor parallelism: whole heads per tensor rank, and the rank count.
+  expect $np "[parallel] tp: must divide [model] n_head (4) so each tensor rank keeps whole attention heads, got 3" \
+    train "$DECK" --set parallel.tp=3
+  expect $np "[parallel] tp: expected a value in [1, " train "$DECK" --set parallel.tp=0
+  expect $np "[parallel] tp: expected an integer" train "$DECK" --set parallel.tp=1.5
+  expect $np "[parallel] dp x pp x tp: 1 x 1 x 8 = 8 ranks, but the job has $np" train "$DECK" \
+    --set model.n_head=8 --set parallel.tp=8
 done
 # Decks that cannot fit in this machine's memory: refused before anything
 # is allocated (no bad_alloc), naming the keys and the bytes, on every rank.
@@ -63,9 +70,9 @@ if ! "$MPIFORMER" --version 2>/dev/null | grep -q cuda; then
   expect 1 "[train] precision: \"bf16\" runs on the GPU back end only" train "$DECK" \
     --set train.precision=bf16
 fi
-expect 2 "[parallel] dp x pp: 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
-expect 4 "[parallel] dp x pp: 2 x 1 = 2 ranks, but the job has 4" train "$DECK" --set parallel.dp=2
-expect 1 "[parallel] dp x pp: 2 x 2 = 4 ranks, but the job has 1" train "$DECK" \
+expect 2 "[parallel] dp x pp x tp: 1 x 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
+expect 4 "[parallel] dp x pp x tp: 2 x 1 x 1 = 2 ranks, but the job has 4" train "$DECK" --set parallel.dp=2
+expect 1 "[parallel] dp x pp x tp: 2 x 2 x 1 = 4 ranks, but the job has 1" train "$DECK" \
   --set parallel.dp=2 --set parallel.pp=2
 
 # A checkpoint directory that cannot be written is found at the start, not

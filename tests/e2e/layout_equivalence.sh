@@ -68,7 +68,7 @@ for rank in range(4):
     names = {e["name"] for e in ev if e["ph"] == "X"}
     meta = [e["args"]["name"] for e in ev if e["name"] == "process_name"]
     stage = rank // 2
-    assert meta == [f"rank {rank} (stage {stage}, replica {rank % 2})"], meta
+    assert meta == [f"rank {rank} (stage {stage}, replica {rank % 2}, tensor rank 0)"], meta
     want = {"forward", "backward", "reduce_gradients", "optimizer_step"}
     want |= {"send_activation", "recv_gradient"} if stage == 0 else {"recv_activation", "send_gradient"}
     assert want <= names, (rank, want - names)

@@ -35,3 +35,24 @@ run_mpi() {
 
 # The losses of a metrics file, one per line (timings stripped).
 losses_of() { grep -o '"loss": [^,]*' "$1"; }
+
+# compare REF.jsonl GOT.jsonl TOLERANCE LABEL: the loss, grad norm and
+# validation loss of every step within TOLERANCE relative (0: exactly).
+compare() {  # reference.jsonl got.jsonl tolerance label
+  python3 - "$@" <<'PY'
+import json, sys
+ref = [j for j in map(json.loads, open(sys.argv[1])) if "step" in j]
+got = [j for j in map(json.loads, open(sys.argv[2])) if "step" in j]
+tol = float(sys.argv[3])
+assert [g["step"] for g in got] == [r["step"] for r in ref], (sys.argv[4], len(got))
+worst = 0.0
+for r, g in zip(ref, got):
+    for key in ("loss", "grad_norm", "val_loss"):
+        if key in r:
+            rel = abs(g[key] - r[key]) / abs(r[key])
+            worst = max(worst, rel)
+            ok = g[key] == r[key] if tol == 0 else rel <= tol
+            assert ok, f"{sys.argv[4]}: step {r['step']} {key} {g[key]!r} vs {r[key]!r} (rel {rel:.2e})"
+print(f"{sys.argv[4]}: matches, worst relative difference {worst:.2e}")
+PY
+}

@@ -31,24 +31,6 @@ train() {  # dir dp pp zero recompute schedule [extra...]
     --set parallel.zero="$zero" --set train.recompute="$rc" --set parallel.schedule="$sched" \
     --set run.dir="$dir" "$@" >"$dir.log" 2>&1 || { cat "$dir.log"; fail "$dir failed"; }
 }
-compare() {  # reference.jsonl got.jsonl tolerance label
-  python3 - "$@" <<'PY'
-import json, sys
-ref = [j for j in map(json.loads, open(sys.argv[1])) if "step" in j]
-got = [j for j in map(json.loads, open(sys.argv[2])) if "step" in j]
-tol = float(sys.argv[3])
-assert [g["step"] for g in got] == [r["step"] for r in ref], (sys.argv[4], len(got))
-worst = 0.0
-for r, g in zip(ref, got):
-    for key in ("loss", "grad_norm", "val_loss"):
-        if key in r:
-            rel = abs(g[key] - r[key]) / abs(r[key])
-            worst = max(worst, rel)
-            ok = g[key] == r[key] if tol == 0 else rel <= tol
-            assert ok, f"{sys.argv[4]}: step {r['step']} {key} {g[key]!r} vs {r[key]!r} (rel {rel:.2e})"
-print(f"{sys.argv[4]}: matches, worst relative difference {worst:.2e}")
-PY
-}
 same_tensors() {  # a.h5 b.h5 label
   for g in /model /optim; do
     h5diff "$1" "$2" "$g" "$g" >/dev/null || fail "$3: tensors under $g differ"

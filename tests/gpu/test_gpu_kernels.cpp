@@ -121,8 +121,16 @@ TYPED_TEST(GpuKernels, Embedding) {
   const auto tok = random_tokens(B * T, V, 1);
   Dev<A> wte(random_vector(Vp * C, 2)), wpe(random_vector(T * C, 3)), out = Dev<A>::poisoned(B * T * C);
   DevTokens dtok(tok);
-  cuda::embedding_forward(out.get(), dtok.buf.get(), wte.get(), wpe.get(), B, T, C, nullptr);
+  // A vocabulary slice (tensor parallelism): tokens outside it give zeros.
+  // random_tokens draws from [0, V / 4]: the slice holds some of them.
+  const int64_t v0 = V / 8, rows = V / 2;
+  cuda::embedding_forward(out.get(), dtok.buf.get(), wte.get(), wpe.get(), B, T, C, v0, rows,
+                          nullptr);
   std::vector<double> want(B * T * C);
+  host::embedding_forward(want.data(), tok.data(), wte.exact.data(), wpe.exact.data(), B, T, C, v0,
+                          rows);
+  EXPECT_TRUE(close(out.read(), want, tol<A>(1e-6, 1e-2)));
+  cuda::embedding_forward(out.get(), dtok.buf.get(), wte.get(), wpe.get(), B, T, C, 0, Vp, nullptr);
   host::embedding_forward(want.data(), tok.data(), wte.exact.data(), wpe.exact.data(), B, T, C);
   EXPECT_TRUE(close(out.read(), want, tol<A>(1e-6, 1e-2)));
 
@@ -135,9 +143,10 @@ TYPED_TEST(GpuKernels, Embedding) {
   cuda::embedding_backward(dwte.get(), dwpe.get(), dout.get(),
                            cuda::DeviceTokenGroups{gt.buf.get(), gs.buf.get(), gp.buf.get(),
                                                    static_cast<int64_t>(groups.tokens.size())},
-                           B, T, C, nullptr);
+                           B, T, C, v0, rows, nullptr);
   auto want_wte = dwte.exact, want_wpe = dwpe.exact;
-  host::embedding_backward(want_wte.data(), want_wpe.data(), dout.exact.data(), tok.data(), B, T, C);
+  host::embedding_backward(want_wte.data(), want_wpe.data(), dout.exact.data(), tok.data(), B, T, C,
+                           v0, rows);
   EXPECT_TRUE(close(dwte.read(), want_wte, 1e-5));
   EXPECT_TRUE(close(dwpe.read(), want_wpe, 1e-5));
 }
@@ -268,6 +277,41 @@ TYPED_TEST(GpuKernels, CrossEntropy) {
   host::crossentropy_forward_backward(want.data(), grad.data(), tgt.data(), N, V, Vp, scale);
   EXPECT_TRUE(close(losses2.read(), want, 1e-5));
   // Gradients are at most `scale` in size: compare relative to it.
+  auto got = logits.read();
+  for (auto* v : {&got, &grad})
+    for (auto& g : *v) g /= scale;
+  EXPECT_TRUE(close(got, grad, tol<A>(1e-5, 1e-2)));
+}
+
+// The vocabulary-parallel passes on one rank's slice (the group's
+// all-reduces are the tests' business elsewhere): each pass against its
+// host twin, the statistics fed to both from the host's.
+TYPED_TEST(GpuKernels, VocabParallelCrossEntropy) {
+  using A = TypeParam;
+  const int64_t N = B * T, Vl = Vp / 2, Vreal = Vl - 3, v0 = Vl;
+  const auto tgt = random_tokens(N, 4 * Vp, 31);  // [0, Vp]: some in the slice, some not
+  DevTokens dt(tgt);
+  Dev<A> logits(random_vector(N * Vl, 32, 3.0));
+  Dev<float> rowmax = Dev<float>::poisoned(N), stats = Dev<float>::poisoned(2 * N);
+  std::vector<double> want_max(N), want_stats(2 * N), want_losses(N);
+  cuda::crossentropy_vp_max(rowmax.get(), logits.get(), N, Vreal, Vl, nullptr);
+  host::crossentropy_vp_max(want_max.data(), logits.exact.data(), N, Vreal, Vl);
+  EXPECT_TRUE(close(rowmax.read(), want_max, 1e-6));
+  cuda::crossentropy_vp_sums(stats.get(), logits.get(), dt.buf.get(), rowmax.get(), N, Vreal, Vl,
+                             v0, nullptr);
+  host::crossentropy_vp_sums(want_stats.data(), logits.exact.data(), tgt.data(), want_max.data(), N,
+                             Vreal, Vl, v0);
+  EXPECT_TRUE(close(stats.read(), want_stats, tol<A>(1e-5, 1e-2)));
+  const double scale = 1.0 / 64;
+  Dev<float> losses = Dev<float>::poisoned(N);
+  Dev<float> host_stats(want_stats);
+  cuda::crossentropy_vp_finish(losses.get(), logits.get(), dt.buf.get(), rowmax.get(),
+                               host_stats.get(), N, Vreal, Vl, v0, static_cast<float>(scale), true,
+                               nullptr);
+  auto grad = logits.exact;
+  host::crossentropy_vp_finish(want_losses.data(), grad.data(), tgt.data(), want_max.data(),
+                               want_stats.data(), N, Vreal, Vl, v0, scale, true);
+  EXPECT_TRUE(close(losses.read(), want_losses, 1e-5));
   auto got = logits.read();
   for (auto* v : {&got, &grad})
     for (auto& g : *v) g /= scale;

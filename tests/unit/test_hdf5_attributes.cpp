@@ -129,9 +129,8 @@ TEST(Hdf5Attributes, CheckpointMetadataAndChecksumsOfTheWrongShape) {
   DatasetSlice d;
   d.name = "/model/x";
   d.shape = {2, 3};
-  d.row_begin = 0;
-  d.row_end = 2;
-  d.rows = w.data();
+  d.boxes = {DatasetBox{0, 2, 0, 3}};
+  d.data = w.data();
   d.reports_checksum = true;
   d.checksum = tensor_checksum(w.data(), 6);
   CheckpointMeta meta;

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Tensor parallelism (Megatron's partitioning) against the one-rank run.
+# (1) Equivalence: (dp, pp, tp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) (both
+#     schedules), (2,2,2) (8 ranks, oversubscribed), and tp with ZeRO and
+#     recomputation: loss, grad norm and validation loss of every step
+#     within 1e-5 relative of (1,1,1), and every final parameter tensor
+#     within 1e-5 in norm (compare_checkpoints.py, which reads the files
+#     with h5dump). Why 1e-5: a tensor rank computes the same products over
+#     a slice of the channels and the group sums them, so each row-parallel
+#     output and each input gradient is summed in another order than on one
+#     rank (fp32 rounding, ~1e-7 relative seen in the losses, ~2e-6 in the
+#     parameters after 6 AdamW steps). A real bug (a head or a vocabulary
+#     slice in the wrong place, a bias added tp times, a missing all-reduce
+#     in backward, a replicated gradient counted tp times in the norm)
+#     moves the loss by 1e-3 or more.
+# (2) Checkpoints across tp: (1,2,2) -> (2,1,1) and (2,1,1) -> (1,2,2)
+#     continue the straight run; a damaged tensor-parallel slice is named.
+# (3) The log, the trace and inspect name the tensor group; the bytes each
+#     rank sends to it per step are Megatron's count (per layer two
+#     all-reduces of B x T x C forward and two backward, plus the
+#     embedding's, the head's and the cross-entropy's statistics).
+source "$(dirname "$0")/lib.sh"
+prep_sample_data
+DECK="$SOURCE_DIR/inputs/tiny.toml"
+common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
+        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
+COMPARE="$SOURCE_DIR/tests/e2e/compare_checkpoints.py"
+
+train() {  # dir dp pp tp [extra...]
+  local dir=$1 dp=$2 pp=$3 tp=$4
+  shift 4
+  run_mpi $((dp * pp * tp)) train "$DECK" "${common[@]}" --set parallel.dp="$dp" \
+    --set parallel.pp="$pp" --set parallel.tp="$tp" --set run.dir="$dir" "$@" >"$dir.log" 2>&1 ||
+    { cat "$dir.log"; fail "$dir failed"; }
+}
+same_model() {  # dir label
+  python3 "$COMPARE" ref/checkpoints/step_00000006.h5 "$1/checkpoints/step_00000006.h5" 1e-5 \
+    /model || fail "$2: final parameters differ from one rank's"
+}
+
+# (1) Equivalence.
+train ref 1 1 1
+cases=("1 1 2 1f1b none 0" "1 1 4 1f1b none 0" "2 1 2 1f1b none 0" "1 2 2 gpipe none 0"
+       "1 2 2 1f1b none 0" "2 2 2 1f1b none 0" "2 1 2 gpipe full 3" "2 1 2 1f1b attention 1"
+       "1 2 2 1f1b full 2")
+for c in "${cases[@]}"; do
+  set -- $c
+  dir="tp_$1_$2_$3_$4_$5_$6"
+  train "$dir" "$1" "$2" "$3" --set parallel.schedule="$4" --set train.recompute="$5" \
+    --set parallel.zero="$6"
+  label="(dp $1, pp $2, tp $3) $4, recompute $5, zero $6"
+  compare ref/metrics.jsonl "$dir/metrics.jsonl" 1e-5 "$label"
+  same_model "$dir" "$label"
+  grep -q "tensor groups: every rank's replicated tensors match its group's" "$dir.log" ||
+    fail "$label: replicated tensors not confirmed identical"
+done
+
+# (2) Resume across tp, both ways, then a damaged slice.
+train seg_122 1 2 2 --set train.stop_at=3
+train seg_211 2 1 1 --set train.stop_at=3
+for pair in "seg_122 2 1 1" "seg_211 1 2 2"; do
+  set -- $pair
+  dir="from_${1}_to_$2$3$4"
+  mkdir -p "$dir" && cp -r "$1/checkpoints" "$1/metrics.jsonl" "$dir/"
+  train "$dir" "$2" "$3" "$4"
+  grep -q "resumed from .*step_00000003.h5: step 3" "$dir.log" || fail "$dir: no resume line"
+  compare ref/metrics.jsonl "$dir/metrics.jsonl" 1e-5 "$1 -> (dp $2, pp $3, tp $4)"
+  same_model "$dir" "$1 -> (dp $2, pp $3, tp $4)"
+done
+f=dmg.h5
+cp seg_122/checkpoints/step_00000003.h5 "$f"
+name=/model/h.3.mlp.c_proj.weight  # split by columns: tensor rank 1 reads the damaged half
+off=$(h5dump -p -H -d "$name" "$f" | sed -n 's/.*OFFSET \([0-9]*\).*/\1/p')
+[ -n "$off" ] || fail "could not find the tensor's offset"
+printf '\xff' | dd of="$f" bs=1 seek=$((off + 4 * 128 * 512 - 100)) conv=notrunc status=none
+rc=0
+run_mpi 4 train "$DECK" "${common[@]}" --set parallel.tp=4 --set run.dir=damaged \
+  --set checkpoint.resume="$f" >damaged.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || { cat damaged.log; fail "exit $rc for a damaged checkpoint under tp 4"; }
+grep -qF "$f: $name: checksum mismatch" damaged.log || { cat damaged.log; fail "not named"; }
+echo "ok: a damaged tensor-parallel slice is named"
+
+# (3) What the log, the trace and inspect say, and the bytes sent.
+train traced 1 1 2 --set run.trace=true
+grep -q "grid:  dp 1 x pp 1 x tp 2" traced.log || fail "the grid line does not name tp"
+grep -q "tensor groups: \[0-1\]" traced.log || fail "the rank mapping is not printed"
+"$MPIFORMER" inspect traced/checkpoints/step_00000006.h5 | grep -q "written by:  dp 1 x pp 1 x tp 2" ||
+  fail "inspect does not name tp"
+python3 - traced "$DECK" <<'PY'
+import json, sys
+run = sys.argv[1]
+for rank in range(2):
+    ev = json.load(open(f"{run}/trace-rank{rank}.json"))
+    meta = [e["args"]["name"] for e in ev if e["name"] == "process_name"]
+    assert meta == [f"rank {rank} (stage 0, replica 0, tensor rank {rank})"], meta
+    spans = [e for e in ev if e["ph"] == "X" and e["name"] == "tensor all-reduce"
+             and e["args"]["micro_batch"] >= 0]  # evaluation's are the step's -1
+    # Per micro-batch: 4 layers x (2 forward + 2 backward), the embedding,
+    # the head's input gradient, the loss's maximum and its sums: 20; 4
+    # micro-batches a step, 6 steps.
+    assert len(spans) == 6 * 4 * 20, len(spans)
+# tiny: 4 layers, micro-batch 4 x 64 tokens, 128 channels; 4 micro-batches.
+L, B, T, C, tp, M = 4, 4, 64, 128, 2, 4
+elements = (4 * L + 2) * B * T * C + 3 * B * T
+want = M * 2 * 4 * elements * (tp - 1) / tp / 1e6
+steps = [j for j in map(json.loads, open(f"{run}/metrics.jsonl")) if "loss" in j]
+for j in steps:
+    assert abs(j["tp_sent_mb"] - want) <= 1e-3 * want, (j["tp_sent_mb"], want)
+    assert 0 < j["tp_reduce_fraction"] < 1, j
+print(f"trace: tensor all-reduce spans on both ranks; {want:.3f} MB sent per rank per step, as counted")
+PY
