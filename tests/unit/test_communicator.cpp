@@ -100,29 +100,74 @@ TEST(MpiCommunicator, RingSendReceive) {
   for (float v : in) ASSERT_EQ(v, static_cast<float>((r + n - 1) % n));
 }
 
+TEST(MpiCommunicator, AllreduceOfEachTypeAndReduction) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  std::vector<float> f(100);
+  std::vector<double> d(100);
+  for (int i = 0; i < 100; ++i) f[i] = static_cast<float>(d[i] = (r + 1) * (i % 5) - r);
+  std::vector<float> fmax = f;
+  comm.allreduce(f.data(), 100, sizeof(float), Reduction::kSum);
+  comm.allreduce(d.data(), 100, sizeof(double), Reduction::kSum);
+  comm.allreduce(fmax.data(), 100, sizeof(float), Reduction::kMax);
+  for (int i = 0; i < 100; ++i) {
+    double sum = 0, mx = -1e30;
+    for (int q = 0; q < n; ++q) {
+      sum += (q + 1) * (i % 5) - q;
+      mx = std::max(mx, static_cast<double>((q + 1) * (i % 5) - q));
+    }
+    ASSERT_EQ(f[i], static_cast<float>(sum));
+    ASSERT_EQ(d[i], sum);
+    ASSERT_EQ(fmax[i], static_cast<float>(mx));
+  }
+  // Host MPI has no bf16: refused, not summed as something else.
+  EXPECT_THROW(comm.allreduce(f.data(), 100, 2, Reduction::kSum), std::exception);
+}
+
+// Every factorisation dp x pp x tp of the world: the place of each rank
+// (tp fastest, then dp, then pp) and the members of each group.
 TEST(ProcessGrid, EveryFactorisationOfTheWorld) {
   const int world = world_size();
-  for (int dp = 1; dp <= world; ++dp) {
-    if (world % dp != 0) continue;
-    const int pp = world / dp;
-    ProcessGrid g(dp, pp);
-    EXPECT_EQ(g.stage(), g.world_rank() / dp);
-    EXPECT_EQ(g.dp_rank(), g.world_rank() % dp);
-    EXPECT_EQ(g.data_parallel().size(), dp);
-    EXPECT_EQ(g.data_parallel().rank(), g.dp_rank());
-    EXPECT_EQ(g.pipeline().size(), pp);
-    EXPECT_EQ(g.pipeline().rank(), g.stage());
-    // Members of a DP group share a stage; a pipeline shares a replica.
-    double stage = g.stage(), replica = g.dp_rank();
-    g.data_parallel().allreduce_sum(&stage, 1);
-    g.pipeline().allreduce_sum(&replica, 1);
-    EXPECT_EQ(stage, static_cast<double>(g.stage()) * dp);
-    EXPECT_EQ(replica, static_cast<double>(g.dp_rank()) * pp);
-    const bool holds_wte = pp > 1 && (g.first_stage() || g.last_stage());
-    ASSERT_EQ(g.tied_embedding() != nullptr, holds_wte);
-    if (holds_wte) {
-      EXPECT_EQ(g.tied_embedding()->size(), 2);
-      EXPECT_EQ(g.tied_embedding()->rank(), g.first_stage() ? 0 : 1);
+  for (int tp = 1; tp <= world; ++tp) {
+    for (int dp = 1; dp * tp <= world; ++dp) {
+      if (world % (dp * tp) != 0) continue;
+      const int pp = world / (dp * tp);
+      ProcessGrid g(dp, pp, tp);
+      const int r = g.world_rank();
+      EXPECT_EQ(g.tp_rank(), r % tp);
+      EXPECT_EQ(g.dp_rank(), (r / tp) % dp);
+      EXPECT_EQ(g.stage(), r / (dp * tp));
+      EXPECT_EQ(g.rank_of_stage(g.stage()), r);
+      EXPECT_EQ(g.data_parallel().size(), dp);
+      EXPECT_EQ(g.data_parallel().rank(), g.dp_rank());
+      EXPECT_EQ(g.pipeline().size(), pp);
+      EXPECT_EQ(g.pipeline().rank(), g.stage());
+      EXPECT_EQ(g.tensor_parallel().size(), tp);
+      EXPECT_EQ(g.tensor_parallel().rank(), g.tp_rank());
+      EXPECT_EQ(g.stage_group().size(), dp * tp);
+      // A tensor group is neighbouring ranks of one stage and replica; a
+      // data-parallel group shares a stage and tensor rank; a pipeline
+      // shares a replica and tensor rank.
+      double mine[3] = {static_cast<double>(r), static_cast<double>(r), static_cast<double>(r)};
+      g.tensor_parallel().allreduce_sum(&mine[0], 1);
+      g.data_parallel().allreduce_sum(&mine[1], 1);
+      g.pipeline().allreduce_sum(&mine[2], 1);
+      const int first = r - g.tp_rank();
+      EXPECT_EQ(mine[0], tp * first + tp * (tp - 1) / 2.0);
+      double dp_sum = 0, pp_sum = 0;
+      for (int k = 0; k < dp; ++k) dp_sum += grid_rank({g.stage(), k, g.tp_rank()}, dp, tp);
+      for (int s = 0; s < pp; ++s) pp_sum += g.rank_of_stage(s);
+      EXPECT_EQ(mine[1], dp_sum);
+      EXPECT_EQ(mine[2], pp_sum);
+      const bool holds_wte = pp > 1 && (g.first_stage() || g.last_stage());
+      ASSERT_EQ(g.tied_embedding() != nullptr, holds_wte);
+      if (holds_wte) {
+        EXPECT_EQ(g.tied_embedding()->size(), 2);
+        EXPECT_EQ(g.tied_embedding()->rank(), g.first_stage() ? 0 : 1);
+        double partner = r;
+        g.tied_embedding()->allreduce_sum(&partner, 1);
+        EXPECT_EQ(partner, g.rank_of_stage(0) + g.rank_of_stage(pp - 1));
+      }
     }
   }
 }

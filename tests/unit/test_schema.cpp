@@ -98,5 +98,43 @@ TEST(Schema, LayoutAndChunksAgreeWithTheTableOnEveryStage) {
   }
 }
 
+// Under tensor parallelism the slices of each split tensor tile the whole
+// tensor: every logical element is in exactly one rank's boxes (a
+// replicated tensor is each rank's whole, counted on rank 0), the boxes
+// cover each slice's rows once, and every slice of a rank but wte's is as
+// large as the others'.
+TEST(Schema, TensorParallelSlicesTileEveryTensor) {
+  GptConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 4;
+  cfg.n_embd = 8;
+  cfg.seq_len = 5;
+  cfg.vocab_size = 300;  // 2 x 256 or 4 x 128 padded rows: uneven real shares
+  const ParameterTable whole(cfg, StageRange{0, 2, true, true});
+  for (int64_t tp : {2, 4}) {
+    for (const auto& w : whole.specs()) {
+      const int64_t width = w.shape.size() > 1 ? w.shape[1] : 1;
+      std::vector<int> seen(static_cast<size_t>(w.numel()), 0);
+      for (int64_t r = 0; r < tp; ++r) {
+        const ParameterTable t(cfg, StageRange{0, 2, true, true, tp, r});
+        const ParameterSpec& s = t.at(w.name);
+        EXPECT_EQ(s.logical_shape, w.shape) << w.name;
+        EXPECT_EQ(s.whole(), s.schema().split == Split::kNone) << w.name;
+        if (s.whole() && r > 0) continue;
+        int64_t rows = 0;
+        for (const LogicalBox& b : s.boxes(0, s.shape[0])) {
+          EXPECT_EQ(b.local_row, rows) << w.name;
+          EXPECT_EQ(b.cols, s.row_length()) << w.name;
+          rows += b.rows;
+          for (int64_t i = 0; i < b.rows; ++i)
+            for (int64_t c = 0; c < b.cols; ++c) ++seen[(b.row + i) * width + b.col + c];
+        }
+        EXPECT_EQ(rows, s.shape[0]) << w.name;
+      }
+      for (size_t e = 0; e < seen.size(); ++e) ASSERT_EQ(seen[e], 1) << w.name << "[" << e << "], tp " << tp;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mpiformer::test

@@ -13,14 +13,15 @@ namespace mpiformer::test {
 namespace {
 
 template <class T>
-void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots) {
+void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, int tp = 1) {
   host::Context ctx;
-  for (int s = 0; s < pp; ++s) {
-    const StageRange range = partition_stage(cfg, s, pp);
+  for (int s = 0; s < pp * tp; ++s) {
+    const StageRange range = partition_stage(cfg, s / tp, pp, tp, s % tp);
     const GptStage<host::Ops<T>> stage(ctx, cfg, range, micro_batch, slots);
     const StageFootprint f = stage_footprint(cfg, range, micro_batch, slots, sizeof(T), sizeof(T));
     EXPECT_EQ(f.total(), static_cast<double>(stage.allocated_bytes()))
-        << "stage " << s << " of " << pp << ", " << slots << " slot(s), B " << micro_batch
+        << "stage " << s / tp << " of " << pp << ", tensor rank " << s % tp << " of " << tp
+        << ", " << slots << " slot(s), B " << micro_batch
         << ", " << sizeof(T) << "-byte elements";
     EXPECT_EQ(f.activations, slots * f.per_slot);
     EXPECT_EQ(f.parameters, static_cast<double>(stage.param_storage() * sizeof(T)));
@@ -47,6 +48,13 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
   tiny.seq_len = 64;
   tiny.vocab_size = 256;
   expect_exact<float>(tiny, 2, 16, 2);
+  // Tensor-parallel slices: heads, channels and the vocabulary's shares
+  // (4 x 128 padded rows for 131 tokens: the last ranks hold padding only).
+  for (int tp : {3}) expect_exact<float>(odd, 2, 3, 2, tp);
+  for (int tp : {2, 4}) {
+    expect_exact<float>(tiny, 1, 4, 1, tp);
+    expect_exact<double>(tiny, 2, 2, 3, tp);
+  }
 }
 
 TEST(StageFootprint, MixedPrecisionCountsTheWeightCopy) {
