@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Workstation launcher: `jobs/local.sh DECK [mpiformer train arguments...]`.
-# Runs mpirun with as many ranks as the deck's dp x pp (or NP), adds
+# Runs mpirun with as many ranks as the deck's dp x pp x tp (or NP), adds
 # --oversubscribe when that is more than the cores (or OVERSUBSCRIBE=1), and
 # the root flags only when run as root. With a cuda build every rank sees
 # every GPU and takes GPU (node-local rank mod GPUs) itself: keeping them
@@ -13,7 +13,7 @@ DECK=${1:?usage: jobs/local.sh DECK [--set section.key=value]...}
 shift
 MPIFORMER=${MPIFORMER:-$(dirname "$0")/../build/cpu/app/mpiformer}
 
-# dp and pp: a --set on the command line wins over the deck.
+# dp, pp and tp: a --set on the command line wins over the deck.
 layout() {
   local key=$1 v
   v=$(printf '%s\n' "$@" | sed -n "s/^parallel\.$key=\([0-9]*\)$/\1/p" | tail -1)
@@ -25,7 +25,8 @@ prev=
 for a in "$@"; do [ "$prev" = "--set" ] && sets+=("$a"); prev=$a; done
 dp=$(layout dp "${sets[@]+"${sets[@]}"}")
 pp=$(layout pp "${sets[@]+"${sets[@]}"}")
-NP=${NP:-$((dp * pp))}
+tp=$(layout tp "${sets[@]+"${sets[@]}"}")
+NP=${NP:-$((dp * pp * tp))}
 
 launch=(mpirun -np "$NP")
 [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)

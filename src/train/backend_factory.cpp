@@ -146,20 +146,21 @@ void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index, 
   if (avail < 0 || m.total() <= avail) return;
   const double gb = 1e9;
   throw InputError(
-      deck.path, "[model], [train] micro_batch, [parallel] pp, [parallel] zero",
+      deck.path, "[model], [train] micro_batch, [parallel] pp, [parallel] tp, [parallel] zero",
       strprintf("stage %d needs about %.2f GB per rank (parameters %.2f GB, gradients %.2f GB, "
                 "AdamW moments %.2f GB, activations %.2f GB = %d slot(s) x %.2f GB at "
                 "micro_batch %lld with recompute \"%s\", scratch and buffers %.2f GB), but %s "
                 "%.2f GB per rank (%d rank(s) share it). To fit: raise [parallel] zero (now "
                 "%lld; shards optimizer state, gradients and weights over dp = %lld), set [train] "
-                "recompute = \"full\", raise [parallel] pp (now %lld), lower [train] "
-                "micro_batch, or train a smaller model",
+                "recompute = \"full\", raise [parallel] pp (now %lld) or tp (now %lld), lower "
+                "[train] micro_batch, or train a smaller model",
                 stage_index, m.total() / gb, m.parameters() / gb, m.gradients() / gb,
                 m.optimizer / gb, m.stage.activations / gb, slots, m.stage.per_slot / gb,
                 static_cast<long long>(deck.train.micro_batch), name_of(deck.train.recompute),
                 (m.stage.scratch + m.comm + m.workspace) / gb, what.c_str(), avail / gb,
                 choice.sharing, static_cast<long long>(deck.parallel.zero),
-                static_cast<long long>(deck.parallel.dp), static_cast<long long>(deck.parallel.pp)));
+                static_cast<long long>(deck.parallel.dp), static_cast<long long>(deck.parallel.pp),
+                static_cast<long long>(deck.parallel.tp)));
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ for np in 1 2 4; do
 done
 # Decks that cannot fit in this machine's memory: refused before anything
 # is allocated (no bad_alloc), naming the keys and the bytes, on every rank.
-fit="[model], [train] micro_batch, [parallel] pp, [parallel] zero: stage 0 needs about"
+fit="[model], [train] micro_batch, [parallel] pp, [parallel] tp, [parallel] zero: stage 0 needs about"
 for np in 1 2; do
   expect $np "$fit" train "$DECK" --set parallel.dp=$np \
     --set model.n_layer=64 --set model.n_head=64 --set model.n_embd=8192
@@ -61,7 +61,7 @@ done
 expect 1 "$fit" train "$DECK" --set model.vocab_size=16000000
 expect 2 "at micro_batch 1000000" train "$DECK" --set parallel.pp=2 \
   --set train.micro_batch=1000000 --set train.global_batch=1000000
-grep -q "To fit: raise \[parallel\] zero (now 0; .* set \[train\] recompute = \"full\", raise \[parallel\] pp" err.txt || { cat err.txt >&2; fail "no advice in the refusal"; }
+grep -q "To fit: raise \[parallel\] zero (now 0; .* set \[train\] recompute = \"full\", raise \[parallel\] pp (now 2) or tp" err.txt || { cat err.txt >&2; fail "no advice in the refusal"; }
 
 # The GPU back end asked of a build or a node without one: named, on every rank.
 if ! "$MPIFORMER" --version 2>/dev/null | grep -q cuda; then

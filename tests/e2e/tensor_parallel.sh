@@ -19,11 +19,17 @@
 #     rank sends to it per step are Megatron's count (per layer two
 #     all-reduces of B x T x C forward and two backward, plus the
 #     embedding's, the head's and the cross-entropy's statistics).
+# EXTRA_ARGS (words) go to every run: the GPU suite runs this file with
+# "--set run.device=cuda" (tensor groups over NCCL, or host-staged MPI
+# where ranks share a GPU).
 source "$(dirname "$0")/lib.sh"
+if [ -n "${GPU_PROBE:-}" ]; then "$GPU_PROBE" || exit $?; fi
 prep_sample_data
+read -r -a extra <<<"${EXTRA_ARGS:-}"
 DECK="$SOURCE_DIR/inputs/tiny.toml"
 common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
-        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
+        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1
+        "${extra[@]}")
 COMPARE="$SOURCE_DIR/tests/e2e/compare_checkpoints.py"
 
 train() {  # dir dp pp tp [extra...]
