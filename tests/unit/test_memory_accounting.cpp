@@ -107,28 +107,33 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
 TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
   GptConfig cfg = model();
   cfg.n_layer = 5;
-  const StageRange range = partition_stage(cfg, 0, 1);
-  for (int zero : {1, 2, 3}) {
-    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
-      double largest = 0;
-      for (int rank = 0; rank < 3; ++rank) {
-        host::Context ctx;
-        GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, r, zero));
-        ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank);
-        largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
+  // MPI's temporaries (two of the largest unit: wte's 1024 floats, which at
+  // tp 2 is a rank's 128 of 256 padded rows) and the save's gather for a
+  // checksum (the largest tensor: c_fc's 256 floats; at tp 2 the whole
+  // 256-float tensor gathered from the slices and put in order, twice)
+  // are not buffers of ours.
+  for (const auto& [tp, temporaries] : {std::pair{1, (2 * 1024 + 256) * 4}, std::pair{2, (2 * 1024 + 512) * 4}}) {
+    const StageRange range = partition_stage(cfg, 0, 1, tp, 0);
+    for (int zero : {1, 2, 3}) {
+      for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+        double largest = 0;
+        for (int rank = 0; rank < 3; ++rank) {
+          host::Context ctx;
+          GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, r, zero));
+          ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank);
+          largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
+        }
+        Deck d;
+        d.model = cfg;
+        d.train.micro_batch = 2;
+        d.train.recompute = r;
+        d.parallel.dp = 3;
+        d.parallel.tp = tp;
+        d.parallel.zero = zero;
+        const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
+        EXPECT_EQ(m.total() - temporaries, largest)
+            << "tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
       }
-      Deck d;
-      d.model = cfg;
-      d.train.micro_batch = 2;
-      d.train.recompute = r;
-      d.parallel.dp = 3;
-      d.parallel.zero = zero;
-      const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
-      // MPI's temporaries (two of the largest unit, wte's 1024 floats) and
-      // the save's gather (the largest tensor, 256 floats) are not buffers
-      // of ours.
-      EXPECT_EQ(m.total() - (2 * 1024 + 256) * 4, largest)
-          << "zero " << zero << ", recompute " << name_of(r);
     }
   }
 }
