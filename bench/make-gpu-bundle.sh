@@ -2,7 +2,7 @@
 # Packs the cuda build for a GPU machine that has the NVIDIA driver, CUDA
 # (cuBLASLt) and NCCL but none of our other dependencies and no network:
 # the binaries, the CTest files of the build tree, Open MPI's launcher and
-# plugins, and every shared library they load that is not glibc, the driver,
+# plugins, h5dump and h5ls, and every shared library they load that is not glibc, the driver,
 # cuBLAS or NCCL (collected with ldd), in one .tar.xz under 64 MiB.
 # bench/gpu-check.sh unpacks and uses it.
 #   OUT_DIR=.bundle  BUILD=build/cuda
@@ -36,6 +36,8 @@ printf 'BUILD=%s\nSOURCE=%s\nMPIEXEC=%s\n' "$BUILD" "$ROOT" "$(command -v mpiexe
 ompi_lib=$(dirname "$(readlink -f "$(command -v orterun)")")/../lib/x86_64-linux-gnu
 cp "$(readlink -f "$(command -v orterun)")" "$P/bin/mpirun"
 cp "$(readlink -f "$(command -v orted)")" "$P/bin/orted"
+# HDF5's tools: the tensor-parallel test reads checkpoints with them.
+for t in h5dump h5ls; do cp "$(readlink -f "$(command -v "$t")")" "$P/bin/$t"; done
 plugins=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
 mkdir -p "$P/lib/x86_64-linux-gnu/openmpi/lib"
 cp -a "$plugins" "$P/lib/x86_64-linux-gnu/openmpi/lib/"

@@ -33,6 +33,15 @@ std::string peer_of(Op op, const ProcessGrid& g) {
     case Op::ReduceGradients:
       return strprintf("the %d replicas of stage %d (gradient reduction)", g.dp(), g.stage());
     case Op::OptimizerStep: return "every rank (the step's all-reduce)";
+    case Op::Forward:
+    case Op::Backward:
+      // Inside them, each block waits on its tensor group's all-reduces.
+      if (g.tp() > 1) {
+        const int first = g.world_rank() - g.tp_rank();
+        return strprintf("its tensor group, ranks %d-%d (all-reduces inside every block)", first,
+                         first + g.tp() - 1);
+      }
+      return "";
     default: return "";
   }
 }

@@ -59,7 +59,7 @@ for lay in "1 1" "4 1" "1 4"; do
   dir="resume_$1_$2"
   mkdir -p "$dir" && cp -r seg/checkpoints "$dir/" && cp seg/metrics.jsonl "$dir/"
   train "$1" "$2" "$dir"
-  grep -q "written by dp 2 x pp 2 on 4 rank(s); now dp $1 x pp $2" "$dir.log" || fail "$dir: resume line"
+  grep -q "written by dp 2 x pp 2 x tp 1 on 4 rank(s); now dp $1 x pp $2 x tp 1" "$dir.log" || fail "$dir: resume line"
   compare ref22/metrics.jsonl "$dir/metrics.jsonl" 1e-5 "resume (2,2) -> ($1,$2)"
 done
 
@@ -150,7 +150,7 @@ grep -q "resumed from .*step_00000004.h5: step 4" killed2.log || fail "no resume
 compare straight/metrics.jsonl killed2/metrics.jsonl 0 "resume after a killed save"
 # inspect and generate.
 "$MPIFORMER" inspect straight/checkpoints/step_00000006.h5 >inspect.txt
-grep -q "step: *6" inspect.txt && grep -q "written by: *dp 1 x pp 2, 2 rank(s)" inspect.txt &&
+grep -q "step: *6" inspect.txt && grep -q "written by: *dp 1 x pp 2 x tp 1, 2 rank(s)" inspect.txt &&
   grep -q "checksums: *all 156 datasets verify" inspect.txt || { cat inspect.txt; fail "inspect"; }
 rc=0
 "$MPIFORMER" inspect dmg/flip.h5 >inspect.txt || rc=$?

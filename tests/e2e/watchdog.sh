@@ -27,7 +27,7 @@ kill -KILL "$victim" 2>/dev/null || true
 [ "$rc" -eq 76 ] || { cat w.log w.err; fail "exit $rc, expected 76 (the watchdog)"; }
 grep -q "mpiformer: watchdog: rank 0 .* over its limit of $limit.0 s" w.err ||
   { cat w.err; fail "no report from rank 0"; }
-grep -qE "waiting for (the 2 ranks of stage 0|every rank)" w.err || { cat w.err; fail "the report does not say what rank 0 waits on"; }
+grep -qE "waiting for (the 2 replicas of stage 0|every rank)" w.err || { cat w.err; fail "the report does not say what rank 0 waits on"; }
 grep -q "rank 1: host .* pid $victim: .*SILENT" w.err || { cat w.err; fail "rank 1 not marked silent"; }
 [ "$took" -le $((limit + 15)) ] || fail "the job took $took s to end after the stop (limit $limit s)"
 grep -E "mpiformer: watchdog|^  rank" w.err
