@@ -7,16 +7,11 @@
 # On a machine with fewer cores than ranks the ranks share cores, and the
 # measured waits include waiting for a core: read those rows with care.
 #   PRESET=cpu  OUT=bench-out  STEPS=5
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PRESET=${PRESET:-cpu}
+source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-bench-out}
 STEPS=${STEPS:-5}
-BIN=build/$PRESET/app/mpiformer
-export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mkdir -p "$OUT" data
-[ -f data/tinyshakespeare_byte.h5 ] || "$BIN" prep --tokenizer byte --val-fraction 0.1 \
-  --output data/tinyshakespeare_byte.h5 inputs/tinyshakespeare.txt >/dev/null
+mkdir -p "$OUT"
+prep_corpus byte
 # A model whose micro-batch compute (tens of ms) dwarfs the activation
 # messages (0.5 MB), so the bubble is the schedule's, not the network's.
 model=(--set model.n_layer=8 --set model.n_embd=256 --set model.n_head=8 --set model.seq_len=128

@@ -14,19 +14,14 @@
 # On 2 cores the ranks of every 2-rank layout share the machine; an
 # all-reduce here is a copy through shared memory, not a network.
 #   MODEL=inputs/gpt2-124m.toml SEQ=256 GLOBAL=4 STEPS=3 OUT=bench-out PRESET=cpu
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PRESET=${PRESET:-cpu}
+source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-bench-out}/tensor_parallel
 MODEL=${MODEL:-inputs/gpt2-124m.toml}
 SEQ=${SEQ:-256}
 GLOBAL=${GLOBAL:-4}
 STEPS=${STEPS:-3}
-BIN=build/$PRESET/app/mpiformer
-export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mkdir -p "$OUT" data
-[ -f data/tinyshakespeare_gpt2.h5 ] || "$BIN" prep --tokenizer gpt2 --val-fraction 0.1 \
-  --output data/tinyshakespeare_gpt2.h5 inputs/tinyshakespeare.txt >/dev/null
+mkdir -p "$OUT"
+prep_corpus gpt2
 echo "mpiformer $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F), $MODEL seq $SEQ, global batch $GLOBAL"
 common=(--set model.seq_len="$SEQ" --set train.micro_batch=1 --set train.global_batch="$GLOBAL"
         --set train.steps="$STEPS" --set train.log_every=1 --set train.eval_every=0

@@ -13,19 +13,14 @@
 # Micro-batches per step: 2, so zero 2's reduce-scatter per micro-batch
 # (against zero 1's once per step) shows in the bytes.
 #   MODEL=inputs/gpt2-350m.toml SEQ=256 DP=2 STEPS=3 OUT=bench-out PRESET=cpu
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PRESET=${PRESET:-cpu}
+source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-bench-out}/zero
 MODEL=${MODEL:-inputs/gpt2-350m.toml}
 SEQ=${SEQ:-256}
 DP=${DP:-2}
 STEPS=${STEPS:-3}
-BIN=build/$PRESET/app/mpiformer
-export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mkdir -p "$OUT" data
-[ -f data/tinyshakespeare_gpt2.h5 ] || "$BIN" prep --tokenizer gpt2 --val-fraction 0.1 \
-  --output data/tinyshakespeare_gpt2.h5 inputs/tinyshakespeare.txt >/dev/null
+mkdir -p "$OUT"
+prep_corpus gpt2
 common=(--set model.seq_len="$SEQ" --set train.micro_batch=1 --set train.global_batch=$((2 * DP))
         --set train.steps="$STEPS" --set train.log_every=1 --set train.eval_every=0
         --set data.val='""' --set run.peak_tflops=1 --set parallel.dp="$DP"
