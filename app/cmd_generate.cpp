@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 
 #include "checkpoint.hpp"
@@ -77,7 +78,14 @@ int run_generate(const GenerateArgs& args, int rank) {
   };
   const float* logits = refill(std::min<int64_t>(static_cast<int64_t>(ids.size()), T));
   Rng rng(args.seed, "generate");
+  // --logits: what each new token was drawn from, vocab_size floats a row.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(
+      args.logits.empty() ? nullptr : std::fopen(args.logits.c_str(), "wb"), std::fclose);
+  if (!args.logits.empty() && !dump) throw InputError(args.logits, "--logits", "cannot write");
   for (int i = 0; i < args.tokens; ++i) {
+    if (dump && std::fwrite(logits, sizeof(float), static_cast<size_t>(cfg.vocab_size), dump.get()) !=
+                    static_cast<size_t>(cfg.vocab_size))
+      throw SystemError("cannot write " + args.logits);
     const int64_t next = sample(logits, cfg.vocab_size, args.temperature, args.top_k, rng);
     ids.push_back(static_cast<uint32_t>(next));
     logits = decoder.length() < T ? decoder.push(static_cast<int32_t>(next)) : refill(T / 2 + 1);

@@ -51,7 +51,16 @@ struct GenerateArgs {
   int top_k = 0;
   uint64_t seed = 1337;
   std::string vocab_dir;
+  std::string logits;  // where to write each step's logits (float32 rows), if given
 };
 int run_generate(const GenerateArgs& args, int rank);
+
+struct ExportArgs {
+  std::string checkpoint;
+  std::string format = "hf";  // hf | llmc
+  std::string dtype = "fp32";  // fp32 | bf16
+  std::string output;
+};
+int run_export(const ExportArgs& args, int rank);
 
 }  // namespace mpiformer

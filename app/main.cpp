@@ -88,6 +88,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   g->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
   g->add_option("--vocab-dir", gen.vocab_dir, "GPT-2 tokenizer files (default: inputs/gpt2)");
+  g->add_option("--logits", gen.logits,
+                "write the logits each new token is drawn from to this file (float32, "
+                "vocab_size a row)");
+
+  ExportArgs exp;
+  auto* x = app.add_subcommand("export", "write a checkpoint's weights for Hugging Face or llm.c");
+  x->add_option("checkpoint", exp.checkpoint, "checkpoint file (step_*.h5)")->required();
+  x->add_option("--format", exp.format,
+                "hf: a directory GPT2LMHeadModel.from_pretrained loads (model.safetensors, "
+                "config.json); llmc: llm.c's gpt2_*.bin parameter file")
+      ->check(CLI::IsMember({"hf", "llmc"}))
+      ->capture_default_str();
+  x->add_option("--dtype", exp.dtype, "fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  x->add_option("--output,-o", exp.output, "the directory (hf) or file (llmc) to create")->required();
 
   try {
     try {
@@ -100,6 +116,7 @@ int main(int argc, char** argv) {
     if (p->parsed()) return run_prep(prep, mpi.rank());
     if (i->parsed()) return run_inspect(inspect, mpi.rank());
     if (g->parsed()) return run_generate(gen, mpi.rank());
+    if (x->parsed()) return run_export(exp, mpi.rank());
   } catch (const InputError& e) {
     // Every rank read the same input and failed the same way: say it once.
     if (mpi.rank() == 0) std::fprintf(stderr, "mpiformer: error: %s\n", e.what());

@@ -26,5 +26,16 @@ if [ ! -f data/tinyshakespeare_byte.h5 ] || [ ! -f data/tinyshakespeare_byte_val
 fi
 
 # A fresh run each time (a cluster job would resume instead: resume = "auto").
+rc=0
 # shellcheck disable=SC2086  # MPIFORMER_ARGS is a list of words by design
-exec env ${NP:+NP=$NP} MPIFORMER=$BIN jobs/local.sh "$DECK" --set checkpoint.resume=never $MPIFORMER_ARGS
+env ${NP:+NP=$NP} MPIFORMER=$BIN jobs/local.sh "$DECK" --set checkpoint.resume=never $MPIFORMER_ARGS ||
+  rc=$?
+# The run's curves, where Debian's python3 has matplotlib (.ci/deps.sh
+# installs it): the run directory is the deck's [run] dir unless overridden.
+run_dir=$(printf '%s\n' $MPIFORMER_ARGS | sed -n 's/^run\.dir=//p' | tail -1)
+[ -n "$run_dir" ] || run_dir=$(awk '/^\[/{s=$0} s=="[run]" && $1=="dir" {gsub(/"/, "", $3); print $3}' "$DECK" | tail -1)
+if [ -n "$run_dir" ] && [ -f "$run_dir/metrics.jsonl" ] && /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  /usr/bin/python3 jobs/plot-metrics.py "$run_dir" >/dev/null &&
+    echo "quickstart: loss, learning rate, tokens/s and MFU are plotted in $run_dir/metrics.png"
+fi
+exit "$rc"

@@ -3,8 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
 
+#include "core/bf16.hpp"
 #include "core/cuda_check.hpp"
 
 namespace mpiformer {
@@ -76,25 +76,6 @@ void HostStagedCommunicator::allreduce(T* data, int64_t n) {
 void HostStagedCommunicator::allreduce_sum(float* data, int64_t n) { allreduce(data, n); }
 void HostStagedCommunicator::allreduce_sum(double* data, int64_t n) { allreduce(data, n); }
 
-namespace {
-// bf16 is the top half of a float: widened exactly, narrowed to nearest
-// even (what the device's conversion does; no NaNs reach a reduction the
-// step guard lets through unnoticed).
-float widen_bf16(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-uint16_t narrow_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-}  // namespace
-
 void HostStagedCommunicator::allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) {
   const size_t bytes = elem_bytes * static_cast<size_t>(n);
   staging_.resize(bytes);
@@ -103,9 +84,9 @@ void HostStagedCommunicator::allreduce(void* data, int64_t n, size_t elem_bytes,
     // Host MPI has no bf16: reduced in float, rounded once.
     auto* b = reinterpret_cast<uint16_t*>(staging_.data());
     std::vector<float> wide(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) wide[i] = widen_bf16(b[i]);
+    for (int64_t i = 0; i < n; ++i) wide[i] = bf16_to_float(b[i]);
     group_.allreduce(wide.data(), n, sizeof(float), op);
-    for (int64_t i = 0; i < n; ++i) b[i] = narrow_bf16(wide[i]);
+    for (int64_t i = 0; i < n; ++i) b[i] = float_to_bf16(wide[i]);
   } else {
     group_.allreduce(staging_.data(), n, elem_bytes, op);
   }

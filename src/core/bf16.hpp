@@ -1,0 +1,26 @@
+// bfloat16 on the host, as bits: the top half of an IEEE float. Widening is
+// exact; narrowing rounds to nearest even (what CUDA's __float2bfloat16
+// does), NaN staying NaN. For data that crosses the host in bf16: the
+// host-staged communicator's reductions and exported weights.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace mpiformer {
+
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace mpiformer
