@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "core/host_memory.hpp"
+#include "megatron_dataset.hpp"
 #include "token_dataset.hpp"
 #include "tokenizer.hpp"
 
@@ -46,6 +47,14 @@ void check_outputs(const PrepArgs& args) {
   if (args.val_fraction > 0) {
     outputs.emplace_back("the validation split (--val-fraction)", val_output_path(args.output));
   }
+  if (args.format == "megatron") {
+    // Each output is a .bin and an .idx.
+    for (size_t i = 0, n = outputs.size(); i < n; ++i) {
+      const std::string& out = outputs[i].second;
+      const bool bin = out.size() > 4 && out.compare(out.size() - 4, 4, ".bin") == 0;
+      outputs.emplace_back(outputs[i].first, (bin ? out.substr(0, out.size() - 4) : out) + ".idx");
+    }
+  }
   for (const auto& [what, out] : outputs) {
     for (const auto& in : args.inputs) {
       if (same_file(out, in)) {
@@ -80,6 +89,25 @@ void read_text(const std::string& path, std::string& text, double limit) {
   }
 }
 
+// Writes tokens [begin, end) in the chosen format; `starts` are where the
+// documents start in the whole token list (a document cut by `begin`
+// continues as the first).
+void write_split(const PrepArgs& args, const std::string& path, const std::vector<uint32_t>& tokens,
+                 size_t begin, size_t end, const std::vector<int64_t>& starts,
+                 const Tokenizer& tok) {
+  const std::vector<uint32_t> part(tokens.begin() + static_cast<long>(begin),
+                                   tokens.begin() + static_cast<long>(end));
+  if (args.format != "megatron") return write_token_file(path, part, tok.vocab_size(), tok.name());
+  std::vector<int64_t> docs;
+  for (int64_t s : starts) {
+    const auto b = static_cast<int64_t>(begin), e = static_cast<int64_t>(end);
+    if (s >= e) break;
+    if (s > b || docs.empty()) docs.push_back(std::max<int64_t>(s - b, 0));
+  }
+  if (docs.empty() || docs.front() != 0) docs.insert(docs.begin(), 0);
+  write_megatron_dataset(path, part, docs, tok.vocab_size());
+}
+
 }  // namespace
 
 int run_prep(const PrepArgs& args, int rank) {
@@ -92,9 +120,11 @@ int run_prep(const PrepArgs& args, int rank) {
   double text_limit = args.max_text_gb > 0 ? args.max_text_gb * 1e9
                       : avail > 0          ? avail / kBytesPerTextByte
                                            : 1e18;
+  std::vector<int64_t> doc_starts;  // one document per input file
   for (const auto& path : args.inputs) {
     std::string text;
     read_text(path, text, text_limit);
+    doc_starts.push_back(static_cast<int64_t>(tokens.size()));
     text_limit -= static_cast<double>(text.size());
     // GPT-2 pipelines start every document with <|endoftext|>.
     if (tok->end_of_text() >= 0) tokens.push_back(static_cast<uint32_t>(tok->end_of_text()));
@@ -107,15 +137,15 @@ int run_prep(const PrepArgs& args, int rank) {
     std::fprintf(stderr, "prep: %s: %zu tokens so far\n", path.c_str(), tokens.size());
   }
   const auto n_val = static_cast<size_t>(args.val_fraction * static_cast<double>(tokens.size()));
-  const std::vector<uint32_t> train(tokens.begin(), tokens.end() - static_cast<long>(n_val));
-  write_token_file(args.output, train, tok->vocab_size(), tok->name());
-  std::printf("wrote %s: %zu tokens, vocab %lld, tokenizer %s\n", args.output.c_str(), train.size(),
-              static_cast<long long>(tok->vocab_size()), tok->name().c_str());
+  const size_t n_train = tokens.size() - n_val;
+  write_split(args, args.output, tokens, 0, n_train, doc_starts, *tok);
+  std::printf("wrote %s: %zu tokens, vocab %lld, tokenizer %s%s\n", args.output.c_str(), n_train,
+              static_cast<long long>(tok->vocab_size()), tok->name().c_str(),
+              args.format == "megatron" ? " (Megatron .bin and .idx)" : "");
   if (n_val > 0) {
-    const std::vector<uint32_t> val(tokens.end() - static_cast<long>(n_val), tokens.end());
     const std::string vpath = val_output_path(args.output);
-    write_token_file(vpath, val, tok->vocab_size(), tok->name());
-    std::printf("wrote %s: %zu tokens (the last %.1f%%, validation)\n", vpath.c_str(), val.size(),
+    write_split(args, vpath, tokens, n_train, tokens.size(), doc_starts, *tok);
+    std::printf("wrote %s: %zu tokens (the last %.1f%%, validation)\n", vpath.c_str(), n_val,
                 100.0 * args.val_fraction);
   }
   return 0;

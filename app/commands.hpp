@@ -26,6 +26,7 @@ int run_train(const TrainArgs& args, int rank, int world);
 
 struct PrepArgs {
   std::string tokenizer = "byte";
+  std::string format = "hdf5";  // hdf5 | megatron (OUT.bin + OUT.idx)
   std::string vocab_dir;
   double val_fraction = 0.0;
   double max_text_gb = 0;  // 0: what this node's memory allows

@@ -62,7 +62,12 @@ int main(int argc, char** argv) {
                 "refuse more text than this, in GB (default: available memory / 9, as prep "
                 "holds the corpus in memory)")
       ->check(CLI::NonNegativeNumber);
-  p->add_option("--output,-o", prep.output, "output file (.h5)")->required();
+  p->add_option("--format", prep.format,
+                "hdf5, or megatron: Megatron-LM's indexed dataset, OUT.bin and OUT.idx, one "
+                "document per text file")
+      ->check(CLI::IsMember({"hdf5", "megatron"}))
+      ->capture_default_str();
+  p->add_option("--output,-o", prep.output, "output file (.h5; .bin for megatron)")->required();
   p->add_option("text", prep.inputs, "text files, one document each")->required();
 
   InspectArgs inspect;

@@ -17,22 +17,10 @@
 #include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
 #include "hdf5_precheck.hpp"
+#include "megatron_dataset.hpp"
+#include "token_source.hpp"
 
 namespace mpiformer {
-
-// One file of a dataset.
-class TokenSource {
- public:
-  explicit TokenSource(std::string path) : path_(std::move(path)) {}
-  virtual ~TokenSource() = default;
-  const std::string& path() const { return path_; }
-  virtual int64_t num_tokens() const = 0;
-  virtual void read(int64_t first, int64_t count, int32_t* out) const = 0;
-  virtual const char* format() const = 0;
-
- protected:
-  std::string path_;
-};
 
 namespace {
 
@@ -102,7 +90,7 @@ class BinTokenSource final : public TokenSource {
   void read(int64_t first, int64_t count, int32_t* out) const override {
     for (int64_t i = 0; i < count; ++i) out[i] = tokens_[first + i];
   }
-  const char* format() const override { return "llm.c .bin (uint16)"; }
+  std::string format() const override { return "llm.c .bin (uint16)"; }
 
  private:
   int fd_ = -1;
@@ -161,7 +149,7 @@ class H5TokenSource final : public TokenSource {
       throw InputError(path_, "/tokens", "read failed (damaged or truncated file?)");
     }
   }
-  const char* format() const override { return "HDF5"; }
+  std::string format() const override { return "HDF5"; }
 
  private:
   H5Handle file_, dset_;
@@ -205,15 +193,18 @@ TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob
     std::string tokenizer;
     std::unique_ptr<TokenSource> src;
     const bool bin_name = p.size() > 4 && p.compare(p.size() - 4, 4, ".bin") == 0;
-    if (magic == kBinMagic || (bin_name && !looks_like_hdf5(p))) {
+    std::string megatron_bin;
+    if (magic != kBinMagic && is_megatron_dataset(p, &megatron_bin)) {
+      src = open_megatron_dataset(megatron_bin, &vocab, &tokenizer);
+    } else if (magic == kBinMagic || (bin_name && !looks_like_hdf5(p))) {
       src = std::make_unique<BinTokenSource>(p);
       vocab = 50257;  // version 1 shards hold GPT-2 tokens
       tokenizer = "gpt2";
     } else if (looks_like_hdf5(p)) {
       src = std::make_unique<H5TokenSource>(p, &vocab, &tokenizer);
     } else {
-      throw InputError(p, "", "not a token dataset: neither HDF5 nor an llm.c .bin shard "
-                              "(magic 20240520)");
+      throw InputError(p, "", "not a token dataset: neither HDF5, an llm.c .bin shard (magic "
+                              "20240520) nor a Megatron .bin/.idx pair");
     }
     if (vocab < 1 || vocab > (1 << 24)) {
       throw InputError(p, "attribute vocab_size",
@@ -239,7 +230,7 @@ int64_t TokenDataset::num_tokens() const {
 }
 
 std::string TokenDataset::format() const {
-  return std::string(files_.front()->format()) +
+  return files_.front()->format() +
          (files_.size() > 1 ? strprintf(", %zu files", files_.size()) : "");
 }
 

@@ -3,7 +3,9 @@
 //    vocab_size (integer) and tokenizer (string), and max_token_id
 //    (integer, optional: prep writes it);
 //  - llm.c .bin shards: a 256 x int32 header (magic 20240520, version 1,
-//    token count) then uint16 tokens; one file or a glob of several.
+//    token count) then uint16 tokens; one file or a glob of several;
+//  - Megatron-LM's indexed datasets: a .bin of raw tokens beside its .idx
+//    (megatron_dataset.hpp); name either file, or a glob of them.
 // A sample is a window of seq_len + 1 consecutive tokens (inputs and the
 // targets shifted by one); windows are laid end to end with a stride of
 // seq_len and never cross a file boundary.
