@@ -32,6 +32,7 @@ int run_train(const TrainArgs& args, int rank, int world) {
   agree_on_input_errors(MPI_COMM_WORLD, [&] {
     deck = parse_deck(text, args.deck, args.overrides);
     if (differs != 0) rebase_relative_paths(deck, cwd);
+    resolve_model_init(deck);
   });
   // Before anything slow, so an early SIGTERM is not fatal either.
   install_stop_handlers();

@@ -1,5 +1,7 @@
 #include "deck.hpp"
 
+#include "weight_source.hpp"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -130,6 +132,7 @@ const std::vector<Key>& schema() {
       int_key("model", "n_embd", true, 1, 65536, MEMBER(model.n_embd)),
       int_key("model", "seq_len", true, 1, 1 << 20, MEMBER(model.seq_len)),
       int_key("model", "vocab_size", false, 1, 1 << 24, MEMBER(model.vocab_size)),
+      string_key("model", "init", false, MEMBER(model_init)),
       string_key("data", "train", true, MEMBER(data.train)),
       string_key("data", "val", false, MEMBER(data.val)),
       int_key("train", "steps", true, 1, 1e12, MEMBER(train.steps)),
@@ -355,14 +358,42 @@ Deck parse_deck(const std::string& text, const std::string& path,
     seen[section + "." + name] = true;
   }
   for (const auto& k : schema()) {
-    if (k.required && !seen[std::string(k.section) + "." + k.name]) {
+    // With init the model's shape may come from the weights file.
+    const bool from_init = !d.model_init.empty() && std::string(k.section) == "model";
+    if (k.required && !from_init && !seen[std::string(k.section) + "." + k.name]) {
       throw InputError(path, field(k), std::string("missing (expected ") + kind_name(k.kind) + ")");
     }
   }
   if (d.train.min_lr < 0) d.train.min_lr = d.train.lr / 10;
   if (d.checkpoint.dir.empty()) d.checkpoint.dir = d.run.dir + "/checkpoints";
-  check_relations(d, path);
+  if (d.model_init.empty()) check_relations(d, path);
   return d;
+}
+
+void resolve_model_init(Deck& d) {
+  if (d.model_init.empty()) return;
+  const WeightsShape w = read_weights_shape(d.model_init);
+  const std::pair<const char*, std::pair<int64_t*, int64_t>> keys[] = {
+      {"n_layer", {&d.model.n_layer, w.cfg.n_layer}}, {"n_head", {&d.model.n_head, w.cfg.n_head}},
+      {"n_embd", {&d.model.n_embd, w.cfg.n_embd}},    {"seq_len", {&d.model.seq_len, w.cfg.seq_len}},
+      {"vocab_size", {&d.model.vocab_size, w.cfg.vocab_size}}};
+  for (const auto& [key, v] : keys) {
+    auto& [deck_value, file_value] = v;
+    if (file_value == 0 && *deck_value == 0) {
+      throw InputError(d.path, std::string("[model] ") + key,
+                       "missing, and " + w.file + " does not say (a .safetensors without config.json)");
+    }
+    if (*deck_value == 0) {
+      *deck_value = file_value;
+    } else if (file_value != 0 && *deck_value != file_value) {
+      throw InputError(d.path, std::string("[model] ") + key,
+                       strprintf("%lld, but [model] init's %s holds %lld (give the file's, or leave "
+                                 "the key out to take it)",
+                                 static_cast<long long>(*deck_value), w.file.c_str(),
+                                 static_cast<long long>(file_value)));
+    }
+  }
+  check_relations(d, d.path);
 }
 
 namespace {
@@ -413,6 +444,7 @@ void rebase_relative_paths(Deck& d, const std::string& base) {
   rebase(d.run.dir);
   rebase(d.checkpoint.dir);
   rebase(d.checkpoint.resume_path);
+  rebase(d.model_init);
 }
 
 }  // namespace mpiformer

@@ -82,6 +82,10 @@ struct RunSection {
 struct Deck {
   std::string path;
   GptConfig model;  // vocab_size 0 means "take it from the dataset"
+  // [model] init: pretrained weights a fresh run starts from (a Hugging Face
+  // GPT-2 directory or .safetensors, an llm.c parameter file, or an
+  // mpiformer checkpoint's weights); "" for GPT-2's random initialisation.
+  std::string model_init;
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;
@@ -107,6 +111,12 @@ std::vector<DeckKey> deck_keys();
 // A deck larger than this is refused before it is parsed (a garbage file
 // of 100 MB would otherwise take a minute to be refused).
 constexpr uint64_t kMaxDeckBytes = 1 << 20;
+
+// With [model] init: the model's keys the deck omits are taken from the
+// weights file and those it gives are checked against it (an InputError
+// naming the key and the file), then the deck's relations are checked
+// (parse_deck leaves them for here). Call after rebase_relative_paths.
+void resolve_model_init(Deck& d);
 
 // Reads and validates `path`, then applies `overrides` ("section.key=value",
 // value in TOML syntax; a bare word is taken as a string).

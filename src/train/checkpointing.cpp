@@ -217,7 +217,10 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   int rank = 0, size = 0;
   MPI_CHECK(MPI_Comm_rank(stage_group, &rank));
   MPI_CHECK(MPI_Comm_size(stage_group, &size));
-  for (int g = 0; g < 3; ++g) std::fill(group_base(state, g), group_base(state, g) + plan.shard_size(), 0.0f);
+  // Null moments are not read (a run initialised from the weights alone).
+  for (int g = 0; g < 3; ++g)
+    if (group_base(state, g) != nullptr)
+      std::fill(group_base(state, g), group_base(state, g) + plan.shard_size(), 0.0f);
   // A read that fails or a checksum that does not hold may be found on one
   // rank only: it is reported after the loop, so no rank leaves the others
   // in a gather.
@@ -226,6 +229,7 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   int64_t bytes = 0;
   std::vector<float> store, assembled;
   for (int g = 0; g < 3; ++g) {
+    if (group_base(state, g) == nullptr) continue;
     for (const auto& spec : local.specs()) {
       const TensorPart p = plan.part_of(spec);
       const std::vector<DatasetBox> boxes = dataset_boxes(spec.boxes(p.row_begin, p.row_end));
@@ -283,12 +287,17 @@ int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg
                          StageState{whole.params, whole.adam_m, whole.adam_v, &plan}, stage_group);
   }
   const auto n = static_cast<size_t>(plan.shard_size());
-  std::vector<float> p(n), m(n), v(n);
-  const int64_t bytes = restore_shard(reader, cfg, local,
-                                      StageState{p.data(), m.data(), v.data(), &plan}, stage_group);
+  const bool moments = whole.adam_m != nullptr;
+  std::vector<float> p(n), m(moments ? n : 0), v(moments ? n : 0);
+  const int64_t bytes = restore_shard(
+      reader, cfg, local,
+      StageState{p.data(), moments ? m.data() : nullptr, moments ? v.data() : nullptr, &plan},
+      stage_group);
   gather_shards(plan, p.data(), whole.params, group);
-  gather_shards(plan, m.data(), whole.adam_m, group);
-  gather_shards(plan, v.data(), whole.adam_v, group);
+  if (moments) {
+    gather_shards(plan, m.data(), whole.adam_m, group);
+    gather_shards(plan, v.data(), whole.adam_v, group);
+  }
   return bytes;
 }
 

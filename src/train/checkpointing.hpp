@@ -16,7 +16,8 @@
 namespace mpiformer {
 
 // The three float buffers a checkpoint holds for one stage. On restore, null
-// moment buffers are skipped (inference needs the parameters only).
+// moment buffers are skipped (inference, and runs initialised from a
+// checkpoint's weights, need the parameters only).
 // Under ZeRO they are one rank's shard, cut as `shards` says (null: the
 // stage's whole flat buffers).
 struct StageState {

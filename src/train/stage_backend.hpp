@@ -124,7 +124,8 @@ class StageBackend {
   virtual void adamw_step(double lr, int64_t step, double grad_scale) = 0;
 
   // Parameters and moments in host memory (copied from the device when
-  // needed): valid until the next call. load_state copies them in. Under
+  // needed): valid until the next call. load_state copies them in (null
+  // moments: left at zero). Under
   // ZeRO they are this rank's shard (state.shards says how it is cut),
   // state_size() elements each.
   virtual StageState host_state() = 0;

@@ -15,6 +15,7 @@
 #include "train/backend_factory.hpp"
 #include "train/checkpoint_manager.hpp"
 #include "train/data_feeder.hpp"
+#include "train/initial_weights.hpp"
 #include "train/model_flops.hpp"
 #include "train/progress_log.hpp"
 #include "train/step_executor.hpp"
@@ -175,6 +176,15 @@ void Trainer::connect() {
   p.checkpoints = std::make_unique<CheckpointManager>(deck_, deck_.model, g, *p.stage,
                                                       p.data->train().tokenizer());
   p.start = p.checkpoints->resume();
+  if (!deck_.model_init.empty()) {
+    // Pretrained weights start a fresh run; a run that resumes has its own.
+    p.watchdog->enter("reading [model] init", 0, "every rank",
+                      std::max(Watchdog::kMinAutoLimit, save_allowance(*p.stage)));
+    const std::string said = p.start.resumed
+                                 ? "init: [model] init not read: the run resumes from its checkpoint"
+                                 : load_initial_weights(deck_, *p.stage, g);
+    if (rank_ == 0) std::printf("%s\n", said.c_str());
+  }
   p.data->set_cursor(p.start.cursor);
 }
 

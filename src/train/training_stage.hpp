@@ -177,10 +177,11 @@ class TrainingStage final : public StageBackend {
   }
   void load_state(const float* params, const float* m, const float* v) override {
     if (zero_) return zero_->load(params, m, v);
+    // Null moments start at zero (a fresh run from pretrained weights).
     const int64_t n = stage_.param_storage();
     Ops::upload(ctx_, stage_.params(), params, n);
-    Ops::upload(ctx_, m_.get(), m, n);
-    Ops::upload(ctx_, v_.get(), v, n);
+    if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n);
+    if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n);
     stage_.refresh_weights();
   }
   int64_t state_size() const override {

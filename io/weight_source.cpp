@@ -1,0 +1,303 @@
+#include "weight_source.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "core/bf16.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "weight_files.hpp"
+
+namespace mpiformer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A file mapped read-only (an empty one maps to nothing).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY);
+    if (fd_ < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) throw InputError(path, "", "not a regular file");
+    size_ = st.st_size;
+    if (size_ > 0) {
+      map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
+      if (map_ == MAP_FAILED) {
+        map_ = nullptr;
+        throw InputError(path, "", std::string("cannot map: ") + std::strerror(errno));
+      }
+    }
+  }
+  ~MappedFile() {
+    if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
+    if (fd_ >= 0) ::close(fd_);
+  }
+  const char* data() const { return static_cast<const char*>(map_); }
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  void* map_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// Elements at `base` (a file region of `shape`, elements of `elem` bytes:
+// 4 float32 or 2 bfloat16) copied into `out` as mpiformer's block `box`.
+void copy_box(const char* base, size_t elem, const ForeignTensor& t, const DatasetBox& box,
+              float* out) {
+  const auto value = [&](int64_t i) {
+    const char* p = base + static_cast<size_t>(i) * elem;
+    if (elem == 4) {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    uint16_t b;
+    std::memcpy(&b, p, 2);
+    return bf16_to_float(b);
+  };
+  const int64_t width = t.shape.size() > 1 ? t.shape[1] : 1;
+  const int64_t cols = t.shape.size() > 1 ? box.cols : 1;
+  for (int64_t r = 0; r < box.rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      // Ours (i, j) is the file's (j, i) when transposed.
+      const int64_t i = box.row + r, j = box.col + c;
+      out[r * cols + c] = value(t.transposed ? j * width + i : i * width + j);
+    }
+}
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string show(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+struct SafetensorsEntry {
+  size_t elem = 4;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;  // in the file
+};
+
+// The header of a .safetensors file, every entry checked against the file.
+std::map<std::string, SafetensorsEntry> safetensors_entries(const MappedFile& f) {
+  const std::string& path = f.path();
+  if (f.size() < 8) throw InputError(path, "header", "truncated: shorter than the 8-byte header length");
+  uint64_t n = 0;
+  std::memcpy(&n, f.data(), 8);
+  if (n < 2 || n > static_cast<uint64_t>(f.size() - 8)) {
+    throw InputError(path, "header length",
+                     strprintf("%llu bytes, but the file has %lld after it (not safetensors, or truncated)",
+                               static_cast<unsigned long long>(n), static_cast<long long>(f.size() - 8)));
+  }
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(f.data() + 8, f.data() + 8 + n);
+  } catch (const std::exception& e) {
+    throw InputError(path, "header", std::string("not JSON: ") + e.what());
+  }
+  if (!h.is_object()) throw InputError(path, "header", "not a JSON object");
+  const int64_t data_begin = 8 + static_cast<int64_t>(n), data_size = f.size() - data_begin;
+  std::map<std::string, SafetensorsEntry> out;
+  for (const auto& [name, e] : h.items()) {
+    if (name == "__metadata__") continue;
+    try {
+      SafetensorsEntry s;
+      const std::string dtype = e.at("dtype").get<std::string>();
+      if (dtype != "F32" && dtype != "BF16") {
+        throw InputError(path, name, "dtype " + dtype + ": mpiformer reads F32 and BF16");
+      }
+      s.elem = dtype == "F32" ? 4 : 2;
+      s.shape = e.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = e.at("data_offsets").get<std::vector<int64_t>>();
+      if (offsets.size() != 2) throw InputError(path, name, "data_offsets must be [begin, end]");
+      for (int64_t d : s.shape)
+        if (d < 0 || d > (int64_t{1} << 40)) throw InputError(path, name, "shape " + show(s.shape));
+      if (offsets[0] < 0 || offsets[1] < offsets[0] || offsets[1] > data_size ||
+          offsets[1] - offsets[0] != numel(s.shape) * static_cast<int64_t>(s.elem)) {
+        throw InputError(path, name,
+                         strprintf("data_offsets [%lld, %lld] do not hold a %s %s tensor within the "
+                                   "file's %lld bytes of data (a header that lies, or a truncated file)",
+                                   static_cast<long long>(offsets[0]), static_cast<long long>(offsets[1]),
+                                   dtype.c_str(), show(s.shape).c_str(), static_cast<long long>(data_size)));
+      }
+      s.begin = data_begin + offsets[0];
+      s.end = data_begin + offsets[1];
+      out[name] = s;
+    } catch (const nlohmann::json::exception& x) {
+      throw InputError(path, name, std::string("malformed entry: ") + x.what());
+    }
+  }
+  return out;
+}
+
+class SafetensorsSource final : public WeightSource {
+ public:
+  explicit SafetensorsSource(const std::string& path) : file_(path), entries_(safetensors_entries(file_)) {}
+  void read(const ForeignTensor& t, const DatasetBox& box, float* out) const override {
+    // GPT2LMHeadModel's names; GPT2Model's (and OpenAI's own upload) lack
+    // the "transformer." prefix.
+    auto it = entries_.find(t.name);
+    const std::string bare = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
+    if (it == entries_.end()) it = entries_.find(bare);
+    if (it == entries_.end()) throw InputError(file_.path(), t.name, "missing");
+    const SafetensorsEntry& e = it->second;
+    if (e.shape != t.shape) {
+      throw InputError(file_.path(), t.name,
+                       "shape " + show(e.shape) + ", the model needs " + show(t.shape));
+    }
+    copy_box(file_.data() + e.begin, e.elem, t, box, out);
+  }
+
+ private:
+  MappedFile file_;
+  std::map<std::string, SafetensorsEntry> entries_;
+};
+
+class LlmcSource final : public WeightSource {
+ public:
+  explicit LlmcSource(const std::string& path) : file_(path) {
+    const int32_t* h = reinterpret_cast<const int32_t*>(file_.data());
+    elem_ = h[1] == 3 ? 4 : 2;
+    padded_ = h[7];
+  }
+  void read(const ForeignTensor& t, const DatasetBox& box, float* out) const override {
+    const int64_t bytes = 1024 + (t.offset + numel(t.shape)) * static_cast<int64_t>(elem_);
+    if (bytes > file_.size()) {
+      throw InputError(file_.path(), t.name,
+                       strprintf("ends at byte %lld, past the end of the file (%lld bytes): truncated",
+                                 static_cast<long long>(bytes), static_cast<long long>(file_.size())));
+    }
+    copy_box(file_.data() + 1024 + t.offset * static_cast<int64_t>(elem_), elem_, t, box, out);
+  }
+  int64_t padded_vocab() const override { return padded_; }
+
+ private:
+  MappedFile file_;
+  size_t elem_ = 4;
+  int64_t padded_ = 0;
+};
+
+WeightsShape llmc_shape(const std::string& path) {
+  MappedFile f(path);
+  if (f.size() < 1024) throw InputError(path, "header", "truncated: shorter than llm.c's 256-int32 header");
+  const int32_t* h = reinterpret_cast<const int32_t*>(f.data());
+  if (h[1] != 3 && h[1] != 5) {
+    throw InputError(path, "header version", strprintf("%d: llm.c's fp32 (3) and bf16 (5) files are read", h[1]));
+  }
+  WeightsShape s;
+  s.format = WeightFormat::kLlmc;
+  s.file = path;
+  s.cfg.seq_len = h[2];
+  s.cfg.vocab_size = h[3];
+  s.cfg.n_layer = h[4];
+  s.cfg.n_head = h[5];
+  s.cfg.n_embd = h[6];
+  if (h[2] < 1 || h[3] < 1 || h[4] < 1 || h[5] < 1 || h[6] < 1 || h[7] < h[3] || h[6] % h[5] != 0) {
+    throw InputError(path, "header", strprintf("not a model's shape: maxT %d, V %d, L %d, NH %d, C %d, Vp %d",
+                                               h[2], h[3], h[4], h[5], h[6], h[7]));
+  }
+  // Every parameter's count, as the file's order lays them out.
+  const int64_t C = h[6], L = h[4];
+  const int64_t n = int64_t{h[7]} * C + int64_t{h[2]} * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const int64_t want = 1024 + n * (h[1] == 3 ? 4 : 2);
+  if (f.size() != want) {
+    throw InputError(path, "size", strprintf("%lld bytes, the header's model needs %lld%s",
+                                             static_cast<long long>(f.size()), static_cast<long long>(want),
+                                             f.size() < want ? " (truncated)" : ""));
+  }
+  return s;
+}
+
+WeightsShape safetensors_shape(const std::string& file, const std::string& config) {
+  MappedFile f(file);
+  const auto entries = safetensors_entries(f);
+  WeightsShape s;
+  s.format = WeightFormat::kHuggingFace;
+  s.file = file;
+  const auto get = [&](const std::string& name) -> const SafetensorsEntry& {
+    for (const std::string& n : {"transformer." + name, name}) {
+      const auto it = entries.find(n);
+      if (it != entries.end() && it->second.shape.size() == 2) return it->second;
+    }
+    throw InputError(file, "transformer." + name, "missing (is this a GPT-2 model?)");
+  };
+  s.cfg.vocab_size = get("wte.weight").shape[0];
+  s.cfg.n_embd = get("wte.weight").shape[1];
+  s.cfg.seq_len = get("wpe.weight").shape[0];
+  const std::regex block(R"((transformer\.)?h\.(\d+)\.ln_1\.weight)");
+  for (const auto& [name, e] : entries) {
+    std::smatch m;
+    if (std::regex_match(name, m, block)) s.cfg.n_layer = std::max<int64_t>(s.cfg.n_layer, std::stoll(m[2]) + 1);
+  }
+  if (!config.empty() && fs::exists(config)) {
+    try {
+      const auto c = nlohmann::json::parse(std::ifstream(config));
+      s.cfg.n_head = c.at("n_head").get<int64_t>();
+      for (const auto& [key, v] : {std::pair{"n_layer", s.cfg.n_layer}, {"n_embd", s.cfg.n_embd},
+                                   {"n_positions", s.cfg.seq_len}, {"vocab_size", s.cfg.vocab_size}}) {
+        if (c.contains(key) && c.at(key).get<int64_t>() != v) {
+          throw InputError(config, key, strprintf("%lld, but the weights say %lld",
+                                                  static_cast<long long>(c.at(key).get<int64_t>()),
+                                                  static_cast<long long>(v)));
+        }
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(config, "", std::string("not a GPT-2 config: ") + e.what());
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+WeightsShape read_weights_shape(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const std::string file = path + "/model.safetensors";
+    if (!fs::exists(file, ec)) throw InputError(path, "[model] init", "a directory without model.safetensors");
+    return safetensors_shape(file, path + "/config.json");
+  }
+  if (!fs::exists(path, ec)) throw InputError(path, "[model] init", "does not exist");
+  int32_t magic = 0;
+  std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&magic), 4);
+  if (magic == kLlmcWeightsMagic) return llmc_shape(path);
+  if (is_checkpoint(path)) {
+    const CheckpointReader r(path);
+    return WeightsShape{WeightFormat::kCheckpoint, model_config(r.meta()), path};
+  }
+  if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
+    return safetensors_shape(path, (fs::path(path).parent_path() / "config.json").string());
+  }
+  throw InputError(path, "[model] init",
+                   "not a weights file mpiformer reads: a Hugging Face directory or .safetensors, an "
+                   "llm.c parameter file (magic 20240326) or an mpiformer checkpoint");
+}
+
+std::unique_ptr<WeightSource> open_weight_source(const WeightsShape& shape) {
+  if (shape.format == WeightFormat::kLlmc) return std::make_unique<LlmcSource>(shape.file);
+  if (shape.format == WeightFormat::kHuggingFace) return std::make_unique<SafetensorsSource>(shape.file);
+  throw std::logic_error("open_weight_source: checkpoints are read by CheckpointReader");
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,51 @@
+// Where `[model] init` reads a pretrained model's weights from: a Hugging
+// Face GPT-2 directory (model.safetensors + config.json) or a .safetensors
+// file, or an llm.c parameter file (gpt2_*.bin). (An mpiformer checkpoint
+// is read by the checkpoint reader.) Each rank reads only the blocks of the
+// tensors it holds; the file is mapped, not read whole. Every problem (not
+// such a file, a header that lies about sizes, a tensor missing or of the
+// wrong shape or dtype) is an InputError naming the file and the tensor.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "core/gpt_config.hpp"
+
+namespace mpiformer {
+
+enum class WeightFormat { kHuggingFace, kLlmc, kCheckpoint };
+
+// The model a weights file holds, as far as the file says (n_head is 0 when
+// a bare .safetensors file has no config.json beside it).
+struct WeightsShape {
+  WeightFormat format = WeightFormat::kCheckpoint;
+  GptConfig cfg;
+  std::string file;  // the file itself (a directory's model.safetensors)
+};
+WeightsShape read_weights_shape(const std::string& path);
+
+// A tensor as the file stores it: its name (safetensors) or its element
+// offset (llm.c), its shape there, and whether it is the transpose of
+// mpiformer's [out, in] (Hugging Face's Conv1D).
+struct ForeignTensor {
+  std::string name;
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+  bool transposed = false;
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Block `box` of the tensor in mpiformer's layout (rows x cols, row-major)
+  // into `out`.
+  virtual void read(const ForeignTensor& t, const DatasetBox& box, float* out) const = 0;
+  // llm.c: the padded vocabulary rows its wte has (0 elsewhere).
+  virtual int64_t padded_vocab() const { return 0; }
+};
+std::unique_ptr<WeightSource> open_weight_source(const WeightsShape& shape);
+
+}  // namespace mpiformer

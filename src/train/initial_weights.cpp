@@ -1,0 +1,94 @@
+#include "train/initial_weights.hpp"
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "model/gpt2_formats.hpp"
+#include "parallel/input_agreement.hpp"
+#include "train/checkpointing.hpp"
+#include "weight_source.hpp"
+
+namespace mpiformer {
+namespace {
+
+// Every tensor of the whole model as the file stores it.
+std::map<std::string, ForeignTensor> foreign_tensors(const WeightsShape& w, const WeightSource& src,
+                                                     const ParameterTable& whole) {
+  std::map<std::string, ForeignTensor> out;
+  if (w.format == WeightFormat::kHuggingFace) {
+    for (const auto& s : whole.specs()) {
+      ForeignTensor t{hf_name(s), 0, s.shape, hf_transposed(s)};
+      if (t.transposed) std::swap(t.shape[0], t.shape[1]);
+      out[s.name] = t;
+    }
+    return out;
+  }
+  int64_t at = 0;  // llm.c: back to back in its order, wte with its padded rows
+  for (const ParameterSpec* s : llmc_order(whole)) {
+    ForeignTensor t{s->name, at, s->shape, false};
+    if (s->layer < 0 && s->tensor == outer::wte) t.shape[0] = src.padded_vocab();
+    at += t.shape[0] * (t.shape.size() > 1 ? t.shape[1] : 1);
+    out[s->name] = t;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessGrid& grid) {
+  const GptConfig& cfg = deck.model;
+  const ParameterTable& local = stage.table();
+  const ShardPlan* plan = stage.shard_plan();
+  std::vector<float> params(static_cast<size_t>(stage.state_size()), 0.0f);
+  WeightsShape w;
+  agree_on_input_errors(MPI_COMM_WORLD, [&] { w = read_weights_shape(deck.model_init); });
+  if (w.format == WeightFormat::kCheckpoint) {
+    std::unique_ptr<CheckpointReader> reader;
+    agree_on_input_errors(MPI_COMM_WORLD, [&] { reader = std::make_unique<CheckpointReader>(w.file); });
+    agree_on_input_errors(MPI_COMM_WORLD, [&] {
+      const StageState state{params.data(), nullptr, nullptr, plan};
+      if (plan != nullptr) {
+        restore_shard(*reader, cfg, local, state, grid.stage_group().get());
+      } else {
+        restore_whole_stage(*reader, cfg, local, stage.range(), state, grid.data_parallel().get(),
+                            grid.stage_group().get());
+      }
+    });
+  } else {
+    agree_on_input_errors(MPI_COMM_WORLD, [&] {
+      const auto src = open_weight_source(w);
+      if (w.format == WeightFormat::kLlmc && src->padded_vocab() < cfg.vocab_size) {
+        throw InputError(w.file, "header padded vocabulary", "smaller than the vocabulary");
+      }
+      const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
+      const auto foreign = foreign_tensors(w, *src, whole);
+      for (const auto& spec : local.specs()) {
+        // This rank's rows of its slice, and where they go.
+        int64_t row_begin = 0, row_end = spec.shape[0];
+        float* dst = params.data() + spec.offset;
+        if (plan != nullptr) {
+          const TensorPart p = plan->part_of(spec);
+          row_begin = p.row_begin;
+          row_end = p.row_end;
+          dst = params.data() + p.shard_offset;
+        }
+        for (const LogicalBox& b : spec.boxes(row_begin, row_end)) {
+          src->read(foreign.at(spec.name), DatasetBox{b.row, b.rows, b.col, b.cols},
+                    dst + (b.local_row - row_begin) * b.cols);
+        }
+      }
+    });
+  }
+  stage.load_state(params.data(), nullptr, nullptr);
+  const char* what = w.format == WeightFormat::kHuggingFace ? "Hugging Face safetensors"
+                     : w.format == WeightFormat::kLlmc      ? "llm.c parameter file"
+                                                            : "mpiformer checkpoint (weights only)";
+  return strprintf("init: weights from %s (%s), each rank reading its own slices; AdamW moments "
+                   "at zero, data from the start",
+                   w.file.c_str(), what);
+}
+
+}  // namespace mpiformer
