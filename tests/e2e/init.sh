@@ -116,6 +116,11 @@ python3 -c "
 import struct; d = bytearray(open('model.bin', 'rb').read()); struct.pack_into('<i', d, 4, 7)
 open('bad/version.bin', 'wb').write(d)"
 expect_refusal "bad/version.bin: header version: 7" "$DECK" --set model.init=bad/version.bin
+# A model whose vocabulary is smaller than the data's.
+printf 'text in GPT-2 tokens\n' >g.txt
+"$MPIFORMER" prep --tokenizer gpt2 --output g.h5 g.txt >/dev/null 2>&1 || fail "prep gpt2"
+expect_refusal "the data's vocabulary (50257) exceeds [model] vocab_size (256)" "$DECK" --set model.init=hf \
+  --set data.train=g.h5 --set data.val='""'
 echo "not weights" >bad/text.txt
 expect_refusal "bad/text.txt: [model] init: not a weights file mpiformer reads" "$DECK" --set model.init=bad/text.txt
 expect_refusal "nothing/here: [model] init: does not exist" "$DECK" --set model.init=nothing/here
