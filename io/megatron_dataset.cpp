@@ -1,16 +1,13 @@
 #include "megatron_dataset.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "mapped_file.hpp"
 
 namespace mpiformer {
 namespace {
@@ -34,37 +31,6 @@ size_t code_bytes(uint8_t code) {
     default: return 0;
   }
 }
-
-// A file mapped read-only.
-class Mapped {
- public:
-  Mapped(const std::string& path, const char* what) {
-    fd_ = ::open(path.c_str(), O_RDONLY);
-    if (fd_ < 0) throw InputError(path, "", std::string("cannot open the ") + what + ": " + std::strerror(errno));
-    struct stat st {};
-    if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) throw InputError(path, "", "not a regular file");
-    size_ = st.st_size;
-    if (size_ == 0) return;
-    map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
-    if (map_ == MAP_FAILED) {
-      map_ = nullptr;
-      throw InputError(path, "", std::string("cannot map: ") + std::strerror(errno));
-    }
-  }
-  ~Mapped() {
-    if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Mapped(const Mapped&) = delete;
-  Mapped& operator=(const Mapped&) = delete;
-  const char* data() const { return static_cast<const char*>(map_); }
-  int64_t size() const { return size_; }
-
- private:
-  int fd_ = -1;
-  void* map_ = nullptr;
-  int64_t size_ = 0;
-};
 
 template <class T>
 T at(const char* p) {
@@ -163,7 +129,7 @@ class MegatronTokenSource final : public TokenSource {
   size_t element_bytes() const { return elem_; }
 
  private:
-  Mapped idx_, bin_;
+  MappedFile idx_, bin_;
   size_t elem_ = 0;
   int64_t count_ = 0, documents_ = 0;
 };

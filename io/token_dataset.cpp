@@ -17,6 +17,7 @@
 #include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
 #include "hdf5_precheck.hpp"
+#include "mapped_file.hpp"
 #include "megatron_dataset.hpp"
 #include "token_source.hpp"
 
@@ -45,24 +46,14 @@ void check_ids(const int32_t* out, int64_t n, int64_t first, int64_t vocab,
 // llm.c shard: mapped read-only; the page cache does the buffering.
 class BinTokenSource final : public TokenSource {
  public:
-  explicit BinTokenSource(const std::string& path) : TokenSource(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY);
-    if (fd_ < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-    struct stat st {};
-    if (fstat(fd_, &st) != 0) throw InputError(path, "", "cannot stat");
-    size_ = st.st_size;
-    const int64_t header_bytes = kBinHeaderInts * 4;
-    if (size_ < header_bytes) {
+  explicit BinTokenSource(const std::string& path) : TokenSource(path), file_(path, "llm.c shard") {
+    const int64_t header_bytes = kBinHeaderInts * 4, size = file_.size();
+    if (size < header_bytes) {
       throw InputError(path, "header",
                        strprintf("truncated: %lld bytes, an llm.c header alone is %lld",
-                                 static_cast<long long>(size_), static_cast<long long>(header_bytes)));
+                                 static_cast<long long>(size), static_cast<long long>(header_bytes)));
     }
-    map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
-    if (map_ == MAP_FAILED) {
-      map_ = nullptr;
-      throw InputError(path, "", std::string("cannot map: ") + std::strerror(errno));
-    }
-    const auto* header = static_cast<const int32_t*>(map_);
+    const auto* header = reinterpret_cast<const int32_t*>(file_.data());
     if (header[0] != kBinMagic) {
       throw InputError(path, "header magic",
                        strprintf("expected %d (llm.c token shard), got %d", kBinMagic, header[0]));
@@ -73,18 +64,13 @@ class BinTokenSource final : public TokenSource {
     }
     count_ = header[2];
     const int64_t expect = header_bytes + 2 * count_;
-    if (count_ < 0 || size_ != expect) {
+    if (count_ < 0 || size != expect) {
       throw InputError(path, "header token count",
                        strprintf("says %lld tokens, so %lld bytes, but the file has %lld bytes%s",
                                  static_cast<long long>(count_), static_cast<long long>(expect),
-                                 static_cast<long long>(size_),
-                                 size_ < expect ? " (truncated)" : ""));
+                                 static_cast<long long>(size), size < expect ? " (truncated)" : ""));
     }
-    tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + header_bytes);
-  }
-  ~BinTokenSource() override {
-    if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
-    if (fd_ >= 0) ::close(fd_);
+    tokens_ = reinterpret_cast<const uint16_t*>(file_.data() + header_bytes);
   }
   int64_t num_tokens() const override { return count_; }
   void read(int64_t first, int64_t count, int32_t* out) const override {
@@ -93,9 +79,8 @@ class BinTokenSource final : public TokenSource {
   std::string format() const override { return "llm.c .bin (uint16)"; }
 
  private:
-  int fd_ = -1;
-  void* map_ = nullptr;
-  int64_t size_ = 0, count_ = 0;
+  MappedFile file_;
+  int64_t count_ = 0;
   const uint16_t* tokens_ = nullptr;
 };
 

@@ -1,13 +1,7 @@
 #include "weight_source.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,44 +11,13 @@
 #include "core/bf16.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "mapped_file.hpp"
 #include "weight_files.hpp"
 
 namespace mpiformer {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A file mapped read-only (an empty one maps to nothing).
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY);
-    if (fd_ < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-    struct stat st {};
-    if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) throw InputError(path, "", "not a regular file");
-    size_ = st.st_size;
-    if (size_ > 0) {
-      map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
-      if (map_ == MAP_FAILED) {
-        map_ = nullptr;
-        throw InputError(path, "", std::string("cannot map: ") + std::strerror(errno));
-      }
-    }
-  }
-  ~MappedFile() {
-    if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
-    if (fd_ >= 0) ::close(fd_);
-  }
-  const char* data() const { return static_cast<const char*>(map_); }
-  int64_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  void* map_ = nullptr;
-  int64_t size_ = 0;
-};
 
 // Elements at `base` (a file region of `shape`, elements of `elem` bytes:
 // 4 float32 or 2 bfloat16) copied into `out` as mpiformer's block `box`.
@@ -279,6 +242,9 @@ WeightsShape read_weights_shape(const std::string& path) {
     return safetensors_shape(file, path + "/config.json");
   }
   if (!fs::exists(path, ec)) throw InputError(path, "[model] init", "does not exist");
+  if (!fs::is_regular_file(path, ec)) {
+    throw InputError(path, "[model] init", "not a regular file or a directory (a FIFO or a device?)");
+  }
   int32_t magic = 0;
   std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&magic), 4);
   if (magic == kLlmcWeightsMagic) return llmc_shape(path);
