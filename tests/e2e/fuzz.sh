@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Seeded fuzzing of the three file kinds mpiformer reads: an HDF5 token
-# dataset, an llm.c shard and a checkpoint. Each case is a small valid file
+# Seeded fuzzing of the file kinds mpiformer reads: an HDF5 token dataset,
+# an llm.c shard, a Megatron .bin/.idx pair (either file damaged) and a
+# checkpoint. Each case is a small valid file
 # with bytes flipped (anywhere, or in the first or last 4 KiB where HDF5
 # keeps most of its metadata), a block zeroed, the file cut short or grown.
 # `inspect` reads every byte a run would (headers, every token, every
@@ -36,17 +37,18 @@ dir = "run"
 TOML
 "$MPIFORMER" train small.toml >train.log 2>&1 || { cat train.log; fail "could not make the checkpoint"; }
 cp run/checkpoints/step_00000001.h5 checkpoint.h5
-"$MPIFORMER" inspect dataset.h5 shard.bin checkpoint.h5 >/dev/null || fail "the valid files do not inspect"
+"$MPIFORMER" prep --tokenizer byte --format megatron --output megatron.bin small.txt >/dev/null
+"$MPIFORMER" inspect dataset.h5 shard.bin checkpoint.h5 megatron.idx >/dev/null || fail "the valid files do not inspect"
 
 mkdir -p cases
 python3 - "$cases" "$seed" <<'PY'
 import os, random, sys
 cases, seed = int(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(seed)
-for src in ("dataset.h5", "shard.bin", "checkpoint.h5"):
+for src in ("dataset.h5", "shard.bin", "checkpoint.h5", "megatron.idx", "megatron.bin"):
     data = open(src, "rb").read()
     stem, ext = os.path.splitext(src)
-    for i in range(cases):
+    for i in range(cases // 2 if stem == "megatron" else cases):
         b = bytearray(data)
         kind = rng.choice(["flip", "flip_head", "flip_tail", "zero", "cut", "grow"])
         if kind.startswith("flip"):
@@ -61,11 +63,18 @@ for src in ("dataset.h5", "shard.bin", "checkpoint.h5"):
             del b[rng.randrange(len(b)):]
         else:
             b += bytes(rng.randrange(256) for _ in range(rng.randint(1, 5000)))
-        open("cases/%s_%03d_%s%s" % (stem, i, kind, ext), "wb").write(b)
+        name = "cases/%s%s_%03d_%s" % (stem, ext.replace(".", "_"), i, kind)
+        if stem == "megatron":
+            # A pair with one file damaged: the other as it was.
+            other = ".bin" if ext == ".idx" else ".idx"
+            open(name + other, "wb").write(open(stem + other, "rb").read())
+            open(name + ext, "wb").write(b)
+        else:
+            open(name + ext, "wb").write(b)
 PY
 
 # Batches of 50 files per process; a signal names its batch, then its file.
-ls cases/* >all.txt
+ls cases/* | grep -v "^cases/megatron.*\.bin$" >all.txt  # a pair is named by its .idx
 split -l 50 all.txt batch.
 crashed=0
 sanitizer="ERROR: AddressSanitizer\|runtime error:"
@@ -93,7 +102,8 @@ done
 report() { awk -v f="$1" '$1 == "file:" && $2 == f {on = 1} on && /^$/ {exit} on' batch.*.out; }
 refused=0 accepted=0
 while read -r f; do
-  if grep -qF "mpiformer: error: $f" batch.*.err || report "$f" | grep -qE "^(DAMAGED|MISSING)"; then
+  # A refusal names the file (a Megatron pair: either of its two files).
+  if grep -qF "mpiformer: error: ${f%.*}." batch.*.err || report "$f" | grep -qE "^(DAMAGED|MISSING)"; then
     refused=$((refused + 1))
   elif [ -n "$(report "$f")" ]; then
     accepted=$((accepted + 1))
@@ -101,4 +111,4 @@ while read -r f; do
     fail "$f: neither inspected nor refused by name"
   fi
 done <all.txt
-echo "ok: $((3 * cases)) mutated files (seed $seed): $refused refused by name, $accepted read without harm, 0 crashes"
+echo "ok: $(wc -l <all.txt) mutated files (seed $seed): $refused refused by name, $accepted read without harm, 0 crashes"
