@@ -1,0 +1,99 @@
+#include "parallel/schedule_timing.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+#include "core/format.hpp"
+
+namespace mpiformer {
+
+double SimulatedStep::idle_fraction() const {
+  double busy = 0;
+  for (double c : compute) busy += c;
+  const double total = step_time * static_cast<double>(compute.size());
+  return total > 0 ? 1.0 - busy / total : 0.0;
+}
+
+SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
+                            const ActionCosts& costs) {
+  const auto n = static_cast<size_t>(num_stages);
+  if (costs.forward.size() != n || costs.backward.size() != n || costs.reduce.size() != n) {
+    throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
+                                " stages expected");
+  }
+  std::vector<std::vector<Action>> lists(n);
+  for (int s = 0; s < num_stages; ++s) lists[s] = pipeline_schedule(kind, num_stages, s, num_micro);
+  SimulatedStep out;
+  out.compute.assign(n, 0.0);
+  out.waiting.assign(n, 0.0);
+  out.timeline.assign(n, {});
+  // When each message arrives: (receiving stage, op it answers, micro-batch).
+  std::map<std::tuple<int, Op, int>, double> arrivals;
+  std::vector<size_t> next(n, 0);
+  std::vector<double> clock(n, 0.0);
+  const auto cost = [&](int s, Op op) {
+    switch (op) {
+      case Op::Forward: return costs.forward[s];
+      case Op::Backward: return costs.backward[s];
+      case Op::ReduceGradients: return costs.reduce[s];
+      default: return 0.0;  // sends start at once; receives wait, then cost nothing more
+    }
+  };
+  // Every stage runs until a receive whose message has not been sent yet,
+  // or its optimizer step (a barrier); round after round until none moves.
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < num_stages; ++s) {
+      while (next[s] < lists[s].size()) {
+        const Action a = lists[s][next[s]];
+        if (a.op == Op::OptimizerStep) break;
+        double start = clock[s];
+        if (a.op == Op::RecvActivation || a.op == Op::RecvGradient) {
+          const auto it = arrivals.find({s, a.op, a.micro});
+          if (it == arrivals.end()) break;
+          out.waiting[s] += std::max(0.0, it->second - start);
+          start = std::max(start, it->second);
+        }
+        const double end = start + cost(s, a.op);
+        if (a.op == Op::SendActivation) arrivals[{s + 1, Op::RecvActivation, a.micro}] = start + costs.p2p;
+        if (a.op == Op::SendGradient) arrivals[{s - 1, Op::RecvGradient, a.micro}] = start + costs.p2p;
+        if (a.op == Op::Forward || a.op == Op::Backward) out.compute[s] += end - start;
+        out.timeline[s].push_back({a, start, end});
+        clock[s] = end;
+        ++next[s];
+        moved = true;
+      }
+    }
+  }
+  const double barrier = *std::max_element(clock.begin(), clock.end());
+  for (int s = 0; s < num_stages; ++s) {
+    if (next[s] + 1 != lists[s].size() || lists[s][next[s]].op != Op::OptimizerStep) {
+      throw std::logic_error(strprintf("simulate_step: stage %d cannot finish the schedule", s));
+    }
+    out.waiting[s] += barrier - clock[s];
+    out.timeline[s].push_back({lists[s][next[s]], barrier, barrier + costs.optimizer});
+  }
+  out.step_time = barrier + costs.optimizer;
+  return out;
+}
+
+std::string timeline_trace(const SimulatedStep& step) {
+  std::string j = "[";
+  for (size_t s = 0; s < step.timeline.size(); ++s) {
+    j += strprintf("%s\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %zu, \"args\": "
+                   "{\"name\": \"stage %zu (predicted)\"}}",
+                   s == 0 ? "" : ",", s, s);
+    for (const TimedAction& t : step.timeline[s]) {
+      if (t.end <= t.start) continue;
+      j += strprintf(",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %zu, \"tid\": 0, \"ts\": %.3f, "
+                     "\"dur\": %.3f, \"args\": {\"micro_batch\": %d}}",
+                     op_name(t.action.op), s, 1e6 * t.start, 1e6 * (t.end - t.start),
+                     t.action.micro);
+    }
+  }
+  return j + "\n]\n";
+}
+
+}  // namespace mpiformer

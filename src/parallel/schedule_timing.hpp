@@ -1,0 +1,52 @@
+// The time one optimizer step takes, from the schedule itself: every
+// stage's action list (pipeline_schedule, the same lists the trainer
+// walks) played out together with a duration per action, as the planner
+// predicts a layout's step before it runs (issue 15's simulator). Sends
+// never block and arrive `p2p` seconds after they start; a receive waits
+// for its message; the step ends when the last stage has reduced its
+// gradients, then every stage takes the optimizer step together (the
+// step's all-reduce). The bubble is what the simulation shows, not a
+// formula: unequal stages, messages and reductions all show where they
+// fall.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline_schedule.hpp"
+
+namespace mpiformer {
+
+// Seconds per action, per stage (index = stage).
+struct ActionCosts {
+  std::vector<double> forward, backward;  // one micro-batch
+  std::vector<double> reduce;             // the gradient reduction left after backward
+  double optimizer = 0;                   // AdamW and the step's all-reduce
+  double p2p = 0;                         // one activation or gradient message
+};
+
+struct TimedAction {
+  Action action;
+  double start = 0, end = 0;
+};
+
+struct SimulatedStep {
+  double step_time = 0;
+  std::vector<double> compute;  // per stage: forward + backward seconds
+  std::vector<double> waiting;  // per stage: blocked receiving, and idle before the step's end
+  std::vector<std::vector<TimedAction>> timeline;  // per stage, in order
+  // The share of the stages' time not spent computing forward or backward
+  // (waiting for messages, for other stages, reducing): the bubble when
+  // reductions cost nothing.
+  double idle_fraction() const;
+};
+
+// Throws std::invalid_argument if the costs do not cover `num_stages`, or
+// std::logic_error if the schedules could not finish (a deadlock).
+SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
+                            const ActionCosts& costs);
+
+// The timeline as a Chrome trace (one process per stage, spans in
+// microseconds), to set beside a measured trace of the same layout.
+std::string timeline_trace(const SimulatedStep& step);
+
+}  // namespace mpiformer

@@ -1,0 +1,88 @@
+// The step-time simulator on schedules with known answers: with equal
+// stages and free messages the idle share is the textbook bubble
+// (pp - 1) / (m + pp - 1) under both schedules; a stage twice as slow sets
+// the pace (GPipe's step is every stage's fill and drain plus m - 1 of the
+// slowest stage's micro-batches, and the slow stage waits least); messages
+// and reductions add where they fall. Tolerance: 1e-12 (sums of a few
+// doubles).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "parallel/schedule_timing.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+ActionCosts equal(int pp, double f, double b) {
+  ActionCosts c;
+  c.forward.assign(pp, f);
+  c.backward.assign(pp, b);
+  c.reduce.assign(pp, 0.0);
+  return c;
+}
+
+TEST(ScheduleTiming, EqualStagesGiveTheTextbookBubble) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (int pp : {1, 2, 4, 8}) {
+      for (int m : {1, 2, 4, 7, 16}) {
+        const SimulatedStep s = simulate_step(kind, pp, m, equal(pp, 1.0, 2.0));
+        const double want = static_cast<double>(pp - 1) / (m + pp - 1);
+        EXPECT_NEAR(s.idle_fraction(), want, 1e-12) << "pp " << pp << ", m " << m;
+        EXPECT_NEAR(s.step_time, 3.0 * (m + pp - 1), 1e-12) << "pp " << pp << ", m " << m;
+      }
+    }
+  }
+}
+
+TEST(ScheduleTiming, ASlowStageSetsThePace) {
+  const int pp = 4, m = 8;
+  ActionCosts c = equal(pp, 1.0, 2.0);
+  c.forward[1] = 2.0;
+  c.backward[1] = 4.0;
+  const SimulatedStep g = simulate_step(ScheduleKind::kGPipe, pp, m, c);
+  // Forward: the fill through every stage, then m - 1 forwards at the slow
+  // stage's pace; backward likewise.
+  const double fill = std::accumulate(c.forward.begin(), c.forward.end(), 0.0) +
+                      std::accumulate(c.backward.begin(), c.backward.end(), 0.0);
+  EXPECT_NEAR(g.step_time, fill + (m - 1) * (2.0 + 4.0), 1e-12);
+  for (const SimulatedStep& s : {g, simulate_step(ScheduleKind::kOneFOneB, pp, m, c)}) {
+    const auto least = std::min_element(s.waiting.begin(), s.waiting.end()) - s.waiting.begin();
+    EXPECT_EQ(least, 1) << "the slow stage waits least";
+    EXPECT_NEAR(s.compute[1], m * 6.0, 1e-12);
+    // Never faster than the slow stage's own work.
+    EXPECT_GE(s.step_time, m * 6.0);
+  }
+}
+
+TEST(ScheduleTiming, MessagesReductionsAndTheOptimizerAdd) {
+  const int pp = 2, m = 4;
+  ActionCosts c = equal(pp, 1.0, 2.0);
+  const double base = simulate_step(ScheduleKind::kOneFOneB, pp, m, c).step_time;
+  EXPECT_EQ(base, simulate_step(ScheduleKind::kGPipe, pp, m, c).step_time);
+  c.p2p = 0.25;
+  // GPipe crosses the stage boundary on its critical path twice (the
+  // forward fill, the backward drain); 1F1B waits on a round trip for every
+  // micro-batch of stage 0 (worked by hand for m = 4: 16 s).
+  EXPECT_NEAR(simulate_step(ScheduleKind::kGPipe, pp, m, c).step_time, base + 2 * 0.25, 1e-12);
+  EXPECT_NEAR(simulate_step(ScheduleKind::kOneFOneB, pp, m, c).step_time, 16.0, 1e-12);
+  c.p2p = 0;
+  c.reduce = {0.5, 0.0};  // stage 0 reduces last: all of it is exposed
+  c.optimizer = 0.125;
+  const SimulatedStep s = simulate_step(ScheduleKind::kOneFOneB, pp, m, c);
+  EXPECT_NEAR(s.step_time, base + 0.5 + 0.125, 1e-12);
+  // Every stage's timeline ends with the optimizer step, at the same time.
+  EXPECT_EQ(s.timeline[0].back().action.op, Op::OptimizerStep);
+  EXPECT_EQ(s.timeline[0].back().start, s.timeline[1].back().start);
+  const std::string trace = timeline_trace(s);
+  EXPECT_NE(trace.find("\"stage 1 (predicted)\""), std::string::npos);
+  EXPECT_EQ(std::count(trace.begin(), trace.end(), '\n') > 2 * m * pp, true);
+}
+
+TEST(ScheduleTiming, CostsMustCoverEveryStage) {
+  EXPECT_THROW(simulate_step(ScheduleKind::kGPipe, 3, 2, equal(2, 1, 1)), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace mpiformer::test
