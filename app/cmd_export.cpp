@@ -79,6 +79,10 @@ int run_export(const ExportArgs& args, int rank) {
     throw InputError(args.output, "--output",
                      "exists; export never overwrites (remove it, or choose another name)");
   }
+  const fs::path parent = fs::absolute(args.output).parent_path();
+  if (!fs::is_directory(parent, ec)) {
+    throw InputError(args.output, "--output", "its directory " + parent.string() + " does not exist");
+  }
   const CheckpointReader reader(args.checkpoint);
   const GptConfig cfg = model_config(reader.meta());
   const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
@@ -92,6 +96,10 @@ int run_export(const ExportArgs& args, int rank) {
       export_llmc(reader, whole, cfg, dtype, tmp);
     }
     durable_rename(tmp, args.output);
+  } catch (const SystemError& e) {
+    // A directory that cannot be written, a full disk: the user's to fix.
+    fs::remove_all(tmp, ec);
+    throw InputError(args.output, "--output", e.what());
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

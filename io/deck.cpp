@@ -372,6 +372,16 @@ Deck parse_deck(const std::string& text, const std::string& path,
 
 void resolve_model_init(Deck& d) {
   if (d.model_init.empty()) return;
+  // A deck that gives the whole shape needs no file to be resolved: a run
+  // that resumes (and so ignores init) still starts after its pretrained
+  // file is gone; a fresh run reads it and reports it missing then.
+  const GptConfig& m = d.model;
+  std::error_code ec;
+  if (m.n_layer > 0 && m.n_head > 0 && m.n_embd > 0 && m.seq_len > 0 && m.vocab_size > 0 &&
+      !std::filesystem::exists(d.model_init, ec)) {
+    check_relations(d, d.path);
+    return;
+  }
   const WeightsShape w = read_weights_shape(d.model_init);
   const std::pair<const char*, std::pair<int64_t*, int64_t>> keys[] = {
       {"n_layer", {&d.model.n_layer, w.cfg.n_layer}}, {"n_head", {&d.model.n_head, w.cfg.n_head}},

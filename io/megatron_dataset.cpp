@@ -122,9 +122,9 @@ class MegatronTokenSource final : public TokenSource {
     }
   }
   std::string format() const override {
-    return strprintf("Megatron indexed (%s, %lld documents)",
+    return strprintf("Megatron indexed (%s, %lld document%s)",
                      elem_ == 1 ? "uint8" : elem_ == 2 ? "uint16" : "int32",
-                     static_cast<long long>(documents_));
+                     static_cast<long long>(documents_), documents_ == 1 ? "" : "s");
   }
   size_t element_bytes() const { return elem_; }
 

@@ -55,4 +55,8 @@ for format in hf llmc; do
     { cat err.txt; fail "$format: the damaged tensor is not named (exit $rc)"; }
   [ ! -e "out_$format" ] && [ ! -e "out_$format.tmp" ] || fail "$format: a damaged export left files"
 done
+rc=0
+"$MPIFORMER" export "$ckpt" --format llmc --output no/such/dir/m.bin >/dev/null 2>err.txt || rc=$?
+[ "$rc" -eq 2 ] && grep -q "no/such/dir/m.bin: --output: its directory .* does not exist" err.txt ||
+  { cat err.txt; fail "a missing output directory was not refused (exit $rc)"; }
 echo "ok: refusals named, nothing written"
