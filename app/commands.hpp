@@ -64,4 +64,26 @@ struct ExportArgs {
 };
 int run_export(const ExportArgs& args, int rank);
 
+struct PlanArgs {
+  std::string deck;
+  std::vector<std::string> overrides;
+  std::string machine;
+  int ranks = 0;
+  int ranks_per_node = 0;  // 0: the machine's devices per node
+  int top = 10;
+  bool as_given = false;   // price the deck's own layout only
+  bool json = false;
+  std::string explain;     // write the first layout's predicted timeline here
+};
+int run_plan(const PlanArgs& args, int rank);
+
+struct CalibrateArgs {
+  std::vector<std::string> decks;  // models whose shapes to measure
+  std::string output = "machine.toml";
+  std::string name = "this machine";
+  int max_tp = 1;
+  double seconds = 0.05;
+};
+int run_calibrate(const CalibrateArgs& args, int rank);
+
 }  // namespace mpiformer

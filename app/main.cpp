@@ -110,6 +110,39 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   x->add_option("--output,-o", exp.output, "the directory (hf) or file (llmc) to create")->required();
 
+  PlanArgs plan;
+  auto* pl = app.add_subcommand("plan", "predict memory, step time and bubble of every layout "
+                                        "of a deck on N ranks, fastest first");
+  pl->add_option("deck", plan.deck, "input deck")->required();
+  pl->add_option("--set", plan.overrides, "override a deck key: section.key=value (repeatable)");
+  pl->add_option("--machine", plan.machine,
+                 "machine file (mpiformer calibrate writes one; inputs/machines/ has others)")
+      ->required();
+  pl->add_option("--ranks", plan.ranks, "ranks to plan for")->check(CLI::Range(1, 1 << 24));
+  pl->add_option("--ranks-per-node", plan.ranks_per_node,
+                 "ranks on each node (default: the machine's devices per node; more share them)")
+      ->check(CLI::Range(1, 1 << 20));
+  pl->add_option("--top", plan.top, "layouts shown")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  pl->add_flag("--as-given", plan.as_given, "price the deck's own layout only");
+  pl->add_flag("--json", plan.json, "print JSON instead of the table");
+  pl->add_option("--explain", plan.explain,
+                 "write the first layout's predicted timeline here (Chrome trace, to set beside "
+                 "a run's trace-rank*.json)");
+
+  CalibrateArgs cal;
+  auto* ca = app.add_subcommand("calibrate", "measure this machine's kernels and links into a "
+                                             "machine file (launch as the job would: mpirun/srun)");
+  ca->add_option("decks", cal.decks, "decks whose models' shapes to measure (default: tiny and "
+                                     "GPT-2 small)");
+  ca->add_option("--output,-o", cal.output, "machine file to write")->capture_default_str();
+  ca->add_option("--name", cal.name, "the machine's name in the file")->capture_default_str();
+  ca->add_option("--max-tp", cal.max_tp, "measure matmul shapes for tensor-parallel widths up to this")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  ca->add_option("--seconds", cal.seconds, "timing budget per measured point")
+      ->check(CLI::Range(0.001, 10.0))
+      ->capture_default_str();
+
   try {
     try {
       app.parse(argc, argv);
@@ -122,6 +155,8 @@ int main(int argc, char** argv) {
     if (i->parsed()) return run_inspect(inspect, mpi.rank());
     if (g->parsed()) return run_generate(gen, mpi.rank());
     if (x->parsed()) return run_export(exp, mpi.rank());
+    if (pl->parsed()) return run_plan(plan, mpi.rank());
+    if (ca->parsed()) return run_calibrate(cal, mpi.rank());
   } catch (const InputError& e) {
     // Every rank read the same input and failed the same way: say it once.
     if (mpi.rank() == 0) std::fprintf(stderr, "mpiformer: error: %s\n", e.what());

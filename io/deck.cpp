@@ -162,6 +162,7 @@ const std::vector<Key>& schema() {
       choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       int_key("parallel", "zero", false, 0, 3, MEMBER(parallel.zero)),
+      bool_key("parallel", "auto", MEMBER(parallel.auto_layout)),
       string_key("run", "dir", false, MEMBER(run.dir)),
       choice_key("run", "device", kDeviceNames, MEMBER(run.device)),
       float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),
@@ -169,6 +170,7 @@ const std::vector<Key>& schema() {
       bool_key("run", "trace", MEMBER(run.trace)),
       float_key("run", "time_limit", false, 1e-3, 1e9, MEMBER(run.time_limit)),
       float_key("run", "watchdog_s", false, 0, 1e9, MEMBER(run.watchdog_s)),
+      string_key("run", "machine", false, MEMBER(run.machine)),
       string_key("checkpoint", "dir", false, MEMBER(checkpoint.dir)),
       int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),
@@ -279,28 +281,28 @@ void check_relations(const Deck& d, const std::string& where) {
 
 }  // namespace
 
-std::string read_deck_text(const std::string& path) {
+std::string read_deck_text(const std::string& path, const char* what) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(status)) {
-    throw InputError(path, "", "cannot open the input deck (does the file exist?)");
+    throw InputError(path, "", strprintf("cannot open the %s (does the file exist?)", what));
   }
   // A FIFO or a device would block or never end; a deck is a small file.
   if (!std::filesystem::is_regular_file(status)) {
-    throw InputError(path, "", "not a regular file (an input deck is a TOML file)");
+    throw InputError(path, "", strprintf("not a regular file (the %s is a TOML file)", what));
   }
   const auto size = std::filesystem::file_size(path, ec);
   if (!ec && size > kMaxDeckBytes) {
     throw InputError(path, "",
-                     strprintf("%llu bytes: an input deck is a few hundred bytes of TOML, at most "
-                               "%lld (is this the right file?)",
-                               static_cast<unsigned long long>(size),
+                     strprintf("%llu bytes: the %s is a few KB of TOML, at most %lld (is this "
+                               "the right file?)",
+                               static_cast<unsigned long long>(size), what,
                                static_cast<long long>(kMaxDeckBytes)));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot open the input deck (permissions?)");
+  if (!in) throw InputError(path, "", strprintf("cannot open the %s (permissions?)", what));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.size() > kMaxDeckBytes) throw InputError(path, "", "larger than an input deck can be");
+  if (text.size() > kMaxDeckBytes) throw InputError(path, "", strprintf("larger than the %s can be", what));
   return text;
 }
 
@@ -455,6 +457,7 @@ void rebase_relative_paths(Deck& d, const std::string& base) {
   rebase(d.checkpoint.dir);
   rebase(d.checkpoint.resume_path);
   rebase(d.model_init);
+  rebase(d.run.machine);
 }
 
 }  // namespace mpiformer

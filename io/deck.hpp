@@ -63,6 +63,11 @@ struct ParallelConfig {
   // moments and master weights, 2 also the gradients, 3 also the blocks'
   // weights (see train/zero_shards.hpp).
   int64_t zero = 0;
+  // Let the planner pick dp, pp, tp, zero, schedule, [train] micro_batch
+  // and recompute for the job's ranks, priced by [run] machine (the fastest
+  // layout that fits; train/layout_search.hpp). The deck's values are
+  // then ignored.
+  bool auto_layout = false;
 };
 
 struct RunSection {
@@ -77,6 +82,8 @@ struct RunSection {
   // Seconds one phase (an action of a step, an evaluation) may last before
   // the watchdog ends the job (0: automatic, see train/watchdog.hpp).
   double watchdog_s = 0;
+  // A machine file (mpiformer calibrate) for [parallel] auto.
+  std::string machine;
 };
 
 struct Deck {
@@ -123,8 +130,9 @@ void resolve_model_init(Deck& d);
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
 // The two halves of load_deck, so that one rank can read the file and
 // every rank parse the same text: the file's bytes (a regular file of at
-// most kMaxDeckBytes), and their validation.
-std::string read_deck_text(const std::string& path);
+// most kMaxDeckBytes), and their validation. `what` names the file in
+// messages (a machine file is read the same way).
+std::string read_deck_text(const std::string& path, const char* what = "input deck");
 Deck parse_deck(const std::string& text, const std::string& path,
                 const std::vector<std::string>& overrides);
 // Makes the deck's relative paths relative to `base` (a rank whose working

@@ -62,6 +62,18 @@ StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, 
   return o;
 }
 
+namespace {
+
+// What a save's checksum gathers of one tensor on its root (checkpointing's
+// gather_tensor): the whole logical tensor, and for column or head slices
+// (not whole rows in order) a second copy put in order.
+double save_gather_bytes(const ParameterSpec& spec) {
+  const bool reordered = spec.split == Split::kCols || spec.split == Split::kHeads;
+  return static_cast<double>(spec.logical_numel()) * 4 * (reordered ? 2 : 1);
+}
+
+}  // namespace
+
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
   const GptConfig& cfg = deck.model;
   // Tensor rank 0: every rank stores as much, and it holds the most real
@@ -80,12 +92,22 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
     // On the host, MPI's non-blocking all-reduce keeps a temporary of its
     // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp).
-    if (choice.device == Device::kCpu && deck.parallel.dp > 1) {
+    if (choice.device == Device::kCpu) {
+      const ParameterTable table(cfg, range);
       double largest = 0;
-      for (const auto& [begin, end] :
-           gradient_buckets(ParameterTable(cfg, range), deck.parallel.bucket_mb * (1 << 20)))
-        largest = std::max(largest, static_cast<double>(end - begin));
+      if (deck.parallel.dp > 1) {
+        for (const auto& [begin, end] : gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)))
+          largest = std::max(largest, static_cast<double>(end - begin));
+      }
       m.comm = static_cast<double>(kReductionsInFlight) * largest * acc;
+      // Held one at a time, after the buckets: MPI's temporary of the tied
+      // embedding's blocking all-reduce (pp > 1, its stages), and a save's
+      // gather of a tensor-parallel slice for its checksum (the whole
+      // tensor, then put in order; whole tensors need none at zero 0).
+      if (deck.parallel.pp > 1 && (range.has_embedding || range.has_head))
+        m.comm = std::max(m.comm, static_cast<double>(table.at("wte").storage) * acc);
+      for (const auto& spec : table.specs())
+        if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec));
     }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
@@ -101,15 +123,30 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     // tensor whole on one rank for its checksum (checkpointing.cpp; on a
     // GPU run both are host memory, not the device's).
     if (choice.device == Device::kCpu) {
-      double largest = 0, largest_tensor = 0;
-      for (const ShardUnit& u : plan.units())
-        largest = std::max(largest, static_cast<double>(u.end - u.begin));
-      // Under tensor parallelism the checksum's root gathers the whole
-      // logical tensor from the slices, then puts it in order (twice).
-      for (const auto& spec : table.specs())
-        largest_tensor = std::max(largest_tensor, static_cast<double>(spec.logical_numel()) *
-                                                      (spec.whole() ? 1 : 2));
-      m.comm += static_cast<double>(kInFlight) * largest * acc + largest_tensor * 4;
+      // Units go in reverse buffer order, at most kInFlight at once: the
+      // most any kInFlight consecutive ones hold. At zero >= 2 the blocks
+      // go through their windows one at a time, apart from the rest.
+      std::vector<double> sizes;
+      double largest_block = 0;
+      for (const ShardUnit& u : plan.units()) {
+        const double n = static_cast<double>(u.end - u.begin);
+        if (zero >= 2 && u.block >= 0) {
+          largest_block = std::max(largest_block, n);
+        } else {
+          sizes.push_back(n);
+        }
+      }
+      double in_flight = static_cast<double>(kInFlight) * largest_block;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        double sum = 0;
+        for (size_t j = i; j < std::min(sizes.size(), i + kInFlight); ++j) sum += sizes[j];
+        in_flight = std::max(in_flight, sum);
+      }
+      double gather = 0;
+      for (const auto& spec : table.specs()) gather = std::max(gather, save_gather_bytes(spec));
+      // A save runs between steps, when no reduce-scatter is in flight:
+      // the larger of the two is what is held at once.
+      m.comm += std::max(in_flight * acc, gather);
     }
   }
   if (choice.device == Device::kCuda && range.num_layers() > 0) {

@@ -1,5 +1,7 @@
 #include "train/trainer.hpp"
 
+#include "train/layout_search.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -73,6 +75,7 @@ struct Trainer::Parts {
   ResumePoint start;
   double flops_per_token = 0, peak_flops = 0;
   double baseline_resident = 0;  // before the trainer allocated anything
+  std::string auto_choice;       // [parallel] auto: what it picked, for the log
 };
 
 Trainer::Trainer(Deck deck, int rank, int world)
@@ -80,6 +83,9 @@ Trainer::Trainer(Deck deck, int rank, int world)
   p_->baseline_resident = resident_bytes();
   const NodePlace node = node_place(MPI_COMM_WORLD);
   agree_on_input_errors(MPI_COMM_WORLD, [&] { prepare_local(world, node); });
+  if (deck_.parallel.auto_layout) {
+    agree_on_view(MPI_COMM_WORLD, layout_of(deck_).describe(), deck_.run.machine, "[parallel] auto");
+  }
   // Every rank opened the data itself (a node-local copy, a file rewritten
   // between node launches): the same headers on every rank, or an error.
   for (const TokenDataset* d : {&p_->data->train(), p_->data->val()}) {
@@ -98,6 +104,20 @@ Trainer::~Trainer() = default;
 void Trainer::prepare_local(int world, const NodePlace& node) {
   Parts& p = *p_;
   p.data = std::make_unique<DataFeeder>(deck_, deck_.model);
+  if (deck_.parallel.auto_layout) {
+    // The plan's fastest layout for the ranks this job has (every rank
+    // computes the same from the same deck and machine file; the
+    // constructor checks they agree).
+    int fitting = 0;
+    const Prediction best = choose_layout(deck_, world, node.size, &fitting);
+    deck_ = with_layout(deck_, best.layout);
+    p.auto_choice = strprintf("auto:  %s, the fastest of %d layouts that fit on %d ranks (%s): "
+                              "predicted %.0f tokens/s, %.2f GiB on the fullest rank; `mpiformer "
+                              "plan` lists them",
+                              best.layout.describe().c_str(), fitting, world,
+                              deck_.run.machine.c_str(), best.tokens_per_s,
+                              best.memory_max / (1024.0 * 1024.0 * 1024.0));
+  }
   // After the data, so a data error reads the same whatever the rank count.
   const auto& par = deck_.parallel;
   if (par.dp * par.pp * par.tp != world) {
@@ -219,6 +239,7 @@ void Trainer::print_summary() const {
                       shards->units().size(), name_of(deck_.train.recompute))
           : strprintf("%d gradient bucket(s), recompute %s", p.executor->num_buckets(),
                       name_of(deck_.train.recompute));
+  if (!p.auto_choice.empty()) std::printf("%s\n", p.auto_choice.c_str());
   std::printf("grid:  dp %d x pp %d x tp %d, schedule %s, stage 0 holds layers [0, %lld); "
               "%d activation slot(s) on stage 0; %s\n",
               g.dp(), g.pp(), g.tp(), name_of(deck_.parallel.schedule),

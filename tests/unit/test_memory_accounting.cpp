@@ -34,9 +34,12 @@ namespace {
 // Scratch: dres, dln, datty 3 x 256; dqkv, d4, datt (3 + 4) x 256 + 256;
 //   the loss sum 8: 2824 bytes.
 // Communication (zero >= 1, host): MPI's temporaries of two reduce-scatters
-//   in flight, each the size of the largest unit (wte, 1024 floats), and a
-//   save's gather of the largest tensor (c_fc's 32 x 8 floats) for
-//   its checksum: 8192 + 1024 bytes; at zero >= 2 also two receive buffers
+//   in flight, of consecutive units (wte 1024 + wpe 32, two blocks
+//   2 x 928, ...: the most is two blocks, 7424 bytes; at zero >= 2 the
+//   blocks go apart from the rest, and two of them are still the most),
+//   and a save's gather of the largest tensor (c_fc's 32 x 8 floats) for
+//   its checksum, not at once (a save runs between steps): the larger,
+//   7424 bytes; at zero >= 2 also two receive buffers
 //   of a block's part.
 GptConfig model() {
   GptConfig c;
@@ -78,17 +81,17 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   EXPECT_EQ(z1.parameters(), 15488 + 7808);
   EXPECT_EQ(z1.gradients(), 15488 + 7808);
   EXPECT_EQ(z1.optimizer, 2 * 7808);
-  EXPECT_EQ(z1.comm, (8192 + 1024));
+  EXPECT_EQ(z1.comm, 7424);
   // zero 2: the blocks' gradients in two windows of 928 floats, and two
   // receive buffers of a block's part (464 floats).
   const RankMemory z2 = memory(2, Recompute::kNone);
   EXPECT_EQ(z2.gradients(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
-  EXPECT_EQ(z2.comm, 2 * 464 * 4 + (8192 + 1024));
+  EXPECT_EQ(z2.comm, 2 * 464 * 4 + 7424);
   // zero 3: the blocks' weights in two windows too.
   const RankMemory z3 = memory(3, Recompute::kNone);
   EXPECT_EQ(z3.parameters(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
   EXPECT_EQ(z3.total(),
-            z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 + 2 * 464 * 4 + (8192 + 1024));
+            z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 + 2 * 464 * 4 + 7424);
 
   // Recomputation: attention keeps one shared set of probabilities (256
   // bytes) instead of one per block; full keeps nothing of a block but its
@@ -107,12 +110,13 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
 TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
   GptConfig cfg = model();
   cfg.n_layer = 5;
-  // MPI's temporaries (two of the largest unit: wte's 1024 floats, which at
-  // tp 2 is a rank's 128 of 256 padded rows) and the save's gather for a
-  // checksum (the largest tensor: c_fc's 256 floats; at tp 2 the whole
-  // 256-float tensor gathered from the slices and put in order, twice)
-  // are not buffers of ours.
-  for (const auto& [tp, temporaries] : {std::pair{1, (2 * 1024 + 256) * 4}, std::pair{2, (2 * 1024 + 512) * 4}}) {
+  // MPI's temporaries (two consecutive units in flight: two blocks of 928
+  // floats at tp 1; at tp 2 wte's 1024 floats, a rank's 128 of 256 padded
+  // rows, and wpe's 32) or the save's gather for a checksum (the largest
+  // tensor: c_fc's 256 floats; at tp 2 the whole 256-float tensor gathered
+  // from its column slices and put in order, twice), the larger (never
+  // held at once), are not buffers of ours.
+  for (const auto& [tp, temporaries] : {std::pair{1, 2 * 928 * 4}, std::pair{2, (1024 + 32) * 4}}) {
     const StageRange range = partition_stage(cfg, 0, 1, tp, 0);
     for (int zero : {1, 2, 3}) {
       for (Recompute r : {Recompute::kNone, Recompute::kFull}) {

@@ -1,0 +1,179 @@
+// mpiformer plan DECK --ranks N: every layout the model allows on N ranks,
+// those that fit, fastest first (train/layout_search.hpp); and mpiformer
+// calibrate: the machine file it prices them with.
+#include <mpi.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "commands.hpp"
+#include "core/durable_file.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "deck.hpp"
+#include "token_dataset.hpp"
+#include "train/calibration.hpp"
+#include "train/layout_search.hpp"
+
+namespace mpiformer {
+
+Deck load_planning_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  Deck deck = load_deck(path, overrides);
+  resolve_model_init(deck);
+  if (deck.model.vocab_size == 0) {
+    // As the run does: the vocabulary comes from the data.
+    try {
+      deck.model.vocab_size = TokenDataset(deck.data.train).vocab_size();
+    } catch (const InputError& e) {
+      throw InputError(path, "[model] vocab_size",
+                       "not given, and the training data cannot say (" + std::string(e.what()) +
+                           "); give [model] vocab_size to plan without the data");
+    }
+  }
+  return deck;
+}
+
+namespace {
+
+const double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string prediction_json(const Prediction& p) {
+  const Layout& l = p.layout;
+  std::string j = strprintf(
+      "{\"dp\": %lld, \"pp\": %lld, \"tp\": %lld, \"micro_batch\": %lld, \"zero\": %lld, "
+      "\"recompute\": \"%s\", \"schedule\": \"%s\", \"step_s\": %.6g, \"compute_s\": %.6g, "
+      "\"tp_comm_s\": %.6g, \"exposed_comm_s\": %.6g, \"bubble_s\": %.6g, \"optimizer_s\": %.6g, "
+      "\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"memory_max\": %.0f, \"runtime\": %.0f, "
+      "\"memory_available\": %.0f, "
+      "\"fits\": %s, \"memory\": [",  // per stage, without the machine's runtime bytes
+      static_cast<long long>(l.dp), static_cast<long long>(l.pp), static_cast<long long>(l.tp),
+      static_cast<long long>(l.micro_batch), static_cast<long long>(l.zero), name_of(l.recompute),
+      name_of(l.schedule), p.step.step_time, p.compute, p.tp_comm, p.exposed_comm, p.bubble,
+      p.optimizer, p.tokens_per_s, p.mfu, p.memory_max, p.runtime, p.memory_available,
+      p.fits ? "true" : "false");
+  for (size_t s = 0; s < p.memory.size(); ++s)
+    j += strprintf("%s%.0f", s ? ", " : "", p.memory[s].total());
+  return j + "]}";
+}
+
+// The fullest stage's memory by category, GiB.
+std::string memory_split(const Prediction& p) {
+  const RankMemory* m = &p.memory[0];
+  for (const RankMemory& r : p.memory)
+    if (r.total() > m->total()) m = &r;
+  return strprintf("%.2f = %.2f + %.2f + %.2f + %.2f + %.2f", p.memory_max / kGiB,
+                   m->parameters() / kGiB, m->gradients() / kGiB, m->optimizer / kGiB,
+                   m->stage.activations / kGiB,
+                   (m->stage.scratch + m->comm + m->workspace + (p.memory_max - m->total())) / kGiB);
+}
+
+std::string prediction_row(int i, const Prediction& p) {
+  const double ms = 1e3;
+  return strprintf("%3d | %-42s | %10.1f | %5.1f%% | %9.2f = %8.2f + %7.2f + %7.2f + %6.2f | %7.2f | %s\n",
+                   i, p.layout.describe().c_str(), p.tokens_per_s, 100 * p.mfu,
+                   ms * p.step.step_time, ms * p.compute, ms * p.exposed_comm, ms * p.bubble,
+                   ms * p.optimizer, ms * p.tp_comm, memory_split(p).c_str());
+}
+
+void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machine, const Plan& plan,
+                const std::vector<Prediction>& shown) {
+  if (args.json) {
+    std::string j = strprintf("{\"ranks\": %d, \"considered\": %d, \"machine\": \"%s\", \"layouts\": [",
+                              plan.ranks, plan.considered, machine.name.c_str());
+    for (size_t i = 0; i < shown.size() && static_cast<int>(i) < args.top; ++i)
+      j += (i ? ",\n  " : "\n  ") + prediction_json(shown[i]);
+    std::printf("%s]}\n", j.c_str());
+  } else {
+    const GptConfig& c = deck.model;
+    std::printf("plan: %s (%lld layers, %lld heads, %lld channels, seq %lld, vocab %lld; global "
+                "batch %lld) on %d ranks of %s (%s)\n",
+                args.deck.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
+                static_cast<long long>(c.n_embd), static_cast<long long>(c.seq_len),
+                static_cast<long long>(c.vocab_size), static_cast<long long>(deck.train.global_batch),
+                plan.ranks, machine.name.c_str(), args.machine.c_str());
+    std::printf("%d layouts considered, %zu fit in %.2f GiB per rank; step time = compute (of "
+                "which tensor all-reduces) + exposed communication + bubble + optimizer\n",
+                plan.considered, plan.fitting.size(), plan.leanest.memory_available / kGiB);
+    std::printf("  # | layout                                     |   tokens/s |   MFU |   step ms = compute + "
+                "exposed +  bubble +  optim | tp comm | GiB per rank = params + grads + AdamW + "
+                "activations + other\n");
+    for (size_t i = 0; i < shown.size() && static_cast<int>(i) < args.top; ++i)
+      std::printf("%s", prediction_row(static_cast<int>(i) + 1, shown[i]).c_str());
+    if (args.as_given && !shown.empty()) {
+      std::string k = "compute of the busiest stage by kernel (ms per step):";
+      for (const auto& [name, t] : shown.front().kernels) k += strprintf(" %s %.2f,", name.c_str(), 1e3 * t);
+      k.back() = '\n';
+      std::printf("%s", k.c_str());
+    }
+    if (!args.explain.empty() && !shown.empty())
+      std::printf("timeline of #1 (predicted, Chrome trace): %s\n", args.explain.c_str());
+  }
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& args, int rank) {
+  // Every rank of a launch computes the same answer (and so fails alike,
+  // exit 2 everywhere); rank 0 prints it.
+  const Deck deck = load_planning_deck(args.deck, args.overrides);
+  const MachineSpec machine = load_machine(args.machine);
+  Plan plan;
+  if (args.as_given) {
+    plan.ranks = static_cast<int>(deck.parallel.dp * deck.parallel.pp * deck.parallel.tp);
+    if (args.ranks > 0 && args.ranks != plan.ranks) {
+      throw InputError(args.deck, "[parallel] dp x pp x tp",
+                       strprintf("%d ranks, but --ranks %d", plan.ranks, args.ranks));
+    }
+    Prediction p = predict_step(deck, machine, args.ranks_per_node);
+    plan.considered = 1;
+    plan.leanest = p;
+    if (p.fits) plan.fitting.push_back(p);
+  } else {
+    if (args.ranks <= 0) throw InputError("--ranks", "", "give the ranks to plan for (--ranks N)");
+    plan = plan_layouts(deck, machine, args.ranks, args.ranks_per_node);
+  }
+  const std::vector<Prediction>& shown = plan.fitting.empty() && args.as_given
+                                             ? std::vector<Prediction>{plan.leanest}
+                                             : plan.fitting;
+  if (rank == 0 && !args.explain.empty() && !shown.empty()) {
+    write_file_durably(args.explain, timeline_trace(shown.front().step));
+  }
+  if (rank == 0) print_plan(args, deck, machine, plan, shown);
+  std::fflush(stdout);
+  if (plan.fitting.empty()) throw InputError(args.deck, "", plan_refusal(deck, machine, plan));
+  return 0;
+}
+
+int run_calibrate(const CalibrateArgs& args, int rank) {
+  CalibrationRequest req;
+  req.name = args.name;
+  req.max_tp = args.max_tp;
+  req.seconds = args.seconds;
+  for (const std::string& d : args.decks) {
+    const Deck deck = load_planning_deck(d, {});
+    req.models.push_back(deck.model);
+    req.batches.push_back(deck.train.global_batch);
+    req.micro_batches.push_back(deck.train.micro_batch);
+    req.decks.push_back(deck);
+  }
+  if (req.models.empty()) {
+    // The shipped decks' shapes: a byte-level tiny model and GPT-2 small.
+    req.models = {GptConfig{4, 4, 128, 64, 256}, GptConfig{12, 12, 768, 1024, 50257}};
+    req.batches = {32, 16};
+    req.micro_batches = {16, 1};
+  }
+  const MachineSpec m = calibrate_machine(req);
+  if (rank == 0) {
+    const std::string text =
+        "# Measured by mpiformer calibrate " + std::string(MPIFORMER_VERSION) + " (host back end, " +
+        std::to_string(m.devices_per_node) + " devices per node)\n" + m.to_toml();
+    write_file_durably(args.output, text);
+    std::printf("calibrate: wrote %s (%zu matmul shapes, %zu attention, %zu kernel sizes; peak "
+                "%.1f GFLOP/s per rank; intra-node all-reduce %.1f us + %.2f GB/s)\n",
+                args.output.c_str(), m.matmul.size(), m.attention.size(), m.kernels.size(),
+                m.peak_flops / 1e9, m.intra.allreduce.latency * 1e6, m.intra.allreduce.bandwidth / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,134 @@
+#include "model/stage_work.hpp"
+
+namespace mpiformer {
+
+const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::kMatmul: return "matmul";
+    case Kernel::kAttention: return "attention";
+    case Kernel::kLayernorm: return "layernorm";
+    case Kernel::kGelu: return "gelu";
+    case Kernel::kResidual: return "residual";
+    case Kernel::kCrossentropy: return "crossentropy";
+    case Kernel::kEmbedding: return "embedding";
+  }
+  return "?";
+}
+
+int kernel_arrays(Kernel k, bool backward) {
+  switch (k) {
+    case Kernel::kLayernorm: return backward ? 4 : 2;  // dout, inp, dinp (+=): in and out
+    case Kernel::kGelu: return backward ? 3 : 2;
+    case Kernel::kResidual: return 3;
+    case Kernel::kCrossentropy: return 3;  // logits read twice, the gradient written
+    case Kernel::kEmbedding: return backward ? 5 : 3;  // rows read and added into
+    default: return 0;  // matmul, attention: priced by shape
+  }
+}
+
+std::string kernel_rate_name(Kernel k, bool backward) {
+  const bool has_backward = k == Kernel::kLayernorm || k == Kernel::kGelu || k == Kernel::kEmbedding;
+  return std::string(kernel_name(k)) + (backward && has_backward ? "_backward" : "");
+}
+
+namespace {
+
+struct Builder {
+  std::vector<WorkItem>* out;
+  double act;
+  void matmul(bool bwd, int64_t m, int64_t k, int64_t n) {
+    const double f = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+    out->push_back({Kernel::kMatmul, bwd, m, k, n, 0, 0, bwd ? 2 * f : f});
+  }
+  // Scores and values of every (batch, head) pair over the full T x T
+  // (both devices compute the masked half too; FLOPs count as MFU does,
+  // 2 products forward, 4 backward).
+  void attention(bool bwd, int64_t bh, int64_t hs, int64_t T) {
+    const double f = 4.0 * static_cast<double>(bh) * static_cast<double>(T) *
+                     static_cast<double>(T) * static_cast<double>(hs);
+    out->push_back({Kernel::kAttention, bwd, bh, hs, T, 0, 0, bwd ? 2 * f : f});
+  }
+  // An elementwise kernel over `elements`.
+  void stream(Kernel k, bool bwd, double elements) {
+    out->push_back({k, bwd, 0, 0, 0, elements, elements * kernel_arrays(k, bwd) * act, 0});
+  }
+  // A copy (2 arrays) or fill (1) of `elements`, priced as the residual add.
+  void move(double elements, double arrays) {
+    out->push_back({Kernel::kResidual, false, 0, 0, 0, elements, elements * arrays * act, 0});
+  }
+};
+
+}  // namespace
+
+StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
+                     Recompute recompute, double act_bytes) {
+  StageWork w;
+  const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len, C = cfg.n_embd;
+  const int64_t ca = C / tp, cm = 4 * C / tp, nh = cfg.n_head / tp;
+  const int64_t vl = cfg.padded_vocab(tp) / tp, L = range.num_layers();
+  const double btc = static_cast<double>(BT * C);
+  const double tp_bytes = tp > 1 ? btc * act_bytes : -1;  // -1: no group
+  w.message_bytes = btc * act_bytes;
+  Builder f{&w.forward, act_bytes}, b{&w.backward, act_bytes};
+  auto tp_sum = [&](std::vector<double>& list, double bytes) {
+    if (tp_bytes >= 0) list.push_back(bytes);
+  };
+  // forward_block: into `x`'s list (the forward, or a backward recomputing it).
+  auto block_forward = [&](Builder& x, std::vector<double>& reduces) {
+    x.stream(Kernel::kLayernorm, false, btc);
+    x.matmul(false, BT, C, 3 * ca);
+    x.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
+    x.matmul(false, BT, ca, C);
+    tp_sum(reduces, tp_bytes);
+    x.stream(Kernel::kResidual, false, btc);
+    x.stream(Kernel::kLayernorm, false, btc);
+    x.matmul(false, BT, C, cm);
+    x.stream(Kernel::kGelu, false, static_cast<double>(BT * cm));
+    x.matmul(false, BT, cm, C);
+    tp_sum(reduces, tp_bytes);
+    x.stream(Kernel::kResidual, false, btc);
+  };
+  if (range.has_embedding) {
+    f.stream(Kernel::kEmbedding, false, btc);  // token row, position row, out
+    tp_sum(w.tp_forward, tp_bytes);
+  }
+  for (int64_t i = 0; i < L; ++i) block_forward(f, w.tp_forward);
+  if (range.has_head) {
+    const double logits = static_cast<double>(BT * vl);
+    f.stream(Kernel::kLayernorm, false, btc);
+    f.matmul(false, BT, C, vl);
+    // The loss and its gradient in one kernel (training): read the logits
+    // twice (max, sum), write the gradient once.
+    f.stream(Kernel::kCrossentropy, false, logits);
+    if (tp > 1) {
+      tp_sum(w.tp_forward, static_cast<double>(BT) * 4);      // row maxima
+      tp_sum(w.tp_forward, static_cast<double>(2 * BT) * 4);  // sums, target logits
+    }
+    // Backward of the head.
+    b.matmul(true, BT, C, vl);
+    tp_sum(w.tp_backward, tp_bytes);
+    b.move(btc, 1);  // dres zeroed
+    b.stream(Kernel::kLayernorm, true, btc);
+  } else {
+    b.move(btc, 2);  // the received gradient copied in
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    if (recompute == Recompute::kFull) block_forward(b, w.tp_backward);
+    b.matmul(true, BT, cm, C);
+    b.stream(Kernel::kGelu, true, static_cast<double>(BT * cm));
+    b.matmul(true, BT, C, cm);
+    tp_sum(w.tp_backward, tp_bytes);
+    b.stream(Kernel::kLayernorm, true, btc);
+    b.matmul(true, BT, ca, C);
+    if (recompute == Recompute::kAttention)
+      b.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
+    b.attention(true, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
+    b.matmul(true, BT, C, 3 * ca);
+    tp_sum(w.tp_backward, tp_bytes);
+    b.stream(Kernel::kLayernorm, true, btc);
+  }
+  if (range.has_embedding) b.stream(Kernel::kEmbedding, true, btc);
+  return w;
+}
+
+}  // namespace mpiformer

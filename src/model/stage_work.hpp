@@ -1,0 +1,59 @@
+// What one micro-batch of a stage computes, op by op, from the shapes
+// alone: the planner prices it with a machine's rates (the matmul table,
+// the attention rows, the non-GEMM kernels' bandwidths, the tensor
+// group's all-reduces). Mirrors GptStage's forward and backward
+// (gpt_stage_impl.hpp) call by call, as stage_footprint mirrors its
+// constructor; tests/unit/test_stage_work.cpp holds it to the FLOP count
+// of model_flops (an independent formula) and the tensor all-reduces to
+// Megatron's count.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/gpt_config.hpp"
+#include "core/settings.hpp"
+#include "model/parameter_table.hpp"
+
+namespace mpiformer {
+
+// The kernels a stage calls, as a machine file names their rates.
+enum class Kernel {
+  kMatmul,     // Ops::matmul_forward / matmul_backward: m rows, k in, n out
+  kAttention,  // Ops::attention_*: m = batch x heads, k = head size, n = sequence
+  kLayernorm,
+  kGelu,
+  kResidual,   // residual adds, copies, fills
+  kCrossentropy,
+  kEmbedding,
+};
+inline constexpr int kKernelCount = 7;
+const char* kernel_name(Kernel k);
+
+// The arrays of `elements` an elementwise kernel reads and writes (its
+// bytes, with the element size): how stage_work counts a kernel's traffic
+// and how calibrate turns a timing into a bandwidth, so the two agree.
+int kernel_arrays(Kernel k, bool backward);
+// The machine file's name for a kernel's rate: "gelu", "gelu_backward", ...
+std::string kernel_rate_name(Kernel k, bool backward);
+
+struct WorkItem {
+  Kernel kernel;
+  bool backward = false;      // the kernel's backward (matmul: dinp and dW)
+  int64_t m = 0, k = 0, n = 0;  // the GEMM-like kernels' shape
+  double elements = 0;        // the others: elements, and the bytes read and written
+  double bytes = 0;
+  double flops = 0;           // useful FLOPs (matmul, attention: as MFU counts them)
+};
+
+struct StageWork {
+  std::vector<WorkItem> forward, backward;  // backward: with what recomputation runs again
+  // The tensor group's all-reduces, bytes each (in compute order; blocking).
+  std::vector<double> tp_forward, tp_backward;
+  double message_bytes = 0;  // one activation (or its gradient) between stages
+};
+
+StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
+                     Recompute recompute, double act_bytes);
+
+}  // namespace mpiformer

@@ -1,0 +1,101 @@
+#include "train/layout_search.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+
+namespace mpiformer {
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// Micro-batches worth trying: powers of two dividing the per-replica
+// batch, and the deck's own (beyond a few the rate no longer changes and
+// the enumeration would grow with the batch).
+std::vector<int64_t> micro_batches(int64_t per_replica, int64_t deck_value) {
+  std::vector<int64_t> m;
+  for (int64_t b = 1; b <= per_replica && b <= 1024; b *= 2)
+    if (per_replica % b == 0) m.push_back(b);
+  if (per_replica % deck_value == 0 && std::find(m.begin(), m.end(), deck_value) == m.end())
+    m.push_back(deck_value);
+  return m;
+}
+
+}  // namespace
+
+Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int ranks_per_node) {
+  Plan plan;
+  plan.ranks = ranks;
+  const GptConfig& cfg = deck.model;
+  const int64_t node = ranks_per_node > 0 ? ranks_per_node : machine.devices_per_node;
+  bool any = false;
+  for (int64_t tp : divisors(ranks)) {
+    // Tensor groups stay inside a node (their all-reduces are in every block).
+    if (cfg.n_head % tp != 0 || (tp > node && tp > 1)) continue;
+    for (int64_t pp : divisors(ranks / tp)) {
+      if (pp > cfg.n_layer) continue;
+      const int64_t dp = ranks / (tp * pp);
+      if (deck.train.global_batch % dp != 0) continue;
+      for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
+        for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+          for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+            for (ScheduleKind sk : {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe}) {
+              if (pp == 1 && sk == ScheduleKind::kGPipe) continue;  // the same walk at pp 1
+              const Layout l{dp, pp, tp, mb, zero, rc, sk};
+              Prediction p = predict_step(with_layout(deck, l), machine, static_cast<int>(node), true);
+              ++plan.considered;
+              if (!any || p.memory_max < plan.leanest.memory_max) plan.leanest = p;
+              any = true;
+              if (p.fits) plan.fitting.push_back(std::move(p));
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!any) {
+    throw InputError(deck.path, "[train] global_batch",
+                     strprintf("no layout of %d ranks divides it (%lld sequences): dp must divide "
+                               "the global batch, tp the heads (%lld), pp at most the layers (%lld)",
+                               ranks, static_cast<long long>(deck.train.global_batch),
+                               static_cast<long long>(cfg.n_head),
+                               static_cast<long long>(cfg.n_layer)));
+  }
+  std::stable_sort(plan.fitting.begin(), plan.fitting.end(),
+                   [](const Prediction& a, const Prediction& b) {
+                     if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
+                     return a.memory_max < b.memory_max;
+                   });
+  return plan;
+}
+
+Prediction choose_layout(const Deck& deck, int ranks, int ranks_per_node, int* fitting) {
+  if (deck.run.machine.empty()) {
+    throw InputError(deck.path, "[run] machine",
+                     "[parallel] auto prices layouts with a machine file: write one with `mpirun "
+                     "-np 2 mpiformer calibrate -o machine.toml` (or take one of inputs/machines/) "
+                     "and name it here");
+  }
+  const MachineSpec machine = load_machine(deck.run.machine);
+  const Plan plan = plan_layouts(deck, machine, ranks, ranks_per_node);
+  if (plan.fitting.empty()) throw InputError(deck.path, "[parallel] auto", plan_refusal(deck, machine, plan));
+  *fitting = static_cast<int>(plan.fitting.size());
+  return plan.fitting.front();
+}
+
+std::string plan_refusal(const Deck& deck, const MachineSpec& machine, const Plan& plan) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  return strprintf("no layout of %d ranks fits: the model needs at least %.1f GiB per rank (the "
+                   "leanest layout, %s); %s gives %.1f GiB per rank. Use more ranks, or a "
+                   "machine with more memory",
+                   plan.ranks, plan.leanest.memory_max / gib, plan.leanest.layout.describe().c_str(),
+                   machine.name.c_str(), plan.leanest.memory_available / gib);
+}
+
+}  // namespace mpiformer

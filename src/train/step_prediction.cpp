@@ -1,0 +1,303 @@
+#include "train/step_prediction.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/format.hpp"
+#include "model/shard_plan.hpp"
+#include "model/stage_layout.hpp"
+#include "model/stage_work.hpp"
+#include "train/memory_report.hpp"
+#include "train/model_flops.hpp"
+
+namespace mpiformer {
+
+std::string Layout::describe() const {
+  return strprintf("dp %lld pp %lld tp %lld mb %lld zero %lld %s %s", static_cast<long long>(dp),
+                   static_cast<long long>(pp), static_cast<long long>(tp),
+                   static_cast<long long>(micro_batch), static_cast<long long>(zero),
+                   name_of(recompute), name_of(schedule));
+}
+
+Layout layout_of(const Deck& d) {
+  return {d.parallel.dp, d.parallel.pp, d.parallel.tp, d.train.micro_batch, d.parallel.zero,
+          d.train.recompute, d.parallel.schedule};
+}
+
+Deck with_layout(const Deck& deck, const Layout& l) {
+  Deck d = deck;
+  d.parallel.dp = l.dp;
+  d.parallel.pp = l.pp;
+  d.parallel.tp = l.tp;
+  d.parallel.zero = l.zero;
+  d.parallel.schedule = l.schedule;
+  d.train.micro_batch = l.micro_batch;
+  d.train.recompute = l.recompute;
+  return d;
+}
+
+namespace {
+
+double log_distance(double a, double b) { return std::log(a / b); }
+
+// Within 4x in every dimension a measured shape's rate stands for another's.
+constexpr double kNear = 1.3862943611198906 * 1.7320508075688772;  // ln 4 x sqrt 3
+
+double matmul_seconds(const MachineSpec& m, const WorkItem& w) {
+  auto at = [&](const MatmulPoint& p) { return w.backward ? p.backward : p.forward; };
+  auto flops = [&](const MatmulPoint& p) {
+    return (w.backward ? 4.0 : 2.0) * static_cast<double>(p.m) * static_cast<double>(p.k) *
+           static_cast<double>(p.n);
+  };
+  // Rows of the same width: seconds per FLOP linear in log m between the
+  // nearest two (the rate changes with the row count, not its unit).
+  const MatmulPoint *lo = nullptr, *hi = nullptr, *near = nullptr;
+  double near_d = kNear;
+  for (const MatmulPoint& p : m.matmul) {
+    if (p.k == w.k && p.n == w.n) {
+      if (p.m <= w.m && (!lo || p.m > lo->m)) lo = &p;
+      if (p.m >= w.m && (!hi || p.m < hi->m)) hi = &p;
+    }
+    const double d = std::hypot(log_distance(p.m, w.m), log_distance(p.k, w.k), log_distance(p.n, w.n));
+    if (d < near_d) near_d = d, near = &p;
+  }
+  if (lo && hi && lo != hi) {
+    const double x = log_distance(w.m, lo->m) / log_distance(hi->m, lo->m);
+    return w.flops * ((1 - x) * at(*lo) / flops(*lo) + x * at(*hi) / flops(*hi));
+  }
+  if (lo || hi) near = lo ? lo : hi;
+  if (near) return w.flops * at(*near) / flops(*near);
+  return w.flops / m.matmul_flops;
+}
+
+double attention_seconds(const MachineSpec& m, const WorkItem& w) {
+  const AttentionPoint* near = nullptr;
+  double near_d = kNear;
+  for (const AttentionPoint& p : m.attention) {
+    const double d = std::hypot(log_distance(p.head_size, w.k), log_distance(p.seq_len, w.n));
+    if (d < near_d) near_d = d, near = &p;
+  }
+  if (!near) return w.flops / m.attention_flops;
+  // Per (batch, head), scaled by the products' size T^2 x head size.
+  const double scale = static_cast<double>(w.n) * static_cast<double>(w.n) * static_cast<double>(w.k) /
+                       (static_cast<double>(near->seq_len) * static_cast<double>(near->seq_len) *
+                        static_cast<double>(near->head_size));
+  return static_cast<double>(w.m) * scale * (w.backward ? near->backward : near->forward);
+}
+
+// A kernel's bandwidth over `elements`: the measured rows, linear in log
+// size between the nearest two (clamped at the ends), else the file's
+// size-independent rate, else its memory bandwidth.
+double bandwidth(const MachineSpec& m, const std::string& kernel, double elements) {
+  const KernelRow *lo = nullptr, *hi = nullptr;
+  for (const KernelRow& r : m.kernels) {
+    if (!r.bandwidth.count(kernel)) continue;
+    if (r.elements <= elements && (!lo || r.elements > lo->elements)) lo = &r;
+    if (r.elements >= elements && (!hi || r.elements < hi->elements)) hi = &r;
+  }
+  if (lo && hi && lo != hi) {
+    const double x = log_distance(elements, lo->elements) / log_distance(hi->elements, lo->elements);
+    return (1 - x) * lo->bandwidth.at(kernel) + x * hi->bandwidth.at(kernel);
+  }
+  if (lo || hi) return (lo ? lo : hi)->bandwidth.at(kernel);
+  const auto it = m.kernel_bandwidth.find(kernel);
+  return it != m.kernel_bandwidth.end() ? it->second : m.memory_bandwidth;
+}
+
+double item_seconds(const MachineSpec& m, const WorkItem& w) {
+  if (w.kernel == Kernel::kMatmul) return matmul_seconds(m, w);
+  if (w.kernel == Kernel::kAttention) return attention_seconds(m, w);
+  return w.bytes / bandwidth(m, kernel_rate_name(w.kernel, w.backward), w.elements);
+}
+
+// The measured stage for a model and micro-batch: between the rows of
+// its width and sequence, linear in log micro-batch (clamped at the
+// ends); else the nearest shape's within 4x in each; else factor 1 and
+// the machine's runtime bytes.
+StagePoint stage_fit(const MachineSpec& m, const GptConfig& cfg, int64_t micro_batch,
+                     Recompute recompute) {
+  // Rows of the same recomputation where there are any (its backward runs
+  // the forward again on buffers just used), else recompute none's.
+  bool measured = false;
+  for (const StagePoint& p : m.stages) measured |= p.recompute == recompute;
+  const Recompute want = measured ? recompute : Recompute::kNone;
+  const StagePoint *lo = nullptr, *hi = nullptr, *near = nullptr;
+  double near_d = kNear;
+  for (const StagePoint& p : m.stages) {
+    if (p.recompute != want) continue;
+    if (p.n_embd == cfg.n_embd && p.seq_len == cfg.seq_len) {
+      if (p.micro_batch <= micro_batch && (!lo || p.micro_batch > lo->micro_batch)) lo = &p;
+      if (p.micro_batch >= micro_batch && (!hi || p.micro_batch < hi->micro_batch)) hi = &p;
+    }
+    const double d = std::hypot(log_distance(p.n_embd, cfg.n_embd), log_distance(p.seq_len, cfg.seq_len),
+                                log_distance(p.micro_batch, micro_batch));
+    if (d < near_d) near_d = d, near = &p;
+  }
+  if (lo && hi && lo != hi) {
+    const double x = log_distance(micro_batch, lo->micro_batch) / log_distance(hi->micro_batch, lo->micro_batch);
+    StagePoint f = *lo;
+    f.factor = (1 - x) * lo->factor + x * hi->factor;
+    f.runtime = (1 - x) * lo->runtime + x * hi->runtime;
+    return f;
+  }
+  if (lo || hi) return lo ? *lo : *hi;
+  if (near) return *near;
+  StagePoint none;
+  none.runtime = m.runtime;
+  return none;
+}
+
+// The ring algorithm over g ranks: `rounds` passes (2 for an all-reduce,
+// 1 for a reduce-scatter or all-gather) of g - 1 steps, each rank sending
+// (g - 1) / g of the buffer per pass.
+double collective(const LinkCost& c, int64_t g, double bytes, double rounds) {
+  if (g <= 1 || bytes <= 0) return 0;
+  const double steps = rounds * static_cast<double>(g - 1);
+  return steps * c.latency + rounds * bytes * static_cast<double>(g - 1) / static_cast<double>(g) / c.bandwidth;
+}
+double sendrecv(const LinkCost& c, double bytes) { return c.latency + bytes / c.bandwidth; }
+
+}  // namespace
+
+std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptConfig& cfg,
+                                         const StageRange& range, int64_t micro_batch,
+                                         Recompute recompute, double act_bytes) {
+  const StageWork work = stage_work(cfg, range, micro_batch, recompute, act_bytes);
+  double f = 0, b = 0;
+  for (const WorkItem& w : work.forward) f += item_seconds(machine, w);
+  for (const WorkItem& w : work.backward) b += item_seconds(machine, w);
+  return {f, b};
+}
+
+Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node,
+                        bool time_if_fits) {
+  Prediction out;
+  out.layout = layout_of(deck);
+  const GptConfig& cfg = deck.model;
+  const int64_t dp = deck.parallel.dp, pp = deck.parallel.pp, tp = deck.parallel.tp;
+  const int64_t ranks = dp * pp * tp, micro = deck.grad_accum();
+  const int64_t R = ranks_per_node > 0 ? ranks_per_node : std::min<int64_t>(ranks, machine.devices_per_node);
+  const double share = std::max(1.0, static_cast<double>(R) / machine.devices_per_node);
+  const bool host = machine.device == Device::kCpu;
+  const bool bf16 = deck.train.precision == Precision::kBf16;
+  const double act = bf16 ? 2 : 4, acc = 4;
+
+  // Memory: the accounting the run refuses a deck with.
+  BackendChoice choice;
+  choice.device = machine.device;
+  choice.precision = deck.train.precision;
+  out.memory = predicted_memory(deck, choice);
+  for (const RankMemory& r : out.memory) out.memory_max = std::max(out.memory_max, r.total());
+  const StagePoint fit = stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute);
+  out.runtime = fit.runtime;
+  out.memory_max += fit.runtime;
+  out.memory_available = machine.memory / share;
+  out.fits = out.memory_max <= out.memory_available;
+  if (time_if_fits && !out.fits) return out;
+
+  // Which links each group crosses (ranks fill nodes in grid order).
+  const Link& tp_link = tp <= R ? machine.intra : machine.inter;
+  const Link& dp_link = tp * dp <= R ? machine.intra : machine.inter;
+  const Link& pp_link = ranks <= R ? machine.intra : machine.inter;
+  // Host MPI progresses only while waited on: nothing hides.
+  auto exposed = [&](double transfer, double window) {
+    return host ? transfer : std::max(0.0, transfer - window);
+  };
+
+  const double factor = fit.factor;
+  ActionCosts costs;
+  std::vector<double> optimizer(pp, 0.0);
+  for (int64_t s = 0; s < pp; ++s) {
+    const StageRange range = partition_stage(cfg, s, pp, tp, 0);
+    const StageWork work = stage_work(cfg, range, deck.train.micro_batch, deck.train.recompute, act);
+    double fwd = 0, bwd = 0, tp_time = 0;
+    std::map<std::string, double> by_kernel;
+    for (const auto* list : {&work.forward, &work.backward}) {
+      for (const WorkItem& w : *list) {
+        const double t = item_seconds(machine, w) * share * factor;
+        (list == &work.forward ? fwd : bwd) += t;
+        const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
+        by_kernel[gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")
+                       : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
+      }
+    }
+    for (double b : work.tp_forward) tp_time += collective(tp_link.allreduce, tp, b, 2);
+    fwd += tp_time;
+    double tp_bwd = 0;
+    for (double b : work.tp_backward) tp_bwd += collective(tp_link.allreduce, tp, b, 2);
+    bwd += tp_bwd;
+    tp_time += tp_bwd;
+
+    const ParameterTable table(cfg, range);
+    const StageLayout layout(table, range);
+    const double n = static_cast<double>(table.total_storage());
+    const double block = static_cast<double>(layout.block_storage());
+    const double outside = n - static_cast<double>(layout.block_end - layout.block_begin());
+    const int64_t L = range.num_layers();
+    const int zero = static_cast<int>(deck.parallel.zero);
+    const double block_bwd = L > 0 ? bwd / static_cast<double>(L) : 0;
+    double reduce = 0, opt_comm = 0, per_micro_comm = 0;
+    if (zero == 0) {
+      reduce = exposed(collective(dp_link.allreduce, dp, n * acc, 2), bwd);
+    } else {
+      const double rs_all = zero == 1 ? n : outside;
+      reduce = exposed(collective(dp_link.reduce_scatter, dp, rs_all * acc, 1), zero == 1 ? bwd : 0);
+      opt_comm = collective(dp_link.allgather, dp, n * act, 1);
+      if (zero >= 2)
+        per_micro_comm += static_cast<double>(L) *
+                          exposed(collective(dp_link.reduce_scatter, dp, block * acc, 1), block_bwd);
+      if (zero >= 3) {
+        // A window still holding the block asked for is not gathered again:
+        // under 1F1B a forward follows a backward (and the reverse), so two
+        // of each pass's blocks are already there.
+        const int64_t kept = deck.parallel.schedule == ScheduleKind::kOneFOneB ? 2 : 0;
+        const double gathers = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0));
+        per_micro_comm += gathers * exposed(collective(dp_link.allgather, dp, block * act, 1), block_bwd / 2);
+      }
+    }
+    // The tied embedding's gradient, summed across the first and last stage.
+    if (pp > 1 && (range.has_embedding || range.has_head)) {
+      const double wte = static_cast<double>(table.at("wte").storage);
+      reduce += collective(pp_link.allreduce, 2, (zero == 0 ? wte : wte / dp) * acc, 2);
+    }
+    // Split the per-micro-batch transfers between forward and backward as
+    // they fall (zero 3: half its gathers precede forwards).
+    const double fwd_comm = zero >= 3 ? per_micro_comm / 2 : 0;
+    costs.forward.push_back(fwd + fwd_comm);
+    costs.backward.push_back(bwd + per_micro_comm - fwd_comm);
+    costs.reduce.push_back(reduce);
+    // AdamW on what this rank owns, the gradient norm, zeroing the
+    // gradients, and ZeRO's gather of the updated weights.
+    const double owned = zero >= 1 ? static_cast<double>(
+                                         ShardPlan(table, layout, static_cast<int>(dp), 0).max_shard_size())
+                                   : n;
+    const double grads = zero >= 2 ? outside + 2 * block : n;
+    const double math = share * (owned * 7 * acc / bandwidth(machine, "adamw", owned) +
+                                 (owned + grads) * acc / bandwidth(machine, "residual", grads));
+    // The gradient norm's all-reduce over every rank (a few bytes).
+    const double norm = collective(ranks <= R ? machine.intra.allreduce : machine.inter.allreduce, ranks, 8, 2);
+    optimizer[s] = math + opt_comm + norm;
+    // The step's split is reported for the busiest stage (the one that
+    // paces the pipeline); the rest of its time is the bubble.
+    const double busy = (fwd + bwd) * static_cast<double>(micro);
+    if (busy >= out.compute) {
+      out.compute = busy;
+      out.tp_comm = tp_time * static_cast<double>(micro);
+      out.exposed_comm = reduce + per_micro_comm * static_cast<double>(micro) + opt_comm + norm;
+      out.optimizer = math;
+      out.kernels.assign(by_kernel.begin(), by_kernel.end());
+    }
+    costs.p2p = pp > 1 ? sendrecv(pp_link.sendrecv, work.message_bytes) : 0;
+  }
+  costs.optimizer = *std::max_element(optimizer.begin(), optimizer.end());
+  out.step = simulate_step(deck.parallel.schedule, static_cast<int>(pp), static_cast<int>(micro), costs);
+  out.bubble = std::max(0.0, out.step.step_time - out.compute - out.exposed_comm - out.optimizer);
+  const double tokens = static_cast<double>(deck.train.global_batch * cfg.seq_len);
+  out.tokens_per_s = tokens / out.step.step_time;
+  out.mfu = training_flops_per_token(cfg) * out.tokens_per_s /
+            (static_cast<double>(ranks) * machine.peak_flops);
+  return out;
+}
+
+}  // namespace mpiformer

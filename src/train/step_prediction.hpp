@@ -1,0 +1,73 @@
+// One layout's step, predicted: memory per rank from the accounting the
+// run itself checks (rank_memory), and the step time from the schedule's
+// own action lists (simulate_step) with each action priced by a machine
+// file: the stage's ops (model/stage_work) at the machine's matmul and
+// attention tables and kernel bandwidths, the tensor group's all-reduces
+// inside them, ZeRO's gathers and reduce-scatters where the trainer runs
+// them, the data-parallel reduction left after backward, and AdamW.
+//
+// What it assumes (stated, so a wrong prediction can be traced):
+//  - one rank per device; where more ranks share a node's devices than it
+//    has (an oversubscribed workstation), their compute is slowed by the
+//    share (ranks / devices);
+//  - collectives cost the ring algorithm's steps x latency plus bytes at
+//    the link's bus bandwidth; a group inside one node uses [intra], one
+//    across nodes [inter] (ranks fill nodes in grid order: tp fastest);
+//  - on the host, MPI collectives progress only while the rank waits on
+//    them, so the data-parallel reduction and ZeRO's transfers are exposed;
+//    on a GPU (NCCL on its own stream) the reduction hides behind the last
+//    micro-batch's backward and zero 3's next-block gather behind the
+//    current block.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "deck.hpp"
+#include "machine_file.hpp"
+#include "parallel/schedule_timing.hpp"
+#include "train/backend_factory.hpp"
+
+namespace mpiformer {
+
+// What the planner varies; global_batch and the model stay the deck's.
+struct Layout {
+  int64_t dp = 1, pp = 1, tp = 1, micro_batch = 1, zero = 0;
+  Recompute recompute = Recompute::kNone;
+  ScheduleKind schedule = ScheduleKind::kOneFOneB;
+  std::string describe() const;  // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b"
+};
+Layout layout_of(const Deck& deck);
+Deck with_layout(const Deck& deck, const Layout& layout);
+
+struct Prediction {
+  Layout layout;
+  std::vector<RankMemory> memory;  // per stage
+  double memory_max = 0;           // the fullest rank, with the machine's runtime bytes
+  double runtime = 0;              // of which the runtime's (libraries beyond the accounting)
+  double memory_available = 0;     // per rank
+  bool fits = false;
+  SimulatedStep step;              // the simulated timeline
+  double compute = 0;              // the slowest stage's forward + backward (with tp all-reduces)
+  double tp_comm = 0;              // of which: the tensor group's all-reduces
+  double exposed_comm = 0;         // data-parallel reduction, ZeRO transfers, optimizer gathers
+  double bubble = 0;               // step_time - compute - exposed_comm - optimizer
+  double optimizer = 0;
+  double tokens_per_s = 0, mfu = 0;
+  // The busiest stage's compute per step by kernel ("matmul", "gelu_backward", ...), seconds.
+  std::vector<std::pair<std::string, double>> kernels;
+};
+
+// The sum of a stage's kernels for one micro-batch (forward, backward), at
+// the machine's rates, before its stage_factor: what calibrate measures
+// that factor against.
+std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptConfig& cfg,
+                                         const StageRange& range, int64_t micro_batch,
+                                         Recompute recompute, double act_bytes);
+
+// `ranks_per_node`: ranks on each node (0: the machine's devices_per_node).
+// `time_if_fits`: a layout that does not fit is not timed (the planner's
+// enumeration skips it; its step fields stay 0).
+Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node = 0,
+                        bool time_if_fits = false);
+
+}  // namespace mpiformer

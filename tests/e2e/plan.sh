@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# mpiformer calibrate, plan and [parallel] auto on this machine:
+#  - calibrate under mpirun (2 ranks) writes a machine file plan reads;
+#  - plan --ranks 2 lists layouts of 2 ranks only, fastest first, each
+#    fitting the machine's memory; --explain writes the predicted timeline
+#    of a pp 2 GPipe layout as a Chrome trace with every forward and
+#    backward of both stages;
+#  - a machine too small for the model is refused with what the model
+#    needs and what a rank has (exit 2); bad machine files are named with
+#    their key (exit 2); calibrate on one rank is refused;
+#  - train with [parallel] auto picks plan's first layout, says so, and
+#    trains; without a machine file it is refused, naming [run] machine.
+# No timing is asserted (benchmarks measure those: bench/plan_accuracy.sh).
+source "$(dirname "$0")/lib.sh"
+prep_sample_data
+DECK="$SOURCE_DIR/inputs/tiny.toml"
+data=(--set data.train='"data/tinyshakespeare_byte.h5"')
+
+run_mpi 2 calibrate "$DECK" --seconds 0.003 --name "e2e machine" -o machine.toml >cal.log 2>&1 ||
+  { cat cal.log; fail "calibrate"; }
+grep -q "wrote machine.toml" cal.log || fail "calibrate did not say what it wrote"
+for section in '^\[machine\]' '^\[\[compute.matmul\]\]' '^\[\[compute.attention\]\]' \
+               '^\[\[compute.kernels\]\]' '^\[\[compute.stage\]\]' '^\[intra\]'; do
+  grep -q "$section" machine.toml || fail "machine.toml has no $section"
+done
+
+"$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --ranks 2 --top 5 >plan.txt ||
+  { cat plan.txt; fail "plan"; }
+grep -q "layouts considered" plan.txt || fail "plan printed no summary"
+grep -qE '^ +1 \| dp' plan.txt || fail "plan printed no layout"
+"$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --ranks 2 --top 1000 --json >plan.json
+/usr/bin/python3 - plan.json <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+rows = p["layouts"]
+assert rows and p["considered"] >= len(rows), p["considered"]
+for r in rows:
+    assert r["dp"] * r["pp"] * r["tp"] == 2, r
+    assert 32 % (r["dp"] * r["micro_batch"]) == 0, r
+    assert r["fits"] and r["memory_max"] <= r["memory_available"], r
+    # (both printed to 6 significant digits)
+    assert abs(r["step_s"] - 32 * 64 / r["tokens_per_s"]) < 2e-5 * r["step_s"], r
+rates = [r["tokens_per_s"] for r in rows]
+assert rates == sorted(rates, reverse=True), "not fastest first"
+layouts = {(r["dp"], r["pp"], r["tp"]) for r in rows}
+assert layouts == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}, layouts
+print(f"plan: {len(rows)} layouts of 2 ranks, fastest first")
+PY
+
+"$MPIFORMER" plan "$DECK" "${data[@]}" --set parallel.pp=2 --set parallel.schedule=gpipe \
+  --set train.micro_batch=8 --machine machine.toml --as-given --explain timeline.json >as_given.txt
+grep -q "compute of the busiest stage by kernel" as_given.txt || fail "no per-kernel split"
+/usr/bin/python3 - timeline.json <<'PY'
+import json, sys, collections
+ev = json.load(open(sys.argv[1]))
+spans = collections.Counter((e["pid"], e["name"]) for e in ev if e.get("ph") == "X")
+for stage in (0, 1):
+    # 4 micro-batches of 8 (global 32, dp 1): every forward and backward.
+    assert spans[(stage, "forward")] == 4 and spans[(stage, "backward")] == 4, spans
+print("timeline: both stages' 4 forwards and 4 backwards")
+PY
+
+# A machine too small for the model: refused with the need and the supply.
+sed 's/^memory_gib = .*/memory_gib = 0.001/' machine.toml >small.toml
+rc=0
+"$MPIFORMER" plan "$DECK" "${data[@]}" --machine small.toml --ranks 2 >small.txt 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "a machine too small: exit $rc"
+grep -qE "needs at least [0-9.]+ GiB per rank .* gives 0.0 GiB per rank" small.txt ||
+  { cat small.txt; fail "the refusal does not say what is needed"; }
+
+expect_refusal() {  # message file args...
+  local want=$1
+  shift
+  rc=0
+  "$@" >bad.txt 2>&1 || rc=$?
+  [ "$rc" = 2 ] || { cat bad.txt; fail "exit $rc for: $*"; }
+  grep -qF -- "$want" bad.txt || { cat bad.txt; fail "no '$want' for: $*"; }
+}
+sed 's/^memory_gib/memory_gb/' machine.toml >typo.toml
+expect_refusal "typo.toml: [machine] memory_gb: unknown key" \
+  "$MPIFORMER" plan "$DECK" "${data[@]}" --machine typo.toml --ranks 2
+expect_refusal "gone.toml: cannot open the machine file" \
+  "$MPIFORMER" plan "$DECK" "${data[@]}" --machine gone.toml --ranks 2
+expect_refusal "the links between ranks" run_mpi 1 calibrate "$DECK" --seconds 0.003 -o one.toml
+[ ! -e one.toml ] || fail "a refused calibrate wrote its file"
+
+# [parallel] auto: the plan's first layout, said and used.
+want=$(/usr/bin/python3 - plan.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["layouts"][0]
+print("dp {dp} pp {pp} tp {tp} mb {micro_batch} zero {zero} {recompute} {schedule}".format(**r))
+PY
+)
+run_mpi 2 train "$DECK" "${data[@]}" --set parallel.auto=true --set run.machine='"machine.toml"' \
+  --set train.steps=3 --set train.eval_every=0 --set run.dir=auto >auto.log 2>&1 ||
+  { tail -20 auto.log; fail "train with [parallel] auto"; }
+grep -q "^auto:  $want, the fastest of" auto.log || { grep "^auto" auto.log; fail "auto did not pick '$want'"; }
+set -- $want
+grep -q "^grid:  dp $2 x pp $4 x tp $6" auto.log || fail "the grid is not the chosen layout"
+grep -q "^step 3/3" auto.log || fail "the auto run did not train"
+expect_refusal "[run] machine" run_mpi 2 train "$DECK" "${data[@]}" --set parallel.auto=true \
+  --set train.steps=1 --set run.dir=noauto
+echo "plan: calibrate, plan, refusals and [parallel] auto as expected"

@@ -1,0 +1,247 @@
+// The planner's pieces against references that share no code with them:
+//  - stage_work's FLOPs equal the hand count of GPT-2's products (per
+//    token and layer 24 C^2 forward, the head 2 C Vp, attention 4 T C per
+//    token and layer over the full T x T; backward twice forward), summed
+//    over a tensor group's slices, and full recomputation adds exactly one
+//    more forward of the blocks; its tensor all-reduces are Megatron's
+//    count (2 per block each way, the embedding's, the head's, the
+//    cross-entropy's 2). Exact in doubles (integers far below 2^53).
+//  - machine files: a hand-written one reads as written, calibrate's TOML
+//    reads back to the same values, and bad ones are refused naming the
+//    file and the key.
+//  - plan: every layout it lists is valid for the deck and the ranks, its
+//    memory is the run's own accounting (rank_memory) to the byte, the
+//    list is fastest first, a 1-stage layout has no bubble; and a model
+//    that fits nowhere is refused with what it needs and what there is.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "machine_file.hpp"
+#include "model/stage_work.hpp"
+#include "train/layout_search.hpp"
+#include "train/memory_report.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+double flops(const std::vector<WorkItem>& items) {
+  double f = 0;
+  for (const WorkItem& w : items) f += w.flops;
+  return f;
+}
+
+TEST(StageWork, FlopsAreGpt2sProductsOverEveryTensorSlice) {
+  const GptConfig cfg{3, 4, 64, 32, 300};
+  const double B = 2, T = 32, C = 64, L = 3;
+  for (int64_t tp : {1, 2, 4}) {
+    const double Vp = static_cast<double>(cfg.padded_vocab(tp));
+    double fwd = 0, bwd = 0;
+    for (int64_t r = 0; r < tp; ++r) {
+      const StageRange range = partition_stage(cfg, 0, 1, tp, r);
+      const StageWork w = stage_work(cfg, range, 2, Recompute::kNone, 4);
+      fwd += flops(w.forward);
+      bwd += flops(w.backward);
+    }
+    const double want = B * T * (L * 24 * C * C + 2 * C * Vp) + B * L * 4 * T * T * C;
+    EXPECT_EQ(fwd, want) << "tp " << tp;
+    EXPECT_EQ(bwd, 2 * want) << "tp " << tp;
+  }
+  const StageRange all = partition_stage(cfg, 0, 1);
+  const double plain = flops(stage_work(cfg, all, 2, Recompute::kNone, 4).backward);
+  const double full = flops(stage_work(cfg, all, 2, Recompute::kFull, 4).backward);
+  EXPECT_EQ(full - plain, B * T * L * 24 * C * C + B * L * 4 * T * T * C);
+  const double attn = flops(stage_work(cfg, all, 2, Recompute::kAttention, 4).backward);
+  EXPECT_EQ(attn - plain, B * L * 4 * T * T * C);
+}
+
+TEST(StageWork, TensorAllReducesAreMegatronsCount) {
+  const GptConfig cfg{4, 4, 64, 32, 300};
+  const double BTC = 2 * 32 * 64 * 4.0;
+  for (int stage = 0; stage < 2; ++stage) {
+    const StageRange range = partition_stage(cfg, stage, 2, 2, 0);
+    const StageWork w = stage_work(cfg, range, 2, Recompute::kNone, 4);
+    const size_t blocks = static_cast<size_t>(range.num_layers());
+    // First stage: the embedding's; last: the cross-entropy's row maxima
+    // and sums forward, the head's input gradient backward.
+    EXPECT_EQ(w.tp_forward.size(), 2 * blocks + (stage == 0 ? 1 : 2));
+    EXPECT_EQ(w.tp_backward.size(), 2 * blocks + (stage == 1 ? 1 : 0));
+    EXPECT_EQ(w.tp_backward.front(), BTC);
+    EXPECT_EQ(w.message_bytes, BTC);
+  }
+  EXPECT_TRUE(stage_work(cfg, partition_stage(cfg, 0, 1), 2, Recompute::kNone, 4).tp_forward.empty());
+}
+
+const char* kHandWritten = R"(
+[machine]
+name = "two GPUs"
+device = "cuda"
+devices_per_node = 2
+memory_gib = 80
+peak_tflops = 312
+[compute]
+matmul_tflops = 250
+memory_gbs = 1500
+kernel_gbs = { gelu = 1000 }
+[intra]
+latency_us = 10
+bandwidth_gbs = 200
+sendrecv = { latency_us = 5, bandwidth_gbs = 100 }
+)";
+
+TEST(MachineFile, AHandWrittenFileReadsAsWritten) {
+  const MachineSpec m = parse_machine(kHandWritten, "two.toml");
+  EXPECT_EQ(m.name, "two GPUs");
+  EXPECT_EQ(m.device, Device::kCuda);
+  EXPECT_EQ(m.devices_per_node, 2);
+  EXPECT_EQ(m.memory, 80.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(m.peak_flops, 312e12);
+  EXPECT_DOUBLE_EQ(m.attention_flops, 250e12);  // the matmul rate where not given
+  EXPECT_DOUBLE_EQ(m.kernel_bandwidth.at("gelu"), 1000e9);
+  EXPECT_DOUBLE_EQ(m.intra.allreduce.latency, 10e-6);
+  EXPECT_DOUBLE_EQ(m.intra.sendrecv.bandwidth, 100e9);
+  EXPECT_FALSE(m.has_inter);
+  EXPECT_DOUBLE_EQ(m.inter.allgather.bandwidth, 200e9);  // one node: inter is intra
+}
+
+TEST(MachineFile, ItsTomlReadsBackTheSame) {
+  MachineSpec m = parse_machine(kHandWritten, "two.toml");
+  m.matmul.push_back({256, 64, 192, 12.5e-6, 30e-6});
+  m.attention.push_back({16, 32, 3e-6, 7e-6});
+  m.kernels.push_back({4096, {{"layernorm", 9e9}, {"adamw", 5e9}}});
+  m.inter = m.intra;
+  m.inter.reduce_scatter.bandwidth = 25e9;
+  m.has_inter = true;
+  m.stages.push_back({64, 32, 2, Recompute::kFull, 1.25, 3e6});
+  m.runtime = 12e6;
+  const MachineSpec r = parse_machine(m.to_toml(), "again.toml");
+  EXPECT_EQ(r.to_toml(), m.to_toml());
+  EXPECT_DOUBLE_EQ(r.matmul.at(0).backward, 30e-6);
+  EXPECT_DOUBLE_EQ(r.kernels.at(0).bandwidth.at("adamw"), 5e9);
+  EXPECT_DOUBLE_EQ(r.inter.reduce_scatter.bandwidth, 25e9);
+  EXPECT_DOUBLE_EQ(r.stages.at(0).factor, 1.25);
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_machine(text, "bad.toml");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MachineFile, BadFilesAreNamedWithTheirKey) {
+  std::string t = kHandWritten;
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = t;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with("memory_gib = 80", "memory_gb = 80"), "[machine] memory_gb"},
+      {with("memory_gib = 80", "memory_gib = -1"), "[machine] memory_gib"},
+      {with("device = \"cuda\"", "device = \"gpu\""), "[machine] device"},
+      {with("bandwidth_gbs = 200", "bandwidth_gbs = \"fast\""), "[intra] bandwidth_gbs"},
+      {with("[intra]", "[intro]"), "intro"},
+      {with("gelu = 1000", "gelu = 0"), "[compute.kernel_gbs] gelu"},
+      {with("devices_per_node = 2", "devices_per_node = 2.5"), "[machine] devices_per_node"},
+      {with("matmul_tflops = 250", ""), "[compute] matmul_tflops"},
+      {"[machine\n", "not valid TOML"},
+  };
+  for (const auto& [text, key] : cases) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find("bad.toml"), std::string::npos) << e;
+    EXPECT_NE(e.find(key), std::string::npos) << key << ": " << e;
+  }
+  std::string no_intra = t.substr(0, t.find("[intra]"));
+  EXPECT_NE(error_of(no_intra).find("[intra]"), std::string::npos);
+}
+
+Deck tiny_deck() {
+  Deck d;
+  d.path = "tiny.toml";
+  d.model = GptConfig{4, 4, 128, 64, 256};
+  d.train.global_batch = 32;
+  d.train.micro_batch = 16;
+  return d;
+}
+
+MachineSpec workstation(double gib) {
+  MachineSpec m = parse_machine(kHandWritten, "two.toml");
+  m.device = Device::kCpu;
+  m.memory = gib * 1024 * 1024 * 1024;
+  m.runtime = 10e6;
+  return m;
+}
+
+TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
+  const Deck deck = tiny_deck();
+  const MachineSpec m = workstation(1);
+  const Plan plan = plan_layouts(deck, m, 4, 4);
+  // tp in {1, 2, 4} x pp in {1, 2, 4} with pp x tp | 4: (1,1) (1,2) (1,4)
+  // (2,1) (2,2) (4,1); dp = 4 / (tp x pp) divides 32.
+  ASSERT_FALSE(plan.fitting.empty());
+  EXPECT_EQ(static_cast<size_t>(plan.considered), plan.fitting.size());  // 1 GiB: all fit
+  for (size_t i = 0; i < plan.fitting.size(); ++i) {
+    const Prediction& p = plan.fitting[i];
+    const Layout& l = p.layout;
+    EXPECT_EQ(l.dp * l.pp * l.tp, 4);
+    EXPECT_EQ(deck.model.n_head % l.tp, 0);
+    EXPECT_EQ(deck.train.global_batch % (l.dp * l.micro_batch), 0) << l.describe();
+    if (l.dp == 1) {
+      EXPECT_EQ(l.zero, 0);
+    }
+    if (i > 0) {
+      EXPECT_GE(plan.fitting[i - 1].tokens_per_s, p.tokens_per_s);
+    }
+    const std::vector<RankMemory> want = predicted_memory(with_layout(deck, l), BackendChoice{});
+    ASSERT_EQ(p.memory.size(), want.size());
+    double worst = 0;
+    for (size_t s = 0; s < want.size(); ++s) {
+      EXPECT_EQ(p.memory[s].total(), want[s].total()) << l.describe();
+      worst = std::max(worst, want[s].total());
+    }
+    EXPECT_EQ(p.memory_max, worst + m.runtime);
+    EXPECT_LE(p.memory_max, p.memory_available);
+    if (l.pp == 1) {
+      EXPECT_NEAR(p.bubble, 0, 1e-9 * p.step.step_time) << l.describe();
+    }
+    EXPECT_GT(p.step.step_time, p.compute);
+  }
+  // Each (tp, pp) pair appears.
+  for (auto [tp, pp] : {std::pair{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {1, 4}}) {
+    bool seen = false;
+    for (const Prediction& p : plan.fitting) {
+      seen |= p.layout.tp == tp && p.layout.pp == pp;
+    }
+    EXPECT_TRUE(seen) << "tp " << tp << " pp " << pp;
+  }
+}
+
+TEST(Plan, AModelThatFitsNowhereIsRefusedWithWhatItNeeds) {
+  Deck deck = tiny_deck();
+  deck.model = GptConfig{12, 12, 768, 1024, 50257};
+  deck.train.global_batch = 8;
+  deck.train.micro_batch = 1;
+  const MachineSpec m = workstation(0.25);
+  const Plan plan = plan_layouts(deck, m, 2, 2);
+  ASSERT_TRUE(plan.fitting.empty());
+  // The leanest layout keeps the fewest activations: one sequence a
+  // micro-batch, everything recomputed.
+  EXPECT_EQ(plan.leanest.layout.micro_batch, 1) << plan.leanest.layout.describe();
+  EXPECT_EQ(plan.leanest.layout.recompute, Recompute::kFull);
+  const std::string why = plan_refusal(deck, m, plan);
+  const double gib = 1024.0 * 1024 * 1024;
+  char need[64];
+  std::snprintf(need, sizeof need, "needs at least %.1f GiB per rank", plan.leanest.memory_max / gib);
+  EXPECT_NE(why.find(need), std::string::npos) << why;
+  EXPECT_NE(why.find("gives 0.2 GiB per rank"), std::string::npos) << why;
+  // 7 ranks of the tiny model: tp 1 (7 divides no head count of 4), pp 1
+  // (7 > 4 layers), so dp 7, which does not divide its batch of 32.
+  EXPECT_THROW(plan_layouts(tiny_deck(), m, 7, 7), InputError);
+}
+
+}  // namespace
+}  // namespace mpiformer::test
