@@ -140,6 +140,12 @@ int run_plan(const PlanArgs& args, int rank) {
   }
   if (rank == 0) print_plan(args, deck, machine, plan, shown);
   std::fflush(stdout);
+  if (plan.fitting.empty() && args.as_given) {
+    throw InputError(args.deck, "",
+                     strprintf("this layout (%s) needs %.1f GiB per rank; %s gives %.1f GiB per rank",
+                               plan.leanest.layout.describe().c_str(), plan.leanest.memory_max / kGiB,
+                               machine.name.c_str(), plan.leanest.memory_available / kGiB));
+  }
   if (plan.fitting.empty()) throw InputError(args.deck, "", plan_refusal(deck, machine, plan));
   return 0;
 }
@@ -149,6 +155,7 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.name = args.name;
   req.max_tp = args.max_tp;
   req.seconds = args.seconds;
+  req.scratch = args.output + ".save-probe.h5";
   for (const std::string& d : args.decks) {
     const Deck deck = load_planning_deck(d, {});
     req.models.push_back(deck.model);

@@ -9,9 +9,17 @@
 #    activation recomputation, TFLOP/s per GPU counted with recomputation
 #    (F = 96 B s l h^2 (1 + s / 6h + V / 16 l h) per step).
 #  - the GPT-3 175B shape (96 layers, 12288 wide, 96 heads) on DGX H100.
+#  - NVIDIA NeMo Framework 24.12 performance summary: GPT3-175B on 128
+#    H100 (TP 4, PP 8, virtual pipeline 6, GBS 256, MBS 1, seq 2048), FP8:
+#    716 tokens/s/GPU, 771 model TFLOP/s/GPU (counted without
+#    recomputation). mpiformer has no FP8: its prediction is bf16.
 # For each: the published layout priced as given (1F1B without
-# interleaving: mpiformer has no interleaved schedule; micro-batch 1; full
-# recomputation), and the plan's own best layout on the same GPUs.
+# interleaving: mpiformer has no interleaved schedule; micro-batch 1; the
+# published runs' recomputation: full for Megatron's, attention (as NeMo's
+# selective) and the distributed optimizer (zero 1) for NeMo's), and the
+# plan's own best layout on the same GPUs. TFLOP/s are counted as the
+# published figure counts them ("recompute": with the extra forward;
+# "model": without).
 #   OUT=bench-out PRESET=cpu
 source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-bench-out}/plan_published
@@ -40,49 +48,65 @@ TOML
 }
 
 echo
-echo "| model | GPUs | machine | published layout (t, p, dp), batch | published TFLOP/s/GPU | predicted, that layout | predicted layout: best of the plan | its TFLOP/s/GPU | its memory GiB/GPU |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-# name layers hidden heads batch GPUs t p published_tflops machine
-while read -r name l h a batch n t p pub machine; do
+echo "| model | GPUs | machine | published: layout (t, p, dp), batch | published TFLOP/s/GPU (count) | predicted for that layout | difference | plan's best layout | its tokens/s/GPU | vs published tokens/s | its GiB/GPU |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+# name layers hidden heads batch GPUs t p published_tflops count zero recompute machine
+while read -r name l h a batch n t p pub count zero rc machine; do
   deck "$name" "$l" "$h" "$a" "$batch"
   dp=$((n / (t * p)))
   m="inputs/machines/$machine.toml"
+  tag="$name.$machine"
   "$BIN" plan "$OUT/$name.toml" --machine "$m" --as-given --json --set parallel.tp="$t" \
-    --set parallel.pp="$p" --set parallel.dp="$dp" >"$OUT/$name.given.json" </dev/null || true
+    --set parallel.pp="$p" --set parallel.dp="$dp" --set parallel.zero="$zero" \
+    --set train.recompute="$rc" >"$OUT/$tag.given.json" 2>"$OUT/$tag.given.err" </dev/null || true
   "$BIN" plan "$OUT/$name.toml" --machine "$m" --ranks "$n" --top 1 --json \
-    >"$OUT/$name.best.json" </dev/null || true
-  /usr/bin/python3 - "$OUT/$name.given.json" "$OUT/$name.best.json" "$name" "$n" "$machine" \
-    "$t $p $dp" "$batch" "$pub" "$l" "$h" <<'PY'
+    >"$OUT/$tag.best.json" 2>"$OUT/$tag.best.err" </dev/null || true
+  /usr/bin/python3 - "$OUT/$tag.given.json" "$OUT/$tag.best.json" "$name" "$n" "$machine" \
+    "$t $p $dp" "$batch" "$pub" "$l" "$h" "$count" <<'PY'
 import json, sys
-given, best, name, n, machine, lay, batch, pub, l, h = sys.argv[1:]
+given, best, name, n, machine, lay, batch, pub, l, h, count = sys.argv[1:]
 n, B, l, h = int(n), int(batch), int(l), int(h)
 s, V = 2048, 51200
-# Megatron's count (with the recomputation's extra forward), per step.
-F = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+# Megatron's count per step, with the recomputation's extra forward (what
+# the published TFLOP/s count), and the model's own (MFU's, without it).
+F_recompute = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+F_model = 72 * B * s * l * h * h * (1 + s / (6 * h)) + 6 * B * s * h * V
+F = F_recompute if count == "recompute" else F_model
 def load(path):
     try:
         rows = json.load(open(path))["layouts"]
         return rows[0] if rows else None
     except Exception:
         return None
-def tflops(r):
-    return F / (r["step_s"] * n) / 1e12
 g, b = load(given), load(best)
-gtxt = f"{tflops(g):.0f} ({100 * (tflops(g) / float(pub) - 1):+.0f}%)" if g and g["step_s"] > 0 else "does not fit"
+b = b if b and b["fits"] else None
+published = float(pub) if pub != "-" else None
+if g and g["fits"]:
+    g_tf = F / (g["step_s"] * n) / 1e12
+    gtxt = f"{g_tf:.0f}"
+    dtxt = f"{100 * (g_tf / published - 1):+.0f}%" if published else ""
+elif g:
+    gtxt, dtxt = f"does not fit ({g['memory_max'] / 2**30:.0f} GiB)", ""
+else:
+    gtxt, dtxt = "?", ""
 if b:
     btxt = f"t {b['tp']} p {b['pp']} dp {b['dp']} mb {b['micro_batch']} zero {b['zero']} {b['recompute']} {b['schedule']}"
-    print(f"| {name} | {n} | {machine} | {lay}, {B} | {pub} | {gtxt} | {btxt} | {tflops(b):.0f} | {b['memory_max'] / 2**30:.1f} |")
+    tps = B * s / b["step_s"] / n
+    # The published run's tokens/s per GPU, from its TFLOP/s.
+    vs = f"{100 * (tps / (published * 1e12 * B * s / F) - 1):+.0f}%" if published else ""
+    print(f"| {name} | {n} | {machine} | {lay}, {B} | {pub} ({count}) | {gtxt} | {dtxt} | {btxt} | {tps:.0f} | {vs} | {b['memory_max'] / 2**30:.1f} |")
 else:
-    print(f"| {name} | {n} | {machine} | {lay}, {B} | {pub} | {gtxt} | nothing fits | | |")
+    print(f"| {name} | {n} | {machine} | {lay}, {B} | {pub} ({count}) | {gtxt} | {dtxt} | nothing fits | | | |")
 PY
 done <<'ROWS'
-gpt-1.7b 24 2304 24 512 32 1 1 137 dgx-a100-80gb
-gpt-3.6b 30 3072 32 512 64 2 1 138 dgx-a100-80gb
-gpt-7.5b 36 4096 32 512 128 4 1 142 dgx-a100-80gb
-gpt-18.4b 40 6144 48 1024 256 8 1 135 dgx-a100-80gb
-gpt-39.1b 48 8192 64 1536 512 8 2 138 dgx-a100-80gb
-gpt-76.1b 60 10240 80 1792 1024 8 4 140 dgx-a100-80gb
-gpt-145.6b 80 12288 96 2304 1536 8 8 148 dgx-a100-80gb
-gpt3-175b 96 12288 96 1536 1024 8 8 - dgx-a100-80gb
-gpt3-175b-h100 96 12288 96 1536 1024 8 8 - dgx-h100
+gpt-1.7b 24 2304 24 512 32 1 1 137 recompute 0 full dgx-a100-80gb
+gpt-3.6b 30 3072 32 512 64 2 1 138 recompute 0 full dgx-a100-80gb
+gpt-7.5b 36 4096 32 512 128 4 1 142 recompute 0 full dgx-a100-80gb
+gpt-18.4b 40 6144 48 1024 256 8 1 135 recompute 0 full dgx-a100-80gb
+gpt-39.1b 48 8192 64 1536 512 8 2 138 recompute 0 full dgx-a100-80gb
+gpt-76.1b 60 10240 80 1792 1024 8 4 140 recompute 0 full dgx-a100-80gb
+gpt-145.6b 80 12288 96 2304 1536 8 8 148 recompute 0 full dgx-a100-80gb
+gpt3-175b 96 12288 96 1536 1024 8 8 - recompute 0 full dgx-a100-80gb
+gpt3-175b 96 12288 96 256 128 4 8 771 model 1 attention dgx-h100
+gpt-1.3b 24 2048 16 512 8 1 1 - model 0 none dgx-h100
 ROWS

@@ -165,11 +165,13 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
   if (const toml::array* a = rows("stage")) {
     for (size_t i = 0; i < a->size(); ++i) {
       const Section r((*a)[i], path, strprintf("compute.stage %zu", i + 1),
-                      {"n_embd", "seq_len", "micro_batch", "recompute", "factor", "runtime_mb"});
+                      {"n_embd", "seq_len", "micro_batch", "layers", "recompute", "factor",
+                       "runtime_mb"});
       StagePoint p;
       p.n_embd = static_cast<int64_t>(r.number("n_embd", 0, 1e9, true, 0));
       p.seq_len = static_cast<int64_t>(r.number("seq_len", 0, 1e9, true, 0));
       p.micro_batch = static_cast<int64_t>(r.number("micro_batch", 0, 1e9, true, 0));
+      p.layers = static_cast<int64_t>(r.number("layers", 0, 1e9, true, 0));
       const std::string rc = r.text("recompute", "none");
       if (!parse_setting(kRecomputeNames, rc, &p.recompute))
         throw InputError(path, r.field("recompute"), "expected " + setting_choices(kRecomputeNames));
@@ -227,10 +229,11 @@ std::string MachineSpec::to_toml() const {
   }
   for (const StagePoint& p : stages) {
     t += strprintf("\n[[compute.stage]]  # a real stage over the sum of its kernels\nn_embd = %lld\n"
-                   "seq_len = %lld\nmicro_batch = %lld\nrecompute = \"%s\"\nfactor = %.4g\n"
-                   "runtime_mb = %.4g\n",
+                   "seq_len = %lld\nmicro_batch = %lld\nlayers = %lld\nrecompute = \"%s\"\n"
+                   "factor = %.4g\nruntime_mb = %.4g\n",
                    static_cast<long long>(p.n_embd), static_cast<long long>(p.seq_len),
-                   static_cast<long long>(p.micro_batch), name_of(p.recompute), p.factor,
+                   static_cast<long long>(p.micro_batch), static_cast<long long>(p.layers),
+                   name_of(p.recompute), p.factor,
                    p.runtime / 1e6);
   }
   for (const KernelRow& r : kernels) {

@@ -35,6 +35,7 @@ struct MatmulPoint {
 // A measured stage (up to 4 blocks with the embedding and head).
 struct StagePoint {
   int64_t n_embd = 0, seq_len = 0, micro_batch = 0;
+  int64_t layers = 1;  // blocks of the measured stage (one activation slot)
   Recompute recompute = Recompute::kNone;
   double factor = 1;
   double runtime = 0;  // bytes the process held beyond the stage's accounting

@@ -65,10 +65,13 @@ StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, 
 namespace {
 
 // What a save's checksum gathers of one tensor on its root (checkpointing's
-// gather_tensor): the whole logical tensor, and for column or head slices
-// (not whole rows in order) a second copy put in order.
-double save_gather_bytes(const ParameterSpec& spec) {
-  const bool reordered = spec.split == Split::kCols || spec.split == Split::kHeads;
+// gather_tensor): the whole logical tensor, and a second copy put in order
+// unless the parts arrive as whole rows in order: column or head slices
+// never do, row slices not when replicas also cut them (dp > 1: the parts
+// come tensor rank fastest).
+double save_gather_bytes(const ParameterSpec& spec, int64_t dp) {
+  const bool reordered = spec.split == Split::kCols || spec.split == Split::kHeads ||
+                         (spec.split == Split::kRows && dp > 1);
   return static_cast<double>(spec.logical_numel()) * 4 * (reordered ? 2 : 1);
 }
 
@@ -107,7 +110,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       if (deck.parallel.pp > 1 && (range.has_embedding || range.has_head))
         m.comm = std::max(m.comm, static_cast<double>(table.at("wte").storage) * acc);
       for (const auto& spec : table.specs())
-        if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec));
+        if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec, deck.parallel.dp));
     }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
@@ -143,7 +146,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
         in_flight = std::max(in_flight, sum);
       }
       double gather = 0;
-      for (const auto& spec : table.specs()) gather = std::max(gather, save_gather_bytes(spec));
+      for (const auto& spec : table.specs())
+        gather = std::max(gather, save_gather_bytes(spec, deck.parallel.dp));
       // A save runs between steps, when no reduce-scatter is in flight:
       // the larger of the two is what is held at once.
       m.comm += std::max(in_flight * acc, gather);

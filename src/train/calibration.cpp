@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <set>
 #include <thread>
 #include <cmath>
@@ -14,6 +16,7 @@
 #include "core/format.hpp"
 #include "core/host_memory.hpp"
 #include "core/mpi_check.hpp"
+#include "checkpoint.hpp"
 #include "host/ops.hpp"
 #include "model/stage_work.hpp"
 #include "parallel/mpi_communicator.hpp"
@@ -43,7 +46,7 @@ double seconds_per_call(MPI_Comm comm, double budget, F&& f) {
   f();
   double once = now() - t0;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm));
-  const int reps = static_cast<int>(std::clamp(budget / std::max(once, 1e-9), 2.0, 2000.0));
+  const int reps = static_cast<int>(std::clamp(budget / std::max(once, 1e-9), 1.0, 2000.0));
   MPI_CHECK(MPI_Barrier(comm));
   t0 = now();
   for (int i = 0; i < reps; ++i) f();
@@ -242,22 +245,88 @@ Link measure_link(MPI_Comm raw, double max_bytes, double budget) {
   return l;
 }
 
-// A real stage (two blocks with the embedding and the head, the model's
-// shapes) run forward and backward: its time against the sum of its
+// The high-water mark of this process's resident memory, reset to what
+// it holds now (Linux: /proc/self/clear_refs 5), and read (VmHWM), so a
+// probe's peak is its own and not an earlier probe's.
+bool reset_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  return static_cast<bool>(f.flush());
+}
+double peak_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  double kb = 0;
+  while (f >> key) {
+    if (key == "VmHWM:") {
+      f >> kb;
+      return kb * 1024;
+    }
+  }
+  return resident_bytes();
+}
+
+// What a checkpoint save holds beyond the stage (parallel HDF5's and
+// MPI-IO's buffers), from a real collective write of `bytes` of floats
+// into `path` (removed after): the most any rank's peak rose.
+double save_overhead(const std::string& path, double bytes) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  const int64_t cols = 1024, rows = std::max<int64_t>(1, static_cast<int64_t>(bytes / 4) / cols);
+  std::vector<float> data(rank == 0 ? static_cast<size_t>(rows * cols) : 0, 0.5f);
+  DatasetSlice slice;
+  slice.name = "/model/calibration_probe";
+  slice.shape = {rows, cols};
+  if (rank == 0) {
+    slice.boxes = {DatasetBox{0, rows, 0, cols}};
+    slice.data = data.data();
+    slice.reports_checksum = true;
+    slice.checksum = tensor_checksum(data.data(), rows * cols);
+  }
+  malloc_trim(0);
+  const bool reset = reset_peak();
+  const double before = resident_bytes();
+  CheckpointMeta meta;
+  meta.run_id = "calibration";
+  write_checkpoint(MPI_COMM_WORLD, path, meta, {slice});
+  double extra = reset ? std::max(0.0, peak_bytes() - before) : 0.0;
+  if (rank == 0) std::remove(path.c_str());
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &extra, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  return extra;
+}
+
+// A real stage (the model's blocks with the embedding and the head) run
+// forward and backward: its time against the sum of its
 // kernels timed alone, and what this process holds beyond the stage's
 // accounting once it has run (the BLAS library's buffers, the allocator's
 // slack): the machine file's [[compute.stage]] rows and runtime_mb.
 struct StageProbe {
-  GptConfig cfg;  // as probed (at most 4 blocks)
+  GptConfig cfg;  // as probed (the model's blocks, as many as fit)
   int64_t micro_batch = 0;
   Recompute recompute = Recompute::kNone;
   double seconds = 0, overhead = 0;
 };
 StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute recompute,
                        double baseline, double budget) {
+  // As many blocks as the model has (the factor grows with the stage's
+  // depth: more activations, further from the caches), up to what a
+  // quarter of this rank's share of the node's memory holds.
   GptConfig cfg = model;
-  cfg.n_layer = std::min<int64_t>(4, cfg.n_layer);
+  Deck d;
+  d.train.micro_batch = micro_batch;
+  d.train.global_batch = micro_batch;
+  d.train.recompute = recompute;
+  BackendChoice cpu;
+  int world = 1;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  const double budget_bytes = 0.25 * host_available_bytes() / world;
+  for (cfg.n_layer = model.n_layer; cfg.n_layer > 1; --cfg.n_layer) {
+    d.model = cfg;
+    if (rank_memory(d, cpu, 0, 1).total() <= budget_bytes) break;
+  }
   const StageRange range{0, cfg.n_layer, true, true};
+  malloc_trim(0);  // what earlier probes freed goes back first: not this stage's
+  reset_peak();
   StageSetup setup;
   setup.options = stage_options(micro_batch, 1, recompute, 0);
   auto stage = make_host_backend(cfg, range, setup);
@@ -274,17 +343,10 @@ StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute re
     stage->backward(0, nullptr);
   });
   stage->take_loss_sum();
-  Deck d;
   d.model = cfg;
-  d.train.micro_batch = micro_batch;
-  d.train.global_batch = micro_batch;
-  d.train.recompute = recompute;
-  BackendChoice cpu;
   const double accounted = rank_memory(d, cpu, 0, 1).total();
-  // What the earlier probes freed goes back to the system first, so it is
-  // not counted as this stage's.
-  malloc_trim(0);
-  double overhead = std::max(0.0, resident_bytes() - baseline - accounted);
+  // The run's figure is its peak growth over its baseline.
+  double overhead = std::max(0.0, peak_bytes() - baseline - accounted);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &overhead, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return {cfg, micro_batch, recompute, measured, overhead};
 }
@@ -397,11 +459,16 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   std::sort(m.kernels.begin(), m.kernels.end(),
             [](const KernelRow& a, const KernelRow& b) { return a.elements < b.elements; });
   m.memory_bandwidth = m.kernels.empty() ? 10e9 : m.kernels.back().bandwidth.at("residual");
+  // A save's buffers come on top of every stage's.
+  if (!req.scratch.empty()) {
+    const double save = save_overhead(req.scratch, 16e6);
+    for (StageProbe& p : probes) p.overhead += save;
+  }
   // The stages' factors, now that their kernels are measured.
   for (const StageProbe& p : probes) {
     const auto [f, b] = kernel_seconds(m, p.cfg, StageRange{0, p.cfg.n_layer, true, true},
                                        p.micro_batch, p.recompute, 4);
-    m.stages.push_back({p.cfg.n_embd, p.cfg.seq_len, p.micro_batch, p.recompute,
+    m.stages.push_back({p.cfg.n_embd, p.cfg.seq_len, p.micro_batch, p.cfg.n_layer, p.recompute,
                         p.seconds / (f + b), p.overhead});
     m.runtime = std::max(m.runtime, p.overhead);
   }

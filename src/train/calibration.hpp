@@ -32,6 +32,9 @@ struct CalibrationRequest {
   // The decks themselves where given (their data readers' memory is
   // measured too, where the data can be read); empty for built-in shapes.
   std::vector<Deck> decks;
+  // A file name calibrate may write (and removes) to measure a checkpoint
+  // save's buffers; "" to skip that.
+  std::string scratch;
   int max_tp = 1;                 // tensor-parallel widths up to this
   double seconds = 0.05;          // timing budget of each point
   std::string name;

@@ -36,8 +36,9 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
   const int64_t node = ranks_per_node > 0 ? ranks_per_node : machine.devices_per_node;
   bool any = false;
   for (int64_t tp : divisors(ranks)) {
-    // Tensor groups stay inside a node (their all-reduces are in every block).
-    if (cfg.n_head % tp != 0 || (tp > node && tp > 1)) continue;
+    // Tensor groups stay inside a node (their all-reduces are in every
+    // block), whole: a node's ranks are a multiple of the group.
+    if (cfg.n_head % tp != 0 || (tp > 1 && node % tp != 0)) continue;
     for (int64_t pp : divisors(ranks / tp)) {
       if (pp > cfg.n_layer) continue;
       const int64_t dp = ranks / (tp * pp);

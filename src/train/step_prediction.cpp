@@ -111,41 +111,56 @@ double item_seconds(const MachineSpec& m, const WorkItem& w) {
   return w.bytes / bandwidth(m, kernel_rate_name(w.kernel, w.backward), w.elements);
 }
 
-// The measured stage for a model and micro-batch: between the rows of
-// its width and sequence, linear in log micro-batch (clamped at the
-// ends); else the nearest shape's within 4x in each; else factor 1 and
-// the machine's runtime bytes.
-StagePoint stage_fit(const MachineSpec& m, const GptConfig& cfg, int64_t micro_batch,
-                     Recompute recompute) {
-  // Rows of the same recomputation where there are any (its backward runs
-  // the forward again on buffers just used), else recompute none's.
+// Linear in log key between the rows nearest below and above `key`
+// (clamped at the ends); `rows` non-empty.
+template <class Key, class Value>
+double interpolate(const std::vector<const StagePoint*>& rows, double key, Key key_of, Value value_of) {
+  const StagePoint *lo = nullptr, *hi = nullptr;
+  for (const StagePoint* p : rows) {
+    if (key_of(*p) <= key && (!lo || key_of(*p) > key_of(*lo))) lo = p;
+    if (key_of(*p) >= key && (!hi || key_of(*p) < key_of(*hi))) hi = p;
+  }
+  if (lo && hi && key_of(*lo) != key_of(*hi)) {
+    const double x = log_distance(key, key_of(*lo)) / log_distance(key_of(*hi), key_of(*lo));
+    return (1 - x) * value_of(*lo) + x * value_of(*hi);
+  }
+  return value_of(lo ? *lo : *hi);
+}
+
+// What the measured stages say of one stage: its factor, looked up by the
+// activations it keeps in flight (micro-batch x slots x its blocks, in
+// sequence-blocks: the cache pressure a measured whole-model stage of one
+// slot had at its micro-batch), and the runtime bytes, by micro-batch (the
+// BLAS buffers follow the matmuls' size). Rows of the model's width and
+// sequence and of the same recomputation where there are any (its
+// backward runs the forward again on buffers just used), else recompute
+// none's; else the nearest shape's within 4x; else factor 1 and the
+// machine's runtime bytes.
+struct StageFit {
+  double factor = 1, runtime = 0;
+};
+StageFit stage_fit(const MachineSpec& m, const GptConfig& cfg, int64_t micro_batch,
+                   Recompute recompute, double load) {
   bool measured = false;
   for (const StagePoint& p : m.stages) measured |= p.recompute == recompute;
   const Recompute want = measured ? recompute : Recompute::kNone;
-  const StagePoint *lo = nullptr, *hi = nullptr, *near = nullptr;
+  std::vector<const StagePoint*> same;
+  const StagePoint* near = nullptr;
   double near_d = kNear;
   for (const StagePoint& p : m.stages) {
     if (p.recompute != want) continue;
-    if (p.n_embd == cfg.n_embd && p.seq_len == cfg.seq_len) {
-      if (p.micro_batch <= micro_batch && (!lo || p.micro_batch > lo->micro_batch)) lo = &p;
-      if (p.micro_batch >= micro_batch && (!hi || p.micro_batch < hi->micro_batch)) hi = &p;
-    }
+    if (p.n_embd == cfg.n_embd && p.seq_len == cfg.seq_len) same.push_back(&p);
     const double d = std::hypot(log_distance(p.n_embd, cfg.n_embd), log_distance(p.seq_len, cfg.seq_len),
                                 log_distance(p.micro_batch, micro_batch));
     if (d < near_d) near_d = d, near = &p;
   }
-  if (lo && hi && lo != hi) {
-    const double x = log_distance(micro_batch, lo->micro_batch) / log_distance(hi->micro_batch, lo->micro_batch);
-    StagePoint f = *lo;
-    f.factor = (1 - x) * lo->factor + x * hi->factor;
-    f.runtime = (1 - x) * lo->runtime + x * hi->runtime;
-    return f;
-  }
-  if (lo || hi) return lo ? *lo : *hi;
-  if (near) return *near;
-  StagePoint none;
-  none.runtime = m.runtime;
-  return none;
+  if (same.empty() && near) same.push_back(near);
+  if (same.empty()) return {1, m.runtime};
+  const auto load_of = [](const StagePoint& p) { return static_cast<double>(p.micro_batch * p.layers); };
+  const auto mb_of = [](const StagePoint& p) { return static_cast<double>(p.micro_batch); };
+  return {interpolate(same, load, load_of, [](const StagePoint& p) { return p.factor; }),
+          interpolate(same, static_cast<double>(micro_batch), mb_of,
+                      [](const StagePoint& p) { return p.runtime; })};
 }
 
 // The ring algorithm over g ranks: `rounds` passes (2 for an all-reduce,
@@ -189,7 +204,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   choice.precision = deck.train.precision;
   out.memory = predicted_memory(deck, choice);
   for (const RankMemory& r : out.memory) out.memory_max = std::max(out.memory_max, r.total());
-  const StagePoint fit = stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute);
+  const StageFit fit = stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute,
+                                 static_cast<double>(deck.train.micro_batch * cfg.n_layer));
   out.runtime = fit.runtime;
   out.memory_max += fit.runtime;
   out.memory_available = machine.memory / share;
@@ -197,20 +213,29 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   if (time_if_fits && !out.fits) return out;
 
   // Which links each group crosses (ranks fill nodes in grid order).
-  const Link& tp_link = tp <= R ? machine.intra : machine.inter;
-  const Link& dp_link = tp * dp <= R ? machine.intra : machine.inter;
+  // A group of consecutive ranks stays inside a node when it divides the
+  // node's ranks (or the whole job fits in one); otherwise some of its
+  // members talk across nodes, and the slowest link paces the ring.
+  auto within = [&](int64_t span) { return ranks <= R || (span <= R && R % span == 0); };
+  const Link& tp_link = within(tp) ? machine.intra : machine.inter;
+  const Link& dp_link = within(tp * dp) ? machine.intra : machine.inter;
   const Link& pp_link = ranks <= R ? machine.intra : machine.inter;
   // Host MPI progresses only while waited on: nothing hides.
   auto exposed = [&](double transfer, double window) {
     return host ? transfer : std::max(0.0, transfer - window);
   };
 
-  const double factor = fit.factor;
   ActionCosts costs;
   std::vector<double> optimizer(pp, 0.0);
   for (int64_t s = 0; s < pp; ++s) {
     const StageRange range = partition_stage(cfg, s, pp, tp, 0);
     const StageWork work = stage_work(cfg, range, deck.train.micro_batch, deck.train.recompute, act);
+    const int slots = max_live_activations(pipeline_schedule(deck.parallel.schedule, static_cast<int>(pp),
+                                                             static_cast<int>(s), static_cast<int>(micro)));
+    const double factor =
+        stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute,
+                  static_cast<double>(deck.train.micro_batch * slots * range.num_layers()))
+            .factor;
     double fwd = 0, bwd = 0, tp_time = 0;
     std::map<std::string, double> by_kernel;
     for (const auto* list : {&work.forward, &work.backward}) {

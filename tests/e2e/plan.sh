@@ -9,7 +9,9 @@
 #    needs and what a rank has (exit 2); bad machine files are named with
 #    their key (exit 2); calibrate on one rank is refused;
 #  - train with [parallel] auto picks plan's first layout, says so, and
-#    trains; without a machine file it is refused, naming [run] machine.
+#    trains; without a machine file it is refused, naming [run] machine,
+#    and where nothing fits with the plan's refusal, before anything is
+#    written.
 # No timing is asserted (benchmarks measure those: bench/plan_accuracy.sh).
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
@@ -100,4 +102,7 @@ grep -q "^grid:  dp $2 x pp $4 x tp $6" auto.log || fail "the grid is not the ch
 grep -q "^step 3/3" auto.log || fail "the auto run did not train"
 expect_refusal "[run] machine" run_mpi 2 train "$DECK" "${data[@]}" --set parallel.auto=true \
   --set train.steps=1 --set run.dir=noauto
+expect_refusal "[parallel] auto: no layout of 2 ranks fits" run_mpi 2 train "$DECK" "${data[@]}" \
+  --set parallel.auto=true --set run.machine='"small.toml"' --set train.steps=1 --set run.dir=small
+[ ! -e small ] || fail "a refused auto run made its run directory"
 echo "plan: calibrate, plan, refusals and [parallel] auto as expected"

@@ -113,7 +113,7 @@ TEST(MachineFile, ItsTomlReadsBackTheSame) {
   m.inter = m.intra;
   m.inter.reduce_scatter.bandwidth = 25e9;
   m.has_inter = true;
-  m.stages.push_back({64, 32, 2, Recompute::kFull, 1.25, 3e6});
+  m.stages.push_back({64, 32, 2, 3, Recompute::kFull, 1.25, 3e6});
   m.runtime = 12e6;
   const MachineSpec r = parse_machine(m.to_toml(), "again.toml");
   EXPECT_EQ(r.to_toml(), m.to_toml());
@@ -121,6 +121,8 @@ TEST(MachineFile, ItsTomlReadsBackTheSame) {
   EXPECT_DOUBLE_EQ(r.kernels.at(0).bandwidth.at("adamw"), 5e9);
   EXPECT_DOUBLE_EQ(r.inter.reduce_scatter.bandwidth, 25e9);
   EXPECT_DOUBLE_EQ(r.stages.at(0).factor, 1.25);
+  EXPECT_EQ(r.stages.at(0).layers, 3);
+  EXPECT_EQ(r.stages.at(0).recompute, Recompute::kFull);
 }
 
 std::string error_of(const std::string& text) {
