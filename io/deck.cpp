@@ -12,6 +12,8 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "toml_file.hpp"
+
 #include "core/error.hpp"
 #include "core/format.hpp"
 
@@ -312,13 +314,7 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
 
 Deck parse_deck(const std::string& text, const std::string& path,
                 const std::vector<std::string>& overrides) {
-  toml::value root;
-  try {
-    std::istringstream in(text);
-    root = toml::parse(in, path);
-  } catch (const std::exception& e) {
-    throw InputError(path, "", std::string("not valid TOML:\n") + e.what());
-  }
+  const toml::value root = parse_toml_text(text, path);
   Deck d;
   d.path = path;
   std::map<std::string, bool> seen;

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "toml_file.hpp"
+
 #include "deck.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
@@ -93,13 +95,7 @@ Link read_link(const toml::value& v, const std::string& path, const std::string&
 }  // namespace
 
 MachineSpec parse_machine(const std::string& text, const std::string& path) {
-  toml::value root;
-  try {
-    std::istringstream in(text);
-    root = toml::parse(in, path);
-  } catch (const std::exception& e) {
-    throw InputError(path, "", std::string("not valid TOML:\n") + e.what());
-  }
+  const toml::value root = parse_toml_text(text, path);
   for (const auto& [k, _] : root.as_table()) {
     if (k != "machine" && k != "compute" && k != "intra" && k != "inter")
       throw InputError(path, k, "unknown section (expected [machine], [compute], [intra] or [inter])");
