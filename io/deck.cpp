@@ -284,6 +284,7 @@ void check_relations(const Deck& d, const std::string& where) {
 }  // namespace
 
 std::string read_deck_text(const std::string& path, const char* what) {
+  const char* article = std::string("aeiou").find(what[0]) != std::string::npos ? "an" : "a";
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(status)) {
@@ -291,20 +292,22 @@ std::string read_deck_text(const std::string& path, const char* what) {
   }
   // A FIFO or a device would block or never end; a deck is a small file.
   if (!std::filesystem::is_regular_file(status)) {
-    throw InputError(path, "", strprintf("not a regular file (the %s is a TOML file)", what));
+    throw InputError(path, "", strprintf("not a regular file (%s %s is a TOML file)", article, what));
   }
   const auto size = std::filesystem::file_size(path, ec);
   if (!ec && size > kMaxDeckBytes) {
     throw InputError(path, "",
-                     strprintf("%llu bytes: the %s is a few KB of TOML, at most %lld (is this "
-                               "the right file?)",
-                               static_cast<unsigned long long>(size), what,
+                     strprintf("%llu bytes: %s %s is a few hundred bytes of TOML, at most %lld "
+                               "(is this the right file?)",
+                               static_cast<unsigned long long>(size), article, what,
                                static_cast<long long>(kMaxDeckBytes)));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "", strprintf("cannot open the %s (permissions?)", what));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.size() > kMaxDeckBytes) throw InputError(path, "", strprintf("larger than the %s can be", what));
+  if (text.size() > kMaxDeckBytes) {
+    throw InputError(path, "", strprintf("larger than %s %s can be", article, what));
+  }
   return text;
 }
 
