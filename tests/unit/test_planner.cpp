@@ -245,5 +245,25 @@ TEST(Plan, AModelThatFitsNowhereIsRefusedWithWhatItNeeds) {
   EXPECT_THROW(plan_layouts(tiny_deck(), m, 7, 7), InputError);
 }
 
+// The shipped machine files read, and plan a GPT-3 XL-sized model (the
+// rates are bf16's) on one node of each.
+TEST(Plan, TheShippedMachineFilesPlan) {
+  Deck deck = tiny_deck();
+  deck.model = GptConfig{24, 16, 2048, 2048, 51200};
+  deck.train.global_batch = 512;
+  deck.train.micro_batch = 1;
+  deck.train.precision = Precision::kBf16;
+  for (const char* name : {"dgx-a100-80gb.toml", "dgx-h100.toml"}) {
+    const MachineSpec m = load_machine(std::string(MPIFORMER_SOURCE_DIR) + "/inputs/machines/" + name);
+    EXPECT_EQ(m.device, Device::kCuda) << name;
+    EXPECT_EQ(m.devices_per_node, 8) << name;
+    EXPECT_TRUE(m.has_inter) << name;
+    const Plan plan = plan_layouts(deck, m, 8);
+    ASSERT_FALSE(plan.fitting.empty()) << name;
+    EXPECT_GT(plan.fitting.front().mfu, 0.1) << name;
+    EXPECT_LT(plan.fitting.front().mfu, 1.0) << name;
+  }
+}
+
 }  // namespace
 }  // namespace mpiformer::test
