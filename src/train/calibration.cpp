@@ -361,7 +361,11 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
   MpiCommunicator node_comm(node);
-  if (node_comm.size() < 2) {
+  // Every rank decides alike (a node of one rank among larger ones must
+  // not leave the others waiting in a collective).
+  int smallest_node = node_comm.size();
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &smallest_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (smallest_node < 2) {
     throw InputError("", "calibrate",
                      "the links between ranks are measured from ranks on one node: launch at "
                      "least 2 per node (mpirun -np 2 mpiformer calibrate ...)");
@@ -427,7 +431,6 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   // ~4 GFLOP: beyond, the rate is flat and the nearest row stands).
   std::set<std::tuple<int64_t, int64_t, int64_t>> matmuls;
   std::set<std::pair<int64_t, int64_t>> attention;
-  std::set<int64_t> sizes;
   std::vector<std::pair<double, const GptConfig*>> streams;
   double max_bytes = 64e6;
   for (size_t i = 0; i < req.models.size(); ++i) {
