@@ -16,6 +16,9 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// The lower bound of a value that may be zero (latencies, runtime bytes).
+constexpr double kZeroAllowed = -1;
+
 // One table of the file, its keys checked against what it may hold.
 class Section {
  public:
@@ -34,7 +37,8 @@ class Section {
   std::string field(const std::string& k) const { return "[" + name_ + "] " + k; }
   bool has(const std::string& k) const { return table_->count(k) != 0; }
   const toml::value& at(const std::string& k) const { return table_->at(k); }
-  // A number in (lo, hi]; `required` or else `fallback`.
+  // A number in (lo, hi] (or [0, hi] for `lo` = kZeroAllowed); `required`
+  // or else `fallback`.
   double number(const std::string& k, double lo, double hi, bool required, double fallback) const {
     if (!has(k)) {
       if (required) throw InputError(path_, field(k), "missing (expected a number)");
@@ -44,8 +48,11 @@ class Section {
     if (!v.is_integer() && !v.is_floating())
       throw InputError(path_, field(k), "expected a number");
     const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
-    if (!(x > lo && x <= hi))
-      throw InputError(path_, field(k), strprintf("expected a value in (%g, %g], got %g", lo, hi, x));
+    const bool zero_ok = lo == kZeroAllowed;
+    if (!((zero_ok ? x >= 0 : x > lo) && x <= hi)) {
+      throw InputError(path_, field(k), strprintf("expected a value in %s%g, %g], got %g",
+                                                  zero_ok ? "[" : "(", zero_ok ? 0.0 : lo, hi, x));
+    }
     return x;
   }
   std::string text(const std::string& k, const std::string& fallback) const {
@@ -66,7 +73,7 @@ const std::set<std::string> kKernels = {"layernorm", "layernorm_backward", "gelu
 
 LinkCost read_cost(const Section& s, const LinkCost& fallback) {
   LinkCost c;
-  c.latency = s.number("latency_us", -1e-300, 1e9, false, fallback.latency * 1e6) * 1e-6;
+  c.latency = s.number("latency_us", kZeroAllowed, 1e9, false, fallback.latency * 1e6) * 1e-6;
   c.bandwidth = s.number("bandwidth_gbs", 0, 1e9, fallback.bandwidth <= 0, fallback.bandwidth / 1e9) * 1e9;
   return c;
 }
@@ -78,7 +85,7 @@ Link read_link(const toml::value& v, const std::string& path, const std::string&
                   {"latency_us", "bandwidth_gbs", "allreduce", "reduce_scatter", "allgather",
                    "sendrecv"});
   LinkCost base;
-  base.latency = s.number("latency_us", -1e-300, 1e9, true, 0) * 1e-6;
+  base.latency = s.number("latency_us", kZeroAllowed, 1e9, true, 0) * 1e-6;
   base.bandwidth = s.number("bandwidth_gbs", 0, 1e9, true, 0) * 1e9;
   Link l{base, base, base, base};
   const std::pair<const char*, LinkCost*> ops[] = {{"allreduce", &l.allreduce},
@@ -113,7 +120,7 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
   if (m.devices_per_node != mach.number("devices_per_node", 0, 1 << 20, true, 0))
     throw InputError(path, "[machine] devices_per_node", "expected a whole number");
   m.memory = mach.number("memory_gib", 0, 1e9, true, 0) * kGiB;
-  m.runtime = mach.number("runtime_mb", -1e-300, 1e9, false, 0) * 1e6;
+  m.runtime = mach.number("runtime_mb", kZeroAllowed, 1e9, false, 0) * 1e6;
   if (!root.contains("compute")) throw InputError(path, "[compute]", "missing");
   const Section comp(root.at("compute"), path, "compute",
                      {"matmul_tflops", "attention_tflops", "memory_gbs", "kernel_gbs", "matmul",
@@ -172,7 +179,7 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
       if (!parse_setting(kRecomputeNames, rc, &p.recompute))
         throw InputError(path, r.field("recompute"), "expected " + setting_choices(kRecomputeNames));
       p.factor = r.number("factor", 0, 100, true, 0);
-      p.runtime = r.number("runtime_mb", -1e-300, 1e9, false, m.runtime / 1e6) * 1e6;
+      p.runtime = r.number("runtime_mb", kZeroAllowed, 1e9, false, m.runtime / 1e6) * 1e6;
       m.stages.push_back(p);
     }
   }

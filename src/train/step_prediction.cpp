@@ -262,7 +262,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
     const double block_bwd = L > 0 ? bwd / static_cast<double>(L) : 0;
-    double reduce = 0, opt_comm = 0, per_micro_comm = 0;
+    double reduce = 0, opt_comm = 0, per_micro_comm = 0, gathers_comm = 0;
     if (zero == 0) {
       reduce = exposed(collective(dp_link.allreduce, dp, n * acc, 2), bwd);
     } else {
@@ -278,7 +278,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         // of each pass's blocks are already there.
         const int64_t kept = deck.parallel.schedule == ScheduleKind::kOneFOneB ? 2 : 0;
         const double gathers = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0));
-        per_micro_comm += gathers * exposed(collective(dp_link.allgather, dp, block * act, 1), block_bwd / 2);
+        gathers_comm = gathers * exposed(collective(dp_link.allgather, dp, block * act, 1), block_bwd / 2);
+        per_micro_comm += gathers_comm;
       }
     }
     // The tied embedding's gradient, summed across the first and last stage.
@@ -286,9 +287,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       const double wte = static_cast<double>(table.at("wte").storage);
       reduce += collective(pp_link.allreduce, 2, (zero == 0 ? wte : wte / dp) * acc, 2);
     }
-    // Split the per-micro-batch transfers between forward and backward as
-    // they fall (zero 3: half its gathers precede forwards).
-    const double fwd_comm = zero >= 3 ? per_micro_comm / 2 : 0;
+    // The per-micro-batch transfers where they fall: half of zero 3's
+    // gathers precede forwards; the rest, and the reduce-scatters, backwards.
+    const double fwd_comm = gathers_comm / 2;
     costs.forward.push_back(fwd + fwd_comm);
     costs.backward.push_back(bwd + per_micro_comm - fwd_comm);
     costs.reduce.push_back(reduce);
