@@ -128,14 +128,13 @@ void attention_forward(Blas& blas, A* out, A* att, const A* qkv, const Attention
   CUDA_CHECK_LAUNCH();
   const A *q = s.qkv, *k = s.qkv + n, *v = s.qkv + 2 * n;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  const AttentionGemms g = attention_gemms(BH, T, hs);
   // Scores S = scale * Q K^T, [T,T] per (batch, head).
-  blas.gemm(false, true, T, T, hs, scale, q, hs, k, hs, 0.f, att, T, static_cast<const A*>(nullptr),
-            GemmBatch{BH, T * hs, T * hs, T * T});
+  blas.gemm(g.scores, scale, q, k, 0.f, att);
   causal_softmax_kernel<<<blocks_for(BH * T, kRowsPerBlock), kThreads, 0, stream>>>(att, BH * T, T);
   CUDA_CHECK_LAUNCH();
   // Y = A V, [T,hs] per (batch, head), then heads back side by side.
-  blas.gemm(false, false, T, hs, T, 1.f, att, T, v, hs, 0.f, s.y, hs,
-            static_cast<const A*>(nullptr), GemmBatch{BH, T * T, T * hs, T * hs});
+  blas.gemm(g.values, 1.f, att, v, 0.f, s.y);
   permute_heads_kernel<<<tokens(B, T), kThreads, 0, stream>>>(out, s.y, T, heads(NH), heads(hs),
                                                                false);
   CUDA_CHECK_LAUNCH();
@@ -155,19 +154,15 @@ void attention_backward(Blas& blas, A* dqkv, A* datt, const A* dout, const A* qk
   CUDA_CHECK_LAUNCH();
   const A *q = s.qkv, *k = s.qkv + n, *v = s.qkv + 2 * n, *dy = s.y;
   A *dq = s.dqkv, *dk = s.dqkv + n, *dv = s.dqkv + 2 * n;
-  const A* none = nullptr;
-  blas.gemm(false, true, T, T, hs, 1.f, dy, hs, v, hs, 0.f, datt, T, none,
-            GemmBatch{BH, T * hs, T * hs, T * T});  // dA = dY V^T
-  blas.gemm(true, false, T, hs, T, 1.f, att, T, dy, hs, 0.f, dv, hs, none,
-            GemmBatch{BH, T * T, T * hs, T * hs});  // dV = A^T dY
+  const AttentionGemms g = attention_gemms(BH, T, hs);
+  blas.gemm(g.dprobs, 1.f, dy, v, 0.f, datt);   // dA = dY V^T
+  blas.gemm(g.dvalues, 1.f, att, dy, 0.f, dv);  // dV = A^T dY
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   causal_softmax_backward_kernel<<<blocks_for(BH * T, kRowsPerBlock), kThreads, 0, stream>>>(
       datt, att, BH * T, T, scale);
   CUDA_CHECK_LAUNCH();
-  blas.gemm(false, false, T, hs, T, 1.f, datt, T, k, hs, 0.f, dq, hs, none,
-            GemmBatch{BH, T * T, T * hs, T * hs});  // dQ = dS K
-  blas.gemm(true, false, T, hs, T, 1.f, datt, T, q, hs, 0.f, dk, hs, none,
-            GemmBatch{BH, T * T, T * hs, T * hs});  // dK = dS^T Q
+  blas.gemm(g.dqueries, 1.f, datt, k, 0.f, dq);  // dQ = dS K
+  blas.gemm(g.dkeys, 1.f, datt, q, 0.f, dk);     // dK = dS^T Q
   merge_heads3_kernel<<<tokens(B, T), kThreads, 0, stream>>>(dqkv, s.dqkv, B, T, heads(NH),
                                                               heads(hs));
   CUDA_CHECK_LAUNCH();

@@ -58,6 +58,21 @@ size_t device_allocated_peak() {
   return g_peak;
 }
 
+size_t device_allocated_now() {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  return g_current;
+}
+
+PeakExcluded::PeakExcluded() {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  saved_peak_ = g_peak;
+}
+
+PeakExcluded::~PeakExcluded() {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  g_peak = std::max(saved_peak_, g_current);
+}
+
 void* pinned_alloc(size_t bytes) {
   void* p = nullptr;
   CUDA_CHECK(cudaMallocHost(&p, bytes));

@@ -16,7 +16,23 @@ size_t device_free_bytes(int gpu);
 void* device_alloc(size_t bytes);
 // The most bytes device_alloc had handed out at once (this process).
 size_t device_allocated_peak();
+// What device_alloc has handed out and not taken back, now.
+size_t device_allocated_now();
 void device_free(void* p) noexcept;
+// While one lives, allocations do not raise device_allocated_peak: for
+// measurements that are not the run's memory (the peak-FLOPs GEMM's
+// operands), which the memory report would otherwise count against the
+// accounting. Allocations made under it must be freed before it ends.
+class PeakExcluded {
+ public:
+  PeakExcluded();
+  ~PeakExcluded();
+  PeakExcluded(const PeakExcluded&) = delete;
+  PeakExcluded& operator=(const PeakExcluded&) = delete;
+
+ private:
+  size_t saved_peak_;
+};
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* p) noexcept;
 

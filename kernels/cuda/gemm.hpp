@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "cuda/gemm_layout.hpp"
 #include "cuda/precision.hpp"
 
 namespace mpiformer::cuda {
@@ -27,11 +28,6 @@ constexpr DType dtype_of<bf16>() {
   return DType::BF16;
 }
 
-// `count` products; operand i starts `stride_*` elements after operand i-1.
-struct GemmBatch {
-  int64_t count = 1, stride_a = 0, stride_b = 0, stride_c = 0;
-};
-
 class Blas {
  public:
   explicit Blas(cudaStream_t stream = nullptr);
@@ -41,19 +37,25 @@ class Blas {
   void set_stream(cudaStream_t stream) { stream_ = stream; }
   cudaStream_t stream() const { return stream_; }
 
-  // C[M,N] = alpha * op(A) * op(B) + beta * C (+ bias[N] on every row).
+  // C[M,N] = alpha * op(A) * op(B) + beta * C (+ bias[N] on every row
+  // when call.bias), the shapes and strides as `call` gives them
+  // (cuda/gemm_layout.hpp).
+  template <class In, class Out>
+  void gemm(const GemmCall& call, float alpha, const In* a, const In* b, float beta, Out* c,
+            const Out* bias = nullptr) {
+    run(dtype_of<In>(), dtype_of<Out>(), call, alpha, a, b, beta, c, bias);
+  }
+  // The same, one product without bias, its shape given in place.
   template <class In, class Out>
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const In* a,
-            int64_t lda, const In* b, int64_t ldb, float beta, Out* c, int64_t ldc,
-            const Out* bias = nullptr, const GemmBatch& batch = GemmBatch{}) {
-    run(dtype_of<In>(), dtype_of<Out>(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
-        ldc, bias, batch);
+            int64_t lda, const In* b, int64_t ldb, float beta, Out* c, int64_t ldc) {
+    gemm(GemmCall{trans_a, trans_b, m, n, k, lda, ldb, ldc, GemmBatch{}, false}, alpha, a, b,
+         beta, c);
   }
 
  private:
-  void run(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-           const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
-           int64_t ldc, const void* bias, const GemmBatch& batch);
+  void run(DType in, DType out, const GemmCall& call, float alpha, const void* a, const void* b,
+           float beta, void* c, const void* bias);
   struct Plans;  // cuBLASLt descriptors and chosen algorithms, per shape
   std::unique_ptr<Plans> plans_;
   void* handle_ = nullptr;     // cublasLtHandle_t

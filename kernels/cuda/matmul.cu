@@ -20,15 +20,15 @@ struct BiasGradTerm {
 template <class A>
 void matmul_forward(Blas& blas, A* out, const A* inp, const A* weight, const A* bias, int64_t N,
                     int64_t C, int64_t OC) {
-  blas.gemm(false, true, N, OC, C, 1.f, inp, C, weight, C, 0.f, out, OC, bias);
+  blas.gemm(matmul_forward_gemm(N, C, OC, bias != nullptr), 1.f, inp, weight, 0.f, out, bias);
 }
 
 template <class A>
 void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A* dout,
                      const A* inp, const A* weight, int64_t N, int64_t C, int64_t OC) {
-  if (dinp != nullptr) blas.gemm(false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
+  if (dinp != nullptr) blas.gemm(matmul_dinp_gemm(N, C, OC), 1.f, dout, weight, 0.f, dinp);
   // Activation-type inputs, float output accumulated in place (beta = 1).
-  blas.gemm(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
+  blas.gemm(matmul_dweight_gemm(N, C, OC), 1.f, dout, inp, 1.f, dweight);
   if (dbias != nullptr) {
     launch_column_sums<A>(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
                        blas.stream());

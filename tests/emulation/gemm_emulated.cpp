@@ -41,9 +41,11 @@ struct Blas::Plans {};
 Blas::Blas(cudaStream_t stream) : stream_(stream) {}
 Blas::~Blas() = default;
 
-void Blas::run(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-               float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, float beta,
-               void* c, int64_t ldc, const void* bias, const GemmBatch& batch) {
+void Blas::run(DType in, DType out, const GemmCall& g, float alpha, const void* a,
+               const void* b, float beta, void* c, const void* bias) {
+  const bool ta = g.trans_a, tb = g.trans_b;
+  const int64_t m = g.m, n = g.n, k = g.k, lda = g.lda, ldb = g.ldb, ldc = g.ldc;
+  const GemmBatch& batch = g.batch;
   // The extent each stored operand spans: rows x leading dimension.
   const int64_t a_len = (ta ? k - 1 : m - 1) * lda + (ta ? m : k);
   const int64_t b_len = (tb ? n - 1 : k - 1) * ldb + (tb ? k : n);

@@ -2,6 +2,7 @@
 // random inputs, with the output poisoned first so unwritten elements fail.
 // Tolerance: fp32 with K = 96 products per element, 1e-5 relative plus 1e-5
 // absolute (TF32 is not enabled, so cuBLAS computes in full fp32).
+// Also: the peak-FLOPs measurement leaves the allocator's peak alone.
 // Without a GPU it exits 77, which CTest reports as skipped.
 #include <cmath>
 #include <cstdio>
@@ -49,5 +50,14 @@ int main() {
       }
     }
   std::printf("%s: cuBLAS gemm vs host gemm, 4 transpose cases\n", failures ? "FAILED" : "passed");
-  return failures ? 1 : 0;
+  // The peak-FLOPs measurement's operands (3 x 4096^2 bf16 here, a second
+  // Blas's workspace) are not the run's memory: the allocator's peak, which
+  // the memory report compares with the accounting, must not count them.
+  const size_t peak_before = cuda::device_allocated_peak();
+  const double flops = cuda::measure_gemm_peak(cuda::DType::BF16, 4096, 1);
+  const size_t peak_after = cuda::device_allocated_peak();
+  const bool peak_ok = peak_after == peak_before && flops > 0;
+  std::printf("%s: the peak-FLOPs GEMM (%.1f TFLOP/s) left the allocator's peak at %zu bytes "
+              "(was %zu)\n", peak_ok ? "passed" : "FAILED", flops / 1e12, peak_after, peak_before);
+  return failures || !peak_ok ? 1 : 0;
 }
