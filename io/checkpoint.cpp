@@ -16,6 +16,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/mpi_check.hpp"
+#include "core/test_hooks.hpp"
 #include "core/format.hpp"
 #include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
@@ -56,13 +57,6 @@ int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
-}
-
-// Test hook: MPIFORMER_CHECKPOINT_FAULT_AFTER=N kills the job after N
-// datasets of a checkpoint are written, as a node failure would.
-int64_t fault_after() {
-  const char* v = std::getenv("MPIFORMER_CHECKPOINT_FAULT_AFTER");
-  return v != nullptr ? std::atoll(v) : -1;
 }
 
 // Every root attribute as text, in one order: what "meta_xxh64" covers, so
@@ -154,7 +148,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     if (datasets[i].reports_checksum) sums[i] = datasets[i].checksum;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
                           MPI_SUM, comm));
-  const int64_t fault = fault_after();
+  const int64_t fault = test_hooks::checkpoint_fault_after();
   // This rank's first failed write; agree() makes it every rank's.
   std::string failure;
   const auto agree = [&] {
@@ -259,8 +253,12 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     throw InputError(path, "", "not a readable HDF5 checkpoint (missing, truncated or damaged)");
   }
-  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file_ < 0) throw InputError(path, "", "cannot open (truncated or damaged?)");
+  // Owned by a handle until every check has passed: a constructor that
+  // throws runs no destructor, and automatic resume goes on to try older
+  // checkpoints in the same process after a bad one.
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw InputError(path, "", "cannot open (truncated or damaged?)");
+  file_ = file.get();
   meta_.format_version = read_int_attr(file_, "format_version", path);
   if (meta_.format_version < 1 || meta_.format_version > kCheckpointFormatVersion) {
     throw InputError(path, "attribute format_version",
@@ -283,6 +281,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
                                  static_cast<unsigned long long>(got)));
     }
   }
+  file.release();
 }
 
 CheckpointReader::~CheckpointReader() {

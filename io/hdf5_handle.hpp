@@ -32,6 +32,8 @@ class H5Handle {
 
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  // Gives up ownership: the identifier is the caller's to close.
+  hid_t release() { return std::exchange(id_, -1); }
   void reset() {
     if (id_ >= 0 && close_ != nullptr) close_(id_);
     id_ = -1;

@@ -26,11 +26,17 @@ using Pending = std::unique_ptr<PendingOp>;
 
 enum class Reduction { kSum, kMax };
 
+// Where the buffers handed to a communicator's operations must live. A
+// device stage handed a host communicator would have MPI read device
+// pointers from the host (a crash, and unordered against the stream).
+enum class MemorySpace { kHost, kDevice };
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  virtual MemorySpace buffers() const = 0;
 
   // In-place sums across the group.
   virtual void allreduce_sum(float* data, int64_t n) = 0;

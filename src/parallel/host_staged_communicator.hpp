@@ -19,6 +19,7 @@ class HostStagedCommunicator final : public Communicator {
 
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
+  MemorySpace buffers() const override { return MemorySpace::kDevice; }
   void allreduce_sum(float* data, int64_t n) override;
   void allreduce_sum(double* data, int64_t n) override;
   Pending start_allreduce_sum(float* data, int64_t n) override;

@@ -18,6 +18,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm get() const { return comm_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  MemorySpace buffers() const override { return MemorySpace::kHost; }
   void allreduce_sum(float* data, int64_t n) override;
   void allreduce_sum(double* data, int64_t n) override;
   Pending start_allreduce_sum(float* data, int64_t n) override;

@@ -41,6 +41,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  MemorySpace buffers() const override { return MemorySpace::kDevice; }
   void allreduce_sum(float* data, int64_t n) override;
   void allreduce_sum(double* data, int64_t n) override;
   Pending start_allreduce_sum(float* data, int64_t n) override;

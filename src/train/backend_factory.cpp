@@ -1,5 +1,8 @@
 #include "train/backend_factory.hpp"
 
+#include <stdexcept>
+#include <utility>
+
 #include "train/grad_reducer.hpp"
 #include "train/zero_shards.hpp"
 
@@ -237,6 +240,22 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
 #endif
 }
 
+void check_memory_spaces(const StageComms& c, bool stage_on_device) {
+  const MemorySpace want = stage_on_device ? MemorySpace::kDevice : MemorySpace::kHost;
+  const std::pair<const char*, const Communicator*> groups[] = {
+      {"activations", c.pipe_act}, {"gradients", c.pipe_grad}, {"data-parallel", c.dp},
+      {"tensor-parallel", c.tp},   {"tied embedding", c.tied}};
+  for (const auto& [what, comm] : groups) {
+    if (comm != nullptr && comm->buffers() != want) {
+      throw std::logic_error(strprintf(
+          "connect_stage: the %s group (%d rank(s)) was given a communicator of %s memory for a "
+          "stage whose buffers are in %s memory",
+          what, comm->size(), comm->buffers() == MemorySpace::kHost ? "host" : "device",
+          stage_on_device ? "device" : "host"));
+    }
+  }
+}
+
 StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   StageComms c;
   c.pipe_act = c.pipe_grad = &g.pipeline();
@@ -244,6 +263,7 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   c.tp = &g.tensor_parallel();
   c.tied = g.tied_embedding();
   if (!stage.on_device()) {
+    check_memory_spaces(c, false);
     stage.connect_tensor_parallel(*c.tp);
     return c;
   }
@@ -251,15 +271,14 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   void* stream = stage.device_stream();
   // Every rank builds its groups in the same order (tensor, data-parallel,
   // then the two pipeline directions, then the tied pair), so the collective
-  // initialisations cannot wait on each other. Groups of one rank never
-  // carry a message and keep the MPI communicator.
-  auto device_comm = [&](MpiCommunicator& group, const char* what) -> Communicator* {
-    if (group.size() == 1) return &group;
+  // initialisations cannot wait on each other.
+  auto transport = [&](MpiCommunicator& group, const char* what) -> Communicator* {
     c.description += c.description.empty() ? "" : ", ";
 #ifdef MPIFORMER_HAVE_NCCL
     if (!group_shares_a_gpu(group)) {
       c.owned.push_back(std::make_unique<NcclCommunicator>(group, stream));
-      c.description += strprintf("%s: NCCL (%d ranks)", what, group.size());
+      c.description += strprintf("%s: NCCL (%d rank%s)", what, group.size(),
+                                 group.size() == 1 ? "" : "s");
       return c.owned.back().get();
     }
     const char* why = "ranks share a GPU";
@@ -267,15 +286,27 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
     const char* why = "built without NCCL";
 #endif
     c.owned.push_back(std::make_unique<HostStagedCommunicator>(group, stream));
-    c.description +=
-        strprintf("%s: MPI through host memory (%d ranks; %s)", what, group.size(), why);
+    c.description += strprintf("%s: MPI through host memory (%d rank%s; %s)", what, group.size(),
+                               group.size() == 1 ? "" : "s", why);
     return c.owned.back().get();
+  };
+  // A group of one rank carries no message, but its collectives still
+  // read and write the stage's buffers (ZeRO's reduce-scatter and gather
+  // at dp = 1 copy a shard in and out): they need a device communicator
+  // too, ordered on the stream. One serves every one-rank group (each is
+  // the rank alone), created with the first one met.
+  Communicator* alone = nullptr;
+  auto device_comm = [&](MpiCommunicator& group, const char* what) -> Communicator* {
+    if (group.size() > 1) return transport(group, what);
+    if (alone == nullptr) alone = transport(group, "one-rank groups");
+    return alone;
   };
   c.tp = device_comm(g.tensor_parallel(), "tensor-parallel");
   c.dp = device_comm(g.data_parallel(), "data-parallel");
   c.pipe_act = device_comm(g.pipeline(), "activations");
   c.pipe_grad = device_comm(g.pipeline(), "gradients");
   if (MpiCommunicator* tied = g.tied_embedding()) c.tied = device_comm(*tied, "tied embedding");
+  check_memory_spaces(c, true);
   stage.connect_tensor_parallel(*c.tp);
   // While the stage waits for its GPU, a communicator that failed (a peer
   // gone) ends the wait with an exception instead of a hang.

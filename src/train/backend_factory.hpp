@@ -74,7 +74,13 @@ struct StageComms {
   std::vector<std::unique_ptr<Communicator>> owned;
 };
 
-// Collective over the grid; gives the stage its tensor group.
+// Collective over the grid; gives the stage its tensor group. Every group,
+// one-rank groups included, gets a communicator of the stage's memory.
 StageComms connect_stage(ProcessGrid& grid, StageBackend& stage);
+
+// Throws std::logic_error naming the group when a communicator of `c`
+// works on another memory than the stage's buffers (host MPI handed
+// device pointers, or the reverse).
+void check_memory_spaces(const StageComms& c, bool stage_on_device);
 
 }  // namespace mpiformer

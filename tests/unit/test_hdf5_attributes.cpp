@@ -162,5 +162,47 @@ TEST(Hdf5Attributes, CheckpointMetadataAndChecksumsOfTheWrongShape) {
   EXPECT_NE(e.find("attribute step: expected one value"), std::string::npos) << e;
 }
 
+// A checkpoint refused after it was opened (a newer format version, root
+// attributes that fail their checksum) leaves no HDF5 file open: automatic
+// resume then tries older checkpoints in the same process, and a leaked
+// handle keeps the refused file open (and its space held) for the run.
+TEST(Hdf5Attributes, RefusedCheckpointsLeaveNoFileOpen) {
+  TempDir dir;
+  const std::string path = dir.file("c.h5");
+  const std::vector<float> w(6, 0.5f);
+  DatasetSlice d;
+  d.name = "/model/x";
+  d.shape = {2, 3};
+  d.boxes = {DatasetBox{0, 2, 0, 3}};
+  d.data = w.data();
+  d.reports_checksum = true;
+  d.checksum = tensor_checksum(w.data(), 6);
+  CheckpointMeta meta;
+  meta.tokenizer = "byte";
+  write_checkpoint(MPI_COMM_SELF, path, meta, {d});
+  const auto open_files = [] { return H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE); };
+  const ssize_t before = open_files();
+  const auto refused = [&](const char* why) {
+    EXPECT_THROW(CheckpointReader r(path), InputError) << why;
+    EXPECT_EQ(open_files(), before) << why << ": the refused file is still open";
+  };
+  replace_attr(path, "/", "format_version", [](hid_t o) {
+    const int64_t v = 999;
+    array_attr(o, "format_version", H5T_NATIVE_INT64, 1, &v);
+  });
+  refused("a newer format version");
+  replace_attr(path, "/", "format_version", [](hid_t o) {
+    const int64_t v = kCheckpointFormatVersion;
+    array_attr(o, "format_version", H5T_NATIVE_INT64, 1, &v);
+  });
+  { const CheckpointReader ok(path); }
+  EXPECT_EQ(open_files(), before);
+  replace_attr(path, "/", "step", [](hid_t o) {
+    const int64_t v = 12345;  // not what the root checksum covers
+    array_attr(o, "step", H5T_NATIVE_INT64, 1, &v);
+  });
+  refused("root attributes that fail their checksum");
+}
+
 }  // namespace
 }  // namespace mpiformer::test
