@@ -176,6 +176,7 @@ const std::vector<Key>& schema() {
       string_key("checkpoint", "dir", false, MEMBER(checkpoint.dir)),
       int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),
+      bool_key("checkpoint", "at_end", MEMBER(checkpoint.at_end)),
       resume_key(),
   };
   return keys;

@@ -44,6 +44,9 @@ struct CheckpointConfig {
   std::string dir;        // not given: <run.dir>/checkpoints
   int64_t every = 0;      // steps between checkpoints (0: only the final one)
   int64_t keep = 3;       // newest complete checkpoints kept (0: all)
+  // A checkpoint when the run reaches its last step (false: benchmarks,
+  // whose state nobody resumes; a stop for a requeue still writes one).
+  bool at_end = true;
   // "auto" | "never" | a checkpoint path (resume_path).
   ResumeMode resume = ResumeMode::kAuto;
   std::string resume_path;

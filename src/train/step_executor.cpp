@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/format.hpp"
+#include "core/test_hooks.hpp"
 
 #include "train/lr_schedule.hpp"
 #include "train/stop_policy.hpp"
@@ -67,11 +68,8 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       guard_(deck.train.nonfinite, deck.train.spike_zscore, deck.train.skip_limit),
       act_sends_(static_cast<size_t>(stage.num_slots())),
       grad_sends_(static_cast<size_t>(stage.num_slots())) {
-  // Test hook: MPIFORMER_FAULT_NONFINITE_STEP=N makes a gradient of world
-  // rank 0 NaN at step N, as a numerical or hardware fault would (host
-  // back end: the gradients are host memory there).
-  const char* v = std::getenv("MPIFORMER_FAULT_NONFINITE_STEP");
-  fault_step_ = v != nullptr && !stage.on_device() ? std::atoll(v) : -1;
+  // core/test_hooks.hpp (host back end: the gradients are host memory there).
+  fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
   if (grid.tp() > 1) {
     stage.observe_tensor_reductions(
         [this](Clock::time_point t0, Clock::time_point t1, double bytes) {

@@ -347,7 +347,8 @@ TrainResult Trainer::run() {
       progress.eval_done(done, result.final_val_loss);
     }
     const int64_t every = deck_.checkpoint.every;
-    if ((every > 0 && done % every == 0) || done == end_step || r.stop) {
+    const bool at_end = done == end_step && (deck_.checkpoint.at_end || done < tc.steps);
+    if ((every > 0 && done % every == 0) || at_end || r.stop) {
       p.watchdog->enter("checkpoint save", done, "every rank (collective write)",
                         save_allowance(*p.stage));
       stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch()}));

@@ -1,0 +1,36 @@
+// Every switch mpiformer reads from the environment for its tests, in one
+// place (the deck is the user's interface; these are the test suite's).
+// Each is read where it applies; none changes a number a run computes.
+//
+//   MPIFORMER_FAULT_NONFINITE_STEP=N   world rank 0's gradients become NaN at
+//       step N (host back end), as a numerical or hardware fault would.
+//   MPIFORMER_CHECKPOINT_FAULT_AFTER=N the job dies after N datasets of a
+//       checkpoint are written, as a node failure would.
+//   MPIFORMER_REHEARSE_GPU=1           the host back end reports as a GPU run
+//       does where scripts read it: no host-side timings in the log or in
+//       metrics.jsonl (matmul_fraction, bubble, reduce_exposed_ms,
+//       tp_reduce_fraction), so the GPU suite's scripts run here exactly as
+//       they will on a device, and a script that needs a host-only key
+//       fails here, not in the one GPU window.
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace mpiformer::test_hooks {
+
+// The integer value of `name`, or -1 when unset.
+inline int64_t env_step(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoll(v) : -1;
+}
+
+inline int64_t fault_nonfinite_step() { return env_step("MPIFORMER_FAULT_NONFINITE_STEP"); }
+inline int64_t checkpoint_fault_after() { return env_step("MPIFORMER_CHECKPOINT_FAULT_AFTER"); }
+
+inline bool rehearse_gpu() {
+  const char* v = std::getenv("MPIFORMER_REHEARSE_GPU");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+}  // namespace mpiformer::test_hooks
