@@ -13,6 +13,9 @@
 #include "deck.hpp"
 #include "token_dataset.hpp"
 #include "train/calibration.hpp"
+#ifdef MPIFORMER_HAVE_CUDA
+#include "cuda/device.hpp"
+#endif
 #include "train/layout_search.hpp"
 
 namespace mpiformer {
@@ -169,11 +172,31 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
     req.batches = {32, 16};
     req.micro_batches = {16, 1};
   }
+  Device device = Device::kCpu;
+  parse_setting(kDeviceNames, args.device, &device);
+  if (device == Device::kAuto) {
+#ifdef MPIFORMER_HAVE_CUDA
+    device = cuda::device_count() > 0 ? Device::kCuda : Device::kCpu;
+#else
+    device = Device::kCpu;
+#endif
+  }
+  req.device = device;
+  req.precision = device == Device::kCuda ? Precision::kBf16 : Precision::kFp32;
+  if (!args.precision.empty()) parse_setting(kPrecisionNames, args.precision, &req.precision);
+  if (device == Device::kCpu && req.precision == Precision::kBf16) {
+    throw InputError("", "calibrate --precision",
+                     "\"bf16\" rates are a GPU's; the host back end runs in fp32");
+  }
   const MachineSpec m = calibrate_machine(req);
   if (rank == 0) {
-    const std::string text =
-        "# Measured by mpiformer calibrate " + std::string(MPIFORMER_VERSION) + " (host back end, " +
-        std::to_string(m.devices_per_node) + " devices per node)\n" + m.to_toml();
+    const std::string what = device == Device::kCuda
+                                 ? std::string("GPUs, ") + name_of(req.precision) +
+                                       " rates: plan decks of that precision"
+                                 : std::string("host back end, fp32");
+    const std::string text = "# Measured by mpiformer calibrate " + std::string(MPIFORMER_VERSION) +
+                             " (" + what + ", " + std::to_string(m.devices_per_node) +
+                             " devices per node)\n" + m.to_toml();
     write_file_durably(args.output, text);
     std::printf("calibrate: wrote %s (%zu matmul shapes, %zu attention, %zu kernel sizes; peak "
                 "%.1f GFLOP/s per rank; intra-node all-reduce %.1f us + %.2f GB/s)\n",

@@ -83,6 +83,8 @@ struct CalibrateArgs {
   std::string name = "this machine";
   int max_tp = 1;
   double seconds = 0.05;
+  std::string device = "auto";   // auto | cpu | cuda
+  std::string precision;         // fp32 | bf16; "" = bf16 on a GPU, fp32 on the host
 };
 int run_calibrate(const CalibrateArgs& args, int rank);
 

@@ -142,6 +142,13 @@ int main(int argc, char** argv) {
   ca->add_option("--seconds", cal.seconds, "timing budget per measured point")
       ->check(CLI::Range(0.001, 10.0))
       ->capture_default_str();
+  ca->add_option("--device", cal.device, "what to measure: the GPU (cuda), the host back end "
+                                         "(cpu), or a GPU where this node has one (auto)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  ca->add_option("--precision", cal.precision, "precision of the measured rates (default: bf16 on "
+                                               "a GPU, fp32 on the host)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
 
   try {
     try {

@@ -14,9 +14,17 @@
 //    of one node, and over one rank per node when the job spans several,
 //    at sizes from a few KB to the models' gradients, fitted to the ring
 //    model's latency and bus bandwidth.
-// The host back end's kernels and MPI are what it measures (a GPU's
-// cuBLAS/NCCL calibration is not written yet: no GPU to check it on).
+// On the host back end it measures the host kernels and MPI. On a GPU
+// (--device cuda, or auto on a node with one) it measures what a GPU run
+// uses: the stage's matmuls through cuBLASLt, attention and the non-GEMM
+// kernels on the device in the run's precision (bf16 by default), the bf16
+// and fp32 GEMM peaks, the device's memory, and the links through NCCL on
+// device buffers; a GPU stage's runtime memory (context, cuBLAS, NCCL)
+// from the device's own count. The measurement code is the host's, over
+// the other op set (calibrate_kernels.hpp, calibrate_links.hpp).
 #pragma once
+#include <mpi.h>
+
 #include <string>
 #include <vector>
 
@@ -38,9 +46,16 @@ struct CalibrationRequest {
   int max_tp = 1;                 // tensor-parallel widths up to this
   double seconds = 0.05;          // timing budget of each point
   std::string name;
+  Device device = Device::kCpu;   // resolved: kCpu or kCuda
+  Precision precision = Precision::kFp32;  // of the rates (GPU: bf16 or fp32)
 };
 
 // Collective over MPI_COMM_WORLD; every rank returns the same file.
 MachineSpec calibrate_machine(const CalibrationRequest& request);
+
+namespace calibration {
+// The GPU's measurements (cuda build): `node` holds this node's ranks.
+MachineSpec calibrate_gpu(const CalibrationRequest& request, MPI_Comm node, int node_rank);
+}  // namespace calibration
 
 }  // namespace mpiformer
