@@ -34,6 +34,13 @@ class PeakExcluded {
   size_t saved_peak_;
 };
 void* pinned_alloc(size_t bytes);
+
+// Device memory a kernel may use for the duration of its launches on one
+// stream (the cuBLASLt workspace between GEMMs: Blas::scratch).
+struct DeviceScratch {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
 void pinned_free(void* p) noexcept;
 
 // Move-only owner of an allocation made by Alloc and released by Free (which

@@ -16,9 +16,6 @@ namespace mpiformer::cuda {
 
 namespace {
 
-// Hopper's kernels want up to 32 MiB of workspace; smaller GPUs use less.
-constexpr size_t kWorkspaceBytes = 32u << 20;
-
 cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 
 // The alignment cuBLASLt may assume for a pointer (it picks vectorised
@@ -70,7 +67,7 @@ Blas::Blas(cudaStream_t stream) : plans_(std::make_unique<Plans>()), stream_(str
   cublasLtHandle_t h = nullptr;
   CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
-  workspace_ = device_alloc(kWorkspaceBytes);
+  workspace_ = device_alloc(Blas::kWorkspaceBytes);
 }
 
 Blas::~Blas() {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "cuda/device.hpp"
 #include "cuda/gemm_layout.hpp"
 #include "cuda/precision.hpp"
 
@@ -34,7 +35,13 @@ class Blas {
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
+  // cuBLASLt's workspace (Hopper's kernels want up to 32 MiB).
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
   void set_stream(cudaStream_t stream) { stream_ = stream; }
+  // The workspace, for kernels queued on this Blas's stream between its
+  // GEMMs (stream order keeps them apart): no op allocates.
+  DeviceScratch scratch() const { return DeviceScratch{workspace_, kWorkspaceBytes}; }
   cudaStream_t stream() const { return stream_; }
 
   // C[M,N] = alpha * op(A) * op(B) + beta * C (+ bias[N] on every row

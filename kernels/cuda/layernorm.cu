@@ -90,12 +90,12 @@ void layernorm_forward(A* out, float* mean, float* rstd, const A* inp, const A* 
 template <class A>
 void layernorm_backward(A* dinp, float* dweight, float* dbias, const A* dout, const A* inp,
                         const A* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, cudaStream_t stream) {
+                        int64_t C, const DeviceScratch& scratch, cudaStream_t stream) {
   layernorm_backward_input_kernel<<<blocks_for(N, kRowsPerBlock), kRowsPerBlock * kWarp, 0,
                                     stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
   launch_column_sums<A>(dweight, dbias, N, C, LayerNormParamTerm<A>{dout, inp, mean, rstd, C},
-                     stream);
+                        scratch, stream);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -104,7 +104,7 @@ void layernorm_backward(A* dinp, float* dweight, float* dbias, const A* dout, co
                                      int64_t, int64_t, cudaStream_t);                         \
   template void layernorm_backward<A>(A*, float*, float*, const A*, const A*, const A*,      \
                                       const float*, const float*, int64_t, int64_t,          \
-                                      cudaStream_t);
+                                      const DeviceScratch&, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
 

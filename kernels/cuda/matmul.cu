@@ -31,7 +31,7 @@ void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A*
   blas.gemm(matmul_dweight_gemm(N, C, OC), 1.f, dout, inp, 1.f, dweight);
   if (dbias != nullptr) {
     launch_column_sums<A>(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
-                       blas.stream());
+                          blas.scratch(), blas.stream());
     CUDA_CHECK_LAUNCH();
   }
 }

@@ -109,7 +109,8 @@ struct Ops {
   static void layernorm_backward(Context& c, A* dinp, float* dw, float* db, const A* dout,
                                  const A* inp, const A* w, const float* mean, const float* rstd,
                                  int64_t N, int64_t C) {
-    cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, c.stream());
+    cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, c.blas().scratch(),
+                             c.stream());
   }
   static void matmul_forward(Context& c, A* out, const A* inp, const A* w, const A* bias,
                              int64_t N, int64_t C, int64_t OC) {

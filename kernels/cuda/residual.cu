@@ -1,22 +1,20 @@
 #include "core/cuda_check.hpp"
-#include "cuda/device_math.cuh"
+#include "cuda/elementwise.cuh"
 #include "cuda/residual.hpp"
 
 namespace mpiformer::cuda {
 
 namespace {
 
-template <class A>
-__global__ void residual_forward_kernel(A* out, const A* a, const A* b, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = from_float<A>(to_float(a[i]) + to_float(b[i]));
-}
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
 
 }  // namespace
 
 template <class A>
 void residual_forward(A* out, const A* a, const A* b, int64_t n, cudaStream_t stream) {
-  residual_forward_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(out, a, b, n);
+  launch_elementwise(out, a, b, n, Add{}, stream);
   CUDA_CHECK_LAUNCH();
 }
 

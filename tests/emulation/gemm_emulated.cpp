@@ -38,8 +38,9 @@ std::vector<float> widen(DType t, const void* p, int64_t n) {
 
 struct Blas::Plans {};
 
-Blas::Blas(cudaStream_t stream) : stream_(stream) {}
-Blas::~Blas() = default;
+// The workspace is the kernels' scratch too (Blas::scratch).
+Blas::Blas(cudaStream_t stream) : stream_(stream) { workspace_ = device_alloc(kWorkspaceBytes); }
+Blas::~Blas() { device_free(workspace_); }
 
 void Blas::run(DType in, DType out, const GemmCall& g, float alpha, const void* a,
                const void* b, float beta, void* c, const void* bias) {
