@@ -11,14 +11,18 @@ figures (bench/gpu-check.sh) can be judged against it.
 
 Two practical ceilings are shown beside the roofline: GEMMs at GEMM_EFF of
 the peak (cuBLASLt's large bf16 GEMMs reach ~70% on Hopper) and streaming
-kernels at MEM_EFF of the bandwidth (~80%). `--fused` prices attention
-as a fused (FlashAttention-style) kernel instead: the causal half of the
-products on tensor cores at FUSED_EFF of the peak, the backward's 7
-products of a deterministic two-kernel backward (no atomics), and memory
-O(B*T*C): no T x T matrix stored.
+kernels at MEM_EFF of the bandwidth (~80%). Attention is priced as the
+fused kernels of kernels/cuda/attention.cu (the default): the causal half
+of the products on tensor cores at --fused-eff of the peak (0.5 is what
+FlashAttention-2 reports; a first wmma kernel without asynchronous copies
+is likely below that), the backward's 7 products (two kernels, no
+atomics), and memory O(B*T*C). `--attention batched` prices the design it
+replaced: batched GEMMs around softmax kernels over the stored T x T
+scores.
 
   python3 bench/roofline.py [--model gpt2-350m] [--micro-batch 16] [--seq 1024]
-                            [--peak-tflops 989] [--bandwidth-gbs 4800] [--fused] [--markdown]
+                            [--peak-tflops 989] [--bandwidth-gbs 4800]
+                            [--attention fused|batched] [--fused-eff 0.5] [--markdown]
 
 Defaults: gpt2-350m at seq_len 1024, micro-batch 16, bf16, on an H200
 (989 TFLOP/s dense bf16, the H100 SXM's tensor cores; 4.8 TB/s HBM3e).
@@ -31,7 +35,7 @@ MODELS = {  # n_layer, n_head, n_embd
     "gpt2-774m": (36, 20, 1280),
 }
 VOCAB_PADDED = 50304
-GEMM_EFF, MEM_EFF, FUSED_EFF = 0.70, 0.80, 0.50
+GEMM_EFF, MEM_EFF = 0.70, 0.80
 
 
 def kernels(L, NH, C, T, B, a, fused):
@@ -105,13 +109,17 @@ def main():
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--bandwidth-gbs", type=float, default=4800.0)
     p.add_argument("--fp32", action="store_true", help="fp32 activations (default bf16)")
-    p.add_argument("--fused", action="store_true", help="price attention as a fused kernel")
+    p.add_argument("--attention", choices=("fused", "batched"), default="fused",
+                   help="fused kernels (as written now) or batched GEMMs over stored scores")
+    p.add_argument("--fused-eff", type=float, default=0.5,
+                   help="fraction of the peak the fused attention's products reach")
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args()
     L, NH, C = MODELS[args.model]
     T, B, a = args.seq, args.micro_batch, 4 if args.fp32 else 2
     peak, bw = args.peak_tflops * 1e12, args.bandwidth_gbs * 1e9
-    rows = kernels(L, NH, C, T, B, a, args.fused)
+    fused = args.attention == "fused"
+    rows = kernels(L, NH, C, T, B, a, fused)
     # AdamW once per step over every parameter: p, g, m, v read, p, m, v
     # written in fp32, the bf16 copy written: 30 bytes a parameter.
     n_params = L * (12 * C * C + 13 * C) + VOCAB_PADDED * C + T * C + 2 * C
@@ -121,7 +129,7 @@ def main():
     for name, count, flops, byts, kind in rows:
         t_flop, t_mem = flops / peak, byts / bw
         roof = count * max(t_flop, t_mem)
-        eff = GEMM_EFF if kind is True else FUSED_EFF if kind == "fused" else None
+        eff = GEMM_EFF if kind is True else args.fused_eff if kind == "fused" else None
         prac = count * max(t_flop / eff if eff else 0.0, t_mem / MEM_EFF)
         total_roof += roof
         total_prac += prac
@@ -139,11 +147,11 @@ def main():
         for r in table:
             print(f"{r[0]:44s} {r[1]:3d} {r[2]:9.1f} {r[3]:9.1f} {r[4]:>8s} {r[5]:8.3f} {r[6]:8.3f}")
     print(f"\n{args.model}, seq {T}, micro-batch {B}, {'fp32' if a == 4 else 'bf16'}, "
-          f"attention {'fused' if args.fused else 'as written (T x T stored)'}; "
+          f"attention {'fused' if fused else 'batched (T x T stored)'}; "
           f"{args.peak_tflops:.0f} TFLOP/s, {args.bandwidth_gbs:.0f} GB/s")
     print(f"step (one micro-batch): roofline {total_roof * 1e3:.2f} ms -> MFU <= "
           f"{100 * model_flops / peak / total_roof:.1f}%; practical ({GEMM_EFF:.0%} GEMM, {MEM_EFF:.0%} "
-          f"bandwidth{', %d%% fused attention' % (100 * FUSED_EFF) if args.fused else ''}) "
+          f"bandwidth{', %d%% fused attention' % (100 * args.fused_eff) if fused else ''}) "
           f"{total_prac * 1e3:.2f} ms -> MFU {100 * model_flops / peak / total_prac:.1f}%, "
           f"{tokens / total_prac:.0f} tokens/s")
 

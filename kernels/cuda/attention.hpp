@@ -1,39 +1,39 @@
-// Causal multi-head self-attention on the GPU (host twin: host/attention.hpp).
-// qkv [B,T,3C] (q, k, v; head h uses channels h*hs..), out [B,T,C], att
-// [B,NH,T,T] softmax probabilities saved for backward (zero above the
-// diagonal).
+// Causal multi-head self-attention on the GPU, fused (host twin:
+// host/attention.hpp, which keeps the probabilities; the results agree to
+// rounding). qkv [B,T,3C] (q, k, v; head h uses channels h*hs..), out
+// [B,T,C], both read and written in place: no permuted copies.
 //
-// q, k and v are first permuted to [B,NH,T,hs] so that every (batch, head)
-// product is one uniform strided-batched cuBLASLt call; the scores are
-// computed in full and masked, like the host (twice the causal FLOPs). A
-// fused flash-style kernel that never stores att is the next step for speed.
+// Forward (FlashAttention's online softmax): each block of threads takes a
+// tile of query rows of one (batch, head) and walks the key tiles up to the
+// diagonal, keeping the running row maximum and sum; the T x T scores exist
+// only as a tile in shared memory. It keeps each row's log-sum-exp, lse
+// [B,NH,T] floats, for backward: memory O(B*T*C), not O(B*NH*T^2).
+//
+// Backward recomputes the probabilities of each tile from q, k and lse. It
+// runs as two kernels, so that no two blocks add into the same gradient
+// (no atomics: the bits repeat from run to run): one per key tile (dK, dV:
+// walks the query tiles at and below the diagonal), one per query tile
+// (dQ: walks the key tiles). `delta` [B,NH,T] floats is scratch for each
+// row's dot(dO, O).
+//
+// Products of tiles run on tensor cores (wmma, bf16 in, float accumulate)
+// for bf16 on sm_80 and newer, and as float FMAs otherwise (fp32, and
+// every build that compiles them for the host). Head sizes up to 128.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "cuda/gemm.hpp"
-
 namespace mpiformer::cuda {
 
-// Scratch owned by the caller, shared by all layers: 3*B*T*C elements for
-// the permuted q, k, v and B*T*C for a permuted output or its gradient;
-// backward also needs 3*B*T*C for the permuted dq, dk, dv.
 template <class A>
-struct AttentionScratch {
-  A* qkv;   // [3][B,NH,T,hs]
-  A* y;     // [B,NH,T,hs]
-  A* dqkv;  // [3][B,NH,T,hs] (backward only)
-};
+void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH, cudaStream_t stream);
 
+// dqkv is overwritten (=); out and lse are the forward's.
 template <class A>
-void attention_forward(Blas& blas, A* out, A* att, const A* qkv, const AttentionScratch<A>& s,
-                       int64_t B, int64_t T, int64_t C, int64_t NH);
-
-// dqkv is overwritten (=); datt is scratch of the size of att.
-template <class A>
-void attention_backward(Blas& blas, A* dqkv, A* datt, const A* dout, const A* qkv, const A* att,
-                        const AttentionScratch<A>& s, int64_t B, int64_t T, int64_t C,
-                        int64_t NH);
+void attention_backward(A* dqkv, float* delta, const A* dout, const A* qkv, const A* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        cudaStream_t stream);
 
 }  // namespace mpiformer::cuda

@@ -49,12 +49,6 @@ std::string Context::device_name() const {
   return prop.name;
 }
 
-void Context::reserve_attention(int64_t B, int64_t T, int64_t C, size_t element_bytes) {
-  // Permuted q, k, v; a permuted output (or its gradient); permuted dq, dk, dv.
-  const size_t bytes = static_cast<size_t>(7 * B * T * C) * element_bytes;
-  if (attention_.size() < bytes) attention_ = DeviceBuffer<unsigned char>(bytes);
-}
-
 double Context::read(const double* device_value) {
   CUDA_CHECK(cudaMemcpyAsync(scalar_.get(), device_value, sizeof(double), cudaMemcpyDeviceToHost,
                              stream_));

@@ -29,10 +29,6 @@ class Context {
   std::string device_name() const;
   cudaStream_t stream() const { return stream_; }
   Blas& blas() { return *blas_; }
-  // Scratch for attention (cuda/attention.hpp's AttentionScratch): sized
-  // once for the largest micro-batch, before the first forward.
-  void reserve_attention(int64_t B, int64_t T, int64_t C, size_t element_bytes);
-  void* attention_scratch() const { return attention_.get(); }
   // kReduceBlocks partial sums (cuda/reduce.hpp), and one double for a result.
   double* reduce_scratch() const { return reduce_.get(); }
   double* reduce_result() const { return reduce_.get() + kReduceBlocks; }
@@ -49,7 +45,6 @@ class Context {
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Blas> blas_;
-  DeviceBuffer<unsigned char> attention_;
   DeviceBuffer<double> reduce_;
   PinnedBuffer<double> scalar_;
   TokenGroups groups_;  // host-side scratch for the embedding's grouping

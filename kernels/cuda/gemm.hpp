@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/op_constants.hpp"
 #include "cuda/device.hpp"
 #include "cuda/gemm_layout.hpp"
 #include "cuda/precision.hpp"
@@ -35,8 +36,8 @@ class Blas {
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
-  // cuBLASLt's workspace (Hopper's kernels want up to 32 MiB).
-  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  // cuBLASLt's workspace (common/op_constants.hpp).
+  static constexpr size_t kWorkspaceBytes = kDeviceWorkspaceBytes;
 
   void set_stream(cudaStream_t stream) { stream_ = stream; }
   // The workspace, for kernels queued on this Blas's stream between its

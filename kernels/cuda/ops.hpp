@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/attention_storage.hpp"
 #include "cuda/adamw.hpp"
 #include "cuda/attention.hpp"
 #include "cuda/context.hpp"
@@ -120,14 +121,18 @@ struct Ops {
                               const A* inp, const A* w, int64_t N, int64_t C, int64_t OC) {
     cuda::matmul_backward(c.blas(), dinp, dw, db, dout, inp, w, N, C, OC);
   }
-  static void attention_forward(Context& c, A* out, A* att, const A* qkv, int64_t B, int64_t T,
-                                int64_t C, int64_t NH) {
-    cuda::attention_forward(c.blas(), out, att, qkv, scratch(c, B, T, C), B, T, C, NH);
+  // Fused (cuda/attention.hpp): keeps each row's log-sum-exp, not the
+  // probabilities; its backward's scratch is each row's dot(dO, O).
+  static constexpr AttentionStorage kAttention = AttentionStorage::kRowStatistics;
+  using AttnState = float;
+  static void attention_forward(Context& c, A* out, float* lse, const A* qkv, int64_t B,
+                                int64_t T, int64_t C, int64_t NH) {
+    cuda::attention_forward(out, lse, qkv, B, T, C, NH, c.stream());
   }
-  static void attention_backward(Context& c, A* dqkv, A* datt, const A* dout, const A* qkv,
-                                 const A* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-    cuda::attention_backward(c.blas(), dqkv, datt, dout, qkv, att, scratch(c, B, T, C), B, T, C,
-                             NH);
+  static void attention_backward(Context& c, A* dqkv, float* delta, const A* dout, const A* qkv,
+                                 const A* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                                 int64_t NH) {
+    cuda::attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, C, NH, c.stream());
   }
   static void gelu_forward(Context& c, A* out, const A* inp, int64_t n) {
     cuda::gelu_forward(out, inp, n, c.stream());
@@ -185,12 +190,6 @@ struct Ops {
     adamw_update_chunks(params, grads, m, v, chunks, count, p, copy, c.stream());
   }
 
- private:
-  static AttentionScratch<A> scratch(Context& c, int64_t B, int64_t T, int64_t C) {
-    A* s = static_cast<A*>(c.attention_scratch());
-    const int64_t n = B * T * C;
-    return AttentionScratch<A>{s, s + 3 * n, s + 4 * n};
-  }
 };
 
 }  // namespace mpiformer::cuda

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention.hpp"
+#include "common/attention_storage.hpp"
 #include "crossentropy.hpp"
 #include "embedding.hpp"
 #include "gelu.hpp"
@@ -43,9 +44,7 @@ class Buffer {
 // The host needs no stream, library handle or scratch arena: its BLAS is
 // process-wide and its kernels keep their scratch in registers and on the
 // stack. The type exists so the stage is written once.
-struct Context {
-  void reserve_attention(int64_t /*B*/, int64_t /*T*/, int64_t /*C*/, size_t /*element_bytes*/) {}
-};
+struct Context {};
 
 // A micro-batch's token ids where the kernels read them (a copy, so the
 // backward needs nothing from the caller).
@@ -130,12 +129,17 @@ struct Ops {
                               const T* w, int64_t N, int64_t C, int64_t OC) {
     host::matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
   }
+  // Keeps the probabilities; its backward's scratch is their gradient.
+  static constexpr AttentionStorage kAttention = AttentionStorage::kProbabilities;
+  using AttnState = T;
   static void attention_forward(Context&, T* out, T* att, const T* qkv, int64_t B, int64_t Tn,
                                 int64_t C, int64_t NH) {
     host::attention_forward(out, att, qkv, B, Tn, C, NH);
   }
+  // `out` (the forward's output) is not needed here: the probabilities are kept.
   static void attention_backward(Context&, T* dqkv, T* datt, const T* dout, const T* qkv,
-                                 const T* att, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+                                 const T* /*out*/, const T* att, int64_t B, int64_t Tn, int64_t C,
+                                 int64_t NH) {
     host::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
   }
   static void gelu_forward(Context&, T* out, const T* inp, int64_t n) {

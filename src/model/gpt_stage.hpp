@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/attention_storage.hpp"
 #include "host/ops.hpp"
 #include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
@@ -153,9 +154,12 @@ class GptStage {
   const Acc* losses(int slot) const { return slots_[slot].losses.get(); }
 
  private:
+  using AttnState = typename Ops::AttnState;
   struct LayerActs {
-    Buffer<Act> ln1, qkv, atty, att, res2, ln2, fch, fch_gelu;
+    Buffer<Act> ln1, qkv, atty, res2, ln2, fch, fch_gelu;
     Buffer<Acc> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
+    // What attention keeps for its backward (common/attention_storage.hpp).
+    Buffer<AttnState> att;
   };
   struct Slot {
     std::vector<Buffer<Act>> residual;  // [layers + 1][B*T*C]
@@ -181,9 +185,12 @@ class GptStage {
   Acc* g_outer(outer::Tensor k) {
     return grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
   }
-  // The attention probabilities of block i: kept per slot, or (recomputed)
-  // in the one shared buffer.
-  Act* probabilities(LayerActs& a) { return opt_.recompute == Recompute::kNone ? a.att.get() : rc_.att.get(); }
+  // What attention keeps for block i's backward (the probabilities, or the
+  // rows' statistics): kept per slot, or (recomputed) in the one shared
+  // buffer.
+  AttnState* attention_state(LayerActs& a) {
+    return opt_.recompute == Recompute::kNone ? a.att.get() : rc_.att.get();
+  }
 
   Context& ctx_;
   GptConfig cfg_;
@@ -209,7 +216,8 @@ class GptStage {
   Act* weights_ = nullptr;
   std::vector<Slot> slots_;
   // Backward scratch, shared by all slots, and the output gradient's inbox.
-  Buffer<Act> dres_, dln_, datty_, dqkv_, d4_, datt_, grad_in_;
+  Buffer<Act> dres_, dln_, datty_, dqkv_, d4_, grad_in_;
+  Buffer<AttnState> datt_;  // attention's backward scratch
   Buffer<double> loss_sum_;
   // The vocabulary-parallel cross-entropy's row statistics (tp > 1).
   Buffer<Acc> ce_max_, ce_stats_;

@@ -25,7 +25,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   const ParameterSpec* wte = table_.find(kOuterSchema[outer::wte].name);
   v_real_ = wte != nullptr ? wte->shape[0] : 0;
   v0_ = wte != nullptr ? wte->vocab_begin() : 0;
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, NH = nh_, L = range_.num_layers();
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.num_layers();
   // Every allocation is counted: stage_footprint must predict the sum.
   auto act = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(Act));
@@ -35,6 +35,11 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     allocated_ += count * static_cast<int64_t>(sizeof(Acc));
     return Buffer<Acc>(static_cast<size_t>(count));
   };
+  auto attn = [&](int64_t count) {
+    allocated_ += count * static_cast<int64_t>(sizeof(AttnState));
+    return Buffer<AttnState>(static_cast<size_t>(count));
+  };
+  const int64_t attn_state = attention_state_elements(Ops::kAttention, B_, nh_, T_);
   auto tokens = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
     return typename Ops::Tokens(count);
@@ -59,15 +64,15 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     if (opt_.window_weights) wwin_[w] = act(at_.block_storage());
     if (opt_.window_grads) gwin_[w] = acc(at_.block_storage());
   }
-  // What a block keeps for backward: everything (none), everything but the
-  // T x T probabilities (attention), or nothing but its input (full).
+  // What a block keeps for backward: everything (none), everything but
+  // attention's state (attention), or nothing but its input (full).
   auto keep = [&](LayerActs& a, bool probabilities) {
     a.ln1 = act(BT * C);
     a.ln1_mean = acc(BT);
     a.ln1_rstd = acc(BT);
     a.qkv = act(BT * 3 * ca_);
     a.atty = act(BT * ca_);
-    if (probabilities) a.att = act(B_ * NH * T_ * T_);
+    if (probabilities) a.att = attn(attn_state);
     a.res2 = act(BT * C);
     a.ln2 = act(BT * C);
     a.ln2_mean = acc(BT);
@@ -92,7 +97,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       s.targets = tokens(BT);
     }
   }
-  if (L > 0 && opt_.recompute == Recompute::kAttention) rc_.att = act(B_ * NH * T_ * T_);
+  if (L > 0 && opt_.recompute == Recompute::kAttention) rc_.att = attn(attn_state);
   if (L > 0 && opt_.recompute == Recompute::kFull) {
     keep(rc_, true);
     rc_out_ = act(BT * C);
@@ -103,8 +108,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   if (L > 0) {
     dqkv_ = act(BT * 3 * ca_);
     d4_ = act(BT * cm_);
-    datt_ = act(B_ * NH * T_ * T_);
-    ctx_.reserve_attention(B_, T_, ca_, sizeof(Act));
+    datt_ = attn(attn_state);
   }
   if (range_.has_head && tp > 1) {
     ce_max_ = acc(BT);
@@ -222,7 +226,7 @@ void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t 
                          w[block::ln1_w], w[block::ln1_b], BT, C);
   Ops::matmul_forward(ctx_, a.qkv.get(), a.ln1.get(), w[block::qkv_w], w[block::qkv_b], BT, C,
                       3 * ca_);
-  Ops::attention_forward(ctx_, a.atty.get(), probabilities(a), a.qkv.get(), B_, T_, ca_, nh_);
+  Ops::attention_forward(ctx_, a.atty.get(), attention_state(a), a.qkv.get(), B_, T_, ca_, nh_);
   Ops::matmul_forward(ctx_, a.res2.get(), a.atty.get(), w[block::attn_proj_w],
                       adds_bias ? w[block::attn_proj_b] : nullptr, BT, ca_, C);
   tp_sum(a.res2.get(), BT * C);
@@ -305,13 +309,12 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   // Attention, the same way round.
   Ops::matmul_backward(ctx_, datty_.get(), g[block::attn_proj_w], g[block::attn_proj_b], dres,
                        a.atty.get(), w[block::attn_proj_w], BT, ca_, C);
-  // Attention recomputation: the probabilities again from the kept qkv.
-  // The forward also rewrites atty, with the bits it already holds (it was
-  // read just above and is not read again).
+  // Attention recomputation: its state again from the kept qkv. The
+  // forward also rewrites atty, with the bits it already holds.
   if (opt_.recompute == Recompute::kAttention)
     Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_);
-  Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(),
-                          probabilities(a), B_, T_, ca_, nh_);
+  Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
+                          attention_state(a), B_, T_, ca_, nh_);
   Ops::matmul_backward(ctx_, dln_.get(), g[block::qkv_w], g[block::qkv_b], dqkv_.get(),
                        a.ln1.get(), w[block::qkv_w], BT, C, 3 * ca_);
   tp_sum(dln_.get(), BT * C);

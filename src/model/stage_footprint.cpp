@@ -6,7 +6,8 @@ namespace mpiformer {
 
 // Mirrors GptStage's constructor (gpt_stage_impl.hpp), buffer by buffer.
 StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
-                               const StageOptions& o, size_t act_bytes, size_t acc_bytes) {
+                               const StageOptions& o, size_t act_bytes, size_t acc_bytes,
+                               AttentionStorage storage) {
   const double act = static_cast<double>(act_bytes), acc = static_cast<double>(acc_bytes);
   const double B = static_cast<double>(o.micro_batch), T = static_cast<double>(cfg.seq_len);
   // Under tensor parallelism: this rank's heads, attention and MLP
@@ -16,7 +17,9 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   const double Ca = C / tp, Cm = 4 * C / tp;
   const double V = static_cast<double>(cfg.padded_vocab(range.tp)) / tp, BT = B * T;
   const double L = static_cast<double>(range.num_layers());
-  const double attention = B * NH * T * T;  // scores of every head
+  // Attention's kept state, and as much backward scratch, in bytes.
+  const double attention = attention_state_elements(storage, B, NH, T) *
+                           (storage == AttentionStorage::kProbabilities ? act : acc);
   // The deck's limits on the model's shapes keep this count in an int64;
   // the batch is not limited so, hence doubles for the activations.
   const ParameterTable table(cfg, range);
@@ -31,13 +34,13 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
     f.weight_copy = (o.window_weights ? n - blocks + 2 * window : n) * act;
   // What one block keeps for backward: ln1, res2, ln2 (C each), qkv and
   // atty (3 + 1 attention channels), fch and its GELU (MLP channels), 4
-  // LayerNorm statistics, and the attention probabilities unless
+  // LayerNorm statistics, and attention's state (probabilities or row statistics) unless
   // recomputed.
   const double block_kept = (3 * C + 4 * Ca + 2 * Cm) * BT * act + 4 * BT * acc;
   // One slot: the residual stream at every block boundary, then per block
   // what it keeps (nothing under full recomputation).
   double slot = (L + 1) * BT * C * act;
-  if (o.recompute == Recompute::kNone) slot += L * (block_kept + attention * act);
+  if (o.recompute == Recompute::kNone) slot += L * (block_kept + attention);
   if (o.recompute == Recompute::kAttention) slot += L * block_kept;
   if (range.has_embedding) slot += BT * 4;  // token ids
   if (range.has_head) slot += (BT * C + BT * V) * act + 3 * BT * acc + BT * 4;  // lnf, logits, targets
@@ -48,11 +51,11 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // the vocabulary-parallel cross-entropy's row statistics (3 per row);
   // recomputation's shared probabilities, or one block's activations and
   // output.
-  f.scratch = (2 * C + Ca) * BT * act + (L > 0 ? ((3 * Ca + Cm) * BT + attention) * act : 0) +
+  f.scratch = (2 * C + Ca) * BT * act + (L > 0 ? (3 * Ca + Cm) * BT * act + attention : 0) +
               (range.has_head ? 0 : BT * C * act) + 8;
   if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
-  if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention * act;
-  if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention * act + BT * C * act;
+  if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;
+  if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + BT * C * act;
   return f;
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/attention_storage.hpp"
 #include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
 #include "model/stage_options.hpp"
@@ -25,13 +26,18 @@ struct StageFootprint {
 };
 
 // Doubles: a deck's shapes may overflow any integer count (that is what
-// this is for). act_bytes/acc_bytes: sizeof(Act), sizeof(Acc).
+// this is for). act_bytes/acc_bytes: sizeof(Act), sizeof(Acc); `attention`:
+// what the op set's attention keeps (Ops::kAttention: the host keeps the
+// probabilities, in Act; the GPU each row's statistics, in Acc).
 StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
-                               const StageOptions& options, size_t act_bytes, size_t acc_bytes);
+                               const StageOptions& options, size_t act_bytes, size_t acc_bytes,
+                               AttentionStorage attention = AttentionStorage::kProbabilities);
 inline StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
                                       int64_t micro_batch, int slots, size_t act_bytes,
-                                      size_t acc_bytes) {
-  return stage_footprint(cfg, range, StageOptions{micro_batch, slots}, act_bytes, acc_bytes);
+                                      size_t acc_bytes,
+                                      AttentionStorage attention = AttentionStorage::kProbabilities) {
+  return stage_footprint(cfg, range, StageOptions{micro_batch, slots}, act_bytes, acc_bytes,
+                         attention);
 }
 
 }  // namespace mpiformer

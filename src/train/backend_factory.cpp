@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "common/op_constants.hpp"
 #include "core/host_memory.hpp"
 #ifdef MPIFORMER_HAVE_CUDA
 #include "cuda/device.hpp"
@@ -91,9 +92,14 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   const int zero = static_cast<int>(deck.parallel.zero);
   RankMemory m;
   m.slots = slots;
+  // What attention keeps: the GPU's fused kernels each row's statistics,
+  // the host the probabilities (each op set's kAttention).
+  const AttentionStorage attention = choice.device == Device::kCuda
+                                         ? AttentionStorage::kRowStatistics
+                                         : AttentionStorage::kProbabilities;
   m.stage = stage_footprint(cfg, range,
                             stage_options(deck.train.micro_batch, slots, deck.train.recompute, zero),
-                            static_cast<size_t>(act), static_cast<size_t>(acc));
+                            static_cast<size_t>(act), static_cast<size_t>(acc), attention);
   if (zero == 0) {
     m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
     // On the host, MPI's non-blocking all-reduce keeps a temporary of its
@@ -156,12 +162,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       m.comm += std::max(in_flight * acc, gather);
     }
   }
-  if (choice.device == Device::kCuda && range.num_layers() > 0) {
-    // The context's attention scratch (cuda/context.cpp: 7 [B,T,C], of
-    // this rank's heads).
-    m.workspace = 7.0 * static_cast<double>(deck.train.micro_batch * cfg.seq_len * cfg.n_embd /
-                                            deck.parallel.tp) * act;
-  }
+  // The device context's workspace (cuBLASLt's, the column sums').
+  if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);
   return m;
 }
 
@@ -225,6 +227,12 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   setup.dp_rank = place.dp_rank;
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
 #ifdef MPIFORMER_HAVE_CUDA
+  if (cfg.head_dim() > 128) {
+    throw InputError(deck.path, "[model] n_embd, [model] n_head",
+                     strprintf("head size %lld (n_embd / n_head): the GPU's fused attention takes "
+                               "head sizes up to 128",
+                               static_cast<long long>(cfg.head_dim())));
+  }
   try {
     return make_cuda_backend(cfg, range, setup, choice.gpu, choice.precision == Precision::kBf16);
   } catch (const SystemError& e) {

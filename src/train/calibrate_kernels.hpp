@@ -74,31 +74,38 @@ MatmulPoint measure_matmul(const OpBench<Ops>& d, int64_t m, int64_t k, int64_t 
   return p;
 }
 
-// Seconds per (batch, head) pair: 8 pairs of one sequence at once.
+// Seconds per (batch, head) pair: 8 pairs of one sequence at once, with
+// what the op set's attention keeps (common/attention_storage.hpp).
 template <class Ops>
 AttentionPoint measure_attention(const OpBench<Ops>& d, int64_t hs, int64_t T, double budget) {
   using A = typename Ops::Act;
+  using S = typename Ops::AttnState;
   const int64_t pairs = 8, C = pairs * hs;
+  const int64_t state = attention_state_elements(Ops::kAttention, int64_t{1}, pairs, T);
   struct Set {
-    typename OpBench<Ops>::template Buffer<A> qkv, out, att, dqkv, datt, dout;
+    typename OpBench<Ops>::template Buffer<A> qkv, out, dqkv, dout;
+    typename OpBench<Ops>::template Buffer<S> att, datt;
   };
-  const int K = copies(static_cast<double>(sizeof(A)) * static_cast<double>(8 * T * C + 2 * pairs * T * T));
+  const int K = copies(static_cast<double>(sizeof(A)) * static_cast<double>(8 * T * C) +
+                       2.0 * static_cast<double>(sizeof(S) * state));
   std::vector<Set> sets;
   for (int i = 0; i < K; ++i)
     sets.push_back({d.template filled<A>(T * 3 * C), d.template filled<A>(T * C),
-                    d.template filled<A>(pairs * T * T), d.template filled<A>(T * 3 * C),
-                    d.template filled<A>(pairs * T * T), d.template filled<A>(T * C)});
-  d.ctx.reserve_attention(1, T, C, sizeof(A));
+                    d.template filled<A>(T * 3 * C), d.template filled<A>(T * C),
+                    d.template filled<S>(state), d.template filled<S>(state)});
   int next = 0;
   AttentionPoint p{hs, T, 0, 0};
   p.forward = d.seconds(budget, [&] {
     Set& x = sets[next++ % K];
     Ops::attention_forward(d.ctx, x.out.get(), x.att.get(), x.qkv.get(), 1, T, C, pairs);
   }) / pairs;
+  // The backward on what a forward left (lse must be the forward's: a
+  // made-up one overflows exp).
+  for (Set& x : sets) Ops::attention_forward(d.ctx, x.out.get(), x.att.get(), x.qkv.get(), 1, T, C, pairs);
   p.backward = d.seconds(budget, [&] {
     Set& x = sets[next++ % K];
     Ops::attention_backward(d.ctx, x.dqkv.get(), x.datt.get(), x.dout.get(), x.qkv.get(),
-                            x.att.get(), 1, T, C, pairs);
+                            x.out.get(), x.att.get(), 1, T, C, pairs);
   }) / pairs;
   return p;
 }

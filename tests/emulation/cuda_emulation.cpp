@@ -255,14 +255,17 @@ const dim3& block_dim() { return sched().block; }
 const dim3& grid_dim() { return sched().grid; }
 void syncthreads() { wait_at(State::AtBlockBarrier); }
 
-void warp_exchange(const void* mine, void* theirs, unsigned src) {
+// Exactly `bytes` each way: a 4-byte value's neighbour on the caller's
+// stack is not the exchange's to write (8 bytes there overwrote a saved
+// register under -O3 -march=native).
+void warp_exchange(const void* mine, void* theirs, unsigned src, size_t bytes) {
   Scheduler& s = sched();
   const int t = s.current, warp_base = t - t % 32;
   const int p = s.parity[t];
   s.parity[t] ^= 1;
-  std::memcpy(s.slots[p][t], mine, 8);
+  std::memcpy(s.slots[p][t], mine, bytes);
   wait_at(State::AtWarpBarrier);  // every lane has deposited
-  std::memcpy(theirs, s.slots[p][warp_base + static_cast<int>(src)], 8);
+  std::memcpy(theirs, s.slots[p][warp_base + static_cast<int>(src)], bytes);
 }
 
 }  // namespace emu

@@ -46,16 +46,16 @@ const uint3& block_idx();
 const dim3& block_dim();
 const dim3& grid_dim();
 void syncthreads();
-// Lane exchange within the current warp: every live lane deposits 8 bytes,
-// then reads lane `src`'s.
-void warp_exchange(const void* mine, void* theirs, unsigned src);
+// Lane exchange within the current warp: every live lane deposits `bytes`
+// (at most 8), then reads lane `src`'s.
+void warp_exchange(const void* mine, void* theirs, unsigned src, size_t bytes);
 
 template <class T>
 T shfl_xor(unsigned /*mask*/, T v, int offset) {
   static_assert(sizeof(T) <= 8, "emulated shuffles move at most 8 bytes");
   const unsigned lane = (thread_idx().x + thread_idx().y * block_dim().x) % 32;
   T out{};
-  warp_exchange(&v, &out, lane ^ static_cast<unsigned>(offset));
+  warp_exchange(&v, &out, lane ^ static_cast<unsigned>(offset), sizeof(T));
   return out;
 }
 

@@ -234,30 +234,57 @@ TYPED_TEST(GpuKernels, Matmul) {
   }
 }
 
-TYPED_TEST(GpuKernels, Attention) {
-  using A = TypeParam;
-  cuda::Blas blas;
-  const int64_t n = B * T * C;
+// The fused attention against the host kernel in double (the inputs as the
+// device holds them), and each row's log-sum-exp against a naive double
+// loop: head sizes 8, 64 (the tensor cores' tile on bf16) and 96 (the
+// 128-wide tiles), T = 1, T a multiple of no tile, several batches and
+// heads. Tolerances: fp32, 1e-5 (float sums over at most T keys in another
+// order); bf16, 1e-2 forward and 3e-2 backward (the probabilities and the
+// scores' gradient are rounded to bf16 before their products, 2^-8).
+template <class A>
+void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn) {
+  SCOPED_TRACE("B " + std::to_string(Bn) + ", T " + std::to_string(Tn) + ", C " +
+               std::to_string(Cn) + ", NH " + std::to_string(NHn));
+  const int64_t n = Bn * Tn * Cn, hs = Cn / NHn, rows = Bn * NHn * Tn;
   Dev<A> qkv(random_vector(3 * n, 20));
-  Dev<A> out = Dev<A>::poisoned(n), att = Dev<A>::poisoned(B * NH * T * T);
-  Dev<A> s_qkv = Dev<A>::poisoned(3 * n), s_y = Dev<A>::poisoned(n), s_d = Dev<A>::poisoned(3 * n);
-  const cuda::AttentionScratch<A> s{s_qkv.get(), s_y.get(), s_d.get()};
-  cuda::attention_forward(blas, out.get(), att.get(), qkv.get(), s, B, T, C, NH);
-  std::vector<double> want(n), want_att(B * NH * T * T);
-  host::attention_forward(want.data(), want_att.data(), qkv.exact.data(), B, T, C, NH);
+  Dev<A> out = Dev<A>::poisoned(n);
+  Dev<float> lse = Dev<float>::poisoned(rows);
+  cuda::attention_forward(out.get(), lse.get(), qkv.get(), Bn, Tn, Cn, NHn, nullptr);
+  std::vector<double> want(n), probs(Bn * NHn * Tn * Tn);
+  host::attention_forward(want.data(), probs.data(), qkv.exact.data(), Bn, Tn, Cn, NHn);
   EXPECT_TRUE(close(out.read(), want, tol<A>(1e-5, 1e-2)));
-  EXPECT_TRUE(close(att.read(), want_att, tol<A>(1e-5, 1e-2)));
+  std::vector<double> want_lse(rows);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  for (int64_t b = 0; b < Bn; ++b)
+    for (int64_t h = 0; h < NHn; ++h)
+      for (int64_t t = 0; t < Tn; ++t) {
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < hs; ++d)
+            dot += qkv.exact[(b * Tn + t) * 3 * Cn + h * hs + d] *
+                   qkv.exact[(b * Tn + j) * 3 * Cn + Cn + h * hs + d];
+          sum += std::exp(scale * dot);
+        }
+        want_lse[(b * NHn + h) * Tn + t] = std::log(sum);
+      }
+  EXPECT_TRUE(close(lse.read(), want_lse, 1e-5));
 
-  // Backward from the probabilities the GPU stored.
-  const auto att_gpu = att.read();
   Dev<A> dout(random_vector(n, 21)), dqkv = Dev<A>::poisoned(3 * n);
-  Dev<A> datt = Dev<A>::poisoned(B * NH * T * T);
-  cuda::attention_backward(blas, dqkv.get(), datt.get(), dout.get(), qkv.get(), att.get(), s, B, T,
-                           C, NH);
-  std::vector<double> want_dqkv(3 * n), scratch(B * NH * T * T);
+  Dev<float> delta = Dev<float>::poisoned(rows);
+  cuda::attention_backward(dqkv.get(), delta.get(), dout.get(), qkv.get(), out.get(), lse.get(), Bn,
+                           Tn, Cn, NHn, nullptr);
+  std::vector<double> want_dqkv(3 * n), scratch(Bn * NHn * Tn * Tn);
   host::attention_backward(want_dqkv.data(), scratch.data(), dout.exact.data(), qkv.exact.data(),
-                           att_gpu.data(), B, T, C, NH);
+                           probs.data(), Bn, Tn, Cn, NHn);
   EXPECT_TRUE(close(dqkv.read(), want_dqkv, tol<A>(1e-5, 3e-2)));
+}
+
+TYPED_TEST(GpuKernels, Attention) {
+  check_attention<TypeParam>(B, T, C, NH);     // head size 8
+  check_attention<TypeParam>(2, 1, C, NH);     // one token
+  check_attention<TypeParam>(1, 70, 128, 2);   // head size 64, 70 tokens
+  check_attention<TypeParam>(2, 40, 192, 2);   // head size 96
 }
 
 // Lengths with and without a tail past the last 16-byte pack, and buffers

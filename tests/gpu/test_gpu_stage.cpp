@@ -23,6 +23,7 @@
 
 #include "cuda/ops.hpp"
 #include "model/gpt_stage.hpp"
+#include "model/stage_footprint.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -118,6 +119,12 @@ TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
                                           tg = {tokens(BT, 3), tokens(BT, 4)};
   cuda::Context ctx(0);
   CudaGptStage<A> gpu(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2);
+  // The accounting counts what the GPU stage allocates, attention's row
+  // statistics (not the host's probabilities) included.
+  EXPECT_EQ(static_cast<double>(gpu.allocated_bytes()),
+            stage_footprint(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2, sizeof(A),
+                            sizeof(float), AttentionStorage::kRowStatistics)
+                .total());
   gpu.init_parameters(7);
   const auto params = download(ctx, gpu.params(), gpu.param_storage());
   const Reference ref(cfg, params, in, tg, scale);
