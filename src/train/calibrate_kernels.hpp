@@ -124,12 +124,19 @@ KernelRow measure_kernels(const OpBench<Ops>& d, double elements, const GptConfi
   KernelRow row;
   row.elements = e;
   const int K = copies(4.0 * static_cast<double>(sizeof(A)) * e);
+  // x, y, z for the activation kernels; p, g, m, v for AdamW (v >= 0).
   struct Set {
     typename OpBench<Ops>::template Buffer<A> x, y, z;
+    typename OpBench<Ops>::template Buffer<F> p, g, m, v;
   };
+  const std::vector<F> positive(static_cast<size_t>(e), F(1e-4f));
   std::vector<Set> sets;
-  for (int i = 0; i < K; ++i)
-    sets.push_back({d.template filled<A>(e), d.template filled<A>(e), d.template filled<A>(e)});
+  for (int i = 0; i < K; ++i) {
+    sets.push_back({d.template filled<A>(e), d.template filled<A>(e), d.template filled<A>(e),
+                    d.template filled<F>(e), d.template filled<F>(e), d.template filled<F>(e),
+                    d.template filled<F>(e)});
+    Ops::upload(d.ctx, sets.back().v.get(), positive.data(), static_cast<int64_t>(e));
+  }
   int next = 0;
   auto rate = [&](Kernel k, bool bwd, double count, auto&& f) {
     row.bandwidth[kernel_rate_name(k, bwd)] =
@@ -183,14 +190,10 @@ KernelRow measure_kernels(const OpBench<Ops>& d, double elements, const GptConfi
   append_adamw_chunks(chunks, 0, N * C, true);
   typename OpBench<Ops>::template Buffer<AdamWChunk> device_chunks(chunks.size());
   Ops::upload(d.ctx, device_chunks.get(), chunks.data(), static_cast<int64_t>(chunks.size()));
-  auto p = d.template filled<F>(e), g = d.template filled<F>(e), m = d.template filled<F>(e),
-       v = d.template filled<F>(e);
-  const std::vector<F> positive(static_cast<size_t>(e), F(1e-4f));  // second moments are >= 0
-  Ops::upload(d.ctx, v.get(), positive.data(), static_cast<int64_t>(e));
   const AdamWParams ap{1e-4, 0.9, 0.95, 1e-8, 0.1, 1, 1.0};
   row.bandwidth["adamw"] = e * 7 * sizeof(float) / d.seconds(budget, [&] {
     Set& s = sets[next++ % K];
-    Ops::adamw(d.ctx, p.get(), g.get(), m.get(), v.get(), device_chunks.get(),
+    Ops::adamw(d.ctx, s.p.get(), s.g.get(), s.m.get(), s.v.get(), device_chunks.get(),
                static_cast<int64_t>(chunks.size()), ap, s.x.get());
   });
   return row;

@@ -16,6 +16,7 @@
 #include "core/cuda_check.hpp"
 #include "cuda/device.hpp"
 #include "device_copy.hpp"
+#include "../unit/tiny_deck.hpp"
 #include "train/backend_factory.hpp"
 
 int main(int argc, char** argv) {
@@ -29,15 +30,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 77;
     }
-    Deck deck;
-    deck.model.n_layer = 2;
-    deck.model.n_head = 2;
-    deck.model.n_embd = 64;
-    deck.model.seq_len = 16;
-    deck.model.vocab_size = 100;
-    deck.train.micro_batch = 1;
-    deck.train.global_batch = 1;
-    deck.parallel.zero = 1;
+    Deck deck = test::tiny_stage_deck(1);
     deck.run.device = Device::kCuda;
     const BackendChoice choice = choose_backend(deck, node_place(MPI_COMM_WORLD));
     ProcessGrid grid(1, 1, 1, MPI_COMM_SELF);

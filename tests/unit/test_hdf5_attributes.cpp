@@ -61,6 +61,21 @@ std::string token_file(const TempDir& dir) {
   return path;
 }
 
+// A checkpoint of one [2, 3] tensor, /model/x, written by our writer.
+void write_small_checkpoint(const std::string& path) {
+  const std::vector<float> w(6, 0.5f);
+  DatasetSlice d;
+  d.name = "/model/x";
+  d.shape = {2, 3};
+  d.boxes = {DatasetBox{0, 2, 0, 3}};
+  d.data = w.data();
+  d.reports_checksum = true;
+  d.checksum = tensor_checksum(w.data(), 6);
+  CheckpointMeta meta;
+  meta.tokenizer = "byte";
+  write_checkpoint(MPI_COMM_SELF, path, meta, {d});
+}
+
 std::string open_error(const std::string& path) {
   try {
     TokenDataset d(path);
@@ -125,17 +140,7 @@ TEST(Hdf5Attributes, WrongKindsAndArraysAreNamedErrors) {
 TEST(Hdf5Attributes, CheckpointMetadataAndChecksumsOfTheWrongShape) {
   TempDir dir;
   const std::string path = dir.file("c.h5");
-  const std::vector<float> w(6, 0.5f);
-  DatasetSlice d;
-  d.name = "/model/x";
-  d.shape = {2, 3};
-  d.boxes = {DatasetBox{0, 2, 0, 3}};
-  d.data = w.data();
-  d.reports_checksum = true;
-  d.checksum = tensor_checksum(w.data(), 6);
-  CheckpointMeta meta;
-  meta.tokenizer = "byte";
-  write_checkpoint(MPI_COMM_SELF, path, meta, {d});
+  write_small_checkpoint(path);
   {
     const CheckpointReader ok(path);
     EXPECT_EQ(ok.verify("/model/x", {2, 3}), "");
@@ -169,17 +174,7 @@ TEST(Hdf5Attributes, CheckpointMetadataAndChecksumsOfTheWrongShape) {
 TEST(Hdf5Attributes, RefusedCheckpointsLeaveNoFileOpen) {
   TempDir dir;
   const std::string path = dir.file("c.h5");
-  const std::vector<float> w(6, 0.5f);
-  DatasetSlice d;
-  d.name = "/model/x";
-  d.shape = {2, 3};
-  d.boxes = {DatasetBox{0, 2, 0, 3}};
-  d.data = w.data();
-  d.reports_checksum = true;
-  d.checksum = tensor_checksum(w.data(), 6);
-  CheckpointMeta meta;
-  meta.tokenizer = "byte";
-  write_checkpoint(MPI_COMM_SELF, path, meta, {d});
+  write_small_checkpoint(path);
   const auto open_files = [] { return H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE); };
   const ssize_t before = open_files();
   const auto refused = [&](const char* why) {

@@ -11,26 +11,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "tiny_deck.hpp"
 #include "train/backend_factory.hpp"
 
 namespace mpiformer::test {
 namespace {
 
-Deck tiny_deck(int zero) {
-  Deck d;
-  d.model.n_layer = 2;
-  d.model.n_head = 2;
-  d.model.n_embd = 16;
-  d.model.seq_len = 8;
-  d.model.vocab_size = 37;
-  d.train.micro_batch = 1;
-  d.train.global_batch = 1;
-  d.parallel.zero = zero;
-  return d;
-}
-
 TEST(StageComms, OneRankGroupsOfAHostStageAreHostMemory) {
-  const Deck deck = tiny_deck(1);
+  const Deck deck = tiny_stage_deck(1);
   ProcessGrid grid(1, 1, 1, MPI_COMM_SELF);
   const auto stage = make_stage_backend(deck, BackendChoice{}, deck.model, GridPlace{}, 1);
   ASSERT_FALSE(stage->on_device());
