@@ -178,7 +178,8 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 model, prec, mb, seq, peak = sys.argv[2:7]
 losses = [r["loss"] for r in rows]
 assert len(losses) >= 2, f"{model}: {len(losses)} logged step(s), need two to see the loss fall"
-assert all(isinstance(x, float) and math.isfinite(x) for x in losses), f"{model}: losses {losses}"
+# A non-finite loss is written as null.
+assert all(isinstance(x, (int, float)) and math.isfinite(x) for x in losses), f"{model}: losses {losses}"
 assert losses[-1] < losses[0], f"{model}: the loss did not fall: {losses}"
 r = rows[-1]
 print(f"{model:<10} {prec:<5} {int(mb):3d} {int(seq):5d} {r['tokens_per_s']:12.0f} {100*r['mfu']:6.1f}% "

@@ -30,6 +30,15 @@ mkdir -p "$P/bin" "$P/lib" "$P/build"
   cp "$BUILD/$f" "$P/build/$f"
 done
 printf 'BUILD=%s\nSOURCE=%s\nMPIEXEC=%s\n' "$BUILD" "$ROOT" "$(command -v mpiexec)" >"$P/origin"
+# The unit tests are listed when ctest runs (gtest's PRE_TEST discovery),
+# which needs this machine's CMake modules: list them here, once, and make
+# each include script read that list (the bundle's binaries do not change).
+(cd "$BUILD" && ctest -N >/dev/null)
+find "$P/build" -name '*_include.cmake' | while read -r f; do
+  list=${f%_include.cmake}_tests.cmake
+  cp "$BUILD/${list#"$P/build/"}" "$list"
+  printf 'include("%s")\n' "$BUILD/${list#"$P/build/"}" >"$f"
+done
 
 # Open MPI 4 (ORTE): the launcher and daemon, the MCA plugins, PMIx's
 # plugins and the help texts, laid out under the prefix OPAL_PREFIX names.
