@@ -170,5 +170,28 @@ TEST(MemoryAccounting, ZeroShrinksEachCategoryByTheDataParallelWidth) {
   }
 }
 
+// On a GPU the fused attention keeps each row's log-sum-exp (B x NH x T
+// floats a layer) where the host keeps the probabilities (B x NH x T x T),
+// and its backward's scratch shrinks alike; the device context adds its
+// 32 MiB workspace. The tiny model above: 3 layers, B 2, NH 2, T 4, fp32.
+TEST(MemoryAccounting, TheGpuKeepsAttentionsRowStatistics) {
+  Deck d;
+  d.model = model();
+  d.train.micro_batch = 2;
+  d.parallel.dp = 1;
+  BackendChoice gpu;
+  gpu.device = Device::kCuda;
+  const RankMemory host = rank_memory(d, BackendChoice{}, 0, 1);
+  const RankMemory cuda = rank_memory(d, gpu, 0, 1);
+  const double probabilities = 2 * 2 * 4 * 4 * 4, statistics = 2 * 2 * 4 * 4;  // bytes a layer
+  EXPECT_EQ(host.stage.per_slot - cuda.stage.per_slot, 3 * (probabilities - statistics));
+  EXPECT_EQ(host.stage.scratch - cuda.stage.scratch, probabilities - statistics);
+  EXPECT_EQ(cuda.workspace, 32.0 * (1 << 20));
+  EXPECT_EQ(host.workspace, 0);
+  d.train.recompute = Recompute::kAttention;  // the state is recomputed, not kept
+  EXPECT_EQ(rank_memory(d, gpu, 0, 1).stage.per_slot,
+            cuda.stage.per_slot - 3 * statistics);
+}
+
 }  // namespace
 }  // namespace mpiformer::test
