@@ -5,35 +5,34 @@
 # the root flags only when run as root. With a cuda build every rank sees
 # every GPU and takes GPU (node-local rank mod GPUs) itself: keeping them
 # all visible lets NCCL use NVLink and peer-to-peer copies between ranks.
-# Ctrl-C or SIGTERM to this script checkpoints and exits 75 (see
+# Ctrl-C, SIGTERM or SIGHUP to this script checkpoints and exits 75 (see
 # forward-signals.sh); mpirun's own handling of them would not.
+# A launch that fails (a rank killed or crashed, the watchdog ending a stuck
+# rank) is restarted from the last checkpoint (see recovery.sh:
+# MAX_FAILURE_RESTARTS, RESTART_BACKOFF_S); the exit status is 0 only when
+# the run reached its last step.
 #   NP=  OVERSUBSCRIBE=0  MPIFORMER=build/cpu/app/mpiformer
+# NCCL_*, UCX_* and OMPI_MCA_* variables reach every rank (one node: the
+# ranks inherit this environment); see jobs/TUNING.md.
 set -euo pipefail
 DECK=${1:?usage: jobs/local.sh DECK [--set section.key=value]...}
 shift
-MPIFORMER=${MPIFORMER:-$(dirname "$0")/../build/cpu/app/mpiformer}
+jobs=$(dirname "$0")
+MPIFORMER=${MPIFORMER:-$jobs/../build/cpu/app/mpiformer}
+source "$jobs/forward-signals.sh"
+source "$jobs/recovery.sh"
+[ -r "$DECK" ] || { echo "jobs/local.sh: cannot read the deck $DECK" >&2; exit 2; }
 
-# dp, pp and tp: a --set on the command line wins over the deck.
-layout() {
-  local key=$1 v
-  v=$(printf '%s\n' "$@" | sed -n "s/^parallel\.$key=\([0-9]*\)$/\1/p" | tail -1)
-  [ -n "$v" ] || v=$(awk -v k="$key" '/^\[/{s=$0} s=="[parallel]" && $1==k {print $3}' "$DECK" | tail -1)
-  echo "${v:-1}"
-}
-sets=()
-prev=
-for a in "$@"; do [ "$prev" = "--set" ] && sets+=("$a"); prev=$a; done
-dp=$(layout dp "${sets[@]+"${sets[@]}"}")
-pp=$(layout pp "${sets[@]+"${sets[@]}"}")
-tp=$(layout tp "${sets[@]+"${sets[@]}"}")
+dp=$(deck_value parallel dp 1 "$DECK" "$@")
+pp=$(deck_value parallel pp 1 "$DECK" "$@")
+tp=$(deck_value parallel tp 1 "$DECK" "$@")
 NP=${NP:-$((dp * pp * tp))}
+RUN_DIR=$(deck_value run dir runs/default "$DECK" "$@")
 
 launch=(mpirun -np "$NP")
 [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
 if [ "${OVERSUBSCRIBE:-0}" = 1 ] || [ "$NP" -gt "$(nproc)" ]; then launch+=(--oversubscribe); fi
 cmd=("${launch[@]}" "$MPIFORMER" train "$DECK" "$@")
-echo "mpiformer $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown): ${cmd[*]}"
-# Ctrl-C or SIGTERM here: the ranks checkpoint and the exit code is 75.
-source "$(dirname "$0")/forward-signals.sh"
-run_forwarding "${cmd[@]}"
+echo "mpiformer $(git -C "$jobs" rev-parse --short HEAD 2>/dev/null || echo unknown): ${cmd[*]}"
+run_until_done "$RUN_DIR" "failed watchdog"
 exit "$rc"

@@ -32,9 +32,10 @@ env ${NP:+NP=$NP} MPIFORMER=$BIN jobs/local.sh "$DECK" --set checkpoint.resume=n
   rc=$?
 # The run's curves, where Debian's python3 has matplotlib (.ci/deps.sh
 # installs it): the run directory is the deck's [run] dir unless overridden.
-run_dir=$(printf '%s\n' $MPIFORMER_ARGS | sed -n 's/^run\.dir=//p' | tail -1)
-[ -n "$run_dir" ] || run_dir=$(awk '/^\[/{s=$0} s=="[run]" && $1=="dir" {gsub(/"/, "", $3); print $3}' "$DECK" | tail -1)
-if [ -n "$run_dir" ] && [ -f "$run_dir/metrics.jsonl" ] && /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+source jobs/recovery.sh
+# shellcheck disable=SC2086  # MPIFORMER_ARGS is a list of words by design
+run_dir=$(deck_value run dir runs/default "$DECK" $MPIFORMER_ARGS)
+if [ -f "$run_dir/metrics.jsonl" ] && /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
   /usr/bin/python3 jobs/plot-metrics.py "$run_dir" >/dev/null &&
     echo "quickstart: loss, learning rate, tokens/s and MFU are plotted in $run_dir/metrics.png"
 fi

@@ -19,4 +19,21 @@ __attribute__((format(printf, 1, 2))) inline std::string strprintf(const char* f
   return out;
 }
 
+// `s` as a JSON string: quotes, backslashes and control characters escaped
+// (environment values and error reasons may hold any of them).
+inline std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += strprintf("\\u%04x", static_cast<unsigned>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 }  // namespace mpiformer

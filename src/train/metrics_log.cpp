@@ -35,17 +35,6 @@ namespace {
 // JSON has no NaN or infinity: a non-finite value is null.
 std::string number(double x) { return std::isfinite(x) ? strprintf("%.9g", x) : "null"; }
 
-// A JSON string of plain text (the reasons we write hold no control
-// characters; quotes and backslashes are escaped).
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 void MetricsLog::write_line(const std::string& json) {
@@ -72,11 +61,11 @@ void MetricsLog::step(const StepMetrics& m) {
       m.tokens_per_s, m.mfu, m.step_ms, static_cast<long long>(m.samples));
   if (!m.skipped.empty()) {
     line += " | update skipped (" + m.skipped + ")";
-    json += ", \"skipped\": " + quoted(m.skipped);
+    json += ", \"skipped\": " + json_string(m.skipped);
   }
   if (!m.stopped.empty()) {
     line += " | stopping (" + m.stopped + ")";
-    json += ", \"stopped\": " + quoted(m.stopped);
+    json += ", \"stopped\": " + json_string(m.stopped);
   }
   if (m.skipped_steps > 0) {
     json += strprintf(", \"skipped_steps\": %lld", static_cast<long long>(m.skipped_steps));

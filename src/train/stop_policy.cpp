@@ -38,7 +38,7 @@ void StopPolicy::step_took(double seconds) {
   ++steps_;
 }
 
-bool StopPolicy::vote(bool out_of_time) { return out_of_time || stop_signal() != 0; }
+bool StopPolicy::vote(bool out_of_time) { return out_of_time || stop_requested(); }
 
 bool StopPolicy::out_of_time(Clock::time_point now) const {
   const double mean_step = steps_ > 0 ? total_step_s_ / static_cast<double>(steps_) : 0.0;
@@ -53,8 +53,7 @@ bool StopPolicy::out_of_time(Clock::time_point now) const {
 }
 
 const char* StopPolicy::reason() const {
-  const int sig = stop_signal();
-  return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "time limit";
+  return stop_requested() ? stop_cause() : "time limit";
 }
 
 }  // namespace mpiformer

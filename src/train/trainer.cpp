@@ -20,6 +20,7 @@
 #include "train/initial_weights.hpp"
 #include "train/model_flops.hpp"
 #include "train/progress_log.hpp"
+#include "train/run_record.hpp"
 #include "train/step_executor.hpp"
 #include "train/stop_policy.hpp"
 #include "train/stop_request.hpp"
@@ -151,6 +152,9 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
       p.locks.push_back(std::make_unique<RunLock>(deck_.checkpoint.dir, "[checkpoint] dir"));
     }
   }
+  // This launch has not finished until it says so (a marker of an earlier
+  // launch would tell the job scripts it had).
+  if (rank_ == 0) clear_finished(deck_.run.dir);
   probe_writable(deck_.run.dir, "[run] dir", rank_);
   probe_writable(deck_.checkpoint.dir, "[checkpoint] dir", rank_);
   p.trace = std::make_unique<TraceWriter>(
@@ -258,6 +262,7 @@ void Trainer::print_summary() const {
   std::printf("device: %s on rank 0%s%s%s\n", p.stage->describe().c_str(), gpu ? "" : " (",
               gpu ? "" : p.backend.why_cpu.c_str(), gpu ? "" : ")");
   if (!p.comms.description.empty()) std::printf("comms: %s on rank 0\n", p.comms.description.c_str());
+  std::printf("%s (rank 0)\n", environment_line(launch_environment(gpu)).c_str());
   std::printf("%s", memory_table(predicted_memory(deck_, p.backend)).c_str());
   std::printf("step:  %lld sequences x %lld tokens = %lld micro-batches of %lld per replica; "
               "%d BLAS threads; peak %.1f GFLOP/s over %d rank(s) (%s)\n",
@@ -310,6 +315,8 @@ TrainResult Trainer::run() {
   const bool lead = rank_ == 0;
   if (lead) print_summary();
   ProgressLog progress(deck_, *p.grid, *p.stage, p.flops_per_token, p.peak_flops, p.start.resumed);
+  // The first line each launch writes: what tuned its transports.
+  progress.metrics().record(environment_json(launch_environment(p.stage->on_device())));
   progress.metrics().record(memory_json(predicted_memory(deck_, p.backend)));
   StopPolicy stop(deck_.run.time_limit, 12 * p.stage->param_storage());
   const int64_t end_step = tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
@@ -352,6 +359,8 @@ TrainResult Trainer::run() {
       p.watchdog->enter("checkpoint save", done, "every rank (collective write)",
                         save_allowance(*p.stage));
       stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch()}));
+      // The job scripts count the steps a failure loses from this.
+      progress.metrics().record(strprintf("{\"checkpoint_saved\": %lld}", static_cast<long long>(done)));
     }
     if (r.stop && done < end_step) {
       result.stopped_to_requeue = true;
@@ -374,6 +383,8 @@ TrainResult Trainer::run() {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,
                 static_cast<long long>(tc.steps));
   }
+  // Last: every rank has passed the collective checks above.
+  if (lead) mark_finished(deck_.run.dir, end_step, tc.steps, p.start.run_id);
   return result;
 }
 

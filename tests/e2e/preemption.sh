@@ -33,12 +33,12 @@ run_mpi 1 train "$DECK" --set train.steps=$((stopped + 2)) --set train.eval_ever
 grep -q "resumed from tl/checkpoints/step_$(printf %08d "$stopped").h5" tl2.log || { cat tl2.log; fail "no resume"; }
 echo "ok: time guard stopped at step $stopped and the run resumed"
 
-# The workstation launcher: Ctrl-C (SIGINT) and SIGTERM to jobs/local.sh
-# reach the ranks as SIGUSR1, so the run checkpoints and the exit code is 75
-# (mpirun's own SIGTERM handling kills the ranks after a short grace and
-# exits 1). Job control on: a background job would otherwise ignore SIGINT.
+# The workstation launcher: Ctrl-C (SIGINT), SIGTERM and SIGHUP (a closed
+# terminal) to jobs/local.sh reach the ranks as SIGUSR1, so the run
+# checkpoints and the exit code is 75 (mpirun's own SIGTERM handling kills
+# the ranks after a short grace and exits 1). Job control on: a background job would otherwise ignore SIGINT.
 set -m
-for sig in INT TERM; do
+for sig in INT TERM HUP; do
   MPIFORMER="$MPIFORMER" "$SOURCE_DIR/jobs/local.sh" "$DECK" "${args[@]}" --set run.dir="l$sig" >"l$sig.log" 2>&1 &
   pid=$!
   for i in $(seq 1 120); do
