@@ -57,6 +57,8 @@ DependencyParameters=kill_invalid_depend
 ReturnToService=2
 JobRequeue=1
 MinJobAge=600
+# A failed step is torn down in seconds, not the default 30 (the restart tests wait for it).
+KillWait=5
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
@@ -83,6 +85,11 @@ slurm_down() {
     [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
   done
   return 0
+}
+
+# job_state ID STATE: whether the job is in STATE now.
+job_state() {
+  [ "$(scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')" = "$2" ]
 }
 
 # wait_job ID STATE... : until the job reaches one of the states (or 300 s).

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Under the real Slurm: a rank SIGKILLed mid-run is restarted inside the
+# allocation (after a health check of its nodes) and the job COMPLETES with
+# the uninterrupted run's losses; a launch that fails, or a restart with no
+# healthy node left, ends the job FAILED with the reason after at most
+# MAX_FAILURE_RESTARTS restarts.
+source "$(dirname "$0")/lib.sh"
+export RESTART_BACKOFF_S=1
+args="$SMALL --set parallel.dp=2 --set train.steps=40 --set train.eval_every=20 --set checkpoint.every=8"
+wait_steps() {  # wait_steps METRICS N
+  for _ in $(seq 1 240); do
+    [ "$(grep -c '"loss"' "$1" 2>/dev/null || echo 0)" -ge "$2" ] && return 0
+    sleep 0.25
+  done
+  return 1
+}
+
+# 1. A rank killed after the checkpoint at step 8.
+id=$(MPIFORMER_ARGS="$args" RUN_DIR=killed sbatch --parsable -n 2 "$SBATCH_SCRIPT")
+wait_job "$id" RUNNING || { show_job "$id"; fail "job did not start"; }
+wait_steps killed/metrics.jsonl 11 || { show_job "$id"; fail "the run did not reach step 11"; }
+kill -KILL "$(pgrep -x mpiformer | tail -1)"
+wait_job "$id" COMPLETED FAILED || { show_job "$id"; fail "job did not end"; }
+job_state "$id" COMPLETED || { show_job "$id"; fail "the job did not recover from a killed rank"; }
+for want in "failure restart 1 of at most 3 (1 in this run directory) after: " \
+            "healthy nodes: localhost (1 of 1; MIN_NODES 1)" "resumed from killed/checkpoints/step_" \
+            "launch ended: finished step 40 of 40" "run finished: finished step 40 of 40"; do
+  job_log "$id" | grep -qF "$want" || { show_job "$id"; fail "no '$want' in the job log"; }
+done
+scontrol show job "$id" | grep -q "Restarts=0" || { show_job "$id"; fail "recovered by a requeue, not inside the allocation"; }
+run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run failed"; }
+python3 - killed/metrics.jsonl straight/metrics.jsonl <<'PY'
+import json, sys
+def last_per_step(path):
+    out = {}
+    for j in map(json.loads, open(path)):
+        if "loss" in j: out[j["step"]] = j["loss"]  # a step redone after the restart counts once
+    return out
+got, ref = last_per_step(sys.argv[1]), last_per_step(sys.argv[2])
+assert sorted(got) == list(range(1, 41)), sorted(got)
+# 1e-5 relative, the issue's bound for an exact resume (bitwise here: same layout).
+bad = [s for s in ref if abs(got[s] - ref[s]) > 1e-5 * abs(ref[s])]
+assert not bad, f"steps {bad[:5]} differ: {[(got[s], ref[s]) for s in bad[:3]]}"
+print(f"restarted in the allocation: final loss {got[40]} equals the uninterrupted run's")
+PY
+
+# 2. A launch that fails every time (srun cannot create the step: more CPUs
+# per task than the allocation has): FAILED after MAX_FAILURE_RESTARTS=1.
+id=$(MAX_FAILURE_RESTARTS=1 LAUNCHER_ARGS="--cpus-per-task=64" MPIFORMER_ARGS="$args" RUN_DIR=nolaunch \
+     sbatch --parsable -n 2 "$SBATCH_SCRIPT")
+wait_job "$id" FAILED COMPLETED || { show_job "$id"; fail "job did not end"; }
+job_state "$id" FAILED || { show_job "$id"; fail "a launch that always fails must end FAILED"; }
+[ "$(job_log "$id" | grep -c "launch ended: exit ")" -eq 2 ] || { show_job "$id"; fail "expected 2 launches"; }
+job_log "$id" | grep -q "FAILED after 1 restart(s) (MAX_FAILURE_RESTARTS 1): exit [0-9]*: a rank failed, or the launcher could not start the ranks" ||
+  { show_job "$id"; fail "no FAILED line with the reason"; }
+echo "ok: a launch that fails ends FAILED after 1 restart, with the reason"
+
+# 3. No healthy node to restart on: the node is drained while the job runs
+# (running jobs go on), then a rank dies.
+id=$(MPIFORMER_ARGS="$args --set train.steps=400" RUN_DIR=drained sbatch --parsable -n 2 "$SBATCH_SCRIPT")
+wait_job "$id" RUNNING || { show_job "$id"; fail "job did not start"; }
+wait_steps drained/metrics.jsonl 3 || { show_job "$id"; fail "the run did not start"; }
+scontrol update NodeName=localhost State=DRAIN Reason=mpiformer-test
+kill -KILL "$(pgrep -x mpiformer | tail -1)"
+wait_job "$id" FAILED COMPLETED || { show_job "$id"; fail "job did not end"; }
+scontrol update NodeName=localhost State=RESUME
+job_state "$id" FAILED || { show_job "$id"; fail "a restart without healthy nodes must fail"; }
+job_log "$id" | grep -qE "node localhost: Slurm says (drain|drng)" || { show_job "$id"; fail "the drained node was not noticed"; }
+job_log "$id" | grep -qF "FAILED: cannot restart: only 0 of 1 nodes are healthy, fewer than MIN_NODES 1" ||
+  { show_job "$id"; fail "no reason for giving up"; }
+echo "ok: with no healthy node the job ends FAILED, saying why"
