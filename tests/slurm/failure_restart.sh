@@ -16,7 +16,9 @@ wait_steps() {  # wait_steps METRICS N
 }
 
 # 1. A rank killed after the checkpoint at step 8.
-id=$(MPIFORMER_ARGS="$args" RUN_DIR=killed sbatch --parsable -n 2 "$SBATCH_SCRIPT")
+# NCCL_DEBUG set at submission reaches the ranks (sbatch and srun export
+# the environment) and is recorded on the first line of metrics.jsonl.
+id=$(NCCL_DEBUG=INFO MPIFORMER_ARGS="$args" RUN_DIR=killed sbatch --parsable -n 2 "$SBATCH_SCRIPT")
 wait_job "$id" RUNNING || { show_job "$id"; fail "job did not start"; }
 wait_steps killed/metrics.jsonl 11 || { show_job "$id"; fail "the run did not reach step 11"; }
 kill -KILL "$(pgrep -x mpiformer | tail -1)"
@@ -28,6 +30,7 @@ for want in "failure restart 1 of at most 3 (1 in this run directory) after: " \
   job_log "$id" | grep -qF "$want" || { show_job "$id"; fail "no '$want' in the job log"; }
 done
 scontrol show job "$id" | grep -q "Restarts=0" || { show_job "$id"; fail "recovered by a requeue, not inside the allocation"; }
+head -1 killed/metrics.jsonl | grep -qF '"NCCL_DEBUG": "INFO"' || { head -1 killed/metrics.jsonl; fail "NCCL_DEBUG not recorded"; }
 run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run failed"; }
 python3 - killed/metrics.jsonl straight/metrics.jsonl <<'PY'
 import json, sys
