@@ -12,7 +12,9 @@
 
 #include "checkpoint.hpp"
 #include "commands.hpp"
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/output_path.hpp"
 #include "core/rng.hpp"
 #include "model/gpt_decoder.hpp"
 #include "tokenizer.hpp"
@@ -45,6 +47,13 @@ int64_t sample(const float* logits, int64_t V, double temperature, int top_k, Rn
 
 int run_generate(const GenerateArgs& args, int rank) {
   if (rank != 0) return 0;
+  const std::string vocab_dir = args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir;
+  if (!args.logits.empty()) {
+    refuse_input_as_output(args.logits, "--logits",
+                           {{"the checkpoint", args.checkpoint},
+                            {"a tokenizer file", vocab_dir + "/encoder.json"},
+                            {"a tokenizer file", vocab_dir + "/vocab.bpe"}});
+  }
   CheckpointReader reader(args.checkpoint);
   const CheckpointMeta& m = reader.meta();
   const GptConfig cfg = model_config(m);
@@ -52,8 +61,7 @@ int run_generate(const GenerateArgs& args, int rank) {
     throw InputError(args.checkpoint, "attribute tokenizer",
                      "'" + m.tokenizer + "': generate knows the byte and gpt2 tokenizers");
   }
-  const auto tok = make_tokenizer(
-      m.tokenizer, args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir);
+  const auto tok = make_tokenizer(m.tokenizer, vocab_dir);
   GptDecoder decoder(cfg);
   restore_stage(reader, cfg, decoder.table(), StageState{decoder.params(), nullptr, nullptr});
 
@@ -78,14 +86,12 @@ int run_generate(const GenerateArgs& args, int rank) {
   };
   const float* logits = refill(std::min<int64_t>(static_cast<int64_t>(ids.size()), T));
   Rng rng(args.seed, "generate");
-  // --logits: what each new token was drawn from, vocab_size floats a row.
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(
-      args.logits.empty() ? nullptr : std::fopen(args.logits.c_str(), "wb"), std::fclose);
-  if (!args.logits.empty() && !dump) throw InputError(args.logits, "--logits", "cannot write");
+  // --logits: what each new token was drawn from, vocab_size floats a row;
+  // the file appears only whole.
+  std::unique_ptr<DurableWriter> dump;
+  if (!args.logits.empty()) dump = std::make_unique<DurableWriter>(args.logits);
   for (int i = 0; i < args.tokens; ++i) {
-    if (dump && std::fwrite(logits, sizeof(float), static_cast<size_t>(cfg.vocab_size), dump.get()) !=
-                    static_cast<size_t>(cfg.vocab_size))
-      throw SystemError("cannot write " + args.logits);
+    if (dump) dump->write(logits, sizeof(float) * static_cast<size_t>(cfg.vocab_size));
     const int64_t next = sample(logits, cfg.vocab_size, args.temperature, args.top_k, rng);
     ids.push_back(static_cast<uint32_t>(next));
     logits = decoder.length() < T ? decoder.push(static_cast<int32_t>(next)) : refill(T / 2 + 1);
@@ -94,6 +100,7 @@ int run_generate(const GenerateArgs& args, int rank) {
     std::fflush(stdout);
   }
   std::fputc('\n', stdout);
+  if (dump) dump->commit();
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/output_path.hpp"
 #include "deck.hpp"
 #include "token_dataset.hpp"
 #include "train/calibration.hpp"
@@ -118,6 +119,10 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
 int run_plan(const PlanArgs& args, int rank) {
   // Every rank of a launch computes the same answer (and so fails alike,
   // exit 2 everywhere); rank 0 prints it.
+  if (!args.explain.empty()) {
+    refuse_input_as_output(args.explain, "--explain",
+                           {{"the deck", args.deck}, {"the machine file", args.machine}});
+  }
   const Deck deck = load_planning_deck(args.deck, args.overrides);
   const MachineSpec machine = load_machine(args.machine);
   Plan plan;
@@ -160,6 +165,7 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.seconds = args.seconds;
   req.scratch = args.output + ".save-probe.h5";
   for (const std::string& d : args.decks) {
+    refuse_input_as_output(args.output, "calibrate --output", {{"a deck it reads", d}});
     const Deck deck = load_planning_deck(d, {});
     req.models.push_back(deck.model);
     req.batches.push_back(deck.train.global_batch);

@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "core/error.hpp"
+#include "core/output_path.hpp"
 #include "core/format.hpp"
 #include "core/host_memory.hpp"
 #include "megatron_dataset.hpp"
@@ -26,15 +27,6 @@ namespace {
 // Memory prep needs per byte of text at most: the text, one 4-byte id per
 // byte (the byte tokenizer) and the copy written as the training split.
 constexpr int kBytesPerTextByte = 9;
-
-// True when `a` and `b` name the same file (or would: neither exists yet
-// and their normalised paths agree).
-bool same_file(const std::string& a, const std::string& b) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
-}
 
 // Checked before anything is read or written: prep must never replace its
 // own input, and a fraction that is not a number passes a range check.

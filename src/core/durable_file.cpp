@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -40,16 +41,43 @@ void durable_rename(const std::string& tmp, const std::string& path) {
 }
 
 void write_file_durably(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) throw SystemError("cannot write " + tmp + ": " + reason());
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const std::string why = ok ? "" : reason();
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    throw SystemError("cannot write " + tmp + ": " + (ok ? reason() : why));
+  DurableWriter out(path);
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
+DurableWriter::DurableWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+  file_ = std::fopen(tmp_.c_str(), "w");
+  if (file_ == nullptr) throw SystemError("cannot write " + tmp_ + ": " + reason());
+}
+
+DurableWriter::~DurableWriter() {
+  if (file_ == nullptr) return;
+  std::fclose(file_);
+  std::remove(tmp_.c_str());
+}
+
+void DurableWriter::write(const void* data, size_t bytes) {
+  if (std::fwrite(data, 1, bytes, file_) != bytes) {
+    throw SystemError("cannot write " + tmp_ + ": " + reason());
   }
-  durable_rename(tmp, path);
+}
+
+void DurableWriter::commit() {
+  // fclose reports what buffered writes could not put on disk (ENOSPC).
+  std::FILE* f = file_;
+  file_ = nullptr;
+  if (std::fclose(f) != 0) {
+    const std::string why = reason();
+    std::remove(tmp_.c_str());
+    throw SystemError("cannot write " + tmp_ + ": " + why);
+  }
+  try {
+    durable_rename(tmp_, path_);
+  } catch (...) {
+    std::remove(tmp_.c_str());
+    throw;
+  }
 }
 
 }  // namespace mpiformer
