@@ -4,6 +4,9 @@
 //
 //   MPIFORMER_FAULT_NONFINITE_STEP=N   world rank 0's gradients become NaN at
 //       step N (host back end), as a numerical or hardware fault would.
+//   MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE=N  world rank 0's first weight
+//       becomes NaN just before the save of step N (host back end), as a
+//       memory fault would make it.
 //   MPIFORMER_CHECKPOINT_FAULT_AFTER=N the job dies after N datasets of a
 //       checkpoint are written, as a node failure would.
 //   MPIFORMER_REHEARSE_GPU=1           the host back end reports as a GPU run
@@ -26,6 +29,9 @@ inline int64_t env_step(const char* name) {
 }
 
 inline int64_t fault_nonfinite_step() { return env_step("MPIFORMER_FAULT_NONFINITE_STEP"); }
+inline int64_t fault_nonfinite_weights_save() {
+  return env_step("MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE");
+}
 inline int64_t checkpoint_fault_after() { return env_step("MPIFORMER_CHECKPOINT_FAULT_AFTER"); }
 
 inline bool rehearse_gpu() {

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "checkpoint.hpp"
+#include "core/test_hooks.hpp"
 #include "checkpoint_store.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
@@ -182,6 +185,31 @@ ResumePoint CheckpointManager::load() {
   return start;
 }
 
+void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t step) {
+  // A checkpoint is what a run falls back on: one holding NaN or infinity
+  // (weights from a damaged init, a hardware fault) must never be published
+  // as `latest`. Every rank judges its own state; all agree.
+  const auto finite = [&](const float* x) {
+    if (x == nullptr) return true;
+    const int64_t n = stage_.state_size();
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(x[i])) return false;
+    return true;
+  };
+  int bad = finite(state.params) ? 0 : 1;
+  if (bad == 0 && !(finite(state.adam_m) && finite(state.adam_v))) bad = 2;
+  int worst = bad;
+  MPI_CHECK(MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  if (worst == 0) return;
+  const std::string store_latest = CheckpointStore(deck_.checkpoint.dir).latest();
+  throw AgreedInputError(
+      deck_.checkpoint.dir, "[checkpoint]",
+      strprintf("the %s of step %lld hold NaN or infinity: this checkpoint is not written, and "
+                "`latest` still names %s",
+                worst == 1 ? "weights" : "AdamW moments", static_cast<long long>(step),
+                store_latest.empty() ? "no checkpoint" : store_latest.c_str()));
+}
+
 double CheckpointManager::save(int64_t step, const DataPosition& data) {
   const auto t0 = std::chrono::steady_clock::now();
   const CheckpointStore store(deck_.checkpoint.dir);
@@ -218,7 +246,13 @@ double CheckpointManager::save(int64_t step, const DataPosition& data) {
                   static_cast<long long>(step), need / 1e6, free / 1e6, what.c_str()));
   };
   if (free >= 0 && free < need) throw no_space("nothing was written");
-  const auto slices = checkpoint_slices(cfg_, stage_.table(), stage_.host_state(), grid_);
+  const StageState state = stage_.host_state();
+  if (step == test_hooks::fault_nonfinite_weights_save() && grid_.world_rank() == 0 &&
+      !stage_.on_device()) {
+    state.params[0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  refuse_nonfinite_state(state, step);
+  const auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
   try {
     write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
   } catch (const CheckpointWriteError& e) {

@@ -58,6 +58,8 @@ class CheckpointManager {
   ResumePoint load();
   // Rank 0: moves aside what the run starting at `start` must not see.
   void set_aside_others(const ResumePoint& start) const;
+  // Collective: an AgreedInputError when any rank's state is not finite.
+  void refuse_nonfinite_state(const StageState& state, int64_t step);
 
   std::string tokenizer_;
   std::string run_id_;

@@ -1,5 +1,6 @@
 #include "train/initial_weights.hpp"
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <vector>
@@ -36,6 +37,18 @@ std::map<std::string, ForeignTensor> foreign_tensors(const WeightsShape& w, cons
   return out;
 }
 
+// This rank's rows of a tensor's slice, and where they are in the flat
+// parameter buffer (its ZeRO shard when there is a plan).
+struct LocalRows {
+  int64_t row_begin, row_end;
+  float* dst;
+};
+LocalRows local_rows(const ParameterSpec& spec, const ShardPlan* plan, float* params) {
+  if (plan == nullptr) return {0, spec.shape[0], params + spec.offset};
+  const TensorPart p = plan->part_of(spec);
+  return {p.row_begin, p.row_end, params + p.shard_offset};
+}
+
 }  // namespace
 
 std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessGrid& grid) {
@@ -66,22 +79,32 @@ std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessG
       const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
       const auto foreign = foreign_tensors(w, *src, whole);
       for (const auto& spec : local.specs()) {
-        // This rank's rows of its slice, and where they go.
-        int64_t row_begin = 0, row_end = spec.shape[0];
-        float* dst = params.data() + spec.offset;
-        if (plan != nullptr) {
-          const TensorPart p = plan->part_of(spec);
-          row_begin = p.row_begin;
-          row_end = p.row_end;
-          dst = params.data() + p.shard_offset;
-        }
-        for (const LogicalBox& b : spec.boxes(row_begin, row_end)) {
+        const LocalRows r = local_rows(spec, plan, params.data());
+        for (const LogicalBox& b : spec.boxes(r.row_begin, r.row_end)) {
           src->read(foreign.at(spec.name), DatasetBox{b.row, b.rows, b.col, b.cols},
-                    dst + (b.local_row - row_begin) * b.cols);
+                    r.dst + (b.local_row - r.row_begin) * b.cols);
         }
       }
     });
   }
+  // Weights that are not finite would be skipped step after step (with
+  // [train] nonfinite = "skip") or stop the first: name the tensor now.
+  agree_on_input_errors(MPI_COMM_WORLD, [&] {
+    for (const auto& spec : local.specs()) {
+      const LocalRows r = local_rows(spec, plan, params.data());
+      const int64_t cols = spec.row_length();
+      const float* x = r.dst;
+      for (int64_t i = 0; i < (r.row_end - r.row_begin) * cols; ++i) {
+        if (!std::isfinite(x[i])) {
+          throw InputError(w.file, "tensor " + spec.name,
+                           strprintf("holds %s (row %lld of this rank's rows): pretrained "
+                                     "weights must be finite",
+                                     std::isnan(x[i]) ? "NaN" : "an infinity",
+                                     static_cast<long long>(r.row_begin + i / cols)));
+        }
+      }
+    }
+  });
   stage.load_state(params.data(), nullptr, nullptr);
   const char* what = w.format == WeightFormat::kHuggingFace ? "Hugging Face safetensors"
                      : w.format == WeightFormat::kLlmc      ? "llm.c parameter file"

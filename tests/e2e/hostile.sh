@@ -47,3 +47,26 @@ if mount -t tmpfs -o size=64k tmpfs full 2>/dev/null; then
 else
   echo "note: no tmpfs here (needs root): the full-disk case of --logits is not run"
 fi
+
+# 3. Non-finite pretrained weights are refused, naming the tensor, even
+# where steps would skip non-finite updates; a checkpoint is never
+# published with non-finite weights (a memory fault injected before a save).
+"$MPIFORMER" export "$CK" --format hf --output nan_hf >/dev/null || fail "export hf"
+python3 - nan_hf/model.safetensors <<'PY'
+import json, struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+begin = header["transformer.h.1.attn.c_attn.weight"]["data_offsets"][0]
+data[8 + n + begin + 4 * 7:8 + n + begin + 4 * 8] = struct.pack("<f", float("nan"))
+open(sys.argv[1], "wb").write(data)
+PY
+expect 2 "model.safetensors: tensor h.1.attn.c_attn.weight: holds NaN" \
+  mpirun -np 2 "$MPIFORMER" train "$DECK" --set train.steps=2 --set 'model.init="nan_hf"' \
+  --set 'train.nonfinite="skip"' --set parallel.dp=2 --set run.dir=nan_init --set run.peak_tflops=1
+[ ! -e nan_init/checkpoints/latest ] || fail "a run from NaN weights published a checkpoint"
+expect 2 "the weights of step 4 hold NaN or infinity: this checkpoint is not written, and \`latest\` still names memfault/checkpoints/step_00000002.h5" \
+  env MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE=4 mpirun -np 2 "$MPIFORMER" train "$DECK" --set train.steps=4 \
+  --set checkpoint.every=2 --set parallel.dp=2 --set run.dir=memfault --set run.peak_tflops=1
+[ "$(head -1 memfault/checkpoints/latest)" = step_00000002.h5 ] || fail "latest moved past the good checkpoint"
+! ls memfault/checkpoints/step_00000004.h5* >/dev/null 2>&1 || fail "the non-finite checkpoint was written"
