@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3
   python3-numpy python3-matplotlib  # tests/e2e/gpt2_numpy.py (a reader of exported weights), jobs/plot-metrics.py
+  python3-h5py  # tests/e2e/hostile.sh: foreign HDF5 files as h5py writes them (links, virtual datasets, LZF, user blocks)
   openmpi-bin libopenmpi-dev
   libhdf5-openmpi-dev hdf5-tools
   libtrilinos-kokkos-dev

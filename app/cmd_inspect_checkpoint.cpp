@@ -43,6 +43,13 @@ int inspect_checkpoint(const std::string& path) {
   for (const auto& d : expected) {
     const auto it = present.find(d.name);
     if (it == present.end()) {
+      // Not among the file's own datasets: absent, or a link elsewhere
+      // (which a resume refuses the same way).
+      if (const std::string why = r.verify(d.name, d.shape); why != "missing") {
+        ++damaged;
+        std::printf("DAMAGED:     %s: %s\n", d.name.c_str(), why.c_str());
+        continue;
+      }
       ++missing;
       std::printf("MISSING:     %s\n", d.name.c_str());
       continue;

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <random>
 
 #include "core/durable_file.hpp"
@@ -20,6 +22,7 @@
 #include "core/format.hpp"
 #include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
+#include "deck.hpp"
 #include "hdf5_precheck.hpp"
 
 namespace mpiformer {
@@ -248,7 +251,8 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   H5QuietErrors quiet;
-  if (!std::ifstream(path)) throw InputError(path, "", "does not exist");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw InputError(path, "", "does not exist");
   precheck_hdf5(path);
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     throw InputError(path, "", "not a readable HDF5 checkpoint (missing, truncated or damaged)");
@@ -268,6 +272,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   }
   for (const auto& a : kIntAttrs)
     if (meta_.format_version >= a.since) meta_.*(a.member) = read_int_attr(file_, a.name, path);
+  // Before anything is sized from them (version 1 has no checksum over
+  // them, and any version's can be edited).
+  check_model_limits(model_config(meta_), path, "attribute ");
   meta_.tokenizer = read_string_attr(file_, "tokenizer", path);
   meta_.deck = read_string_attr(file_, "deck", path);
   if (meta_.format_version >= 2) {
@@ -297,9 +304,7 @@ uint64_t CheckpointReader::read_rows(const std::string& name, const std::vector<
 uint64_t CheckpointReader::read_boxes(const std::string& name, const std::vector<int64_t>& shape,
                                       const std::vector<DatasetBox>& boxes, float* out) const {
   H5QuietErrors quiet;
-  if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) throw InputError(path_, name, "missing");
-  H5Handle dset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) throw InputError(path_, name, "cannot open the dataset");
+  const H5Handle dset = open_own_dataset(file_, path_, name);
   H5Handle space(H5Dget_space(dset.get()), H5Sclose);
   const int nd = H5Sget_simple_extent_ndims(space.get());
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
@@ -323,15 +328,17 @@ uint64_t CheckpointReader::read_boxes(const std::string& name, const std::vector
   return stored;
 }
 
+namespace {
+std::string checksum_mismatch(uint64_t stored, uint64_t got) {
+  return strprintf("checksum mismatch (stored %016llx, data %016llx): the file is damaged",
+                   static_cast<unsigned long long>(stored), static_cast<unsigned long long>(got));
+}
+}  // namespace
+
 void check_tensor_checksum(const std::string& path, const std::string& name, uint64_t stored,
                            const float* data, int64_t n) {
   const uint64_t got = tensor_checksum(data, n);
-  if (got != stored) {
-    throw InputError(path, name,
-                     strprintf("checksum mismatch (stored %016llx, data %016llx): the file is damaged",
-                               static_cast<unsigned long long>(stored),
-                               static_cast<unsigned long long>(got)));
-  }
+  if (got != stored) throw InputError(path, name, checksum_mismatch(stored, got));
 }
 
 void CheckpointReader::read(const std::string& name, const std::vector<int64_t>& shape,
@@ -342,13 +349,29 @@ void CheckpointReader::read(const std::string& name, const std::vector<int64_t>&
 
 std::string CheckpointReader::verify(const std::string& name,
                                      const std::vector<int64_t>& shape) const {
-  std::vector<float> data(static_cast<size_t>(numel(shape)));
+  // In blocks of rows of at most 16 MB, the checksum taken as they come:
+  // memory stays bounded whatever shape the file's attributes claim (each
+  // read first checks the dataset has that shape).
+  const int64_t rows = shape.empty() ? 1 : shape[0];
+  const int64_t width = rows > 0 ? numel(shape) / rows : 0;
+  const int64_t block = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(width, 1));
+  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state(XXH64_createState(),
+                                                                          XXH64_freeState);
+  XXH64_reset(state.get(), 0);
+  uint64_t stored = 0;
+  std::vector<float> data;
   try {
-    read(name, shape, data.data());
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t n = std::min(block, rows - r);
+      data.resize(static_cast<size_t>(n * width));
+      stored = read_rows(name, shape, r, r + n, data.data());
+      XXH64_update(state.get(), data.data(), data.size() * sizeof(float));
+    }
   } catch (const InputError& e) {
     return e.reason();
   }
-  return "";
+  const uint64_t got = XXH64_digest(state.get());
+  return got != stored ? checksum_mismatch(stored, got) : "";
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> CheckpointReader::datasets() const {

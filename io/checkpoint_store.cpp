@@ -6,12 +6,14 @@
 #include <cstdlib>
 #include <ctime>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/format.hpp"
 
 namespace mpiformer {
@@ -23,6 +25,14 @@ CheckpointStore::CheckpointStore(std::string dir) : dir_(std::move(dir)) {}
 std::string CheckpointStore::path_for_step(int64_t step) const {
   return dir_ + strprintf("/step_%08lld.h5", static_cast<long long>(step));
 }
+
+namespace {
+// A complete checkpoint's name (a save in progress is step_NNNNNNNN.h5.tmp).
+const std::regex& checkpoint_name() {
+  static const std::regex kName(R"(step_[0-9]{8}\.h5)");
+  return kName;
+}
+}  // namespace
 
 void CheckpointStore::create_dir() const {
   std::error_code ec;
@@ -36,20 +46,29 @@ void CheckpointStore::publish_latest(const std::string& path, const std::string&
 }
 
 std::string CheckpointStore::latest() const {
-  std::ifstream in(dir_ + "/latest");
-  if (!in) return "";
-  std::string name;
-  std::getline(in, name);
-  return name.empty() ? "" : dir_ + "/" + name;
+  const std::string path = dir_ + "/latest";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return "";
+  require_regular_file(path, "", "the pointer to the newest checkpoint");
+  // Its first line, read no further than a name can be.
+  char head[64] = {};
+  std::ifstream(path).read(head, sizeof head);
+  std::string name(head, strnlen(head, sizeof head));
+  name = name.substr(0, name.find('\n'));
+  if (!std::regex_match(name, checkpoint_name())) {
+    throw InputError(path, "", "names \"" + name.substr(0, 64) +
+                                   "\", which is not a complete checkpoint of this directory "
+                                   "(step_NNNNNNNN.h5)");
+  }
+  return dir_ + "/" + name;
 }
 
 std::vector<std::string> CheckpointStore::complete() const {
   std::vector<std::string> out;
   std::error_code ec;
-  static const std::regex kName(R"(step_[0-9]{8}\.h5)");
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string name = e.path().filename().string();
-    if (std::regex_match(name, kName)) out.push_back(dir_ + "/" + name);
+    if (std::regex_match(name, checkpoint_name())) out.push_back(dir_ + "/" + name);
   }
   std::sort(out.rbegin(), out.rend());  // zero-padded: names sort by step
   return out;
@@ -84,7 +103,12 @@ std::string CheckpointStore::set_aside(const std::vector<std::string>& paths) co
   std::error_code ec;
   fs::create_directories(aside, ec);
   if (ec) throw SystemError("cannot create " + aside + ": " + ec.message());
-  const std::string named = latest();
+  std::string named;
+  try {
+    named = latest();
+  } catch (const InputError&) {
+    // Not a pointer to any of `paths`: it stays.
+  }
   for (const auto& p : paths) {
     durable_rename(p, aside + "/" + fs::path(p).filename().string());
     if (p == named) durable_rename(dir_ + "/latest", aside + "/latest");

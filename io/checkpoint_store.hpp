@@ -16,7 +16,9 @@ class CheckpointStore {
   void create_dir() const;
   // Points `latest` at `path` (a file in this directory) of run `run_id`.
   void publish_latest(const std::string& path, const std::string& run_id) const;
-  // The file `latest` names, or "" when there is no `latest`.
+  // The file `latest` names, or "" when there is no `latest`. An InputError
+  // when `latest` is not a regular file or names anything but a complete
+  // checkpoint of this directory (a .tmp, a path elsewhere).
   std::string latest() const;
   // Complete checkpoints, newest first.
   std::vector<std::string> complete() const;

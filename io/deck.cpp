@@ -372,6 +372,21 @@ Deck parse_deck(const std::string& text, const std::string& path,
   return d;
 }
 
+void check_model_limits(const GptConfig& cfg, const std::string& file,
+                        const std::string& field_prefix) {
+  Deck d;
+  d.model = cfg;
+  for (const auto& k : schema()) {
+    if (std::string(k.section) != "model" || k.kind != Kind::Int) continue;
+    const double v = std::stod(k.show(d));
+    if (v != 0 && !(v >= k.min && v <= k.max)) {
+      throw InputError(file, field_prefix + k.name,
+                       strprintf("%.0f, outside [%.0f, %.0f] (the limits of [model] %s)", v, k.min,
+                                 k.max, k.name));
+    }
+  }
+}
+
 void resolve_model_init(Deck& d) {
   if (d.model_init.empty()) return;
   // A deck that gives the whole shape needs no file to be resolved: a run

@@ -128,6 +128,13 @@ constexpr uint64_t kMaxDeckBytes = 1 << 20;
 // (parse_deck leaves them for here). Call after rebase_relative_paths.
 void resolve_model_init(Deck& d);
 
+// A model shape read from a file (weights, a checkpoint's attributes) held
+// to the deck's limits for the same [model] keys, before anything is sized
+// from it: InputError(file, "<field_prefix><key>", ...) otherwise. A value
+// of 0 is "the file does not say" and passes.
+void check_model_limits(const GptConfig& cfg, const std::string& file,
+                        const std::string& field_prefix);
+
 // Reads and validates `path`, then applies `overrides` ("section.key=value",
 // value in TOML syntax; a bare word is taken as a string).
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);

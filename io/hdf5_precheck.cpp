@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/format.hpp"
 
 namespace mpiformer {
@@ -24,6 +25,7 @@ uint64_t little_endian(const unsigned char* p, int size) {
 }  // namespace
 
 void precheck_hdf5(const std::string& path) {
+  require_regular_file(path, "", "an HDF5 file");
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) throw InputError(path, "", "cannot read its size: " + ec.message());
@@ -65,15 +67,64 @@ void precheck_hdf5(const std::string& path) {
   }
   const uint64_t eof = little_endian(sb + eof_at, offsets);
   const uint64_t undefined = offsets == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * offsets)) - 1;
-  // The end-of-file address is relative to the base address, which is the
-  // superblock's own position in every file HDF5 writes.
-  if (eof != undefined && at + eof > size) {
+  // The end-of-file address counts the user block too (HDF5 1.10 writes the
+  // whole file's length there, e.g. 8656 for a 512-byte user block and
+  // 8144 bytes of HDF5 after it), so it is compared with the file's size.
+  if (eof != undefined && eof > size) {
     throw InputError(path, "HDF5 superblock",
                      strprintf("says the file is %llu bytes long, but it has %llu: truncated (an "
                                "interrupted copy or a full disk?)",
-                               static_cast<unsigned long long>(at + eof),
+                               static_cast<unsigned long long>(eof),
                                static_cast<unsigned long long>(size)));
   }
+}
+
+H5Handle open_own_dataset(hid_t file, const std::string& path, const std::string& name) {
+  H5QuietErrors quiet;
+  // Each prefix of the path, "/model" then "/model/wte", link by link.
+  for (size_t at = name.find('/', 1);; at = name.find('/', at + 1)) {
+    const std::string prefix = name.substr(0, at);
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) throw InputError(path, name, "missing");
+    H5L_info_t info{};
+    if (H5Lget_info(file, prefix.c_str(), &info, H5P_DEFAULT) < 0) {
+      throw InputError(path, name, "cannot read the link " + prefix);
+    }
+    if (info.type != H5L_TYPE_HARD) {
+      throw InputError(path, name,
+                       prefix + " is " +
+                           (info.type == H5L_TYPE_EXTERNAL ? "an external link (into another file)"
+                                                           : "a soft or user-defined link") +
+                           ": this file must hold its own data");
+    }
+    if (at == std::string::npos) break;
+  }
+  H5Handle dset(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) throw InputError(path, name, "cannot open the dataset");
+  H5Handle dcpl(H5Dget_create_plist(dset.get()), H5Pclose);
+  if (!dcpl.valid()) throw InputError(path, name, "cannot read the dataset's properties");
+  if (H5Pget_layout(dcpl.get()) == H5D_VIRTUAL) {
+    throw InputError(path, name, "a virtual dataset (its data live in other files, and a missing "
+                                 "one reads as the fill value): copy the data into the file");
+  }
+  if (H5Pget_external_count(dcpl.get()) != 0) {
+    throw InputError(path, name, "keeps its raw data in external files: copy the data into the file");
+  }
+  const int filters = H5Pget_nfilters(dcpl.get());
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, config = 0;
+    size_t nvalues = 0;
+    char fname[64] = {};
+    const H5Z_filter_t id =
+        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nvalues, nullptr,
+                       sizeof fname, fname, &config);
+    if (id < 0 || H5Zfilter_avail(id) <= 0) {
+      throw InputError(path, name,
+                       strprintf("compressed with filter %d (%s), which this HDF5 cannot decode "
+                                 "(h5py's LZF is 32000): rewrite it uncompressed or with gzip",
+                                 static_cast<int>(id), fname[0] != 0 ? fname : "unnamed"));
+    }
+  }
+  return dset;
 }
 
 }  // namespace mpiformer

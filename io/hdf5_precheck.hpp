@@ -9,11 +9,24 @@
 #pragma once
 #include <string>
 
+#include "hdf5_handle.hpp"
+
 namespace mpiformer {
 
 // Throws InputError(path, "HDF5 superblock", why) unless `path` starts (at
 // offset 0 or a power of two from 512) with a plausible superblock whose
 // end-of-file address is within the file.
 void precheck_hdf5(const std::string& path);
+
+// Opens dataset `name` (an absolute path) of the open `file` at `path` for
+// reading, refusing (InputError naming the file and the dataset) what would
+// make its data something other than this file's bytes: a link on the way
+// that is not a hard link (an external link reads another file, perhaps
+// another run's or a FIFO that blocks; a soft link another dataset), a
+// virtual dataset (a missing source reads as the fill value), raw data in
+// external files, and a filter this HDF5 cannot decode (h5py's LZF), which
+// would otherwise fail only when the data are read, mid-run. No link is
+// followed before it is checked.
+H5Handle open_own_dataset(hid_t file, const std::string& path, const std::string& name);
 
 }  // namespace mpiformer

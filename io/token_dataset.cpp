@@ -95,8 +95,7 @@ class H5TokenSource final : public TokenSource {
     if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0) {
       throw InputError(path, "/tokens", "missing (a token dataset holds a 1-D dataset /tokens)");
     }
-    dset_ = H5Handle(H5Dopen2(file_.get(), "tokens", H5P_DEFAULT), H5Dclose);
-    if (!dset_.valid()) throw InputError(path, "/tokens", "cannot open the dataset");
+    dset_ = open_own_dataset(file_.get(), path, "/tokens");
     H5Handle type(H5Dget_type(dset_.get()), H5Tclose);
     if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_sign(type.get()) != H5T_SGN_NONE ||
         H5Tget_size(type.get()) > 4) {

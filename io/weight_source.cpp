@@ -10,6 +10,8 @@
 
 #include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
+#include "deck.hpp"
 #include "core/format.hpp"
 #include "mapped_file.hpp"
 #include "weight_files.hpp"
@@ -176,6 +178,12 @@ WeightsShape llmc_shape(const std::string& path) {
   s.cfg.n_layer = h[4];
   s.cfg.n_head = h[5];
   s.cfg.n_embd = h[6];
+  // Before any size is computed from them (their products overflow int64
+  // otherwise).
+  check_model_limits(s.cfg, path, "header ");
+  if (h[7] > 2 * (1 << 24)) {
+    throw InputError(path, "header padded vocabulary", strprintf("%d: more than twice the largest vocabulary", h[7]));
+  }
   if (h[2] < 1 || h[3] < 1 || h[4] < 1 || h[5] < 1 || h[6] < 1 || h[7] < h[3] || h[6] % h[5] != 0) {
     throw InputError(path, "header", strprintf("not a model's shape: maxT %d, V %d, L %d, NH %d, C %d, Vp %d",
                                                h[2], h[3], h[4], h[5], h[6], h[7]));
@@ -211,9 +219,15 @@ WeightsShape safetensors_shape(const std::string& file, const std::string& confi
   const std::regex block(R"((transformer\.)?h\.(\d+)\.ln_1\.weight)");
   for (const auto& [name, e] : entries) {
     std::smatch m;
-    if (std::regex_match(name, m, block)) s.cfg.n_layer = std::max<int64_t>(s.cfg.n_layer, std::stoll(m[2]) + 1);
+    if (!std::regex_match(name, m, block)) continue;
+    // Six digits pass the parse; the limits below decide.
+    if (m[2].length() > 6) throw InputError(file, name, "a layer number beyond any model's");
+    s.cfg.n_layer = std::max<int64_t>(s.cfg.n_layer, std::stoll(m[2]) + 1);
   }
-  if (!config.empty() && fs::exists(config)) {
+  std::error_code ec;
+  if (!config.empty() && fs::exists(fs::symlink_status(config, ec))) {
+    require_regular_file(config, "", "a GPT-2 config.json");
+    if (fs::file_size(config, ec) > (1 << 20)) throw InputError(config, "", "over 1 MiB: not a GPT-2 config.json");
     try {
       const auto c = nlohmann::json::parse(std::ifstream(config));
       s.cfg.n_head = c.at("n_head").get<int64_t>();
@@ -228,7 +242,9 @@ WeightsShape safetensors_shape(const std::string& file, const std::string& confi
     } catch (const nlohmann::json::exception& e) {
       throw InputError(config, "", std::string("not a GPT-2 config: ") + e.what());
     }
+    check_model_limits(s.cfg, config, "");
   }
+  check_model_limits(s.cfg, file, "the weights' ");
   return s;
 }
 
@@ -249,7 +265,7 @@ WeightsShape read_weights_shape(const std::string& path) {
   std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&magic), 4);
   if (magic == kLlmcWeightsMagic) return llmc_shape(path);
   if (is_checkpoint(path)) {
-    const CheckpointReader r(path);
+    const CheckpointReader r(path);  // checks the model's shape against the limits
     return WeightsShape{WeightFormat::kCheckpoint, model_config(r.meta()), path};
   }
   if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {

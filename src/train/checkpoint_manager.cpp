@@ -38,7 +38,12 @@ std::vector<std::string> candidates(const CheckpointConfig& cc, int rank) {
     } else {
       const CheckpointStore store(cc.dir);
       std::vector<std::string> names;
-      if (const std::string l = store.latest(); !l.empty()) names.push_back(l);
+      try {
+        if (const std::string l = store.latest(); !l.empty()) names.push_back(l);
+      } catch (const InputError& e) {
+        std::fprintf(stderr, "mpiformer: warning: %s; trying the complete checkpoints, newest "
+                     "first\n", e.what());
+      }
       for (const auto& p : store.complete())
         if (std::find(names.begin(), names.end(), p) == names.end()) names.push_back(p);
       for (const auto& n : names) list += n + "\n";
@@ -201,7 +206,12 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
   int worst = bad;
   MPI_CHECK(MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (worst == 0) return;
-  const std::string store_latest = CheckpointStore(deck_.checkpoint.dir).latest();
+  std::string store_latest;
+  try {
+    store_latest = CheckpointStore(deck_.checkpoint.dir).latest();
+  } catch (const InputError& e) {
+    store_latest = e.what();
+  }
   throw AgreedInputError(
       deck_.checkpoint.dir, "[checkpoint]",
       strprintf("the %s of step %lld hold NaN or infinity: this checkpoint is not written, and "
