@@ -14,10 +14,15 @@
 namespace mpiformer {
 
 int fail(const std::exception& e, int rank, int world) {
-  std::fprintf(stderr, "mpiformer: fatal on rank %d: %s\n", rank, e.what());
+  const bool storage = dynamic_cast<const StorageError*>(&e) != nullptr;
+  std::fprintf(stderr, "mpiformer: fatal on rank %d: %s%s\n", rank, e.what(),
+               storage ? " (an output could not be written: free space or fix the file system, "
+                         "then run again to resume; exit 74)"
+                       : "");
   std::fflush(stderr);
-  if (world > 1) MpiSession::abort(kExitFailure);
-  return kExitFailure;
+  const int code = storage ? kExitStorage : kExitFailure;
+  if (world > 1) MpiSession::abort(code);
+  return code;
 }
 
 }  // namespace mpiformer

@@ -1,5 +1,7 @@
 #include "checkpoint.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -135,6 +137,19 @@ bool is_checkpoint(const std::string& path) {
   return f.valid() && H5Lexists(f.get(), "model", H5P_DEFAULT) > 0;
 }
 
+namespace {
+// Allocates `bytes` of disk for `path` (0, or the errno). A file system that
+// cannot reserve (EOPNOTSUPP: some network file systems) is not an error:
+// the save goes on as before, unreserved.
+int reserve_space(const std::string& path, int64_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  if (fd < 0) return errno;
+  const int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  ::close(fd);
+  return rc == EOPNOTSUPP ? 0 : rc;
+}
+}  // namespace
+
 uint64_t tensor_checksum(const float* data, int64_t n) {
   return XXH64(data, static_cast<size_t>(n) * sizeof(float), 0);
 }
@@ -174,6 +189,18 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     H5_CHECK(H5Pset_coll_metadata_write(fapl.get(), 1), tmp);
     H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     if (!file.valid()) throw InputError(tmp, "[checkpoint] dir", "cannot create (is it writable?)");
+    // The whole file's space is reserved before the first byte: a disk that
+    // cannot hold it fails here, on rank 0, where every rank agrees on it,
+    // and never inside HDF5's collective metadata flush, where the rank
+    // that fails returns and leaves the others waiting in a broadcast (seen
+    // with 2 ranks at the final flush). The slack past the tensors is
+    // generous for HDF5's headers; what is left over is cut off below.
+    if (rank == 0) {
+      int64_t bytes = (1 << 20) + static_cast<int64_t>(meta.deck.size());
+      for (const auto& d : datasets) bytes += 4 * numel(d.shape) + (16 << 10);
+      errno = reserve_space(tmp, bytes);
+      if (errno != 0) failed(strprintf("reserving %.1f MB for the file", static_cast<double>(bytes) / 1e6));
+    }
     H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
     H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
     H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -191,7 +218,8 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
       H5_CHECK(made.get(), tmp + ": " + g);
     }
 
-    for (size_t i = 0; i < datasets.size(); ++i) {
+    agree();
+    for (size_t i = 0; i < datasets.size() && failure.empty(); ++i) {
       const DatasetSlice& d = datasets[i];
       const auto dims = dims_of(d.shape);
       H5Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
@@ -239,8 +267,13 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
   // Rank 0 gives the finished file its name; every rank learns the outcome.
   if (rank == 0) {
     try {
+      // The reservation's unused tail (HDF5 extends a file, never shrinks it).
+      const uint64_t end = hdf5_end_of_file(tmp);
+      if (::truncate(tmp.c_str(), static_cast<off_t>(end)) != 0) {
+        throw SystemError("cannot cut " + tmp + " to its HDF5 length: " + std::strerror(errno));
+      }
       durable_rename(tmp, path);
-    } catch (const SystemError& e) {
+    } catch (const std::exception& e) {
       failure = e.what();
     }
   }

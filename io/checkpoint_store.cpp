@@ -63,6 +63,16 @@ std::string CheckpointStore::latest() const {
   return dir_ + "/" + name;
 }
 
+int CheckpointStore::remove_unfinished() const {
+  static const std::regex kUnfinished(R"((step_[0-9]{8}\.h5|latest)\.tmp)");
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    if (std::regex_match(e.path().filename().string(), kUnfinished) && fs::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
 std::vector<std::string> CheckpointStore::complete() const {
   std::vector<std::string> out;
   std::error_code ec;

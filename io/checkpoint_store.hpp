@@ -16,6 +16,10 @@ class CheckpointStore {
   void create_dir() const;
   // Points `latest` at `path` (a file in this directory) of run `run_id`.
   void publish_latest(const std::string& path, const std::string& run_id) const;
+  // Removes what saves that never finished left (step_N.h5.tmp, a
+  // latest.tmp): only while this job holds the directory's lock. Returns
+  // how many files.
+  int remove_unfinished() const;
   // The file `latest` names, or "" when there is no `latest`. An InputError
   // when `latest` is not a regular file or names anything but a complete
   // checkpoint of this directory (a .tmp, a path elsewhere).

@@ -22,9 +22,12 @@ uint64_t little_endian(const unsigned char* p, int size) {
   return v;
 }
 
-}  // namespace
+struct SuperblockEnd {
+  uint64_t eof = 0, size = 0;  // the superblock's end-of-file address; the file's size
+  bool defined = true;
+};
 
-void precheck_hdf5(const std::string& path) {
+SuperblockEnd superblock_end(const std::string& path) {
   require_regular_file(path, "", "an HDF5 file");
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
@@ -65,12 +68,24 @@ void precheck_hdf5(const std::string& path) {
   if (static_cast<uint64_t>(eof_at + offsets) > sizeof sb || at + eof_at + offsets > size) {
     throw InputError(path, "HDF5 superblock", "cut short: the file ends inside its superblock");
   }
-  const uint64_t eof = little_endian(sb + eof_at, offsets);
-  const uint64_t undefined = offsets == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * offsets)) - 1;
+  SuperblockEnd end;
+  end.eof = little_endian(sb + eof_at, offsets);
+  end.size = size;
+  end.defined = end.eof != (offsets == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * offsets)) - 1);
+  return end;
+}
+
+}  // namespace
+
+uint64_t hdf5_end_of_file(const std::string& path) { return superblock_end(path).eof; }
+
+void precheck_hdf5(const std::string& path) {
+  const SuperblockEnd end = superblock_end(path);
+  const uint64_t eof = end.eof, size = end.size;
   // The end-of-file address counts the user block too (HDF5 1.10 writes the
   // whole file's length there, e.g. 8656 for a 512-byte user block and
   // 8144 bytes of HDF5 after it), so it is compared with the file's size.
-  if (eof != undefined && eof > size) {
+  if (end.defined && eof > size) {
     throw InputError(path, "HDF5 superblock",
                      strprintf("says the file is %llu bytes long, but it has %llu: truncated (an "
                                "interrupted copy or a full disk?)",

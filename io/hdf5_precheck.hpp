@@ -18,6 +18,10 @@ namespace mpiformer {
 // end-of-file address is within the file.
 void precheck_hdf5(const std::string& path);
 
+// The length the superblock of HDF5 file `path` gives the file (after the
+// same checks): what remains of a file that is longer is not HDF5's.
+uint64_t hdf5_end_of_file(const std::string& path);
+
 // Opens dataset `name` (an absolute path) of the open `file` at `path` for
 // reading, refusing (InputError naming the file and the dataset) what would
 // make its data something other than this file's bytes: a link on the way

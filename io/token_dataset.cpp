@@ -272,7 +272,7 @@ int64_t TokenDataset::verify_token_range() const {
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
                       int64_t vocab_size, const std::string& tokenizer) {
   const std::string tmp = path + ".tmp";
-  {
+  try {
     H5QuietErrors quiet;
     H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     use_checksummed_format(fapl.get(), path);
@@ -295,6 +295,9 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     const auto max_id = std::max_element(tokens.begin(), tokens.end());
     write_int_attr(file.get(), "max_token_id", max_id == tokens.end() ? -1 : *max_id, path);
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), path);
+  } catch (const std::exception&) {
+    std::remove(tmp.c_str());  // a full disk: nothing partial stays behind
+    throw;
   }
   try {
     durable_rename(tmp, path);

@@ -8,6 +8,8 @@
 #include <map>
 #include <regex>
 
+#include <xxhash.h>
+
 #include "core/bf16.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
@@ -280,6 +282,37 @@ std::unique_ptr<WeightSource> open_weight_source(const WeightsShape& shape) {
   if (shape.format == WeightFormat::kLlmc) return std::make_unique<LlmcSource>(shape.file);
   if (shape.format == WeightFormat::kHuggingFace) return std::make_unique<SafetensorsSource>(shape.file);
   throw std::logic_error("open_weight_source: checkpoints are read by CheckpointReader");
+}
+
+std::string weights_digest(const WeightsShape& shape) {
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  std::string size;
+  if (shape.format == WeightFormat::kCheckpoint) {
+    const CheckpointReader r(shape.file);
+    const CheckpointMeta& m = r.meta();
+    const std::string head = strprintf("step %lld run %s", static_cast<long long>(m.step), m.run_id.c_str());
+    XXH64_update(state, head.data(), head.size());
+    for (const auto& [name, dims] : r.datasets()) {
+      if (name.rfind("/model/", 0) != 0) continue;  // init reads the weights only
+      const uint64_t stored = r.read_rows(name, dims, 0, 0, nullptr);
+      XXH64_update(state, &stored, sizeof stored);
+    }
+    size = "step " + std::to_string(m.step);
+  } else {
+    const MappedFile f(shape.file);
+    const int64_t n = f.size(), head = std::min<int64_t>(n, 64 << 10), block = 4096;
+    XXH64_update(state, &n, sizeof n);
+    XXH64_update(state, f.data(), static_cast<size_t>(head));
+    for (int i = 0; i < 64 && n - head > block; ++i) {
+      const int64_t at = head + (n - head - block) * i / 63;
+      XXH64_update(state, f.data() + at, block);
+    }
+    size = std::to_string(n) + " bytes";
+  }
+  const uint64_t digest = XXH64_digest(state);
+  XXH64_freeState(state);
+  return strprintf("%s, content digest %016llx", size.c_str(), static_cast<unsigned long long>(digest));
 }
 
 }  // namespace mpiformer

@@ -48,4 +48,13 @@ class WeightSource {
 };
 std::unique_ptr<WeightSource> open_weight_source(const WeightsShape& shape);
 
+// A fingerprint of the weights file's content, cheap on any size, that two
+// different models' files all but never share: the file's size, its first
+// 64 KiB (the header) and 64 blocks of 4 KiB spread over the rest; for a
+// checkpoint, its step, run and every tensor's stored checksum. Ranks that
+// each read their own slices compare these, so a rank that sees another
+// file at the same path (a stale node-local copy) is found before training
+// mixes two models. Text, for agree_on_view's message.
+std::string weights_digest(const WeightsShape& shape);
+
 }  // namespace mpiformer

@@ -35,7 +35,11 @@ def read_run(run_dir):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                fail(f"{path}: line {n} is not JSON ({e})")
+                # A line cut short by a full disk (earlier builds could leave
+                # one): skipped, and said.
+                print(f"plot-metrics: {path}: skipping line {n}, which is not JSON ({e})",
+                      file=sys.stderr)
+                continue
             # Each run segment starts by recording its predicted memory.
             if "memory_predicted" in rec:
                 segment_started = True

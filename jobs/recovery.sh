@@ -12,6 +12,8 @@
 #             exits 75.
 #   watchdog  exit 76: the watchdog ended a stuck rank. train.sbatch requeues
 #             the job (likely onto other nodes); local.sh restarts it.
+#   storage   exit 74: an output could not be written (a full or read-only
+#             file system). A restart would fail the same way: not restarted.
 #   failed    anything else, and exit 0 without the marker: a rank died or
 #             was killed, a rank hit a fatal error (exit 3), the launcher
 #             could not start the ranks. Restarted.
@@ -55,6 +57,7 @@ launch_outcome() {
     2) outcome=input why="bad input (exit 2): see mpiformer's message; not restarted" ;;
     75) outcome=requeue why="checkpointed and stopped to be requeued (exit 75)" ;;
     76) outcome=watchdog why="the watchdog ended a stuck job (exit 76)" ;;
+    74) outcome=storage why="an output could not be written (exit 74: a full or read-only file system?); free space and run again to resume; not restarted" ;;
     *) outcome=failed
        if [ "$rc" -gt 128 ]; then
          why="a rank or the launcher ended by signal $((rc - 128)) (exit $rc)"

@@ -59,7 +59,7 @@ DurableWriter::~DurableWriter() {
 
 void DurableWriter::write(const void* data, size_t bytes) {
   if (std::fwrite(data, 1, bytes, file_) != bytes) {
-    throw SystemError("cannot write " + tmp_ + ": " + reason());
+    throw StorageError("cannot write " + tmp_ + ": " + reason());
   }
 }
 
@@ -70,7 +70,7 @@ void DurableWriter::commit() {
   if (std::fclose(f) != 0) {
     const std::string why = reason();
     std::remove(tmp_.c_str());
-    throw SystemError("cannot write " + tmp_ + ": " + why);
+    throw StorageError("cannot write " + tmp_ + ": " + why);
   }
   try {
     durable_rename(tmp_, path_);

@@ -43,6 +43,17 @@ class SystemError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An output could not be written (a full or read-only file system, a quota):
+// a condition that a restart into the same place would only repeat, so the
+// job ends with kExitStorage, which the job scripts do not restart.
+class StorageError : public SystemError {
+ public:
+  using SystemError::SystemError;
+};
+
+// EX_IOERR from sysexits.h.
+constexpr int kExitStorage = 74;
+
 [[noreturn]] void throw_system_error(const char* call, const char* file, int line,
                                      const std::string& reason);
 

@@ -71,6 +71,10 @@ ResumePoint CheckpointManager::resume() {
   std::string failure;
   if (grid_.world_rank() == 0) {
     try {
+      // This job holds the directory's lock: no save of another is running.
+      if (const int n = CheckpointStore(deck_.checkpoint.dir).remove_unfinished(); n > 0) {
+        std::printf("checkpoint: removed %d unfinished save(s) (.tmp) an earlier job left\n", n);
+      }
       set_aside_others(start);
     } catch (const std::exception& e) {
       failure = e.what();

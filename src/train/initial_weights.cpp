@@ -57,7 +57,13 @@ std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessG
   const ShardPlan* plan = stage.shard_plan();
   std::vector<float> params(static_cast<size_t>(stage.state_size()), 0.0f);
   WeightsShape w;
-  agree_on_input_errors(MPI_COMM_WORLD, [&] { w = read_weights_shape(deck.model_init); });
+  std::string digest;
+  agree_on_input_errors(MPI_COMM_WORLD, [&] {
+    w = read_weights_shape(deck.model_init);
+    digest = weights_digest(w);
+  });
+  // Each rank reads its own slices: of one file, not of a copy that differs.
+  agree_on_view(MPI_COMM_WORLD, digest, w.file, "[model] init");
   if (w.format == WeightFormat::kCheckpoint) {
     std::unique_ptr<CheckpointReader> reader;
     agree_on_input_errors(MPI_COMM_WORLD, [&] { reader = std::make_unique<CheckpointReader>(w.file); });

@@ -1,5 +1,9 @@
 #include "train/metrics_log.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -20,14 +24,22 @@ std::string duration(double s) {
 MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool append)
     : active_(active), path_(run_dir + "/metrics.jsonl") {
   if (!active_) return;
-  file_ = std::fopen(path_.c_str(), append ? "a" : "w");
-  if (file_ == nullptr) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
+  if (fd_ < 0) {
     throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
+  }
+  // A last line left without its end (an older build killed mid-write)
+  // stays a line of its own: this segment's records start on a new one.
+  struct stat st {};
+  char last = '\n';
+  if (append && ::fstat(fd_, &st) == 0 && st.st_size > 0 &&
+      ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n') {
+    write_line("");
   }
 }
 
 MetricsLog::~MetricsLog() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 namespace {
@@ -38,11 +50,22 @@ std::string number(double x) { return std::isfinite(x) ? strprintf("%.9g", x) : 
 }  // namespace
 
 void MetricsLog::write_line(const std::string& json) {
-  // Flushed per line: a crash or a kill loses no logged line. A failed
-  // write (a full disk) ends the run instead of losing the log silently.
-  if (std::fputs(json.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF ||
-      std::fflush(file_) != 0) {
-    throw SystemError("cannot write " + path_ + ": " + std::strerror(errno));
+  // One write per line, straight to the file: a crash or a kill loses no
+  // logged line. A write that fails (a full disk) ends the run instead of
+  // losing the log silently, and what part of the line got in is cut off
+  // again: the file holds whole lines only, so readers and a resumed run
+  // append to clean JSON lines.
+  const std::string line = json + "\n";
+  struct stat st {};
+  const off_t before = ::fstat(fd_, &st) == 0 ? st.st_size : -1;
+  const ssize_t n = ::write(fd_, line.data(), line.size());
+  if (n != static_cast<ssize_t>(line.size())) {
+    const std::string why = n < 0 ? std::strerror(errno) : "no space for the whole line";
+    if (before >= 0 && ::ftruncate(fd_, before) != 0) {
+      throw StorageError("cannot write " + path_ + " (" + why + "), nor cut off the torn line: " +
+                         std::strerror(errno));
+    }
+    throw StorageError("cannot write " + path_ + ": " + why);
   }
 }
 

@@ -56,7 +56,7 @@ class MetricsLog {
   void write_line(const std::string& json);
   bool active_;
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;  // appended to a whole line at a time
 };
 
 }  // namespace mpiformer

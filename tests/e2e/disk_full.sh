@@ -55,6 +55,10 @@ try before $((raw - 1000000))
 grep -q "nothing was written" before.err || { cat before.err; fail "the refusal did not say nothing was written"; }
 try during $((raw + (file - raw) / 2))
 grep -q "the partial file was removed" during.err || { cat during.err; fail "no partial-file removal"; }
+# Room for all but the file's last pages, where HDF5's final collective
+# metadata flush writes: one rank failing inside it left the other waiting
+# in a broadcast (a hang). The save reserves the whole file first.
+for k in 1 2 4; do try "flush$k" $((file - k * page)); done
 
 # With room again, the run resumes from step 1 and completes.
 rm -f small/filler
@@ -62,3 +66,41 @@ run_mpi 2 train "$DECK" "${args[@]}" --set train.steps=2 --set run.dir=during >r
   { cat resume.log; fail "resume after freeing space failed"; }
 grep -q "resumed from small/ck/step_00000001.h5" resume.log || { cat resume.log; fail "no resume"; }
 echo "ok: the run resumed from step 1 once there was room"
+
+# A full run directory mid-run: metrics.jsonl keeps whole lines only, the
+# job ends with exit 74 (an output could not be written), which
+# jobs/local.sh does not restart; with room again the run resumes and
+# jobs/plot-metrics.py reads the whole run.
+rm -rf small/ck small/filler small/rd
+mkdir -p small/rd
+avail=$(df -B1 --output=avail small | tail -1)
+fallocate -l $((avail - 6 * page)) small/filler
+rc=0
+MAX_FAILURE_RESTARTS=3 RESTART_BACKOFF_S=1 MPIFORMER="$MPIFORMER" timeout 300 "$SOURCE_DIR/jobs/local.sh" "$DECK" \
+  --set parallel.dp=2 --set train.steps=300 --set train.log_every=1 --set train.eval_every=0 \
+  --set checkpoint.every=10 --set checkpoint.dir=rdck --set run.dir=small/rd --set run.peak_tflops=1 \
+  >rd.log 2>&1 || rc=$?
+[ "$rc" -eq 74 ] || { tail -20 rd.log; fail "a full run directory: exit $rc, expected 74"; }
+grep -q "fatal on rank 0: cannot write small/rd/metrics.jsonl: .*(an output could not be written" rd.log || { tail -20 rd.log; fail "no message"; }
+grep -q "launch ended: an output could not be written (exit 74" rd.log || { tail -5 rd.log; fail "no outcome line"; }
+[ "$(grep -c "launch ended" rd.log)" -eq 1 ] || { tail -5 rd.log; fail "a full disk was restarted"; }
+python3 -c "
+import json, sys
+lines = open('small/rd/metrics.jsonl').read().split('\n')
+assert lines[-1] == '', 'the file does not end with a whole line'
+[json.loads(l) for l in lines[:-1]]
+print(f'ok: {len(lines) - 1} whole JSON lines, none torn')"
+rm -f small/filler
+run_mpi 2 train "$DECK" --set parallel.dp=2 --set train.steps=25 --set train.log_every=1 --set train.eval_every=0 \
+  --set checkpoint.every=10 --set checkpoint.dir=rdck --set run.dir=small/rd >rd2.log 2>&1 ||
+  { tail -20 rd2.log; fail "resume after freeing the run directory"; }
+/usr/bin/python3 "$SOURCE_DIR/jobs/plot-metrics.py" small/rd >plot.log 2>&1 || { cat plot.log; fail "plot-metrics refused the resumed run"; }
+echo "ok: a full run directory ends with exit 74, no torn line; the resumed run plots"
+
+# prep to a full disk: an error, and no OUT.h5.tmp left behind.
+fallocate -l $(( $(df -B1 --output=avail small | tail -1) - 64 * 1024 )) small/filler
+rc=0
+"$MPIFORMER" prep --tokenizer byte --output small/prep.h5 "$SOURCE_DIR/inputs/tinyshakespeare.txt" >prep.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || fail "prep to a full disk exited 0"
+! ls small/prep.h5* >/dev/null 2>&1 || { ls small; fail "prep to a full disk left $(ls small/prep.h5*)"; }
+echo "ok: prep to a full disk fails and leaves nothing"

@@ -4,7 +4,7 @@
 # input as it was.
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
-export DECK="$SOURCE_DIR/inputs/tiny.toml"
+export DECK="$SOURCE_DIR/inputs/tiny.toml" WORK
 # expect RC "message part" CMD...: exit RC (any non-zero when RC is "fail")
 # within 120 s, with that text in its output (inspect reports on stdout).
 expect() {
@@ -195,3 +195,35 @@ expect 2 "vds.h5: /tokens: a virtual dataset" data_run vds.h5
 expect 2 "lzf.h5: /tokens: compressed with filter 32000" data_run lzf.h5
 data_run userblock.h5 >userblock.log 2>&1 || { cat userblock.log; fail "an h5py file with a user block was refused"; }
 echo "ok: foreign HDF5: virtual and LZF datasets refused, a user block read"
+
+# 5. Ranks that each read their own slices of [model] init agree they read
+# the same content: here rank 1 sees another model at the same path
+# (/proc/self/cwd resolves to each rank's own directory, as a node-local
+# copy would), and the job is refused before it trains on a mix of both.
+mkdir -p rankA rankB
+"$MPIFORMER" export "$CK" --format llmc --output rankA/model.bin >/dev/null || fail "export llmc"
+"$MPIFORMER" export other/checkpoints/step_00000002.h5 --format llmc --output rankB/model.bin >/dev/null || fail "export llmc"
+two_dirs() {
+  local a=(train "$DECK" --set parallel.dp=2 --set train.steps=1 --set 'model.init="/proc/self/cwd/model.bin"'
+           --set "data.train=\"$WORK/data/tinyshakespeare_byte.h5\"" --set "data.val=\"\""
+           --set "run.dir=\"$WORK/$1\"" --set run.peak_tflops=1)
+  mpirun -np 1 --wdir "$WORK/rankA" "$MPIFORMER" "${a[@]}" : -np 1 --wdir "$WORK/$2" "$MPIFORMER" "${a[@]}"
+}
+expect 2 "/proc/self/cwd/model.bin: [model] init: differs between ranks" two_dirs mixed rankB
+cp rankA/model.bin rankB/model.bin
+two_dirs same rankB >same.log 2>&1 || { cat same.log; fail "identical copies at the same path were refused"; }
+echo "ok: ranks reading different [model] init files are refused; identical copies pass"
+
+# 11. A save killed part-way leaves its .tmp; the next start (holding the
+# directory's lock) removes it and resumes from the last complete one.
+rc=0
+MPIFORMER_CHECKPOINT_FAULT_AFTER=20 mpirun -np 2 "$MPIFORMER" train "$DECK" --set parallel.dp=2 --set train.steps=4 \
+  --set train.eval_every=0 --set checkpoint.every=2 --set run.dir=killed_save --set run.peak_tflops=1 \
+  >killed_save.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || fail "the injected fault did not end the save"
+ls killed_save/checkpoints/step_*.h5.tmp >/dev/null 2>&1 || fail "no partial save to clean (the fault hook did not fire)"
+run_mpi 2 train "$DECK" --set parallel.dp=2 --set train.steps=4 --set train.eval_every=0 --set checkpoint.every=2 \
+  --set run.dir=killed_save >killed_save2.log 2>&1 || { cat killed_save2.log; fail "the restart failed"; }
+grep -q "removed 1 unfinished save(s) (.tmp) an earlier job left" killed_save2.log || { cat killed_save2.log; fail "no cleanup line"; }
+! ls killed_save/checkpoints/*.tmp >/dev/null 2>&1 || fail "a .tmp is still there"
+echo "ok: an unfinished save's .tmp is removed at the next start"
