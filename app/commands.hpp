@@ -11,8 +11,10 @@ namespace mpiformer {
 constexpr int kExitInputError = 2;
 constexpr int kExitFailure = 3;
 
-// A failure that is not the user's input (a library call, a dead peer, a
-// full disk): says it, naming the rank, and ends the job. With more than
+// A failure of one rank past set-up: says it, naming the rank, and ends
+// the job: exit 2 for bad input that rank met alone (a damaged shard), 74
+// (kExitStorage) for an output it could not write, 3 for anything else (a
+// library call, a dead peer). With more than
 // one rank it aborts every rank at once (MPI_Abort), before anything is
 // unwound: a rank that drained its streams or destroyed its communicators
 // first could wait for a peer that will never answer.

@@ -14,13 +14,20 @@
 namespace mpiformer {
 
 int fail(const std::exception& e, int rank, int world) {
+  // Bad input one rank met alone (a token out of range in the window it
+  // read): still bad input, exit 2, which the job scripts never restart.
+  const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
   const bool storage = dynamic_cast<const StorageError*>(&e) != nullptr;
-  std::fprintf(stderr, "mpiformer: fatal on rank %d: %s%s\n", rank, e.what(),
-               storage ? " (an output could not be written: free space or fix the file system, "
-                         "then run again to resume; exit 74)"
-                       : "");
+  if (input) {
+    std::fprintf(stderr, "mpiformer: error (met by rank %d): %s\n", rank, e.what());
+  } else {
+    std::fprintf(stderr, "mpiformer: fatal on rank %d: %s%s\n", rank, e.what(),
+                 storage ? " (an output could not be written: free space or fix the file "
+                           "system, then run again to resume; exit 74)"
+                         : "");
+  }
   std::fflush(stderr);
-  const int code = storage ? kExitStorage : kExitFailure;
+  const int code = input ? kExitInputError : storage ? kExitStorage : kExitFailure;
   if (world > 1) MpiSession::abort(code);
   return code;
 }

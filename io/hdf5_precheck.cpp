@@ -1,9 +1,11 @@
 #include "hdf5_precheck.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/input_file.hpp"
@@ -137,6 +139,35 @@ H5Handle open_own_dataset(hid_t file, const std::string& path, const std::string
                        strprintf("compressed with filter %d (%s), which this HDF5 cannot decode "
                                  "(h5py's LZF is 32000): rewrite it uncompressed or with gzip",
                                  static_cast<int>(id), fname[0] != 0 ? fname : "unnamed"));
+    }
+  }
+  // Every value must be stored: an unallocated dataset, or one with chunks
+  // never written, reads the fill value where data are missing (a header
+  // can declare a trillion tokens in an 8 KB file).
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  H5Handle type(H5Dget_type(dset.get()), H5Tclose);
+  const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  if (rank < 0 || !type.valid()) throw InputError(path, name, "cannot read the dataset's shape or type");
+  std::vector<hsize_t> dims(static_cast<size_t>(rank)), chunk(static_cast<size_t>(rank), 1);
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  const double declared = static_cast<double>(H5Sget_simple_extent_npoints(space.get()));
+  if (layout == H5D_CONTIGUOUS) {
+    const double stored = static_cast<double>(H5Dget_storage_size(dset.get()));
+    if (stored < declared * static_cast<double>(H5Tget_size(type.get()))) {
+      throw InputError(path, name, strprintf("declares %.0f values but stores %.0f bytes of them: "
+                                             "the rest would read as the fill value",
+                                             declared, stored));
+    }
+  } else if (layout == H5D_CHUNKED && declared > 0) {
+    H5Pget_chunk(dcpl.get(), rank, chunk.data());
+    double expected = 1;
+    for (int i = 0; i < rank; ++i) expected *= std::ceil(static_cast<double>(dims[i]) / static_cast<double>(chunk[i]));
+    hsize_t written = 0;
+    if (H5Dget_num_chunks(dset.get(), space.get(), &written) < 0 || static_cast<double>(written) < expected) {
+      throw InputError(path, name, strprintf("%.0f of its %.0f chunks were written: the rest would "
+                                             "read as the fill value",
+                                             static_cast<double>(written), expected));
     }
   }
   return dset;

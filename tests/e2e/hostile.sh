@@ -189,12 +189,34 @@ def write(name, **kw):
 write("lzf.h5", lzf=True)
 write("vds.h5", vds=True)
 write("userblock.h5", userblock_size=512)
+with h5py.File("huge.h5", "w") as f:  # 10^12 tokens declared in an 8 KB file
+    f.create_dataset("tokens", shape=(10**12,), dtype=np.uint16)
+    f.attrs["vocab_size"] = 256
+    f.attrs["tokenizer"] = "byte"
+with h5py.File("holes.h5", "w") as f:  # chunked, the last chunk never written
+    d = f.create_dataset("tokens", shape=(40000,), dtype=np.uint16, chunks=(4096,))
+    d[:36864] = tokens[:36864] if len(tokens) >= 36864 else np.resize(tokens, 36864)
+    f.attrs["vocab_size"] = 256
+    f.attrs["tokenizer"] = "byte"
+with h5py.File("range.h5", "w") as f:  # ids past vocab_size, and no max_token_id to say so
+    bad = tokens.copy()
+    bad[100:] = 300
+    f["tokens"] = bad
+    f.attrs["vocab_size"] = 256
+    f.attrs["tokenizer"] = "byte"
 PY
 data_run() { mpirun -np 1 "$MPIFORMER" train "$DECK" --set train.steps=2 --set "data.train=\"$1\"" --set 'data.val=""' --set run.dir="run_$1" --set run.peak_tflops=1; }
 expect 2 "vds.h5: /tokens: a virtual dataset" data_run vds.h5
 expect 2 "lzf.h5: /tokens: compressed with filter 32000" data_run lzf.h5
 data_run userblock.h5 >userblock.log 2>&1 || { cat userblock.log; fail "an h5py file with a user block was refused"; }
-echo "ok: foreign HDF5: virtual and LZF datasets refused, a user block read"
+expect 2 "huge.h5: /tokens: declares 1000000000000 values but stores 0 bytes" data_run huge.h5
+expect 2 "huge.h5: /tokens: declares 1000000000000 values" "$MPIFORMER" inspect huge.h5
+expect 2 "holes.h5: /tokens: 9 of its 10 chunks were written" data_run holes.h5
+# Out-of-range ids met while training, by the rank that read them: bad
+# input all the same (exit 2, never restarted), not a fatal error (3).
+expect 2 "range.h5" data_run range.h5
+grep -q "mpiformer: error (met by rank 0): .*range.h5" err.txt || { cat err.txt; fail "out-of-range ids: no error line"; }
+echo "ok: foreign HDF5: virtual, LZF, unallocated and partly written datasets refused, a user block read, out-of-range ids exit 2"
 
 # 5. Ranks that each read their own slices of [model] init agree they read
 # the same content: here rank 1 sees another model at the same path

@@ -41,5 +41,40 @@ TEST(SampleOrder, EachEpochIsAPermutationAndSeedsDiffer) {
   EXPECT_EQ(d.window(3), a.window(3));
 }
 
+// A trillion-token dataset's window count costs no memory: any position is
+// answered at once and inside the range, and a first stretch of positions
+// spreads over the whole dataset (a shuffle, not a scan).
+TEST(SampleOrder, HugeCountsAreComputedNotStored) {
+  const int64_t n = 976562500;  // 10^12 tokens in windows of 1024
+  SampleOrder order(n, 1337);
+  EXPECT_LE(sizeof(order), 128u);
+  std::set<int64_t> seen;
+  int tenths[10] = {};
+  for (int64_t pos = 0; pos < 20000; ++pos) {
+    const int64_t w = order.window(pos);
+    ASSERT_GE(w, 0);
+    ASSERT_LT(w, n);
+    seen.insert(w);
+    ++tenths[w / (n / 10 + 1)];
+  }
+  EXPECT_EQ(seen.size(), 20000u);  // a permutation repeats nothing
+  for (int t = 0; t < 10; ++t) EXPECT_NEAR(tenths[t], 2000, 200) << "tenth " << t;  // 4.5 sigma
+  EXPECT_GE(order.window(3 * n + 5), 0);  // a later epoch, directly
+}
+
+// Counts that are not powers of four (the walk back into range) are
+// permuted exactly, every epoch.
+TEST(SampleOrder, EveryCountIsPermutedExactly) {
+  for (const int64_t n : {1, 2, 3, 5, 17, 64, 65, 1000, 4097}) {
+    SampleOrder order(n, 42);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      std::set<int64_t> seen;
+      for (int64_t i = 0; i < n; ++i) seen.insert(order.window(epoch * n + i));
+      EXPECT_EQ(static_cast<int64_t>(seen.size()), n) << "n " << n;
+      EXPECT_EQ(*seen.rbegin(), n - 1);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mpiformer::test
