@@ -350,6 +350,7 @@ uint64_t CheckpointReader::read_boxes(const std::string& name, const std::vector
     };
     throw InputError(path_, name, "shape " + show(dims) + ", the deck's model needs " + show(shape));
   }
+  require_stored(dset.get(), path_, name);
   const uint64_t stored = read_u64_attr(dset.get(), "xxh64", path_ + ": " + name);
   const int64_t count = select_boxes(space.get(), shape, boxes, path_ + ": " + name);
   if (count == 0) return stored;

@@ -141,11 +141,15 @@ H5Handle open_own_dataset(hid_t file, const std::string& path, const std::string
                                  static_cast<int>(id), fname[0] != 0 ? fname : "unnamed"));
     }
   }
-  // Every value must be stored: an unallocated dataset, or one with chunks
-  // never written, reads the fill value where data are missing (a header
-  // can declare a trillion tokens in an 8 KB file).
-  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
-  H5Handle type(H5Dget_type(dset.get()), H5Tclose);
+  return dset;
+}
+
+void require_stored(hid_t dset, const std::string& path, const std::string& name) {
+  H5QuietErrors quiet;
+  H5Handle dcpl(H5Dget_create_plist(dset), H5Pclose);
+  if (!dcpl.valid()) throw InputError(path, name, "cannot read the dataset's properties");
+  H5Handle space(H5Dget_space(dset), H5Sclose);
+  H5Handle type(H5Dget_type(dset), H5Tclose);
   const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
   if (rank < 0 || !type.valid()) throw InputError(path, name, "cannot read the dataset's shape or type");
   std::vector<hsize_t> dims(static_cast<size_t>(rank)), chunk(static_cast<size_t>(rank), 1);
@@ -153,7 +157,7 @@ H5Handle open_own_dataset(hid_t file, const std::string& path, const std::string
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
   const double declared = static_cast<double>(H5Sget_simple_extent_npoints(space.get()));
   if (layout == H5D_CONTIGUOUS) {
-    const double stored = static_cast<double>(H5Dget_storage_size(dset.get()));
+    const double stored = static_cast<double>(H5Dget_storage_size(dset));
     if (stored < declared * static_cast<double>(H5Tget_size(type.get()))) {
       throw InputError(path, name, strprintf("declares %.0f values but stores %.0f bytes of them: "
                                              "the rest would read as the fill value",
@@ -164,13 +168,12 @@ H5Handle open_own_dataset(hid_t file, const std::string& path, const std::string
     double expected = 1;
     for (int i = 0; i < rank; ++i) expected *= std::ceil(static_cast<double>(dims[i]) / static_cast<double>(chunk[i]));
     hsize_t written = 0;
-    if (H5Dget_num_chunks(dset.get(), space.get(), &written) < 0 || static_cast<double>(written) < expected) {
+    if (H5Dget_num_chunks(dset, space.get(), &written) < 0 || static_cast<double>(written) < expected) {
       throw InputError(path, name, strprintf("%.0f of its %.0f chunks were written: the rest would "
                                              "read as the fill value",
                                              static_cast<double>(written), expected));
     }
   }
-  return dset;
 }
 
 }  // namespace mpiformer

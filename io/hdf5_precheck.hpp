@@ -33,4 +33,11 @@ uint64_t hdf5_end_of_file(const std::string& path);
 // followed before it is checked.
 H5Handle open_own_dataset(hid_t file, const std::string& path, const std::string& name);
 
+// Throws InputError naming the file and the dataset unless every value of
+// the open dataset is stored: an unallocated dataset, or one with chunks
+// never written, reads HDF5's fill value where data are missing (a header
+// can declare a trillion tokens in an 8 KB file). Call after the shape is
+// checked, so a wrong shape is named as such.
+void require_stored(hid_t dset, const std::string& path, const std::string& name);
+
 }  // namespace mpiformer

@@ -107,6 +107,7 @@ class H5TokenSource final : public TokenSource {
     }
     hsize_t dims[1] = {0};
     H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    require_stored(dset_.get(), path, "/tokens");
     count_ = static_cast<int64_t>(dims[0]);
     *vocab = read_int_attr(file_.get(), "vocab_size", path_);
     *tokenizer = read_string_attr(file_.get(), "tokenizer", path_);

@@ -108,15 +108,21 @@ echo "ok: bad input exits 2 without a restart"
 
 # SIGKILL to the launcher script: its guard asks the ranks to checkpoint and
 # stop, so none trains on without it; the run directory is free again.
+# kill_launcher PID DIR: SIGKILL to PID once DIR's run has logged 3 steps,
+# then no rank of that run may be left after 30 s.
+kill_launcher() {
+  wait_steps "$2/metrics.jsonl" 3 || { cat "$2.log"; fail "the run did not start"; }
+  kill -KILL "$1"
+  for _ in $(seq 1 120); do
+    pgrep -f "mpiformer train .*run.dir=$2" >/dev/null || return 0
+    sleep 0.25
+  done
+  cat "$2.log"
+  pgrep -af mpiformer
+  fail "ranks of $2 still running 30 s after their launcher was killed"
+}
 "$LOCAL" "$DECK" "${args[@]}" --set train.steps=400 --set run.dir=orphan >orphan.log 2>&1 &
-pid=$!
-wait_steps orphan/metrics.jsonl 3 || { cat orphan.log; fail "the run did not start"; }
-kill -KILL "$pid"
-for _ in $(seq 1 120); do
-  pgrep -f "mpiformer train .*run.dir=orphan" >/dev/null || break
-  sleep 0.25
-done
-! pgrep -f "mpiformer train .*run.dir=orphan" >/dev/null || { cat orphan.log; pgrep -af mpiformer; fail "ranks still running 30 s after the launcher was killed"; }
+kill_launcher $! orphan
 grep -q "to be requeued (SIGUSR1)" orphan.log || { cat orphan.log; fail "the ranks did not checkpoint and stop"; }
 run_mpi 2 train "$DECK" "${args[@]}" --set train.steps=400 --set train.stop_at=6 --set run.dir=orphan >orphan2.log 2>&1 ||
   { cat orphan2.log; fail "the run directory is still locked"; }
@@ -126,13 +132,6 @@ echo "ok: SIGKILL to jobs/local.sh stopped the ranks with a checkpoint"
 # and stop (without it they train on, or die at their next log line).
 mpirun -np 2 "$MPIFORMER" train "$DECK" "${args[@]}" --set train.steps=400 --set checkpoint.every=0 \
   --set run.dir=headless >headless.log 2>&1 &
-pid=$!
-wait_steps headless/metrics.jsonl 3 || { cat headless.log; fail "the run did not start"; }
-kill -KILL "$pid"
-for _ in $(seq 1 120); do
-  pgrep -f "mpiformer train .*run.dir=headless" >/dev/null || break
-  sleep 0.25
-done
-! pgrep -f "mpiformer train .*run.dir=headless" >/dev/null || { pgrep -af mpiformer; fail "ranks still running 30 s after mpirun was killed"; }
+kill_launcher $! headless
 ls headless/checkpoints/step_*.h5 >/dev/null 2>&1 || fail "the ranks left no checkpoint when mpirun vanished"
 echo "ok: SIGKILL to mpirun: the ranks checkpointed and stopped"
