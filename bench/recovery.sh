@@ -17,7 +17,11 @@ prep_corpus byte
 out=$(mktemp -d /tmp/mpiformer-recovery-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 now() { date +%s.%N; }
-steps() { grep -c '"loss"' "$out/run/metrics.jsonl" 2>/dev/null || echo 0; }
+steps() {
+  local n
+  n=$(grep -c '"loss"' "$out/run/metrics.jsonl" 2>/dev/null) || true
+  echo "${n:-0}"
+}
 jobs/local.sh "$DECK" --set parallel.dp=2 --set train.steps=$((KILL_AT + 3 * CKPT)) --set train.log_every=1 \
   --set train.eval_every=0 --set checkpoint.every="$CKPT" --set run.dir="$out/run" >"$out/log" 2>&1 &
 pid=$!
