@@ -112,6 +112,10 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
     int fitting = 0;
     const Prediction best = choose_layout(deck_, world, node.size, &fitting);
     deck_ = with_layout(deck_, best.layout);
+    // The feeder sized its batches from the deck's micro-batch; the plan's
+    // may differ (a restart on fewer ranks keeps the global batch, not the
+    // micro-batch).
+    p.data = std::make_unique<DataFeeder>(deck_, deck_.model);
     p.auto_choice = strprintf("auto:  %s, the fastest of %d layouts that fit on %d ranks (%s): "
                               "predicted %.0f tokens/s, %.2f GiB on the fullest rank; `mpiformer "
                               "plan` lists them",

@@ -100,6 +100,14 @@ grep -q "^auto:  $want, the fastest of" auto.log || { grep "^auto" auto.log; fai
 set -- $want
 grep -q "^grid:  dp $2 x pp $4 x tp $6" auto.log || fail "the grid is not the chosen layout"
 grep -q "^step 3/3" auto.log || fail "the auto run did not train"
+# A deck micro-batch the plan does not keep (1 here: larger ones are faster
+# to the planner): the data are batched as the chosen layout says (they
+# were sized from the deck's once, and the first step read past them).
+run_mpi 2 train "$DECK" "${data[@]}" --set parallel.auto=true --set run.machine='"machine.toml"' \
+  --set train.micro_batch=1 --set train.steps=2 --set train.eval_every=0 --set run.dir=auto_mb >auto_mb.log 2>&1 ||
+  { tail -20 auto_mb.log; fail "train with [parallel] auto from a deck with micro_batch 1"; }
+grep "^auto:" auto_mb.log
+grep -q "^step 2/2" auto_mb.log || fail "the auto run from micro_batch 1 did not train"
 expect_refusal "[run] machine" run_mpi 2 train "$DECK" "${data[@]}" --set parallel.auto=true \
   --set train.steps=1 --set run.dir=noauto
 expect_refusal "[parallel] auto: no layout of 2 ranks fits" run_mpi 2 train "$DECK" "${data[@]}" \

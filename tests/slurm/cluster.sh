@@ -1,6 +1,9 @@
 # A one-node Slurm on 127.0.0.1 for the tests, everything under $SLURM_TEST_DIR
 # (no /etc changes): munged, slurmctld and slurmd started by us and stopped
 # by their PIDs. Sourced; call slurm_up, then slurm_down (or trap it).
+# SLURM_NODES=N (N > 1) makes N nodes node1..nodeN, each its own slurmd on
+# its own port of this host (Debian's slurmd runs several with -N), so a
+# job can lose one node and keep the others.
 # Facts this relies on (Debian 12 slurm-wlm 22.05): the host name is not a
 # usable node name, so the node is localhost at 127.0.0.1 and slurmd runs
 # with -N localhost; no cgroups (linuxproc, task/none); RealMemory kept
@@ -39,11 +42,11 @@ CryptoType=crypto/munge
 SlurmctldPort=$(free_port)
 SlurmdPort=$(free_port)
 StateSaveLocation=$d/state
-SlurmdSpoolDir=$d/spool
+SlurmdSpoolDir=$d/spool/%n
 SlurmctldPidFile=$d/slurmctld.pid
-SlurmdPidFile=$d/slurmd.pid
+SlurmdPidFile=$d/slurmd-%n.pid
 SlurmctldLogFile=$d/log/slurmctld.log
-SlurmdLogFile=$d/log/slurmd.log
+SlurmdLogFile=$d/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -59,15 +62,22 @@ JobRequeue=1
 MinJobAge=600
 # A failed step is torn down in seconds, not the default 30 (the restart tests wait for it).
 KillWait=5
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
-PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
+  local nodes=localhost n
+  if [ "${SLURM_NODES:-1}" -gt 1 ]; then nodes=$(seq -s, -f "node%g" 1 "$SLURM_NODES"); fi
+  for n in ${nodes//,/ }; do
+    mkdir -p "$d/spool/$n"
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(free_port) CPUs=$cpus RealMemory=$mem State=UNKNOWN" >>"$d/slurm.conf"
+  done
+  echo "PartitionName=test Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >>"$d/slurm.conf"
   export SLURM_CONF=$d/slurm.conf
   slurmctld -c
-  slurmd -N localhost
+  for n in ${nodes//,/ }; do slurmd -N "$n"; done
   local i
   for i in $(seq 1 60); do
-    if sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then return 0; fi
+    if [ "$(sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)$')" -eq "${SLURM_NODES:-1}" ]; then
+      return 0
+    fi
     sleep 1
   done
   echo "slurm did not come up; logs:" >&2
@@ -77,12 +87,12 @@ CONF
 
 slurm_down() {
   local d=$SLURM_TEST_DIR f
-  for f in "$d/slurmd.pid" "$d/slurmctld.pid" "$d/munge/munged.pid"; do
-    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null
+  for f in "$d"/slurmd-*.pid "$d/slurmctld.pid" "$d/munge/munged.pid"; do
+    [ -f "$f" ] && { kill "$(cat "$f")" 2>/dev/null || true; }  # a test may have killed it
   done
   sleep 1
-  for f in "$d/slurmd.pid" "$d/slurmctld.pid" "$d/munge/munged.pid"; do
-    [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
+  for f in "$d"/slurmd-*.pid "$d/slurmctld.pid" "$d/munge/munged.pid"; do
+    [ -f "$f" ] && { kill -9 "$(cat "$f")" 2>/dev/null || true; }
   done
   return 0
 }
