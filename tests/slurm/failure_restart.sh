@@ -58,6 +58,17 @@ job_log "$id" | grep -q "FAILED after 1 restart(s) (MAX_FAILURE_RESTARTS 1): exi
   { show_job "$id"; fail "no FAILED line with the reason"; }
 echo "ok: a launch that fails ends FAILED after 1 restart, with the reason"
 
+# 2b. A launch that exits 0 without running training (the binary is not
+# mpiformer; srun has also been seen to return 0 after failing to start
+# the ranks): no RUN_DIR/finished, so FAILED, never COMPLETED.
+id=$(MAX_FAILURE_RESTARTS=1 MPIFORMER=/bin/true MPIFORMER_ARGS="$args" RUN_DIR=hollow \
+     sbatch --parsable -n 2 "$SBATCH_SCRIPT")
+wait_job "$id" FAILED COMPLETED || { show_job "$id"; fail "job did not end"; }
+job_state "$id" FAILED || { show_job "$id"; fail "exit 0 without finishing must end FAILED"; }
+job_log "$id" | grep -q "FAILED after 1 restart(s) (MAX_FAILURE_RESTARTS 1): exit 0 without reaching the last step" ||
+  { show_job "$id"; fail "no FAILED line naming the missing finish"; }
+echo "ok: exit 0 without finishing ends the job FAILED"
+
 # 3. No healthy node to restart on: the node is drained while the job runs
 # (running jobs go on), then a rank dies.
 id=$(MPIFORMER_ARGS="$args --set train.steps=400" RUN_DIR=drained sbatch --parsable -n 2 "$SBATCH_SCRIPT")
