@@ -28,6 +28,14 @@ MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool append)
   if (fd_ < 0) {
     throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
   }
+  // A FIFO in its place opens without blocking here and would block the
+  // run at the first full pipe.
+  struct stat kind {};
+  if (::fstat(fd_, &kind) != 0 || !S_ISREG(kind.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw InputError(path_, "[run] dir", "not a regular file (a FIFO or a device?): the metrics log is a file");
+  }
   // A last line left without its end (an older build killed mid-write)
   // stays a line of its own: this segment's records start on a new one.
   struct stat st {};

@@ -168,6 +168,9 @@ with h5py.File(sys.argv[1], "r+") as f:
     f["/model/wte"] = h5py.ExternalLink(sys.argv[2], "/x")
 PY
 expect 2 "/model/wte is an external link" "$MPIFORMER" inspect fifo_link.h5
+mkdir -p fifo_metrics && mkfifo fifo_metrics/metrics.jsonl
+expect 2 "fifo_metrics/metrics.jsonl: [run] dir: not a regular file" \
+  mpirun -np 1 "$MPIFORMER" train "$DECK" --set train.steps=2 --set run.dir=fifo_metrics --set run.peak_tflops=1
 echo "ok: FIFOs and links are refused without waiting"
 
 # 10. Foreign HDF5 token datasets: a virtual dataset whose source is
