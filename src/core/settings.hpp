@@ -9,9 +9,9 @@ namespace mpiformer {
 
 // [run] device.
 enum class Device { kAuto, kCpu, kCuda };
-// [train] precision: bf16 activations and matmul inputs with float
-// accumulation, master weights and moments (GPU only).
-enum class Precision { kFp32, kBf16 };
+// [train] precision: what each tensor is stored in is the precision plan
+// (core/precision_plan.hpp); fp16 adds loss scaling ([train] loss_scale).
+enum class Precision { kFp32, kBf16, kFp16 };
 // [parallel] schedule.
 enum class ScheduleKind { kOneFOneB, kGPipe };
 // [train] nonfinite: what a non-finite loss or gradient norm does.
@@ -31,8 +31,8 @@ struct SettingName {
 
 inline constexpr SettingName<Device> kDeviceNames[] = {
     {Device::kAuto, "auto"}, {Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}};
-inline constexpr SettingName<Precision> kPrecisionNames[] = {{Precision::kFp32, "fp32"},
-                                                             {Precision::kBf16, "bf16"}};
+inline constexpr SettingName<Precision> kPrecisionNames[] = {
+    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
 inline constexpr SettingName<NonfinitePolicy> kNonfiniteNames[] = {
     {NonfinitePolicy::kStop, "stop"}, {NonfinitePolicy::kSkip, "skip"}};
 inline constexpr SettingName<Recompute> kRecomputeNames[] = {

@@ -8,6 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/precision_plan.hpp"
+
 namespace mpiformer {
 
 // A started non-blocking operation. Destroying it waits for it, so no
@@ -42,11 +44,10 @@ class Communicator {
   virtual void allreduce_sum(float* data, int64_t n) = 0;
   virtual void allreduce_sum(double* data, int64_t n) = 0;
   virtual Pending start_allreduce_sum(float* data, int64_t n) = 0;
-  // In place, of elements of elem_bytes: 4 (float), 8 (double) or 2 (bf16,
-  // device communicators only; host MPI has no bf16). Every rank receives
-  // the same bits (the tensor group relies on it: its replicated
-  // parameters must stay identical).
-  virtual void allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) = 0;
+  // In place, of elements of `type` (host MPI reduces bf16 and fp16 in
+  // float and rounds once). Every rank receives the same bits (the tensor
+  // group relies on it: its replicated parameters must stay identical).
+  virtual void allreduce(void* data, int64_t n, Element type, Reduction op) = 0;
   // ZeRO's pair. Parts are in rank order, rank r's of counts[r] elements.
   // Reduce-scatter: `send` holds every part (sum of counts); the sum over
   // the group of this rank's part lands in `recv` (counts[rank()]).

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 
-#include "core/bf16.hpp"
 #include "core/cuda_check.hpp"
 
 namespace mpiformer {
@@ -76,20 +75,11 @@ void HostStagedCommunicator::allreduce(T* data, int64_t n) {
 void HostStagedCommunicator::allreduce_sum(float* data, int64_t n) { allreduce(data, n); }
 void HostStagedCommunicator::allreduce_sum(double* data, int64_t n) { allreduce(data, n); }
 
-void HostStagedCommunicator::allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) {
-  const size_t bytes = elem_bytes * static_cast<size_t>(n);
+void HostStagedCommunicator::allreduce(void* data, int64_t n, Element type, Reduction op) {
+  const size_t bytes = element_bytes(type) * static_cast<size_t>(n);
   staging_.resize(bytes);
   to_host(staging_.data(), data, bytes, compute_);
-  if (elem_bytes == 2) {
-    // Host MPI has no bf16: reduced in float, rounded once.
-    auto* b = reinterpret_cast<uint16_t*>(staging_.data());
-    std::vector<float> wide(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) wide[i] = bf16_to_float(b[i]);
-    group_.allreduce(wide.data(), n, sizeof(float), op);
-    for (int64_t i = 0; i < n; ++i) b[i] = float_to_bf16(wide[i]);
-  } else {
-    group_.allreduce(staging_.data(), n, elem_bytes, op);
-  }
+  group_.allreduce(staging_.data(), n, type, op);
   to_device(data, staging_.data(), bytes, compute_);
 }
 

@@ -23,7 +23,7 @@ class HostStagedCommunicator final : public Communicator {
   void allreduce_sum(float* data, int64_t n) override;
   void allreduce_sum(double* data, int64_t n) override;
   Pending start_allreduce_sum(float* data, int64_t n) override;
-  void allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) override;
+  void allreduce(void* data, int64_t n, Element type, Reduction op) override;
   Pending start_reduce_scatter_sum(const float* send, float* recv,
                                    const std::vector<int64_t>& counts) override;
   Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,

@@ -1,5 +1,8 @@
 #include "parallel/mpi_communicator.hpp"
 
+#include "core/bf16.hpp"
+#include "core/fp16.hpp"
+
 #include <climits>
 #include <list>
 #include <vector>
@@ -69,11 +72,21 @@ void MpiCommunicator::allreduce_sum(double* data, int64_t n) {
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count(n), MPI_DOUBLE, MPI_SUM, comm_));
 }
 
-void MpiCommunicator::allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) {
-  MPIFORMER_CHECK(elem_bytes == 4 || elem_bytes == 8,
-                  "host all-reduce of " + std::to_string(elem_bytes) + "-byte elements");
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count(n), elem_bytes == 4 ? MPI_FLOAT : MPI_DOUBLE,
-                          op == Reduction::kSum ? MPI_SUM : MPI_MAX, comm_));
+void MpiCommunicator::allreduce(void* data, int64_t n, Element type, Reduction op) {
+  const MPI_Op mpi_op = op == Reduction::kSum ? MPI_SUM : MPI_MAX;
+  if (type == Element::kF32 || type == Element::kF64) {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count(n),
+                            type == Element::kF32 ? MPI_FLOAT : MPI_DOUBLE, mpi_op, comm_));
+    return;
+  }
+  // MPI has no 16-bit floats: reduced in float, rounded once, so every
+  // rank rounds the same sums to the same bits.
+  auto* bits = static_cast<uint16_t*>(data);
+  const bool bf16 = type == Element::kBf16;
+  std::vector<float> wide(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) wide[i] = bf16 ? bf16_to_float(bits[i]) : fp16_to_float(bits[i]);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, wide.data(), count(n), MPI_FLOAT, mpi_op, comm_));
+  for (int64_t i = 0; i < n; ++i) bits[i] = bf16 ? float_to_bf16(wide[i]) : float_to_fp16(wide[i]);
 }
 
 Pending MpiCommunicator::start_allreduce_sum(float* data, int64_t n) {

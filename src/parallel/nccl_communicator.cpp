@@ -135,11 +135,11 @@ void NcclCommunicator::allreduce_sum(double* data, int64_t n) {
   before_compute();
 }
 
-void NcclCommunicator::allreduce(void* data, int64_t n, size_t elem_bytes, Reduction op) {
-  MPIFORMER_CHECK(elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8,
-                  "all-reduce of " + std::to_string(elem_bytes) + "-byte elements");
-  const ncclDataType_t type =
-      elem_bytes == 2 ? ncclBfloat16 : elem_bytes == 4 ? ncclFloat : ncclDouble;
+void NcclCommunicator::allreduce(void* data, int64_t n, Element element, Reduction op) {
+  const ncclDataType_t type = element == Element::kBf16  ? ncclBfloat16
+                              : element == Element::kF16 ? ncclFloat16
+                              : element == Element::kF32 ? ncclFloat
+                                                         : ncclDouble;
   after_compute();
   NCCL_CHECK(ncclAllReduce(data, data, count(n), type, op == Reduction::kSum ? ncclSum : ncclMax,
                            nccl(comm_), cuda(stream_)));

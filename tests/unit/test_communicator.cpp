@@ -1,7 +1,12 @@
 // The MPI communicator and the process grid, run at 1, 2 and 4 ranks. Data
 // is small integers, so every sum is exact in fp32 whatever the order: the
 // checks are equalities.
+#include "core/bf16.hpp"
+#include "core/fp16.hpp"
 #include <mpi.h>
+
+#include <cmath>
+#include <cstring>
 
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/process_grid.hpp"
@@ -107,9 +112,9 @@ TEST(MpiCommunicator, AllreduceOfEachTypeAndReduction) {
   std::vector<double> d(100);
   for (int i = 0; i < 100; ++i) f[i] = static_cast<float>(d[i] = (r + 1) * (i % 5) - r);
   std::vector<float> fmax = f;
-  comm.allreduce(f.data(), 100, sizeof(float), Reduction::kSum);
-  comm.allreduce(d.data(), 100, sizeof(double), Reduction::kSum);
-  comm.allreduce(fmax.data(), 100, sizeof(float), Reduction::kMax);
+  comm.allreduce(f.data(), 100, Element::kF32, Reduction::kSum);
+  comm.allreduce(d.data(), 100, Element::kF64, Reduction::kSum);
+  comm.allreduce(fmax.data(), 100, Element::kF32, Reduction::kMax);
   for (int i = 0; i < 100; ++i) {
     double sum = 0, mx = -1e30;
     for (int q = 0; q < n; ++q) {
@@ -120,8 +125,60 @@ TEST(MpiCommunicator, AllreduceOfEachTypeAndReduction) {
     ASSERT_EQ(d[i], sum);
     ASSERT_EQ(fmax[i], static_cast<float>(mx));
   }
-  // Host MPI has no bf16: refused, not summed as something else.
-  EXPECT_THROW(comm.allreduce(f.data(), 100, 2, Reduction::kSum), std::exception);
+  // 16-bit floats: summed in float and rounded once, the same bits on every
+  // rank. Values chosen so the exact sums are representable in each format
+  // (small integers and halves), so the expected bits are the exact sums.
+  std::vector<uint16_t> b(100), h(100);
+  for (int i = 0; i < 100; ++i) {
+    const float x = 0.5f * static_cast<float>((r + 1) * (i % 7)) - static_cast<float>(r);
+    b[i] = float_to_bf16(x);
+    h[i] = float_to_fp16(x);
+  }
+  comm.allreduce(b.data(), 100, Element::kBf16, Reduction::kSum);
+  comm.allreduce(h.data(), 100, Element::kF16, Reduction::kSum);
+  for (int i = 0; i < 100; ++i) {
+    double sum = 0;
+    for (int q = 0; q < n; ++q) sum += 0.5 * (q + 1) * (i % 7) - q;
+    ASSERT_EQ(bf16_to_float(b[i]), static_cast<float>(sum)) << i;
+    ASSERT_EQ(fp16_to_float(h[i]), static_cast<float>(sum)) << i;
+  }
+}
+
+// float_to_fp16 against values whose half is known by construction: every
+// finite half widened and narrowed again is itself; halfway points round to
+// even; the overflow threshold 65520 goes to infinity; NaN stays NaN.
+TEST(Fp16, RoundTripsAndRoundsToNearestEven) {
+  for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const auto h = static_cast<uint16_t>(bits);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) {
+      const uint16_t back = float_to_fp16(fp16_to_float(h));
+      ASSERT_TRUE((back & 0x7c00u) == 0x7c00u && (back & 0x3ffu) != 0) << bits;
+      continue;
+    }
+    ASSERT_EQ(float_to_fp16(fp16_to_float(h)), h) << bits;
+  }
+  EXPECT_EQ(fp16_to_float(float_to_fp16(1.0f + 0.5f / 1024)), 1.0f);  // tie: to even (down)
+  EXPECT_EQ(fp16_to_float(float_to_fp16(1.0f + 1.5f / 1024)), 1.0f + 2.0f / 1024);  // tie: up
+  EXPECT_EQ(fp16_to_float(float_to_fp16(65504.0f)), 65504.0f);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(65519.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(fp16_to_float(float_to_fp16(65520.0f))));
+  EXPECT_EQ(fp16_to_float(float_to_fp16(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));
+  EXPECT_EQ(fp16_to_float(float_to_fp16(std::ldexp(1.0f, -26))), 0.0f);  // below half the least
+  // The conversions in use (F16C's where the build targets it) against the
+  // portable bit versions: every half, and floats spread over every
+  // exponent (NaNs only need to stay NaN).
+  for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const float a = fp16_to_float(static_cast<uint16_t>(bits));
+    const float b = fp16_to_float_bits(static_cast<uint16_t>(bits));
+    ASSERT_TRUE(std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b))) << bits;
+  }
+  for (uint64_t u = 0; u < (1ull << 32); u += 65521) {
+    const auto bits = static_cast<uint32_t>(u);
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_fp16(f), float_to_fp16_bits(f)) << bits;
+  }
 }
 
 // Every factorisation dp x pp x tp of the world: the place of each rank

@@ -36,10 +36,10 @@ struct World {
   int size() const { return comm.size(); }
   TensorGroup group() {
     return TensorGroup{
-        [this](void* d, int64_t n, size_t e) { comm.allreduce(d, n, e, Reduction::kSum); },
-        [this](void* d, int64_t n, size_t e) { comm.allreduce(d, n, e, Reduction::kMax); }};
+        [this](void* d, int64_t n, Element e) { comm.allreduce(d, n, e, Reduction::kSum); },
+        [this](void* d, int64_t n, Element e) { comm.allreduce(d, n, e, Reduction::kMax); }};
   }
-  void sum(std::vector<double>& v) { comm.allreduce(v.data(), static_cast<int64_t>(v.size()), 8, Reduction::kSum); }
+  void sum(std::vector<double>& v) { comm.allreduce(v.data(), static_cast<int64_t>(v.size()), Element::kF64, Reduction::kSum); }
 };
 
 // Columns [c0, c0 + w) of a row-major [rows, cols] matrix.
@@ -71,7 +71,7 @@ TEST(TensorParallel, VocabularyParallelCrossEntropyEqualsTheWholeOne) {
     for (int64_t i = real; i < Vl; ++i) mine[n * Vl + i] = 1e3;
   std::vector<double> rowmax(N), stats(2 * N), losses(N);
   host::crossentropy_vp_max(rowmax.data(), mine.data(), N, real, Vl);
-  w.comm.allreduce(rowmax.data(), N, 8, Reduction::kMax);
+  w.comm.allreduce(rowmax.data(), N, Element::kF64, Reduction::kMax);
   host::crossentropy_vp_sums(stats.data(), mine.data(), targets.data(), rowmax.data(), N, real, Vl,
                              v0);
   w.sum(stats);
