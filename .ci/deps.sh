@@ -11,6 +11,7 @@ PACKAGES=(
   libhdf5-openmpi-dev hdf5-tools
   libtrilinos-kokkos-dev
   libopenblas-dev
+  libdnnl-dev ocl-icd-opencl-dev  # host bf16 matmuls (oneDNN; its CMake config needs OpenCL's)
   libtoml11-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libxxhash-dev

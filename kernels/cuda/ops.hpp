@@ -22,6 +22,7 @@
 #include "cuda/context.hpp"
 #include "cuda/crossentropy.hpp"
 #include "core/cuda_check.hpp"
+#include "core/precision_plan.hpp"
 #include "cuda/embedding.hpp"
 #include "cuda/gelu.hpp"
 #include "cuda/layernorm.hpp"
@@ -40,6 +41,7 @@ struct Ops {
   using Buffer = DeviceBuffer<U>;
   using Tokens = cuda::Tokens;
   static constexpr bool kHostMemory = false;
+  static constexpr Element kActElement = std::is_same_v<A, float> ? Element::kF32 : Element::kBf16;
 
   // ---- the device ------------------------------------------------------------
   static std::string describe(Context& c) {

@@ -9,6 +9,7 @@
 
 #include "common/adamw_params.hpp"
 #include "parallel.hpp"
+#include "storage_types.hpp"
 
 namespace mpiformer::host {
 
@@ -64,14 +65,18 @@ void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWP
 
 // A whole stage from its optimizer description (the same chunk list the GPU
 // kernel consumes); p.weight_decay applies to the chunks flagged `decay`.
-template <class T>
+// With `weights` (mixed precision) each updated chunk is also rounded into
+// the copy the matmuls read, while it is still in cache.
+template <class T, class A = T>
 void adamw_update_chunks(T* params, const T* grads, T* m, T* v, const AdamWChunk* chunks,
-                         int64_t count, const AdamWParams& p) {
+                         int64_t count, const AdamWParams& p, A* weights = nullptr) {
   const detail::AdamWConstants<T> k(p);
   parallel_for("adamw_update", count, [=](const int64_t c) {
     const AdamWChunk ch = chunks[c];
     const int64_t o = ch.offset;
     k.apply(params + o, grads + o, m + o, v + o, ch.length, ch.decay ? k.wd : T(0));
+    if (weights != nullptr)
+      for (int64_t i = o; i < o + ch.length; ++i) weights[i] = st<A>(params[i]);
   });
 }
 

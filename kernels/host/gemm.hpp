@@ -1,7 +1,14 @@
 // Row-major GEMM through CBLAS, overloaded on the scalar type so every kernel
 // can be instantiated in float (training) and double (gradient checks).
+//
+// The 16-bit overloads multiply bf16 or fp16 inputs with float accumulation
+// and write C in the inputs' type or in float (gemm_narrow.cpp).
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <string>
+
+#include "storage_types.hpp"
 
 namespace mpiformer::host {
 
@@ -13,10 +20,41 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
 
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb, float beta, Bf16* c,
+          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb, float beta, float* c,
+          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const Fp16* a, int64_t lda, const Fp16* b, int64_t ldb, float beta, Fp16* c,
+          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const Fp16* a, int64_t lda, const Fp16* b, int64_t ldb, float beta, float* c,
+          int64_t ldc);
+
+// What runs the 16-bit products of element type `e`, for the run's summary;
+// *slow when the CPU has no units for it (the run says so once at start).
+std::string narrow_gemm_engine(Element e, bool* slow);
+
 // Wall time spent inside gemm on this thread since the last reset: lets the
 // trainer and the benchmarks split a step into matrix products and the rest.
 double gemm_seconds();
 void reset_gemm_seconds();
+
+namespace detail {
+// Adds the lifetime of the scope to gemm_seconds() (two clock reads a call,
+// negligible next to even the smallest GEMM of the model); a product made
+// inside another (a widened 16-bit one) is counted once, by the outer.
+class GemmTimer {
+ public:
+  GemmTimer();
+  ~GemmTimer();
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace detail
 
 // FLOP/s of a large square sgemm on this thread with the current BLAS
 // threads, on random data: the practical fp32 peak MFU is measured

@@ -3,8 +3,9 @@
 // taking the device's Context first, so one stage (src/model/gpt_stage.hpp)
 // runs on either. What differs between devices is below this line only.
 //
-// T is float for training and double for gradient checks; activations,
-// master weights, gradients and statistics all have that one type here.
+// T is the activation type: float (fp32 training), double (gradient
+// checks), or a 16-bit storage type (bf16, fp16: storage_types.hpp), whose
+// masters, gradients, moments and statistics are float (core/precision_plan.hpp).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "matmul.hpp"
 #include "residual.hpp"
 #include "adamw.hpp"
+#include "storage_types.hpp"
 
 namespace mpiformer::host {
 
@@ -57,17 +59,24 @@ struct Tokens {
 
 template <class T>
 struct Ops {
-  using Act = T;  // activations and what the matmuls read
-  using Acc = T;  // master weights, gradients, moments, statistics, losses
+  using Act = T;                // activations and what the matmuls read
+  using Acc = compute_t<T>;     // master weights, gradients, moments, statistics, losses
   using Context = host::Context;
   template <class U>
   using Buffer = host::Buffer<U>;
   using Tokens = host::Tokens;
   static constexpr bool kHostMemory = true;
+  static constexpr Element kActElement = element_of<T>();
 
   // ---- the device ------------------------------------------------------------
   static std::string describe(Context&) {
-    return std::is_same_v<T, float> ? "cpu fp32" : "cpu fp64";
+    if constexpr (std::is_same_v<T, double>) return "cpu fp64";
+    else if constexpr (std::is_same_v<T, float>) return "cpu fp32";
+    else {
+      bool slow = false;
+      return std::string("cpu ") + (std::is_same_v<T, Bf16> ? "bf16" : "fp16") + " (" +
+             narrow_gemm_engine(element_of<T>(), &slow) + ")";
+    }
   }
   static void* stream_handle(Context&) { return nullptr; }
   // The host never waits on a device.
@@ -100,81 +109,86 @@ struct Ops {
   static void load_tokens(Context& c, Tokens& t, const int32_t* src, int64_t n, bool /*grouped*/) {
     copy(c, t.ids.get(), src, n);
   }
+  // The activation-type copy of the master weights (mixed precision).
+  static void convert(Context&, Act* dst, const Acc* src, int64_t n) { host::convert(dst, src, n); }
 
   // ---- the model's ops (layouts and semantics: the kernels' headers) -------
   // wte holds rows [vocab_begin, vocab_begin + vocab_rows) of the vocabulary.
-  static void embedding_forward(Context&, T* out, const Tokens& tok, const T* wte, const T* wpe,
+  static void embedding_forward(Context&, Act* out, const Tokens& tok, const Act* wte, const Act* wpe,
                                 int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
                                 int64_t vocab_rows) {
     host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C, vocab_begin, vocab_rows);
   }
-  static void embedding_backward(Context&, T* dwte, T* dwpe, const T* dout, const Tokens& tok,
+  static void embedding_backward(Context&, Acc* dwte, Acc* dwpe, const Act* dout, const Tokens& tok,
                                  int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
                                  int64_t vocab_rows) {
     host::embedding_backward(dwte, dwpe, dout, tok.data(), B, Tn, C, vocab_begin, vocab_rows);
   }
-  static void layernorm_forward(Context&, T* out, T* mean, T* rstd, const T* inp, const T* w,
-                                const T* b, int64_t N, int64_t C) {
+  static void layernorm_forward(Context&, Act* out, Acc* mean, Acc* rstd, const Act* inp,
+                                const Act* w, const Act* b, int64_t N, int64_t C) {
     host::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
   }
-  static void layernorm_backward(Context&, T* dinp, T* dw, T* db, const T* dout, const T* inp,
-                                 const T* w, const T* mean, const T* rstd, int64_t N, int64_t C) {
+  static void layernorm_backward(Context&, Act* dinp, Acc* dw, Acc* db, const Act* dout,
+                                 const Act* inp, const Act* w, const Acc* mean, const Acc* rstd,
+                                 int64_t N, int64_t C) {
     host::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
-  static void matmul_forward(Context&, T* out, const T* inp, const T* w, const T* bias, int64_t N,
-                             int64_t C, int64_t OC) {
+  static void matmul_forward(Context&, Act* out, const Act* inp, const Act* w, const Act* bias,
+                             int64_t N, int64_t C, int64_t OC) {
     host::matmul_forward(out, inp, w, bias, N, C, OC);
   }
-  static void matmul_backward(Context&, T* dinp, T* dw, T* db, const T* dout, const T* inp,
-                              const T* w, int64_t N, int64_t C, int64_t OC) {
+  static void matmul_backward(Context&, Act* dinp, Acc* dw, Acc* db, const Act* dout,
+                              const Act* inp, const Act* w, int64_t N, int64_t C, int64_t OC) {
     host::matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
   }
-  // Keeps the probabilities; its backward's scratch is their gradient.
+  // Keeps the probabilities (in Acc); its backward's scratch is their gradient.
   static constexpr AttentionStorage kAttention = AttentionStorage::kProbabilities;
-  using AttnState = T;
-  static void attention_forward(Context&, T* out, T* att, const T* qkv, int64_t B, int64_t Tn,
-                                int64_t C, int64_t NH) {
+  using AttnState = Acc;
+  static void attention_forward(Context&, Act* out, Acc* att, const Act* qkv, int64_t B,
+                                int64_t Tn, int64_t C, int64_t NH) {
     host::attention_forward(out, att, qkv, B, Tn, C, NH);
   }
   // `out` (the forward's output) is not needed here: the probabilities are kept.
-  static void attention_backward(Context&, T* dqkv, T* datt, const T* dout, const T* qkv,
-                                 const T* /*out*/, const T* att, int64_t B, int64_t Tn, int64_t C,
-                                 int64_t NH) {
+  static void attention_backward(Context&, Act* dqkv, Acc* datt, const Act* dout, const Act* qkv,
+                                 const Act* /*out*/, const Acc* att, int64_t B, int64_t Tn,
+                                 int64_t C, int64_t NH) {
     host::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
   }
-  static void gelu_forward(Context&, T* out, const T* inp, int64_t n) {
+  static void gelu_forward(Context&, Act* out, const Act* inp, int64_t n) {
     host::gelu_forward(out, inp, n);
   }
-  static void gelu_backward(Context&, T* dinp, const T* inp, const T* dout, int64_t n) {
+  static void gelu_backward(Context&, Act* dinp, const Act* inp, const Act* dout, int64_t n) {
     host::gelu_backward(dinp, inp, dout, n);
   }
-  static void residual_forward(Context&, T* out, const T* a, const T* b, int64_t n) {
+  static void residual_forward(Context&, Act* out, const Act* a, const Act* b, int64_t n) {
     host::residual_forward(out, a, b, n);
   }
   // dst += src in the accumulation type (ZeRO's gradient shards).
-  static void add_into(Context&, T* dst, const T* src, int64_t n) {
+  static void add_into(Context&, Acc* dst, const Acc* src, int64_t n) {
     host::residual_forward(dst, dst, src, n);
   }
-  static void crossentropy_forward(Context&, T* losses, const T* logits, const Tokens& targets,
-                                   int64_t N, int64_t V, int64_t Vp) {
+  static void crossentropy_forward(Context&, Acc* losses, const Act* logits,
+                                   const Tokens& targets, int64_t N, int64_t V, int64_t Vp) {
     host::crossentropy_forward(losses, logits, targets.data(), N, V, Vp);
   }
-  static void crossentropy_forward_backward(Context&, T* losses, T* logits, const Tokens& targets,
-                                            int64_t N, int64_t V, int64_t Vp, T grad_scale) {
+  static void crossentropy_forward_backward(Context&, Acc* losses, Act* logits,
+                                            const Tokens& targets, int64_t N, int64_t V,
+                                            int64_t Vp, Acc grad_scale) {
     host::crossentropy_forward_backward(losses, logits, targets.data(), N, V, Vp, grad_scale);
   }
   // The vocabulary-parallel cross-entropy's three passes (crossentropy.hpp).
-  static void crossentropy_vp_max(Context&, T* rowmax, const T* logits, int64_t N, int64_t V,
+  static void crossentropy_vp_max(Context&, Acc* rowmax, const Act* logits, int64_t N, int64_t V,
                                   int64_t Vl) {
     host::crossentropy_vp_max(rowmax, logits, N, V, Vl);
   }
-  static void crossentropy_vp_sums(Context&, T* stats, const T* logits, const Tokens& targets,
-                                   const T* rowmax, int64_t N, int64_t V, int64_t Vl, int64_t v0) {
+  static void crossentropy_vp_sums(Context&, Acc* stats, const Act* logits, const Tokens& targets,
+                                   const Acc* rowmax, int64_t N, int64_t V, int64_t Vl,
+                                   int64_t v0) {
     host::crossentropy_vp_sums(stats, logits, targets.data(), rowmax, N, V, Vl, v0);
   }
-  static void crossentropy_vp_finish(Context&, T* losses, T* logits, const Tokens& targets,
-                                     const T* rowmax, const T* stats, int64_t N, int64_t V,
-                                     int64_t Vl, int64_t v0, T grad_scale, bool backward) {
+  static void crossentropy_vp_finish(Context&, Acc* losses, Act* logits, const Tokens& targets,
+                                     const Acc* rowmax, const Acc* stats, int64_t N, int64_t V,
+                                     int64_t Vl, int64_t v0, Acc grad_scale, bool backward) {
     host::crossentropy_vp_finish(losses, logits, targets.data(), rowmax, stats, N, V, Vl, v0,
                                  grad_scale, backward);
   }
@@ -182,20 +196,22 @@ struct Ops {
   // ---- reductions and the optimizer -----------------------------------------
   // *sum += the sum of x, in double, in index order: the logged loss is
   // reproducible bit for bit.
-  static void accumulate_sum(Context&, double* sum, const T* x, int64_t n) {
+  static void accumulate_sum(Context&, double* sum, const Acc* x, int64_t n) {
     double s = 0.0;
     for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);
     *sum += s;
   }
   // A value the device accumulated (a loss sum), on the host.
   static double read(Context&, const double* value) { return *value; }
-  static double sum_of_squares(Context&, const T* x, int64_t n) {
+  static double sum_of_squares(Context&, const Acc* x, int64_t n) {
     return host::sum_of_squares(x, n);
   }
-  // `weights` (the activation-type copy) is unused: the host has none.
-  static void adamw(Context&, T* params, const T* grads, T* m, T* v, const AdamWChunk* chunks,
-                    int64_t count, const AdamWParams& p, T* /*weights*/) {
-    host::adamw_update_chunks(params, grads, m, v, chunks, count, p);
+  // `weights`: the Act copy the matmuls read, refreshed chunk by chunk
+  // (mixed precision); in fp32 and fp64 the weights are the masters.
+  static void adamw(Context&, Acc* params, const Acc* grads, Acc* m, Acc* v,
+                    const AdamWChunk* chunks, int64_t count, const AdamWParams& p, Act* weights) {
+    host::adamw_update_chunks(params, grads, m, v, chunks, count, p,
+                              std::is_same_v<Act, Acc> ? nullptr : weights);
   }
 };
 

@@ -58,10 +58,10 @@ struct BlockHooks {
 // sums, in place and identically on every rank, the row-parallel outputs
 // and the embedding (forward), the column-parallel layers' input gradients
 // (backward), and the cross-entropy's statistics; and takes their maximum.
-// elem_bytes is that of the buffer (2: bf16, 4: float, 8: double). The
-// trainer provides them (the stage does not know the communicator).
+// `type` is the buffer's element type. The trainer provides them (the stage
+// does not know the communicator).
 struct TensorGroup {
-  std::function<void(void* data, int64_t n, size_t elem_bytes)> sum, max;
+  std::function<void(void* data, int64_t n, Element type)> sum, max;
 };
 
 template <class Ops>
@@ -171,7 +171,13 @@ class GptStage {
   // The group's in-place sum (no-op at tp = 1).
   template <class U>
   void tp_sum(U* data, int64_t n) {
-    if (range_.tp > 1) tp_.sum(data, n, sizeof(U));
+    if (range_.tp > 1) tp_.sum(data, n, element<U>());
+  }
+  // The element type of a buffer of U (the plan's activation type for Act).
+  template <class U>
+  static constexpr Element element() {
+    if constexpr (std::is_same_v<U, Act>) return Ops::kActElement;
+    else return sizeof(U) == 8 ? Element::kF64 : Element::kF32;
   }
   void head_loss(Slot& s, bool for_backward, Acc grad_scale);
   // Block i's forward from x into out, keeping what backward needs in `a`.
@@ -228,5 +234,7 @@ template <class T>
 using HostGptStage = GptStage<host::Ops<T>>;
 extern template class GptStage<host::Ops<float>>;
 extern template class GptStage<host::Ops<double>>;
+extern template class GptStage<host::Ops<host::Bf16>>;
+extern template class GptStage<host::Ops<host::Fp16>>;
 
 }  // namespace mpiformer

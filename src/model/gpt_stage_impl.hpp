@@ -207,7 +207,7 @@ void GptStage<Ops>::head_loss(Slot& s, bool for_backward, Acc grad_scale) {
   // Vocabulary-parallel: only per-row statistics cross the group, never the
   // logits.
   Ops::crossentropy_vp_max(ctx_, ce_max_.get(), s.logits.get(), BT, v_real_, vl_);
-  tp_.max(ce_max_.get(), BT, sizeof(Acc));
+  tp_.max(ce_max_.get(), BT, element<Acc>());
   Ops::crossentropy_vp_sums(ctx_, ce_stats_.get(), s.logits.get(), s.targets, ce_max_.get(), BT,
                             v_real_, vl_, v0_);
   tp_sum(ce_stats_.get(), 2 * BT);

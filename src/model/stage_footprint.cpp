@@ -19,7 +19,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   const double L = static_cast<double>(range.num_layers());
   // Attention's kept state, and as much backward scratch, in bytes.
   const double attention = attention_state_elements(storage, B, NH, T) *
-                           (storage == AttentionStorage::kProbabilities ? act : acc);
+                           acc;  // the plan keeps it in the statistics type (float) on every device
   // The deck's limits on the model's shapes keep this count in an int64;
   // the batch is not limited so, hence doubles for the activations.
   const ParameterTable table(cfg, range);

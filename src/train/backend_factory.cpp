@@ -32,6 +32,11 @@ BackendChoice choose_backend(const Deck& deck, NodePlace node) {
       throw InputError(deck.path, "[run] device",
                        "\"cuda\" needs a GPU, but none is usable on this node (" + why + ")");
     }
+    if (c.precision == Precision::kFp16) {
+      throw InputError(deck.path, "[train] precision",
+                       "\"fp16\" runs on the host back end only in this build; on a GPU use "
+                       "\"bf16\" (the same range as fp32, no loss scaling needed)");
+    }
     c.device = Device::kCuda;
     c.gpu = node.rank % gpus;
     c.sharing = (node.size + gpus - 1) / gpus;
@@ -46,11 +51,6 @@ BackendChoice choose_backend(const Deck& deck, NodePlace node) {
   c.why_cpu = "built without CUDA";
 #endif
   if (deck.run.device == Device::kCpu) c.why_cpu = "[run] device = \"cpu\"";
-  if (c.precision == Precision::kBf16) {
-    throw InputError(deck.path, "[train] precision",
-                     "\"bf16\" runs on the GPU back end only; this run is on the CPU (" +
-                         c.why_cpu + ")");
-  }
   c.device = Device::kCpu;
   return c;
 }
@@ -87,8 +87,9 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // vocabulary rows (what the save's gathers and ZeRO's parts follow).
   const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
                                            deck.parallel.tp, 0);
-  const bool bf16 = choice.precision == Precision::kBf16;
-  const double act = bf16 ? 2 : 4, acc = 4;
+  const PrecisionPlan types = precision_plan(choice.precision);
+  const double act = static_cast<double>(element_bytes(types.activations));
+  const double acc = static_cast<double>(element_bytes(types.master));
   const int zero = static_cast<int>(deck.parallel.zero);
   RankMemory m;
   m.slots = slots;
@@ -126,7 +127,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const ParameterTable table(cfg, range);
     const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0);
     const double shard = static_cast<double>(plan.max_shard_size());
-    m.shard_master = shard * (acc + (bf16 ? act : 0));
+    m.shard_master = shard * (acc + (types.weight_copy ? act : 0));
     m.shard_gradients = shard * acc;
     m.optimizer = 2 * shard * acc;
     if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
@@ -225,6 +226,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   setup.zero = static_cast<int>(deck.parallel.zero);
   setup.dp = static_cast<int>(deck.parallel.dp);
   setup.dp_rank = place.dp_rank;
+  setup.precision = choice.precision;
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
 #ifdef MPIFORMER_HAVE_CUDA
   if (cfg.head_dim() > 128) {
@@ -234,7 +236,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
                                static_cast<long long>(cfg.head_dim())));
   }
   try {
-    return make_cuda_backend(cfg, range, setup, choice.gpu, choice.precision == Precision::kBf16);
+    return make_cuda_backend(cfg, range, setup, choice.gpu);
   } catch (const SystemError& e) {
     if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
     throw InputError(deck.path, "[train] micro_batch",

@@ -1,12 +1,16 @@
-// The GPU back end: the stage on one GPU in fp32 or bf16.
+// The GPU back end: the stage on one GPU in the op set of the run's
+// precision (core/precision_plan.hpp).
 #include "cuda/ops.hpp"
 #include "train/training_stage.hpp"
 
 namespace mpiformer {
 
 std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
-                                                const StageSetup& setup, int gpu, bool bf16) {
-  if (bf16) return std::make_unique<TrainingStage<cuda::Ops<cuda::bf16>>>(cfg, range, setup, gpu);
+                                                const StageSetup& setup, int gpu) {
+  if (setup.precision == Precision::kBf16)
+    return std::make_unique<TrainingStage<cuda::Ops<cuda::bf16>>>(cfg, range, setup, gpu);
+  if (setup.precision != Precision::kFp32)
+    throw std::logic_error("make_cuda_backend: no op set for this precision");
   return std::make_unique<TrainingStage<cuda::Ops<float>>>(cfg, range, setup, gpu);
 }
 

@@ -35,6 +35,7 @@ struct StageSetup {
   AdamWSettings adam;
   int zero = 0;          // [parallel] zero
   int dp = 1, dp_rank = 0;
+  Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
 };
 // The stage options a deck asks for, with `slots` from the schedule.
 StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero);
@@ -139,6 +140,6 @@ class StageBackend {
 std::unique_ptr<StageBackend> make_host_backend(const GptConfig& cfg, const StageRange& range,
                                                 const StageSetup& setup);
 std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
-                                                const StageSetup& setup, int gpu, bool bf16);
+                                                const StageSetup& setup, int gpu);
 
 }  // namespace mpiformer

@@ -100,14 +100,14 @@ class TrainingStage final : public StageBackend {
   void connect_tensor_parallel(Communicator& tp) override {
     tp_ = &tp;
     auto reduce = [this](Reduction op) {
-      return [this, op](void* data, int64_t n, size_t elem_bytes) {
+      return [this, op](void* data, int64_t n, Element type) {
         const auto t0 = std::chrono::steady_clock::now();
-        tp_->allreduce(data, n, elem_bytes, op);
+        tp_->allreduce(data, n, type, op);
         // A ring all-reduce of b bytes sends 2 b (tp - 1) / tp per rank.
         const double tp_size = tp_->size();
         if (observer_)
           observer_(t0, std::chrono::steady_clock::now(),
-                    2.0 * static_cast<double>(n * static_cast<int64_t>(elem_bytes)) *
+                    2.0 * static_cast<double>(n * static_cast<int64_t>(element_bytes(type))) *
                         (tp_size - 1) / tp_size);
       };
     };

@@ -1,0 +1,152 @@
+// GEMMs on 16-bit inputs with float accumulation (gemm.hpp's narrow
+// overloads). bf16 goes through oneDNN's matmul, which uses AVX512-BF16 or
+// AMX where the CPU has them; fp16 (which x86 CPUs before AVX512-FP16 cannot
+// multiply) and bf16 in a build without oneDNN are widened to float and run
+// through the BLAS: the same products, exact inputs, float accumulation.
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "gemm.hpp"
+#include "parallel.hpp"
+#ifdef MPIFORMER_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace mpiformer::host {
+
+namespace {
+
+// Per-thread scratch for the widened operands, kept between calls: a fresh
+// allocation per product costs page faults and zeroing comparable to the
+// product itself at the model's smaller shapes.
+float* scratch(int which, int64_t n) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& b = buffers[which];
+  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// Row-major op(X) of rows x cols stored with leading dimension `stride`,
+// widened into a dense float matrix of the same layout as stored.
+template <class A>
+const float* widen(int which, bool trans, int64_t rows, int64_t cols, const A* x, int64_t stride) {
+  const int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
+  float* o = scratch(which, stored_rows * stored_cols);
+  parallel_for("gemm_widen", stored_rows, [=](const int64_t r) {
+    for (int64_t c = 0; c < stored_cols; ++c) o[r * stored_cols + c] = ld(x[r * stride + c]);
+  });
+  return o;
+}
+
+template <class A, class C>
+void gemm_widened(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const A* a,
+                  int64_t lda, const A* b, int64_t ldb, float beta, C* c, int64_t ldc) {
+  const float* wa = widen(0, ta, m, k, a, lda);
+  const float* wb = widen(1, tb, k, n, b, ldb);
+  const int64_t wlda = ta ? m : k, wldb = tb ? k : n;
+  if constexpr (std::is_same_v<C, float>) {
+    gemm(ta, tb, m, n, k, alpha, wa, wlda, wb, wldb, beta, c, ldc);
+  } else {
+    float* w = scratch(2, m * n);
+    if (beta != 0.0f)
+      parallel_for("gemm_widen_c", m, [=](const int64_t r) {
+        for (int64_t j = 0; j < n; ++j) w[r * n + j] = ld(c[r * ldc + j]);
+      });
+    gemm(ta, tb, m, n, k, alpha, wa, wlda, wb, wldb, beta, w, n);
+    parallel_for("gemm_narrow_c", m, [=](const int64_t r) {
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = st<A>(w[r * n + j]);
+    });
+  }
+}
+
+#ifdef MPIFORMER_HAVE_DNNL
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// C = alpha op(A) op(B) + beta C through a oneDNN matmul: the transposes
+// are strides of the operands' descriptors (nothing is copied), beta a sum
+// post-op. oneDNN caches the primitive of each shape.
+void dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+                 int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
+                 dnnl::memory::data_type ctype) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::desc ad(dims{m, k}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc bd(dims{k, n}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc cd(dims{m, n}, ctype, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, engine());
+  dnnl::stream s(engine());
+  dnnl::matmul(pd).execute(
+      s, {{DNNL_ARG_SRC, dnnl::memory(ad, engine(), const_cast<void*>(a))},
+          {DNNL_ARG_WEIGHTS, dnnl::memory(bd, engine(), const_cast<void*>(b))},
+          {DNNL_ARG_DST, dnnl::memory(cd, engine(), c)}});
+  s.wait();
+}
+#endif
+
+}  // namespace
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Bf16* a,
+          int64_t lda, const Bf16* b, int64_t ldb, float beta, Bf16* c, int64_t ldc) {
+  detail::GemmTimer timer;
+#ifdef MPIFORMER_HAVE_DNNL
+  dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dnnl::memory::data_type::bf16);
+#else
+  gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Bf16* a,
+          int64_t lda, const Bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  detail::GemmTimer timer;
+#ifdef MPIFORMER_HAVE_DNNL
+  dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dnnl::memory::data_type::f32);
+#else
+  gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Fp16* a,
+          int64_t lda, const Fp16* b, int64_t ldb, float beta, Fp16* c, int64_t ldc) {
+  detail::GemmTimer timer;
+  gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Fp16* a,
+          int64_t lda, const Fp16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  detail::GemmTimer timer;
+  gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+std::string narrow_gemm_engine(Element e, bool* slow) {
+  *slow = false;
+  if (e == Element::kF16) return "fp16 stored, widened to fp32 for the BLAS (no fp16 arithmetic)";
+#ifdef MPIFORMER_HAVE_DNNL
+  const dnnl_version_t* v = dnnl_version();
+  const auto isa = dnnl::get_effective_cpu_isa();
+  const bool bf16_units = isa == dnnl::cpu_isa::avx512_core_bf16 ||
+                          isa == dnnl::cpu_isa::avx512_core_amx;
+  *slow = !bf16_units;
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) +
+         (bf16_units ? (isa == dnnl::cpu_isa::avx512_core_amx ? " bf16 matmuls on AMX"
+                                                               : " bf16 matmuls on AVX512-BF16")
+                     : " bf16 matmuls WITHOUT bf16 units (this CPU has neither AVX512-BF16 nor "
+                       "AMX: emulated or reference kernels, slower than fp32)");
+#else
+  *slow = true;
+  return "bf16 widened to fp32 for the BLAS (built without oneDNN)";
+#endif
+}
+
+}  // namespace mpiformer::host
