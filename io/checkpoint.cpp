@@ -52,6 +52,9 @@ const IntAttr kIntAttrs[] = {
     {"seq_len", &CheckpointMeta::seq_len},
     {"vocab_size", &CheckpointMeta::vocab_size},
     {"tp", &CheckpointMeta::tp, 3},
+    {"loss_scaler", &CheckpointMeta::loss_scaler, 4},
+    {"loss_scale_log2", &CheckpointMeta::loss_scale_log2, 4},
+    {"loss_scale_good_steps", &CheckpointMeta::loss_scale_good_steps, 4},
 };
 
 std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
@@ -308,6 +311,14 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   // Before anything is sized from them (version 1 has no checksum over
   // them, and any version's can be edited).
   check_model_limits(model_config(meta_), path, "attribute ");
+  // fp16 scales stay within [2^-24, 2^127] (float's range); a tracker is a
+  // count of steps.
+  if (meta_.loss_scaler != 0 && meta_.loss_scaler != 1)
+    throw InputError(path, "attribute loss_scaler", "expected 0 or 1");
+  if (meta_.loss_scale_log2 < -24 || meta_.loss_scale_log2 > 127)
+    throw InputError(path, "attribute loss_scale_log2", "expected an exponent in [-24, 127]");
+  if (meta_.loss_scale_good_steps < 0)
+    throw InputError(path, "attribute loss_scale_good_steps", "expected a count >= 0");
   meta_.tokenizer = read_string_attr(file_, "tokenizer", path);
   meta_.deck = read_string_attr(file_, "deck", path);
   if (meta_.format_version >= 2) {

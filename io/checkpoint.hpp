@@ -17,9 +17,10 @@
 namespace mpiformer {
 
 // 2: the run id and a checksum of the root metadata; 3: the tensor-parallel
-// width that wrote it (the tensors are the same logical ones). Versions 1
-// and 2 are still read (without what they lack).
-constexpr int64_t kCheckpointFormatVersion = 3;
+// width that wrote it (the tensors are the same logical ones); 4: fp16's
+// dynamic loss scaler. Versions 1 to 3 are still read (without what they
+// lack).
+constexpr int64_t kCheckpointFormatVersion = 4;
 
 // The run's state, stored as root attributes.
 struct CheckpointMeta {
@@ -31,6 +32,10 @@ struct CheckpointMeta {
   int64_t seed = 0;             // with the cursor, fixes the sample order
   int64_t dp = 1, pp = 1, world_size = 1;  // the layout that wrote it
   int64_t tp = 1;
+  // fp16's dynamic loss scaler (train/loss_scaler.hpp), for an exact
+  // resume: 1 when the run had one, the scale's base-2 exponent (a dynamic
+  // scale is always a power of two) and the steps since its last change.
+  int64_t loss_scaler = 0, loss_scale_log2 = 0, loss_scale_good_steps = 0;
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab_size = 0;
   std::string tokenizer;        // of the training data
   std::string deck;             // the resolved input deck, TOML

@@ -20,7 +20,7 @@
 namespace mpiformer {
 namespace {
 
-enum class Kind { Int, Float, String, Bool };
+enum class Kind { Int, Float, String, Bool, WordOrNumber };
 
 // One key of the schema: where it lives in Deck, its bounds and default.
 struct Key {
@@ -118,6 +118,32 @@ Key resume_key() {
           }};
 }
 
+// [train] loss_scale: "dynamic" (stored as 0) or a positive number.
+Key loss_scale_key() {
+  return {"train", "loss_scale", Kind::WordOrNumber, false, 0, 0,
+          [](Deck& d, const toml::value& v) {
+            if (v.is_string()) {
+              if (v.as_string().str != "dynamic") {
+                throw InputError("", "[train] loss_scale",
+                                 "expected \"dynamic\" or a number > 0, got \"" +
+                                     v.as_string().str + "\"");
+              }
+              d.train.loss_scale = 0;
+              return;
+            }
+            const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+            if (!(x > 0) || !std::isfinite(x)) {
+              throw InputError("", "[train] loss_scale",
+                               "expected \"dynamic\" or a number > 0 (a fixed scale), got " +
+                                   toml::format(v));
+            }
+            d.train.loss_scale = x;
+          },
+          [](const Deck& d) {
+            return d.train.loss_scale == 0 ? std::string("\"dynamic\"") : shortest(d.train.loss_scale);
+          }};
+}
+
 template <class M>
 Key bool_key(const char* sec, const char* name, M member) {
   return {sec, name, Kind::Bool, false, 0, 0,
@@ -154,6 +180,9 @@ const std::vector<Key>& schema() {
       int_key("train", "eval_batches", false, 1, 1e9, MEMBER(train.eval_batches)),
       int_key("train", "stop_at", false, 1, 1e12, MEMBER(train.stop_at)),
       choice_key("train", "precision", kPrecisionNames, MEMBER(train.precision)),
+      loss_scale_key(),
+      int_key("train", "loss_scale_window", false, 1, 1e12, MEMBER(train.loss_scale_window)),
+      float_key("train", "min_loss_scale", false, 0x1p-24, 0x1p16, MEMBER(train.min_loss_scale)),
       choice_key("train", "nonfinite", kNonfiniteNames, MEMBER(train.nonfinite)),
       float_key("train", "spike_zscore", false, 0, 1e6, MEMBER(train.spike_zscore)),
       int_key("train", "skip_limit", false, 1, 1e9, MEMBER(train.skip_limit)),
@@ -189,6 +218,7 @@ const char* kind_name(Kind k) {
     case Kind::Float: return "a number";
     case Kind::String: return "a string";
     case Kind::Bool: return "true or false";
+    case Kind::WordOrNumber: return "a string or a number";
   }
   return "";
 }
@@ -206,7 +236,8 @@ void apply(Deck& d, const Key& k, const toml::value& v, const std::string& where
   const bool ok = (k.kind == Kind::Int && v.is_integer()) ||
                   (k.kind == Kind::Float && (v.is_integer() || v.is_floating())) ||
                   (k.kind == Kind::String && v.is_string()) ||
-                  (k.kind == Kind::Bool && v.is_boolean());
+                  (k.kind == Kind::Bool && v.is_boolean()) ||
+                  (k.kind == Kind::WordOrNumber && (v.is_string() || v.is_integer() || v.is_floating()));
   if (!ok) {
     throw InputError(where, field(k),
                      strprintf("expected %s, got %s", kind_name(k.kind), toml_type_name(v).c_str()));
@@ -366,6 +397,21 @@ Deck parse_deck(const std::string& text, const std::string& path,
       throw InputError(path, field(k), std::string("missing (expected ") + kind_name(k.kind) + ")");
     }
   }
+  // Loss scaling keys away from their defaults in a run that does not scale
+  // (the resolved deck of any run lists them at their defaults).
+  const Deck defaults;
+  const std::pair<const char*, bool> scaling[] = {
+      {"loss_scale", d.train.loss_scale != defaults.train.loss_scale},
+      {"loss_scale_window", d.train.loss_scale_window != defaults.train.loss_scale_window},
+      {"min_loss_scale", d.train.min_loss_scale != defaults.train.min_loss_scale}};
+  for (const auto& [key, changed] : scaling) {
+    if (changed && d.train.precision != Precision::kFp16) {
+      throw InputError(path, std::string("[train] ") + key,
+                       strprintf("applies to [train] precision = \"fp16\" only (this deck's is "
+                                 "\"%s\", which needs no loss scaling)",
+                                 name_of(d.train.precision)));
+    }
+  }
   if (d.train.min_lr < 0) d.train.min_lr = d.train.lr / 10;
   if (d.checkpoint.dir.empty()) d.checkpoint.dir = d.run.dir + "/checkpoints";
   if (d.model_init.empty()) check_relations(d, path);
@@ -429,7 +475,7 @@ namespace {
 // min_lr -1) is not written, so the resolved text is itself a valid deck.
 bool unset(const Key& k, const std::string& shown) {
   return k.kind == Kind::String ? shown == "\"\""
-         : k.kind == Kind::Bool ? false
+         : k.kind == Kind::Bool || k.kind == Kind::WordOrNumber ? false
                                 : !(std::stod(shown) >= k.min);
 }
 

@@ -28,6 +28,14 @@ struct TrainConfig {
   int64_t log_every = 1, eval_every = 0, eval_batches = 4;
   int64_t stop_at = 0;  // end this run after this step (0: run to `steps`)
   Precision precision = Precision::kFp32;  // checkpoints stay fp32 either way
+  // fp16 only. loss_scale: "dynamic" (0 here: GradScaler's rule, starting
+  // at 2^16, train/loss_scaler.hpp) or a fixed scale > 0. Dynamic: the
+  // scale doubles after loss_scale_window steps without overflow; a step
+  // that overflows is skipped and halves it; below min_loss_scale the run
+  // stops.
+  double loss_scale = 0;
+  int64_t loss_scale_window = 2000;
+  double min_loss_scale = 1;
   // A step whose loss or gradient norm is not finite: stop the run (nothing
   // of it applied or saved) or skip its update.
   NonfinitePolicy nonfinite = NonfinitePolicy::kStop;

@@ -170,6 +170,9 @@ ResumePoint CheckpointManager::load() {
     start.cursor = meta.sample_position;
     start.resumed = true;
     start.run_id = meta.run_id;
+    start.has_scaler = meta.loss_scaler == 1;
+    start.scaler = {std::ldexp(1.0, static_cast<int>(meta.loss_scale_log2)),
+                    meta.loss_scale_good_steps};
     if (rank == 0) {
       std::printf("resumed from %s: step %lld, %lld samples seen (epoch %lld), written by "
                   "dp %lld x pp %lld x tp %lld on %lld rank(s); now dp %d x pp %d x tp %d, zero "
@@ -224,7 +227,7 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
                 store_latest.empty() ? "no checkpoint" : store_latest.c_str()));
 }
 
-double CheckpointManager::save(int64_t step, const DataPosition& data) {
+double CheckpointManager::save(int64_t step, const DataPosition& data, const LossScaler& scaler) {
   const auto t0 = std::chrono::steady_clock::now();
   const CheckpointStore store(deck_.checkpoint.dir);
   store.create_dir();
@@ -238,6 +241,11 @@ double CheckpointManager::save(int64_t step, const DataPosition& data) {
   meta.pp = grid_.pp();
   meta.tp = grid_.tp();
   meta.world_size = grid_.dp() * grid_.pp() * grid_.tp();
+  if (scaler.dynamic()) {
+    meta.loss_scaler = 1;
+    meta.loss_scale_log2 = std::ilogb(scaler.state().scale);
+    meta.loss_scale_good_steps = scaler.state().good_steps;
+  }
   set_model_config(meta, cfg_);
   meta.tokenizer = tokenizer_;
   meta.deck = deck_.to_toml();

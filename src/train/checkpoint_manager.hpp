@@ -9,6 +9,7 @@
 #include "deck.hpp"
 #include "core/gpt_config.hpp"
 #include "parallel/process_grid.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/stage_backend.hpp"
 
 namespace mpiformer {
@@ -19,6 +20,10 @@ struct ResumePoint {
   int64_t cursor = 0;  // global sample position of the next step
   bool resumed = false;
   std::string run_id;  // a new one, or the resumed checkpoint's
+  // fp16's dynamic loss scaler as the checkpoint left it (has_scaler: it
+  // recorded one; otherwise a run that scales starts afresh at 2^16).
+  bool has_scaler = false;
+  LossScaler::State scaler;
 };
 
 // Where the data stood after a step, as a checkpoint records it.
@@ -41,7 +46,8 @@ class CheckpointManager {
   ResumePoint resume();
   // Collective: writes the checkpoint of `step`, publishes it as `latest`
   // and prunes old ones. Returns the seconds it took.
-  double save(int64_t step, const DataPosition& data);
+  // `scaler`: the run's loss scaler (its state is saved when dynamic).
+  double save(int64_t step, const DataPosition& data, const LossScaler& scaler);
   // Collective: throws SystemError if the tied embedding's copies differ.
   // The end of a run: every rank of each tensor group holds the same bits
   // of the tensors the group replicates (SystemError naming one otherwise).

@@ -101,6 +101,12 @@ void MetricsLog::step(const StepMetrics& m) {
   if (m.skipped_steps > 0) {
     json += strprintf(", \"skipped_steps\": %lld", static_cast<long long>(m.skipped_steps));
   }
+  if (m.loss_scaling) {
+    line += strprintf(" | loss scale %g", m.loss_scale);
+    json += strprintf(", \"loss_scale\": %.17g, \"overflow\": %s, \"overflows\": %lld",
+                      m.loss_scale, m.overflow ? "true" : "false",
+                      static_cast<long long>(m.overflows));
+  }
   if (m.host_timings) json += strprintf(", \"matmul_fraction\": %.4g", m.matmul_fraction);
   if (m.pipelined && m.host_timings) {
     line += strprintf(" | bubble %.0f%% (theory %.0f%%)", 100 * m.bubble, 100 * m.bubble_theory);

@@ -34,6 +34,10 @@ struct StepMetrics {
   // applied), and the updates skipped so far.
   std::string skipped, stopped;
   int64_t skipped_steps = 0;
+  // fp16: the step's loss scale, whether it overflowed, overflows so far.
+  bool loss_scaling = false, overflow = false;
+  double loss_scale = 1;
+  int64_t overflows = 0;
 };
 
 class MetricsLog {

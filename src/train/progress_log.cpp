@@ -57,6 +57,10 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   if (r.verdict == StepVerdict::kSkip) sm.skipped = r.why;
   if (r.verdict == StepVerdict::kStop) sm.stopped = r.why;
   sm.skipped_steps = r.skipped_steps;
+  sm.loss_scaling = r.loss_scaling;
+  sm.overflow = r.overflow;
+  sm.loss_scale = r.loss_scale;
+  sm.overflows = r.overflows;
   log_.step(sm);
   stage_.reset_gemm_seconds();
   interval_s_ = 0;

@@ -66,6 +66,7 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       reducer_(stage.table(), deck.parallel.bucket_mb * (1 << 20), *comms.dp),
       wte_(stage.table().find(kOuterSchema[outer::wte].name)),
       guard_(deck.train.nonfinite, deck.train.spike_zscore, deck.train.skip_limit),
+      scaler_(LossScaler::from_deck(deck.train)),
       act_sends_(static_cast<size_t>(stage.num_slots())),
       grad_sends_(static_cast<size_t>(stage.num_slots())) {
   // core/test_hooks.hpp (host back end: the gradients are host memory there).
@@ -92,7 +93,11 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   const size_t bytes = stage.message_bytes();
   const int M = static_cast<int>(deck_.grad_accum());
   const int slots = stage.num_slots();
-  const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * T);
+  // The loss is the mean over the global batch's tokens; fp16 scales its
+  // gradient by the loss scale (unscaled again before clipping and AdamW).
+  const double loss_scale = scaler_.scale();
+  const float grad_scale =
+      static_cast<float>(loss_scale / static_cast<double>(tc.global_batch * T));
 
   stage.zero_grads();
   StepResult result;
@@ -191,14 +196,32 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         g.world().allreduce_sum(sums, 3);
         result.loss = sums[0] / static_cast<double>(tc.global_batch * T);
         result.stop = sums[2] > 0;
-        // NaN stays NaN through max and sqrt: the guard sees it.
-        const double norm = std::sqrt(std::max(sums[1], 0.0));
+        // NaN stays NaN through max and sqrt: the guard sees it. The norm
+        // of the unscaled gradients is what clipping and the log use.
+        const double norm = std::sqrt(std::max(sums[1], 0.0)) / loss_scale;
         const double clip = (tc.grad_clip > 0 && norm > tc.grad_clip) ? tc.grad_clip / norm : 1.0;
         const double lr = learning_rate(tc.lr, tc.min_lr, tc.warmup_steps, tc.steps, step);
-        result.verdict = guard_.judge(result.loss, norm);
-        result.why = guard_.why();
+        result.loss_scaling = scaler_.active();
+        result.loss_scale = loss_scale;
+        // An fp16 overflow is the dynamic scaler's to handle, not a fault;
+        // a non-finite loss (the scale plays no part in it) is the guard's.
+        LossScaler::Verdict scaled = LossScaler::Verdict::kApply;
+        if (scaler_.dynamic() && std::isfinite(result.loss))
+          scaled = scaler_.after_step(std::isfinite(sums[1]));
+        if (scaled == LossScaler::Verdict::kApply) {
+          result.verdict = guard_.judge(result.loss, norm);
+          result.why = guard_.why();
+        } else {
+          result.overflow = true;
+          result.verdict =
+              scaled == LossScaler::Verdict::kOverflow ? StepVerdict::kSkip : StepVerdict::kStop;
+          result.why = scaler_.why();
+          if (scaled == LossScaler::Verdict::kTooSmall) result.stop_key = "[train] min_loss_scale";
+        }
         result.skipped_steps = guard_.skipped();
-        if (result.verdict == StepVerdict::kApply) stage.adamw_step(lr, step + 1, clip);
+        result.overflows = scaler_.overflows();
+        if (result.verdict == StepVerdict::kApply)
+          stage.adamw_step(lr, step + 1, clip / loss_scale);
         result.grad_norm = norm;
         result.lr = lr;
         break;

@@ -14,6 +14,7 @@
 #include "train/backend_factory.hpp"
 #include "train/data_feeder.hpp"
 #include "train/grad_reducer.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/stage_backend.hpp"
 #include "train/step_guard.hpp"
 #include "train/trace_writer.hpp"
@@ -27,6 +28,15 @@ struct StepResult {
   StepVerdict verdict = StepVerdict::kApply;  // the update applied, skipped, or the run stops
   std::string why;                            // why not applied
   int64_t skipped_steps = 0;                  // skipped so far in this run
+  // The deck key a kStop names ([train] nonfinite, or [train] min_loss_scale
+  // when fp16's loss scale would fall below its minimum).
+  std::string stop_key = "[train] nonfinite";
+  // fp16: the loss scale this step ran with, whether its gradients
+  // overflowed (the update skipped, the scale backed off), and the
+  // overflows so far in this run.
+  bool loss_scaling = false, overflow = false;
+  double loss_scale = 1;
+  int64_t overflows = 0;
 };
 
 // Host-side waits within steps, summed until reset.
@@ -51,6 +61,8 @@ class StepExecutor {
   // Mean loss per token over the evaluation set (collective).
   double evaluate(DataFeeder& data);
   int num_buckets() const { return reducer_.num_buckets(); }
+  // fp16's loss scaler (its state goes into checkpoints).
+  LossScaler& scaler() { return scaler_; }
 
  private:
   const Deck& deck_;
@@ -63,6 +75,7 @@ class StepExecutor {
   GradReducer reducer_;
   const ParameterSpec* wte_;  // the tied embedding, where this stage holds a copy
   StepGuard guard_;
+  LossScaler scaler_;
   int64_t fault_step_;  // test hook (see the constructor)
   std::vector<Pending> act_sends_, grad_sends_;  // one per activation slot
   // Where the stage's tensor all-reduces are reported: the step's times and

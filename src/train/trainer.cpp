@@ -214,6 +214,13 @@ void Trainer::connect() {
     if (rank_ == 0) std::printf("%s\n", said.c_str());
   }
   p.data->set_cursor(p.start.cursor);
+  LossScaler& scaler = p.executor->scaler();
+  if (scaler.dynamic() && p.start.has_scaler) {
+    scaler.restore(p.start.scaler);
+  } else if (scaler.dynamic() && p.start.resumed && rank_ == 0) {
+    std::printf("fp16: the checkpoint holds no loss scaler state (written by an earlier version "
+                "or another precision): the loss scale starts at %g\n", scaler.scale());
+  }
 }
 
 void Trainer::print_summary() const {
@@ -342,12 +349,15 @@ TrainResult Trainer::run() {
     if (r.verdict == StepVerdict::kStop) {
       // Every rank judged the same values: all stop here, before anything
       // of this step is applied or saved.
+      const bool scale = r.stop_key != "[train] nonfinite";
       throw AgreedInputError(
-          deck_.path, "[train] nonfinite",
+          deck_.path, r.stop_key,
           strprintf("step %lld: %s; the run stops with nothing of this step applied or saved "
-                    "(the last checkpoint is the good one): lower [train] lr, raise [train] "
-                    "grad_clip, or set [train] nonfinite = \"skip\" / [train] spike_zscore",
-                    static_cast<long long>(done), r.why.c_str()));
+                    "(the last checkpoint is the good one)%s",
+                    static_cast<long long>(done), r.why.c_str(),
+                    scale ? ""
+                          : ": lower [train] lr, raise [train] grad_clip, or set [train] "
+                            "nonfinite = \"skip\" / [train] spike_zscore"));
     }
     const bool eval_due = tc.eval_every > 0 && done % tc.eval_every == 0;
     if (p.data->val() && (eval_due || done == tc.steps)) {
@@ -362,7 +372,8 @@ TrainResult Trainer::run() {
     if ((every > 0 && done % every == 0) || at_end || r.stop) {
       p.watchdog->enter("checkpoint save", done, "every rank (collective write)",
                         save_allowance(*p.stage));
-      stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch()}));
+      stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch()},
+                                         p.executor->scaler()));
       // The job scripts count the steps a failure loses from this.
       progress.metrics().record(strprintf("{\"checkpoint_saved\": %lld}", static_cast<long long>(done)));
     }

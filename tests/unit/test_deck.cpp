@@ -77,18 +77,41 @@ TEST(Deck, MistakesNameFileAndKey) {
   EXPECT_TRUE(has(e, "[train] min_lr")) << e;
   e = error_of(path, {"nodot=1"});
   EXPECT_TRUE(has(e, "section.key=value")) << e;
-  e = error_of(path, {"train.precision=\"fp16\""});
-  EXPECT_TRUE(has(e, "[train] precision") && has(e, "\"fp32\" or \"bf16\"")) << e;
+  e = error_of(path, {"train.precision=\"fp8\""});
+  EXPECT_TRUE(has(e, "[train] precision") && has(e, "\"fp32\", \"bf16\" or \"fp16\"")) << e;
   e = error_of(path, {"run.device=\"tpu\""});
   EXPECT_TRUE(has(e, "[run] device") && has(e, "\"cuda\"")) << e;
-  // bf16 on the host is refused once, where the device is resolved.
-  try {
-    choose_backend(load_deck(path, {"train.precision=\"bf16\"", "run.device=\"cpu\""}), NodePlace{});
-    ADD_FAILURE() << "bf16 on the host accepted";
-  } catch (const InputError& err) {
-    EXPECT_TRUE(has(err.what(), "[train] precision") && has(err.what(), "GPU back end only"))
-        << err.what();
+  // Every precision runs on the host.
+  for (const char* p : {"\"fp32\"", "\"bf16\"", "\"fp16\""}) {
+    const BackendChoice c = choose_backend(
+        load_deck(path, {std::string("train.precision=") + p, "run.device=\"cpu\""}), NodePlace{});
+    EXPECT_EQ(c.device, Device::kCpu) << p;
   }
+  // Loss scaling: fp16 only, a positive scale or "dynamic", a window >= 1.
+  const std::vector<std::string> fp16 = {"train.precision=\"fp16\""};
+  auto with = [&](const std::string& s) {
+    std::vector<std::string> o = fp16;
+    o.push_back(s);
+    return o;
+  };
+  e = error_of(path, with("train.loss_scale=0"));
+  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "> 0")) << e;
+  e = error_of(path, with("train.loss_scale=-8"));
+  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "> 0")) << e;
+  e = error_of(path, with("train.loss_scale=\"static\""));
+  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "\"dynamic\"")) << e;
+  e = error_of(path, with("train.loss_scale_window=-5"));
+  EXPECT_TRUE(has(e, "[train] loss_scale_window")) << e;
+  e = error_of(path, with("train.loss_scale_window=0"));
+  EXPECT_TRUE(has(e, "[train] loss_scale_window")) << e;
+  e = error_of(path, with("train.min_loss_scale=0"));
+  EXPECT_TRUE(has(e, "[train] min_loss_scale")) << e;
+  e = error_of(path, {"train.loss_scale=1024"});
+  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "\"fp16\" only")) << e;
+  e = error_of(path, {"train.precision=\"bf16\"", "train.loss_scale_window=100"});
+  EXPECT_TRUE(has(e, "[train] loss_scale_window") && has(e, "\"fp16\" only")) << e;
+  EXPECT_EQ(load_deck(path, with("train.loss_scale=1024")).train.loss_scale, 1024.0);
+  EXPECT_EQ(load_deck(path, with("train.loss_scale=\"dynamic\"")).train.loss_scale, 0.0);
   e = error_of(dir.write("m.toml", "[model]\nn_layer = 2\n"));
   EXPECT_TRUE(has(e, "m.toml") && has(e, "missing")) << e;
 }
