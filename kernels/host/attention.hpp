@@ -27,13 +27,11 @@ namespace detail {
 // rows x hs of a strided A matrix into a dense float one, and back.
 template <class A>
 void widen_rows(float* dst, const A* src, int64_t rows, int64_t hs, int64_t ld_src) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < hs; ++c) dst[r * hs + c] = ld(src[r * ld_src + c]);
+  for (int64_t r = 0; r < rows; ++r) widen_n(dst + r * hs, src + r * ld_src, hs);
 }
 template <class A>
 void narrow_rows(A* dst, const float* src, int64_t rows, int64_t hs, int64_t ld_dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < hs; ++c) dst[r * ld_dst + c] = st<A>(src[r * hs + c]);
+  for (int64_t r = 0; r < rows; ++r) narrow_n(dst + r * ld_dst, src + r * hs, hs);
 }
 // Per-thread scratch of at least n floats.
 inline float* attention_scratch(int64_t n) {

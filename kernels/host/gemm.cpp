@@ -1,9 +1,15 @@
 #include "gemm.hpp"
 
 #include <cblas.h>
+#include <sched.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -59,6 +65,27 @@ double measure_gemm_peak(int64_t n, int repeats) {
     best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
   }
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
+}
+
+int choose_compute_threads(int requested, int ranks_on_node) {
+  if (requested > 0) return requested;
+  for (const char* var : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && std::atoi(v) > 0) return std::atoi(v);
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int mine = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(online);
+  if (mine >= online) mine /= std::max(1, ranks_on_node);  // not bound: share the node
+  return std::max(1, mine);
+}
+
+void set_compute_threads(int n) {
+  set_blas_threads(n);
+#ifdef _OPENMP
+  if (n > 0) omp_set_num_threads(n);
+#endif
 }
 
 void set_blas_threads(int n) {

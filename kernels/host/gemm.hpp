@@ -65,4 +65,15 @@ double measure_gemm_peak(int64_t n = 2048, int repeats = 3);
 void set_blas_threads(int n);
 int blas_threads();
 
+// Threads each rank computes with, the BLAS, oneDNN and the host kernels'
+// loops alike, so that together they never ask for more cores than the
+// rank has: `requested` when > 0 ([run] blas_threads); else
+// OPENBLAS_NUM_THREADS or OMP_NUM_THREADS when set; else the cores this
+// process may run on (its affinity: a launcher that binds ranks has already
+// divided the node), divided among the node's `ranks_on_node` when the
+// process is not bound.
+int choose_compute_threads(int requested, int ranks_on_node);
+// Sets the BLAS's and OpenMP's (oneDNN's and the loops') thread counts.
+void set_compute_threads(int n);
+
 }  // namespace mpiformer::host

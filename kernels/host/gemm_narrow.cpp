@@ -34,7 +34,7 @@ const float* widen(int which, bool trans, int64_t rows, int64_t cols, const A* x
   const int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
   float* o = scratch(which, stored_rows * stored_cols);
   parallel_for("gemm_widen", stored_rows, [=](const int64_t r) {
-    for (int64_t c = 0; c < stored_cols; ++c) o[r * stored_cols + c] = ld(x[r * stride + c]);
+    widen_n(o + r * stored_cols, x + r * stride, stored_cols);
   });
   return o;
 }
@@ -51,11 +51,11 @@ void gemm_widened(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     float* w = scratch(2, m * n);
     if (beta != 0.0f)
       parallel_for("gemm_widen_c", m, [=](const int64_t r) {
-        for (int64_t j = 0; j < n; ++j) w[r * n + j] = ld(c[r * ldc + j]);
+        widen_n(w + r * n, c + r * ldc, n);
       });
     gemm(ta, tb, m, n, k, alpha, wa, wlda, wb, wldb, beta, w, n);
     parallel_for("gemm_narrow_c", m, [=](const int64_t r) {
-      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = st<A>(w[r * n + j]);
+      narrow_n(c + r * ldc, w + r * n, n);
     });
   }
 }

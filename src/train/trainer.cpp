@@ -136,7 +136,9 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   const int dp = static_cast<int>(par.dp), pp = static_cast<int>(par.pp);
   const GridPlace place = grid_place(rank_, dp, static_cast<int>(par.tp));  // as ProcessGrid does
   const int stage_index = place.stage, dp_rank = place.dp_rank;
-  if (deck_.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck_.run.blas_threads));
+  // The BLAS, oneDNN and the host loops share this rank's cores.
+  host::set_compute_threads(
+      host::choose_compute_threads(static_cast<int>(deck_.run.blas_threads), node.size));
   p.actions = pipeline_schedule(par.schedule, pp, stage_index,
                                 static_cast<int>(deck_.grad_accum()));
   const int slots = max_live_activations(p.actions);
