@@ -17,6 +17,7 @@
 #include "core/rng.hpp"
 #include "deck.hpp"
 #include "host/gemm.hpp"
+#include "host/parallel.hpp"
 #include "train/model_flops.hpp"
 #include "train/stage_backend.hpp"
 
@@ -24,23 +25,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Kernel time by label, from Kokkos' begin/end callbacks.
+// Kernel time by label, from the host loops' observer (kernels/host/parallel.hpp).
 struct KernelTimes {
-  std::map<uint64_t, std::pair<std::string, Clock::time_point>> open;
+  std::vector<std::pair<std::string, Clock::time_point>> open;
   std::map<std::string, double> seconds;
-  uint64_t next = 0;
 };
 KernelTimes g_times;
 
-void on_begin(const char* name, uint32_t, uint64_t* id) {
-  *id = g_times.next++;
-  g_times.open[*id] = {name, Clock::now()};
-}
-void on_end(uint64_t id) {
-  auto it = g_times.open.find(id);
-  g_times.seconds[it->second.first] +=
-      std::chrono::duration<double>(Clock::now() - it->second.second).count();
-  g_times.open.erase(it);
+void on_begin(const char* name) { g_times.open.emplace_back(name, Clock::now()); }
+void on_end() {
+  const auto& [name, t0] = g_times.open.back();
+  g_times.seconds[name] += std::chrono::duration<double>(Clock::now() - t0).count();
+  g_times.open.pop_back();
 }
 
 }  // namespace
@@ -64,13 +60,14 @@ int main(int argc, char** argv) {
     const Deck deck = load_deck(deck_path, sets);
     GptConfig cfg = deck.model;
     if (cfg.vocab_size == 0) cfg.vocab_size = 50257;
-    if (deck.run.blas_threads > 0) host::set_blas_threads(static_cast<int>(deck.run.blas_threads));
+    host::set_compute_threads(host::choose_compute_threads(static_cast<int>(deck.run.blas_threads), 1));
     const int64_t B = deck.train.micro_batch, T = cfg.seq_len;
 
     // The trainer's own stage and optimizer on the host.
     StageSetup setup;
     setup.options = stage_options(B, 1, deck.train.recompute, 0);
     setup.adam = AdamWSettings{0.9, 0.95, 1e-8, 0.1};
+    setup.precision = deck.train.precision;
     const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), setup);
     stage->init_parameters(1);
     std::vector<int32_t> tokens(B * (T + 1));
@@ -92,10 +89,7 @@ int main(int argc, char** argv) {
     step(1);  // warm-up: page faults, BLAS buffers
 
     const double peak = stage->measure_peak_flops();
-    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(on_begin);
-    Kokkos::Tools::Experimental::set_end_parallel_for_callback(on_end);
-    Kokkos::Tools::Experimental::set_begin_parallel_reduce_callback(on_begin);
-    Kokkos::Tools::Experimental::set_end_parallel_reduce_callback(on_end);
+    host::loop_observer() = host::LoopObserver{on_begin, on_end};
     host::reset_gemm_seconds();
     const auto t0 = Clock::now();
     for (int s = 0; s < steps; ++s) step(2 + s);
@@ -110,8 +104,8 @@ int main(int argc, char** argv) {
                 (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.vocab_size,
                 (long long)B, (long long)T, host::blas_threads());
     std::printf("step    %.1f ms, %.0f tokens/s\n", 1e3 * per_step, tok_s);
-    std::printf("model   %.1f GFLOP/s = %.1f%% of the sgemm peak %.1f GFLOP/s measured now\n",
-                flops / 1e9, 100 * flops / peak, peak / 1e9);
+    std::printf("model   %.1f GFLOP/s = %.1f%% of the %s GEMM peak %.1f GFLOP/s measured now\n",
+                flops / 1e9, 100 * flops / peak, name_of(deck.train.precision), peak / 1e9);
     std::printf("split   GEMM %.1f%%, everything else %.1f%% of the step\n", 100 * gemm / per_step,
                 100 * (per_step - gemm) / per_step);
     std::vector<std::pair<double, std::string>> rows;
@@ -123,11 +117,11 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       if (std::FILE* f = std::fopen(json_path.c_str(), "w")) {
         std::fprintf(f,
-                     "{\"n_layer\": %lld, \"n_embd\": %lld, \"micro_batch\": %lld, \"seq_len\": %lld, "
+                     "{\"precision\": \"%s\", \"n_layer\": %lld, \"n_embd\": %lld, \"micro_batch\": %lld, \"seq_len\": %lld, "
                      "\"step_ms\": %.3f, \"tokens_per_s\": %.2f, \"model_gflops\": %.3f, "
                      "\"peak_gflops\": %.3f, \"fraction_of_peak\": %.4f, \"non_matmul_fraction\": %.4f}\n",
-                     (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)B, (long long)T,
-                     1e3 * per_step, tok_s, flops / 1e9, peak / 1e9, flops / peak,
+                     name_of(deck.train.precision), (long long)cfg.n_layer, (long long)cfg.n_embd,
+                     (long long)B, (long long)T, 1e3 * per_step, tok_s, flops / 1e9, peak / 1e9, flops / peak,
                      (per_step - gemm) / per_step);
         std::fclose(f);
       } else {

@@ -6,10 +6,8 @@
 // so no transposed copies of q, k or v are made. The full T x T score matrix is
 // computed and masked: twice the causal FLOPs, but in BLAS rather than loops.
 //
-// With a 16-bit storage type A (storage_types.hpp) each (batch, head) first
-// widens its q, k, v (and dout) slices into float scratch, the products and
-// the softmax run in float, the probabilities are kept in float, and only
-// out and dqkv are rounded to A, once.
+// In fp32 and fp64 the heads go one after another (each product threaded by
+// the BLAS); 16-bit storage is below.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -24,54 +22,51 @@
 namespace mpiformer::host {
 
 namespace detail {
-// rows x hs of a strided A matrix into a dense float one, and back.
-template <class A>
-void widen_rows(float* dst, const A* src, int64_t rows, int64_t hs, int64_t ld_src) {
-  for (int64_t r = 0; r < rows; ++r) widen_n(dst + r * hs, src + r * ld_src, hs);
-}
-template <class A>
-void narrow_rows(A* dst, const float* src, int64_t rows, int64_t hs, int64_t ld_dst) {
-  for (int64_t r = 0; r < rows; ++r) narrow_n(dst + r * ld_dst, src + r * hs, hs);
-}
-// Per-thread scratch of at least n floats.
-inline float* attention_scratch(int64_t n) {
-  thread_local std::vector<float> buffer;
+// Per-thread scratch of at least n elements of U.
+template <class U>
+U* attention_scratch(int64_t n) {
+  thread_local std::vector<U> buffer;
   if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
   return buffer.data();
 }
+// Causal softmax in place over each row of the B*NH T x T score matrices
+// (entries above the diagonal set to zero), and the probabilities rounded
+// to A for the product with V.
+template <class A>
+void causal_softmax(float* att, A* rounded, int64_t rows, int64_t Tn) {
+  parallel_for("attention_softmax", rows, [=](const int64_t r) {
+    const int64_t t = r % Tn;
+    float* row = att + r * Tn;
+    float mx = row[0];
+    for (int64_t j = 1; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0;
+    for (int64_t j = 0; j <= t; ++j) {
+      row[j] = exp_fast(row[j] - mx);
+      sum += row[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
+    for (int64_t j = t + 1; j < Tn; ++j) row[j] = 0.0f;
+    narrow_n(rounded + r * Tn, row, Tn);
+  });
+}
 }  // namespace detail
 
+// 16-bit storage: the products take 16-bit operands and accumulate in float
+// (all heads in one call, head_gemm), as the GPU's tensor cores do: the
+// scores and the softmax are float, the probabilities (and in backward the
+// score gradients) are rounded to A for the products that read them.
 template <class A, std::enable_if_t<kNarrow<A>, int> = 0>
 void attention_forward(A* out, float* att, const A* qkv, int64_t B, int64_t Tn, int64_t C,
                        int64_t NH) {
   const int64_t hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  parallel_for("attention_forward", B * NH, [=](const int64_t bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const A* base = qkv + b * Tn * 3 * C + h * hs;
-    float* q = detail::attention_scratch(4 * Tn * hs);
-    float *k = q + Tn * hs, *v = k + Tn * hs, *o = v + Tn * hs;
-    detail::widen_rows(q, base, Tn, hs, 3 * C);
-    detail::widen_rows(k, base + C, Tn, hs, 3 * C);
-    detail::widen_rows(v, base + 2 * C, Tn, hs, 3 * C);
-    float* a = att + bh * Tn * Tn;
-    gemm(false, true, Tn, Tn, hs, scale, q, hs, k, hs, 0.0f, a, Tn);
-    for (int64_t t = 0; t < Tn; ++t) {
-      float* row = a + t * Tn;
-      float mx = row[0];
-      for (int64_t j = 1; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
-      float sum = 0;
-      for (int64_t j = 0; j <= t; ++j) {
-        row[j] = exp_fast(row[j] - mx);
-        sum += row[j];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
-      for (int64_t j = t + 1; j < Tn; ++j) row[j] = 0.0f;
-    }
-    gemm(false, false, Tn, hs, Tn, 1.0f, a, Tn, v, hs, 0.0f, o, hs);
-    detail::narrow_rows(out + b * Tn * C + h * hs, o, Tn, hs, C);
-  });
+  const HeadStrides in{Tn * 3 * C, hs, 3 * C}, scores{NH * Tn * Tn, Tn * Tn, Tn};
+  head_gemm(false, true, B, NH, Tn, Tn, hs, scale, qkv, in, qkv + C, in, 0.0f, att, scores);
+  A* p = detail::attention_scratch<A>(B * NH * Tn * Tn);
+  detail::causal_softmax(att, p, B * NH * Tn, Tn);
+  head_gemm(false, false, B, NH, Tn, hs, Tn, 1.0f, static_cast<const A*>(p), scores, qkv + 2 * C,
+            in, 0.0f, out, HeadStrides{Tn * C, hs, C});
 }
 
 template <class A, std::enable_if_t<kNarrow<A>, int> = 0>
@@ -79,35 +74,33 @@ void attention_backward(A* dqkv, float* datt, const A* dout, const A* qkv, const
                         int64_t B, int64_t Tn, int64_t C, int64_t NH) {
   const int64_t hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  parallel_for("attention_backward", B * NH, [=](const int64_t bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const A* base = qkv + b * Tn * 3 * C + h * hs;
-    float* q = detail::attention_scratch(7 * Tn * hs);
-    float *k = q + Tn * hs, *v = k + Tn * hs, *g = v + Tn * hs;
-    float *dq = g + Tn * hs, *dk = dq + Tn * hs, *dv = dk + Tn * hs;
-    detail::widen_rows(q, base, Tn, hs, 3 * C);
-    detail::widen_rows(k, base + C, Tn, hs, 3 * C);
-    detail::widen_rows(v, base + 2 * C, Tn, hs, 3 * C);
-    detail::widen_rows(g, dout + b * Tn * C + h * hs, Tn, hs, C);
-    const float* a = att + bh * Tn * Tn;
-    float* da = datt + bh * Tn * Tn;
-    gemm(false, true, Tn, Tn, hs, 1.0f, g, hs, v, hs, 0.0f, da, Tn);  // dA = dO V^T
-    gemm(true, false, Tn, hs, Tn, 1.0f, a, Tn, g, hs, 0.0f, dv, hs);  // dV = A^T dO
-    for (int64_t t = 0; t < Tn; ++t) {
-      const float* ar = a + t * Tn;
-      float* dr = da + t * Tn;
-      float dot = 0;
-      for (int64_t j = 0; j <= t; ++j) dot += ar[j] * dr[j];
-      for (int64_t j = 0; j <= t; ++j) dr[j] = scale * ar[j] * (dr[j] - dot);
-      for (int64_t j = t + 1; j < Tn; ++j) dr[j] = 0.0f;
-    }
-    gemm(false, false, Tn, hs, Tn, 1.0f, da, Tn, k, hs, 0.0f, dq, hs);  // dQ = dS K
-    gemm(true, false, Tn, hs, Tn, 1.0f, da, Tn, q, hs, 0.0f, dk, hs);   // dK = dS^T Q
-    A* d = dqkv + b * Tn * 3 * C + h * hs;
-    detail::narrow_rows(d, dq, Tn, hs, 3 * C);
-    detail::narrow_rows(d + C, dk, Tn, hs, 3 * C);
-    detail::narrow_rows(d + 2 * C, dv, Tn, hs, 3 * C);
+  const HeadStrides in{Tn * 3 * C, hs, 3 * C}, scores{NH * Tn * Tn, Tn * Tn, Tn};
+  const HeadStrides grad{Tn * C, hs, C};
+  const int64_t rows = B * NH * Tn;
+  A* p = detail::attention_scratch<A>(rows * Tn);
+  parallel_for("attention_round", rows, [=](const int64_t r) {
+    narrow_n(p + r * Tn, att + r * Tn, Tn);
   });
+  head_gemm(false, true, B, NH, Tn, Tn, hs, 1.0f, dout, grad, qkv + 2 * C, in, 0.0f, datt,
+            scores);  // dA = dO V^T
+  head_gemm(true, false, B, NH, Tn, hs, Tn, 1.0f, static_cast<const A*>(p), scores, dout, grad,
+            0.0f, dqkv + 2 * C, in);  // dV = A^T dO
+  // Softmax backward: dS = A * (dA - rowsum(A * dA)) times the score
+  // scale, zero above the diagonal, rounded to A for the two products.
+  parallel_for("attention_softmax_backward", rows, [=](const int64_t r) {
+    const int64_t t = r % Tn;
+    const float* ar = att + r * Tn;
+    float* dr = datt + r * Tn;
+    float dot = 0;
+    for (int64_t j = 0; j <= t; ++j) dot += ar[j] * dr[j];
+    for (int64_t j = 0; j <= t; ++j) dr[j] = scale * ar[j] * (dr[j] - dot);
+    for (int64_t j = t + 1; j < Tn; ++j) dr[j] = 0.0f;
+    narrow_n(p + r * Tn, dr, Tn);
+  });
+  head_gemm(false, false, B, NH, Tn, hs, Tn, 1.0f, static_cast<const A*>(p), scores, qkv + C, in,
+            0.0f, dqkv, in);  // dQ = dS K
+  head_gemm(true, false, B, NH, Tn, hs, Tn, 1.0f, static_cast<const A*>(p), scores, qkv, in, 0.0f,
+            dqkv + C, in);  // dK = dS^T Q
 }
 
 template <class T>
@@ -115,7 +108,7 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int6
                        int64_t NH) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  parallel_for("attention_forward", B * NH, [=](const int64_t bh) {
+  serial_for("attention_forward", B * NH, [=](const int64_t bh) {
     const int64_t b = bh / NH, h = bh % NH;
     const T* q = qkv + b * Tn * 3 * C + h * hs;
     const T* k = q + C;
@@ -179,7 +172,7 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
                         int64_t Tn, int64_t C, int64_t NH) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  parallel_for("attention_backward", B * NH, [=](const int64_t bh) {
+  serial_for("attention_backward", B * NH, [=](const int64_t bh) {
     const int64_t b = bh / NH, h = bh % NH;
     const T* q = qkv + b * Tn * 3 * C + h * hs;
     const T* k = q + C;

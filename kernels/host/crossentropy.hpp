@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "fast_math.hpp"
 #include "parallel.hpp"
@@ -38,23 +39,28 @@ template <class A, class T = compute_t<A>>
 void crossentropy_forward_backward(T* losses, A* logits, const int32_t* targets, int64_t N,
                                    int64_t V, int64_t Vp, T grad_scale) {
   if constexpr (kNarrow<A>) {
-    // The probabilities are not rounded before the gradient is formed: the
-    // exponentials are recomputed in float (a pass of exp is cheap next to
-    // the head's GEMM) and the gradient is rounded once.
+    // Each row widened into float scratch, worked there as in fp32, and the
+    // gradient rounded once on the way back.
     parallel_for("crossentropy_forward_backward", N, [=](const int64_t n) {
+      thread_local std::vector<float> scratch;
+      if (scratch.size() < static_cast<size_t>(V)) scratch.resize(static_cast<size_t>(V));
+      float* w = scratch.data();
       A* z = logits + n * Vp;
-      T mx = ld(z[0]);
-      for (int64_t i = 1; i < V; ++i) mx = ld(z[i]) > mx ? ld(z[i]) : mx;
-      T sum = 0;
-      for (int64_t i = 0; i < V; ++i) sum += exp_fast(ld(z[i]) - mx);
+      widen_n(w, z, V);
+      T mx = w[0];
+      for (int64_t i = 1; i < V; ++i) mx = w[i] > mx ? w[i] : mx;
       const int32_t y = targets[n];
-      const T inv = T(1) / sum;
-      const T zy = ld(z[y]);
-      losses[n] = std::log(sum) + mx - zy;
+      const T zy = w[y];
+      T sum = 0;
       for (int64_t i = 0; i < V; ++i) {
-        const T p = exp_fast(ld(z[i]) - mx) * inv;
-        z[i] = st<A>(i == y ? (p - T(1)) * grad_scale : p * grad_scale);
+        w[i] = exp_fast(w[i] - mx);
+        sum += w[i];
       }
+      losses[n] = std::log(sum) + mx - zy;
+      const T k = grad_scale / sum;
+      for (int64_t i = 0; i < V; ++i) w[i] *= k;
+      w[y] -= grad_scale;
+      narrow_n(z, w, V);
       for (int64_t i = V; i < Vp; ++i) z[i] = st<A>(T(0));
     });
   } else {

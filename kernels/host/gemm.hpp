@@ -33,6 +33,22 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const Fp16* a, int64_t lda, const Fp16* b, int64_t ldb, float beta, float* c,
           int64_t ldc);
 
+// Attention's per-head products, all heads in one call: B x NH matrices,
+// matrix (b, h) of X at x + b * batch + h * head, row-major with leading
+// dimension ld. C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h], 16-bit
+// inputs, float accumulation, C in float or the inputs' type.
+struct HeadStrides {
+  int64_t batch, head, ld;
+};
+template <class A, class C>
+void head_gemm(bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_t m, int64_t n, int64_t k,
+               float alpha, const A* a, HeadStrides sa, const A* b, HeadStrides sb, float beta,
+               C* c, HeadStrides sc);
+
+// FLOP/s of a large square product of 16-bit inputs (the path the run's
+// matmuls take: oneDNN for bf16, widened sgemm for fp16), best of `repeats`.
+double measure_narrow_gemm_peak(Element e, int64_t n = 2048, int repeats = 5);
+
 // What runs the 16-bit products of element type `e`, for the run's summary;
 // *slow when the CPU has no units for it (the run says so once at start).
 std::string narrow_gemm_engine(Element e, bool* slow);
@@ -59,7 +75,7 @@ class GemmTimer {
 // FLOP/s of a large square sgemm on this thread with the current BLAS
 // threads, on random data: the practical fp32 peak MFU is measured
 // against (the best of `repeats` after a warm-up).
-double measure_gemm_peak(int64_t n = 2048, int repeats = 3);
+double measure_gemm_peak(int64_t n = 2048, int repeats = 5);
 
 // Threads the BLAS library may use (no-op where the BLAS has no such control).
 void set_blas_threads(int n);

@@ -3,6 +3,9 @@
 // AMX where the CPU has them; fp16 (which x86 CPUs before AVX512-FP16 cannot
 // multiply) and bf16 in a build without oneDNN are widened to float and run
 // through the BLAS: the same products, exact inputs, float accumulation.
+#include <algorithm>
+#include <chrono>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -66,17 +69,10 @@ dnnl::engine& engine() {
   return e;
 }
 
-// C = alpha op(A) op(B) + beta C through a oneDNN matmul: the transposes
-// are strides of the operands' descriptors (nothing is copied), beta a sum
-// post-op. oneDNN caches the primitive of each shape.
-void dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-                 int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
-                 dnnl::memory::data_type ctype) {
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
-  const dnnl::memory::desc ad(dims{m, k}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
-  const dnnl::memory::desc bd(dims{k, n}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
-  const dnnl::memory::desc cd(dims{m, n}, ctype, dims{ldc, 1});
+// dst = alpha src x weights + beta dst, for any descriptors.
+void run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
+                const dnnl::memory::desc& cd, float alpha, float beta, const void* a,
+                const void* b, void* c) {
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -92,9 +88,70 @@ void dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
           {DNNL_ARG_DST, dnnl::memory(cd, engine(), c)}});
   s.wait();
 }
+
+// C = alpha op(A) op(B) + beta C through a oneDNN matmul: the transposes
+// are strides of the operands' descriptors (nothing is copied), beta a sum
+// post-op. oneDNN caches the primitive of each shape.
+void dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+                 int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
+                 dnnl::memory::data_type ctype) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::desc ad(dims{m, k}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc bd(dims{k, n}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc cd(dims{m, n}, ctype, dims{ldc, 1});
+  run_matmul(ad, bd, cd, alpha, beta, a, b, c);
+}
+#endif
+
+#ifdef MPIFORMER_HAVE_DNNL
+// The 4-D descriptor of B x NH matrices rows x cols (op applied: a
+// transposed operand swaps its last two strides).
+dnnl::memory::desc head_desc(int64_t B, int64_t NH, int64_t rows, int64_t cols, bool trans,
+                             HeadStrides s, dnnl::memory::data_type type) {
+  using dims = dnnl::memory::dims;
+  return dnnl::memory::desc(dims{B, NH, rows, cols}, type,
+                            trans ? dims{s.batch, s.head, 1, s.ld} : dims{s.batch, s.head, s.ld, 1});
+}
 #endif
 
 }  // namespace
+
+template <class A, class C>
+void head_gemm(bool ta, bool tb, int64_t B, int64_t NH, int64_t m, int64_t n, int64_t k,
+               float alpha, const A* a, HeadStrides sa, const A* b, HeadStrides sb, float beta,
+               C* c, HeadStrides sc) {
+#ifdef MPIFORMER_HAVE_DNNL
+  if constexpr (std::is_same_v<A, Bf16>) {
+    // One oneDNN call for every head (strided batch dimensions).
+    detail::GemmTimer timer;
+    using dt = dnnl::memory::data_type;
+    const auto ad = head_desc(B, NH, m, k, ta, sa, dt::bf16);
+    const auto bd = head_desc(B, NH, k, n, tb, sb, dt::bf16);
+    const auto cd = head_desc(B, NH, m, n, false, sc, std::is_same_v<C, float> ? dt::f32 : dt::bf16);
+    run_matmul(ad, bd, cd, alpha, beta, a, b, c);
+    return;
+  }
+#endif
+  // Head by head (each product threaded by the BLAS).
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t h = 0; h < NH; ++h)
+      gemm(ta, tb, m, n, k, alpha, a + bb * sa.batch + h * sa.head, sa.ld,
+           b + bb * sb.batch + h * sb.head, sb.ld, beta, c + bb * sc.batch + h * sc.head, sc.ld);
+}
+
+template void head_gemm<Bf16, float>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                                     const Bf16*, HeadStrides, const Bf16*, HeadStrides, float,
+                                     float*, HeadStrides);
+template void head_gemm<Bf16, Bf16>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                                    const Bf16*, HeadStrides, const Bf16*, HeadStrides, float,
+                                    Bf16*, HeadStrides);
+template void head_gemm<Fp16, float>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                                     const Fp16*, HeadStrides, const Fp16*, HeadStrides, float,
+                                     float*, HeadStrides);
+template void head_gemm<Fp16, Fp16>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                                    const Fp16*, HeadStrides, const Fp16*, HeadStrides, float,
+                                    Fp16*, HeadStrides);
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Bf16* a,
           int64_t lda, const Bf16* b, int64_t ldb, float beta, Bf16* c, int64_t ldc) {
@@ -126,6 +183,29 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
           int64_t lda, const Fp16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   detail::GemmTimer timer;
   gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <class A>
+double narrow_peak(int64_t n, int repeats) {
+  // Random operands, as the sgemm peak's (constant data can run faster).
+  std::vector<A> a(static_cast<size_t>(n * n)), b(a.size());
+  std::vector<float> c(a.size());
+  std::mt19937 gen(12345);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto* v : {&a, &b})
+    for (A& x : *v) x = A(u(gen));
+  gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
+}
+
+double measure_narrow_gemm_peak(Element e, int64_t n, int repeats) {
+  return e == Element::kBf16 ? narrow_peak<Bf16>(n, repeats) : narrow_peak<Fp16>(n, repeats);
 }
 
 std::string narrow_gemm_engine(Element e, bool* slow) {

@@ -81,7 +81,11 @@ struct Ops {
   static void* stream_handle(Context&) { return nullptr; }
   // The host never waits on a device.
   static void set_wait_check(Context&, std::function<void()>) {}
-  static double measure_peak_flops(Context&) { return measure_gemm_peak(); }
+  // The peak of the products this op set runs (fp32 sgemm, or 16-bit).
+  static double measure_peak_flops(Context&) {
+    if constexpr (kNarrow<T>) return measure_narrow_gemm_peak(element_of<T>());
+    else return measure_gemm_peak();
+  }
   static double gemm_seconds() { return host::gemm_seconds(); }
   static void reset_gemm_seconds() { host::reset_gemm_seconds(); }
 

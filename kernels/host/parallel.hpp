@@ -1,28 +1,76 @@
-// The host kernels' loop primitives: Kokkos on the host execution space
-// (Serial in Debian's build; OpenMP where a cluster's Kokkos has it). Every
-// loop body writes only its own index, so results do not depend on the
-// back end's thread count: reductions use Kokkos' deterministic ordering on
-// Serial and are only used where a few ulps of difference are harmless.
+// The host kernels' loop primitives. Where the installed Kokkos has a
+// threaded host back end (OpenMP or Threads, as on clusters) its execution
+// space runs them; Debian's Kokkos is Serial-only, and there OpenMP runs
+// them directly. Every loop body writes only its own index and each sum
+// is formed in a fixed order, so results do not depend on the thread count
+// (tests compare runs bit for bit across layouts and resumes).
+//
+// The thread count is the rank's compute threads (gemm.hpp's
+// set_compute_threads), shared with oneDNN (the same OpenMP runtime). A
+// body that calls the BLAS must not run inside these loops (the BLAS
+// threads itself): such loops are plain `for`s in the kernels.
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace mpiformer::host {
 
-using HostSpace = Kokkos::DefaultHostExecutionSpace;
-using Range = Kokkos::RangePolicy<HostSpace, Kokkos::IndexType<int64_t>>;
+#if defined(KOKKOS_ENABLE_OPENMP) || defined(KOKKOS_ENABLE_THREADS)
+#define MPIFORMER_LOOPS_KOKKOS 1
+#endif
+
+// Told of each labelled loop (bench/bench_step.cpp's per-kernel times);
+// null in a run.
+struct LoopObserver {
+  void (*begin)(const char* label) = nullptr;
+  void (*end)() = nullptr;
+};
+inline LoopObserver& loop_observer() {
+  static LoopObserver o;
+  return o;
+}
 
 template <class F>
 inline void parallel_for(const char* label, int64_t n, const F& body) {
+  const LoopObserver& o = loop_observer();
+  if (o.begin != nullptr) o.begin(label);
+#ifdef MPIFORMER_LOOPS_KOKKOS
+  using Range = Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::IndexType<int64_t>>;
   Kokkos::parallel_for(label, Range(0, n), body);
+#else
+  // Static: one contiguous share per thread, no scheduling overhead for
+  // the many short loops of a step. Not worth waking threads for a few
+  // iterations.
+#pragma omp parallel for schedule(static) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) body(i);
+#endif
+  if (o.end != nullptr) o.end();
 }
 
-// Sum of f(i) over [0, n), accumulated in double.
+// In index order on the calling thread: for bodies that call the BLAS
+// (which threads itself). Labelled like the others for the observer.
+template <class F>
+inline void serial_for(const char* label, int64_t n, const F& body) {
+  const LoopObserver& o = loop_observer();
+  if (o.begin != nullptr) o.begin(label);
+  for (int64_t i = 0; i < n; ++i) body(i);
+  if (o.end != nullptr) o.end();
+}
+
+// Sum of f(i) over [0, n), accumulated in double in index order whatever
+// the threads: each term is computed in parallel, then added up in order.
+// n is a count of chunks (a few thousand at most), each term a chunk's sum.
 template <class F>
 inline double parallel_sum(const char* label, int64_t n, const F& term) {
+  std::vector<double> terms(static_cast<size_t>(n));
+  double* t = terms.data();
+  parallel_for(label, n, [=](const int64_t i) { t[i] = term(i); });
   double total = 0.0;
-  Kokkos::parallel_reduce(
-      label, Range(0, n), [&](const int64_t i, double& acc) { acc += term(i); }, total);
+  for (double x : terms) total += x;
   return total;
 }
 

@@ -1,15 +1,19 @@
 #include "train/progress_log.hpp"
 
+#include <algorithm>
+
 #include "core/test_hooks.hpp"
 
 namespace mpiformer {
 
 ProgressLog::ProgressLog(const Deck& deck, ProcessGrid& grid, StageBackend& stage,
-                         double flops_per_token, double peak_flops, bool append)
+                         double flops_per_token, double rank_peak, double peak_flops,
+                         bool append)
     : deck_(deck),
       grid_(grid),
       stage_(stage),
       flops_per_token_(flops_per_token),
+      rank_peak_(rank_peak),
       peak_flops_(peak_flops),
       log_(deck.run.dir, grid.world_rank() == 0, append) {
   stage_.reset_gemm_seconds();
@@ -23,10 +27,25 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   // A step whose update was not applied is always logged.
   const bool not_applied = r.verdict != StepVerdict::kApply;
   if (done % tc.log_every != 0 && done != end_step && !not_applied) return;
-  // Means over the interval and over ranks (one small all-reduce).
-  double agg[5] = {times_.recv_wait / interval_s_, times_.reduce_exposed, times_.dp_sent_bytes,
-                   times_.tp_reduce / interval_s_, times_.tp_sent_bytes};
-  grid_.world().allreduce_sum(agg, 5);
+  // Means over the interval and over ranks (one small all-reduce), and
+  // whether any rank's MFU would read above 100%.
+  const double tokens_per_step = static_cast<double>(tc.global_batch * deck_.model.seq_len);
+  const double rank_mfu =
+      tokens_per_step / (interval_s_ / static_cast<double>(interval_steps_)) * flops_per_token_ /
+      peak_flops_;
+  double agg[6] = {times_.recv_wait / interval_s_, times_.reduce_exposed, times_.dp_sent_bytes,
+                   times_.tp_reduce / interval_s_, times_.tp_sent_bytes, rank_mfu > 1 ? 1.0 : 0.0};
+  grid_.world().allreduce_sum(agg, 6);
+  ++intervals_;
+  const double gemm_s = stage_.gemm_seconds();
+  if (rank_peak_ > 0 && (agg[5] > 0 || intervals_ % kRemeasureEvery == 0)) {
+    // Collective: every rank reaches this with the same verdict.
+    rank_peak_ = std::max(rank_peak_, stage_.measure_peak_flops());
+    double sum = rank_peak_;
+    grid_.world().allreduce_sum(&sum, 1);
+    peak_flops_ = sum;
+    exclude_pause();
+  }
   const int ranks = grid_.dp() * grid_.pp() * grid_.tp();
   const double mean_s = interval_s_ / static_cast<double>(interval_steps_);
   const auto M = static_cast<double>(deck_.grad_accum());
@@ -38,10 +57,13 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   sm.grad_norm = r.grad_norm;
   sm.step_ms = 1e3 * mean_s;
   sm.tokens_per_s = static_cast<double>(tc.global_batch * deck_.model.seq_len) / mean_s;
+  // Still above the best measured peak: the machine did that much, so that
+  // is its peak (the logging rank's figure; the MFU then reads 100%).
+  peak_flops_ = std::max(peak_flops_, sm.tokens_per_s * flops_per_token_);
   sm.mfu = sm.tokens_per_s * flops_per_token_ / peak_flops_;
   sm.eta_s = mean_s * static_cast<double>(end_step - done);
   sm.samples = samples;
-  sm.matmul_fraction = stage_.gemm_seconds() / interval_s_;
+  sm.matmul_fraction = gemm_s / interval_s_;
   sm.pipelined = grid_.pp() > 1;
   sm.bubble = agg[0] / ranks;
   sm.bubble_theory = static_cast<double>(grid_.pp() - 1) / (M + grid_.pp() - 1);

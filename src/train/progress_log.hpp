@@ -15,10 +15,17 @@ namespace mpiformer {
 
 class ProgressLog {
  public:
-  // `peak_flops`: the sum over ranks, MFU's denominator. `append`: a
-  // resumed run keeps the earlier segments' lines.
+  // `rank_peak`: this rank's measured GEMM peak (0: `peak_flops` was
+  // given, [run] peak_tflops, and is never re-measured); `peak_flops`: the
+  // sum over ranks, MFU's denominator. On a noisy machine one measurement
+  // can come out low: the peak is re-measured every kRemeasureEvery logged
+  // intervals, and at once when an interval's MFU would read above 100%;
+  // each rank keeps its best. `append`: a resumed run keeps the earlier
+  // segments' lines.
+  static constexpr int64_t kRemeasureEvery = 50;
   ProgressLog(const Deck& deck, ProcessGrid& grid, StageBackend& stage, double flops_per_token,
-              double peak_flops, bool append);
+              double rank_peak, double peak_flops, bool append);
+  double peak_flops() const { return peak_flops_; }
 
   // The waits the executor adds to during the current interval.
   StepTimes& times() { return times_; }
@@ -36,7 +43,8 @@ class ProgressLog {
   const Deck& deck_;
   ProcessGrid& grid_;
   StageBackend& stage_;
-  double flops_per_token_, peak_flops_;
+  double flops_per_token_, rank_peak_, peak_flops_;
+  int64_t intervals_ = 0;
   MetricsLog log_;
   StepTimes times_;
   double interval_s_ = 0;

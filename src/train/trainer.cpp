@@ -75,6 +75,7 @@ struct Trainer::Parts {
   std::unique_ptr<CheckpointManager> checkpoints;
   ResumePoint start;
   double flops_per_token = 0, peak_flops = 0;
+  double rank_peak = 0;  // this rank's measured peak (0: [run] peak_tflops)
   double baseline_resident = 0;  // before the trainer allocated anything
   std::string auto_choice;       // [parallel] auto: what it picked, for the log
 };
@@ -199,8 +200,8 @@ void Trainer::connect() {
   p.executor = std::make_unique<StepExecutor>(deck_, g, *p.stage, p.comms, p.actions, *p.trace,
                                               *p.watchdog);
   // Every rank measures its own peak; MFU compares against their sum.
-  double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12
-                                          : p.stage->measure_peak_flops();
+  p.rank_peak = deck_.run.peak_tflops > 0 ? 0.0 : p.stage->measure_peak_flops();
+  double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : p.rank_peak;
   g.world().allreduce_sum(&peak, 1);
   p.peak_flops = peak;
   p.checkpoints = std::make_unique<CheckpointManager>(deck_, deck_.model, g, *p.stage,
@@ -277,6 +278,14 @@ void Trainer::print_summary() const {
   if (!p.comms.description.empty()) std::printf("comms: %s on rank 0\n", p.comms.description.c_str());
   std::printf("%s (rank 0)\n", environment_line(launch_environment(gpu)).c_str());
   std::printf("%s", memory_table(predicted_memory(deck_, p.backend)).c_str());
+  if (!gpu && tc.precision != Precision::kFp32) {
+    // Said once: a CPU without bf16 units runs bf16 slower than fp32.
+    bool slow = false;
+    const std::string engine =
+        host::narrow_gemm_engine(precision_plan(tc.precision).activations, &slow);
+    if (slow && tc.precision == Precision::kBf16)
+      std::fprintf(stderr, "mpiformer: warning: precision \"bf16\": %s\n", engine.c_str());
+  }
   std::printf("step:  %lld sequences x %lld tokens = %lld micro-batches of %lld per replica; "
               "%d BLAS threads; peak %.1f GFLOP/s over %d rank(s) (%s)\n",
               static_cast<long long>(tc.global_batch), static_cast<long long>(cfg.seq_len),
@@ -285,7 +294,10 @@ void Trainer::print_summary() const {
               deck_.run.peak_tflops > 0 ? "[run] peak_tflops"
               : gpu ? (tc.precision == Precision::kBf16 ? "cuBLASLt bf16 GEMM 8192^3 measured now"
                                                         : "cuBLASLt fp32 GEMM 8192^3 measured now")
-                    : "sgemm 2048^3 measured now");
+                    : tc.precision == Precision::kFp32
+                          ? "sgemm 2048^3, best of 5, measured now and every 50 logged intervals"
+                          : "16-bit GEMM 2048^3 of the run's path, best of 5, measured now and "
+                            "every 50 logged intervals");
   std::fflush(stdout);
 }
 
@@ -327,7 +339,8 @@ TrainResult Trainer::run() {
   const TrainConfig& tc = deck_.train;
   const bool lead = rank_ == 0;
   if (lead) print_summary();
-  ProgressLog progress(deck_, *p.grid, *p.stage, p.flops_per_token, p.peak_flops, p.start.resumed);
+  ProgressLog progress(deck_, *p.grid, *p.stage, p.flops_per_token, p.rank_peak, p.peak_flops,
+                       p.start.resumed);
   // The first line each launch writes: what tuned its transports.
   progress.metrics().record(environment_json(launch_environment(p.stage->on_device())));
   progress.metrics().record(memory_json(predicted_memory(deck_, p.backend)));

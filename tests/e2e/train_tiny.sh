@@ -12,8 +12,16 @@ run_mpi 1 train "$SOURCE_DIR/inputs/tiny.toml" --set train.steps=80 --set train.
 val=$(sed -n 's/^final val loss \([0-9.]*\) .*/\1/p' out.txt)
 [ -n "$val" ] || fail "no final validation loss in the log"
 awk -v v="$val" 'BEGIN { exit !(v < 2.8) }' || fail "val loss $val is not below 2.8"
-grep -q "peak [0-9.]* GFLOP/s over 1 rank(s) (sgemm 2048^3 measured now)" out.txt || fail "no measured peak in the log"
+grep -q "peak [0-9.]* GFLOP/s over 1 rank(s) (sgemm 2048^3, best of 5, measured now" out.txt ||
+  fail "no measured peak in the log"
 grep -q "MFU [0-9.]*%" out.txt || fail "no MFU in the step lines"
+# The peak is re-measured when an interval would beat it: MFU never reads
+# above 100% (it read 105% on this noisy machine once).
+python3 - run/metrics.jsonl <<'PY'
+import json, sys
+mfu = [j["mfu"] for j in map(json.loads, open(sys.argv[1])) if "mfu" in j]
+assert mfu and max(mfu) <= 1.0, mfu
+PY
 [ "$(grep -c '"val_loss"' run/metrics.jsonl)" -eq 2 ] || fail "expected 2 evaluation lines in metrics.jsonl"
 [ "$(grep -c '"grad_norm"' run/metrics.jsonl)" -eq 8 ] || fail "expected 8 step lines in metrics.jsonl"
 # The memory accounting: predicted per stage at the start, measured at the
