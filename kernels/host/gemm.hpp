@@ -23,6 +23,19 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb, float beta, Bf16* c,
           int64_t ldc);
+
+// Attention's per-head products, all heads in one call: B x NH matrices,
+// matrix (b, h) of X at x + b * batch + h * head, row-major with leading
+// dimension ld.
+struct HeadStrides {
+  int64_t batch, head, ld;
+};
+// head_gemm's one-call case (A: Bf16 or Fp16; C: float or A): true when
+// it ran (bf16 through oneDNN), false where the heads must go one by one.
+template <class A, class C>
+bool head_gemm_batched(bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_t m, int64_t n,
+                       int64_t k, float alpha, const A* a, HeadStrides sa, const A* b,
+                       HeadStrides sb, float beta, C* c, HeadStrides sc);
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb, float beta, float* c,
           int64_t ldc);
@@ -33,17 +46,23 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const Fp16* a, int64_t lda, const Fp16* b, int64_t ldb, float beta, float* c,
           int64_t ldc);
 
-// Attention's per-head products, all heads in one call: B x NH matrices,
-// matrix (b, h) of X at x + b * batch + h * head, row-major with leading
-// dimension ld. C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h], 16-bit
-// inputs, float accumulation, C in float or the inputs' type.
-struct HeadStrides {
-  int64_t batch, head, ld;
-};
-template <class A, class C>
+// C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h] for every head: one
+// oneDNN call in bf16, else head after head, each product threaded by the
+// BLAS (16-bit inputs widened, float accumulation; C in float or A).
+template <class A, class C, class S>
 void head_gemm(bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_t m, int64_t n, int64_t k,
-               float alpha, const A* a, HeadStrides sa, const A* b, HeadStrides sb, float beta,
-               C* c, HeadStrides sc);
+               S alpha, const A* a, HeadStrides sa, const A* b, HeadStrides sb, S beta, C* c,
+               HeadStrides sc) {
+  if constexpr (kNarrow<A>) {
+    if (head_gemm_batched(trans_a, trans_b, B, NH, m, n, k, static_cast<float>(alpha), a, sa, b,
+                          sb, static_cast<float>(beta), c, sc))
+      return;
+  }
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t h = 0; h < NH; ++h)
+      gemm(trans_a, trans_b, m, n, k, alpha, a + bb * sa.batch + h * sa.head, sa.ld,
+           b + bb * sb.batch + h * sb.head, sb.ld, beta, c + bb * sc.batch + h * sc.head, sc.ld);
+}
 
 // FLOP/s of a large square product of 16-bit inputs (the path the run's
 // matmuls take: oneDNN for bf16, widened sgemm for fp16), best of `repeats`.

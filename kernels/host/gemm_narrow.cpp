@@ -118,9 +118,9 @@ dnnl::memory::desc head_desc(int64_t B, int64_t NH, int64_t rows, int64_t cols, 
 }  // namespace
 
 template <class A, class C>
-void head_gemm(bool ta, bool tb, int64_t B, int64_t NH, int64_t m, int64_t n, int64_t k,
-               float alpha, const A* a, HeadStrides sa, const A* b, HeadStrides sb, float beta,
-               C* c, HeadStrides sc) {
+bool head_gemm_batched(bool ta, bool tb, int64_t B, int64_t NH, int64_t m, int64_t n, int64_t k,
+                       float alpha, const A* a, HeadStrides sa, const A* b, HeadStrides sb,
+                       float beta, C* c, HeadStrides sc) {
 #ifdef MPIFORMER_HAVE_DNNL
   if constexpr (std::is_same_v<A, Bf16>) {
     // One oneDNN call for every head (strided batch dimensions).
@@ -130,28 +130,21 @@ void head_gemm(bool ta, bool tb, int64_t B, int64_t NH, int64_t m, int64_t n, in
     const auto bd = head_desc(B, NH, k, n, tb, sb, dt::bf16);
     const auto cd = head_desc(B, NH, m, n, false, sc, std::is_same_v<C, float> ? dt::f32 : dt::bf16);
     run_matmul(ad, bd, cd, alpha, beta, a, b, c);
-    return;
+    return true;
   }
 #endif
-  // Head by head (each product threaded by the BLAS).
-  for (int64_t bb = 0; bb < B; ++bb)
-    for (int64_t h = 0; h < NH; ++h)
-      gemm(ta, tb, m, n, k, alpha, a + bb * sa.batch + h * sa.head, sa.ld,
-           b + bb * sb.batch + h * sb.head, sb.ld, beta, c + bb * sc.batch + h * sc.head, sc.ld);
+  return false;
 }
 
-template void head_gemm<Bf16, float>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                                     const Bf16*, HeadStrides, const Bf16*, HeadStrides, float,
-                                     float*, HeadStrides);
-template void head_gemm<Bf16, Bf16>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                                    const Bf16*, HeadStrides, const Bf16*, HeadStrides, float,
-                                    Bf16*, HeadStrides);
-template void head_gemm<Fp16, float>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                                     const Fp16*, HeadStrides, const Fp16*, HeadStrides, float,
-                                     float*, HeadStrides);
-template void head_gemm<Fp16, Fp16>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                                    const Fp16*, HeadStrides, const Fp16*, HeadStrides, float,
-                                    Fp16*, HeadStrides);
+#define MPIFORMER_HEAD_GEMM(A, C)                                                               \
+  template bool head_gemm_batched<A, C>(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                                        float, const A*, HeadStrides, const A*, HeadStrides,     \
+                                        float, C*, HeadStrides);
+MPIFORMER_HEAD_GEMM(Bf16, float)
+MPIFORMER_HEAD_GEMM(Bf16, Bf16)
+MPIFORMER_HEAD_GEMM(Fp16, float)
+MPIFORMER_HEAD_GEMM(Fp16, Fp16)
+#undef MPIFORMER_HEAD_GEMM
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Bf16* a,
           int64_t lda, const Bf16* b, int64_t ldb, float beta, Bf16* c, int64_t ldc) {
