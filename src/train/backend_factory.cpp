@@ -1,5 +1,6 @@
 #include "train/backend_factory.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -165,6 +166,19 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   }
   // The device context's workspace (cuBLASLt's, the column sums').
   if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);
+  // The host's fp16 products are widened to float (gemm_narrow.cpp): its
+  // three scratch buffers grow to the largest first operand, second
+  // operand and 16-bit output of any product, and stay.
+  if (choice.device == Device::kCpu && choice.precision == Precision::kFp16) {
+    const double BT = static_cast<double>(deck.train.micro_batch * cfg.seq_len);
+    const double C = static_cast<double>(cfg.n_embd), tp = static_cast<double>(deck.parallel.tp);
+    const double Cm = 4 * C / tp, Cq = 3 * C / tp;
+    const double V = range.has_head ? static_cast<double>(cfg.padded_vocab(deck.parallel.tp)) / tp : 0;
+    const double widest = std::max({V, Cm, Cq, C});  // an activation's row
+    const double first = BT * widest;                 // activations (or their gradients)
+    const double second = std::max({V * C, Cm * C, Cq * C, BT * std::max(C, Cm)});  // weights or activations
+    m.workspace = 4 * (2 * first + second);
+  }
   return m;
 }
 
