@@ -190,16 +190,13 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.device = device;
   req.precision = device == Device::kCuda ? Precision::kBf16 : Precision::kFp32;
   if (!args.precision.empty()) parse_setting(kPrecisionNames, args.precision, &req.precision);
-  if (device == Device::kCpu && req.precision == Precision::kBf16) {
-    throw InputError("", "calibrate --precision",
-                     "\"bf16\" rates are a GPU's; the host back end runs in fp32");
-  }
   const MachineSpec m = calibrate_machine(req);
   if (rank == 0) {
     const std::string what = device == Device::kCuda
                                  ? std::string("GPUs, ") + name_of(req.precision) +
                                        " rates: plan decks of that precision"
-                                 : std::string("host back end, fp32");
+                                 : std::string("host back end, ") + name_of(req.precision) +
+                                       " rates: plan decks of that precision";
     const std::string text = "# Measured by mpiformer calibrate " + std::string(MPIFORMER_VERSION) +
                              " (" + what + ", " + std::to_string(m.devices_per_node) +
                              " devices per node)\n" + m.to_toml();

@@ -86,7 +86,7 @@ struct CalibrateArgs {
   int max_tp = 1;
   double seconds = 0.05;
   std::string device = "auto";   // auto | cpu | cuda
-  std::string precision;         // fp32 | bf16; "" = bf16 on a GPU, fp32 on the host
+  std::string precision;         // fp32 | bf16 | fp16; "" = bf16 on a GPU, fp32 on the host
 };
 int run_calibrate(const CalibrateArgs& args, int rank);
 

@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ca->add_option("--precision", cal.precision, "precision of the measured rates (default: bf16 on "
                                                "a GPU, fp32 on the host)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
 
   try {
     try {

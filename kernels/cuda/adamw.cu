@@ -101,5 +101,10 @@ template void adamw_update_chunks<bf16>(float*, const float*, float*, float*, co
                                         int64_t, const AdamWParams&, bf16*, cudaStream_t);
 template void convert<float>(float*, const float*, int64_t, cudaStream_t);
 template void convert<bf16>(bf16*, const float*, int64_t, cudaStream_t);
+template void adamw_update<fp16>(float*, const float*, float*, float*, int64_t,
+                                 const AdamWParams&, fp16*, cudaStream_t);
+template void adamw_update_chunks<fp16>(float*, const float*, float*, float*, const AdamWChunk*,
+                                        int64_t, const AdamWParams&, fp16*, cudaStream_t);
+template void convert<fp16>(fp16*, const float*, int64_t, cudaStream_t);
 
 }  // namespace mpiformer::cuda

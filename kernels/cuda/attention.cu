@@ -34,6 +34,8 @@ template <>
 struct Tiles<bf16, 128> {
   static constexpr int kFwdRows = 32, kFwdKeys = 32, kBwdRows = 16, kBwdKeys = 16;
 };
+template <int HS>
+struct Tiles<fp16, HS> : Tiles<bf16, HS> {};  // the same size
 template <>
 struct Tiles<float, 64> {
   static constexpr int kFwdRows = 32, kFwdKeys = 32, kBwdRows = 16, kBwdKeys = 16;
@@ -60,13 +62,14 @@ __device__ void fma_mma(float* C, int ldc, const T* A, int lda, const T* B, int 
   }
 }
 
-// The same through the tensor cores where they take it (bf16 on sm_80+,
-// 16 x 16 x 16 tiles: each warp takes tiles of C, bf16 in, float
+// The same through the tensor cores where they take it (bf16 and fp16 on
+// sm_80+, 16 x 16 x 16 tiles: each warp takes tiles of C, 16-bit in, float
 // accumulate), else fma_mma.
 template <class T, bool ARow, bool BRow, int M, int N, int K>
 __device__ void block_mma(float* C, int ldc, const T* A, int lda, const T* B, int ldb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<T, bf16> && M % 16 == 0 && N % 16 == 0 && K % 16 == 0) {
+  if constexpr ((std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) && M % 16 == 0 &&
+                N % 16 == 0 && K % 16 == 0) {
     namespace wmma = nvcuda::wmma;
     using LA = std::conditional_t<ARow, wmma::row_major, wmma::col_major>;
     using LB = std::conditional_t<BRow, wmma::row_major, wmma::col_major>;
@@ -400,5 +403,6 @@ void attention_backward(A* dqkv, float* delta, const A* dout, const A* qkv, cons
                                       int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
+MPIFORMER_INSTANTIATE(fp16)
 
 }  // namespace mpiformer::cuda

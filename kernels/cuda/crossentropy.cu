@@ -153,5 +153,6 @@ void crossentropy_forward_backward(float* losses, A* logits, const int32_t* targ
                                           cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
+MPIFORMER_INSTANTIATE(fp16)
 
 }  // namespace mpiformer::cuda

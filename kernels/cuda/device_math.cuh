@@ -12,6 +12,7 @@ namespace mpiformer::cuda {
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(fp16 x) { return __half2float(x); }
 
 template <class T>
 __device__ __forceinline__ T from_float(float x);
@@ -22,6 +23,10 @@ __device__ __forceinline__ float from_float<float>(float x) {
 template <>
 __device__ __forceinline__ bf16 from_float<bf16>(float x) {
   return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ fp16 from_float<fp16>(float x) {
+  return __float2half_rn(x);
 }
 
 constexpr int kWarp = 32;

@@ -108,5 +108,6 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
                                       int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
+MPIFORMER_INSTANTIATE(fp16)
 
 }  // namespace mpiformer::cuda

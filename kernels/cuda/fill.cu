@@ -38,5 +38,8 @@ void fill_random(float* p, int64_t n, uint64_t seed, cudaStream_t stream) {
 void fill_random(bf16* p, int64_t n, uint64_t seed, cudaStream_t stream) {
   fill(p, n, seed, stream);
 }
+void fill_random(fp16* p, int64_t n, uint64_t seed, cudaStream_t stream) {
+  fill(p, n, seed, stream);
+}
 
 }  // namespace mpiformer::cuda

@@ -15,5 +15,6 @@ namespace mpiformer::cuda {
 // every device and launch shape.
 void fill_random(float* p, int64_t n, uint64_t seed, cudaStream_t stream);
 void fill_random(bf16* p, int64_t n, uint64_t seed, cudaStream_t stream);
+void fill_random(fp16* p, int64_t n, uint64_t seed, cudaStream_t stream);
 
 }  // namespace mpiformer::cuda

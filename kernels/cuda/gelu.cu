@@ -42,5 +42,7 @@ template void gelu_forward<float>(float*, const float*, int64_t, cudaStream_t);
 template void gelu_forward<bf16>(bf16*, const bf16*, int64_t, cudaStream_t);
 template void gelu_backward<float>(float*, const float*, const float*, int64_t, cudaStream_t);
 template void gelu_backward<bf16>(bf16*, const bf16*, const bf16*, int64_t, cudaStream_t);
+template void gelu_forward<fp16>(fp16*, const fp16*, int64_t, cudaStream_t);
+template void gelu_backward<fp16>(fp16*, const fp16*, const fp16*, int64_t, cudaStream_t);
 
 }  // namespace mpiformer::cuda

@@ -16,7 +16,10 @@ namespace mpiformer::cuda {
 
 namespace {
 
-cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+const char* type_name(DType t) { return t == DType::F32 ? "fp32" : t == DType::BF16 ? "bf16" : "fp16"; }
 
 // The alignment cuBLASLt may assume for a pointer (it picks vectorised
 // kernels from it): the largest power of two up to 256 dividing the address.
@@ -128,8 +131,7 @@ void Blas::run(DType in, DType out, const GemmCall& g, float alpha, const void* 
       throw SystemError(strprintf(
           "cuBLASLt has no algorithm for a %s x %s -> %s GEMM m=%lld n=%lld k=%lld (trans %d%d, "
           "batch %lld, bias %d): %s",
-          in == DType::F32 ? "fp32" : "bf16", in == DType::F32 ? "fp32" : "bf16",
-          out == DType::F32 ? "fp32" : "bf16", static_cast<long long>(g.m),
+          type_name(in), type_name(in), type_name(out), static_cast<long long>(g.m),
           static_cast<long long>(g.n), static_cast<long long>(g.k), g.trans_a, g.trans_b,
           static_cast<long long>(g.batch.count), g.bias, cublasLtGetStatusString(st)));
     }
@@ -163,9 +165,12 @@ double measure_gemm_peak(DType in, int64_t n, int repeats) {
   if (in == DType::F32) {
     fill_random(static_cast<float*>(a), count, 1, nullptr);
     fill_random(static_cast<float*>(b), count, 2, nullptr);
-  } else {
+  } else if (in == DType::BF16) {
     fill_random(static_cast<bf16*>(a), count, 1, nullptr);
     fill_random(static_cast<bf16*>(b), count, 2, nullptr);
+  } else {
+    fill_random(static_cast<fp16*>(a), count, 1, nullptr);
+    fill_random(static_cast<fp16*>(b), count, 2, nullptr);
   }
   double best = 0;
   {
@@ -177,9 +182,12 @@ double measure_gemm_peak(DType in, int64_t n, int repeats) {
       if (in == DType::F32) {
         blas.gemm(false, true, n, n, n, 1.f, static_cast<const float*>(a), n,
                   static_cast<const float*>(b), n, 0.f, static_cast<float*>(c), n);
-      } else {
+      } else if (in == DType::BF16) {
         blas.gemm(false, true, n, n, n, 1.f, static_cast<const bf16*>(a), n,
                   static_cast<const bf16*>(b), n, 0.f, static_cast<bf16*>(c), n);
+      } else {
+        blas.gemm(false, true, n, n, n, 1.f, static_cast<const fp16*>(a), n,
+                  static_cast<const fp16*>(b), n, 0.f, static_cast<fp16*>(c), n);
       }
     };
     once();  // warm-up: algorithm choice, clocks

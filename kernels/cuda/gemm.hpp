@@ -18,7 +18,7 @@
 
 namespace mpiformer::cuda {
 
-enum class DType { F32, BF16 };
+enum class DType { F32, BF16, F16 };
 template <class T>
 constexpr DType dtype_of();
 template <>
@@ -28,6 +28,10 @@ constexpr DType dtype_of<float>() {
 template <>
 constexpr DType dtype_of<bf16>() {
   return DType::BF16;
+}
+template <>
+constexpr DType dtype_of<fp16>() {
+  return DType::F16;
 }
 
 class Blas {

@@ -107,5 +107,6 @@ void layernorm_backward(A* dinp, float* dweight, float* dbias, const A* dout, co
                                       const DeviceScratch&, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
+MPIFORMER_INSTANTIATE(fp16)
 
 }  // namespace mpiformer::cuda

@@ -44,5 +44,9 @@ template void matmul_backward<float>(Blas&, float*, float*, float*, const float*
                                      const float*, int64_t, int64_t, int64_t);
 template void matmul_backward<bf16>(Blas&, bf16*, float*, float*, const bf16*, const bf16*,
                                     const bf16*, int64_t, int64_t, int64_t);
+template void matmul_forward<fp16>(Blas&, fp16*, const fp16*, const fp16*, const fp16*, int64_t,
+                                   int64_t, int64_t);
+template void matmul_backward<fp16>(Blas&, fp16*, float*, float*, const fp16*, const fp16*,
+                                    const fp16*, int64_t, int64_t, int64_t);
 
 }  // namespace mpiformer::cuda

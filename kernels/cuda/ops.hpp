@@ -41,11 +41,14 @@ struct Ops {
   using Buffer = DeviceBuffer<U>;
   using Tokens = cuda::Tokens;
   static constexpr bool kHostMemory = false;
-  static constexpr Element kActElement = std::is_same_v<A, float> ? Element::kF32 : Element::kBf16;
+  static constexpr Element kActElement = std::is_same_v<A, float>  ? Element::kF32
+                                         : std::is_same_v<A, bf16> ? Element::kBf16
+                                                                   : Element::kF16;
 
   // ---- the device ------------------------------------------------------------
   static std::string describe(Context& c) {
-    return std::string("cuda ") + (std::is_same_v<A, float> ? "fp32" : "bf16") + " (" +
+    return std::string("cuda ") +
+           (std::is_same_v<A, float> ? "fp32" : std::is_same_v<A, bf16> ? "bf16" : "fp16") + " (" +
            c.device_name() + ", device " + std::to_string(c.device()) + ")";
   }
   static void* stream_handle(Context& c) { return c.stream(); }

@@ -20,5 +20,6 @@ void residual_forward(A* out, const A* a, const A* b, int64_t n, cudaStream_t st
 
 template void residual_forward<float>(float*, const float*, const float*, int64_t, cudaStream_t);
 template void residual_forward<bf16>(bf16*, const bf16*, const bf16*, int64_t, cudaStream_t);
+template void residual_forward<fp16>(fp16*, const fp16*, const fp16*, int64_t, cudaStream_t);
 
 }  // namespace mpiformer::cuda

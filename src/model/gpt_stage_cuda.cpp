@@ -6,5 +6,6 @@ namespace mpiformer {
 
 template class GptStage<cuda::Ops<float>>;
 template class GptStage<cuda::Ops<cuda::bf16>>;
+template class GptStage<cuda::Ops<cuda::fp16>>;
 
 }  // namespace mpiformer

@@ -33,11 +33,6 @@ BackendChoice choose_backend(const Deck& deck, NodePlace node) {
       throw InputError(deck.path, "[run] device",
                        "\"cuda\" needs a GPU, but none is usable on this node (" + why + ")");
     }
-    if (c.precision == Precision::kFp16) {
-      throw InputError(deck.path, "[train] precision",
-                       "\"fp16\" runs on the host back end only in this build; on a GPU use "
-                       "\"bf16\" (the same range as fp32, no loss scaling needed)");
-    }
     c.device = Device::kCuda;
     c.gpu = node.rank % gpus;
     c.sharing = (node.size + gpus - 1) / gpus;

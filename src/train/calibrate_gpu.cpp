@@ -86,7 +86,9 @@ MachineSpec calibrate_gpu(const CalibrationRequest& req, MPI_Comm node, int node
   // rates' precision.
   const double bf16_peak = mean_over_ranks(cuda::measure_gemm_peak(cuda::DType::BF16));
   const double fp32_peak = mean_over_ranks(cuda::measure_gemm_peak(cuda::DType::F32));
-  const bool bf16 = req.precision == Precision::kBf16;
+  // fp16 runs on the same tensor cores at bf16's rate: its kernels are
+  // measured below, against bf16's peak.
+  const bool bf16 = req.precision != Precision::kFp32;
   m.peak_flops = m.matmul_flops = m.attention_flops = bf16 ? bf16_peak : fp32_peak;
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
@@ -94,12 +96,14 @@ MachineSpec calibrate_gpu(const CalibrationRequest& req, MPI_Comm node, int node
     std::printf("calibrate: %s, %.1f GiB; cuBLASLt GEMM peaks bf16 %.1f, fp32 %.1f TFLOP/s per "
                 "GPU; rates measured in %s\n",
                 ctx.device_name().c_str(), static_cast<double>(total) / (1u << 30), bf16_peak / 1e12,
-                fp32_peak / 1e12, bf16 ? "bf16" : "fp32");
+                fp32_peak / 1e12, name_of(req.precision));
     std::fflush(stdout);
   }
 
   const MeasuredShapes shapes = shapes_to_measure(req.models, req.batches, req.max_tp);
-  if (bf16) {
+  if (req.precision == Precision::kFp16) {
+    measure_compute_in<cuda::fp16>(ctx, shapes, req.seconds, m);
+  } else if (bf16) {
     measure_compute_in<cuda::bf16>(ctx, shapes, req.seconds, m);
   } else {
     measure_compute_in<float>(ctx, shapes, req.seconds, m);

@@ -159,14 +159,27 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   m.devices_per_node = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads);
   m.memory = host_available_bytes() / m.devices_per_node;
   // The practical peak, every rank at once (what MFU is counted against).
-  double peak = host::measure_gemm_peak();
+  const Element act = precision_plan(req.precision).activations;
+  double peak = act == Element::kF32 ? host::measure_gemm_peak() : host::measure_narrow_gemm_peak(act);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
   m.peak_flops = m.matmul_flops = peak / world;
   m.attention_flops = m.matmul_flops;
 
   const MeasuredShapes shapes = shapes_to_measure(req.models, req.batches, req.max_tp);
   host::Context ctx;
-  measure_compute(OpBench<host::Ops<float>>{ctx, [] {}}, shapes, req.seconds, m);
+  // The rates of the precision's own kernels (oneDNN's bf16 matmuls, fp16
+  // widened for the BLAS).
+  switch (req.precision) {
+    case Precision::kBf16:
+      measure_compute(OpBench<host::Ops<host::Bf16>>{ctx, [] {}}, shapes, req.seconds, m);
+      break;
+    case Precision::kFp16:
+      measure_compute(OpBench<host::Ops<host::Fp16>>{ctx, [] {}}, shapes, req.seconds, m);
+      break;
+    case Precision::kFp32:
+      measure_compute(OpBench<host::Ops<float>>{ctx, [] {}}, shapes, req.seconds, m);
+      break;
+  }
   // A save's buffers come on top of every stage's.
   if (!req.scratch.empty()) {
     const double save = save_overhead(req.scratch, 16e6);

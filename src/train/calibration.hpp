@@ -47,7 +47,7 @@ struct CalibrationRequest {
   double seconds = 0.05;          // timing budget of each point
   std::string name;
   Device device = Device::kCpu;   // resolved: kCpu or kCuda
-  Precision precision = Precision::kFp32;  // of the rates (GPU: bf16 or fp32)
+  Precision precision = Precision::kFp32;  // of the rates: the kernels of that precision
 };
 
 // Collective over MPI_COMM_WORLD; every rank returns the same file.

@@ -7,10 +7,14 @@ namespace mpiformer {
 
 std::unique_ptr<StageBackend> make_cuda_backend(const GptConfig& cfg, const StageRange& range,
                                                 const StageSetup& setup, int gpu) {
-  if (setup.precision == Precision::kBf16)
-    return std::make_unique<TrainingStage<cuda::Ops<cuda::bf16>>>(cfg, range, setup, gpu);
-  if (setup.precision != Precision::kFp32)
-    throw std::logic_error("make_cuda_backend: no op set for this precision");
+  switch (setup.precision) {
+    case Precision::kBf16:
+      return std::make_unique<TrainingStage<cuda::Ops<cuda::bf16>>>(cfg, range, setup, gpu);
+    case Precision::kFp16:
+      return std::make_unique<TrainingStage<cuda::Ops<cuda::fp16>>>(cfg, range, setup, gpu);
+    case Precision::kFp32:
+      break;
+  }
   return std::make_unique<TrainingStage<cuda::Ops<float>>>(cfg, range, setup, gpu);
 }
 

@@ -195,8 +195,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   const int64_t R = ranks_per_node > 0 ? ranks_per_node : std::min<int64_t>(ranks, machine.devices_per_node);
   const double share = std::max(1.0, static_cast<double>(R) / machine.devices_per_node);
   const bool host = machine.device == Device::kCpu;
-  const bool bf16 = deck.train.precision == Precision::kBf16;
-  const double act = bf16 ? 2 : 4, acc = 4;
+  const PrecisionPlan types = precision_plan(deck.train.precision);
+  const double act = static_cast<double>(element_bytes(types.activations));
+  const double acc = static_cast<double>(element_bytes(types.master));
 
   // Memory: the accounting the run refuses a deck with.
   BackendChoice choice;

@@ -67,9 +67,16 @@ grep -q "To fit: raise \[parallel\] zero (now 0; .* set \[train\] recompute = \"
 if ! "$MPIFORMER" --version 2>/dev/null | grep -q cuda; then
   expect 1 "[run] device: \"cuda\", but this mpiformer was built without CUDA" train "$DECK" \
     --set run.device=cuda
-  expect 1 "[train] precision: \"bf16\" runs on the GPU back end only" train "$DECK" \
-    --set train.precision=bf16
 fi
+# Loss scaling that cannot work: refused, naming the key, on every rank.
+for np in 1 2; do
+  expect $np "[train] loss_scale: expected \"dynamic\" or a number > 0" train "$DECK" \
+    --set train.precision=fp16 --set train.loss_scale=0
+  expect $np "[train] loss_scale_window: expected a value in" train "$DECK" \
+    --set train.precision=fp16 --set train.loss_scale_window=-100
+  expect $np "[train] loss_scale: applies to [train] precision = \"fp16\" only" train "$DECK" \
+    --set train.loss_scale=1024
+done
 expect 2 "[parallel] dp x pp x tp: 1 x 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
 expect 4 "[parallel] dp x pp x tp: 2 x 1 x 1 = 2 ranks, but the job has 4" train "$DECK" --set parallel.dp=2
 expect 1 "[parallel] dp x pp x tp: 2 x 2 x 1 = 4 ranks, but the job has 1" train "$DECK" \

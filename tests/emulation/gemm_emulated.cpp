@@ -15,15 +15,18 @@ namespace {
 size_t size_of(DType t) { return t == DType::F32 ? 4 : 2; }
 
 float load(DType t, const void* p, int64_t i) {
-  return t == DType::F32 ? static_cast<const float*>(p)[i]
-                         : __bfloat162float(static_cast<const bf16*>(p)[i]);
+  if (t == DType::F32) return static_cast<const float*>(p)[i];
+  if (t == DType::BF16) return __bfloat162float(static_cast<const bf16*>(p)[i]);
+  return __half2float(static_cast<const fp16*>(p)[i]);
 }
 
 void store(DType t, void* p, int64_t i, float v) {
   if (t == DType::F32) {
     static_cast<float*>(p)[i] = v;
-  } else {
+  } else if (t == DType::BF16) {
     static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<fp16*>(p)[i] = __float2half_rn(v);
   }
 }
 

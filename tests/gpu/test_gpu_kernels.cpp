@@ -1,4 +1,4 @@
-// Every CUDA kernel against its host twin, in fp32 and bf16, on random
+// Every CUDA kernel against its host twin, in fp32, bf16 and fp16, on random
 // inputs. The reference is the host kernel run in double on the very values
 // the GPU received (inputs rounded to bf16 first in the bf16 case), and every
 // GPU output is poisoned with NaN before the call, so an element the kernel
@@ -11,6 +11,8 @@
 //    2^-8 = 3.9e-3, plus float accumulation of bf16 products); 3e-2 for
 //    attention's backward, which stores the probabilities and dS in bf16
 //    between its four products.
+//  * fp16: the bf16 bounds (its 11 significant bits round 8x finer, and
+//    the inputs here stay far inside its range).
 // Without a GPU the test exits 77 (gpu_test_main.cpp), which CTest reports
 // as skipped.
 #include <gtest/gtest.h>
@@ -49,14 +51,18 @@ namespace mpiformer::test {
 namespace {
 
 using cuda::bf16;
+using cuda::fp16;
 
 double to_double(float x) { return x; }
 double to_double(double x) { return x; }
 double to_double(bf16 x) { return __bfloat162float(x); }
+double to_double(fp16 x) { return __half2float(x); }
 template <class A>
 A from_double(double x) {
   if constexpr (std::is_same_v<A, bf16>) {
     return __float2bfloat16_rn(static_cast<float>(x));
+  } else if constexpr (std::is_same_v<A, fp16>) {
+    return __float2half_rn(static_cast<float>(x));
   } else {
     return static_cast<A>(x);
   }
@@ -98,7 +104,7 @@ double tol(double fp32, double bf) {
 
 template <class A>
 class GpuKernels : public ::testing::Test {};
-using Types = ::testing::Types<float, bf16>;
+using Types = ::testing::Types<float, bf16, fp16>;
 TYPED_TEST_SUITE(GpuKernels, Types);
 
 constexpr int64_t B = 2, T = 16, C = 32, NH = 4, V = 100, Vp = 128;

@@ -107,7 +107,7 @@ void expect_grads(const ParameterTable& table, const std::vector<float>& got,
 
 template <class A>
 class GpuStage : public ::testing::Test {};
-using Types = ::testing::Types<float, cuda::bf16>;
+using Types = ::testing::Types<float, cuda::bf16, cuda::fp16>;
 TYPED_TEST_SUITE(GpuStage, Types);
 
 TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
