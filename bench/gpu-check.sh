@@ -19,7 +19,7 @@
 # dependencies. Results go to $OUT (default bench-out/gpu).
 #   OUT=bench-out/gpu  FROM=auto|build|bundle  BUILD_DIR=build/cuda
 #   MODELS="gpt2-124m:16 gpt2-350m:16" (deck:micro_batch)  SEQ=1024  STEPS=15
-#   LOG_EVERY=5  PRECISION=bf16  DEVICE=cuda  COMPARE=1  CMP_SEQ=1024  CMP_MB=2
+#   LOG_EVERY=5  PRECISION=bf16  DEVICE=cuda  COMPARE=1  CMP_SEQ=1024  CMP_MB=2  FP16=1
 #   TESTS=1  BENCH=1
 #   DEADLINE=540: seconds for the whole check (a lent GPU machine allows 600
 #   per command); each phase gets a timeout, and phases that would start
@@ -219,6 +219,31 @@ PY
   else
     for f in cmp-device cmp-host; do [ -f "$OUT/$f.log" ] && tail -5 "$OUT/$f.log"; done
     failed+=("compare (a run failed)")
+  fi
+fi
+
+# 2b. fp16 with dynamic loss scaling on the device: the loss falls and the
+# scale is logged (the kernels' fp16 instances are in the tests below).
+if [ "${FP16:-1}" = 1 ] && phase 60 "gpt2-124m fp16"; then
+  log "fp16: gpt2-124m, 10 steps of 4 x $SEQ tokens, dynamic loss scaling"
+  if train fp16 gpt2-124m $(($(left) / 3)) --set run.device="$DEVICE" --set train.precision=fp16 \
+      --set model.seq_len="$SEQ" --set train.micro_batch=4 --set train.global_batch=4 \
+      --set train.steps=10 --set train.warmup_steps=2 --set train.log_every=1 \
+      --set checkpoint.at_end=false; then
+    python3 - "$W/fp16/metrics.jsonl" 2>&1 <<'PY' | tee -a "$OUT/summary.txt"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
+applied = [r for r in rows if not r.get("overflow")]
+assert all(isinstance(r["loss"], float) and math.isfinite(r["loss"]) for r in rows), rows
+assert applied[-1]["loss"] < rows[0]["loss"], [r["loss"] for r in rows]
+print(f"== fp16: losses {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, loss scale "
+      f"{rows[-1]['loss_scale']:g}, {rows[-1]['overflows']} overflow(s), "
+      f"{rows[-1]['tokens_per_s']:.0f} tokens/s")
+PY
+    [ "${PIPESTATUS[0]}" = 0 ] || failed+=("fp16")
+  else
+    tail -20 "$OUT/fp16.log"
+    failed+=("fp16 (the run failed)")
   fi
 fi
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "storage_types.hpp"
 
@@ -20,9 +21,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb, float beta, Bf16* c,
-          int64_t ldc);
+// A: Bf16 or Fp16; C: float or A (gemm_narrow.cpp).
+template <class A, class C, std::enable_if_t<kNarrow<A>, int> = 0>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const A* a,
+          int64_t lda, const A* b, int64_t ldb, float beta, C* c, int64_t ldc);
 
 // Attention's per-head products, all heads in one call: B x NH matrices,
 // matrix (b, h) of X at x + b * batch + h * head, row-major with leading
@@ -36,15 +38,6 @@ template <class A, class C>
 bool head_gemm_batched(bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_t m, int64_t n,
                        int64_t k, float alpha, const A* a, HeadStrides sa, const A* b,
                        HeadStrides sb, float beta, C* c, HeadStrides sc);
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb, float beta, float* c,
-          int64_t ldc);
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const Fp16* a, int64_t lda, const Fp16* b, int64_t ldb, float beta, Fp16* c,
-          int64_t ldc);
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const Fp16* a, int64_t lda, const Fp16* b, int64_t ldb, float beta, float* c,
-          int64_t ldc);
 
 // C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h] for every head: one
 // oneDNN call in bf16, else head after head, each product threaded by the

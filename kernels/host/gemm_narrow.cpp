@@ -146,37 +146,29 @@ MPIFORMER_HEAD_GEMM(Fp16, float)
 MPIFORMER_HEAD_GEMM(Fp16, Fp16)
 #undef MPIFORMER_HEAD_GEMM
 
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Bf16* a,
-          int64_t lda, const Bf16* b, int64_t ldb, float beta, Bf16* c, int64_t ldc) {
+template <class A, class C, std::enable_if_t<kNarrow<A>, int>>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const A* a, int64_t lda,
+          const A* b, int64_t ldb, float beta, C* c, int64_t ldc) {
   detail::GemmTimer timer;
 #ifdef MPIFORMER_HAVE_DNNL
-  dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dnnl::memory::data_type::bf16);
-#else
-  gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if constexpr (std::is_same_v<A, Bf16>) {
+    dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                std::is_same_v<C, float> ? dnnl::memory::data_type::f32
+                                         : dnnl::memory::data_type::bf16);
+    return;
+  }
 #endif
-}
-
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Bf16* a,
-          int64_t lda, const Bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  detail::GemmTimer timer;
-#ifdef MPIFORMER_HAVE_DNNL
-  dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dnnl::memory::data_type::f32);
-#else
-  gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
-}
-
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Fp16* a,
-          int64_t lda, const Fp16* b, int64_t ldb, float beta, Fp16* c, int64_t ldc) {
-  detail::GemmTimer timer;
   gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Fp16* a,
-          int64_t lda, const Fp16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  detail::GemmTimer timer;
-  gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
+#define MPIFORMER_GEMM(A, C)                                                                    \
+  template void gemm<A, C, 0>(bool, bool, int64_t, int64_t, int64_t, float, const A*, int64_t, \
+                              const A*, int64_t, float, C*, int64_t);
+MPIFORMER_GEMM(Bf16, Bf16)
+MPIFORMER_GEMM(Bf16, float)
+MPIFORMER_GEMM(Fp16, Fp16)
+MPIFORMER_GEMM(Fp16, float)
+#undef MPIFORMER_GEMM
 
 template <class A>
 double narrow_peak(int64_t n, int repeats) {
