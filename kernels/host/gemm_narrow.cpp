@@ -4,6 +4,7 @@
 // multiply) and bf16 in a build without oneDNN are widened to float and run
 // through the BLAS: the same products, exact inputs, float accumulation.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <string>
@@ -69,10 +70,17 @@ dnnl::engine& engine() {
   return e;
 }
 
-// dst = alpha src x weights + beta dst, for any descriptors.
-void run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
+// Set once oneDNN has had no bf16 matmul for a product (a CPU without
+// AVX512: oneDNN 2.6 has none there): from then on every bf16 product is
+// widened for the BLAS, which is correct everywhere.
+std::atomic<bool> g_dnnl_unusable{false};
+
+// dst = alpha src x weights + beta dst, for any descriptors; false when
+// oneDNN has no implementation for them.
+bool run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
                 const dnnl::memory::desc& cd, float alpha, float beta, const void* a,
                 const void* b, void* c) {
+  if (g_dnnl_unusable) return false;
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -80,19 +88,26 @@ void run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, engine());
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, engine());
+  } catch (const dnnl::error&) {
+    g_dnnl_unusable = true;
+    return false;
+  }
   dnnl::stream s(engine());
   dnnl::matmul(pd).execute(
       s, {{DNNL_ARG_SRC, dnnl::memory(ad, engine(), const_cast<void*>(a))},
           {DNNL_ARG_WEIGHTS, dnnl::memory(bd, engine(), const_cast<void*>(b))},
           {DNNL_ARG_DST, dnnl::memory(cd, engine(), c)}});
   s.wait();
+  return true;
 }
 
 // C = alpha op(A) op(B) + beta C through a oneDNN matmul: the transposes
 // are strides of the operands' descriptors (nothing is copied), beta a sum
 // post-op. oneDNN caches the primitive of each shape.
-void dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+bool dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
                  int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
                  dnnl::memory::data_type ctype) {
   using dt = dnnl::memory::data_type;
@@ -100,7 +115,7 @@ void dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
   const dnnl::memory::desc ad(dims{m, k}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
   const dnnl::memory::desc bd(dims{k, n}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc cd(dims{m, n}, ctype, dims{ldc, 1});
-  run_matmul(ad, bd, cd, alpha, beta, a, b, c);
+  return run_matmul(ad, bd, cd, alpha, beta, a, b, c);
 }
 #endif
 
@@ -129,8 +144,7 @@ bool head_gemm_batched(bool ta, bool tb, int64_t B, int64_t NH, int64_t m, int64
     const auto ad = head_desc(B, NH, m, k, ta, sa, dt::bf16);
     const auto bd = head_desc(B, NH, k, n, tb, sb, dt::bf16);
     const auto cd = head_desc(B, NH, m, n, false, sc, std::is_same_v<C, float> ? dt::f32 : dt::bf16);
-    run_matmul(ad, bd, cd, alpha, beta, a, b, c);
-    return true;
+    return run_matmul(ad, bd, cd, alpha, beta, a, b, c);
   }
 #endif
   return false;
@@ -152,10 +166,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   detail::GemmTimer timer;
 #ifdef MPIFORMER_HAVE_DNNL
   if constexpr (std::is_same_v<A, Bf16>) {
-    dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                std::is_same_v<C, float> ? dnnl::memory::data_type::f32
-                                         : dnnl::memory::data_type::bf16);
-    return;
+    if (dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                    std::is_same_v<C, float> ? dnnl::memory::data_type::f32
+                                             : dnnl::memory::data_type::bf16))
+      return;
   }
 #endif
   gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -207,7 +221,8 @@ std::string narrow_gemm_engine(Element e, bool* slow) {
          (bf16_units ? (isa == dnnl::cpu_isa::avx512_core_amx ? " bf16 matmuls on AMX"
                                                                : " bf16 matmuls on AVX512-BF16")
                      : " bf16 matmuls WITHOUT bf16 units (this CPU has neither AVX512-BF16 nor "
-                       "AMX: emulated or reference kernels, slower than fp32)");
+                       "AMX: emulated kernels, or the products widened to fp32 for the BLAS "
+                       "where oneDNN has none; slower than fp32)");
 #else
   *slow = true;
   return "bf16 widened to fp32 for the BLAS (built without oneDNN)";

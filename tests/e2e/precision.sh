@@ -18,6 +18,8 @@
 #     fixed scale leaves the overflow to the nonfinite policy.
 #  4. Resuming in the middle of a bf16 and of an fp16 run (the scaler's state
 #     mid-window) continues bit for bit.
+#  5. bf16 on a CPU without bf16 units (oneDNN held to AVX2) warns once and
+#     gives the same numbers within the layouts' bound.
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
@@ -60,6 +62,14 @@ layout bf16 dp2_zero1 2 1e-3 --set parallel.dp=2 --set parallel.zero=1
 layout bf16 pp2 2 1e-3 --set parallel.pp=2
 layout bf16 tp2 2 1e-3 --set parallel.tp=2
 layout bf16 dp2_pp2_zero2 4 1e-3 --set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=2
+# A CPU without bf16 units (oneDNN held to AVX2 here): said once at start,
+# and the same numbers (other kernels, so other float summation orders).
+ONEDNN_MAX_CPU_ISA=AVX2 run_mpi 1 train "$DECK" "${common[@]}" --set train.precision='"bf16"' \
+  --set run.dir=lay_bf16_avx2 >lay_bf16_avx2.log 2>lay_bf16_avx2.err ||
+  { cat lay_bf16_avx2.log lay_bf16_avx2.err; fail "bf16 without bf16 units failed"; }
+[ "$(grep -c 'warning: precision "bf16": oneDNN .* WITHOUT bf16 units' lay_bf16_avx2.err)" -eq 1 ] ||
+  { cat lay_bf16_avx2.err; fail "no single warning that the CPU has no bf16 units"; }
+compare lay_bf16_one/metrics.jsonl lay_bf16_avx2/metrics.jsonl 1e-3 "bf16 without bf16 units"
 layout fp16 one 1 0
 layout fp16 recompute 1 0 --set train.recompute=attention
 layout fp16 dp2_zero3 2 1.25e-4 --set parallel.dp=2 --set parallel.zero=3
