@@ -43,8 +43,11 @@ __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restri
                                     float* __restrict__ m, float* __restrict__ v,
                                     const AdamWChunk* chunks, AdamWConstants k, A* copy) {
   const AdamWChunk c = chunks[blockIdx.x];
+  // The parameters may live apart from the rest (AdamWChunk::param_offset);
+  // the copy follows the gradients' order.
   for (int32_t j = threadIdx.x; j < c.length; j += blockDim.x)
-    adamw_element(p, g, m, v, c.offset + j, k, c.decay ? k.wd : 0.f, copy);
+    adamw_element(p + (c.param_offset - c.offset), g, m, v, c.offset + j, k,
+                  c.decay ? k.wd : 0.f, copy);
 }
 
 AdamWConstants constants(const AdamWParams& p) {

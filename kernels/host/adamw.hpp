@@ -74,9 +74,10 @@ void adamw_update_chunks(T* params, const T* grads, T* m, T* v, const AdamWChunk
   parallel_for("adamw_update", count, [=](const int64_t c) {
     const AdamWChunk ch = chunks[c];
     const int64_t o = ch.offset;
-    k.apply(params + o, grads + o, m + o, v + o, ch.length, ch.decay ? k.wd : T(0));
+    T* p = params + ch.param_offset;
+    k.apply(p, grads + o, m + o, v + o, ch.length, ch.decay ? k.wd : T(0));
     if (weights != nullptr)
-      for (int64_t i = o; i < o + ch.length; ++i) weights[i] = st<A>(params[i]);
+      for (int64_t i = 0; i < ch.length; ++i) weights[o + i] = st<A>(p[i]);
   });
 }
 

@@ -90,12 +90,14 @@ TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {
   return p;
 }
 
-std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table) const {
+std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table,
+                                                bool params_in_stage) const {
   std::vector<AdamWChunk> chunks;
   for (const auto& s : table.specs()) {
     const TensorPart p = part_of(s);
     const int64_t rl = s.row_length();
-    append_adamw_chunks(chunks, p.shard_offset, (p.row_end - p.row_begin) * rl, s.decay);
+    append_adamw_chunks(chunks, p.shard_offset, (p.row_end - p.row_begin) * rl, s.decay,
+                        params_in_stage ? s.offset + p.row_begin * rl : p.shard_offset);
   }
   return chunks;
 }

@@ -52,8 +52,11 @@ class ShardPlan {
   // The largest part of any block (a receive buffer for a block's sum).
   int64_t max_block_part() const { return max_block_part_; }
   TensorPart part_of(const ParameterSpec& spec) const;
-  // AdamW over the shard: every owned logical element, at shard offsets.
-  std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table) const;
+  // AdamW over the shard: every owned logical element, at shard offsets;
+  // with `params_in_stage` the parameters at their place in the stage's
+  // buffer instead (fp32 masters that are the stage's weights).
+  std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table,
+                                       bool params_in_stage = false) const;
 
  private:
   int dp_, rank_;

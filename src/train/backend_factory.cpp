@@ -123,7 +123,10 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const ParameterTable table(cfg, range);
     const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0);
     const double shard = static_cast<double>(plan.max_shard_size());
-    m.shard_master = shard * (acc + (types.weight_copy ? act : 0));
+    // fp32 at zero 1-2: the masters are the stage's own weights (already
+    // counted there); else float masters, and the 16-bit copy published.
+    const bool masters_are_weights = !types.weight_copy && zero < 3;
+    m.shard_master = masters_are_weights ? 0 : shard * (acc + (types.weight_copy ? act : 0));
     m.shard_gradients = shard * acc;
     m.optimizer = 2 * shard * acc;
     if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;

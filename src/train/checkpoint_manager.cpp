@@ -201,15 +201,15 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
   // A checkpoint is what a run falls back on: one holding NaN or infinity
   // (weights from a damaged init, a hardware fault) must never be published
   // as `latest`. Every rank judges its own state; all agree.
-  const auto finite = [&](const float* x) {
+  const auto finite = [&](const float* x, int64_t n) {
     if (x == nullptr) return true;
-    const int64_t n = stage_.state_size();
     for (int64_t i = 0; i < n; ++i)
       if (!std::isfinite(x[i])) return false;
     return true;
   };
-  int bad = finite(state.params) ? 0 : 1;
-  if (bad == 0 && !(finite(state.adam_m) && finite(state.adam_v))) bad = 2;
+  const int64_t n = stage_.state_size();
+  int bad = finite(state.params, state.params_whole ? stage_.param_storage() : n) ? 0 : 1;
+  if (bad == 0 && !(finite(state.adam_m, n) && finite(state.adam_v, n))) bad = 2;
   int worst = bad;
   MPI_CHECK(MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (worst == 0) return;
@@ -318,7 +318,7 @@ void CheckpointManager::check_tensor_replicas() {
     if (!spec.whole()) continue;
     const float* mine = state.params + spec.offset;
     int64_t n = spec.numel();
-    if (state.shards != nullptr) {
+    if (layout_of(state, 0) != nullptr) {
       const TensorPart p = state.shards->part_of(spec);
       mine = state.params + p.shard_offset;
       n = (p.row_end - p.row_begin) * spec.row_length();
@@ -351,7 +351,7 @@ void CheckpointManager::check_tied_embedding() {
   const StageState state = stage_.host_state();
   float* mine = state.params + wte.offset;
   int64_t n = wte.storage;
-  if (state.shards != nullptr) {
+  if (layout_of(state, 0) != nullptr) {
     const ShardUnit& u = state.shards->unit_at(wte.offset);
     mine = state.params + u.shard_offset;
     n = state.shards->part_size(u);

@@ -127,10 +127,10 @@ struct Share {
   int64_t row_begin = 0, row_end = 0;
   int64_t offset = 0;  // of row_begin, in the state's buffers
 };
-Share share_of(const ParameterSpec& mine, const StageState& state, int dp, int dp_rank) {
+Share share_of(const ParameterSpec& mine, const ShardPlan* shards, int dp, int dp_rank) {
   Share sh;
-  if (state.shards != nullptr) {
-    const TensorPart p = state.shards->part_of(mine);
+  if (shards != nullptr) {
+    const TensorPart p = shards->part_of(mine);
     sh = {p.row_begin, p.row_end, p.shard_offset};
   } else {
     const int64_t rows = mine.shape[0];
@@ -170,10 +170,11 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
         // Every rank of the stage writes its share, so no byte is written
         // twice and all of them write.
         const ParameterSpec& mine = local.at(spec.name);
-        const Share sh = share_of(mine, state, grid.dp(), grid.dp_rank());
+        const ShardPlan* shards = layout_of(state, g);
+        const Share sh = share_of(mine, shards, grid.dp(), grid.dp_rank());
         d.boxes = dataset_boxes(mine.boxes(sh.row_begin, sh.row_end));
         d.data = group_base(state, g) + sh.offset;
-        if (state.shards == nullptr && mine.whole()) {
+        if (shards == nullptr && mine.whole()) {
           // The first replica holds it whole: no gather.
           if (grid.dp_rank() == 0 && grid.tp_rank() == 0) {
             d.reports_checksum = true;

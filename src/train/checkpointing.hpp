@@ -19,13 +19,20 @@ namespace mpiformer {
 // moment buffers are skipped (inference, and runs initialised from a
 // checkpoint's weights, need the parameters only).
 // Under ZeRO they are one rank's shard, cut as `shards` says (null: the
-// stage's whole flat buffers).
+// stage's whole flat buffers), except the parameters when `params_whole`
+// (fp32 at zero 1-2, whose masters are the stage's whole weights).
 struct StageState {
   float* params;
   float* adam_m;
   float* adam_v;
   const ShardPlan* shards = nullptr;
+  bool params_whole = false;
 };
+// How group g (0 params, 1 and 2 the moments) of `state` is laid out: its
+// own shard plan, or none for whole buffers.
+inline const ShardPlan* layout_of(const StageState& state, int g) {
+  return g == 0 && state.params_whole ? nullptr : state.shards;
+}
 
 // Every dataset a checkpoint of model `cfg` holds, named and shaped from the
 // schema: the parameters and both AdamW moments of every tensor.

@@ -82,9 +82,7 @@ class TrainingStage final : public StageBackend {
       tensor.resize(static_cast<size_t>(spec.storage));
       fill_initial_tensor(spec, seed, tensor.data());
       const TensorPart p = plan.part_of(spec);
-      const int64_t row_len = spec.row_length();
-      zero_->upload_master(tensor.data() + p.row_begin * row_len, p.shard_offset,
-                           (p.row_end - p.row_begin) * row_len);
+      zero_->upload_master(spec, p, tensor.data() + p.row_begin * spec.row_length());
     }
     zero_->loaded();
   }
@@ -164,15 +162,18 @@ class TrainingStage final : public StageBackend {
     Acc* m = zero_ ? zero_->adam_m() : m_.get();
     Acc* v = zero_ ? zero_->adam_v() : v_.get();
     const ShardPlan* shards = shard_plan();
+    // fp32 at zero 1-2: the masters are the stage's whole weights.
+    const bool whole = zero_ && zero_->masters_are_weights();
     if constexpr (Ops::kHostMemory) {
-      return StageState{params, m, v, shards};
+      return StageState{params, m, v, shards, whole};
     } else {
-      const int64_t n = state_size();
-      for (auto* h : {&host_params_, &host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
-      Ops::download(ctx_, host_params_.data(), params, n);
+      const int64_t n = state_size(), np = whole ? stage_.param_storage() : n;
+      host_params_.resize(static_cast<size_t>(np));
+      for (auto* h : {&host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
+      Ops::download(ctx_, host_params_.data(), params, np);
       Ops::download(ctx_, host_m_.data(), m, n);
       Ops::download(ctx_, host_v_.data(), v, n);
-      return StageState{host_params_.data(), host_m_.data(), host_v_.data(), shards};
+      return StageState{host_params_.data(), host_m_.data(), host_v_.data(), shards, whole};
     }
   }
   void load_state(const float* params, const float* m, const float* v) override {

@@ -3,7 +3,9 @@
 // The rank owns its part of every unit (model/shard_plan.hpp) and keeps,
 // for its shard only: the Acc master weights, both AdamW moments and the
 // reduced gradients (plus, in mixed precision, the Act copy it gathers
-// from).
+// from). In fp32 at zero 1 and 2 the stage's own weights hold every unit
+// whole, so the shard's masters are the owned parts of them, updated in
+// place (no copy: precision plan, "the weights are the masters").
 //   zero 1: the stage keeps whole gradients, accumulated locally over the
 //     micro-batches; at the last one each unit is reduce-scattered to its
 //     owners as soon as backward has finished it (the overlap zero 0's
@@ -51,7 +53,8 @@ class ZeroShards {
         ctx_(stage.context()),
         zero_(zero),
         plan_(stage.table(), stage.layout(), dp, dp_rank),
-        n_(plan_.shard_size()) {
+        n_(plan_.shard_size()),
+        alias_(masters_are_weights(zero)) {
     // Counted as allocated, as the stage counts its own: the accounting
     // (rank_memory) must predict the sum (test_memory_accounting.cpp).
     auto acc = [&](int64_t count) {
@@ -60,7 +63,7 @@ class ZeroShards {
       Ops::fill_zero(ctx_, b.get(), count);
       return b;
     };
-    master_ = acc(n_);
+    if (!alias_) master_ = acc(n_);
     m_ = acc(n_);
     v_ = acc(n_);
     g_ = acc(n_);
@@ -70,7 +73,7 @@ class ZeroShards {
     }
     if (zero_ >= 2)
       for (auto& r : recv_) r = acc(plan_.max_block_part());
-    const std::vector<AdamWChunk> chunks = plan_.adamw_chunks(stage.table());
+    const std::vector<AdamWChunk> chunks = plan_.adamw_chunks(stage.table(), alias_);
     chunk_count_ = static_cast<int64_t>(chunks.size());
     chunks_ = Buffer<AdamWChunk>(chunks.size());
     Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
@@ -83,6 +86,12 @@ class ZeroShards {
     stage.set_hooks(std::move(hooks));
   }
 
+  // fp32 at zero 1-2: the masters are the stage's whole weights (every
+  // unit resident there); zero 3 windows the blocks, mixed precision keeps
+  // float masters beside 16-bit weights.
+  static constexpr bool masters_are_weights(int zero) {
+    return std::is_same_v<Act, Acc> && zero < 3;
+  }
   const ShardPlan& plan() const { return plan_; }
   // Bytes of the shard's buffers (its small chunk list aside).
   double allocated_bytes() const { return allocated_; }
@@ -96,22 +105,34 @@ class ZeroShards {
   // The shard's state from host memory (n elements each, shard order);
   // null moments start at zero. The weights follow once published.
   void load(const float* master, const float* m, const float* v) {
-    Ops::upload(ctx_, master_.get(), master, n_);
+    if (alias_) {
+      for (const ShardUnit& u : plan_.units())
+        Ops::upload(ctx_, weights_as_masters(plan_.part_begin(u)), master + u.shard_offset,
+                    plan_.part_size(u));
+    } else {
+      Ops::upload(ctx_, master_.get(), master, n_);
+    }
     if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n_);
     if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n_);
     loaded();
   }
-  // Initialisation part by part (no shard-sized temporary): n master
-  // weights at `offset` of the shard from host memory, then loaded().
-  void upload_master(const float* src, int64_t offset, int64_t n) {
-    Ops::upload(ctx_, master_.get() + offset, src, n);
+  // Initialisation part by part (no shard-sized temporary): the owned
+  // rows of `spec` (part `p`) from host memory, then loaded().
+  void upload_master(const ParameterSpec& spec, const TensorPart& p, const float* src) {
+    const int64_t n = (p.row_end - p.row_begin) * spec.row_length();
+    Acc* dst = alias_ ? weights_as_masters(spec.offset + p.row_begin * spec.row_length())
+                      : master_.get() + p.shard_offset;
+    Ops::upload(ctx_, dst, src, n);
   }
   void loaded() {
     refresh_wshard();
     stale_ = true;
     if (dp_ != nullptr) publish();
   }
-  Acc* master() { return master_.get(); }
+  // The masters: the shard (in shard order), or with masters_are_weights
+  // the stage's whole weights (in table order).
+  Acc* master() { return alias_ ? weights_as_masters(0) : master_.get(); }
+  bool masters_are_weights() const { return alias_; }
   Acc* adam_m() { return m_.get(); }
   Acc* adam_v() { return v_.get(); }
 
@@ -167,15 +188,23 @@ class ZeroShards {
   }
 
   void adamw(const AdamWParams& p) {
-    Ops::adamw(ctx_, master_.get(), g_.get(), m_.get(), v_.get(), chunks_.get(), chunk_count_, p,
+    Ops::adamw(ctx_, master(), g_.get(), m_.get(), v_.get(), chunks_.get(), chunk_count_, p,
                wshard());
     publish();
   }
 
  private:
+  // The weights this rank publishes, in shard order (null with
+  // masters_are_weights: they are already in place).
   Act* wshard() {
     if constexpr (std::is_same_v<Act, Acc>) return master_.get();
     else return wshard_.get();
+  }
+  // With masters_are_weights (fp32 only), the masters of the elements at
+  // stage offset `at`: the stage's weights there (every unit resident).
+  Acc* weights_as_masters(int64_t at) {
+    if constexpr (std::is_same_v<Act, Acc>) return stage_.weights() + at;
+    else return nullptr;  // alias_ is false in mixed precision
   }
   void refresh_wshard() {
     if constexpr (!std::is_same_v<Act, Acc>) Ops::convert(ctx_, wshard_.get(), master_.get(), n_);
@@ -191,7 +220,8 @@ class ZeroShards {
       if (windowed(u, 3)) continue;
       Act* whole = stage_.weights() + stage_.resident_offset(u.begin, zero_ >= 3);
       Act* mine = whole + (plan_.part_begin(u) - u.begin);
-      Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
+      if (!alias_)
+        Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
       if (gathers.size() >= kInFlight) {
         gathers.front()->wait();
         gathers.erase(gathers.begin());
@@ -267,6 +297,7 @@ class ZeroShards {
   int zero_;
   ShardPlan plan_;
   int64_t n_;
+  bool alias_;  // masters_are_weights
   Buffer<Acc> master_, m_, v_, g_;
   Buffer<Act> wshard_;  // mixed precision only
   Buffer<Acc> recv_[2];
