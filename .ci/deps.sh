@@ -10,7 +10,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev
   libhdf5-openmpi-dev hdf5-tools
   libtrilinos-kokkos-dev
-  libopenblas-dev
+  libopenblas-dev libopenblas-openmp-dev  # the OpenMP build: one thread pool with oneDNN and the loops
   libdnnl-dev ocl-icd-opencl-dev  # host bf16 matmuls (oneDNN; its CMake config needs OpenCL's)
   libtoml11-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
