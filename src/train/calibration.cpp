@@ -108,6 +108,10 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
     throw InputError("", "calibrate --device", "\"cuda\", but this mpiformer was built without CUDA");
   }
 #endif
+  // The threads a run of this many ranks per node would take (the BLAS,
+  // oneDNN and the loops together): what the rates are measured with, and
+  // what sets the devices per node below.
+  host::set_compute_threads(host::choose_compute_threads(0, node_comm.size()));
   // Real stages first, smallest model first: what a process holds beyond
   // a stage's accounting (the BLAS library's buffers grow with the largest
   // matmul it has run) is measured before larger shapes have run. Each at
