@@ -83,9 +83,10 @@ void MpiCommunicator::allreduce(void* data, int64_t n, Element type, Reduction o
   // rank rounds the same sums to the same bits.
   auto* bits = static_cast<uint16_t*>(data);
   const bool bf16 = type == Element::kBf16;
-  std::vector<float> wide(static_cast<size_t>(n));
+  if (wide_.size() < static_cast<size_t>(n)) wide_.resize(static_cast<size_t>(n));
+  float* wide = wide_.data();
   for (int64_t i = 0; i < n; ++i) wide[i] = bf16 ? bf16_to_float(bits[i]) : fp16_to_float(bits[i]);
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, wide.data(), count(n), MPI_FLOAT, mpi_op, comm_));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, wide, count(n), MPI_FLOAT, mpi_op, comm_));
   for (int64_t i = 0; i < n; ++i) bits[i] = bf16 ? float_to_bf16(wide[i]) : float_to_fp16(wide[i]);
 }
 

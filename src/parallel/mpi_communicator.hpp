@@ -2,6 +2,8 @@
 #pragma once
 #include <mpi.h>
 
+#include <vector>
+
 #include "parallel/communicator.hpp"
 
 namespace mpiformer {
@@ -33,6 +35,9 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Comm comm_;
   int rank_ = -1, size_ = 0;
+  // 16-bit all-reduces widen into this (kept: the tensor group's sums run
+  // in every block of every micro-batch).
+  std::vector<float> wide_;
 };
 
 }  // namespace mpiformer
