@@ -2,10 +2,11 @@
 // Layout: qkv [B,T,3C] (q, then k, then v; head h uses channels h*hs.. of each),
 // out [B,T,C] (heads side by side), att [B,NH,T,T] softmax probabilities in
 // the compute type (saved for backward; entries above the diagonal are zero).
-// Each product runs for every head at once (head_gemm: strided batches, no
-// transposed copies of q, k or v); the full T x T score matrix is computed
-// and masked: twice the causal FLOPs, but in GEMMs rather than loops; the
-// softmax runs row by row in parallel between the products.
+// Each product runs for every head at once (head_gemm: strided operands, no
+// transposed copies of q, k or v), multiplying only the blocks of the T x T
+// matrices on and below the diagonal (in bf16 one oneDNN call over the full
+// matrices); the softmax runs row by row in parallel between the products
+// and writes the zeros above the diagonal.
 //
 // With 16-bit storage A the products take 16-bit operands and accumulate in
 // float, as the GPU's tensor cores do: the scores and the softmax are float,
@@ -50,7 +51,8 @@ void attention_forward(A* out, S* att, const A* qkv, int64_t B, int64_t Tn, int6
   const int64_t hs = C / NH, rows = B * NH * Tn;
   const S scale = S(1) / std::sqrt(static_cast<S>(hs));
   const HeadStrides in{Tn * 3 * C, hs, 3 * C}, scores{NH * Tn * Tn, Tn * Tn, Tn};
-  head_gemm(false, true, B, NH, Tn, Tn, hs, scale, qkv, in, qkv + C, in, S(0), att, scores);
+  head_gemm(Causal::kOutput, false, true, B, NH, Tn, Tn, hs, scale, qkv, in, qkv + C, in, S(0),
+            att, scores);
   const A* p = detail::operand_rows<A>(att, rows, Tn);
   A* rounded = const_cast<A*>(p);
   parallel_for("attention_softmax", rows, [=](const int64_t r) {
@@ -68,8 +70,8 @@ void attention_forward(A* out, S* att, const A* qkv, int64_t B, int64_t Tn, int6
     for (int64_t j = t + 1; j < Tn; ++j) row[j] = S(0);
     if constexpr (kNarrow<A>) narrow_n(rounded + r * Tn, row, Tn);
   });
-  head_gemm(false, false, B, NH, Tn, hs, Tn, S(1), p, scores, qkv + 2 * C, in, S(0), out,
-            HeadStrides{Tn * C, hs, C});
+  head_gemm(Causal::kLeft, false, false, B, NH, Tn, hs, Tn, S(1), p, scores, qkv + 2 * C, in,
+            S(0), out, HeadStrides{Tn * C, hs, C});
 }
 
 // One query against cached keys and values (incremental decoding): qkv holds
@@ -120,10 +122,10 @@ void attention_backward(A* dqkv, S* datt, const A* dout, const A* qkv, const S* 
   if constexpr (kNarrow<A>)
     parallel_for("attention_round", rows,
                  [=](const int64_t r) { narrow_n(rounded + r * Tn, att + r * Tn, Tn); });
-  head_gemm(false, true, B, NH, Tn, Tn, hs, S(1), dout, grad, qkv + 2 * C, in, S(0), datt,
-            scores);  // dA = dO V^T
-  head_gemm(true, false, B, NH, Tn, hs, Tn, S(1), p, scores, dout, grad, S(0), dqkv + 2 * C,
-            in);  // dV = A^T dO
+  head_gemm(Causal::kOutput, false, true, B, NH, Tn, Tn, hs, S(1), dout, grad, qkv + 2 * C, in,
+            S(0), datt, scores);  // dA = dO V^T
+  head_gemm(Causal::kLeft, true, false, B, NH, Tn, hs, Tn, S(1), p, scores, dout, grad, S(0),
+            dqkv + 2 * C, in);  // dV = A^T dO
   // Softmax backward in place: dS = A * (dA - rowsum(A * dA)), times the
   // score scale; zero above the diagonal so the products below stay causal.
   const A* ds = detail::operand_rows<A>(datt, rows, Tn);
@@ -138,10 +140,10 @@ void attention_backward(A* dqkv, S* datt, const A* dout, const A* qkv, const S* 
     for (int64_t j = t + 1; j < Tn; ++j) dr[j] = S(0);
     if constexpr (kNarrow<A>) narrow_n(ds_rounded + r * Tn, dr, Tn);
   });
-  head_gemm(false, false, B, NH, Tn, hs, Tn, S(1), ds, scores, qkv + C, in, S(0), dqkv,
-            in);  // dQ = dS K
-  head_gemm(true, false, B, NH, Tn, hs, Tn, S(1), ds, scores, qkv, in, S(0), dqkv + C,
-            in);  // dK = dS^T Q
+  head_gemm(Causal::kLeft, false, false, B, NH, Tn, hs, Tn, S(1), ds, scores, qkv + C, in, S(0),
+            dqkv, in);  // dQ = dS K
+  head_gemm(Causal::kLeft, true, false, B, NH, Tn, hs, Tn, S(1), ds, scores, qkv, in, S(0),
+            dqkv + C, in);  // dK = dS^T Q
 }
 
 }  // namespace mpiformer::host

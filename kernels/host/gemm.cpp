@@ -96,6 +96,14 @@ void set_blas_threads(int n) {
 #endif
 }
 
+bool blas_serial_in_parallel_region() {
+#ifdef MPIFORMER_HAVE_OPENBLAS
+  return openblas_get_parallel() != 1;  // 0: sequential, 1: pthreads, 2: OpenMP
+#else
+  return false;  // unknown: leave the threading to the BLAS
+#endif
+}
+
 int blas_threads() {
 #ifdef MPIFORMER_HAVE_OPENBLAS
   return openblas_get_num_threads();

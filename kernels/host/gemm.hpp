@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "parallel.hpp"
 #include "storage_types.hpp"
 
 namespace mpiformer::host {
@@ -26,6 +27,20 @@ template <class A, class C, std::enable_if_t<kNarrow<A>, int> = 0>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const A* a,
           int64_t lda, const A* b, int64_t ldb, float beta, C* c, int64_t ldc);
 
+namespace detail {
+// Adds the lifetime of the scope to gemm_seconds() (two clock reads a call,
+// negligible next to even the smallest GEMM of the model); a product made
+// inside another (a widened 16-bit one) is counted once, by the outer.
+class GemmTimer {
+ public:
+  GemmTimer();
+  ~GemmTimer();
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace detail
+
 // Attention's per-head products, all heads in one call: B x NH matrices,
 // matrix (b, h) of X at x + b * batch + h * head, row-major with leading
 // dimension ld.
@@ -39,22 +54,61 @@ bool head_gemm_batched(bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_
                        int64_t k, float alpha, const A* a, HeadStrides sa, const A* b,
                        HeadStrides sb, float beta, C* c, HeadStrides sc);
 
-// C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h] for every head: one
-// oneDNN call in bf16, else head after head, each product threaded by the
-// BLAS (16-bit inputs widened, float accumulation; C in float or A).
+// True where a BLAS call made inside an OpenMP parallel region runs on the
+// calling thread alone (OpenBLAS's OpenMP or sequential builds do): then
+// independent small products may run side by side, one per thread.
+bool blas_serial_in_parallel_region();
+
+// Which operand of an attention product is causal (T x T, zero above the
+// diagonal), so that only its blocks on or below the diagonal are
+// multiplied: the output (the scores and their gradient: entries above the
+// diagonal are left unwritten, the softmax never reads them), or the left
+// operand (the probabilities or the score gradients, as stored or
+// transposed).
+enum class Causal { kOutput, kLeft };
+// Rows of the causal matrix per block: smaller blocks skip more of the
+// masked half (at T = 256, 64-row blocks multiply 10/16 of it) but make
+// smaller products; 64 keeps them near the BLAS's peak at the model's
+// shapes (bench/RESULTS.md, issue 26).
+inline constexpr int64_t kCausalBlock = 64;
+
+// C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h] for every head of an
+// attention product (T: the causal matrix's size). In bf16, one oneDNN
+// call over all heads (full products: the masked entries are zeros). Else
+// the blocks on and below the diagonal, head by head: the heads side by
+// side where the BLAS then runs each product on one thread (a head's
+// products are too small to split between threads), otherwise in order
+// with each product threaded by the BLAS. 16-bit inputs are widened,
+// accumulation is float. A head's blocks run in a fixed order on one
+// thread, so the result does not depend on the thread count.
 template <class A, class C, class S>
-void head_gemm(bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_t m, int64_t n, int64_t k,
-               S alpha, const A* a, HeadStrides sa, const A* b, HeadStrides sb, S beta, C* c,
-               HeadStrides sc) {
+void head_gemm(Causal causal, bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_t m,
+               int64_t n, int64_t k, S alpha, const A* a, HeadStrides sa, const A* b,
+               HeadStrides sb, S beta, C* c, HeadStrides sc) {
   if constexpr (kNarrow<A>) {
     if (head_gemm_batched(trans_a, trans_b, B, NH, m, n, k, static_cast<float>(alpha), a, sa, b,
                           sb, static_cast<float>(beta), c, sc))
       return;
   }
-  for (int64_t bb = 0; bb < B; ++bb)
-    for (int64_t h = 0; h < NH; ++h)
-      gemm(trans_a, trans_b, m, n, k, alpha, a + bb * sa.batch + h * sa.head, sa.ld,
-           b + bb * sb.batch + h * sb.head, sb.ld, beta, c + bb * sc.batch + h * sc.head, sc.ld);
+  const int64_t T = causal == Causal::kOutput ? m : k;
+  detail::GemmTimer timer;  // on the calling thread, once
+  task_for(B * NH, blas_serial_in_parallel_region(), [&](const int64_t i) {
+    const A* ah = a + (i / NH) * sa.batch + (i % NH) * sa.head;
+    const A* bh = b + (i / NH) * sb.batch + (i % NH) * sb.head;
+    C* ch = c + (i / NH) * sc.batch + (i % NH) * sc.head;
+    for (int64_t r0 = 0; r0 < T; r0 += kCausalBlock) {
+      const int64_t r1 = r0 + kCausalBlock < T ? r0 + kCausalBlock : T;
+      if (causal == Causal::kOutput)  // C[r0:r1, 0:r1] = op(A)[r0:r1, :] op(B)[:, 0:r1]
+        gemm(trans_a, trans_b, r1 - r0, r1, k, alpha, ah + (trans_a ? r0 : r0 * sa.ld), sa.ld,
+             bh, sb.ld, beta, ch + r0 * sc.ld, sc.ld);
+      else if (!trans_a)  // C[r0:r1, :] = A[r0:r1, 0:r1] op(B)[0:r1, :]
+        gemm(false, trans_b, r1 - r0, n, r1, alpha, ah + r0 * sa.ld, sa.ld, bh, sb.ld, beta,
+             ch + r0 * sc.ld, sc.ld);
+      else  // C[r0:r1, :] = A[r0:T, r0:r1]^T op(B)[r0:T, :]
+        gemm(true, trans_b, r1 - r0, n, T - r0, alpha, ah + r0 * sa.ld + r0, sa.ld,
+             bh + (trans_b ? r0 : r0 * sb.ld), sb.ld, beta, ch + r0 * sc.ld, sc.ld);
+    }
+  });
 }
 
 // FLOP/s of a large square product of 16-bit inputs (the path the run's
@@ -69,20 +123,6 @@ std::string narrow_gemm_engine(Element e, bool* slow);
 // trainer and the benchmarks split a step into matrix products and the rest.
 double gemm_seconds();
 void reset_gemm_seconds();
-
-namespace detail {
-// Adds the lifetime of the scope to gemm_seconds() (two clock reads a call,
-// negligible next to even the smallest GEMM of the model); a product made
-// inside another (a widened 16-bit one) is counted once, by the outer.
-class GemmTimer {
- public:
-  GemmTimer();
-  ~GemmTimer();
-
- private:
-  std::chrono::steady_clock::time_point t0_;
-};
-}  // namespace detail
 
 // FLOP/s of a large square sgemm on this thread with the current BLAS
 // threads, on random data: the practical fp32 peak MFU is measured

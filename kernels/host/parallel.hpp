@@ -7,8 +7,8 @@
 //
 // The thread count is the rank's compute threads (gemm.hpp's
 // set_compute_threads), shared with oneDNN (the same OpenMP runtime). A
-// body that calls the BLAS must not run inside these loops (the BLAS
-// threads itself): such loops are plain `for`s in the kernels.
+// body that calls the BLAS must not run inside parallel_for (the BLAS
+// threads itself): task_for runs such bodies.
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <cstdint>
@@ -36,6 +36,12 @@ inline LoopObserver& loop_observer() {
 
 template <class F>
 inline void parallel_for(const char* label, int64_t n, const F& body) {
+#ifdef _OPENMP
+  if (omp_in_parallel()) {  // inside a task_for task: on its thread, timed with it
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#endif
   const LoopObserver& o = loop_observer();
   if (o.begin != nullptr) o.begin(label);
 #ifdef MPIFORMER_LOOPS_KOKKOS
@@ -51,14 +57,24 @@ inline void parallel_for(const char* label, int64_t n, const F& body) {
   if (o.end != nullptr) o.end();
 }
 
-// In index order on the calling thread: for bodies that call the BLAS
-// (which threads itself). Labelled like the others for the observer.
+// Independent tasks whose bodies call the BLAS. `side_by_side` (the BLAS
+// runs single-threaded inside a parallel region: gemm.hpp's
+// blas_serial_in_parallel_region) spreads them over the rank's threads,
+// one product per thread; otherwise they run in index order on the calling
+// thread and the BLAS threads each product. Loops inside a task run on the
+// task's thread (parallel_for).
 template <class F>
-inline void serial_for(const char* label, int64_t n, const F& body) {
-  const LoopObserver& o = loop_observer();
-  if (o.begin != nullptr) o.begin(label);
+inline void task_for(int64_t n, bool side_by_side, const F& body) {
+#ifdef _OPENMP
+  if (side_by_side) {
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#else
+  (void)side_by_side;
+#endif
   for (int64_t i = 0; i < n; ++i) body(i);
-  if (o.end != nullptr) o.end();
 }
 
 // Sum of f(i) over [0, n), accumulated in double in index order whatever

@@ -1,15 +1,26 @@
 // Causal multi-head attention: forward against naive per-head loops
 // (explicit masked softmax), backward against central finite differences
-// through that naive forward.
+// through that naive forward. Two shapes: a short sequence (one causal
+// block) and one of several blocks that do not tile it evenly, so every
+// block product of host::head_gemm (kCausalBlock rows) is exercised; the
+// matrices above the diagonal start as NaN there, so reading any entry
+// the products skip would show.
+#include <limits>
+
 #include "host/attention.hpp"
 #include "reference.hpp"
 
 namespace mpiformer::test {
 namespace {
 
-constexpr int64_t B = 2, T = 5, C = 12, NH = 3, HS = C / NH;
+struct Shape {
+  int64_t B, T, C, NH;
+};
+const Shape kShort{2, 5, 12, 3};
+const Shape kBlocks{1, 2 * host::kCausalBlock + 3, 8, 2};
 
-std::vector<double> naive_attention(const std::vector<double>& qkv) {
+std::vector<double> naive_attention(const Shape& shape, const std::vector<double>& qkv) {
+  const int64_t B = shape.B, T = shape.T, C = shape.C, NH = shape.NH, HS = C / NH;
   std::vector<double> out(B * T * C, 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
@@ -36,39 +47,50 @@ std::vector<double> naive_attention(const std::vector<double>& qkv) {
   return out;
 }
 
-TEST(Attention, ForwardMatchesNaiveLoops) {
+void check_forward(const Shape& s, double fill) {
+  const int64_t B = s.B, T = s.T, C = s.C, NH = s.NH;
   const auto qkv = random_vector(B * T * 3 * C, 21);
-  const auto want = naive_attention(qkv);
-  std::vector<double> out(B * T * C, -5), att(B * NH * T * T, -5);
+  const auto want = naive_attention(s, qkv);
+  std::vector<double> out(B * T * C, -5), att(B * NH * T * T, fill);
   host::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
   EXPECT_TRUE(all_close(out, want, 1e-12, 1e-12));
   // Probabilities: rows sum to one, nothing above the diagonal.
   for (int64_t row = 0; row < B * NH * T; ++row) {
     const int64_t t = row % T;
-    double s = 0;
+    double sum = 0;
     for (int64_t j = 0; j < T; ++j) {
       if (j > t) {
         EXPECT_EQ(att[row * T + j], 0.0);
       }
-      s += att[row * T + j];
+      sum += att[row * T + j];
     }
-    EXPECT_NEAR(s, 1.0, 1e-12);
+    EXPECT_NEAR(sum, 1.0, 1e-12);
   }
   auto qkvf = cast<float>(qkv);
-  std::vector<float> outf(B * T * C), attf(B * NH * T * T);
+  std::vector<float> outf(B * T * C), attf(B * NH * T * T, static_cast<float>(fill));
   host::attention_forward(outf.data(), attf.data(), qkvf.data(), B, T, C, NH);
   EXPECT_TRUE(all_close(outf, want, 1e-5, 1e-4));
 }
 
-TEST(Attention, BackwardMatchesFiniteDifferences) {
+void check_backward(const Shape& s, double fill) {
+  const int64_t B = s.B, T = s.T, C = s.C, NH = s.NH;
   auto qkv = random_vector(B * T * 3 * C, 22);
   const auto r = random_vector(B * T * C, 23);
-  const auto want = finite_difference(qkv, [&] { return dot(naive_attention(qkv), r); }, 1e-6);
-  std::vector<double> out(B * T * C), att(B * NH * T * T), datt(B * NH * T * T);
+  const auto want = finite_difference(qkv, [&] { return dot(naive_attention(s, qkv), r); }, 1e-6);
+  std::vector<double> out(B * T * C), att(B * NH * T * T, fill), datt(B * NH * T * T, fill);
   std::vector<double> dqkv(B * T * 3 * C, 42.0);  // overwritten, so garbage must vanish
   host::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
   host::attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
   EXPECT_TRUE(all_close(dqkv, want, 1e-7, 1e-6));
+}
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+TEST(Attention, ForwardMatchesNaiveLoops) { check_forward(kShort, -5.0); }
+TEST(Attention, BackwardMatchesFiniteDifferences) { check_backward(kShort, 0.0); }
+TEST(Attention, CausalBlocksMatchNaiveLoops) {
+  check_forward(kBlocks, kNaN);
+  check_backward(kBlocks, kNaN);
 }
 
 }  // namespace
