@@ -123,8 +123,16 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
   m.runtime = mach.number("runtime_mb", kZeroAllowed, 1e9, false, 0) * 1e6;
   if (!root.contains("compute")) throw InputError(path, "[compute]", "missing");
   const Section comp(root.at("compute"), path, "compute",
-                     {"matmul_tflops", "attention_tflops", "memory_gbs", "kernel_gbs", "matmul",
-                      "attention", "kernels", "stage"});
+                     {"precision", "matmul_tflops", "attention_tflops", "memory_gbs", "kernel_gbs",
+                      "matmul", "attention", "kernels", "stage"});
+  if (comp.has("precision")) {
+    const std::string p = comp.text("precision", "");
+    Precision x;
+    if (!parse_setting(kPrecisionNames, p, &x))
+      throw InputError(path, "[compute] precision",
+                       "expected \"fp32\", \"bf16\" or \"fp16\", got \"" + p + "\"");
+    m.precision = x;
+  }
   m.matmul_flops = comp.number("matmul_tflops", 0, 1e9, true, 0) * 1e12;
   m.attention_flops = comp.number("attention_tflops", 0, 1e9, false, m.matmul_flops / 1e12) * 1e12;
   m.memory_bandwidth = comp.number("memory_gbs", 0, 1e9, true, 0) * 1e9;
@@ -213,7 +221,9 @@ std::string MachineSpec::to_toml() const {
                  "peak_tflops = %.6g\nruntime_mb = %.6g\n\n",
                  name.c_str(), name_of(device), devices_per_node, memory / kGiB, peak_flops / 1e12,
                  runtime / 1e6);
-  t += strprintf("[compute]\nmatmul_tflops = %.6g\nattention_tflops = %.6g\nmemory_gbs = %.6g\n",
+  t += "[compute]\n";
+  if (precision) t += strprintf("precision = \"%s\"\n", name_of(*precision));
+  t += strprintf("matmul_tflops = %.6g\nattention_tflops = %.6g\nmemory_gbs = %.6g\n",
                  matmul_flops / 1e12, attention_flops / 1e12, memory_bandwidth / 1e9);
   if (!kernel_bandwidth.empty()) {
     t += "kernel_gbs = {";

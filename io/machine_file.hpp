@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,7 +63,10 @@ struct MachineSpec {
   double peak_flops = 0;         // what MFU is counted against
   double runtime = 0;            // bytes each rank holds beyond the accounting (libraries),
                                  // where no [[compute.stage]] row is near
-  // Compute.
+  // Compute. The precision its rates are of (calibrate measures one; a
+  // hand-written file may say): plan refuses decks of another. Unset where
+  // a file does not say.
+  std::optional<Precision> precision;
   double matmul_flops = 0;     // large matmuls, where the table has no nearer shape
   double attention_flops = 0;  // where the attention table has no nearer shape
   double memory_bandwidth = 0;               // the non-GEMM kernels, unless named below

@@ -77,6 +77,7 @@ MachineSpec calibrate_gpu(const CalibrationRequest& req, MPI_Comm node, int node
   MachineSpec m;
   m.name = req.name;
   m.device = Device::kCuda;
+  m.precision = req.precision;
   m.devices_per_node = gpus;
   size_t free = 0, total = 0;
   CUDA_CHECK(cudaMemGetInfo(&free, &total));

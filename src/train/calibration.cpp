@@ -159,6 +159,7 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   MachineSpec m;
   m.name = req.name;
   m.device = Device::kCpu;
+  m.precision = req.precision;
   const int threads = std::max(1, host::blas_threads());
   m.devices_per_node = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads);
   m.memory = host_available_bytes() / m.devices_per_node;

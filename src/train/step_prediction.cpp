@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/error.hpp"
 #include "core/format.hpp"
 #include "model/shard_plan.hpp"
 #include "model/stage_layout.hpp"
@@ -187,6 +188,16 @@ std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptCo
 
 Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node,
                         bool time_if_fits) {
+  if (machine.precision && *machine.precision != deck.train.precision) {
+    // Rates of another precision would price every kernel wrongly (bf16
+    // GEMMs run about twice fp32's on this machine, 8-16x on a GPU).
+    throw InputError(machine.path, "[compute] precision",
+                     strprintf("its rates are %s's, but the deck trains in %s ([train] precision): "
+                               "plan with a machine file of that precision (mpiformer calibrate "
+                               "--precision %s)",
+                               name_of(*machine.precision), name_of(deck.train.precision),
+                               name_of(deck.train.precision)));
+  }
   Prediction out;
   out.layout = layout_of(deck);
   const GptConfig& cfg = deck.model;

@@ -25,6 +25,7 @@ for section in '^\[machine\]' '^\[\[compute.matmul\]\]' '^\[\[compute.attention\
                '^\[\[compute.kernels\]\]' '^\[\[compute.stage\]\]' '^\[intra\]'; do
   grep -q "$section" machine.toml || fail "machine.toml has no $section"
 done
+grep -q '^precision = "fp32"' machine.toml || fail "machine.toml does not name the precision of its rates"
 
 "$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --ranks 2 --top 5 >plan.txt ||
   { cat plan.txt; fail "plan"; }
@@ -85,6 +86,17 @@ expect_refusal "gone.toml: cannot open the machine file" \
   "$MPIFORMER" plan "$DECK" "${data[@]}" --machine gone.toml --ranks 2
 expect_refusal "the links between ranks" run_mpi 1 calibrate "$DECK" --seconds 0.003 -o one.toml
 [ ! -e one.toml ] || fail "a refused calibrate wrote its file"
+
+# Host bf16 rates (oneDNN's products): they plan a bf16 deck, and a deck
+# of another precision is refused by the key, not priced at them.
+run_mpi 2 calibrate "$DECK" --precision bf16 --seconds 0.003 -o bf16.toml >cal_bf16.log 2>&1 ||
+  { cat cal_bf16.log; fail "calibrate --precision bf16"; }
+grep -q '^precision = "bf16"' bf16.toml || fail "bf16.toml does not name the precision of its rates"
+"$MPIFORMER" plan "$DECK" "${data[@]}" --set train.precision='"bf16"' --machine bf16.toml \
+  --ranks 2 --top 1 >plan_bf16.txt || { cat plan_bf16.txt; fail "plan a bf16 deck with bf16 rates"; }
+grep -qE '^ +1 \| dp' plan_bf16.txt || fail "plan printed no bf16 layout"
+expect_refusal "bf16.toml: [compute] precision: its rates are bf16's, but the deck trains in fp32" \
+  "$MPIFORMER" plan "$DECK" "${data[@]}" --machine bf16.toml --ranks 2
 
 # [parallel] auto: the plan's first layout, said and used.
 want=$(/usr/bin/python3 - plan.json <<'PY'

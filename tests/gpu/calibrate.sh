@@ -21,6 +21,7 @@ run_mpi 2 calibrate "$DECK" --seconds 0.003 --name "gpu machine" --device "$devi
 cat cal.log
 grep -q "^device = \"$device\"" machine.toml || fail "machine.toml does not say $device"
 grep -q "$header" machine.toml || fail "machine.toml does not name its precision ($header)"
+grep -q "^precision = \"$precision\"" machine.toml || fail "machine.toml has no [compute] precision = \"$precision\""
 /usr/bin/python3 - machine.toml "$min_gib" "$min_tflops" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()

@@ -103,6 +103,7 @@ TEST(MachineFile, AHandWrittenFileReadsAsWritten) {
   EXPECT_DOUBLE_EQ(m.intra.sendrecv.bandwidth, 100e9);
   EXPECT_FALSE(m.has_inter);
   EXPECT_DOUBLE_EQ(m.inter.allgather.bandwidth, 200e9);  // one node: inter is intra
+  EXPECT_FALSE(m.precision.has_value());  // the file does not say
 }
 
 TEST(MachineFile, ItsTomlReadsBackTheSame) {
@@ -115,7 +116,9 @@ TEST(MachineFile, ItsTomlReadsBackTheSame) {
   m.has_inter = true;
   m.stages.push_back({64, 32, 2, 3, Recompute::kFull, 1.25, 3e6});
   m.runtime = 12e6;
+  m.precision = Precision::kFp16;
   const MachineSpec r = parse_machine(m.to_toml(), "again.toml");
+  EXPECT_EQ(r.precision, Precision::kFp16);
   EXPECT_EQ(r.to_toml(), m.to_toml());
   EXPECT_DOUBLE_EQ(r.matmul.at(0).backward, 30e-6);
   EXPECT_DOUBLE_EQ(r.kernels.at(0).bandwidth.at("adamw"), 5e9);
@@ -150,6 +153,7 @@ TEST(MachineFile, BadFilesAreNamedWithTheirKey) {
       {with("gelu = 1000", "gelu = 0"), "[compute.kernel_gbs] gelu"},
       {with("devices_per_node = 2", "devices_per_node = 2.5"), "[machine] devices_per_node"},
       {with("matmul_tflops = 250", ""), "[compute] matmul_tflops"},
+      {with("[compute]", "[compute]\nprecision = \"tf32\""), "[compute] precision"},
       {"[machine\n", "not valid TOML"},
   };
   for (const auto& [text, key] : cases) {
@@ -243,6 +247,30 @@ TEST(Plan, AModelThatFitsNowhereIsRefusedWithWhatItNeeds) {
   // 7 ranks of the tiny model: tp 1 (7 divides no head count of 4), pp 1
   // (7 > 4 layers), so dp 7, which does not divide its batch of 32.
   EXPECT_THROW(plan_layouts(tiny_deck(), m, 7, 7), InputError);
+}
+
+// A machine file's rates are of one precision: a deck of another is
+// refused by name, not priced at those rates; a file that does not say
+// prices any.
+TEST(Plan, RatesOfAnotherPrecisionAreRefused) {
+  Deck deck = tiny_deck();
+  MachineSpec m = workstation(1);
+  m.path = "bf16.toml";
+  m.precision = Precision::kBf16;
+  try {
+    plan_layouts(deck, m, 2, 2);
+    ADD_FAILURE() << "an fp32 deck planned with bf16 rates";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("bf16.toml: [compute] precision"), std::string::npos) << what;
+    EXPECT_NE(what.find("--precision fp32"), std::string::npos) << what;
+  }
+  EXPECT_THROW(predict_step(deck, m, 1), InputError);  // --as-given and [parallel] auto too
+  deck.train.precision = Precision::kBf16;
+  EXPECT_FALSE(plan_layouts(deck, m, 2, 2).fitting.empty());
+  m.precision.reset();
+  deck.train.precision = Precision::kFp16;
+  EXPECT_FALSE(plan_layouts(deck, m, 2, 2).fitting.empty());
 }
 
 // The shipped machine files read, and plan a GPT-3 XL-sized model (the
