@@ -177,6 +177,19 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const double second = std::max({V * C, Cm * C, Cq * C, BT * std::max(C, Cm)});  // weights or activations
     m.workspace = 4 * (2 * first + second);
   }
+  // Host 16-bit attention rounds the probabilities (in backward, the score
+  // gradients) for its products into one kept buffer of [B, NH/tp, T, T]
+  // (attention.hpp), and a 16-bit tensor-group sum is widened into a kept
+  // float buffer of the largest, [B, T, C] (mpi_communicator.cpp). The
+  // cross-entropy's per-thread float row (V floats a thread, under 2 MB at
+  // 8 threads and GPT-2's vocabulary) is left out.
+  if (choice.device == Device::kCpu && element_bytes(types.activations) == 2) {
+    const double B = static_cast<double>(deck.train.micro_batch);
+    const double T = static_cast<double>(cfg.seq_len), tp = static_cast<double>(deck.parallel.tp);
+    if (range.num_layers() > 0)
+      m.workspace += 2 * B * static_cast<double>(cfg.n_head) / tp * T * T;
+    if (deck.parallel.tp > 1) m.comm += 4 * B * T * static_cast<double>(cfg.n_embd);
+  }
   return m;
 }
 
