@@ -4,9 +4,8 @@
 // the compute type (saved for backward; entries above the diagonal are zero).
 // Each product runs for every head at once (head_gemm: strided operands, no
 // transposed copies of q, k or v), multiplying only the blocks of the T x T
-// matrices on and below the diagonal (in bf16 one oneDNN call over the full
-// matrices); the softmax runs row by row in parallel between the products
-// and writes the zeros above the diagonal.
+// matrices on and below the diagonal; the softmax runs row by row in
+// parallel between the products and writes the zeros above the diagonal.
 //
 // With 16-bit storage A the products take 16-bit operands and accumulate in
 // float, as the GPU's tensor cores do: the scores and the softmax are float,

@@ -72,43 +72,65 @@ enum class Causal { kOutput, kLeft };
 // shapes (bench/RESULTS.md, issue 26).
 inline constexpr int64_t kCausalBlock = 64;
 
+// One block of rows [r0, r1) of a causal product: its shape, and where its
+// operands and output start relative to a head's.
+struct CausalBlock {
+  int64_t m, n, k, a, b, c;
+};
+inline CausalBlock causal_block(Causal causal, bool trans_a, bool trans_b, int64_t n, int64_t k,
+                                int64_t T, int64_t r0, int64_t r1, HeadStrides sa,
+                                HeadStrides sb, HeadStrides sc) {
+  if (causal == Causal::kOutput)  // C[r0:r1, 0:r1] = op(A)[r0:r1, :] op(B)[:, 0:r1]
+    return {r1 - r0, r1, k, trans_a ? r0 : r0 * sa.ld, 0, r0 * sc.ld};
+  if (!trans_a)  // C[r0:r1, :] = A[r0:r1, 0:r1] op(B)[0:r1, :]
+    return {r1 - r0, n, r1, r0 * sa.ld, 0, r0 * sc.ld};
+  // C[r0:r1, :] = A[r0:T, r0:r1]^T op(B)[r0:T, :]
+  return {r1 - r0, n, T - r0, r0 * sa.ld + r0, trans_b ? r0 : r0 * sb.ld, r0 * sc.ld};
+}
+
 // C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h] for every head of an
-// attention product (T: the causal matrix's size). In bf16, one oneDNN
-// call over all heads (full products: the masked entries are zeros). Else
-// the blocks on and below the diagonal, head by head: the heads side by
-// side where the BLAS then runs each product on one thread (a head's
-// products are too small to split between threads), otherwise in order
-// with each product threaded by the BLAS. 16-bit inputs are widened,
-// accumulation is float. A head's blocks run in a fixed order on one
-// thread, so the result does not depend on the thread count.
+// attention product (T: the causal matrix's size), multiplying only the
+// blocks on and below the diagonal. In bf16 each block is one oneDNN call
+// over all heads. Otherwise the heads run side by side where the BLAS then
+// runs each product on one thread (a head's products are too small to
+// split between threads), or in order with each product threaded by the
+// BLAS; 16-bit inputs are widened, accumulation is float. Either way every
+// output element comes from one product of a fixed shape, so the result
+// does not depend on the thread count.
 template <class A, class C, class S>
 void head_gemm(Causal causal, bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_t m,
                int64_t n, int64_t k, S alpha, const A* a, HeadStrides sa, const A* b,
                HeadStrides sb, S beta, C* c, HeadStrides sc) {
-  if constexpr (kNarrow<A>) {
-    if (head_gemm_batched(trans_a, trans_b, B, NH, m, n, k, static_cast<float>(alpha), a, sa, b,
-                          sb, static_cast<float>(beta), c, sc))
-      return;
-  }
   const int64_t T = causal == Causal::kOutput ? m : k;
+  const int64_t blocks = (T + kCausalBlock - 1) / kCausalBlock;
+  auto block = [&](int64_t i) {
+    const int64_t r0 = i * kCausalBlock, r1 = r0 + kCausalBlock < T ? r0 + kCausalBlock : T;
+    return causal_block(causal, trans_a, trans_b, n, k, T, r0, r1, sa, sb, sc);
+  };
   detail::GemmTimer timer;  // on the calling thread, once
-  task_for(B * NH, blas_serial_in_parallel_region(), [&](const int64_t i) {
-    const A* ah = a + (i / NH) * sa.batch + (i % NH) * sa.head;
-    const A* bh = b + (i / NH) * sb.batch + (i % NH) * sb.head;
-    C* ch = c + (i / NH) * sc.batch + (i % NH) * sc.head;
-    for (int64_t r0 = 0; r0 < T; r0 += kCausalBlock) {
-      const int64_t r1 = r0 + kCausalBlock < T ? r0 + kCausalBlock : T;
-      if (causal == Causal::kOutput)  // C[r0:r1, 0:r1] = op(A)[r0:r1, :] op(B)[:, 0:r1]
-        gemm(trans_a, trans_b, r1 - r0, r1, k, alpha, ah + (trans_a ? r0 : r0 * sa.ld), sa.ld,
-             bh, sb.ld, beta, ch + r0 * sc.ld, sc.ld);
-      else if (!trans_a)  // C[r0:r1, :] = A[r0:r1, 0:r1] op(B)[0:r1, :]
-        gemm(false, trans_b, r1 - r0, n, r1, alpha, ah + r0 * sa.ld, sa.ld, bh, sb.ld, beta,
-             ch + r0 * sc.ld, sc.ld);
-      else  // C[r0:r1, :] = A[r0:T, r0:r1]^T op(B)[r0:T, :]
-        gemm(true, trans_b, r1 - r0, n, T - r0, alpha, ah + r0 * sa.ld + r0, sa.ld,
-             bh + (trans_b ? r0 : r0 * sb.ld), sb.ld, beta, ch + r0 * sc.ld, sc.ld);
+  // The heads of blocks [first, blocks) one after another.
+  auto per_head = [&](int64_t first) {
+    task_for(B * NH, blas_serial_in_parallel_region(), [&](const int64_t i) {
+      const A* ah = a + (i / NH) * sa.batch + (i % NH) * sa.head;
+      const A* bh = b + (i / NH) * sb.batch + (i % NH) * sb.head;
+      C* ch = c + (i / NH) * sc.batch + (i % NH) * sc.head;
+      for (int64_t j = first; j < blocks; ++j) {
+        const CausalBlock p = block(j);
+        gemm(trans_a, trans_b, p.m, p.n, p.k, alpha, ah + p.a, sa.ld, bh + p.b, sb.ld, beta,
+             ch + p.c, sc.ld);
+      }
+    });
+  };
+  if constexpr (kNarrow<A>) {
+    for (int64_t j = 0; j < blocks; ++j) {
+      const CausalBlock p = block(j);
+      if (!head_gemm_batched(trans_a, trans_b, B, NH, p.m, p.n, p.k, static_cast<float>(alpha),
+                             a + p.a, sa, b + p.b, sb, static_cast<float>(beta), c + p.c, sc))
+        return per_head(j);  // no batched product here (fp16; bf16 without oneDNN)
     }
-  });
+    return;
+  }
+  per_head(0);
 }
 
 // FLOP/s of a large square product of 16-bit inputs (the path the run's
