@@ -57,13 +57,7 @@ void attention_forward(A* out, S* att, const A* qkv, int64_t B, int64_t Tn, int6
   parallel_for("attention_softmax", rows, [=](const int64_t r) {
     const int64_t t = r % Tn;
     S* row = att + r * Tn;
-    S mx = row[0];
-    for (int64_t j = 1; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
-    S sum = 0;
-    for (int64_t j = 0; j <= t; ++j) {
-      row[j] = exp_fast(row[j] - mx);
-      sum += row[j];
-    }
+    const S sum = exp_shift_sum(row, t + 1, max_of(row, t + 1));
     const S inv = S(1) / sum;
     for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
     for (int64_t j = t + 1; j < Tn; ++j) row[j] = S(0);
@@ -133,8 +127,7 @@ void attention_backward(A* dqkv, S* datt, const A* dout, const A* qkv, const S* 
     const int64_t t = r % Tn;
     const S* ar = att + r * Tn;
     S* dr = datt + r * Tn;
-    S dot = 0;
-    for (int64_t j = 0; j <= t; ++j) dot += ar[j] * dr[j];
+    const S dot = dot_of(ar, dr, t + 1);
     for (int64_t j = 0; j <= t; ++j) dr[j] = scale * ar[j] * (dr[j] - dot);
     for (int64_t j = t + 1; j < Tn; ++j) dr[j] = S(0);
     if constexpr (kNarrow<A>) narrow_n(ds_rounded + r * Tn, dr, Tn);

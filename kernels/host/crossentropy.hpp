@@ -47,15 +47,10 @@ void crossentropy_forward_backward(T* losses, A* logits, const int32_t* targets,
       float* w = scratch.data();
       A* z = logits + n * Vp;
       widen_n(w, z, V);
-      T mx = w[0];
-      for (int64_t i = 1; i < V; ++i) mx = w[i] > mx ? w[i] : mx;
+      const T mx = max_of(w, V);
       const int32_t y = targets[n];
       const T zy = w[y];
-      T sum = 0;
-      for (int64_t i = 0; i < V; ++i) {
-        w[i] = exp_fast(w[i] - mx);
-        sum += w[i];
-      }
+      const T sum = exp_shift_sum(w, V, mx);
       losses[n] = std::log(sum) + mx - zy;
       const T k = grad_scale / sum;
       for (int64_t i = 0; i < V; ++i) w[i] *= k;
@@ -66,13 +61,7 @@ void crossentropy_forward_backward(T* losses, A* logits, const int32_t* targets,
   } else {
     parallel_for("crossentropy_forward_backward", N, [=](const int64_t n) {
       A* z = logits + n * Vp;
-      T mx = z[0];
-      for (int64_t i = 1; i < V; ++i) mx = z[i] > mx ? z[i] : mx;
-      T sum = 0;
-      for (int64_t i = 0; i < V; ++i) {
-        z[i] = exp_fast(z[i] - mx);
-        sum += z[i];
-      }
+      const T sum = exp_shift_sum(z, V, max_of(z, V));
       const int32_t y = targets[n];
       const T inv = T(1) / sum;
       losses[n] = -std::log(z[y] * inv);

@@ -36,4 +36,58 @@ inline double exp_fast(double x) { return std::exp(x); }
 inline float tanh_fast(float u) { return 1.0f - 2.0f / (exp_fast(2.0f * u) + 1.0f); }
 inline double tanh_fast(double u) { return std::tanh(u); }
 
+// Row reductions of the softmaxes, vectorised: a running sum in order is a
+// dependency chain the compiler must keep (no -ffast-math), so the terms go
+// to kLanes partial sums in a fixed order, added up in order at the end:
+// the same result whatever the thread, and the exponentials vectorise.
+inline constexpr int64_t kLanes = 16;
+
+// The largest of x[0, n), n >= 1 (exact in any order).
+template <class T>
+T max_of(const T* x, int64_t n) {
+  T mx = x[0];
+  int64_t i = 0;
+  if (n >= kLanes) {
+    T lanes[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = x[j];
+    for (i = kLanes; i + kLanes <= n; i += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+    for (int64_t j = 0; j < kLanes; ++j) mx = lanes[j] > mx ? lanes[j] : mx;
+  }
+  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+
+// The sum of a[i] * b[i] over [0, n).
+template <class T>
+T dot_of(const T* a, const T* b, int64_t n) {
+  T lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += a[i + j] * b[i + j];
+  T sum = 0;
+  for (int64_t j = 0; j < kLanes; ++j) sum += lanes[j];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// x[i] = exp(x[i] - shift) for i in [0, n); returns their sum.
+template <class T>
+T exp_shift_sum(T* x, int64_t n, T shift) {
+  T lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) {
+      x[i + j] = exp_fast(x[i + j] - shift);
+      lanes[j] += x[i + j];
+    }
+  T sum = 0;
+  for (int64_t j = 0; j < kLanes; ++j) sum += lanes[j];
+  for (; i < n; ++i) {
+    x[i] = exp_fast(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
 }  // namespace mpiformer::host

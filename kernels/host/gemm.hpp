@@ -27,6 +27,14 @@ template <class A, class C, std::enable_if_t<kNarrow<A>, int> = 0>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const A* a,
           int64_t lda, const A* b, int64_t ldb, float beta, C* c, int64_t ldc);
 
+// out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] as one oneDNN product
+// with the bias added before the single rounding (A: Bf16 or Fp16): true
+// where it ran (bf16 with oneDNN); false where the caller seeds the bias
+// and multiplies.
+template <class A>
+bool linear_with_bias(A* out, const A* inp, const A* weight, const A* bias, int64_t N, int64_t C,
+                      int64_t OC);
+
 namespace detail {
 // Adds the lifetime of the scope to gemm_seconds() (two clock reads a call,
 // negligible next to even the smallest GEMM of the model); a product made

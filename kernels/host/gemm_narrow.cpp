@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "gemm.hpp"
@@ -79,7 +80,7 @@ std::atomic<bool> g_dnnl_unusable{false};
 // oneDNN has no implementation for them.
 bool run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
                 const dnnl::memory::desc& cd, float alpha, float beta, const void* a,
-                const void* b, void* c) {
+                const void* b, void* c, const void* bias = nullptr) {
   if (g_dnnl_unusable) return false;
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -88,18 +89,25 @@ bool run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
+  // A bias row of the output's width, in the inputs' type.
+  const dnnl::memory::desc biasd(dnnl::memory::dims{1, cd.dims()[1]}, ad.data_type(),
+                                 dnnl::memory::dims{cd.dims()[1], 1});
   dnnl::matmul::primitive_desc pd;
   try {
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, engine());
+    pd = dnnl::matmul::primitive_desc(
+        bias != nullptr ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd),
+        attr, engine());
   } catch (const dnnl::error&) {
     g_dnnl_unusable = true;
     return false;
   }
   dnnl::stream s(engine());
-  dnnl::matmul(pd).execute(
-      s, {{DNNL_ARG_SRC, dnnl::memory(ad, engine(), const_cast<void*>(a))},
-          {DNNL_ARG_WEIGHTS, dnnl::memory(bd, engine(), const_cast<void*>(b))},
-          {DNNL_ARG_DST, dnnl::memory(cd, engine(), c)}});
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, dnnl::memory(ad, engine(), const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(bd, engine(), const_cast<void*>(b))},
+      {DNNL_ARG_DST, dnnl::memory(cd, engine(), c)}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(biasd, engine(), const_cast<void*>(bias)));
+  dnnl::matmul(pd).execute(s, args);
   s.wait();
   return true;
 }
@@ -174,6 +182,28 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 #endif
   gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+template <class A>
+bool linear_with_bias(A* out, const A* inp, const A* weight, const A* bias, int64_t N, int64_t C,
+                      int64_t OC) {
+#ifdef MPIFORMER_HAVE_DNNL
+  if constexpr (std::is_same_v<A, Bf16>) {
+    detail::GemmTimer timer;
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    return run_matmul(dnnl::memory::desc(dims{N, C}, dt::bf16, dims{C, 1}),
+                      dnnl::memory::desc(dims{C, OC}, dt::bf16, dims{1, C}),
+                      dnnl::memory::desc(dims{N, OC}, dt::bf16, dims{OC, 1}), 1.0f, 0.0f, inp,
+                      weight, out, bias);
+  }
+#endif
+  (void)out, (void)inp, (void)weight, (void)bias, (void)N, (void)C, (void)OC;
+  return false;
+}
+template bool linear_with_bias<Bf16>(Bf16*, const Bf16*, const Bf16*, const Bf16*, int64_t,
+                                     int64_t, int64_t);
+template bool linear_with_bias<Fp16>(Fp16*, const Fp16*, const Fp16*, const Fp16*, int64_t,
+                                     int64_t, int64_t);
 
 #define MPIFORMER_GEMM(A, C)                                                                    \
   template void gemm<A, C, 0>(bool, bool, int64_t, int64_t, int64_t, float, const A*, int64_t, \

@@ -18,6 +18,9 @@ template <class A>
 void matmul_forward(A* out, const A* inp, const A* weight, const A* bias, int64_t N, int64_t C,
                     int64_t OC) {
   using F = compute_t<A>;
+  if constexpr (kNarrow<A>) {
+    if (bias != nullptr && linear_with_bias(out, inp, weight, bias, N, C, OC)) return;
+  }
   if (bias != nullptr) {
     // Seed the output with the bias so the GEMM adds into it (beta = 1).
     parallel_for("matmul_bias", N, [=](const int64_t n) {
