@@ -48,13 +48,13 @@ std::string prediction_json(const Prediction& p) {
       "\"recompute\": \"%s\", \"schedule\": \"%s\", \"step_s\": %.6g, \"compute_s\": %.6g, "
       "\"tp_comm_s\": %.6g, \"exposed_comm_s\": %.6g, \"bubble_s\": %.6g, \"optimizer_s\": %.6g, "
       "\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"memory_max\": %.0f, \"runtime\": %.0f, "
-      "\"memory_available\": %.0f, "
+      "\"memory_available\": %.0f, \"memory_planned\": %.0f, "
       "\"fits\": %s, \"memory\": [",  // per stage, without the machine's runtime bytes
       static_cast<long long>(l.dp), static_cast<long long>(l.pp), static_cast<long long>(l.tp),
       static_cast<long long>(l.micro_batch), static_cast<long long>(l.zero), name_of(l.recompute),
       name_of(l.schedule), p.step.step_time, p.compute, p.tp_comm, p.exposed_comm, p.bubble,
       p.optimizer, p.tokens_per_s, p.mfu, p.memory_max, p.runtime, p.memory_available,
-      p.fits ? "true" : "false");
+      p.memory_planned, p.fits ? "true" : "false");
   for (size_t s = 0; s < p.memory.size(); ++s)
     j += strprintf("%s%.0f", s ? ", " : "", p.memory[s].total());
   return j + "]}";
@@ -95,9 +95,11 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
                 static_cast<long long>(c.n_embd), static_cast<long long>(c.seq_len),
                 static_cast<long long>(c.vocab_size), static_cast<long long>(deck.train.global_batch),
                 plan.ranks, machine.name.c_str(), args.machine.c_str());
-    std::printf("%d layouts considered, %zu fit in %.2f GiB per rank; step time = compute (of "
+    std::printf("%d layouts considered, %zu fit in %.2f GiB per rank (%.2f GiB less [parallel] "
+                "memory_margin %g); step time = compute (of "
                 "which tensor all-reduces) + exposed communication + bubble + optimizer\n",
-                plan.considered, plan.fitting.size(), plan.leanest.memory_available / kGiB);
+                plan.considered, plan.fitting.size(), plan.leanest.memory_planned / kGiB,
+                plan.leanest.memory_available / kGiB, deck.parallel.memory_margin);
     std::printf("  # | layout                                     |   tokens/s |   MFU |   step ms = compute + "
                 "exposed +  bubble +  optim | tp comm | GiB per rank = params + grads + AdamW + "
                 "activations + other\n");
@@ -122,8 +124,11 @@ int run_plan(const PlanArgs& args, int rank) {
   if (!args.explain.empty()) {
     refuse_input_as_output(args.explain, "--explain",
                            {{"the deck", args.deck}, {"the machine file", args.machine}});
+    require_writable_folder(args.explain, "--explain");
   }
-  const Deck deck = load_planning_deck(args.deck, args.overrides);
+  std::vector<std::string> overrides = args.overrides;
+  if (!args.memory_margin.empty()) overrides.push_back("parallel.memory_margin=" + args.memory_margin);
+  const Deck deck = load_planning_deck(args.deck, overrides);
   const MachineSpec machine = load_machine(args.machine);
   Plan plan;
   if (args.as_given) {
@@ -150,9 +155,10 @@ int run_plan(const PlanArgs& args, int rank) {
   std::fflush(stdout);
   if (plan.fitting.empty() && args.as_given) {
     throw InputError(args.deck, "",
-                     strprintf("this layout (%s) needs %.1f GiB per rank; %s gives %.1f GiB per rank",
+                     strprintf("this layout (%s) needs %.1f GiB per rank; %s gives %.2f GiB per rank, %s",
                                plan.leanest.layout.describe().c_str(), plan.leanest.memory_max / kGiB,
-                               machine.name.c_str(), plan.leanest.memory_available / kGiB));
+                               machine.name.c_str(), plan.leanest.memory_available / kGiB,
+                               margin_note(deck, plan.leanest).c_str()));
   }
   if (plan.fitting.empty()) throw InputError(args.deck, "", plan_refusal(deck, machine, plan));
   return 0;
@@ -164,6 +170,8 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.max_tp = args.max_tp;
   req.seconds = args.seconds;
   req.scratch = args.output + ".save-probe.h5";
+  // Before minutes of measuring, not after.
+  require_writable_folder(args.output, "calibrate --output");
   for (const std::string& d : args.decks) {
     refuse_input_as_output(args.output, "calibrate --output", {{"a deck it reads", d}});
     const Deck deck = load_planning_deck(d, {});

@@ -76,6 +76,7 @@ struct PlanArgs {
   bool as_given = false;   // price the deck's own layout only
   bool json = false;
   std::string explain;     // write the first layout's predicted timeline here
+  std::string memory_margin;  // "" or the deck's [parallel] memory_margin, overridden
 };
 int run_plan(const PlanArgs& args, int rank);
 

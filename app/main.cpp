@@ -135,6 +135,9 @@ int main(int argc, char** argv) {
                  "ranks on each node (default: the machine's devices per node; more share them)")
       ->check(CLI::Range(1, 1 << 20));
   pl->add_option("--top", plan.top, "layouts shown")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  pl->add_option("--memory-margin", plan.memory_margin,
+                 "share of each device's memory to leave free (the deck's [parallel] "
+                 "memory_margin, 0.1 by default; 0 to 0.9)");
   pl->add_flag("--as-given", plan.as_given, "price the deck's own layout only");
   pl->add_flag("--json", plan.json, "print JSON instead of the table");
   pl->add_option("--explain", plan.explain,

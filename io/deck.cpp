@@ -194,6 +194,7 @@ const std::vector<Key>& schema() {
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       int_key("parallel", "zero", false, 0, 3, MEMBER(parallel.zero)),
       bool_key("parallel", "auto", MEMBER(parallel.auto_layout)),
+      float_key("parallel", "memory_margin", false, 0, 0.9, MEMBER(parallel.memory_margin)),
       string_key("run", "dir", false, MEMBER(run.dir)),
       choice_key("run", "device", kDeviceNames, MEMBER(run.device)),
       float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),

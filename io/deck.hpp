@@ -79,6 +79,10 @@ struct ParallelConfig {
   // layout that fits; train/layout_search.hpp). The deck's values are
   // then ignored.
   bool auto_layout = false;
+  // The share of each device's memory the planner (plan, [parallel] auto)
+  // leaves free: fragmentation, a library's workspace that grows, a
+  // neighbour's process. Its layouts fit in the rest.
+  double memory_margin = 0.1;
 };
 
 struct RunSection {

@@ -99,6 +99,18 @@ Link read_link(const toml::value& v, const std::string& path, const std::string&
   return l;
 }
 
+// What the libraries hold (runtime_mb) must leave the model some of the
+// device: otherwise every layout would read as needing that much more
+// than the device, which names the wrong cause.
+void require_room(double runtime, double memory, const std::string& path, const std::string& key) {
+  if (runtime >= memory) {
+    throw InputError(path, key,
+                     strprintf("%.6g MB is as much as a device's whole memory ([machine] "
+                               "memory_gib = %.6g): nothing would be left for the model",
+                               runtime / 1e6, memory / kGiB));
+  }
+}
+
 }  // namespace
 
 MachineSpec parse_machine(const std::string& text, const std::string& path) {
@@ -121,6 +133,7 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
     throw InputError(path, "[machine] devices_per_node", "expected a whole number");
   m.memory = mach.number("memory_gib", 0, 1e9, true, 0) * kGiB;
   m.runtime = mach.number("runtime_mb", kZeroAllowed, 1e9, false, 0) * 1e6;
+  require_room(m.runtime, m.memory, path, "[machine] runtime_mb");
   if (!root.contains("compute")) throw InputError(path, "[compute]", "missing");
   const Section comp(root.at("compute"), path, "compute",
                      {"precision", "matmul_tflops", "attention_tflops", "memory_gbs", "kernel_gbs",
@@ -188,6 +201,7 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
         throw InputError(path, r.field("recompute"), "expected " + setting_choices(kRecomputeNames));
       p.factor = r.number("factor", 0, 100, true, 0);
       p.runtime = r.number("runtime_mb", kZeroAllowed, 1e9, false, m.runtime / 1e6) * 1e6;
+      require_room(p.runtime, m.memory, path, r.field("runtime_mb"));
       m.stages.push_back(p);
     }
   }

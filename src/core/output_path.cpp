@@ -1,5 +1,9 @@
 #include "core/output_path.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.hpp"
@@ -22,6 +26,18 @@ void refuse_input_as_output(const std::string& output, const std::string& option
                            "): writing it would replace an input; choose another name");
     }
   }
+}
+
+void require_writable_folder(const std::string& output, const std::string& option) {
+  namespace fs = std::filesystem;
+  fs::path folder = fs::path(output).parent_path();
+  if (folder.empty()) folder = ".";
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec))
+    throw InputError(output, option, "its folder " + folder.string() + " does not exist");
+  if (access(folder.c_str(), W_OK) != 0)
+    throw InputError(output, option,
+                     "cannot write in its folder " + folder.string() + ": " + std::strerror(errno));
 }
 
 }  // namespace mpiformer

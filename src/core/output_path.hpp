@@ -17,4 +17,10 @@ bool same_file(const std::string& a, const std::string& b);
 void refuse_input_as_output(const std::string& output, const std::string& option,
                             const std::vector<std::pair<std::string, std::string>>& inputs);
 
+// Throws InputError naming `output` and `option` when the folder it would
+// be written in does not exist or cannot be written: a mistake in the
+// command (exit 2), found before the work whose result it would hold. A
+// failure while writing (a full disk) stays a SystemError.
+void require_writable_folder(const std::string& output, const std::string& option);
+
 }  // namespace mpiformer

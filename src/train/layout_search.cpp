@@ -90,13 +90,19 @@ Prediction choose_layout(const Deck& deck, int ranks, int ranks_per_node, int* f
   return plan.fitting.front();
 }
 
+std::string margin_note(const Deck& deck, const Prediction& p) {
+  return strprintf("of which %.2f GiB are planned ([parallel] memory_margin = %g leaves the rest free)",
+                   p.memory_planned / (1024.0 * 1024.0 * 1024.0), deck.parallel.memory_margin);
+}
+
 std::string plan_refusal(const Deck& deck, const MachineSpec& machine, const Plan& plan) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
   return strprintf("no layout of %d ranks fits: the model needs at least %.1f GiB per rank (the "
-                   "leanest layout, %s); %s gives %.1f GiB per rank. Use more ranks, or a "
+                   "leanest layout, %s); %s gives %.2f GiB per rank, %s. Use more ranks, or a "
                    "machine with more memory",
                    plan.ranks, plan.leanest.memory_max / gib, plan.leanest.layout.describe().c_str(),
-                   machine.name.c_str(), plan.leanest.memory_available / gib);
+                   machine.name.c_str(), plan.leanest.memory_available / gib,
+                   margin_note(deck, plan.leanest).c_str());
 }
 
 }  // namespace mpiformer

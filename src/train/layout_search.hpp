@@ -27,6 +27,10 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
 // machine file or no layout fits (plan_refusal's message).
 Prediction choose_layout(const Deck& deck, int ranks, int ranks_per_node, int* fitting);
 
+// What a rank's memory is planned with: "of which X GiB are planned
+// ([parallel] memory_margin ...)".
+std::string margin_note(const Deck& deck, const Prediction& p);
+
 // Why nothing fits: the leanest layout's need against what a rank has.
 std::string plan_refusal(const Deck& deck, const MachineSpec& machine, const Plan& plan);
 

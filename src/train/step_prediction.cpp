@@ -221,7 +221,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   out.runtime = fit.runtime;
   out.memory_max += fit.runtime;
   out.memory_available = machine.memory / share;
-  out.fits = out.memory_max <= out.memory_available;
+  out.memory_planned = out.memory_available * (1 - deck.parallel.memory_margin);
+  out.fits = out.memory_max <= out.memory_planned;
   if (time_if_fits && !out.fits) return out;
 
   // Which links each group crosses (ranks fill nodes in grid order).

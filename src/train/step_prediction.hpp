@@ -45,7 +45,8 @@ struct Prediction {
   double memory_max = 0;           // the fullest rank, with the machine's runtime bytes
   double runtime = 0;              // of which the runtime's (libraries beyond the accounting)
   double memory_available = 0;     // per rank
-  bool fits = false;
+  double memory_planned = 0;       // of which a layout may use: less [parallel] memory_margin
+  bool fits = false;               // memory_max <= memory_planned
   SimulatedStep step;              // the simulated timeline
   double compute = 0;              // the slowest stage's forward + backward (with tp all-reduces)
   double tp_comm = 0;              // of which: the tensor group's all-reduces

@@ -64,11 +64,13 @@ print("timeline: both stages' 4 forwards and 4 backwards")
 PY
 
 # A machine too small for the model: refused with the need and the supply.
-sed 's/^memory_gib = .*/memory_gib = 0.001/' machine.toml >small.toml
+# (Its libraries' bytes set to none: a runtime_mb as large as the memory is
+# refused by name, checked below.)
+sed -e 's/^memory_gib = .*/memory_gib = 0.001/' -e 's/^runtime_mb = .*/runtime_mb = 0/' machine.toml >small.toml
 rc=0
 "$MPIFORMER" plan "$DECK" "${data[@]}" --machine small.toml --ranks 2 >small.txt 2>&1 || rc=$?
 [ "$rc" = 2 ] || fail "a machine too small: exit $rc"
-grep -qE "needs at least [0-9.]+ GiB per rank .* gives 0.0 GiB per rank" small.txt ||
+grep -qE "needs at least [0-9.]+ GiB per rank .* gives 0.00 GiB per rank" small.txt ||
   { cat small.txt; fail "the refusal does not say what is needed"; }
 
 expect_refusal() {  # message file args...
@@ -82,10 +84,19 @@ expect_refusal() {  # message file args...
 sed 's/^memory_gib/memory_gb/' machine.toml >typo.toml
 expect_refusal "typo.toml: [machine] memory_gb: unknown key" \
   "$MPIFORMER" plan "$DECK" "${data[@]}" --machine typo.toml --ranks 2
+sed 's/^memory_gib = .*/memory_gib = 0.001/' machine.toml >crowded.toml
+expect_refusal "crowded.toml: [machine] runtime_mb:" \
+  "$MPIFORMER" plan "$DECK" "${data[@]}" --machine crowded.toml --ranks 2
+grep -q "as much as a device's whole memory" bad.txt || { cat bad.txt; fail "runtime_mb over the memory not named as such"; }
 expect_refusal "gone.toml: cannot open the machine file" \
   "$MPIFORMER" plan "$DECK" "${data[@]}" --machine gone.toml --ranks 2
 expect_refusal "the links between ranks" run_mpi 1 calibrate "$DECK" --seconds 0.003 -o one.toml
 [ ! -e one.toml ] || fail "a refused calibrate wrote its file"
+# Outputs in a folder that is not there: exit 2 before any work.
+expect_refusal "nodir/timeline.json: --explain: its folder nodir does not exist" \
+  "$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --ranks 2 --explain nodir/timeline.json
+expect_refusal "nodir/machine.toml: calibrate --output: its folder nodir does not exist" \
+  run_mpi 2 calibrate "$DECK" --seconds 0.003 -o nodir/machine.toml
 
 # Host bf16 rates (oneDNN's products): they plan a bf16 deck, and a deck
 # of another precision is refused by the key, not priced at them.

@@ -154,6 +154,8 @@ TEST(MachineFile, BadFilesAreNamedWithTheirKey) {
       {with("devices_per_node = 2", "devices_per_node = 2.5"), "[machine] devices_per_node"},
       {with("matmul_tflops = 250", ""), "[compute] matmul_tflops"},
       {with("[compute]", "[compute]\nprecision = \"tf32\""), "[compute] precision"},
+      {with("peak_tflops = 312", "peak_tflops = 312\nruntime_mb = 90000"),
+       "[machine] runtime_mb: 90000 MB is as much as a device's whole memory"},
       {"[machine\n", "not valid TOML"},
   };
   for (const auto& [text, key] : cases) {
@@ -210,7 +212,8 @@ TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
       worst = std::max(worst, want[s].total());
     }
     EXPECT_EQ(p.memory_max, worst + m.runtime);
-    EXPECT_LE(p.memory_max, p.memory_available);
+    EXPECT_LE(p.memory_max, 0.9 * p.memory_available);  // the default margin
+    EXPECT_DOUBLE_EQ(p.memory_planned, 0.9 * p.memory_available);
     if (l.pp == 1) {
       EXPECT_NEAR(p.bubble, 0, 1e-9 * p.step.step_time) << l.describe();
     }
@@ -243,10 +246,33 @@ TEST(Plan, AModelThatFitsNowhereIsRefusedWithWhatItNeeds) {
   char need[64];
   std::snprintf(need, sizeof need, "needs at least %.1f GiB per rank", plan.leanest.memory_max / gib);
   EXPECT_NE(why.find(need), std::string::npos) << why;
-  EXPECT_NE(why.find("gives 0.2 GiB per rank"), std::string::npos) << why;
+  EXPECT_NE(why.find("gives 0.25 GiB per rank, of which 0.23 GiB are planned ([parallel] "
+                     "memory_margin = 0.1"),
+            std::string::npos)
+      << why;
   // 7 ranks of the tiny model: tp 1 (7 divides no head count of 4), pp 1
   // (7 > 4 layers), so dp 7, which does not divide its batch of 32.
   EXPECT_THROW(plan_layouts(tiny_deck(), m, 7, 7), InputError);
+}
+
+// The planner never recommends a layout above its margin: with the leanest
+// layout's need between 90% and 100% of a rank's memory, nothing fits at
+// the default margin of 10%, and it does at none.
+TEST(Plan, LayoutsKeepTheMemoryMargin) {
+  Deck deck = tiny_deck();
+  const MachineSpec roomy = workstation(1);
+  const Plan all = plan_layouts(deck, roomy, 2, 2);
+  ASSERT_FALSE(all.fitting.empty());
+  double leanest = all.leanest.memory_max;
+  const MachineSpec m = workstation(leanest / 0.95 / (1024.0 * 1024 * 1024));
+  EXPECT_TRUE(plan_layouts(deck, m, 2, 2).fitting.empty());
+  deck.parallel.memory_margin = 0;
+  const Plan none = plan_layouts(deck, m, 2, 2);
+  ASSERT_FALSE(none.fitting.empty());
+  for (const Prediction& p : none.fitting) EXPECT_LE(p.memory_max, p.memory_available);
+  deck.parallel.memory_margin = 0.5;
+  const Plan half = plan_layouts(deck, roomy, 2, 2);
+  for (const Prediction& p : half.fitting) EXPECT_LE(p.memory_max, 0.5 * p.memory_available);
 }
 
 // A machine file's rates are of one precision: a deck of another is
