@@ -3,8 +3,10 @@
 // calibrate: the machine file it prices them with.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "commands.hpp"
 #include "core/durable_file.hpp"
@@ -12,6 +14,7 @@
 #include "core/format.hpp"
 #include "core/output_path.hpp"
 #include "deck.hpp"
+#include "parallel/mpi_session.hpp"
 #include "token_dataset.hpp"
 #include "train/calibration.hpp"
 #ifdef MPIFORMER_HAVE_CUDA
@@ -143,7 +146,23 @@ int run_plan(const PlanArgs& args, int rank) {
     if (p.fits) plan.fitting.push_back(p);
   } else {
     if (args.ranks <= 0) throw InputError("--ranks", "", "give the ranks to plan for (--ranks N)");
-    plan = plan_layouts(deck, machine, args.ranks, args.ranks_per_node);
+    // This node's cores, shared with the launch's other ranks on it (each
+    // computes the same plan); rank 0 says how the search goes when it
+    // takes more than a few seconds.
+    PlanOptions options;
+    options.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                      node_place().size);
+    if (rank == 0) {
+      options.progress = [](int done, int total, double seconds, const Prediction* best) {
+        std::fprintf(stderr, "plan: %d of %d layouts priced in %.0f s (about %.0f s left)%s%s\n",
+                     done, total, seconds, seconds * (total - done) / std::max(1, done),
+                     best != nullptr ? "; the fastest that fits so far: " : "; none fits so far",
+                     best != nullptr ? strprintf("%s, %.1f tokens/s", best->layout.describe().c_str(),
+                                                 best->tokens_per_s).c_str()
+                                     : "");
+      };
+    }
+    plan = plan_layouts(deck, machine, args.ranks, args.ranks_per_node, options);
   }
   const std::vector<Prediction>& shown = plan.fitting.empty() && args.as_given
                                              ? std::vector<Prediction>{plan.leanest}

@@ -1,6 +1,9 @@
 #include "train/layout_search.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "core/error.hpp"
 #include "core/format.hpp"
@@ -29,12 +32,17 @@ std::vector<int64_t> micro_batches(int64_t per_replica, int64_t deck_value) {
 
 }  // namespace
 
-Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int ranks_per_node) {
+Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int ranks_per_node,
+                  const PlanOptions& options) {
   Plan plan;
   plan.ranks = ranks;
   const GptConfig& cfg = deck.model;
   const int64_t node = ranks_per_node > 0 ? ranks_per_node : machine.devices_per_node;
-  bool any = false;
+  require_rates_for(deck, machine);
+  // Every layout first (cheap), then each priced: the pricing walks the
+  // schedule of every micro-batch, which at tens of thousands of ranks and
+  // thousands of micro-batches is most of the time.
+  std::vector<Layout> layouts;
   for (int64_t tp : divisors(ranks)) {
     // Tensor groups stay inside a node (their all-reduces are in every
     // block), whole: a node's ranks are a multiple of the group.
@@ -48,25 +56,57 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
           for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
             for (ScheduleKind sk : {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe}) {
               if (pp == 1 && sk == ScheduleKind::kGPipe) continue;  // the same walk at pp 1
-              const Layout l{dp, pp, tp, mb, zero, rc, sk};
-              Prediction p = predict_step(with_layout(deck, l), machine, static_cast<int>(node), true);
-              ++plan.considered;
-              if (!any || p.memory_max < plan.leanest.memory_max) plan.leanest = p;
-              any = true;
-              if (p.fits) plan.fitting.push_back(std::move(p));
+              layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk});
             }
           }
         }
       }
     }
   }
-  if (!any) {
+  if (layouts.empty()) {
     throw InputError(deck.path, "[train] global_batch",
                      strprintf("no layout of %d ranks divides it (%lld sequences): dp must divide "
                                "the global batch, tp the heads (%lld), pp at most the layers (%lld)",
                                ranks, static_cast<long long>(deck.train.global_batch),
                                static_cast<long long>(cfg.n_head),
                                static_cast<long long>(cfg.n_layer)));
+  }
+  // Priced side by side (each prediction is independent and pure), into
+  // their own slots, so the result is the same whatever the threads.
+  const int total = static_cast<int>(layouts.size());
+  std::vector<Prediction> priced(layouts.size());
+  std::mutex mutex;  // guards what follows, for the progress reports
+  int done = 0;
+  Prediction best;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_report = start;
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic) num_threads(std::max(1, options.threads))
+  for (int i = 0; i < total; ++i) {
+    try {
+      Prediction p = predict_step(with_layout(deck, layouts[static_cast<size_t>(i)]), machine,
+                                  static_cast<int>(node), true);
+      const std::lock_guard<std::mutex> lock(mutex);
+      ++done;
+      if (p.fits && p.tokens_per_s > best.tokens_per_s) best = p;
+      const auto now = std::chrono::steady_clock::now();
+      if (options.progress && now - last_report >= options.report_every) {
+        last_report = now;
+        options.progress(done, total, std::chrono::duration<double>(now - start).count(),
+                         best.fits ? &best : nullptr);
+      }
+      priced[static_cast<size_t>(i)] = std::move(p);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  plan.considered = total;
+  plan.leanest = priced.front();
+  for (Prediction& p : priced) {
+    if (p.memory_max < plan.leanest.memory_max) plan.leanest = p;
+    if (p.fits) plan.fitting.push_back(std::move(p));
   }
   std::stable_sort(plan.fitting.begin(), plan.fitting.end(),
                    [](const Prediction& a, const Prediction& b) {
@@ -84,7 +124,11 @@ Prediction choose_layout(const Deck& deck, int ranks, int ranks_per_node, int* f
                      "and name it here");
   }
   const MachineSpec machine = load_machine(deck.run.machine);
-  const Plan plan = plan_layouts(deck, machine, ranks, ranks_per_node);
+  // This node's cores, shared with its other ranks (each plans the same).
+  PlanOptions options;
+  options.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                    std::max(1, ranks_per_node));
+  const Plan plan = plan_layouts(deck, machine, ranks, ranks_per_node, options);
   if (plan.fitting.empty()) throw InputError(deck.path, "[parallel] auto", plan_refusal(deck, machine, plan));
   *fitting = static_cast<int>(plan.fitting.size());
   return plan.fitting.front();

@@ -4,6 +4,8 @@
 // (step_prediction.hpp), those that do not fit dropped, the rest ranked by
 // tokens/s.
 #pragma once
+#include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,9 +20,21 @@ struct Plan {
   Prediction leanest;               // the smallest memory_max of all (for the refusal)
 };
 
+struct PlanOptions {
+  int threads = 1;  // layouts priced at once
+  // Told every `report_every` while the search runs: layouts priced, of
+  // how many, seconds so far, and the fastest that fits so far (null while
+  // none does). A search over tens of thousands of ranks takes a while.
+  std::function<void(int done, int total, double seconds, const Prediction* best)> progress;
+  std::chrono::duration<double> report_every{5.0};
+};
+
 // Throws InputError naming the deck if no layout is valid on `ranks` at
-// all (a global batch no data-parallel width divides, ...).
-Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int ranks_per_node = 0);
+// all (a global batch no data-parallel width divides, ...), or the
+// machine file's rates are of another precision. The result does not
+// depend on options.threads.
+Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int ranks_per_node = 0,
+                  const PlanOptions& options = {});
 
 // [parallel] auto: the plan's fastest layout for `ranks` (ranks_per_node
 // on each node), priced by [run] machine. InputError if the deck names no

@@ -186,8 +186,7 @@ std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptCo
   return {f, b};
 }
 
-Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node,
-                        bool time_if_fits) {
+void require_rates_for(const Deck& deck, const MachineSpec& machine) {
   if (machine.precision && *machine.precision != deck.train.precision) {
     // Rates of another precision would price every kernel wrongly (bf16
     // GEMMs run about twice fp32's on this machine, 8-16x on a GPU).
@@ -198,6 +197,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                                name_of(*machine.precision), name_of(deck.train.precision),
                                name_of(deck.train.precision)));
   }
+}
+
+Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node,
+                        bool time_if_fits) {
+  require_rates_for(deck, machine);
   Prediction out;
   out.layout = layout_of(deck);
   const GptConfig& cfg = deck.model;

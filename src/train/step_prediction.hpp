@@ -65,6 +65,10 @@ std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptCo
                                          const StageRange& range, int64_t micro_batch,
                                          Recompute recompute, double act_bytes);
 
+// Throws InputError naming the machine file's [compute] precision when
+// its rates are of another precision than the deck's.
+void require_rates_for(const Deck& deck, const MachineSpec& machine);
+
 // `ranks_per_node`: ranks on each node (0: the machine's devices_per_node).
 // `time_if_fits`: a layout that does not fit is not timed (the planner's
 // enumeration skips it; its step fields stay 0).

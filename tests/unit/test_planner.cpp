@@ -255,6 +255,40 @@ TEST(Plan, AModelThatFitsNowhereIsRefusedWithWhatItNeeds) {
   EXPECT_THROW(plan_layouts(tiny_deck(), m, 7, 7), InputError);
 }
 
+// Layouts priced side by side give the plan of one thread, in the same
+// order; the progress report counts every layout and names the fastest
+// fitting one so far.
+TEST(Plan, ThreadsChangeNothingAndProgressIsReported) {
+  const Deck deck = tiny_deck();
+  const MachineSpec m = workstation(1);
+  const Plan one = plan_layouts(deck, m, 4, 4);
+  PlanOptions options;
+  options.threads = 3;
+  options.report_every = std::chrono::duration<double>(0);
+  int reports = 0, last_done = 0;
+  double best_rate = 0;
+  options.progress = [&](int done, int total, double, const Prediction* best) {
+    ++reports;
+    EXPECT_EQ(done, last_done + 1);
+    last_done = done;
+    EXPECT_EQ(total, one.considered);
+    if (best != nullptr) {
+      EXPECT_GE(best->tokens_per_s, best_rate);
+      best_rate = best->tokens_per_s;
+    }
+  };
+  const Plan three = plan_layouts(deck, m, 4, 4, options);
+  EXPECT_EQ(reports, one.considered);
+  EXPECT_EQ(best_rate, one.fitting.front().tokens_per_s);
+  ASSERT_EQ(three.fitting.size(), one.fitting.size());
+  EXPECT_EQ(three.considered, one.considered);
+  for (size_t i = 0; i < one.fitting.size(); ++i) {
+    EXPECT_EQ(three.fitting[i].layout.describe(), one.fitting[i].layout.describe());
+    EXPECT_EQ(three.fitting[i].tokens_per_s, one.fitting[i].tokens_per_s);
+  }
+  EXPECT_EQ(three.leanest.layout.describe(), one.leanest.layout.describe());
+}
+
 // The planner never recommends a layout above its margin: with the leanest
 // layout's need between 90% and 100% of a rank's memory, nothing fits at
 // the default margin of 10%, and it does at none.
