@@ -21,33 +21,42 @@ expect() {
   echo "ok ($np rank(s)): $want"
 }
 
-for np in 1 2; do
-  expect $np "missing.toml: cannot open the input deck" train missing.toml
-  printf '[model]\nn_layer = 2\nbogus = 1\n' >unknown.toml
-  expect $np "unknown.toml: [model] bogus: unknown key" train unknown.toml
-  expect $np "[train] micro_batch: expected an integer" train "$DECK" --set train.micro_batch=1.5
-  expect $np "[train] lr: expected a value in" train "$DECK" --set train.lr=-1
-  expect $np "[train] global_batch: must be a multiple" train "$DECK" --set train.micro_batch=5
-  expect $np "nothing.h5: no such file" train "$DECK" --set data.train=nothing.h5
-  expect $np "tiny.toml: [data] train: empty" train "$DECK" --set 'data.train=""'
-done
-# Layouts that do not fit, at every rank count: each fails fast, once, everywhere.
+# Each deck check at one rank count, taking the counts in turn (the check
+# is the same code at any count; what the count changes, that every rank
+# exits and the message is printed once, each count still shows).
+NPS=(1 2)
+turn=0
+rr() {  # rr "message part" ARGS...: expect at the next rank count of NPS
+  local np=${NPS[$((turn % ${#NPS[@]}))]}
+  turn=$((turn + 1))
+  expect "$np" "$@"
+}
+rr "missing.toml: cannot open the input deck" train missing.toml
+printf '[model]\nn_layer = 2\nbogus = 1\n' >unknown.toml
+rr "unknown.toml: [model] bogus: unknown key" train unknown.toml
+rr "[train] micro_batch: expected an integer" train "$DECK" --set train.micro_batch=1.5
+rr "[train] lr: expected a value in" train "$DECK" --set train.lr=-1
+rr "[train] global_batch: must be a multiple" train "$DECK" --set train.micro_batch=5
+rr "nothing.h5: no such file" train "$DECK" --set data.train=nothing.h5
+rr "tiny.toml: [data] train: empty" train "$DECK" --set 'data.train=""'
+# Layouts that do not fit, at rank counts 1, 2 and 4 in turn: each fails
+# fast, once, everywhere.
+NPS=(1 2 4)
+turn=0
+rr "[parallel] pp: must not exceed [model] n_layer (4), got 8" train "$DECK" --set parallel.pp=8
+rr "[train] global_batch: must be a multiple of [parallel] dp x [train] micro_batch = 2 x 12" \
+  train "$DECK" --set parallel.dp=2 --set train.micro_batch=12
+rr "[parallel] schedule: expected \"1f1b\" or \"gpipe\"" train "$DECK" --set parallel.schedule=zigzag
+rr "[parallel] zero: expected a value in [0, 3], got 4" train "$DECK" --set parallel.zero=4
+rr "[parallel] zero: expected an integer" train "$DECK" --set parallel.zero=1.5
+rr "[train] recompute: expected \"none\", \"attention\" or \"full\"" train "$DECK" \
+  --set train.recompute=blocks
+# Tensor parallelism: whole heads per tensor rank, and the rank count.
+rr "[parallel] tp: must divide [model] n_head (4) so each tensor rank keeps whole attention heads, got 3" \
+  train "$DECK" --set parallel.tp=3
+rr "[parallel] tp: expected a value in [1, " train "$DECK" --set parallel.tp=0
+rr "[parallel] tp: expected an integer" train "$DECK" --set parallel.tp=1.5
 for np in 1 2 4; do
-  expect $np "[parallel] pp: must not exceed [model] n_layer (4), got 8" train "$DECK" \
-    --set parallel.pp=8
-  expect $np "[train] global_batch: must be a multiple of [parallel] dp x [train] micro_batch = 2 x 12" \
-    train "$DECK" --set parallel.dp=2 --set train.micro_batch=12
-  expect $np "[parallel] schedule: expected \"1f1b\" or \"gpipe\"" train "$DECK" \
-    --set parallel.schedule=zigzag
-  expect $np "[parallel] zero: expected a value in [0, 3], got 4" train "$DECK" --set parallel.zero=4
-  expect $np "[parallel] zero: expected an integer" train "$DECK" --set parallel.zero=1.5
-  expect $np "[train] recompute: expected \"none\", \"attention\" or \"full\"" train "$DECK" \
-    --set train.recompute=blocks
-  # Tensor parallelism: whole heads per tensor rank, and the rank count.
-  expect $np "[parallel] tp: must divide [model] n_head (4) so each tensor rank keeps whole attention heads, got 3" \
-    train "$DECK" --set parallel.tp=3
-  expect $np "[parallel] tp: expected a value in [1, " train "$DECK" --set parallel.tp=0
-  expect $np "[parallel] tp: expected an integer" train "$DECK" --set parallel.tp=1.5
   expect $np "[parallel] dp x pp x tp: 1 x 1 x 8 = 8 ranks, but the job has $np" train "$DECK" \
     --set model.n_head=8 --set parallel.tp=8
 done
@@ -69,14 +78,14 @@ if ! "$MPIFORMER" --version 2>/dev/null | grep -q cuda; then
     --set run.device=cuda
 fi
 # Loss scaling that cannot work: refused, naming the key, on every rank.
-for np in 1 2; do
-  expect $np "[train] loss_scale: expected \"dynamic\" or a number > 0" train "$DECK" \
-    --set train.precision=fp16 --set train.loss_scale=0
-  expect $np "[train] loss_scale_window: expected a value in" train "$DECK" \
-    --set train.precision=fp16 --set train.loss_scale_window=-100
-  expect $np "[train] loss_scale: applies to [train] precision = \"fp16\" only" train "$DECK" \
-    --set train.loss_scale=1024
-done
+NPS=(1 2)
+turn=0
+rr "[train] loss_scale: expected \"dynamic\" or a number > 0" train "$DECK" \
+  --set train.precision=fp16 --set train.loss_scale=0
+rr "[train] loss_scale_window: expected a value in" train "$DECK" \
+  --set train.precision=fp16 --set train.loss_scale_window=-100
+rr "[train] loss_scale: applies to [train] precision = \"fp16\" only" train "$DECK" \
+  --set train.loss_scale=1024
 expect 2 "[parallel] dp x pp x tp: 1 x 1 x 1 = 1 ranks, but the job has 2" train "$DECK"
 expect 4 "[parallel] dp x pp x tp: 2 x 1 x 1 = 2 ranks, but the job has 4" train "$DECK" --set parallel.dp=2
 expect 1 "[parallel] dp x pp x tp: 2 x 2 x 1 = 4 ranks, but the job has 1" train "$DECK" \
@@ -86,12 +95,12 @@ expect 1 "[parallel] dp x pp x tp: 2 x 2 x 1 = 4 ranks, but the job has 1" train
 # at the first save after hours of training (as root, permissions cannot
 # stop a write, so a file stands where a directory should be).
 touch not_a_dir
-for np in 1 2; do
-  expect $np "not_a_dir/ckpt: [checkpoint] dir: cannot create the directory" train "$DECK" \
-    --set parallel.dp=$np --set checkpoint.dir=not_a_dir/ckpt
-  expect $np "not_a_dir/run: [run] dir: cannot create the directory" train "$DECK" \
-    --set parallel.dp=$np --set run.dir=not_a_dir/run
-done
+expect 2 "not_a_dir/ckpt: [checkpoint] dir: cannot create the directory" train "$DECK" \
+  --set parallel.dp=2 --set checkpoint.dir=not_a_dir/ckpt
+expect 1 "not_a_dir/run: [run] dir: cannot create the directory" train "$DECK" \
+  --set run.dir=not_a_dir/run
+expect 2 "not_a_dir/run: [run] dir: cannot create the directory" train "$DECK" \
+  --set parallel.dp=2 --set run.dir=not_a_dir/run
 
 # An input only one rank cannot read (a file missing on one node): no hang,
 # the message once, every rank non-zero.
