@@ -58,6 +58,16 @@ class Communicator {
   // `send` may be that very place (in place).
   virtual Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,
                                   size_t elem_bytes) = 0;
+  // The tensor group's pair under sequence parallelism: equal parts of
+  // `part` elements of `type`, blocking (a device communicator: ordered on
+  // the compute stream, the host does not wait). Reduce-scatter: `send`
+  // holds size() parts in rank order; the group's sum of part rank() lands
+  // in `recv` (host MPI sums 16-bit parts in float and rounds once). `send`
+  // and `recv` must not overlap. All-gather: this rank's part at `send`
+  // lands at part rank() of `recv`, every other rank's at theirs; `send`
+  // may be that very place.
+  virtual void reduce_scatter(const void* send, void* recv, int64_t part, Element type) = 0;
+  virtual void allgather(const void* send, void* recv, int64_t part, Element type) = 0;
 
   // Point to point within the group (peer is a group rank), in bytes:
   // activations may be bf16. Sends never block: the buffer must stay

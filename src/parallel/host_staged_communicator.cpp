@@ -111,6 +111,25 @@ Pending HostStagedCommunicator::start_allgather(const void* send, void* recv,
   return std::make_unique<Done>();
 }
 
+void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_t part,
+                                            Element type) {
+  const size_t bytes = element_bytes(type) * static_cast<size_t>(part);
+  staging_.resize(bytes * static_cast<size_t>(size() + 1));  // every part, then the result
+  to_host(staging_.data(), send, bytes * static_cast<size_t>(size()), compute_);
+  char* mine = staging_.data() + bytes * static_cast<size_t>(size());
+  group_.reduce_scatter(staging_.data(), mine, part, type);
+  to_device(recv, mine, bytes, compute_);
+}
+
+void HostStagedCommunicator::allgather(const void* send, void* recv, int64_t part, Element type) {
+  const size_t bytes = element_bytes(type) * static_cast<size_t>(part);
+  staging_.resize(bytes * static_cast<size_t>(size()));
+  char* mine = staging_.data() + bytes * static_cast<size_t>(rank());
+  to_host(mine, send, bytes, compute_);
+  group_.allgather(mine, staging_.data(), part, type);
+  to_device(recv, staging_.data(), staging_.size(), compute_);
+}
+
 Pending HostStagedCommunicator::start_send_bytes(const void* data, size_t bytes, int peer,
                                                  int tag) {
   std::vector<char> copy(bytes);

@@ -28,6 +28,8 @@ class HostStagedCommunicator final : public Communicator {
                                    const std::vector<int64_t>& counts) override;
   Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,
                           size_t elem_bytes) override;
+  void reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
+  void allgather(const void* send, void* recv, int64_t part, Element type) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
 

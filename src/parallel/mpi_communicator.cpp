@@ -81,13 +81,49 @@ void MpiCommunicator::allreduce(void* data, int64_t n, Element type, Reduction o
   }
   // MPI has no 16-bit floats: reduced in float, rounded once, so every
   // rank rounds the same sums to the same bits.
-  auto* bits = static_cast<uint16_t*>(data);
+  float* wide = widen(data, n, type);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, wide, count(n), MPI_FLOAT, mpi_op, comm_));
+  narrow(data, wide, n, type);
+}
+
+float* MpiCommunicator::widen(const void* data, int64_t n, Element type) {
+  const auto* bits = static_cast<const uint16_t*>(data);
   const bool bf16 = type == Element::kBf16;
   if (wide_.size() < static_cast<size_t>(n)) wide_.resize(static_cast<size_t>(n));
   float* wide = wide_.data();
   for (int64_t i = 0; i < n; ++i) wide[i] = bf16 ? bf16_to_float(bits[i]) : fp16_to_float(bits[i]);
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, wide, count(n), MPI_FLOAT, mpi_op, comm_));
+  return wide;
+}
+
+void MpiCommunicator::narrow(void* data, const float* wide, int64_t n, Element type) {
+  auto* bits = static_cast<uint16_t*>(data);
+  const bool bf16 = type == Element::kBf16;
   for (int64_t i = 0; i < n; ++i) bits[i] = bf16 ? float_to_bf16(wide[i]) : float_to_fp16(wide[i]);
+}
+
+namespace {
+// The MPI type that moves an element's bits (16-bit ones as integers).
+MPI_Datatype bits_type(Element type) {
+  return type == Element::kF64 ? MPI_DOUBLE : type == Element::kF32 ? MPI_FLOAT : MPI_UINT16_T;
+}
+}  // namespace
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t part, Element type) {
+  if (type == Element::kF32 || type == Element::kF64) {
+    MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count(part), bits_type(type), MPI_SUM, comm_));
+    return;
+  }
+  // In place on the widened parts: the sum of this rank's part lands at
+  // their start.
+  float* wide = widen(send, part * size_, type);
+  MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, wide, count(part), MPI_FLOAT, MPI_SUM, comm_));
+  narrow(recv, wide, part, type);
+}
+
+void MpiCommunicator::allgather(const void* send, void* recv, int64_t part, Element type) {
+  const char* mine = static_cast<char*>(recv) + element_bytes(type) * static_cast<size_t>(part * rank_);
+  MPI_CHECK(MPI_Allgather(send == mine ? MPI_IN_PLACE : send, count(part), bits_type(type), recv,
+                          count(part), bits_type(type), comm_));
 }
 
 Pending MpiCommunicator::start_allreduce_sum(float* data, int64_t n) {

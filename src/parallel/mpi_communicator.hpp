@@ -29,14 +29,18 @@ class MpiCommunicator final : public Communicator {
                                    const std::vector<int64_t>& counts) override;
   Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,
                           size_t elem_bytes) override;
+  void reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
+  void allgather(const void* send, void* recv, int64_t part, Element type) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
 
  private:
   MPI_Comm comm_;
   int rank_ = -1, size_ = 0;
-  // 16-bit all-reduces widen into this (kept: the tensor group's sums run
-  // in every block of every micro-batch).
+  // 16-bit sums widen into this (kept: the tensor group's sums run in
+  // every block of every micro-batch).
+  float* widen(const void* data, int64_t n, Element type);
+  static void narrow(void* data, const float* wide, int64_t n, Element type);
   std::vector<float> wide_;
 };
 

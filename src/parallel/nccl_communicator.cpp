@@ -135,11 +135,17 @@ void NcclCommunicator::allreduce_sum(double* data, int64_t n) {
   before_compute();
 }
 
+namespace {
+ncclDataType_t nccl_type(Element element) {
+  return element == Element::kBf16  ? ncclBfloat16
+         : element == Element::kF16 ? ncclFloat16
+         : element == Element::kF32 ? ncclFloat
+                                    : ncclDouble;
+}
+}  // namespace
+
 void NcclCommunicator::allreduce(void* data, int64_t n, Element element, Reduction op) {
-  const ncclDataType_t type = element == Element::kBf16  ? ncclBfloat16
-                              : element == Element::kF16 ? ncclFloat16
-                              : element == Element::kF32 ? ncclFloat
-                                                         : ncclDouble;
+  const ncclDataType_t type = nccl_type(element);
   after_compute();
   NCCL_CHECK(ncclAllReduce(data, data, count(n), type, op == Reduction::kSum ? ncclSum : ncclMax,
                            nccl(comm_), cuda(stream_)));
@@ -184,6 +190,19 @@ Pending NcclCommunicator::start_allgather(const void* send, void* recv,
   }
   NCCL_CHECK(ncclGroupEnd());
   return record();
+}
+
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t part, Element type) {
+  after_compute();
+  NCCL_CHECK(ncclReduceScatter(send, recv, count(part), nccl_type(type), ncclSum, nccl(comm_),
+                               cuda(stream_)));
+  before_compute();
+}
+
+void NcclCommunicator::allgather(const void* send, void* recv, int64_t part, Element type) {
+  after_compute();
+  NCCL_CHECK(ncclAllGather(send, recv, count(part), nccl_type(type), nccl(comm_), cuda(stream_)));
+  before_compute();
 }
 
 Pending NcclCommunicator::start_send_bytes(const void* data, size_t bytes, int peer, int) {

@@ -43,6 +43,25 @@ int main(int argc, char** argv) {
         rc = 1;
         break;
       }
+    {
+      // Sequence parallelism's pair, equal parts of 1000 floats: rank r's
+      // part of the sum, then every rank's part gathered back in place.
+      const int64_t part = 1000;
+      std::vector<float> all(static_cast<size_t>(part * n));
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>((r + 1) * (i % 7));
+      cuda::DeviceBuffer<float> whole(all.size()), mine(static_cast<size_t>(part));
+      cuda::copy_to_device(whole.get(), all.data(), all.size() * 4);
+      comm.reduce_scatter(whole.get(), mine.get(), part, Element::kF32);
+      comm.allgather(mine.get(), whole.get(), part, Element::kF32);
+      cuda::copy_to_host(all.data(), whole.get(), all.size() * 4);
+      for (size_t i = 0; i < all.size(); ++i)
+        if (all[i] != s * static_cast<float>(i % 7)) {
+          std::printf("FAIL: reduce-scatter + all-gather element %zu is %g, want %g\n", i, all[i],
+                      s * (i % 7));
+          rc = 1;
+          break;
+        }
+    }
     if (n > 1) {
       // A pipeline's two directions, each on its own communicator as the
       // trainer uses them: a value travels 0 -> n-1 on one, every rank adding
@@ -71,7 +90,8 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (r == 0) std::printf("%s: NCCL all-reduce%s on %d rank(s)\n", rc ? "FAILED" : "passed",
+    if (r == 0) std::printf("%s: NCCL all-reduce, reduce-scatter, all-gather%s on %d rank(s)\n",
+                            rc ? "FAILED" : "passed",
                             n > 1 ? " and a pipeline round trip" : "", n);
   }
   MPI_Finalize();

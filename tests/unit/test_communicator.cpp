@@ -144,6 +144,60 @@ TEST(MpiCommunicator, AllreduceOfEachTypeAndReduction) {
   }
 }
 
+// Sequence parallelism's pair, equal parts, in each element type: the sum
+// of this rank's part lands in recv and nothing past it; the all-gather
+// puts every part in its place, from apart and in place. Exact values
+// (small integers and halves), so the checks are equalities.
+TEST(MpiCommunicator, TypedReduceScatterAndAllgatherOfEqualParts) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  const int64_t part = 37;
+  auto value = [&](int q, int64_t i) { return 0.5f * static_cast<float>((q + 1) * (i % 7)) - q; };
+  auto sum_over_ranks = [&](int64_t i) {
+    double s = 0;
+    for (int q = 0; q < n; ++q) s += value(q, i);
+    return static_cast<float>(s);
+  };
+  for (const Element e : {Element::kF32, Element::kF64, Element::kBf16, Element::kF16}) {
+    const size_t eb = element_bytes(e);
+    auto store = [&](std::vector<char>& buf, int64_t i, float x) {
+      char* at = buf.data() + eb * static_cast<size_t>(i);
+      if (e == Element::kF32) std::memcpy(at, &x, 4);
+      if (e == Element::kF64) { const double d = x; std::memcpy(at, &d, 8); }
+      if (e == Element::kBf16 || e == Element::kF16) {
+        const uint16_t b = e == Element::kBf16 ? float_to_bf16(x) : float_to_fp16(x);
+        std::memcpy(at, &b, 2);
+      }
+    };
+    auto load = [&](const std::vector<char>& buf, int64_t i) -> double {
+      const char* at = buf.data() + eb * static_cast<size_t>(i);
+      float f = 0;
+      double d = 0;
+      uint16_t b = 0;
+      if (e == Element::kF32) return std::memcpy(&f, at, 4), f;
+      if (e == Element::kF64) return std::memcpy(&d, at, 8), d;
+      std::memcpy(&b, at, 2);
+      return e == Element::kBf16 ? bf16_to_float(b) : fp16_to_float(b);
+    };
+    std::vector<char> send(eb * static_cast<size_t>(part * n)), recv(eb * static_cast<size_t>(part + 1));
+    for (int64_t i = 0; i < part * n; ++i) store(send, i, value(r, i));
+    store(recv, part, -7.0f);  // a guard element
+    comm.reduce_scatter(send.data(), recv.data(), part, e);
+    for (int64_t i = 0; i < part; ++i)
+      ASSERT_EQ(load(recv, i), sum_over_ranks(r * part + i)) << element_name(e) << " " << i;
+    EXPECT_EQ(load(recv, part), -7.0) << element_name(e);
+    // All-gather, from apart, then in place.
+    std::vector<char> all(eb * static_cast<size_t>(part * n));
+    for (int64_t i = 0; i < part; ++i) store(recv, i, static_cast<float>(r * part + i));
+    comm.allgather(recv.data(), all.data(), part, e);
+    for (int64_t i = 0; i < part * n; ++i) ASSERT_EQ(load(all, i), static_cast<double>(i)) << i;
+    std::vector<char> inplace(all.size(), 0);
+    std::memcpy(inplace.data() + eb * static_cast<size_t>(r * part), recv.data(), eb * part);
+    comm.allgather(inplace.data() + eb * static_cast<size_t>(r * part), inplace.data(), part, e);
+    EXPECT_EQ(inplace, all) << element_name(e);
+  }
+}
+
 // float_to_fp16 against values whose half is known by construction: every
 // finite half widened and narrowed again is itself; halfway points round to
 // even; the overflow threshold 65520 goes to infinity; NaN stays NaN.
