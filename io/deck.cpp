@@ -193,6 +193,7 @@ const std::vector<Key>& schema() {
       choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       int_key("parallel", "zero", false, 0, 3, MEMBER(parallel.zero)),
+      bool_key("parallel", "sequence_parallel", MEMBER(parallel.sequence_parallel)),
       bool_key("parallel", "auto", MEMBER(parallel.auto_layout)),
       float_key("parallel", "memory_margin", false, 0, 0.9, MEMBER(parallel.memory_margin)),
       string_key("run", "dir", false, MEMBER(run.dir)),
@@ -304,6 +305,20 @@ void check_relations(const Deck& d, const std::string& where) {
                      strprintf("must divide [model] n_head (%lld) so each tensor rank keeps whole "
                                "attention heads, got %lld",
                                static_cast<long long>(d.model.n_head),
+                               static_cast<long long>(d.parallel.tp)));
+  }
+  // Under [parallel] auto the planner chooses tp and sequence parallelism.
+  if (d.parallel.sequence_parallel && !d.parallel.auto_layout && d.parallel.tp < 2) {
+    throw InputError(where, "[parallel] sequence_parallel",
+                     strprintf("needs [parallel] tp > 1 (it divides the tensor group's rows "
+                               "among its ranks), got tp %lld",
+                               static_cast<long long>(d.parallel.tp)));
+  }
+  if (d.parallel.sequence_parallel && d.model.seq_len % d.parallel.tp != 0) {
+    throw InputError(where, "[parallel] sequence_parallel",
+                     strprintf("needs [model] seq_len (%lld) to be a multiple of [parallel] tp "
+                               "(%lld), so every tensor rank holds as many rows",
+                               static_cast<long long>(d.model.seq_len),
                                static_cast<long long>(d.parallel.tp)));
   }
   if (d.parallel.pp > d.model.n_layer) {

@@ -74,6 +74,11 @@ struct ParallelConfig {
   // moments and master weights, 2 also the gradients, 3 also the blocks'
   // weights (see train/zero_shards.hpp).
   int64_t zero = 0;
+  // Megatron's sequence parallelism (tp > 1): LayerNorms, residual adds
+  // and the residual stream on a tp-th of each micro-batch's rows,
+  // all-gathers and reduce-scatters instead of the tensor group's
+  // all-reduces (model/gpt_stage.hpp's TensorGroup).
+  bool sequence_parallel = false;
   // Let the planner pick dp, pp, tp, zero, schedule, [train] micro_batch
   // and recompute for the job's ranks, priced by [run] machine (the fastest
   // layout that fits; train/layout_search.hpp). The deck's values are

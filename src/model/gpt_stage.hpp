@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
@@ -60,8 +61,19 @@ struct BlockHooks {
 // (backward), and the cross-entropy's statistics; and takes their maximum.
 // `type` is the buffer's element type. The trainer provides them (the stage
 // does not know the communicator).
+//
+// Under sequence parallelism (StageOptions::sequence_parallel) the group
+// also scatters and gathers rows: each rank holds one tp-th of the
+// micro-batch's B*T rows of the residual stream (the rows of rank r are
+// [r R, (r + 1) R), R = B*T / tp), LayerNorms and residual adds run on
+// them, and the column-parallel GEMMs read the gathered rows. scatter_sum
+// sums `whole` (tp parts of `part` elements) over the group and leaves
+// part rank() in `mine`; gather puts every rank's `mine` at its place in
+// `whole`.
 struct TensorGroup {
   std::function<void(void* data, int64_t n, Element type)> sum, max;
+  std::function<void(const void* whole, void* mine, int64_t part, Element type)> scatter_sum;
+  std::function<void(const void* mine, void* whole, int64_t part, Element type)> gather;
 };
 
 template <class Ops>
@@ -93,8 +105,10 @@ class GptStage {
   // Bytes of every buffer the constructor allocated (what stage_footprint
   // predicts; the context's scratch is not the stage's).
   int64_t allocated_bytes() const { return allocated_; }
-  // Elements of one [B,T,C] activation.
-  int64_t activation_size() const { return B_ * T_ * cfg_.n_embd; }
+  // Elements of the residual stream this rank holds of one micro-batch:
+  // [B*T, C], or its tp-th of the rows under sequence parallelism. What
+  // travels between stages.
+  int64_t activation_size() const { return rows_ * cfg_.n_embd; }
 
   // Master weights and gradients (flat, table order, device memory). With
   // external_master there is no params(); with window_grads (window_weights)
@@ -122,8 +136,8 @@ class GptStage {
   void init_parameters(uint64_t seed);
   void zero_grads();
 
-  // Where a non-first stage's input [B,T,C] for `slot` must be written
-  // before forward().
+  // Where a non-first stage's input (activation_size() elements) for
+  // `slot` must be written before forward().
   Act* input_buffer(int slot) { return slots_[slot].residual[0].get(); }
   // Forward of one micro-batch into `slot`. tokens and targets [B,T] are
   // host memory: the first stage embeds `tokens`, the last computes the
@@ -132,17 +146,18 @@ class GptStage {
   // grad_scale) ready for backward().
   void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
                Acc grad_scale);
-  // The residual stream leaving this stage [B,T,C] (non-last stages).
+  // The residual stream leaving this stage (activation_size(); non-last
+  // stages).
   const Act* output(int slot) const { return slots_[slot].residual.back().get(); }
 
-  // Where a non-last stage's output gradient [B,T,C] must be written before
-  // backward().
+  // Where a non-last stage's output gradient (activation_size()) must be
+  // written before backward().
   Act* output_grad_buffer() { return grad_in_.get(); }
   // Backward of the micro-batch in `slot`; parameter gradients accumulate.
   // Backward runs from the end of the parameter buffer to its start.
   void backward(int slot, const GradsFinal& grads_final = nullptr);
-  // Gradient with respect to this stage's input [B,T,C] (non-first
-  // stages), valid until the next backward.
+  // Gradient with respect to this stage's input (activation_size();
+  // non-first stages), valid until the next backward.
   const Act* input_grad() const { return dres_.get(); }
 
   // Sum of the per-token losses of every forward since the last call
@@ -161,8 +176,10 @@ class GptStage {
     // What attention keeps for its backward (common/attention_storage.hpp).
     Buffer<AttnState> att;
   };
+  // Under sequence parallelism ln1, res2, ln2 and the LayerNorm statistics
+  // hold this rank's rows only.
   struct Slot {
-    std::vector<Buffer<Act>> residual;  // [layers + 1][B*T*C]
+    std::vector<Buffer<Act>> residual;  // [layers + 1][rows * C]
     std::vector<LayerActs> layers;
     Buffer<Act> lnf, logits;
     Buffer<Acc> lnf_mean, lnf_rstd, losses;
@@ -179,6 +196,22 @@ class GptStage {
     if constexpr (std::is_same_v<U, Act>) return Ops::kActElement;
     else return sizeof(U) == 8 ? Element::kF64 : Element::kF32;
   }
+  // Sequence parallelism's two moves, written so the stage reads the same
+  // without it. gathered: the whole [B*T, C] of rows a rank holds a part
+  // of (in the shared full_ buffer), or `rows` itself. sum_target: where a
+  // row-parallel GEMM writes its partial sums meant for `rows`; summed:
+  // the group's sum of them in `rows`.
+  const Act* gathered(const Act* rows);
+  Act* sum_target(Act* rows) { return opt_.sequence_parallel ? full_.get() : rows; }
+  void summed(const Act* partial, Act* rows);
+  // The column-parallel backward's partial input gradients (dln_, whole
+  // rows) summed over the group: in place, or this rank's rows of the sum.
+  Act* summed_input_grad();
+  // LayerNorm weight gradients computed from this rank's rows only
+  // (sequence parallelism) go to ln_grads_ and are summed over the group
+  // before they join the gradients; otherwise straight into `g`.
+  Acc* ln_grad(Acc* g, int k) { return opt_.sequence_parallel ? ln_grads_.get() + k * cfg_.n_embd : g; }
+  void add_ln_grads(std::initializer_list<Acc*> grads);
   void head_loss(Slot& s, bool for_backward, Acc grad_scale);
   // Block i's forward from x into out, keeping what backward needs in `a`.
   void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i);
@@ -204,6 +237,7 @@ class GptStage {
   StageOptions opt_;
   ParameterTable table_;
   int64_t B_, T_;
+  int64_t rows_;  // rows of the residual stream held: B*T, or B*T / tp
   StageLayout at_;
   BlockHooks hooks_;
   TensorGroup tp_;
@@ -227,6 +261,11 @@ class GptStage {
   Buffer<double> loss_sum_;
   // The vocabulary-parallel cross-entropy's row statistics (tp > 1).
   Buffer<Acc> ce_max_, ce_stats_;
+  // Sequence parallelism: the gathered rows (or a row-parallel GEMM's
+  // partial sums), this rank's rows of a summed input gradient, and up to
+  // two LayerNorms' weight gradients from its rows.
+  Buffer<Act> full_, dln_rows_;
+  Buffer<Acc> ln_grads_;
   int64_t allocated_ = 0;
 };
 

@@ -2,6 +2,8 @@
 // instantiates the stage for that device's op set (gpt_stage_host.cpp,
 // gpt_stage_cuda.cpp).
 #pragma once
+#include <stdexcept>
+
 #include "model/gpt_stage.hpp"
 
 namespace mpiformer {
@@ -16,8 +18,16 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       table_(cfg, range),
       B_(options.micro_batch),
       T_(cfg.seq_len),
+      rows_(B_ * T_),
       at_(table_, range) {
   const int64_t tp = range_.tp;
+  if (opt_.sequence_parallel) {
+    // The deck requires it (tp > 1, seq_len a multiple of tp); a stage built
+    // otherwise is a programming error.
+    if (tp < 2 || (B_ * T_) % tp != 0)
+      throw std::logic_error("sequence parallelism needs tp > 1 dividing B*T");
+    rows_ = B_ * T_ / tp;
+  }
   nh_ = cfg_.n_head / tp;
   ca_ = cfg_.n_embd / tp;
   cm_ = 4 * cfg_.n_embd / tp;
@@ -25,7 +35,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   const ParameterSpec* wte = table_.find(kOuterSchema[outer::wte].name);
   v_real_ = wte != nullptr ? wte->shape[0] : 0;
   v0_ = wte != nullptr ? wte->vocab_begin() : 0;
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.num_layers();
+  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.num_layers();
   // Every allocation is counted: stage_footprint must predict the sum.
   auto act = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(Act));
@@ -67,31 +77,31 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   // What a block keeps for backward: everything (none), everything but
   // attention's state (attention), or nothing but its input (full).
   auto keep = [&](LayerActs& a, bool probabilities) {
-    a.ln1 = act(BT * C);
-    a.ln1_mean = acc(BT);
-    a.ln1_rstd = acc(BT);
+    a.ln1 = act(R * C);
+    a.ln1_mean = acc(R);
+    a.ln1_rstd = acc(R);
     a.qkv = act(BT * 3 * ca_);
     a.atty = act(BT * ca_);
     if (probabilities) a.att = attn(attn_state);
-    a.res2 = act(BT * C);
-    a.ln2 = act(BT * C);
-    a.ln2_mean = acc(BT);
-    a.ln2_rstd = acc(BT);
+    a.res2 = act(R * C);
+    a.ln2 = act(R * C);
+    a.ln2_mean = acc(R);
+    a.ln2_rstd = acc(R);
     a.fch = act(BT * cm_);
     a.fch_gelu = act(BT * cm_);
   };
   slots_.resize(static_cast<size_t>(opt_.slots));
   for (Slot& s : slots_) {
-    for (int64_t i = 0; i <= L; ++i) s.residual.push_back(act(BT * C));
+    for (int64_t i = 0; i <= L; ++i) s.residual.push_back(act(R * C));
     if (opt_.recompute != Recompute::kFull) {
       s.layers.resize(static_cast<size_t>(L));
       for (LayerActs& a : s.layers) keep(a, opt_.recompute == Recompute::kNone);
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
     if (range_.has_head) {
-      s.lnf = act(BT * C);
-      s.lnf_mean = acc(BT);
-      s.lnf_rstd = acc(BT);
+      s.lnf = act(R * C);
+      s.lnf_mean = acc(R);
+      s.lnf_rstd = acc(R);
       s.logits = act(BT * vl_);
       s.losses = acc(BT);
       s.targets = tokens(BT);
@@ -100,9 +110,9 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   if (L > 0 && opt_.recompute == Recompute::kAttention) rc_.att = attn(attn_state);
   if (L > 0 && opt_.recompute == Recompute::kFull) {
     keep(rc_, true);
-    rc_out_ = act(BT * C);
+    rc_out_ = act(R * C);
   }
-  dres_ = act(BT * C);
+  dres_ = act(R * C);
   dln_ = act(BT * C);
   datty_ = act(BT * ca_);
   if (L > 0) {
@@ -114,7 +124,12 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     ce_max_ = acc(BT);
     ce_stats_ = acc(2 * BT);
   }
-  if (!range_.has_head) grad_in_ = act(BT * C);
+  if (!range_.has_head) grad_in_ = act(R * C);
+  if (opt_.sequence_parallel) {
+    full_ = act(BT * C);
+    dln_rows_ = act(R * C);
+    ln_grads_ = acc(4 * C);
+  }
   loss_sum_ = Buffer<double>(1);
   allocated_ += static_cast<int64_t>(sizeof(double));
   Ops::fill_zero(ctx_, loss_sum_.get(), 1);
@@ -168,11 +183,12 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   if (range_.has_embedding) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
   if (range_.has_head) Ops::load_tokens(ctx_, s.targets, targets, BT, false);
   if (range_.has_embedding) {
-    // Vocabulary-parallel: each rank embeds the tokens of its rows, the
-    // group's sum is the embedding.
-    Ops::embedding_forward(ctx_, s.residual[0].get(), s.tokens, w_outer(outer::wte),
-                           w_outer(outer::wpe), B_, T_, C, v0_, vl_);
-    tp_sum(s.residual[0].get(), BT * C);
+    // Vocabulary-parallel: each rank embeds the tokens of its vocabulary
+    // rows (zeros elsewhere), the group's sum is the embedding.
+    Act* partial = sum_target(s.residual[0].get());
+    Ops::embedding_forward(ctx_, partial, s.tokens, w_outer(outer::wte), w_outer(outer::wpe), B_,
+                           T_, C, v0_, vl_);
+    summed(partial, s.residual[0].get());
   }
   for (int64_t i = 0; i < L; ++i) {
     if (opt_.window_weights) hooks_.need_weights(i, i + 1 < L ? i + 1 : -1);
@@ -184,8 +200,8 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   if (!range_.has_head) return;
   Ops::layernorm_forward(ctx_, s.lnf.get(), s.lnf_mean.get(), s.lnf_rstd.get(),
                          s.residual.back().get(), w_outer(outer::lnf_w), w_outer(outer::lnf_b),
-                         BT, C);
-  Ops::matmul_forward(ctx_, s.logits.get(), s.lnf.get(), w_outer(outer::wte),
+                         rows_, C);
+  Ops::matmul_forward(ctx_, s.logits.get(), gathered(s.lnf.get()), w_outer(outer::wte),
                       static_cast<const Act*>(nullptr), BT, C, vl_);
   head_loss(s, for_backward, grad_scale);
   Ops::accumulate_sum(ctx_, loss_sum_.get(), s.losses.get(), BT);
@@ -217,28 +233,66 @@ void GptStage<Ops>::head_loss(Slot& s, bool for_backward, Acc grad_scale) {
 
 template <class Ops>
 void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t i) {
-  const int64_t BT = B_ * T_, C = cfg_.n_embd;
+  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd;
   const auto w = block_weights(i);
   // The row-parallel projections' outputs are partial sums until the group
   // adds them; their bias (replicated) is added once, by tensor rank 0.
   const bool adds_bias = range_.tp_rank == 0;
   Ops::layernorm_forward(ctx_, a.ln1.get(), a.ln1_mean.get(), a.ln1_rstd.get(), x,
-                         w[block::ln1_w], w[block::ln1_b], BT, C);
-  Ops::matmul_forward(ctx_, a.qkv.get(), a.ln1.get(), w[block::qkv_w], w[block::qkv_b], BT, C,
-                      3 * ca_);
+                         w[block::ln1_w], w[block::ln1_b], R, C);
+  Ops::matmul_forward(ctx_, a.qkv.get(), gathered(a.ln1.get()), w[block::qkv_w], w[block::qkv_b],
+                      BT, C, 3 * ca_);
   Ops::attention_forward(ctx_, a.atty.get(), attention_state(a), a.qkv.get(), B_, T_, ca_, nh_);
-  Ops::matmul_forward(ctx_, a.res2.get(), a.atty.get(), w[block::attn_proj_w],
+  Act* proj = sum_target(a.res2.get());
+  Ops::matmul_forward(ctx_, proj, a.atty.get(), w[block::attn_proj_w],
                       adds_bias ? w[block::attn_proj_b] : nullptr, BT, ca_, C);
-  tp_sum(a.res2.get(), BT * C);
-  Ops::residual_forward(ctx_, a.res2.get(), x, a.res2.get(), BT * C);
+  summed(proj, a.res2.get());
+  Ops::residual_forward(ctx_, a.res2.get(), x, a.res2.get(), R * C);
   Ops::layernorm_forward(ctx_, a.ln2.get(), a.ln2_mean.get(), a.ln2_rstd.get(), a.res2.get(),
-                         w[block::ln2_w], w[block::ln2_b], BT, C);
-  Ops::matmul_forward(ctx_, a.fch.get(), a.ln2.get(), w[block::fc_w], w[block::fc_b], BT, C, cm_);
+                         w[block::ln2_w], w[block::ln2_b], R, C);
+  Ops::matmul_forward(ctx_, a.fch.get(), gathered(a.ln2.get()), w[block::fc_w], w[block::fc_b], BT,
+                      C, cm_);
   Ops::gelu_forward(ctx_, a.fch_gelu.get(), a.fch.get(), BT * cm_);
-  Ops::matmul_forward(ctx_, out, a.fch_gelu.get(), w[block::fc_proj_w],
+  Act* mlp = sum_target(out);
+  Ops::matmul_forward(ctx_, mlp, a.fch_gelu.get(), w[block::fc_proj_w],
                       adds_bias ? w[block::fc_proj_b] : nullptr, BT, cm_, C);
-  tp_sum(out, BT * C);
-  Ops::residual_forward(ctx_, out, a.res2.get(), out, BT * C);
+  summed(mlp, out);
+  Ops::residual_forward(ctx_, out, a.res2.get(), out, R * C);
+}
+
+template <class Ops>
+const typename Ops::Act* GptStage<Ops>::gathered(const Act* rows) {
+  if (!opt_.sequence_parallel) return rows;
+  tp_.gather(rows, full_.get(), rows_ * cfg_.n_embd, Ops::kActElement);
+  return full_.get();
+}
+
+template <class Ops>
+void GptStage<Ops>::summed(const Act* partial, Act* rows) {
+  if (opt_.sequence_parallel) tp_.scatter_sum(partial, rows, rows_ * cfg_.n_embd, Ops::kActElement);
+  else tp_sum(rows, rows_ * cfg_.n_embd);
+}
+
+template <class Ops>
+typename Ops::Act* GptStage<Ops>::summed_input_grad() {
+  if (!opt_.sequence_parallel) {
+    tp_sum(dln_.get(), rows_ * cfg_.n_embd);
+    return dln_.get();
+  }
+  tp_.scatter_sum(dln_.get(), dln_rows_.get(), rows_ * cfg_.n_embd, Ops::kActElement);
+  return dln_rows_.get();
+}
+
+template <class Ops>
+void GptStage<Ops>::add_ln_grads(std::initializer_list<Acc*> grads) {
+  if (!opt_.sequence_parallel) return;
+  const int64_t C = cfg_.n_embd, n = static_cast<int64_t>(grads.size()) * C;
+  tp_sum(ln_grads_.get(), n);
+  int64_t at = 0;
+  for (Acc* g : grads) {
+    Ops::add_into(ctx_, g, ln_grads_.get() + at, C);
+    at += C;
+  }
 }
 
 template <class Ops>
@@ -247,22 +301,24 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
     if (grads_final) grads_final(offset);
   };
   Slot& s = slots_[slot];
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.num_layers();
+  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.num_layers();
   Act* dres = dres_.get();
   if (range_.has_head) {
     // The tied head: its weight gradient lands in wte's gradient, which the
     // embedding backward then adds to. Vocabulary-parallel, each rank's
     // input gradient covers its columns only: the group sums them.
     Ops::matmul_backward(ctx_, dln_.get(), g_outer(outer::wte), static_cast<Acc*>(nullptr),
-                         s.logits.get(), s.lnf.get(), w_outer(outer::wte), BT, C, vl_);
-    tp_sum(dln_.get(), BT * C);
-    Ops::fill_zero(ctx_, dres, BT * C);
-    Ops::layernorm_backward(ctx_, dres, g_outer(outer::lnf_w), g_outer(outer::lnf_b), dln_.get(),
-                            s.residual.back().get(), w_outer(outer::lnf_w), s.lnf_mean.get(),
-                            s.lnf_rstd.get(), BT, C);
+                         s.logits.get(), gathered(s.lnf.get()), w_outer(outer::wte), BT, C, vl_);
+    const Act* dln = summed_input_grad();
+    Ops::fill_zero(ctx_, dres, R * C);
+    if (opt_.sequence_parallel) Ops::fill_zero(ctx_, ln_grads_.get(), 2 * C);
+    Ops::layernorm_backward(ctx_, dres, ln_grad(g_outer(outer::lnf_w), 0),
+                            ln_grad(g_outer(outer::lnf_b), 1), dln, s.residual.back().get(),
+                            w_outer(outer::lnf_w), s.lnf_mean.get(), s.lnf_rstd.get(), R, C);
+    add_ln_grads({g_outer(outer::lnf_w), g_outer(outer::lnf_b)});
     final_from(at_.at(outer::lnf_w));
   } else {
-    Ops::copy(ctx_, dres, static_cast<const Act*>(grad_in_.get()), BT * C);
+    Ops::copy(ctx_, dres, static_cast<const Act*>(grad_in_.get()), R * C);
   }
   for (int64_t i = L - 1; i >= 0; --i) {
     if (opt_.window_weights) hooks_.need_weights(i, i > 0 ? i - 1 : -1);
@@ -275,15 +331,17 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
     final_from(at_.layers[i][0]);
   }
   if (range_.has_embedding) {
-    Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe), dres, s.tokens, B_, T_,
-                            C, v0_, vl_);
+    // Every rank's vocabulary rows may appear anywhere in the micro-batch:
+    // the embedding's backward reads the whole gradient.
+    Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe), gathered(dres),
+                            s.tokens, B_, T_, C, v0_, vl_);
   }
   final_from(0);
 }
 
 template <class Ops>
 void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
-  const int64_t BT = B_ * T_, C = cfg_.n_embd;
+  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd;
   const auto w = block_weights(i);
   const auto g = block_grads(i);
   // Full recomputation: the block's forward again, from its kept input,
@@ -297,18 +355,24 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   // Under tensor parallelism dres is the same on every rank of the group,
   // so the replicated parameters (LayerNorms, the projections' biases) get
   // the same gradients everywhere; the column-parallel layers' input
-  // gradients are partial sums until the group adds them.
-  Ops::matmul_backward(ctx_, d4_.get(), g[block::fc_proj_w], g[block::fc_proj_b], dres,
+  // gradients are partial sums until the group adds them. Under sequence
+  // parallelism the row-parallel GEMMs read the gathered dres (so the
+  // projections' bias gradients are still whole on every rank), and the
+  // LayerNorms' weight gradients, from this rank's rows, are summed over
+  // the group (ln_grad, add_ln_grads).
+  if (opt_.sequence_parallel) Ops::fill_zero(ctx_, ln_grads_.get(), 4 * C);
+  Ops::matmul_backward(ctx_, d4_.get(), g[block::fc_proj_w], g[block::fc_proj_b], gathered(dres),
                        a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
   Ops::gelu_backward(ctx_, d4_.get(), a.fch.get(), d4_.get(), BT * cm_);
-  Ops::matmul_backward(ctx_, dln_.get(), g[block::fc_w], g[block::fc_b], d4_.get(), a.ln2.get(),
-                       w[block::fc_w], BT, C, cm_);
-  tp_sum(dln_.get(), BT * C);
-  Ops::layernorm_backward(ctx_, dres, g[block::ln2_w], g[block::ln2_b], dln_.get(), a.res2.get(),
-                          w[block::ln2_w], a.ln2_mean.get(), a.ln2_rstd.get(), BT, C);
+  Ops::matmul_backward(ctx_, dln_.get(), g[block::fc_w], g[block::fc_b], d4_.get(),
+                       gathered(a.ln2.get()), w[block::fc_w], BT, C, cm_);
+  const Act* dln2 = summed_input_grad();
+  Ops::layernorm_backward(ctx_, dres, ln_grad(g[block::ln2_w], 0), ln_grad(g[block::ln2_b], 1),
+                          dln2, a.res2.get(), w[block::ln2_w], a.ln2_mean.get(),
+                          a.ln2_rstd.get(), R, C);
   // Attention, the same way round.
-  Ops::matmul_backward(ctx_, datty_.get(), g[block::attn_proj_w], g[block::attn_proj_b], dres,
-                       a.atty.get(), w[block::attn_proj_w], BT, ca_, C);
+  Ops::matmul_backward(ctx_, datty_.get(), g[block::attn_proj_w], g[block::attn_proj_b],
+                       gathered(dres), a.atty.get(), w[block::attn_proj_w], BT, ca_, C);
   // Attention recomputation: its state again from the kept qkv. The
   // forward also rewrites atty, with the bits it already holds.
   if (opt_.recompute == Recompute::kAttention)
@@ -316,11 +380,12 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
                           attention_state(a), B_, T_, ca_, nh_);
   Ops::matmul_backward(ctx_, dln_.get(), g[block::qkv_w], g[block::qkv_b], dqkv_.get(),
-                       a.ln1.get(), w[block::qkv_w], BT, C, 3 * ca_);
-  tp_sum(dln_.get(), BT * C);
-  Ops::layernorm_backward(ctx_, dres, g[block::ln1_w], g[block::ln1_b], dln_.get(),
-                          s.residual[i].get(), w[block::ln1_w], a.ln1_mean.get(),
-                          a.ln1_rstd.get(), BT, C);
+                       gathered(a.ln1.get()), w[block::qkv_w], BT, C, 3 * ca_);
+  const Act* dln1 = summed_input_grad();
+  Ops::layernorm_backward(ctx_, dres, ln_grad(g[block::ln1_w], 2), ln_grad(g[block::ln1_b], 3),
+                          dln1, s.residual[i].get(), w[block::ln1_w], a.ln1_mean.get(),
+                          a.ln1_rstd.get(), R, C);
+  add_ln_grads({g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
 }
 
 template <class Ops>

@@ -16,6 +16,9 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   const double C = static_cast<double>(cfg.n_embd), NH = static_cast<double>(cfg.n_head) / tp;
   const double Ca = C / tp, Cm = 4 * C / tp;
   const double V = static_cast<double>(cfg.padded_vocab(range.tp)) / tp, BT = B * T;
+  // The residual stream's rows this rank holds (a tp-th of them under
+  // sequence parallelism).
+  const double R = o.sequence_parallel ? BT / tp : BT;
   const double L = static_cast<double>(range.num_layers());
   // Attention's kept state, and as much backward scratch, in bytes.
   const double attention = attention_state_elements(storage, B, NH, T) *
@@ -32,30 +35,34 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   f.gradients = (o.window_grads ? n - blocks + 2 * window : n) * acc;
   if (act_bytes != acc_bytes || o.external_master)
     f.weight_copy = (o.window_weights ? n - blocks + 2 * window : n) * act;
-  // What one block keeps for backward: ln1, res2, ln2 (C each), qkv and
-  // atty (3 + 1 attention channels), fch and its GELU (MLP channels), 4
-  // LayerNorm statistics, and attention's state (probabilities or row statistics) unless
-  // recomputed.
-  const double block_kept = (3 * C + 4 * Ca + 2 * Cm) * BT * act + 4 * BT * acc;
+  // What one block keeps for backward: ln1, res2, ln2 (C each, on the rows
+  // held), qkv and atty (3 + 1 attention channels), fch and its GELU (MLP
+  // channels), 4 LayerNorm statistics (rows held), and attention's state
+  // (probabilities or row statistics) unless recomputed.
+  const double block_kept = 3 * C * R * act + (4 * Ca + 2 * Cm) * BT * act + 4 * R * acc;
   // One slot: the residual stream at every block boundary, then per block
   // what it keeps (nothing under full recomputation).
-  double slot = (L + 1) * BT * C * act;
+  double slot = (L + 1) * R * C * act;
   if (o.recompute == Recompute::kNone) slot += L * (block_kept + attention);
   if (o.recompute == Recompute::kAttention) slot += L * block_kept;
   if (range.has_embedding) slot += BT * 4;  // token ids
-  if (range.has_head) slot += (BT * C + BT * V) * act + 3 * BT * acc + BT * 4;  // lnf, logits, targets
+  if (range.has_head)  // lnf, logits; lnf's statistics, the losses; targets
+    slot += (R * C + BT * V) * act + (2 * R + BT) * acc + BT * 4;
   f.per_slot = slot;
   f.activations = slot * o.slots;
-  // Backward scratch: dres, dln, datty; dqkv, d4 and datt with blocks; the
-  // output gradient's inbox on a non-last stage; the loss sum (a double);
-  // the vocabulary-parallel cross-entropy's row statistics (3 per row);
-  // recomputation's shared probabilities, or one block's activations and
-  // output.
-  f.scratch = (2 * C + Ca) * BT * act + (L > 0 ? (3 * Ca + Cm) * BT * act + attention : 0) +
-              (range.has_head ? 0 : BT * C * act) + 8;
+  // Backward scratch: dres (rows held), dln, datty; dqkv, d4 and datt with
+  // blocks; the output gradient's inbox on a non-last stage; the loss sum
+  // (a double); the vocabulary-parallel cross-entropy's row statistics (3
+  // per row); recomputation's shared probabilities, or one block's
+  // activations and output; sequence parallelism's gathered rows, summed
+  // input gradient rows and 4 LayerNorm weight gradients.
+  f.scratch = R * C * act + (C + Ca) * BT * act +
+              (L > 0 ? (3 * Ca + Cm) * BT * act + attention : 0) +
+              (range.has_head ? 0 : R * C * act) + 8;
   if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;
-  if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + BT * C * act;
+  if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + R * C * act;
+  if (o.sequence_parallel) f.scratch += (BT * C + R * C) * act + 4 * C * acc;
   return f;
 }
 

@@ -23,6 +23,10 @@ struct StageOptions {
   // ZeRO 3: the blocks' weights live in two windows the trainer fills
   // before each block's forward and backward (the next one ahead).
   bool window_weights = false;
+  // Tensor parallelism only: the residual stream, LayerNorms and residual
+  // adds on one tp-th of the micro-batch's rows (Megatron's sequence
+  // parallelism; gpt_stage.hpp's TensorGroup).
+  bool sequence_parallel = false;
 };
 
 }  // namespace mpiformer

@@ -61,73 +61,100 @@ struct Builder {
 }  // namespace
 
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
-                     Recompute recompute, double act_bytes) {
+                     Recompute recompute, double act_bytes, bool sequence_parallel) {
   StageWork w;
   const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len, C = cfg.n_embd;
   const int64_t ca = C / tp, cm = 4 * C / tp, nh = cfg.n_head / tp;
   const int64_t vl = cfg.padded_vocab(tp) / tp, L = range.num_layers();
+  const bool sp = sequence_parallel && tp > 1;
   const double btc = static_cast<double>(BT * C);
-  const double tp_bytes = tp > 1 ? btc * act_bytes : -1;  // -1: no group
-  w.message_bytes = btc * act_bytes;
+  // The residual stream's elements held: the rows' tp-th under sequence
+  // parallelism (LayerNorms and residual adds run on them).
+  const double rc = sp ? btc / static_cast<double>(tp) : btc;
+  const double whole = btc * act_bytes;
+  w.message_bytes = rc * act_bytes;
   Builder f{&w.forward, act_bytes}, b{&w.backward, act_bytes};
-  auto tp_sum = [&](std::vector<double>& list, double bytes) {
-    if (tp_bytes >= 0) list.push_back(bytes);
+  using TC = TensorCollective;
+  auto group = [&](std::vector<TC>& list, TC::Kind kind, double bytes) {
+    if (tp > 1) list.push_back({kind, bytes});
+  };
+  // gpt_stage_impl.hpp's gathered / summed / summed_input_grad.
+  auto gather = [&](std::vector<TC>& list) {
+    if (sp) group(list, TC::kAllgather, whole);
+  };
+  auto sum = [&](std::vector<TC>& list) {
+    group(list, sp ? TC::kReduceScatter : TC::kAllreduce, whole);
+  };
+  // The LayerNorms' weight gradients from the rows held (4-byte Acc).
+  auto ln_grads = [&](int layernorms) {
+    if (sp) group(w.tp_backward, TC::kAllreduce, 2.0 * layernorms * static_cast<double>(C) * 4);
   };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).
-  auto block_forward = [&](Builder& x, std::vector<double>& reduces) {
-    x.stream(Kernel::kLayernorm, false, btc);
+  auto block_forward = [&](Builder& x, std::vector<TC>& comm) {
+    x.stream(Kernel::kLayernorm, false, rc);
+    gather(comm);
     x.matmul(false, BT, C, 3 * ca);
     x.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
     x.matmul(false, BT, ca, C);
-    tp_sum(reduces, tp_bytes);
-    x.stream(Kernel::kResidual, false, btc);
-    x.stream(Kernel::kLayernorm, false, btc);
+    sum(comm);
+    x.stream(Kernel::kResidual, false, rc);
+    x.stream(Kernel::kLayernorm, false, rc);
+    gather(comm);
     x.matmul(false, BT, C, cm);
     x.stream(Kernel::kGelu, false, static_cast<double>(BT * cm));
     x.matmul(false, BT, cm, C);
-    tp_sum(reduces, tp_bytes);
-    x.stream(Kernel::kResidual, false, btc);
+    sum(comm);
+    x.stream(Kernel::kResidual, false, rc);
   };
   if (range.has_embedding) {
     f.stream(Kernel::kEmbedding, false, btc);  // token row, position row, out
-    tp_sum(w.tp_forward, tp_bytes);
+    sum(w.tp_forward);
   }
   for (int64_t i = 0; i < L; ++i) block_forward(f, w.tp_forward);
   if (range.has_head) {
     const double logits = static_cast<double>(BT * vl);
-    f.stream(Kernel::kLayernorm, false, btc);
+    f.stream(Kernel::kLayernorm, false, rc);
+    gather(w.tp_forward);
     f.matmul(false, BT, C, vl);
     // The loss and its gradient in one kernel (training): read the logits
     // twice (max, sum), write the gradient once.
     f.stream(Kernel::kCrossentropy, false, logits);
-    if (tp > 1) {
-      tp_sum(w.tp_forward, static_cast<double>(BT) * 4);      // row maxima
-      tp_sum(w.tp_forward, static_cast<double>(2 * BT) * 4);  // sums, target logits
-    }
+    group(w.tp_forward, TC::kAllreduce, static_cast<double>(BT) * 4);      // row maxima
+    group(w.tp_forward, TC::kAllreduce, static_cast<double>(2 * BT) * 4);  // sums, target logits
     // Backward of the head.
+    gather(w.tp_backward);
     b.matmul(true, BT, C, vl);
-    tp_sum(w.tp_backward, tp_bytes);
-    b.move(btc, 1);  // dres zeroed
-    b.stream(Kernel::kLayernorm, true, btc);
+    sum(w.tp_backward);
+    b.move(rc, 1);  // dres zeroed
+    b.stream(Kernel::kLayernorm, true, rc);
+    ln_grads(1);
   } else {
-    b.move(btc, 2);  // the received gradient copied in
+    b.move(rc, 2);  // the received gradient copied in
   }
   for (int64_t i = 0; i < L; ++i) {
     if (recompute == Recompute::kFull) block_forward(b, w.tp_backward);
+    gather(w.tp_backward);  // dres
     b.matmul(true, BT, cm, C);
     b.stream(Kernel::kGelu, true, static_cast<double>(BT * cm));
+    gather(w.tp_backward);  // ln2
     b.matmul(true, BT, C, cm);
-    tp_sum(w.tp_backward, tp_bytes);
-    b.stream(Kernel::kLayernorm, true, btc);
+    sum(w.tp_backward);
+    b.stream(Kernel::kLayernorm, true, rc);
+    gather(w.tp_backward);  // dres
     b.matmul(true, BT, ca, C);
     if (recompute == Recompute::kAttention)
       b.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
     b.attention(true, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
+    gather(w.tp_backward);  // ln1
     b.matmul(true, BT, C, 3 * ca);
-    tp_sum(w.tp_backward, tp_bytes);
-    b.stream(Kernel::kLayernorm, true, btc);
+    sum(w.tp_backward);
+    b.stream(Kernel::kLayernorm, true, rc);
+    ln_grads(2);
   }
-  if (range.has_embedding) b.stream(Kernel::kEmbedding, true, btc);
+  if (range.has_embedding) {
+    gather(w.tp_backward);  // dres: any row may hold this rank's tokens
+    b.stream(Kernel::kEmbedding, true, btc);
+  }
   return w;
 }
 

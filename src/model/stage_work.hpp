@@ -46,14 +46,23 @@ struct WorkItem {
   double flops = 0;           // useful FLOPs (matmul, attention: as MFU counts them)
 };
 
+// One of the tensor group's collectives: an all-reduce of `bytes`, or
+// (sequence parallelism) a reduce-scatter or all-gather whose whole buffer
+// is `bytes`.
+struct TensorCollective {
+  enum Kind { kAllreduce, kAllgather, kReduceScatter } kind = kAllreduce;
+  double bytes = 0;
+};
+
 struct StageWork {
   std::vector<WorkItem> forward, backward;  // backward: with what recomputation runs again
-  // The tensor group's all-reduces, bytes each (in compute order; blocking).
-  std::vector<double> tp_forward, tp_backward;
+  // The tensor group's collectives (in compute order; blocking).
+  std::vector<TensorCollective> tp_forward, tp_backward;
   double message_bytes = 0;  // one activation (or its gradient) between stages
 };
 
+// `sequence_parallel`: StageOptions' (the rows held are a tp-th).
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
-                     Recompute recompute, double act_bytes);
+                     Recompute recompute, double act_bytes, bool sequence_parallel = false);
 
 }  // namespace mpiformer

@@ -51,8 +51,10 @@ BackendChoice choose_backend(const Deck& deck, NodePlace node) {
   return c;
 }
 
-StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero) {
+StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero,
+                           bool sequence_parallel) {
   StageOptions o;
+  o.sequence_parallel = sequence_parallel;
   o.micro_batch = micro_batch;
   o.slots = slots;
   o.recompute = recompute;
@@ -95,7 +97,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
                                          ? AttentionStorage::kRowStatistics
                                          : AttentionStorage::kProbabilities;
   m.stage = stage_footprint(cfg, range,
-                            stage_options(deck.train.micro_batch, slots, deck.train.recompute, zero),
+                            stage_options(deck.train.micro_batch, slots, deck.train.recompute, zero,
+                                          deck.parallel.sequence_parallel),
                             static_cast<size_t>(act), static_cast<size_t>(acc), attention);
   if (zero == 0) {
     m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
@@ -179,8 +182,9 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   }
   // Host 16-bit attention rounds the probabilities (in backward, the score
   // gradients) for its products into one kept buffer of [B, NH/tp, T, T]
-  // (attention.hpp), and a 16-bit tensor-group sum is widened into a kept
-  // float buffer of the largest, [B, T, C] (mpi_communicator.cpp). The
+  // (attention.hpp), and a 16-bit tensor-group sum (or sequence
+  // parallelism's reduce-scatter) is widened into a kept float buffer of
+  // the largest, [B, T, C] (mpi_communicator.cpp). The
   // cross-entropy's per-thread float row (V floats a thread, under 2 MB at
   // 8 threads and GPT-2's vocabulary) is left out.
   if (choice.device == Device::kCpu && element_bytes(types.activations) == 2) {
@@ -246,7 +250,9 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
                                            deck.parallel.tp, place.tp_rank);
   StageSetup setup;
-  setup.options = stage_options(tc.micro_batch, slots, tc.recompute, static_cast<int>(deck.parallel.zero));
+  setup.options = stage_options(tc.micro_batch, slots, tc.recompute,
+                                static_cast<int>(deck.parallel.zero),
+                                deck.parallel.sequence_parallel);
   setup.adam = AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
   setup.zero = static_cast<int>(deck.parallel.zero);
   setup.dp = static_cast<int>(deck.parallel.dp);

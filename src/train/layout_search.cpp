@@ -56,7 +56,10 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
           for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
             for (ScheduleKind sk : {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe}) {
               if (pp == 1 && sk == ScheduleKind::kGPipe) continue;  // the same walk at pp 1
-              layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk});
+              layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, false});
+              // Sequence parallelism where the rows divide among the group.
+              if (tp > 1 && cfg.seq_len % tp == 0)
+                layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, true});
             }
           }
         }

@@ -22,6 +22,7 @@
 #include "model/shard_plan.hpp"
 #include "parallel/communicator.hpp"
 #include "train/checkpointing.hpp"
+#include "train/tensor_group.hpp"
 
 namespace mpiformer {
 
@@ -38,13 +39,9 @@ struct StageSetup {
   Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
 };
 // The stage options a deck asks for, with `slots` from the schedule.
-StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero);
+StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero,
+                           bool sequence_parallel = false);
 
-// Told of each of the stage's tensor-group all-reduces: when it ran (on a
-// GPU, when the host queued it) and the bytes this rank sent (ring model).
-using TensorReduceObserver = std::function<void(std::chrono::steady_clock::time_point start,
-                                                std::chrono::steady_clock::time_point end,
-                                                double bytes_sent)>;
 
 class StageBackend {
  public:
@@ -91,7 +88,7 @@ class StageBackend {
   // The tensor group (range().tp ranks, possibly one) the stage all-reduces
   // over inside forward and backward; needed before the first forward.
   virtual void connect_tensor_parallel(Communicator& tp) = 0;
-  virtual void observe_tensor_reductions(TensorReduceObserver observer) = 0;
+  virtual void observe_tensor_reductions(TensorOpObserver observer) = 0;
   virtual void backward_sharded(int slot, bool last_micro_batch) = 0;
   virtual double finish_sharded_reduction(Communicator* tied) = 0;
   virtual double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;

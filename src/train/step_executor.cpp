@@ -73,8 +73,8 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
   fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
   if (grid.tp() > 1) {
     stage.observe_tensor_reductions(
-        [this](Clock::time_point t0, Clock::time_point t1, double bytes) {
-          trace_.span("tensor all-reduce", t0, t1, step_ + 1, micro_);
+        [this](const char* op, Clock::time_point t0, Clock::time_point t1, double bytes) {
+          trace_.span(op, t0, t1, step_ + 1, micro_);
           if (times_ == nullptr) return;
           times_->tp_reduce += seconds(t0, t1);
           times_->tp_sent_bytes += bytes;

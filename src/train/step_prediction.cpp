@@ -18,12 +18,14 @@ std::string Layout::describe() const {
   return strprintf("dp %lld pp %lld tp %lld mb %lld zero %lld %s %s", static_cast<long long>(dp),
                    static_cast<long long>(pp), static_cast<long long>(tp),
                    static_cast<long long>(micro_batch), static_cast<long long>(zero),
-                   name_of(recompute), name_of(schedule));
+                   name_of(recompute), name_of(schedule)) +
+         (sequence_parallel ? " sp" : "");
 }
 
 Layout layout_of(const Deck& d) {
-  return {d.parallel.dp, d.parallel.pp, d.parallel.tp, d.train.micro_batch, d.parallel.zero,
-          d.train.recompute, d.parallel.schedule};
+  return {d.parallel.dp,     d.parallel.pp,        d.parallel.tp,
+          d.train.micro_batch, d.parallel.zero,      d.train.recompute,
+          d.parallel.schedule, d.parallel.sequence_parallel};
 }
 
 Deck with_layout(const Deck& deck, const Layout& l) {
@@ -33,6 +35,7 @@ Deck with_layout(const Deck& deck, const Layout& l) {
   d.parallel.tp = l.tp;
   d.parallel.zero = l.zero;
   d.parallel.schedule = l.schedule;
+  d.parallel.sequence_parallel = l.sequence_parallel;
   d.train.micro_batch = l.micro_batch;
   d.train.recompute = l.recompute;
   return d;
@@ -246,7 +249,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   std::vector<double> optimizer(pp, 0.0);
   for (int64_t s = 0; s < pp; ++s) {
     const StageRange range = partition_stage(cfg, s, pp, tp, 0);
-    const StageWork work = stage_work(cfg, range, deck.train.micro_batch, deck.train.recompute, act);
+    const StageWork work = stage_work(cfg, range, deck.train.micro_batch, deck.train.recompute, act,
+                                      deck.parallel.sequence_parallel);
     const int slots = max_live_activations(pipeline_schedule(deck.parallel.schedule, static_cast<int>(pp),
                                                              static_cast<int>(s), static_cast<int>(micro)));
     const double factor =
@@ -264,10 +268,16 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                        : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
       }
     }
-    for (double b : work.tp_forward) tp_time += collective(tp_link.allreduce, tp, b, 2);
+    auto tp_seconds = [&](const TensorCollective& c) {
+      if (c.kind == TensorCollective::kAllgather) return collective(tp_link.allgather, tp, c.bytes, 1);
+      if (c.kind == TensorCollective::kReduceScatter)
+        return collective(tp_link.reduce_scatter, tp, c.bytes, 1);
+      return collective(tp_link.allreduce, tp, c.bytes, 2);
+    };
+    for (const TensorCollective& c : work.tp_forward) tp_time += tp_seconds(c);
     fwd += tp_time;
     double tp_bwd = 0;
-    for (double b : work.tp_backward) tp_bwd += collective(tp_link.allreduce, tp, b, 2);
+    for (const TensorCollective& c : work.tp_backward) tp_bwd += tp_seconds(c);
     bwd += tp_bwd;
     tp_time += tp_bwd;
 

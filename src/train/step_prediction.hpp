@@ -34,7 +34,8 @@ struct Layout {
   int64_t dp = 1, pp = 1, tp = 1, micro_batch = 1, zero = 0;
   Recompute recompute = Recompute::kNone;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
-  std::string describe() const;  // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b"
+  bool sequence_parallel = false;
+  std::string describe() const;  // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b" (+ " sp"
 };
 Layout layout_of(const Deck& deck);
 Deck with_layout(const Deck& deck, const Layout& layout);
@@ -48,8 +49,8 @@ struct Prediction {
   double memory_planned = 0;       // of which a layout may use: less [parallel] memory_margin
   bool fits = false;               // memory_max <= memory_planned
   SimulatedStep step;              // the simulated timeline
-  double compute = 0;              // the slowest stage's forward + backward (with tp all-reduces)
-  double tp_comm = 0;              // of which: the tensor group's all-reduces
+  double compute = 0;              // the slowest stage's forward + backward (with tp collectives)
+  double tp_comm = 0;              // of which: the tensor group's collectives
   double exposed_comm = 0;         // data-parallel reduction, ZeRO transfers, optimizer gathers
   double bubble = 0;               // step_time - compute - exposed_comm - optimizer
   double optimizer = 0;

@@ -258,9 +258,10 @@ void Trainer::print_summary() const {
           : strprintf("%d gradient bucket(s), recompute %s", p.executor->num_buckets(),
                       name_of(deck_.train.recompute));
   if (!p.auto_choice.empty()) std::printf("%s\n", p.auto_choice.c_str());
-  std::printf("grid:  dp %d x pp %d x tp %d, schedule %s, stage 0 holds layers [0, %lld); "
+  std::printf("grid:  dp %d x pp %d x tp %d%s, schedule %s, stage 0 holds layers [0, %lld); "
               "%d activation slot(s) on stage 0; %s\n",
-              g.dp(), g.pp(), g.tp(), name_of(deck_.parallel.schedule),
+              g.dp(), g.pp(), g.tp(), deck_.parallel.sequence_parallel ? " (sequence parallel)" : "",
+              name_of(deck_.parallel.schedule),
               static_cast<long long>(p.stage->range().last_layer), p.stage->num_slots(),
               reduction.c_str());
   // The mapping (tp fastest, then dp, then pp), so a user can check that

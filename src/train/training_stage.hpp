@@ -6,7 +6,6 @@
 // (cuda_stage_backend.cpp); nothing in it depends on the device beyond the
 // op set.
 #pragma once
-#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +13,7 @@
 
 #include "model/gpt_stage.hpp"
 #include "train/stage_backend.hpp"
+#include "train/tensor_group.hpp"
 #include "train/zero_shards.hpp"
 
 namespace mpiformer {
@@ -96,22 +96,9 @@ class TrainingStage final : public StageBackend {
     if (zero_) zero_->connect(dp);
   }
   void connect_tensor_parallel(Communicator& tp) override {
-    tp_ = &tp;
-    auto reduce = [this](Reduction op) {
-      return [this, op](void* data, int64_t n, Element type) {
-        const auto t0 = std::chrono::steady_clock::now();
-        tp_->allreduce(data, n, type, op);
-        // A ring all-reduce of b bytes sends 2 b (tp - 1) / tp per rank.
-        const double tp_size = tp_->size();
-        if (observer_)
-          observer_(t0, std::chrono::steady_clock::now(),
-                    2.0 * static_cast<double>(n * static_cast<int64_t>(element_bytes(type))) *
-                        (tp_size - 1) / tp_size);
-      };
-    };
-    stage_.set_tensor_group(TensorGroup{reduce(Reduction::kSum), reduce(Reduction::kMax)});
+    stage_.set_tensor_group(tensor_group(tp, &observer_));
   }
-  void observe_tensor_reductions(TensorReduceObserver observer) override {
+  void observe_tensor_reductions(TensorOpObserver observer) override {
     observer_ = std::move(observer);
   }
   void backward_sharded(int slot, bool last_micro_batch) override {
@@ -200,8 +187,7 @@ class TrainingStage final : public StageBackend {
   int64_t chunk_count_ = 0;
   std::vector<Buffer<Act>> grad_out_;
   std::unique_ptr<ZeroShards<Ops>> zero_;  // zero >= 1
-  Communicator* tp_ = nullptr;
-  TensorReduceObserver observer_;
+  TensorOpObserver observer_;  // the tensor group keeps its address
   std::vector<float> host_params_, host_m_, host_v_;  // device runs only
 };
 

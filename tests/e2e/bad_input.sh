@@ -56,6 +56,12 @@ rr "[parallel] tp: must divide [model] n_head (4) so each tensor rank keeps whol
   train "$DECK" --set parallel.tp=3
 rr "[parallel] tp: expected a value in [1, " train "$DECK" --set parallel.tp=0
 rr "[parallel] tp: expected an integer" train "$DECK" --set parallel.tp=1.5
+rr "[parallel] sequence_parallel: needs [parallel] tp > 1" train "$DECK" \
+  --set parallel.sequence_parallel=true
+rr "[parallel] sequence_parallel: needs [model] seq_len (66) to be a multiple of [parallel] tp (4)" \
+  train "$DECK" --set parallel.sequence_parallel=true --set parallel.tp=4 --set model.seq_len=66
+rr "[parallel] sequence_parallel: expected true or false" train "$DECK" \
+  --set parallel.sequence_parallel=2
 for np in 1 2 4; do
   expect $np "[parallel] dp x pp x tp: 1 x 1 x 8 = 8 ranks, but the job has $np" train "$DECK" \
     --set model.n_head=8 --set parallel.tp=8

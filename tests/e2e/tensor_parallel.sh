@@ -2,7 +2,7 @@
 # Tensor parallelism (Megatron's partitioning) against the one-rank run.
 # (1) Equivalence: (dp, pp, tp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) (both
 #     schedules), (2,2,2) (8 ranks, oversubscribed), and tp with ZeRO and
-#     recomputation: loss, grad norm and validation loss of every step
+#     recomputation, each also under sequence parallelism: loss, grad norm and validation loss of every step
 #     within 1e-5 relative of (1,1,1), and every final parameter tensor
 #     within 1e-5 in norm (compare_checkpoints.py, which reads the files
 #     with h5dump). Why 1e-5: a tensor rank computes the same products over
@@ -18,7 +18,10 @@
 # (3) The log, the trace and inspect name the tensor group; the bytes each
 #     rank sends to it per step are Megatron's count (per layer two
 #     all-reduces of B x T x C forward and two backward, plus the
-#     embedding's, the head's and the cross-entropy's statistics).
+#     embedding's, the head's and the cross-entropy's statistics), and
+#     under sequence parallelism Korthikanti et al.'s (each all-reduce a
+#     reduce-scatter and an all-gather, backward's gathers of the
+#     LayerNorms' outputs, the LayerNorms' weight gradients summed).
 # EXTRA_ARGS (words) go to every run: the GPU suite runs this file with
 # "--set run.device=cuda" (tensor groups over NCCL, or host-staged MPI
 # where ranks share a GPU), and CI rehearses that on the host with
@@ -47,23 +50,27 @@ same_model() {  # dir label
 
 # (1) Equivalence.
 train ref 1 1 1
-cases=("1 1 2 1f1b none 0" "1 1 4 1f1b none 0" "2 1 2 1f1b none 0" "1 2 2 gpipe none 0"
-       "1 2 2 1f1b none 0" "2 2 2 1f1b none 0" "2 1 2 gpipe full 3" "2 1 2 1f1b attention 1"
-       "1 2 2 1f1b full 2")
+# The last field: sequence parallelism.
+cases=("1 1 2 1f1b none 0 false" "1 1 4 1f1b none 0 false" "2 1 2 1f1b none 0 false"
+       "1 2 2 gpipe none 0 false" "1 2 2 1f1b none 0 false" "2 2 2 1f1b none 0 false"
+       "2 1 2 gpipe full 3 false" "2 1 2 1f1b attention 1 false" "1 2 2 1f1b full 2 false"
+       "1 1 4 1f1b none 0 true" "2 2 2 1f1b none 0 true" "2 1 2 gpipe full 3 true"
+       "1 2 2 1f1b attention 2 true")
 for c in "${cases[@]}"; do
   set -- $c
-  dir="tp_$1_$2_$3_$4_$5_$6"
+  dir="tp_$1_$2_$3_$4_$5_$6_$7"
   train "$dir" "$1" "$2" "$3" --set parallel.schedule="$4" --set train.recompute="$5" \
-    --set parallel.zero="$6"
-  label="(dp $1, pp $2, tp $3) $4, recompute $5, zero $6"
+    --set parallel.zero="$6" --set parallel.sequence_parallel="$7"
+  label="(dp $1, pp $2, tp $3) $4, recompute $5, zero $6, sequence parallel $7"
   compare ref/metrics.jsonl "$dir/metrics.jsonl" 1e-5 "$label"
   same_model "$dir" "$label"
   grep -q "tensor groups: every rank's replicated tensors match its group's" "$dir.log" ||
     fail "$label: replicated tensors not confirmed identical"
 done
 
-# (2) Resume across tp, both ways, then a damaged slice.
-train seg_122 1 2 2 --set train.stop_at=3
+# (2) Resume across tp, both ways (the first from a sequence-parallel run),
+# then a damaged slice.
+train seg_122 1 2 2 --set train.stop_at=3 --set parallel.sequence_parallel=true
 train seg_211 2 1 1 --set train.stop_at=3
 for pair in "seg_122 2 1 1" "seg_211 1 2 2"; do
   set -- $pair
@@ -87,8 +94,14 @@ run_mpi 4 train "$DECK" "${common[@]}" --set parallel.tp=4 --set run.dir=damaged
 grep -qF "$f: $name: checksum mismatch" damaged.log || { cat damaged.log; fail "not named"; }
 echo "ok: a damaged tensor-parallel slice is named"
 
-# (3) What the log, the trace and inspect say, and the bytes sent.
+# (3) What the log, the trace and inspect say, and the bytes sent, without
+# and with sequence parallelism (which must also match one rank).
 train traced 1 1 2 --set run.trace=true
+train traced_sp 1 1 2 --set run.trace=true --set parallel.sequence_parallel=true
+compare ref/metrics.jsonl traced_sp/metrics.jsonl 1e-5 "(dp 1, pp 1, tp 2) sequence parallel"
+same_model traced_sp "(dp 1, pp 1, tp 2) sequence parallel"
+grep -q "grid:  dp 1 x pp 1 x tp 2 (sequence parallel)" traced_sp.log ||
+  fail "the grid line does not say sequence parallel"
 grep -q "grid:  dp 1 x pp 1 x tp 2" traced.log || fail "the grid line does not name tp"
 grep -q "tensor groups: \[0-1\]" traced.log || fail "the rank mapping is not printed"
 "$MPIFORMER" inspect traced/checkpoints/step_00000006.h5 | grep -q "written by:  dp 1 x pp 1 x tp 2" ||
@@ -122,4 +135,31 @@ for j in steps:
     else:
         assert "tp_reduce_fraction" not in j, ("a host timing in a GPU run's metrics", j)
 print(f"trace: tensor all-reduce spans on both ranks; {want:.3f} MB sent per rank per step, as counted")
+PY
+python3 - traced_sp <<'PY'
+import json, sys
+run = sys.argv[1]
+L, B, T, C, tp, M = 4, 4, 64, 128, 2, 4
+for rank in range(2):
+    ev = json.load(open(f"{run}/trace-rank{rank}.json"))
+    spans = {}
+    for e in ev:
+        if e["ph"] == "X" and e["name"].startswith("tensor ") and e["args"]["micro_batch"] >= 0:
+            spans[e["name"]] = spans.get(e["name"], 0) + 1
+    # Per micro-batch: reduce-scatters: the embedding, 2 a block forward, 2
+    # backward, the head's input gradient; all-gathers: 2 a block forward, 4
+    # backward, the head's input forward and backward, the embedding's
+    # gradient; all-reduces: the loss's maximum and sums, the LayerNorms'
+    # gradients (one a block, the final one).
+    want = {"tensor reduce-scatter": 4 * L + 2, "tensor all-gather": 6 * L + 3,
+            "tensor all-reduce": 2 + L + 1}
+    assert spans == {k: 6 * M * v for k, v in want.items()}, (rank, spans)
+# Sent per rank (ring): each reduce-scatter and all-gather of B T C floats
+# sends (tp - 1) / tp of it, each all-reduce twice that of its buffer.
+BTC = B * T * C
+elements = (10 * L + 5) * BTC + 2 * (3 * B * T + 4 * C * L + 2 * C)
+want = M * 4 * elements * (tp - 1) / tp / 1e6
+for j in (j for j in map(json.loads, open(f"{run}/metrics.jsonl")) if "loss" in j):
+    assert abs(j["tp_sent_mb"] - want) <= 1e-3 * want, (j["tp_sent_mb"], want)
+print(f"trace (sequence parallel): {want:.3f} MB sent per rank per step, as counted")
 PY

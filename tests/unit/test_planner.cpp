@@ -67,10 +67,46 @@ TEST(StageWork, TensorAllReducesAreMegatronsCount) {
     // and sums forward, the head's input gradient backward.
     EXPECT_EQ(w.tp_forward.size(), 2 * blocks + (stage == 0 ? 1 : 2));
     EXPECT_EQ(w.tp_backward.size(), 2 * blocks + (stage == 1 ? 1 : 0));
-    EXPECT_EQ(w.tp_backward.front(), BTC);
+    EXPECT_EQ(w.tp_backward.front().bytes, BTC);
     EXPECT_EQ(w.message_bytes, BTC);
   }
   EXPECT_TRUE(stage_work(cfg, partition_stage(cfg, 0, 1), 2, Recompute::kNone, 4).tp_forward.empty());
+}
+
+// Sequence parallelism (Korthikanti et al.): each forward all-reduce
+// becomes a reduce-scatter and an all-gather of the same buffer (the same
+// ring volume); backward also gathers each LayerNorm's output again (what
+// is kept is its rows) and the gradient entering each row-parallel GEMM,
+// and sums the LayerNorms' weight gradients. Messages between stages are
+// the rows held; the GEMMs do not change.
+TEST(StageWork, SequenceParallelismSplitsEachAllReduce) {
+  const GptConfig cfg{4, 4, 64, 32, 300};
+  const double BTC = 2 * 32 * 64 * 4.0, tp = 2;
+  auto count = [](const std::vector<TensorCollective>& list, TensorCollective::Kind k) {
+    size_t n = 0;
+    for (const auto& c : list) n += c.kind == k && c.bytes == 2 * 32 * 64 * 4.0;
+    return n;
+  };
+  for (int stage = 0; stage < 2; ++stage) {
+    const StageRange range = partition_stage(cfg, stage, 2, 2, 0);
+    const StageWork plain = stage_work(cfg, range, 2, Recompute::kNone, 4);
+    const StageWork sp = stage_work(cfg, range, 2, Recompute::kNone, 4, true);
+    const size_t blocks = static_cast<size_t>(range.num_layers());
+    const bool first = stage == 0, last = stage == 1;
+    using TC = TensorCollective;
+    EXPECT_EQ(count(sp.tp_forward, TC::kReduceScatter), 2 * blocks + (first ? 1 : 0));
+    EXPECT_EQ(count(sp.tp_forward, TC::kAllgather), 2 * blocks + (last ? 1 : 0));
+    EXPECT_EQ(count(sp.tp_backward, TC::kReduceScatter), 2 * blocks + (last ? 1 : 0));
+    EXPECT_EQ(count(sp.tp_backward, TC::kAllgather), 4 * blocks + (last ? 1 : 0) + (first ? 1 : 0));
+    EXPECT_EQ(count(sp.tp_forward, TC::kAllreduce) + count(sp.tp_backward, TC::kAllreduce), 0u);
+    // The LayerNorms' gradients: two per block, the final one.
+    size_t small = 0;
+    for (const auto& c : sp.tp_backward) small += c.kind == TC::kAllreduce;
+    EXPECT_EQ(small, blocks + (last ? 1 : 0));
+    EXPECT_EQ(sp.message_bytes, BTC / tp);
+    EXPECT_EQ(flops(sp.forward), flops(plain.forward));
+    EXPECT_EQ(flops(sp.backward), flops(plain.backward));
+  }
 }
 
 const char* kHandWritten = R"(
@@ -227,6 +263,42 @@ TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
     }
     EXPECT_TRUE(seen) << "tp " << tp << " pp " << pp;
   }
+}
+
+// The planner prices sequence parallelism as what it is: less memory per
+// rank (the rows kept), more time in the tensor group (backward's extra
+// gathers), and searches it where tp > 1 divides seq_len; when only
+// sequence-parallel layouts fit, that is what it recommends.
+TEST(Plan, SequenceParallelismIsPricedAndSearched) {
+  Deck deck = tiny_deck();
+  deck.parallel.tp = 2;
+  const MachineSpec m = workstation(1);
+  const Prediction plain = predict_step(deck, m, 2);
+  deck.parallel.sequence_parallel = true;
+  const Prediction sp = predict_step(deck, m, 2);
+  EXPECT_LT(sp.memory_max, plain.memory_max);
+  EXPECT_GT(sp.tp_comm, plain.tp_comm);
+  EXPECT_EQ(sp.layout.describe(), plain.layout.describe() + " sp");
+
+  deck = tiny_deck();
+  const Plan all = plan_layouts(deck, m, 2, 2);
+  double leanest_plain = 1e300;
+  bool searched = false;
+  for (const Prediction& p : all.fitting) {
+    searched |= p.layout.sequence_parallel;
+    EXPECT_TRUE(!p.layout.sequence_parallel || p.layout.tp > 1) << p.layout.describe();
+    if (!p.layout.sequence_parallel) leanest_plain = std::min(leanest_plain, p.memory_max);
+  }
+  EXPECT_TRUE(searched);
+  ASSERT_LT(all.leanest.memory_max, leanest_plain);
+  EXPECT_TRUE(all.leanest.layout.sequence_parallel) << all.leanest.layout.describe();
+  // A device between the two: only sequence-parallel layouts fit.
+  const double gib = 1024.0 * 1024 * 1024;
+  const MachineSpec tight =
+      workstation((all.leanest.memory_max + leanest_plain) / 2 / 0.9 / gib);
+  const Plan plan = plan_layouts(deck, tight, 2, 2);
+  ASSERT_FALSE(plan.fitting.empty());
+  for (const Prediction& p : plan.fitting) EXPECT_TRUE(p.layout.sequence_parallel);
 }
 
 TEST(Plan, AModelThatFitsNowhereIsRefusedWithWhatItNeeds) {

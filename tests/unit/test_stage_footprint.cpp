@@ -13,16 +13,21 @@ namespace mpiformer::test {
 namespace {
 
 template <class T>
-void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, int tp = 1) {
+void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, int tp = 1,
+                  bool sequence_parallel = false, Recompute recompute = Recompute::kNone) {
   host::Context ctx;
+  StageOptions o{micro_batch, slots};
+  o.sequence_parallel = sequence_parallel;
+  o.recompute = recompute;
   for (int s = 0; s < pp * tp; ++s) {
     const StageRange range = partition_stage(cfg, s / tp, pp, tp, s % tp);
-    const GptStage<host::Ops<T>> stage(ctx, cfg, range, micro_batch, slots);
-    const StageFootprint f = stage_footprint(cfg, range, micro_batch, slots, sizeof(T), sizeof(T));
+    const GptStage<host::Ops<T>> stage(ctx, cfg, range, o);
+    const StageFootprint f = stage_footprint(cfg, range, o, sizeof(T), sizeof(T));
     EXPECT_EQ(f.total(), static_cast<double>(stage.allocated_bytes()))
         << "stage " << s / tp << " of " << pp << ", tensor rank " << s % tp << " of " << tp
-        << ", " << slots << " slot(s), B " << micro_batch
-        << ", " << sizeof(T) << "-byte elements";
+        << ", " << slots << " slot(s), B " << micro_batch << ", " << sizeof(T)
+        << "-byte elements, sequence parallel " << sequence_parallel << ", recompute "
+        << name_of(recompute);
     EXPECT_EQ(f.activations, slots * f.per_slot);
     EXPECT_EQ(f.parameters, static_cast<double>(stage.param_storage() * sizeof(T)));
     EXPECT_EQ(f.weight_copy, 0.0);  // one element type: no copy
@@ -55,6 +60,36 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
     expect_exact<float>(tiny, 1, 4, 1, tp);
     expect_exact<double>(tiny, 2, 2, 3, tp);
   }
+  // Sequence parallelism: the rows held are a tp-th (odd: 3 x 7 rows over
+  // 3 ranks), with each recomputation.
+  for (const Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+    expect_exact<float>(odd, 2, 3, 2, 3, true, r);
+    expect_exact<double>(tiny, 2, 2, 3, 4, true, r);
+  }
+}
+
+// Sequence parallelism divides what a block keeps on the rows (ln1, res2,
+// ln2, their statistics) and the residual stream by tp; what is split by
+// channels already (qkv, atty, fch, GELU, attention's state) is unchanged.
+TEST(StageFootprint, SequenceParallelismDividesTheRowsKept) {
+  GptConfig cfg;
+  cfg.n_layer = 4;
+  cfg.n_head = 4;
+  cfg.n_embd = 64;
+  cfg.seq_len = 32;
+  cfg.vocab_size = 100;
+  const int64_t B = 2, BT = B * cfg.seq_len, C = cfg.n_embd, tp = 4;
+  const StageRange middle = partition_stage(cfg, 1, 3, tp, 0);  // blocks only
+  const int64_t L = middle.num_layers();
+  ASSERT_TRUE(L > 0 && !middle.has_embedding && !middle.has_head);
+  StageOptions o{B, 1};
+  const StageFootprint plain = stage_footprint(cfg, middle, o, 4, 4);
+  o.sequence_parallel = true;
+  const StageFootprint sp = stage_footprint(cfg, middle, o, 4, 4);
+  // Per block: 3 row activations of C and 4 row statistics; plus L + 1
+  // residuals.
+  const double rows_saved = static_cast<double>(BT - BT / tp);
+  EXPECT_EQ(plain.per_slot - sp.per_slot, rows_saved * 4 * ((L + 1) * C + L * (3 * C + 4)));
 }
 
 TEST(StageFootprint, MixedPrecisionCountsTheWeightCopy) {

@@ -3,7 +3,7 @@
 // on every rank alone: the vocabulary-parallel cross-entropy, the column-
 // and row-parallel linears with their backward conjugates, and the whole
 // stage (the same initial values, losses, every gradient slice and the
-// input gradient). The group's sums are the real MPI communicator's.
+// input gradient), with and without sequence parallelism. The group's sums are the real MPI communicator's.
 // Tolerance: double rounding only (the split sums associate differently),
 // |err| <= 1e-12 + 1e-9 |want|; a misplaced slice or a missing all-reduce
 // is wrong by O(1).
@@ -18,6 +18,7 @@
 #include "model/gpt_stage.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "reference.hpp"
+#include "train/tensor_group.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -34,11 +35,7 @@ struct World {
   }
   int rank() const { return comm.rank(); }
   int size() const { return comm.size(); }
-  TensorGroup group() {
-    return TensorGroup{
-        [this](void* d, int64_t n, Element e) { comm.allreduce(d, n, e, Reduction::kSum); },
-        [this](void* d, int64_t n, Element e) { comm.allreduce(d, n, e, Reduction::kMax); }};
-  }
+  TensorGroup group() { return tensor_group(comm); }
   void sum(std::vector<double>& v) { comm.allreduce(v.data(), static_cast<int64_t>(v.size()), Element::kF64, Reduction::kSum); }
 };
 
@@ -143,17 +140,29 @@ std::vector<double> slice_of(const ParameterSpec& spec, const double* whole) {
 
 // The whole stage at tp = world size against the unsplit stage, for the
 // whole model and for a last stage without the embedding (whose input
-// gradient must be the unsplit one).
-TEST(TensorParallel, TheStageEqualsTheWholeStage) {
+// gradient must be the unsplit one); plain, and under sequence parallelism
+// (where a rank's input and input gradient are its rows of the unsplit
+// ones, and its LayerNorms' gradients come from its rows and the group's
+// sum), with each recomputation.
+void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute) {
   World w;
   const GptConfig cfg = config();
-  const int64_t B = 2, BT = B * cfg.seq_len;
+  const int64_t B = 2, BT = B * cfg.seq_len, C = cfg.n_embd;
+  // The rows this rank holds of the residual stream.
+  const int64_t rows = sequence_parallel ? BT / w.size() : BT;
+  const int64_t first_row = sequence_parallel ? rows * w.rank() : 0;
+  StageOptions options{B, 1};
+  options.recompute = recompute;
   for (const StageRange whole : {StageRange{0, 2, true, true}, StageRange{1, 2, false, true}}) {
     StageRange split = whole;
     split.tp = w.size();
     split.tp_rank = w.rank();
     host::Context c1, c2;
-    GptStage<host::Ops<double>> ref(c1, cfg, whole, B, 1), tp(c2, cfg, split, B, 1);
+    GptStage<host::Ops<double>> ref(c1, cfg, whole, options);
+    options.sequence_parallel = sequence_parallel;
+    GptStage<host::Ops<double>> tp(c2, cfg, split, options);
+    options.sequence_parallel = false;
+    ASSERT_EQ(tp.activation_size(), rows * C);
     tp.set_tensor_group(w.group());
     ref.init_parameters(5);
     tp.init_parameters(5);
@@ -167,7 +176,7 @@ TEST(TensorParallel, TheStageEqualsTheWholeStage) {
     const auto input = random_vector(static_cast<size_t>(BT * cfg.n_embd), 9);
     if (!whole.has_embedding) {
       std::copy(input.begin(), input.end(), ref.input_buffer(0));
-      std::copy(input.begin(), input.end(), tp.input_buffer(0));
+      std::copy_n(input.begin() + first_row * C, rows * C, tp.input_buffer(0));
     }
     // Evaluation's forward, then training's.
     ref.forward(0, tok.data(), tgt.data(), false, 0.0);
@@ -186,10 +195,22 @@ TEST(TensorParallel, TheStageEqualsTheWholeStage) {
       EXPECT_TRUE(all_close(g, slice_of(spec, ref.grads() + full.offset), kAbs, kRel)) << spec.name;
     }
     if (!whole.has_embedding) {
-      const std::vector<double> want(ref.input_grad(), ref.input_grad() + BT * cfg.n_embd);
-      const std::vector<double> got(tp.input_grad(), tp.input_grad() + BT * cfg.n_embd);
+      const std::vector<double> want(ref.input_grad() + first_row * C,
+                                     ref.input_grad() + (first_row + rows) * C);
+      const std::vector<double> got(tp.input_grad(), tp.input_grad() + rows * C);
       EXPECT_TRUE(all_close(got, want, kAbs, kRel)) << "input gradient";
     }
+  }
+}
+
+TEST(TensorParallel, TheStageEqualsTheWholeStage) {
+  expect_stage_equals_whole_stage(false, Recompute::kNone);
+}
+
+TEST(TensorParallel, SequenceParallelStageEqualsTheWholeStage) {
+  for (const Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+    SCOPED_TRACE(name_of(r));
+    expect_stage_equals_whole_stage(true, r);
   }
 }
 

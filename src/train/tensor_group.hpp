@@ -1,0 +1,57 @@
+// The stage's tensor group (model/gpt_stage.hpp's TensorGroup) over a
+// communicator: its sums, maxima, and sequence parallelism's reduce-scatter
+// and all-gather, each reported to an observer with the bytes this rank
+// sent (the ring algorithm's count).
+#pragma once
+#include <chrono>
+#include <functional>
+#include <utility>
+
+#include "model/gpt_stage.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mpiformer {
+
+// Told of each collective of the tensor group: which ("tensor all-reduce",
+// "tensor all-gather", "tensor reduce-scatter"), when it ran (on a GPU, when the host
+// queued it) and the bytes this rank sent.
+using TensorOpObserver =
+    std::function<void(const char* op, std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end, double bytes_sent)>;
+
+// `tp` must outlive the group; `observer` may be empty (the tests).
+inline TensorGroup tensor_group(Communicator& tp, const TensorOpObserver* observer = nullptr) {
+  using Clock = std::chrono::steady_clock;
+  Communicator* comm = &tp;
+  // A ring all-reduce of b bytes sends 2 b (g - 1) / g per rank; a
+  // reduce-scatter or all-gather of a whole of b bytes, b (g - 1) / g.
+  auto timed = [comm, observer](const char* op, double rounds, int64_t whole, Element type,
+                                const std::function<void()>& run) {
+    const auto t0 = Clock::now();
+    run();
+    if (observer == nullptr || !*observer) return;
+    const double g = comm->size();
+    (*observer)(op, t0, Clock::now(),
+                rounds * static_cast<double>(whole) * static_cast<double>(element_bytes(type)) *
+                    (g - 1) / g);
+  };
+  auto reduce = [comm, timed](Reduction op) {
+    return [comm, timed, op](void* data, int64_t n, Element type) {
+      timed("tensor all-reduce", 2, n, type, [&] { comm->allreduce(data, n, type, op); });
+    };
+  };
+  TensorGroup g;
+  g.sum = reduce(Reduction::kSum);
+  g.max = reduce(Reduction::kMax);
+  g.scatter_sum = [comm, timed](const void* whole, void* mine, int64_t part, Element type) {
+    timed("tensor reduce-scatter", 1, part * comm->size(), type,
+          [&] { comm->reduce_scatter(whole, mine, part, type); });
+  };
+  g.gather = [comm, timed](const void* mine, void* whole, int64_t part, Element type) {
+    timed("tensor all-gather", 1, part * comm->size(), type,
+          [&] { comm->allgather(mine, whole, part, type); });
+  };
+  return g;
+}
+
+}  // namespace mpiformer
