@@ -189,6 +189,7 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.name = args.name;
   req.max_tp = args.max_tp;
   req.seconds = args.seconds;
+  req.probe_tokens = args.probe_tokens;
   req.scratch = args.output + ".save-probe.h5";
   // Before minutes of measuring, not after.
   require_writable_folder(args.output, "calibrate --output");

@@ -86,6 +86,7 @@ struct CalibrateArgs {
   std::string name = "this machine";
   int max_tp = 1;
   double seconds = 0.05;
+  double probe_tokens = 2048;    // CalibrationRequest's
   std::string device = "auto";   // auto | cpu | cuda
   std::string precision;         // fp32 | bf16 | fp16; "" = bf16 on a GPU, fp32 on the host
 };

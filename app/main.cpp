@@ -154,8 +154,16 @@ int main(int argc, char** argv) {
   ca->add_option("--max-tp", cal.max_tp, "measure matmul shapes for tensor-parallel widths up to this")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  ca->add_option("--seconds", cal.seconds, "timing budget per measured point")
+  ca->add_option("--seconds", cal.seconds,
+                 "timing budget per measured point (longer: steadier rates, a longer calibration)")
       ->check(CLI::Range(0.001, 10.0))
+      ->capture_default_str();
+  ca->add_option("--probe-tokens", cal.probe_tokens,
+                 "largest micro-batch, in tokens, at which a whole stage is run to measure its "
+                 "factor and runtime memory (a deck's own is always run; larger: the planner "
+                 "measures rather than extrapolates big micro-batches, and calibration takes "
+                 "longer, about a minute per 4096 tokens of GPT-2 small on 2 cores)")
+      ->check(CLI::Range(1.0, 1e9))
       ->capture_default_str();
   ca->add_option("--device", cal.device, "what to measure: the GPU (cuda), the host back end "
                                          "(cpu), or a GPU where this node has one (auto)")

@@ -16,6 +16,7 @@
 #include "machine_file.hpp"
 #include "common/adamw_params.hpp"
 #include "model/stage_work.hpp"
+#include "train/calibrate_progress.hpp"
 #include "train/calibration_timing.hpp"
 
 namespace mpiformer::calibration {
@@ -216,12 +217,29 @@ MeasuredShapes shapes_to_measure(const std::vector<GptConfig>& models,
 
 // The compute rows of `m` (matmul, attention, kernels, memory_bandwidth)
 // through the op set's own ops.
+inline int points(const MeasuredShapes& s) {
+  return static_cast<int>(s.matmuls.size() + s.attention.size() + s.streams.size());
+}
+
 template <class Ops>
 void measure_compute(const OpBench<Ops>& d, const MeasuredShapes& s, double seconds,
-                     MachineSpec& m) {
-  for (const auto& [rows, k, n] : s.matmuls) m.matmul.push_back(measure_matmul(d, rows, k, n, seconds));
-  for (const auto& [hs, T] : s.attention) m.attention.push_back(measure_attention(d, hs, T, seconds));
-  for (const auto& [e, cfg] : s.streams) m.kernels.push_back(measure_kernels(d, e, *cfg, seconds));
+                     MachineSpec& m, Progress* progress = nullptr) {
+  // Each shape measured is a point of the caller's phase (points(s)).
+  auto point = [&] {
+    if (progress != nullptr) progress->point();
+  };
+  for (const auto& [rows, k, n] : s.matmuls) {
+    m.matmul.push_back(measure_matmul(d, rows, k, n, seconds));
+    point();
+  }
+  for (const auto& [hs, T] : s.attention) {
+    m.attention.push_back(measure_attention(d, hs, T, seconds));
+    point();
+  }
+  for (const auto& [e, cfg] : s.streams) {
+    m.kernels.push_back(measure_kernels(d, e, *cfg, seconds));
+    point();
+  }
   std::sort(m.kernels.begin(), m.kernels.end(),
             [](const KernelRow& a, const KernelRow& b) { return a.elements < b.elements; });
   m.memory_bandwidth = m.kernels.empty() ? 10e9 : m.kernels.back().bandwidth.at("residual");

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/format.hpp"
 #include "core/host_memory.hpp"
 #include "core/mpi_check.hpp"
 #include "host/ops.hpp"
@@ -16,9 +17,11 @@
 #include "parallel/mpi_communicator.hpp"
 #include "train/calibrate_kernels.hpp"
 #include "train/calibrate_links.hpp"
+#include "train/calibrate_progress.hpp"
 #include "train/calibrate_memory.hpp"
 #include "train/data_feeder.hpp"
 #include "train/memory_report.hpp"
+#include "train/model_flops.hpp"
 #include "train/step_prediction.hpp"
 
 namespace mpiformer {
@@ -122,7 +125,45 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return req.models[a].n_embd * req.models[a].seq_len < req.models[b].n_embd * req.models[b].seq_len;
   });
+  // The probes to run: each model at micro-batches 1, 4, 16, ... up to its
+  // batch (at most 64) and --probe-tokens tokens, and at its deck's own.
+  struct Planned {
+    size_t model;
+    int64_t micro_batch;
+    Recompute recompute;
+  };
+  std::vector<Planned> planned;
+  for (size_t i : order) {
+    std::set<int64_t> mbs = {req.micro_batches[i]};
+    const int64_t T = req.models[i].seq_len;
+    for (int64_t b = 1; b <= std::min<int64_t>(req.batches[i], 64) &&
+                        static_cast<double>(b * T) <= req.probe_tokens;
+         b *= 4)
+      mbs.insert(b);
+    // Full recomputation's backward runs each block's forward again on
+    // buffers it just used: measured apart (attention's is like none's).
+    for (Recompute rc : {Recompute::kNone, Recompute::kFull})
+      for (int64_t mb : mbs) planned.push_back({i, mb, rc});
+  }
+  // A probe's cost: its training FLOPs (full recomputation a third more).
+  auto cost = [&](const Planned& p) {
+    return training_flops_per_token(req.models[p.model]) *
+           static_cast<double>(p.micro_batch * req.models[p.model].seq_len) *
+           (p.recompute == Recompute::kFull ? 4.0 / 3 : 1.0);
+  };
+  auto name = [&](const Planned& p) {
+    const GptConfig& c = req.models[p.model];
+    return strprintf("%lld x %lld, seq %lld, micro-batch %lld, recompute %s",
+                     static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
+                     static_cast<long long>(c.seq_len), static_cast<long long>(p.micro_batch),
+                     name_of(p.recompute));
+  };
+  double work = 0;
+  for (const Planned& p : planned) work += cost(p);
+  Progress progress(rank, {"whole stages", "GEMM peak", "kernels", "links"});
+  progress.begin(0, static_cast<int>(planned.size()), work);
   std::vector<StageProbe> probes;
+  size_t next = 0;  // in `planned`, which runs in model order
   for (size_t i : order) {
     // The deck's data reader as the run opens it: its buffers (the sample
     // order, the reader's caches) are this model's; what the library keeps
@@ -144,15 +185,11 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
         // No data here (a deck for another machine): nothing to measure.
       }
     }
-    std::set<int64_t> mbs = {req.micro_batches[i]};
-    for (int64_t b = 1; b <= std::min<int64_t>(req.batches[i], 64); b *= 4) mbs.insert(b);
-    // Full recomputation's backward runs each block's forward again on
-    // buffers it just used: measured apart (attention's is like none's).
-    for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
-      for (int64_t mb : mbs) {
-        probes.push_back(probe_stage(req.models[i], mb, rc, baseline, 4 * req.seconds));
-        probes.back().overhead += data;
-      }
+    for (; next < planned.size() && planned[next].model == i; ++next) {
+      const Planned& p = planned[next];
+      probes.push_back(probe_stage(req.models[i], p.micro_batch, p.recompute, baseline, 4 * req.seconds));
+      probes.back().overhead += data;
+      progress.point(cost(p), next + 1 < planned.size() ? name(planned[next + 1]) : "");
     }
   }
 
@@ -164,6 +201,7 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   m.devices_per_node = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads);
   m.memory = host_available_bytes() / m.devices_per_node;
   // The practical peak, every rank at once (what MFU is counted against).
+  progress.begin(1, 0);
   const Element act = precision_plan(req.precision).activations;
   double peak = act == Element::kF32 ? host::measure_gemm_peak() : host::measure_narrow_gemm_peak(act);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
@@ -171,18 +209,19 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   m.attention_flops = m.matmul_flops;
 
   const MeasuredShapes shapes = shapes_to_measure(req.models, req.batches, req.max_tp);
+  progress.begin(2, points(shapes));
   host::Context ctx;
   // The rates of the precision's own kernels (oneDNN's bf16 matmuls, fp16
   // widened for the BLAS).
   switch (req.precision) {
     case Precision::kBf16:
-      measure_compute(OpBench<host::Ops<host::Bf16>>{ctx, [] {}}, shapes, req.seconds, m);
+      measure_compute(OpBench<host::Ops<host::Bf16>>{ctx, [] {}}, shapes, req.seconds, m, &progress);
       break;
     case Precision::kFp16:
-      measure_compute(OpBench<host::Ops<host::Fp16>>{ctx, [] {}}, shapes, req.seconds, m);
+      measure_compute(OpBench<host::Ops<host::Fp16>>{ctx, [] {}}, shapes, req.seconds, m, &progress);
       break;
     case Precision::kFp32:
-      measure_compute(OpBench<host::Ops<float>>{ctx, [] {}}, shapes, req.seconds, m);
+      measure_compute(OpBench<host::Ops<float>>{ctx, [] {}}, shapes, req.seconds, m, &progress);
       break;
   }
   // A save's buffers come on top of every stage's.
@@ -199,7 +238,9 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
     m.runtime = std::max(m.runtime, p.overhead);
   }
 
+  progress.begin(3, 0);
   measure_links(node, node_comm.rank(), shapes.max_link_bytes, req.seconds, LinkTransport{}, m);
+  if (rank == 0) std::fprintf(stderr, "calibrate: measured in %.0f s\n", progress.elapsed());
   return m;
 }
 

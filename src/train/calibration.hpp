@@ -45,6 +45,10 @@ struct CalibrationRequest {
   std::string scratch;
   int max_tp = 1;                 // tensor-parallel widths up to this
   double seconds = 0.05;          // timing budget of each point
+  // The largest micro-batch, in tokens, at which a whole stage is run to
+  // measure its factor and runtime memory (a deck's own micro-batch is
+  // always run): larger micro-batches are priced from the nearest measured.
+  double probe_tokens = 2048;
   std::string name;
   Device device = Device::kCpu;   // resolved: kCpu or kCuda
   Precision precision = Precision::kFp32;  // of the rates: the kernels of that precision

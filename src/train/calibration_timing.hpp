@@ -20,9 +20,9 @@ inline double now() {
 }
 
 // Seconds per call of `f`: every rank of `comm` starts together, warms up
-// once, times one call, then all make the same number of calls (a
-// collective's ranks must) filling about `budget`; the ranks' mean (they
-// run at once, as a step's ranks do). `fence` waits until what the calls
+// once, times one call, then (unless that call alone filled `budget`) all
+// make the same number of calls (a collective's ranks must) filling about
+// `budget`; the ranks' mean (they run at once, as a step's ranks do). `fence` waits until what the calls
 // queued has run (a GPU's stream; nothing on the host).
 template <class F, class Fence>
 double seconds_per_call(MPI_Comm comm, double budget, F&& f, Fence&& fence) {
@@ -32,16 +32,24 @@ double seconds_per_call(MPI_Comm comm, double budget, F&& f, Fence&& fence) {
   double t0 = now();
   f();
   fence();
-  double once = now() - t0;
+  const double mine = now() - t0;
+  double once = mine;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm));
+  int size = 1;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  if (once >= budget) {
+    // One warm call already fills the budget (a whole stage of a large
+    // model): it is the measurement; another would only double the wait.
+    double t = mine;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_SUM, comm));
+    return t / size;
+  }
   const int reps = static_cast<int>(std::clamp(budget / std::max(once, 1e-9), 1.0, 2000.0));
   MPI_CHECK(MPI_Barrier(comm));
   t0 = now();
   for (int i = 0; i < reps; ++i) f();
   fence();
   double t = (now() - t0) / reps;
-  int size = 1;
-  MPI_CHECK(MPI_Comm_size(comm, &size));
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_SUM, comm));
   return t / size;
 }

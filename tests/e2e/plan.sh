@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mpiformer calibrate, plan and [parallel] auto on this machine:
-#  - calibrate under mpirun (2 ranks) writes a machine file plan reads;
+#  - calibrate under mpirun (2 ranks) writes a machine file plan reads,
+#    saying each phase as it starts (once: rank 0);
 #  - plan --ranks 2 lists layouts of 2 ranks only, fastest first, each
 #    fitting the machine's memory; --explain writes the predicted timeline
 #    of a pp 2 GPipe layout as a Chrome trace with every forward and
@@ -21,6 +22,11 @@ data=(--set data.train='"data/tinyshakespeare_byte.h5"')
 run_mpi 2 calibrate "$DECK" --seconds 0.003 --name "e2e machine" -o machine.toml >cal.log 2>&1 ||
   { cat cal.log; fail "calibrate"; }
 grep -q "wrote machine.toml" cal.log || fail "calibrate did not say what it wrote"
+# It says what it measures as it goes (rank 0 only): each phase, in order.
+for phase in "\[1/4\] whole stages" "\[2/4\] GEMM peak" "\[3/4\] kernels" "\[4/4\] links"; do
+  [ "$(grep -c "^calibrate: $phase" cal.log)" = 1 ] || { cat cal.log; fail "calibrate: no '$phase' line"; }
+done
+grep -q "^calibrate: measured in [0-9]* s" cal.log || fail "calibrate did not say how long it took"
 for section in '^\[machine\]' '^\[\[compute.matmul\]\]' '^\[\[compute.attention\]\]' \
                '^\[\[compute.kernels\]\]' '^\[\[compute.stage\]\]' '^\[intra\]'; do
   grep -q "$section" machine.toml || fail "machine.toml has no $section"
