@@ -90,7 +90,7 @@ elif g:
 else:
     gtxt, dtxt = "?", ""
 if b:
-    btxt = f"t {b['tp']} p {b['pp']} dp {b['dp']} mb {b['micro_batch']} zero {b['zero']} {b['recompute']} {b['schedule']}"
+    btxt = f"t {b['tp']} p {b['pp']} dp {b['dp']} mb {b['micro_batch']} zero {b['zero']} {b['recompute']} {b['schedule']}" + (" sp" if b.get('sequence_parallel') else "")
     tps = B * s / b["step_s"] / n
     # The published run's tokens/s per GPU, from its TFLOP/s.
     vs = f"{100 * (tps / (published * 1e12 * B * s / F) - 1):+.0f}%" if published else ""
