@@ -10,6 +10,11 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mpiformer-e2e-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
+# Open MPI keeps its session directories under TMPDIR, and two launches
+# starting at once (ctest runs two tests at a time) can race to create and
+# remove the shared top one ("mkdir: File exists"): each test has its own.
+mkdir -p "$WORK/tmp"
+export TMPDIR="$WORK/tmp"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

@@ -3,10 +3,26 @@
 // prints results when the binary runs under mpirun.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <stdlib.h>
 
 #include <Kokkos_Core.hpp>
+#include <filesystem>
+#include <string>
 
 int main(int argc, char** argv) {
+  // Started without mpirun (a singleton, as ctest runs the unit tests two
+  // at a time), Open MPI creates its session directories under TMPDIR, and
+  // two processes starting at once race on the shared top one: each gets
+  // its own, removed at the end. Under mpirun the launcher's is used.
+  std::string own_tmp;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/mpiformer-test-XXXXXX";
+    if (mkdtemp(pattern.data()) != nullptr) {
+      own_tmp = pattern;
+      setenv("TMPDIR", own_tmp.c_str(), 1);
+    }
+  }
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -21,5 +37,9 @@ int main(int argc, char** argv) {
     rc = RUN_ALL_TESTS();
   }
   MPI_Finalize();
+  if (!own_tmp.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(own_tmp, ec);
+  }
   return rc;
 }
