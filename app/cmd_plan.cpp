@@ -1,5 +1,5 @@
 // mpiformer plan DECK --ranks N: every layout the model allows on N ranks,
-// those that fit, fastest first (train/layout_search.hpp); and mpiformer
+// those that fit, fastest first (plan/layout_search.hpp); and mpiformer
 // calibrate: the machine file it prices them with.
 #include <mpi.h>
 
@@ -20,7 +20,7 @@
 #ifdef MPIFORMER_HAVE_CUDA
 #include "cuda/device.hpp"
 #endif
-#include "train/layout_search.hpp"
+#include "plan/layout_search.hpp"
 
 namespace mpiformer {
 

@@ -18,7 +18,7 @@
 #include "deck.hpp"
 #include "host/gemm.hpp"
 #include "host/parallel.hpp"
-#include "train/model_flops.hpp"
+#include "model/model_flops.hpp"
 #include "train/stage_backend.hpp"
 
 namespace {

@@ -81,7 +81,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   // Let the planner pick dp, pp, tp, zero, schedule, [train] micro_batch
   // and recompute for the job's ranks, priced by [run] machine (the fastest
-  // layout that fits; train/layout_search.hpp). The deck's values are
+  // layout that fits; plan/layout_search.hpp). The deck's values are
   // then ignored.
   bool auto_layout = false;
   // The share of each device's memory the planner (plan, [parallel] auto)

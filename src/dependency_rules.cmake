@@ -1,16 +1,17 @@
 # DESIGN's dependency direction, enforced when the build is configured:
-#   app -> train -> {model, parallel, io} -> kernels -> core
+#   app -> train -> plan -> {model, parallel, io} -> kernels -> core
 # Every quoted #include of a project header must name a layer the including
 # file's layer may depend on. A violation stops the configure step (and so
 # the build) with the file, the line and the rule it breaks.
 
 # layer: directories (relative to the source root) and the layers it may use.
-set(_layers core kernels model parallel io train app)
+set(_layers core kernels model parallel io plan train app)
 set(_dirs_core src/core)
 set(_dirs_kernels kernels/common kernels/host kernels/cuda)
 set(_dirs_model src/model)
 set(_dirs_parallel src/parallel)
 set(_dirs_io io)
+set(_dirs_plan src/plan)
 set(_dirs_train src/train)
 set(_dirs_app app)
 set(_uses_core core)
@@ -18,8 +19,9 @@ set(_uses_kernels core kernels)
 set(_uses_model core kernels model)
 set(_uses_parallel core parallel)
 set(_uses_io core io)
-set(_uses_train core kernels model parallel io train)
-set(_uses_app core kernels model parallel io train app)
+set(_uses_plan core kernels model parallel io plan)
+set(_uses_train core kernels model parallel io plan train)
+set(_uses_app core kernels model parallel io plan train app)
 # The first path component of an include, by layer.
 set(_prefix_core core)
 set(_prefix_common kernels)
@@ -27,6 +29,7 @@ set(_prefix_host kernels)
 set(_prefix_cuda kernels)
 set(_prefix_model model)
 set(_prefix_parallel parallel)
+set(_prefix_plan plan)
 set(_prefix_train train)
 
 file(GLOB _io_headers RELATIVE ${PROJECT_SOURCE_DIR}/io ${PROJECT_SOURCE_DIR}/io/*.hpp)

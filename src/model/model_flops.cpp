@@ -1,4 +1,4 @@
-#include "train/model_flops.hpp"
+#include "model/model_flops.hpp"
 
 #include "model/parameter_table.hpp"
 

@@ -9,6 +9,7 @@
 // (dp, rank): the trainer, the checkpoints and the memory accounting all
 // read the same plan.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -16,6 +17,11 @@
 #include "model/stage_layout.hpp"
 
 namespace mpiformer {
+
+// ZeRO's reduce-scatters of whole units in flight at once
+// (train/zero_shards.hpp's reduce_resident_from; the memory accounting
+// counts as many host MPI temporaries).
+inline constexpr size_t kInFlight = 2;
 
 struct ShardUnit {
   int64_t begin = 0, end = 0;  // flat offsets

@@ -29,4 +29,19 @@ struct StageOptions {
   bool sequence_parallel = false;
 };
 
+// The options a deck asks for, with `slots` from the schedule: ZeRO's
+// level decides which buffers live outside the stage or in windows.
+inline StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero,
+                                  bool sequence_parallel = false) {
+  StageOptions o;
+  o.sequence_parallel = sequence_parallel;
+  o.micro_batch = micro_batch;
+  o.slots = slots;
+  o.recompute = recompute;
+  o.external_master = zero >= 1;
+  o.window_grads = zero >= 2;
+  o.window_weights = zero >= 3;
+  return o;
+}
+
 }  // namespace mpiformer

@@ -1,4 +1,4 @@
-#include "train/layout_search.hpp"
+#include "plan/layout_search.hpp"
 
 #include <algorithm>
 #include <exception>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "train/step_prediction.hpp"
+#include "plan/step_prediction.hpp"
 
 namespace mpiformer {
 

@@ -1,4 +1,4 @@
-#include "train/memory_report.hpp"
+#include "plan/memory_report.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>

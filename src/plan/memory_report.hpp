@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "deck.hpp"
-#include "train/backend_factory.hpp"
+#include "plan/rank_memory.hpp"
 
 namespace mpiformer {
 

@@ -1,4 +1,4 @@
-#include "train/step_prediction.hpp"
+#include "plan/step_prediction.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,11 +6,12 @@
 
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/precision_plan.hpp"
+#include "model/model_flops.hpp"
 #include "model/shard_plan.hpp"
 #include "model/stage_layout.hpp"
 #include "model/stage_work.hpp"
-#include "train/memory_report.hpp"
-#include "train/model_flops.hpp"
+#include "plan/memory_report.hpp"
 
 namespace mpiformer {
 

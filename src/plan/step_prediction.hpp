@@ -25,7 +25,7 @@
 #include "deck.hpp"
 #include "machine_file.hpp"
 #include "parallel/schedule_timing.hpp"
-#include "train/backend_factory.hpp"
+#include "plan/rank_memory.hpp"
 
 namespace mpiformer {
 

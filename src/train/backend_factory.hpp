@@ -13,45 +13,15 @@
 #include "parallel/mpi_session.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/process_grid.hpp"
+#include "plan/rank_memory.hpp"
 #include "train/stage_backend.hpp"
 
 namespace mpiformer {
-
-struct BackendChoice {
-  Device device = Device::kCpu;  // resolved: never kAuto
-  Precision precision = Precision::kFp32;
-  int gpu = -1;         // the device ordinal on kCuda
-  std::string why_cpu;  // on kCpu: why no GPU
-  int sharing = 1;      // ranks sharing this rank's memory (its node's, or its GPU's)
-};
 
 // Resolves [run] device against the build and the node, and checks [train]
 // precision against the result; the GPU is the node-local rank modulo the
 // GPUs visible. Local: throws InputError.
 BackendChoice choose_backend(const Deck& deck, NodePlace node);
-
-// The bytes this rank's stage and optimizer will allocate on its device
-// (the stage's buffers exactly, the AdamW moments, ZeRO's shard and
-// receive buffers, and the device context's scratch), by category, as the
-// accounting prints them and the refusal below words them. A pure
-// function of the deck (model, layout, zero, recompute, precision,
-// micro-batch) and the schedule's slots: what the planner builds on.
-struct RankMemory {
-  int slots = 0;  // activation slots of the stage's schedule
-  StageFootprint stage;
-  double shard_master = 0;     // ZeRO: master weights of the shard (and its Act copy)
-  double shard_gradients = 0;  // ZeRO: the reduced gradients of the shard
-  double optimizer = 0;        // AdamW's two moments (whole, or the shard)
-  double comm = 0;             // buffers only collectives use (zero >= 2: two block parts)
-  double workspace = 0;        // the device context's scratch
-  double parameters() const { return stage.parameters + stage.weight_copy + shard_master; }
-  double gradients() const { return stage.gradients + shard_gradients; }
-  double total() const {
-    return parameters() + gradients() + optimizer + stage.activations + stage.scratch + comm +
-           workspace;
-  }
-};
-RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
 
 // The stage this rank runs at `place` (parameters not yet initialised).
 // First compares rank_memory with what the device has left for each rank

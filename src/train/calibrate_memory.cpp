@@ -13,9 +13,9 @@
 #include "core/host_memory.hpp"
 #include "core/mpi_check.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "plan/memory_report.hpp"
 #include "train/backend_factory.hpp"
 #include "train/calibration_timing.hpp"
-#include "train/memory_report.hpp"
 
 namespace mpiformer::calibration {
 

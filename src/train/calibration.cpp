@@ -13,16 +13,16 @@
 #include "core/host_memory.hpp"
 #include "core/mpi_check.hpp"
 #include "host/ops.hpp"
+#include "model/model_flops.hpp"
 #include "model/parameter_table.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "plan/memory_report.hpp"
+#include "plan/step_prediction.hpp"
 #include "train/calibrate_kernels.hpp"
 #include "train/calibrate_links.hpp"
-#include "train/calibrate_progress.hpp"
 #include "train/calibrate_memory.hpp"
+#include "train/calibrate_progress.hpp"
 #include "train/data_feeder.hpp"
-#include "train/memory_report.hpp"
-#include "train/model_flops.hpp"
-#include "train/step_prediction.hpp"
 
 namespace mpiformer {
 

@@ -8,20 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/gradient_buckets.hpp"
 #include "model/parameter_table.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mpiformer {
 
-// The buckets [begin, end) of a stage's flat buffer, from its end to its
-// start (what GradReducer reduces; the memory accounting sizes MPI's
-// temporaries from the largest).
-std::vector<std::pair<int64_t, int64_t>> gradient_buckets(const ParameterTable& table,
-                                                          double bucket_bytes);
-// All-reduces in flight at once: a host MPI's non-blocking all-reduce
-// holds a temporary as large as its bucket until it completes. On a GPU a
-// wait only orders streams, so the bound costs nothing there.
-inline constexpr size_t kReductionsInFlight = 2;
 
 class GradReducer {
  public:

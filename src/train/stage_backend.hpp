@@ -38,9 +38,6 @@ struct StageSetup {
   int dp = 1, dp_rank = 0;
   Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
 };
-// The stage options a deck asks for, with `slots` from the schedule.
-StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero,
-                           bool sequence_parallel = false);
 
 
 class StageBackend {

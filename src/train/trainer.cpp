@@ -1,6 +1,6 @@
 #include "train/trainer.hpp"
 
-#include "train/layout_search.hpp"
+#include "plan/layout_search.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -18,7 +18,7 @@
 #include "train/checkpoint_manager.hpp"
 #include "train/data_feeder.hpp"
 #include "train/initial_weights.hpp"
-#include "train/model_flops.hpp"
+#include "model/model_flops.hpp"
 #include "train/progress_log.hpp"
 #include "train/run_record.hpp"
 #include "train/step_executor.hpp"
@@ -27,7 +27,7 @@
 #include "host/gemm.hpp"
 #include "train/trace_writer.hpp"
 #include "train/watchdog.hpp"
-#include "train/memory_report.hpp"
+#include "plan/memory_report.hpp"
 #include "core/mpi_check.hpp"
 
 namespace mpiformer {

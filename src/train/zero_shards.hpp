@@ -37,9 +37,6 @@
 
 namespace mpiformer {
 
-// Reduce-scatters of whole units in flight at once (see reduce_resident_from).
-inline constexpr size_t kInFlight = 2;
-
 template <class Ops>
 class ZeroShards {
  public:

@@ -20,8 +20,8 @@
 #include "core/error.hpp"
 #include "machine_file.hpp"
 #include "model/stage_work.hpp"
-#include "train/layout_search.hpp"
-#include "train/memory_report.hpp"
+#include "plan/layout_search.hpp"
+#include "plan/memory_report.hpp"
 
 namespace mpiformer::test {
 namespace {

@@ -1,0 +1,148 @@
+#include "plan/rank_memory.hpp"
+
+#include <algorithm>
+
+#include "common/op_constants.hpp"
+#include "core/precision_plan.hpp"
+#include "model/gradient_buckets.hpp"
+#include "model/parameter_table.hpp"
+#include "model/shard_plan.hpp"
+#include "model/stage_layout.hpp"
+#include "model/stage_options.hpp"
+
+namespace mpiformer {
+
+namespace {
+
+// What a save's checksum gathers of one tensor on its root (checkpointing's
+// gather_tensor): the whole logical tensor, and a second copy put in order
+// unless the parts arrive as whole rows in order: column or head slices
+// never do, row slices not when replicas also cut them (dp > 1: the parts
+// come tensor rank fastest).
+double save_gather_bytes(const ParameterSpec& spec, int64_t dp) {
+  const bool reordered = spec.split == Split::kCols || spec.split == Split::kHeads ||
+                         (spec.split == Split::kRows && dp > 1);
+  return static_cast<double>(spec.logical_numel()) * 4 * (reordered ? 2 : 1);
+}
+
+}  // namespace
+
+RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
+  const GptConfig& cfg = deck.model;
+  // Tensor rank 0: every rank stores as much, and it holds the most real
+  // vocabulary rows (what the save's gathers and ZeRO's parts follow).
+  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
+                                           deck.parallel.tp, 0);
+  const PrecisionPlan types = precision_plan(choice.precision);
+  const double act = static_cast<double>(element_bytes(types.activations));
+  const double acc = static_cast<double>(element_bytes(types.master));
+  const int zero = static_cast<int>(deck.parallel.zero);
+  RankMemory m;
+  m.slots = slots;
+  // What attention keeps: the GPU's fused kernels each row's statistics,
+  // the host the probabilities (each op set's kAttention).
+  const AttentionStorage attention = choice.device == Device::kCuda
+                                         ? AttentionStorage::kRowStatistics
+                                         : AttentionStorage::kProbabilities;
+  m.stage = stage_footprint(cfg, range,
+                            stage_options(deck.train.micro_batch, slots, deck.train.recompute, zero,
+                                          deck.parallel.sequence_parallel),
+                            static_cast<size_t>(act), static_cast<size_t>(acc), attention);
+  if (zero == 0) {
+    m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
+    // On the host, MPI's non-blocking all-reduce keeps a temporary of its
+    // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp).
+    if (choice.device == Device::kCpu) {
+      const ParameterTable table(cfg, range);
+      double largest = 0;
+      if (deck.parallel.dp > 1) {
+        for (const auto& [begin, end] : gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)))
+          largest = std::max(largest, static_cast<double>(end - begin));
+      }
+      m.comm = static_cast<double>(kReductionsInFlight) * largest * acc;
+      // Held one at a time, after the buckets: MPI's temporary of the tied
+      // embedding's blocking all-reduce (pp > 1, its stages), and a save's
+      // gather of a tensor-parallel slice for its checksum (the whole
+      // tensor, then put in order; whole tensors need none at zero 0).
+      if (deck.parallel.pp > 1 && (range.has_embedding || range.has_head))
+        m.comm = std::max(m.comm, static_cast<double>(table.at("wte").storage) * acc);
+      for (const auto& spec : table.specs())
+        if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec, deck.parallel.dp));
+    }
+  } else {
+    // The largest shard of the group (parts end at rows, so they differ a little).
+    const ParameterTable table(cfg, range);
+    const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0);
+    const double shard = static_cast<double>(plan.max_shard_size());
+    // fp32 at zero 1-2: the masters are the stage's own weights (already
+    // counted there); else float masters, and the 16-bit copy published.
+    const bool masters_are_weights = !types.weight_copy && zero < 3;
+    m.shard_master = masters_are_weights ? 0 : shard * (acc + (types.weight_copy ? act : 0));
+    m.shard_gradients = shard * acc;
+    m.optimizer = 2 * shard * acc;
+    if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
+    // On the host, MPI's non-blocking reduce-scatter keeps a temporary of
+    // its whole input (kInFlight units at most), and a save gathers each
+    // tensor whole on one rank for its checksum (checkpointing.cpp; on a
+    // GPU run both are host memory, not the device's).
+    if (choice.device == Device::kCpu) {
+      // Units go in reverse buffer order, at most kInFlight at once: the
+      // most any kInFlight consecutive ones hold. At zero >= 2 the blocks
+      // go through their windows one at a time, apart from the rest.
+      std::vector<double> sizes;
+      double largest_block = 0;
+      for (const ShardUnit& u : plan.units()) {
+        const double n = static_cast<double>(u.end - u.begin);
+        if (zero >= 2 && u.block >= 0) {
+          largest_block = std::max(largest_block, n);
+        } else {
+          sizes.push_back(n);
+        }
+      }
+      double in_flight = static_cast<double>(kInFlight) * largest_block;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        double sum = 0;
+        for (size_t j = i; j < std::min(sizes.size(), i + kInFlight); ++j) sum += sizes[j];
+        in_flight = std::max(in_flight, sum);
+      }
+      double gather = 0;
+      for (const auto& spec : table.specs())
+        gather = std::max(gather, save_gather_bytes(spec, deck.parallel.dp));
+      // A save runs between steps, when no reduce-scatter is in flight:
+      // the larger of the two is what is held at once.
+      m.comm += std::max(in_flight * acc, gather);
+    }
+  }
+  // The device context's workspace (cuBLASLt's, the column sums').
+  if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);
+  // The host's fp16 products are widened to float (gemm_narrow.cpp): its
+  // three scratch buffers grow to the largest first operand, second
+  // operand and 16-bit output of any product, and stay.
+  if (choice.device == Device::kCpu && choice.precision == Precision::kFp16) {
+    const double BT = static_cast<double>(deck.train.micro_batch * cfg.seq_len);
+    const double C = static_cast<double>(cfg.n_embd), tp = static_cast<double>(deck.parallel.tp);
+    const double Cm = 4 * C / tp, Cq = 3 * C / tp;
+    const double V = range.has_head ? static_cast<double>(cfg.padded_vocab(deck.parallel.tp)) / tp : 0;
+    const double widest = std::max({V, Cm, Cq, C});  // an activation's row
+    const double first = BT * widest;                 // activations (or their gradients)
+    const double second = std::max({V * C, Cm * C, Cq * C, BT * std::max(C, Cm)});  // weights or activations
+    m.workspace = 4 * (2 * first + second);
+  }
+  // Host 16-bit attention rounds the probabilities (in backward, the score
+  // gradients) for its products into one kept buffer of [B, NH/tp, T, T]
+  // (attention.hpp), and a 16-bit tensor-group sum (or sequence
+  // parallelism's reduce-scatter) is widened into a kept float buffer of
+  // the largest, [B, T, C] (mpi_communicator.cpp). The
+  // cross-entropy's per-thread float row (V floats a thread, under 2 MB at
+  // 8 threads and GPT-2's vocabulary) is left out.
+  if (choice.device == Device::kCpu && element_bytes(types.activations) == 2) {
+    const double B = static_cast<double>(deck.train.micro_batch);
+    const double T = static_cast<double>(cfg.seq_len), tp = static_cast<double>(deck.parallel.tp);
+    if (range.num_layers() > 0)
+      m.workspace += 2 * B * static_cast<double>(cfg.n_head) / tp * T * T;
+    if (deck.parallel.tp > 1) m.comm += 4 * B * T * static_cast<double>(cfg.n_embd);
+  }
+  return m;
+}
+
+}  // namespace mpiformer

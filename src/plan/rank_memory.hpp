@@ -1,0 +1,44 @@
+// What one rank of a layout holds, by category, from the deck alone: the
+// memory accounting the trainer refuses a deck with (before anything is
+// allocated) and the planner builds on. BackendChoice is the device and
+// precision a rank computes with (train/backend_factory.hpp resolves it).
+#pragma once
+#include <string>
+
+#include "deck.hpp"
+#include "model/stage_footprint.hpp"
+
+namespace mpiformer {
+
+struct BackendChoice {
+  Device device = Device::kCpu;  // resolved: never kAuto
+  Precision precision = Precision::kFp32;
+  int gpu = -1;         // the device ordinal on kCuda
+  std::string why_cpu;  // on kCpu: why no GPU
+  int sharing = 1;      // ranks sharing this rank's memory (its node's, or its GPU's)
+};
+
+// The bytes this rank's stage and optimizer will allocate on its device
+// (the stage's buffers exactly, the AdamW moments, ZeRO's shard and
+// receive buffers, and the device context's scratch), by category, as the
+// accounting prints them and the refusal below words them. A pure
+// function of the deck (model, layout, zero, recompute, precision,
+// micro-batch) and the schedule's slots: what the planner builds on.
+struct RankMemory {
+  int slots = 0;  // activation slots of the stage's schedule
+  StageFootprint stage;
+  double shard_master = 0;     // ZeRO: master weights of the shard (and its Act copy)
+  double shard_gradients = 0;  // ZeRO: the reduced gradients of the shard
+  double optimizer = 0;        // AdamW's two moments (whole, or the shard)
+  double comm = 0;             // buffers only collectives use (zero >= 2: two block parts)
+  double workspace = 0;        // the device context's scratch
+  double parameters() const { return stage.parameters + stage.weight_copy + shard_master; }
+  double gradients() const { return stage.gradients + shard_gradients; }
+  double total() const {
+    return parameters() + gradients() + optimizer + stage.activations + stage.scratch + comm +
+           workspace;
+  }
+};
+RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
+
+}  // namespace mpiformer
