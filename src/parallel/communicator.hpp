@@ -68,6 +68,13 @@ class Communicator {
   // may be that very place.
   virtual void reduce_scatter(const void* send, void* recv, int64_t part, Element type) = 0;
   virtual void allgather(const void* send, void* recv, int64_t part, Element type) = 0;
+  // The same sum and reduce-scatter started, for the tensor group to
+  // overlap with compute that does not touch the buffers (a weight
+  // gradient's GEMM); the result is in place once the PendingOp is waited
+  // for (a 16-bit host sum is rounded back then).
+  virtual Pending start_allreduce(void* data, int64_t n, Element type) = 0;
+  virtual Pending start_reduce_scatter(const void* send, void* recv, int64_t part,
+                                       Element type) = 0;
 
   // Point to point within the group (peer is a group rank), in bytes:
   // activations may be bf16. Sends never block: the buffer must stay

@@ -86,13 +86,18 @@ void MpiCommunicator::allreduce(void* data, int64_t n, Element type, Reduction o
   narrow(data, wide, n, type);
 }
 
-float* MpiCommunicator::widen(const void* data, int64_t n, Element type) {
+namespace {
+void widen_into(float* wide, const void* data, int64_t n, Element type) {
   const auto* bits = static_cast<const uint16_t*>(data);
   const bool bf16 = type == Element::kBf16;
-  if (wide_.size() < static_cast<size_t>(n)) wide_.resize(static_cast<size_t>(n));
-  float* wide = wide_.data();
   for (int64_t i = 0; i < n; ++i) wide[i] = bf16 ? bf16_to_float(bits[i]) : fp16_to_float(bits[i]);
-  return wide;
+}
+}  // namespace
+
+float* MpiCommunicator::widen(const void* data, int64_t n, Element type) {
+  if (wide_.size() < static_cast<size_t>(n)) wide_.resize(static_cast<size_t>(n));
+  widen_into(wide_.data(), data, n, type);
+  return wide_.data();
 }
 
 void MpiCommunicator::narrow(void* data, const float* wide, int64_t n, Element type) {
@@ -118,6 +123,76 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t part,
   float* wide = widen(send, part * size_, type);
   MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, wide, count(part), MPI_FLOAT, MPI_SUM, comm_));
   narrow(recv, wide, part, type);
+}
+
+namespace {
+// A started 16-bit sum: widened into its own floats (the kept buffer
+// serves the blocking calls), the first `count` rounded into `out` when
+// waited for.
+class WidePending final : public PendingOp {
+ public:
+  WidePending(const void* data, int64_t n, void* out, int64_t count, Element type)
+      : wide_(static_cast<size_t>(n)), out_(out), count_(count), type_(type) {
+    widen_into(wide_.data(), data, n, type);
+  }
+  ~WidePending() override {
+    if (!done_) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never abandoned in flight
+  }
+  MPI_Request* request() { return &req_; }
+  float* wide() { return wide_.data(); }
+  void wait() override {
+    if (done_) return;
+    MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    finish();
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    if (flag != 0) finish();
+    return done_;
+  }
+
+ private:
+  void finish() {
+    MpiCommunicator::narrow(out_, wide_.data(), count_, type_);
+    done_ = true;
+  }
+  std::vector<float> wide_;
+  void* out_;
+  int64_t count_;
+  Element type_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  bool done_ = false;
+};
+}  // namespace
+
+Pending MpiCommunicator::start_allreduce(void* data, int64_t n, Element type) {
+  if (type == Element::kF32 || type == Element::kF64) {
+    auto p = std::make_unique<MpiPending>();
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), bits_type(type), MPI_SUM, comm_,
+                             p->request()));
+    return p;
+  }
+  auto p = std::make_unique<WidePending>(data, n, data, n, type);
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p->wide(), count(n), MPI_FLOAT, MPI_SUM, comm_,
+                           p->request()));
+  return p;
+}
+
+Pending MpiCommunicator::start_reduce_scatter(const void* send, void* recv, int64_t part,
+                                              Element type) {
+  if (type == Element::kF32 || type == Element::kF64) {
+    auto p = std::make_unique<MpiPending>();
+    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count(part), bits_type(type), MPI_SUM, comm_,
+                                        p->request()));
+    return p;
+  }
+  // In place on the widened parts: this rank's sum lands at their start.
+  auto p = std::make_unique<WidePending>(send, part * size_, recv, part, type);
+  MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, p->wide(), count(part), MPI_FLOAT, MPI_SUM,
+                                      comm_, p->request()));
+  return p;
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, int64_t part, Element type) {

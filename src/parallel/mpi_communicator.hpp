@@ -31,6 +31,8 @@ class MpiCommunicator final : public Communicator {
                           size_t elem_bytes) override;
   void reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
   void allgather(const void* send, void* recv, int64_t part, Element type) override;
+  Pending start_allreduce(void* data, int64_t n, Element type) override;
+  Pending start_reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
 
@@ -40,8 +42,11 @@ class MpiCommunicator final : public Communicator {
   // 16-bit sums widen into this (kept: the tensor group's sums run in
   // every block of every micro-batch).
   float* widen(const void* data, int64_t n, Element type);
-  static void narrow(void* data, const float* wide, int64_t n, Element type);
   std::vector<float> wide_;
+
+ public:
+  // Rounds n floats into 16-bit elements of `type` at `data`.
+  static void narrow(void* data, const float* wide, int64_t n, Element type);
 };
 
 }  // namespace mpiformer

@@ -205,6 +205,21 @@ void NcclCommunicator::allgather(const void* send, void* recv, int64_t part, Ele
   before_compute();
 }
 
+Pending NcclCommunicator::start_allreduce(void* data, int64_t n, Element type) {
+  after_compute();
+  NCCL_CHECK(ncclAllReduce(data, data, count(n), nccl_type(type), ncclSum, nccl(comm_),
+                           cuda(stream_)));
+  return record();
+}
+
+Pending NcclCommunicator::start_reduce_scatter(const void* send, void* recv, int64_t part,
+                                               Element type) {
+  after_compute();
+  NCCL_CHECK(ncclReduceScatter(send, recv, count(part), nccl_type(type), ncclSum, nccl(comm_),
+                               cuda(stream_)));
+  return record();
+}
+
 Pending NcclCommunicator::start_send_bytes(const void* data, size_t bytes, int peer, int) {
   after_compute();
   NCCL_CHECK(ncclSend(data, bytes, ncclUint8, peer, nccl(comm_), cuda(stream_)));

@@ -52,6 +52,8 @@ class NcclCommunicator final : public Communicator {
                           size_t elem_bytes) override;
   void reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
   void allgather(const void* send, void* recv, int64_t part, Element type) override;
+  Pending start_allreduce(void* data, int64_t n, Element type) override;
+  Pending start_reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
   void check_health() override;

@@ -145,7 +145,8 @@ TEST(MpiCommunicator, AllreduceOfEachTypeAndReduction) {
 }
 
 // Sequence parallelism's pair, equal parts, in each element type: the sum
-// of this rank's part lands in recv and nothing past it; the all-gather
+// of this rank's part lands in recv and nothing past it (blocking and
+// started); the started all-reduce sums every element; the all-gather
 // puts every part in its place, from apart and in place. Exact values
 // (small integers and halves), so the checks are equalities.
 TEST(MpiCommunicator, TypedReduceScatterAndAllgatherOfEqualParts) {
@@ -186,6 +187,17 @@ TEST(MpiCommunicator, TypedReduceScatterAndAllgatherOfEqualParts) {
     for (int64_t i = 0; i < part; ++i)
       ASSERT_EQ(load(recv, i), sum_over_ranks(r * part + i)) << element_name(e) << " " << i;
     EXPECT_EQ(load(recv, part), -7.0) << element_name(e);
+    // Started, then waited for: the same sums (16-bit ones rounded at the
+    // wait, into the caller's buffer).
+    std::vector<char> started(recv.size());
+    store(started, part, -7.0f);
+    Pending rs = comm.start_reduce_scatter(send.data(), started.data(), part, e);
+    rs->wait();
+    EXPECT_EQ(started, recv) << element_name(e);
+    std::vector<char> summed = send;
+    comm.start_allreduce(summed.data(), part * n, e)->wait();
+    for (int64_t i = 0; i < part * n; ++i)
+      ASSERT_EQ(load(summed, i), sum_over_ranks(i)) << element_name(e) << " " << i;
     // All-gather, from apart, then in place.
     std::vector<char> all(eb * static_cast<size_t>(part * n));
     for (int64_t i = 0; i < part; ++i) store(recv, i, static_cast<float>(r * part + i));
