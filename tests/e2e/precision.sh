@@ -4,8 +4,9 @@
 #     nats of the fp32 run's final validation loss (seen: about 0.003).
 #  2. Layouts agree with the one-rank run of the same precision: bit for bit
 #     under full recomputation (the same ops on the same values), and within
-#     a relative 1e-3 (bf16) or 1.25e-4 (fp16) for dp, pp, tp and ZeRO, whose
-#     fp32 reductions group sums differently. A float-level difference flips
+#     a relative 1e-3 (bf16) or 1.25e-4 (fp16) for dp, pp, tp (with and
+#     without sequence parallelism) and ZeRO, whose fp32 reductions group
+#     sums differently. A float-level difference flips
 #     the rounding of a few 16-bit activations or weight copies by one unit
 #     (2^-8 relative in bf16, 2^-11 in fp16); over 6 steps that moved the
 #     loss by at most 9e-5 (bf16) and 1.6e-5 (fp16), so each bound leaves
@@ -61,6 +62,7 @@ layout bf16 recompute 1 0 --set train.recompute=full
 layout bf16 dp2_zero1 2 1e-3 --set parallel.dp=2 --set parallel.zero=1
 layout bf16 pp2 2 1e-3 --set parallel.pp=2
 layout bf16 tp2 2 1e-3 --set parallel.tp=2
+layout bf16 tp2_sp 2 1e-3 --set parallel.tp=2 --set parallel.sequence_parallel=true
 layout bf16 dp2_pp2_zero2 4 1e-3 --set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=2
 # A CPU without bf16 units (oneDNN held to AVX2 here): said once at start,
 # and the same numbers (other kernels, so other float summation orders).
@@ -75,6 +77,7 @@ layout fp16 recompute 1 0 --set train.recompute=attention
 layout fp16 dp2_zero3 2 1.25e-4 --set parallel.dp=2 --set parallel.zero=3
 layout fp16 pp2_gpipe 2 1.25e-4 --set parallel.pp=2 --set parallel.schedule=gpipe
 layout fp16 tp2 2 1.25e-4 --set parallel.tp=2
+layout fp16 tp2_sp 2 1.25e-4 --set parallel.tp=2 --set parallel.sequence_parallel=true
 
 # ---- 3 and 4. the loss scaler, and resuming mid-run ---------------------
 seg=(--set train.steps=10 --set train.log_every=1 --set train.eval_every=0
