@@ -28,7 +28,7 @@ void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A*
                      const A* inp, const A* weight, int64_t N, int64_t C, int64_t OC) {
   if (dinp != nullptr) blas.gemm(matmul_dinp_gemm(N, C, OC), 1.f, dout, weight, 0.f, dinp);
   // Activation-type inputs, float output accumulated in place (beta = 1).
-  blas.gemm(matmul_dweight_gemm(N, C, OC), 1.f, dout, inp, 1.f, dweight);
+  if (dweight != nullptr) blas.gemm(matmul_dweight_gemm(N, C, OC), 1.f, dout, inp, 1.f, dweight);
   if (dbias != nullptr) {
     launch_column_sums<A>(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
                           blas.scratch(), blas.stream());

@@ -16,7 +16,8 @@ template <class A>
 void matmul_forward(Blas& blas, A* out, const A* inp, const A* weight, const A* bias, int64_t N,
                     int64_t C, int64_t OC);
 
-// dinp is overwritten (=) and may be null; dbias may be null.
+// dinp is overwritten (=) and may be null; dweight and dbias may be null
+// (the input gradient alone: host/matmul.hpp).
 template <class A>
 void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A* dout,
                      const A* inp, const A* weight, int64_t N, int64_t C, int64_t OC);

@@ -32,12 +32,14 @@ void matmul_forward(A* out, const A* inp, const A* weight, const A* bias, int64_
 
 // dinp is overwritten (=): every matmul input is an activation with a single
 // consumer. dweight/dbias accumulate (+=) across micro-batches.
-// dinp may be null (nothing upstream needs it).
+// dinp may be null (nothing upstream needs it), and dweight with dbias (the
+// input gradient alone, its weight gradient computed by a second call while
+// the tensor group sums the first: gpt_stage_impl.hpp).
 template <class A, class F = compute_t<A>>
 void matmul_backward(A* dinp, F* dweight, F* dbias, const A* dout, const A* inp, const A* weight,
                      int64_t N, int64_t C, int64_t OC) {
   if (dinp != nullptr) gemm(false, false, N, C, OC, F(1), dout, OC, weight, C, F(0), dinp, C);
-  gemm(true, false, OC, C, N, F(1), dout, OC, inp, C, F(1), dweight, C);
+  if (dweight != nullptr) gemm(true, false, OC, C, N, F(1), dout, OC, inp, C, F(1), dweight, C);
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC);
 }
 

@@ -70,10 +70,17 @@ struct BlockHooks {
 // sums `whole` (tp parts of `part` elements) over the group and leaves
 // part rank() in `mine`; gather puts every rank's `mine` at its place in
 // `whole`.
+//
+// Backward starts the sum of a column-parallel layer's input gradient,
+// computes the layer's weight gradient (which does not read it), then
+// waits: start_sum and start_scatter_sum return the wait.
 struct TensorGroup {
+  using Wait = std::function<void()>;
   std::function<void(void* data, int64_t n, Element type)> sum, max;
   std::function<void(const void* whole, void* mine, int64_t part, Element type)> scatter_sum;
   std::function<void(const void* mine, void* whole, int64_t part, Element type)> gather;
+  std::function<Wait(void* data, int64_t n, Element type)> start_sum;
+  std::function<Wait(const void* whole, void* mine, int64_t part, Element type)> start_scatter_sum;
 };
 
 template <class Ops>
@@ -205,8 +212,13 @@ class GptStage {
   Act* sum_target(Act* rows) { return opt_.sequence_parallel ? full_.get() : rows; }
   void summed(const Act* partial, Act* rows);
   // The column-parallel backward's partial input gradients (dln_, whole
-  // rows) summed over the group: in place, or this rank's rows of the sum.
-  Act* summed_input_grad();
+  // rows) summed over the group, started: the returned function waits and
+  // gives the sum (dln_ in place, or this rank's rows of it).
+  std::function<Act*()> start_input_grad_sum();
+  // A column-parallel layer's backward: its input gradient into dln_, the
+  // group's sum of it started, its weight gradient meanwhile; the sum.
+  Act* column_parallel_backward(Acc* dw, Acc* db, const Act* dout, const Act* inp, const Act* w,
+                                int64_t OC);
   // LayerNorm weight gradients computed from this rank's rows only
   // (sequence parallelism) go to ln_grads_ and are summed over the group
   // before they join the gradients; otherwise straight into `g`.

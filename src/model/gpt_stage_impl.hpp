@@ -274,13 +274,34 @@ void GptStage<Ops>::summed(const Act* partial, Act* rows) {
 }
 
 template <class Ops>
-typename Ops::Act* GptStage<Ops>::summed_input_grad() {
+std::function<typename Ops::Act*()> GptStage<Ops>::start_input_grad_sum() {
+  Act* whole = dln_.get();
+  if (range_.tp == 1) return [whole] { return whole; };
   if (!opt_.sequence_parallel) {
-    tp_sum(dln_.get(), rows_ * cfg_.n_embd);
-    return dln_.get();
+    auto wait = tp_.start_sum(whole, rows_ * cfg_.n_embd, Ops::kActElement);
+    return [wait, whole] {
+      wait();
+      return whole;
+    };
   }
-  tp_.scatter_sum(dln_.get(), dln_rows_.get(), rows_ * cfg_.n_embd, Ops::kActElement);
-  return dln_rows_.get();
+  Act* mine = dln_rows_.get();
+  auto wait = tp_.start_scatter_sum(whole, mine, rows_ * cfg_.n_embd, Ops::kActElement);
+  return [wait, mine] {
+    wait();
+    return mine;
+  };
+}
+
+template <class Ops>
+typename Ops::Act* GptStage<Ops>::column_parallel_backward(Acc* dw, Acc* db, const Act* dout,
+                                                           const Act* inp, const Act* w,
+                                                           int64_t OC) {
+  const int64_t BT = B_ * T_, C = cfg_.n_embd;
+  Ops::matmul_backward(ctx_, dln_.get(), static_cast<Acc*>(nullptr), static_cast<Acc*>(nullptr),
+                       dout, inp, w, BT, C, OC);
+  const auto summed = start_input_grad_sum();
+  Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), dw, db, dout, inp, w, BT, C, OC);
+  return summed();
 }
 
 template <class Ops>
@@ -301,15 +322,15 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
     if (grads_final) grads_final(offset);
   };
   Slot& s = slots_[slot];
-  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.num_layers();
+  const int64_t R = rows_, C = cfg_.n_embd, L = range_.num_layers();
   Act* dres = dres_.get();
   if (range_.has_head) {
     // The tied head: its weight gradient lands in wte's gradient, which the
     // embedding backward then adds to. Vocabulary-parallel, each rank's
     // input gradient covers its columns only: the group sums them.
-    Ops::matmul_backward(ctx_, dln_.get(), g_outer(outer::wte), static_cast<Acc*>(nullptr),
-                         s.logits.get(), gathered(s.lnf.get()), w_outer(outer::wte), BT, C, vl_);
-    const Act* dln = summed_input_grad();
+    const Act* dln = column_parallel_backward(g_outer(outer::wte), static_cast<Acc*>(nullptr),
+                                             s.logits.get(), gathered(s.lnf.get()),
+                                             w_outer(outer::wte), vl_);
     Ops::fill_zero(ctx_, dres, R * C);
     if (opt_.sequence_parallel) Ops::fill_zero(ctx_, ln_grads_.get(), 2 * C);
     Ops::layernorm_backward(ctx_, dres, ln_grad(g_outer(outer::lnf_w), 0),
@@ -364,9 +385,8 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   Ops::matmul_backward(ctx_, d4_.get(), g[block::fc_proj_w], g[block::fc_proj_b], gathered(dres),
                        a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
   Ops::gelu_backward(ctx_, d4_.get(), a.fch.get(), d4_.get(), BT * cm_);
-  Ops::matmul_backward(ctx_, dln_.get(), g[block::fc_w], g[block::fc_b], d4_.get(),
-                       gathered(a.ln2.get()), w[block::fc_w], BT, C, cm_);
-  const Act* dln2 = summed_input_grad();
+  const Act* dln2 = column_parallel_backward(g[block::fc_w], g[block::fc_b], d4_.get(),
+                                             gathered(a.ln2.get()), w[block::fc_w], cm_);
   Ops::layernorm_backward(ctx_, dres, ln_grad(g[block::ln2_w], 0), ln_grad(g[block::ln2_b], 1),
                           dln2, a.res2.get(), w[block::ln2_w], a.ln2_mean.get(),
                           a.ln2_rstd.get(), R, C);
@@ -379,9 +399,8 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
     Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_);
   Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
                           attention_state(a), B_, T_, ca_, nh_);
-  Ops::matmul_backward(ctx_, dln_.get(), g[block::qkv_w], g[block::qkv_b], dqkv_.get(),
-                       gathered(a.ln1.get()), w[block::qkv_w], BT, C, 3 * ca_);
-  const Act* dln1 = summed_input_grad();
+  const Act* dln1 = column_parallel_backward(g[block::qkv_w], g[block::qkv_b], dqkv_.get(),
+                                             gathered(a.ln1.get()), w[block::qkv_w], 3 * ca_);
   Ops::layernorm_backward(ctx_, dres, ln_grad(g[block::ln1_w], 2), ln_grad(g[block::ln1_b], 3),
                           dln1, s.residual[i].get(), w[block::ln1_w], a.ln1_mean.get(),
                           a.ln1_rstd.get(), R, C);

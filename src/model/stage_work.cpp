@@ -85,6 +85,12 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   auto sum = [&](std::vector<TC>& list) {
     group(list, sp ? TC::kReduceScatter : TC::kAllreduce, whole);
   };
+  // A column-parallel layer's input gradient, summed while its weight
+  // gradient (the matmul just listed) computes.
+  auto sum_beside_weight_grad = [&] {
+    sum(w.tp_backward);
+    if (tp > 1) w.tp_backward.back().overlaps = static_cast<int>(w.backward.size()) - 1;
+  };
   // The LayerNorms' weight gradients from the rows held (4-byte Acc).
   auto ln_grads = [&](int layernorms) {
     if (sp) group(w.tp_backward, TC::kAllreduce, 2.0 * layernorms * static_cast<double>(C) * 4);
@@ -124,7 +130,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     // Backward of the head.
     gather(w.tp_backward);
     b.matmul(true, BT, C, vl);
-    sum(w.tp_backward);
+    sum_beside_weight_grad();
     b.move(rc, 1);  // dres zeroed
     b.stream(Kernel::kLayernorm, true, rc);
     ln_grads(1);
@@ -138,7 +144,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     b.stream(Kernel::kGelu, true, static_cast<double>(BT * cm));
     gather(w.tp_backward);  // ln2
     b.matmul(true, BT, C, cm);
-    sum(w.tp_backward);
+    sum_beside_weight_grad();
     b.stream(Kernel::kLayernorm, true, rc);
     gather(w.tp_backward);  // dres
     b.matmul(true, BT, ca, C);
@@ -147,7 +153,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     b.attention(true, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
     gather(w.tp_backward);  // ln1
     b.matmul(true, BT, C, 3 * ca);
-    sum(w.tp_backward);
+    sum_beside_weight_grad();
     b.stream(Kernel::kLayernorm, true, rc);
     ln_grads(2);
   }

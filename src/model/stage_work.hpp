@@ -52,6 +52,10 @@ struct WorkItem {
 struct TensorCollective {
   enum Kind { kAllreduce, kAllgather, kReduceScatter } kind = kAllreduce;
   double bytes = 0;
+  // Where it may hide: the backward matmul (an index into
+  // StageWork::backward) whose weight-gradient half runs while the group
+  // sums its input gradient (column-parallel layers); -1: nothing.
+  int overlaps = -1;
 };
 
 struct StageWork {

@@ -270,10 +270,16 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       }
     }
     auto tp_seconds = [&](const TensorCollective& c) {
-      if (c.kind == TensorCollective::kAllgather) return collective(tp_link.allgather, tp, c.bytes, 1);
+      double t = collective(tp_link.allreduce, tp, c.bytes, 2);
+      if (c.kind == TensorCollective::kAllgather) t = collective(tp_link.allgather, tp, c.bytes, 1);
       if (c.kind == TensorCollective::kReduceScatter)
-        return collective(tp_link.reduce_scatter, tp, c.bytes, 1);
-      return collective(tp_link.allreduce, tp, c.bytes, 2);
+        t = collective(tp_link.reduce_scatter, tp, c.bytes, 1);
+      // Beside a weight gradient (half its matmul's backward): hidden on a
+      // GPU (NCCL's own stream), not on the host (exposed()).
+      if (c.overlaps >= 0)
+        t = exposed(t, 0.5 * item_seconds(machine, work.backward[static_cast<size_t>(c.overlaps)]) *
+                           share * factor);
+      return t;
     };
     for (const TensorCollective& c : work.tp_forward) tp_time += tp_seconds(c);
     fwd += tp_time;

@@ -1,10 +1,12 @@
 // The stage's tensor group (model/gpt_stage.hpp's TensorGroup) over a
-// communicator: its sums, maxima, and sequence parallelism's reduce-scatter
-// and all-gather, each reported to an observer with the bytes this rank
-// sent (the ring algorithm's count).
+// communicator: its sums, maxima, sequence parallelism's reduce-scatter
+// and all-gather, and the started sums backward overlaps with weight
+// gradients, each reported to an observer with the bytes this rank sent
+// (the ring algorithm's count).
 #pragma once
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <utility>
 
 #include "model/gpt_stage.hpp"
@@ -50,6 +52,21 @@ inline TensorGroup tensor_group(Communicator& tp, const TensorOpObserver* observ
   g.gather = [comm, timed](const void* mine, void* whole, int64_t part, Element type) {
     timed("tensor all-gather", 1, part * comm->size(), type,
           [&] { comm->allgather(mine, whole, part, type); });
+  };
+  // Started: what is timed is the wait, the part not hidden behind the
+  // compute between (a GPU's NCCL stream runs beside it; host MPI advances
+  // mostly inside the wait).
+  auto started = [timed](const char* op, double rounds, int64_t whole, Element type,
+                         std::shared_ptr<PendingOp> pending) -> TensorGroup::Wait {
+    return [=] { timed(op, rounds, whole, type, [&] { pending->wait(); }); };
+  };
+  g.start_sum = [comm, started](void* data, int64_t n, Element type) {
+    return started("tensor all-reduce", 2, n, type, comm->start_allreduce(data, n, type));
+  };
+  g.start_scatter_sum = [comm, started](const void* whole, void* mine, int64_t part,
+                                        Element type) {
+    return started("tensor reduce-scatter", 1, part * comm->size(), type,
+                   comm->start_reduce_scatter(whole, mine, part, type));
   };
   return g;
 }

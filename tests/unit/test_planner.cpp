@@ -69,6 +69,17 @@ TEST(StageWork, TensorAllReducesAreMegatronsCount) {
     EXPECT_EQ(w.tp_backward.size(), 2 * blocks + (stage == 1 ? 1 : 0));
     EXPECT_EQ(w.tp_backward.front().bytes, BTC);
     EXPECT_EQ(w.message_bytes, BTC);
+    // Each column-parallel input gradient's sum (the head's, qkv's, fc's)
+    // runs beside its layer's weight gradient: a backward matmul reading
+    // the layer's input (k = C) into its output columns.
+    size_t beside = 0;
+    for (const TensorCollective& c : w.tp_backward) {
+      if (c.overlaps < 0) continue;
+      ++beside;
+      const WorkItem& m = w.backward.at(static_cast<size_t>(c.overlaps));
+      EXPECT_TRUE(m.kernel == Kernel::kMatmul && m.backward && m.k == 64) << m.k;
+    }
+    EXPECT_EQ(beside, 2 * blocks + (stage == 1 ? 1 : 0));
   }
   EXPECT_TRUE(stage_work(cfg, partition_stage(cfg, 0, 1), 2, Recompute::kNone, 4).tp_forward.empty());
 }
