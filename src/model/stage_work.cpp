@@ -36,9 +36,16 @@ namespace {
 struct Builder {
   std::vector<WorkItem>* out;
   double act;
+  // The bytes a matmul moves at least (what bounds a small one): forward,
+  // the input, the weight and the output; backward, the output gradient
+  // twice, the weight, the input, the input gradient, and the float weight
+  // gradient read and written.
   void matmul(bool bwd, int64_t m, int64_t k, int64_t n) {
-    const double f = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
-    out->push_back({Kernel::kMatmul, bwd, m, k, n, 0, 0, bwd ? 2 * f : f});
+    const double M = static_cast<double>(m), K = static_cast<double>(k), N = static_cast<double>(n);
+    const double f = 2.0 * M * K * N;
+    const double bytes =
+        bwd ? act * (2 * M * N + 2 * M * K + K * N) + 8 * K * N : act * (M * K + K * N + M * N);
+    out->push_back({Kernel::kMatmul, bwd, m, k, n, 0, bytes, bwd ? 2 * f : f});
   }
   // Scores and values of every (batch, head) pair over the full T x T
   // (both devices compute the masked half too; FLOPs count as MFU does,
@@ -85,12 +92,6 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   auto sum = [&](std::vector<TC>& list) {
     group(list, sp ? TC::kReduceScatter : TC::kAllreduce, whole);
   };
-  // A column-parallel layer's input gradient, summed while its weight
-  // gradient (the matmul just listed) computes.
-  auto sum_beside_weight_grad = [&] {
-    sum(w.tp_backward);
-    if (tp > 1) w.tp_backward.back().overlaps = static_cast<int>(w.backward.size()) - 1;
-  };
   // The LayerNorms' weight gradients from the rows held (4-byte Acc).
   auto ln_grads = [&](int layernorms) {
     if (sp) group(w.tp_backward, TC::kAllreduce, 2.0 * layernorms * static_cast<double>(C) * 4);
@@ -130,7 +131,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     // Backward of the head.
     gather(w.tp_backward);
     b.matmul(true, BT, C, vl);
-    sum_beside_weight_grad();
+    sum(w.tp_backward);
     b.move(rc, 1);  // dres zeroed
     b.stream(Kernel::kLayernorm, true, rc);
     ln_grads(1);
@@ -144,7 +145,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     b.stream(Kernel::kGelu, true, static_cast<double>(BT * cm));
     gather(w.tp_backward);  // ln2
     b.matmul(true, BT, C, cm);
-    sum_beside_weight_grad();
+    sum(w.tp_backward);
     b.stream(Kernel::kLayernorm, true, rc);
     gather(w.tp_backward);  // dres
     b.matmul(true, BT, ca, C);
@@ -153,7 +154,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     b.attention(true, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
     gather(w.tp_backward);  // ln1
     b.matmul(true, BT, C, 3 * ca);
-    sum_beside_weight_grad();
+    sum(w.tp_backward);
     b.stream(Kernel::kLayernorm, true, rc);
     ln_grads(2);
   }

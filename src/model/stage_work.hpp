@@ -42,7 +42,7 @@ struct WorkItem {
   bool backward = false;      // the kernel's backward (matmul: dinp and dW)
   int64_t m = 0, k = 0, n = 0;  // the GEMM-like kernels' shape
   double elements = 0;        // the others: elements, and the bytes read and written
-  double bytes = 0;
+  double bytes = 0;           // (matmul: the least its operands move)
   double flops = 0;           // useful FLOPs (matmul, attention: as MFU counts them)
 };
 
@@ -52,10 +52,6 @@ struct WorkItem {
 struct TensorCollective {
   enum Kind { kAllreduce, kAllgather, kReduceScatter } kind = kAllreduce;
   double bytes = 0;
-  // Where it may hide: the backward matmul (an index into
-  // StageWork::backward) whose weight-gradient half runs while the group
-  // sums its input gradient (column-parallel layers); -1: nothing.
-  int overlaps = -1;
 };
 
 struct StageWork {

@@ -73,7 +73,11 @@ double matmul_seconds(const MachineSpec& m, const WorkItem& w) {
   }
   if (lo || hi) near = lo ? lo : hi;
   if (near) return w.flops * at(*near) / flops(*near);
-  return w.flops / m.matmul_flops;
+  // No measured shape near (a hand-written file): the large-GEMM rate, or
+  // the memory's, whichever bounds this shape (a roofline: a thin product
+  // is limited by its operands' bytes, not by the FLOPs).
+  return std::max(w.flops / m.matmul_flops,
+                  m.memory_bandwidth > 0 ? w.bytes / m.memory_bandwidth : 0.0);
 }
 
 double attention_seconds(const MachineSpec& m, const WorkItem& w) {
@@ -269,17 +273,14 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                        : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
       }
     }
+    // Every one exposed, the backward sums started beside a weight gradient
+    // too: how much NCCL's stream hides behind a GEMM it shares the GPU
+    // with is not measured yet, and the planner errs slow.
     auto tp_seconds = [&](const TensorCollective& c) {
-      double t = collective(tp_link.allreduce, tp, c.bytes, 2);
-      if (c.kind == TensorCollective::kAllgather) t = collective(tp_link.allgather, tp, c.bytes, 1);
+      if (c.kind == TensorCollective::kAllgather) return collective(tp_link.allgather, tp, c.bytes, 1);
       if (c.kind == TensorCollective::kReduceScatter)
-        t = collective(tp_link.reduce_scatter, tp, c.bytes, 1);
-      // Beside a weight gradient (half its matmul's backward): hidden on a
-      // GPU (NCCL's own stream), not on the host (exposed()).
-      if (c.overlaps >= 0)
-        t = exposed(t, 0.5 * item_seconds(machine, work.backward[static_cast<size_t>(c.overlaps)]) *
-                           share * factor);
-      return t;
+        return collective(tp_link.reduce_scatter, tp, c.bytes, 1);
+      return collective(tp_link.allreduce, tp, c.bytes, 2);
     };
     for (const TensorCollective& c : work.tp_forward) tp_time += tp_seconds(c);
     fwd += tp_time;

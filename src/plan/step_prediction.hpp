@@ -50,7 +50,7 @@ struct Prediction {
   bool fits = false;               // memory_max <= memory_planned
   SimulatedStep step;              // the simulated timeline
   double compute = 0;              // the slowest stage's forward + backward (with tp collectives)
-  double tp_comm = 0;              // of which: the tensor group's collectives (not hidden)
+  double tp_comm = 0;              // of which: the tensor group's collectives
   double exposed_comm = 0;         // data-parallel reduction, ZeRO transfers, optimizer gathers
   double bubble = 0;               // step_time - compute - exposed_comm - optimizer
   double optimizer = 0;

@@ -69,17 +69,6 @@ TEST(StageWork, TensorAllReducesAreMegatronsCount) {
     EXPECT_EQ(w.tp_backward.size(), 2 * blocks + (stage == 1 ? 1 : 0));
     EXPECT_EQ(w.tp_backward.front().bytes, BTC);
     EXPECT_EQ(w.message_bytes, BTC);
-    // Each column-parallel input gradient's sum (the head's, qkv's, fc's)
-    // runs beside its layer's weight gradient: a backward matmul reading
-    // the layer's input (k = C) into its output columns.
-    size_t beside = 0;
-    for (const TensorCollective& c : w.tp_backward) {
-      if (c.overlaps < 0) continue;
-      ++beside;
-      const WorkItem& m = w.backward.at(static_cast<size_t>(c.overlaps));
-      EXPECT_TRUE(m.kernel == Kernel::kMatmul && m.backward && m.k == 64) << m.k;
-    }
-    EXPECT_EQ(beside, 2 * blocks + (stage == 1 ? 1 : 0));
   }
   EXPECT_TRUE(stage_work(cfg, partition_stage(cfg, 0, 1), 2, Recompute::kNone, 4).tp_forward.empty());
 }
@@ -151,6 +140,46 @@ TEST(MachineFile, AHandWrittenFileReadsAsWritten) {
   EXPECT_FALSE(m.has_inter);
   EXPECT_DOUBLE_EQ(m.inter.allgather.bandwidth, 200e9);  // one node: inter is intra
   EXPECT_FALSE(m.precision.has_value());  // the file does not say
+}
+
+// Every non-GEMM kernel's rate, forward and backward, set to `rate`.
+void set_elementwise_rates(MachineSpec& m, double rate) {
+  for (Kernel k : {Kernel::kLayernorm, Kernel::kGelu, Kernel::kResidual, Kernel::kCrossentropy,
+                   Kernel::kEmbedding})
+    for (bool backward : {false, true}) m.kernel_bandwidth[kernel_rate_name(k, backward)] = rate;
+}
+
+// A hand-written file prices each GEMM by its shape: the slower of the
+// large-GEMM rate and its operands' bytes at the memory's (a roofline).
+// With the FLOPs free and every other kernel free, a stage's forward is its
+// matmuls' bytes at the memory bandwidth, counted here from the shapes
+// (input, weight, output of each: qkv, projection, fc, fc projection, head).
+TEST(MachineFile, GemmsAreBoundByTheirBytesWhereNoShapeIsMeasured) {
+  MachineSpec m = parse_machine(kHandWritten, "two.toml");
+  m.matmul_flops = 1e30;
+  m.attention_flops = 1e30;
+  m.memory_bandwidth = 1e9;
+  set_elementwise_rates(m, 1e30);
+  const GptConfig cfg{2, 2, 16, 32, 100};
+  const double BT = 4 * 32, C = 16, V = static_cast<double>(cfg.padded_vocab(1)), act = 2;
+  auto bytes = [&](double k, double n) { return act * (BT * k + k * n + BT * n); };
+  const double want = 2 * (bytes(C, 3 * C) + bytes(C, C) + bytes(C, 4 * C) + bytes(4 * C, C)) +
+                      bytes(C, V);
+  const auto [fwd, bwd] = kernel_seconds(m, cfg, partition_stage(cfg, 0, 1), 4, Recompute::kNone, act);
+  EXPECT_NEAR(fwd, want / 1e9, 1e-12 * want);
+  EXPECT_GT(bwd, fwd);
+  // A wide model's products (over a thousand FLOPs a byte) on the file's
+  // own rates: the FLOPs bound them, so the memory's rate does not move
+  // their price (the other kernels' rates held).
+  m = parse_machine(kHandWritten, "two.toml");
+  set_elementwise_rates(m, 1e12);
+  const GptConfig wide{1, 32, 4096, 2048, 50257};
+  const StageRange all = partition_stage(wide, 0, 1);
+  const auto at_file_rate = kernel_seconds(m, wide, all, 1, Recompute::kNone, 2);
+  m.memory_bandwidth = 1e30;
+  const auto at_infinite = kernel_seconds(m, wide, all, 1, Recompute::kNone, 2);
+  EXPECT_DOUBLE_EQ(at_file_rate.first, at_infinite.first);
+  EXPECT_DOUBLE_EQ(at_file_rate.second, at_infinite.second);
 }
 
 TEST(MachineFile, ItsTomlReadsBackTheSame) {
