@@ -299,9 +299,9 @@ typename Ops::Act* GptStage<Ops>::column_parallel_backward(Acc* dw, Acc* db, con
   const int64_t BT = B_ * T_, C = cfg_.n_embd;
   Ops::matmul_backward(ctx_, dln_.get(), static_cast<Acc*>(nullptr), static_cast<Acc*>(nullptr),
                        dout, inp, w, BT, C, OC);
-  const auto summed = start_input_grad_sum();
+  const auto sum_ready = start_input_grad_sum();
   Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), dw, db, dout, inp, w, BT, C, OC);
-  return summed();
+  return sum_ready();
 }
 
 template <class Ops>
