@@ -18,6 +18,17 @@ export TMPDIR="$WORK/tmp"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# This test's mpiformer processes (their working directory is its $WORK):
+# never another test's, which ctest may be running at the same time.
+ranks_here() {
+  local here p
+  here=$(readlink -f "$WORK")
+  for p in $(pgrep -x mpiformer); do
+    [ "$(readlink -f "/proc/$p/cwd" 2>/dev/null)" = "$here" ] && echo "$p"
+  done
+  return 0
+}
+
 # Byte-level Tiny Shakespeare with a 10% validation split, in $WORK/data.
 prep_sample_data() {
   mkdir -p data

@@ -55,7 +55,7 @@ PY
 "$LOCAL" "$DECK" "${args[@]}" --set run.dir=killed >killed.log 2>&1 &
 pid=$!
 wait_steps killed/metrics.jsonl 11 || { cat killed.log; fail "the run did not reach step 11"; }
-victim=$(pgrep -x mpiformer | tail -1)
+victim=$(ranks_here | tail -1)
 [ -n "$victim" ] || fail "no rank to kill"
 kill -KILL "$victim"
 rc=0
