@@ -12,8 +12,11 @@ enum class Device { kAuto, kCpu, kCuda };
 // [train] precision: what each tensor is stored in is the precision plan
 // (core/precision_plan.hpp); fp16 adds loss scaling ([train] loss_scale).
 enum class Precision { kFp32, kBf16, kFp16 };
-// [parallel] schedule.
-enum class ScheduleKind { kOneFOneB, kGPipe };
+// [parallel] schedule (parallel/pipeline_schedule.hpp says what each does).
+enum class ScheduleKind { kOneFOneB, kGPipe, kZbH1 };
+// Whether a schedule splits each backward into its input-gradient half (B)
+// and its weight-gradient half (W), run as separate actions.
+inline bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::kZbH1; }
 // [train] nonfinite: what a non-finite loss or gradient norm does.
 enum class NonfinitePolicy { kStop, kSkip };
 // [checkpoint] resume: the newest usable checkpoint, none, or one path.
@@ -37,8 +40,8 @@ inline constexpr SettingName<NonfinitePolicy> kNonfiniteNames[] = {
     {NonfinitePolicy::kStop, "stop"}, {NonfinitePolicy::kSkip, "skip"}};
 inline constexpr SettingName<Recompute> kRecomputeNames[] = {
     {Recompute::kNone, "none"}, {Recompute::kAttention, "attention"}, {Recompute::kFull, "full"}};
-inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::kOneFOneB, "1f1b"},
-                                                               {ScheduleKind::kGPipe, "gpipe"}};
+inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
+    {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"}};
 
 template <class E, size_t N>
 const char* setting_name(const SettingName<E> (&names)[N], E value) {

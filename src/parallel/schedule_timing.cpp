@@ -19,7 +19,8 @@ double SimulatedStep::idle_fraction() const {
 SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
                             const ActionCosts& costs) {
   const auto n = static_cast<size_t>(num_stages);
-  if (costs.forward.size() != n || costs.backward.size() != n || costs.reduce.size() != n) {
+  if (costs.forward.size() != n || costs.backward.size() != n || costs.reduce.size() != n ||
+      (!costs.weights.empty() && costs.weights.size() != n)) {
     throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
                                 " stages expected");
   }
@@ -33,10 +34,13 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
   std::map<std::tuple<int, Op, int>, double> arrivals;
   std::vector<size_t> next(n, 0);
   std::vector<double> clock(n, 0.0);
+  const bool split = splits_backward(kind);
+  const auto weights = [&](int s) { return costs.weights.empty() ? 0.0 : costs.weights[s]; };
   const auto cost = [&](int s, Op op) {
     switch (op) {
       case Op::Forward: return costs.forward[s];
-      case Op::Backward: return costs.backward[s];
+      case Op::Backward: return costs.backward[s] + (split ? 0.0 : weights(s));
+      case Op::WeightGradients: return weights(s);
       case Op::ReduceGradients: return costs.reduce[s];
       default: return 0.0;  // sends start at once; receives wait, then cost nothing more
     }
@@ -59,7 +63,8 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
         const double end = start + cost(s, a.op);
         if (a.op == Op::SendActivation) arrivals[{s + 1, Op::RecvActivation, a.micro}] = start + costs.p2p;
         if (a.op == Op::SendGradient) arrivals[{s - 1, Op::RecvGradient, a.micro}] = start + costs.p2p;
-        if (a.op == Op::Forward || a.op == Op::Backward) out.compute[s] += end - start;
+        if (a.op == Op::Forward || a.op == Op::Backward || a.op == Op::WeightGradients)
+          out.compute[s] += end - start;
         out.timeline[s].push_back({a, start, end});
         clock[s] = end;
         ++next[s];

@@ -18,7 +18,10 @@ namespace mpiformer {
 
 // Seconds per action, per stage (index = stage).
 struct ActionCosts {
-  std::vector<double> forward, backward;  // one micro-batch
+  // One micro-batch. `weights` (empty: none) is the part of the backward
+  // that only computes weight gradients: its own action (W) where the
+  // schedule splits the backward, else part of the backward's time.
+  std::vector<double> forward, backward, weights;
   std::vector<double> reduce;             // the gradient reduction left after backward
   double optimizer = 0;                   // AdamW and the step's all-reduce
   double p2p = 0;                         // one activation or gradient message
@@ -31,12 +34,12 @@ struct TimedAction {
 
 struct SimulatedStep {
   double step_time = 0;
-  std::vector<double> compute;  // per stage: forward + backward seconds
+  std::vector<double> compute;  // per stage: forward + backward (+ W) seconds
   std::vector<double> waiting;  // per stage: blocked receiving, and idle before the step's end
   std::vector<std::vector<TimedAction>> timeline;  // per stage, in order
-  // The share of the stages' time not spent computing forward or backward
-  // (waiting for messages, for other stages, reducing): the bubble when
-  // reductions cost nothing.
+  // The share of the stages' time not spent computing forward, backward
+  // or W (waiting for messages, for other stages, reducing): the bubble
+  // when reductions cost nothing.
   double idle_fraction() const;
 };
 

@@ -1,8 +1,9 @@
 // Pipeline schedules checked as pure tables over a grid of (stages,
 // micro-batches): each micro-batch is run forward then backward exactly once
-// per stage, 1F1B keeps at most (pp - s) activations on stage s, and a
-// simulation of all stages together (non-blocking sends, blocking receives,
-// as the trainer runs them) always completes.
+// per stage (zb-h1: then its W, once), 1F1B keeps at most (pp - s)
+// activations on stage s and zb-h1 at most pp on any, and a simulation of
+// all stages together (non-blocking sends, blocking receives, as the
+// trainer runs them) always completes.
 #include <map>
 #include <set>
 
@@ -53,19 +54,25 @@ bool simulate(const Schedules& stages, std::string* why) {
   }
 }
 
+constexpr ScheduleKind kAllKinds[] = {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                                       ScheduleKind::kZbH1};
+
 TEST(PipelineSchedule, EveryMicroBatchForwardThenBackwardOnce) {
-  for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB})
-    for (int pp = 1; pp <= 6; ++pp)
-      for (int m = 1; m <= 10; ++m)
+  for (auto kind : kAllKinds)
+    for (int pp = 1; pp <= 8; ++pp)
+      for (int m = 1; m <= 16; ++m)
         for (int s = 0; s < pp; ++s) {
           const auto acts = pipeline_schedule(kind, pp, s, m);
-          std::map<int, int> fwd_at, bwd_at;
+          std::map<int, int> fwd_at, bwd_at, w_at;
           for (size_t i = 0; i < acts.size(); ++i) {
             if (acts[i].op == Op::Forward) {
               EXPECT_TRUE(fwd_at.emplace(acts[i].micro, i).second);
             }
             if (acts[i].op == Op::Backward) {
               EXPECT_TRUE(bwd_at.emplace(acts[i].micro, i).second);
+            }
+            if (acts[i].op == Op::WeightGradients) {
+              EXPECT_TRUE(w_at.emplace(acts[i].micro, i).second);
             }
             // Stage boundaries: nothing received from outside the pipeline.
             if (s == 0) {
@@ -77,7 +84,17 @@ TEST(PipelineSchedule, EveryMicroBatchForwardThenBackwardOnce) {
           }
           ASSERT_EQ(fwd_at.size(), static_cast<size_t>(m));
           ASSERT_EQ(bwd_at.size(), static_cast<size_t>(m));
-          for (int i = 0; i < m; ++i) EXPECT_LT(fwd_at[i], bwd_at[i]) << "micro " << i;
+          ASSERT_EQ(w_at.size(), splits_backward(kind) ? static_cast<size_t>(m) : 0);
+          for (int i = 0; i < m; ++i) {
+            EXPECT_LT(fwd_at[i], bwd_at[i]) << "micro " << i;
+            // W reads what B left: after it, and in micro-batch order
+            // (the gradients accumulate in the order 1F1B's do).
+            if (!splits_backward(kind)) continue;
+            EXPECT_LT(bwd_at[i], w_at[i]) << "micro " << i;
+            if (i > 0) {
+              EXPECT_LT(w_at[i - 1], w_at[i]);
+            }
+          }
           // The step ends with the reduction, then the update.
           EXPECT_EQ(acts[acts.size() - 2].op, Op::ReduceGradients);
           EXPECT_EQ(acts.back().op, Op::OptimizerStep);
@@ -95,10 +112,48 @@ TEST(PipelineSchedule, OneFOneBBoundsLiveActivations) {
       }
 }
 
+// zb-h1 holds a micro-batch from its forward to its W: stage s up to s
+// W's longer than 1F1B, never more than 1F1B's fullest stage (stage 0).
+TEST(PipelineSchedule, ZeroBubbleH1KeepsOneFOneBsPeak) {
+  for (int pp = 1; pp <= 8; ++pp)
+    for (int m = 1; m <= 16; ++m) {
+      const int peak = max_live_activations(pipeline_schedule(ScheduleKind::kOneFOneB, pp, 0, m));
+      for (int s = 0; s < pp; ++s) {
+        const auto acts = pipeline_schedule(ScheduleKind::kZbH1, pp, s, m);
+        EXPECT_EQ(max_live_activations(acts), std::min(pp, m)) << "pp " << pp << " m " << m;
+        EXPECT_LE(max_live_activations(acts), peak);
+        // Stage s owes at most s W's when it starts a forward.
+        int owed = 0, most = 0;
+        for (const Action& a : acts) {
+          owed += a.op == Op::Backward ? 1 : a.op == Op::WeightGradients ? -1 : 0;
+          if (a.op == Op::Forward) most = std::max(most, owed);
+        }
+        EXPECT_LE(most, s) << "pp " << pp << " m " << m << " stage " << s;
+        if (m >= 2 * pp) {
+          EXPECT_EQ(most, s) << "pp " << pp << " m " << m << " stage " << s;
+        }
+      }
+    }
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1OrderForThreeStages) {
+  // pp = 3, m = 4, the last stage: F B per micro-batch, its W's two behind.
+  std::vector<std::pair<Op, int>> compute;
+  for (const auto& a : pipeline_schedule(ScheduleKind::kZbH1, 3, 2, 4))
+    if (a.op == Op::Forward || a.op == Op::Backward || a.op == Op::WeightGradients)
+      compute.emplace_back(a.op, a.micro);
+  const std::vector<std::pair<Op, int>> want = {
+      {Op::Forward, 0}, {Op::Backward, 0}, {Op::Forward, 1}, {Op::Backward, 1},
+      {Op::Forward, 2}, {Op::Backward, 2}, {Op::WeightGradients, 0}, {Op::Forward, 3},
+      {Op::Backward, 3}, {Op::WeightGradients, 1}, {Op::WeightGradients, 2},
+      {Op::WeightGradients, 3}};
+  EXPECT_EQ(compute, want);
+}
+
 TEST(PipelineSchedule, SimulatedRunNeverDeadlocks) {
-  for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB})
-    for (int pp = 1; pp <= 6; ++pp)
-      for (int m = 1; m <= 10; ++m) {
+  for (auto kind : kAllKinds)
+    for (int pp = 1; pp <= 8; ++pp)
+      for (int m = 1; m <= 16; ++m) {
         std::string why;
         EXPECT_TRUE(simulate(all_stages(kind, pp, m), &why))
             << name_of(kind) << " pp " << pp << " m " << m << ": " << why;

@@ -36,6 +36,41 @@ TEST(ScheduleTiming, EqualStagesGiveTheTextbookBubble) {
   }
 }
 
+// zb-h1 against the paper's accounting (Qi et al. 2024, table 1): with
+// m >= pp and W no longer than B, every stage idles (pp - 1)(F + B - W),
+// against 1F1B's (pp - 1)(F + B + W). Where W > B or m < pp the deferred
+// W's cannot fill the whole drain: never worse than 1F1B, never better
+// than the fill no schedule avoids ((pp - 1) F). Tolerance 1e-9: sums of
+// at most a few hundred doubles.
+TEST(ScheduleTiming, ZeroBubbleH1MeetsItsTheory) {
+  struct Times {
+    double f, b, w;
+  };
+  for (const Times t : {Times{1, 1, 1}, Times{1, 1.5, 0.5}, Times{1, 2, 1}, Times{2, 1, 1},
+                        Times{1, 1.2, 0.8}, Times{1, 1, 1.5}, Times{1, 0.5, 2}}) {
+    for (int pp = 1; pp <= 8; ++pp) {
+      for (int m = 1; m <= 16; ++m) {
+        ActionCosts c = equal(pp, t.f, t.b);
+        c.weights.assign(pp, t.w);
+        const SimulatedStep zb = simulate_step(ScheduleKind::kZbH1, pp, m, c);
+        const SimulatedStep ob = simulate_step(ScheduleKind::kOneFOneB, pp, m, c);
+        const double work = m * (t.f + t.b + t.w);
+        EXPECT_NEAR(ob.step_time, work + (pp - 1) * (t.f + t.b + t.w), 1e-9);
+        for (int s = 0; s < pp; ++s) EXPECT_NEAR(zb.compute[s], work, 1e-9);
+        const std::string at = "pp " + std::to_string(pp) + " m " + std::to_string(m) + " F/B/W " +
+                               std::to_string(t.f) + "/" + std::to_string(t.b) + "/" +
+                               std::to_string(t.w);
+        if (m >= pp && t.w <= t.b) {
+          EXPECT_NEAR(zb.step_time, work + (pp - 1) * (t.f + t.b - t.w), 1e-9) << at;
+        } else {
+          EXPECT_LE(zb.step_time, ob.step_time + 1e-9) << at;
+          EXPECT_GE(zb.step_time, work + (pp - 1) * t.f - 1e-9) << at;
+        }
+      }
+    }
+  }
+}
+
 TEST(ScheduleTiming, ASlowStageSetsThePace) {
   const int pp = 4, m = 8;
   ActionCosts c = equal(pp, 1.0, 2.0);
