@@ -321,6 +321,17 @@ void check_relations(const Deck& d, const std::string& where) {
                                static_cast<long long>(d.model.seq_len),
                                static_cast<long long>(d.parallel.tp)));
   }
+  // W reads the activations the forward kept; full recomputation keeps
+  // only each block's input (and under auto the planner picks both).
+  if (splits_backward(d.parallel.schedule) && d.train.recompute == Recompute::kFull &&
+      !d.parallel.auto_layout) {
+    throw InputError(where, "[parallel] schedule, [train] recompute",
+                     strprintf("schedule \"%s\" defers each micro-batch's weight gradients, "
+                               "which read the activations its forward kept; recompute \"full\" "
+                               "keeps none. Use recompute \"attention\" or \"none\", or "
+                               "schedule \"1f1b\"",
+                               name_of(d.parallel.schedule)));
+  }
   if (d.parallel.pp > d.model.n_layer) {
     throw InputError(where, "[parallel] pp",
                      strprintf("must not exceed [model] n_layer (%lld), got %lld",

@@ -162,7 +162,18 @@ class GptStage {
   Act* output_grad_buffer() { return grad_in_.get(); }
   // Backward of the micro-batch in `slot`; parameter gradients accumulate.
   // Backward runs from the end of the parameter buffer to its start.
+  // Under split_backward it computes the input gradient only (B), and
+  // keeps in the slot what weight_gradients needs: each layer's output
+  // gradient in a buffer the rest of the backward no longer reads (the
+  // block's output for fc_proj, res2 for attn_proj, fch for fc, qkv for
+  // qkv, the stage's input for the embedding) and the LayerNorms' weight
+  // gradients; grads_final and the gradient windows are then W's. The
+  // head's weight gradient stays B's (see head_of).
   void backward(int slot, const GradsFinal& grads_final = nullptr);
+  // W (split_backward only): the weight gradients of the micro-batch in
+  // `slot`, whose B ran, from its end to its start as backward would.
+  // The slot stays held until then.
+  void weight_gradients(int slot, const GradsFinal& grads_final = nullptr);
   // Gradient with respect to this stage's input (activation_size();
   // non-first stages), valid until the next backward.
   const Act* input_grad() const { return dres_.get(); }
@@ -172,8 +183,8 @@ class GptStage {
   double take_loss_sum();
   // Logits [B*T, this rank's share of the padded vocabulary] of the last forward into `slot` made without
   // for_backward (with it, their gradient), and its per-token losses [B*T].
-  const Act* logits(int slot) const { return slots_[slot].logits.get(); }
-  const Acc* losses(int slot) const { return slots_[slot].losses.get(); }
+  const Act* logits(int slot) const { return head_of(slot).logits.get(); }
+  const Acc* losses(int slot) const { return head_of(slot).losses.get(); }
 
  private:
   using AttnState = typename Ops::AttnState;
@@ -190,6 +201,9 @@ class GptStage {
     std::vector<LayerActs> layers;
     Buffer<Act> lnf, logits;
     Buffer<Acc> lnf_mean, lnf_rstd, losses;
+    // Split backward: the blocks' LayerNorm weight gradients B computed,
+    // 4 C per block.
+    Buffer<Acc> ln_grads;
     typename Ops::Tokens tokens, targets;
   };
   // The group's in-place sum (no-op at tp = 1).
@@ -221,13 +235,25 @@ class GptStage {
                                 int64_t OC);
   // LayerNorm weight gradients computed from this rank's rows only
   // (sequence parallelism) go to ln_grads_ and are summed over the group
-  // before they join the gradients; otherwise straight into `g`.
-  Acc* ln_grad(Acc* g, int k) { return opt_.sequence_parallel ? ln_grads_.get() + k * cfg_.n_embd : g; }
-  void add_ln_grads(std::initializer_list<Acc*> grads);
+  // before they join the gradients; those B computes under split backward
+  // wait in the slot for W (the final LayerNorm's are B's). ln_stash:
+  // where block `i`'s (-1: the final LayerNorm's) go, null for straight
+  // into the gradients; ln_grad: the k-th of them there, or `g`.
+  Acc* ln_stash(Slot& s, int64_t i);
+  Acc* ln_grad(Acc* stash, Acc* g, int k) { return stash ? stash + k * cfg_.n_embd : g; }
+  void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
+  bool split() const { return opt_.split_backward; }
+  // The slot holding `s`'s head buffers (lnf, logits, losses, targets):
+  // under split backward one set serves every slot, since the last stage
+  // runs each micro-batch's B right after its forward and B finishes with
+  // them (it computes the head's weight gradient too).
+  Slot& head_of(Slot& s) { return split() ? slots_[0] : s; }
+  const Slot& head_of(int slot) const { return slots_[split() ? 0 : slot]; }
   void head_loss(Slot& s, bool for_backward, Acc grad_scale);
   // Block i's forward from x into out, keeping what backward needs in `a`.
   void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i);
   void backward_block(Slot& s, int64_t i);
+  void weight_gradients_block(Slot& s, int64_t i);
   BlockView<const Act> block_weights(int64_t i);
   BlockView<Acc> block_grads(int64_t i);
   const Act* w_outer(outer::Tensor k) const {

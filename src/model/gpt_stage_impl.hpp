@@ -28,6 +28,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       throw std::logic_error("sequence parallelism needs tp > 1 dividing B*T");
     rows_ = B_ * T_ / tp;
   }
+  if (opt_.split_backward && opt_.recompute == Recompute::kFull)
+    throw std::logic_error("split backward needs the blocks' activations kept");
   nh_ = cfg_.n_head / tp;
   ca_ = cfg_.n_embd / tp;
   cm_ = 4 * cfg_.n_embd / tp;
@@ -98,7 +100,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       for (LayerActs& a : s.layers) keep(a, opt_.recompute == Recompute::kNone);
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
-    if (range_.has_head) {
+    // Split backward: the head's buffers once, for every slot (head_of).
+    if (range_.has_head && (!opt_.split_backward || &s == &slots_[0])) {
       s.lnf = act(R * C);
       s.lnf_mean = acc(R);
       s.lnf_rstd = acc(R);
@@ -106,6 +109,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       s.losses = acc(BT);
       s.targets = tokens(BT);
     }
+    if (opt_.split_backward) s.ln_grads = acc(4 * L * C);
   }
   if (L > 0 && opt_.recompute == Recompute::kAttention) rc_.att = attn(attn_state);
   if (L > 0 && opt_.recompute == Recompute::kFull) {
@@ -181,7 +185,8 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   // Every host-to-device copy first, before any op of this micro-batch is
   // queued, so the device never waits on the host in the middle.
   if (range_.has_embedding) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
-  if (range_.has_head) Ops::load_tokens(ctx_, s.targets, targets, BT, false);
+  Slot& h = head_of(s);
+  if (range_.has_head) Ops::load_tokens(ctx_, h.targets, targets, BT, false);
   if (range_.has_embedding) {
     // Vocabulary-parallel: each rank embeds the tokens of its vocabulary
     // rows (zeros elsewhere), the group's sum is the embedding.
@@ -198,13 +203,13 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
     forward_block(a, s.residual[i].get(), s.residual[i + 1].get(), i);
   }
   if (!range_.has_head) return;
-  Ops::layernorm_forward(ctx_, s.lnf.get(), s.lnf_mean.get(), s.lnf_rstd.get(),
+  Ops::layernorm_forward(ctx_, h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(),
                          s.residual.back().get(), w_outer(outer::lnf_w), w_outer(outer::lnf_b),
                          rows_, C);
-  Ops::matmul_forward(ctx_, s.logits.get(), gathered(s.lnf.get()), w_outer(outer::wte),
+  Ops::matmul_forward(ctx_, h.logits.get(), gathered(h.lnf.get()), w_outer(outer::wte),
                       static_cast<const Act*>(nullptr), BT, C, vl_);
-  head_loss(s, for_backward, grad_scale);
-  Ops::accumulate_sum(ctx_, loss_sum_.get(), s.losses.get(), BT);
+  head_loss(h, for_backward, grad_scale);
+  Ops::accumulate_sum(ctx_, loss_sum_.get(), h.losses.get(), BT);
 }
 
 template <class Ops>
@@ -300,18 +305,25 @@ typename Ops::Act* GptStage<Ops>::column_parallel_backward(Acc* dw, Acc* db, con
   Ops::matmul_backward(ctx_, dln_.get(), static_cast<Acc*>(nullptr), static_cast<Acc*>(nullptr),
                        dout, inp, w, BT, C, OC);
   const auto sum_ready = start_input_grad_sum();
-  Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), dw, db, dout, inp, w, BT, C, OC);
+  if (dw != nullptr)
+    Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), dw, db, dout, inp, w, BT, C, OC);
   return sum_ready();
 }
 
 template <class Ops>
-void GptStage<Ops>::add_ln_grads(std::initializer_list<Acc*> grads) {
-  if (!opt_.sequence_parallel) return;
+typename Ops::Acc* GptStage<Ops>::ln_stash(Slot& s, int64_t i) {
+  if (split() && i >= 0) return s.ln_grads.get() + 4 * cfg_.n_embd * i;
+  return opt_.sequence_parallel ? ln_grads_.get() : nullptr;
+}
+
+template <class Ops>
+void GptStage<Ops>::add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads) {
+  if (stash == nullptr) return;
   const int64_t C = cfg_.n_embd, n = static_cast<int64_t>(grads.size()) * C;
-  tp_sum(ln_grads_.get(), n);
+  if (opt_.sequence_parallel) tp_sum(stash, n);
   int64_t at = 0;
   for (Acc* g : grads) {
-    Ops::add_into(ctx_, g, ln_grads_.get() + at, C);
+    Ops::add_into(ctx_, g, stash + at, C);
     at += C;
   }
 }
@@ -323,33 +335,48 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
   };
   Slot& s = slots_[slot];
   const int64_t R = rows_, C = cfg_.n_embd, L = range_.num_layers();
+  // Split (B): no weight gradient here, so no gradient is final and no
+  // gradient window is needed; the GEMMs' inputs need not be gathered.
+  const bool whole = !split();
   Act* dres = dres_.get();
   if (range_.has_head) {
     // The tied head: its weight gradient lands in wte's gradient, which the
     // embedding backward then adds to. Vocabulary-parallel, each rank's
     // input gradient covers its columns only: the group sums them.
+    // Split, the head's weight gradients too: they read dlogits, which
+    // the next forward overwrites (one buffer for every slot), and they
+    // are final only at W's end (with wte's, whose gradient this is).
+    Slot& h = head_of(s);
     const Act* dln = column_parallel_backward(g_outer(outer::wte), static_cast<Acc*>(nullptr),
-                                             s.logits.get(), gathered(s.lnf.get()),
+                                             h.logits.get(), gathered(h.lnf.get()),
                                              w_outer(outer::wte), vl_);
     Ops::fill_zero(ctx_, dres, R * C);
-    if (opt_.sequence_parallel) Ops::fill_zero(ctx_, ln_grads_.get(), 2 * C);
-    Ops::layernorm_backward(ctx_, dres, ln_grad(g_outer(outer::lnf_w), 0),
-                            ln_grad(g_outer(outer::lnf_b), 1), dln, s.residual.back().get(),
-                            w_outer(outer::lnf_w), s.lnf_mean.get(), s.lnf_rstd.get(), R, C);
-    add_ln_grads({g_outer(outer::lnf_w), g_outer(outer::lnf_b)});
-    final_from(at_.at(outer::lnf_w));
+    Acc* stash = ln_stash(s, -1);
+    if (stash) Ops::fill_zero(ctx_, stash, 2 * C);
+    Ops::layernorm_backward(ctx_, dres, ln_grad(stash, g_outer(outer::lnf_w), 0),
+                            ln_grad(stash, g_outer(outer::lnf_b), 1), dln, s.residual.back().get(),
+                            w_outer(outer::lnf_w), h.lnf_mean.get(), h.lnf_rstd.get(), R, C);
+    add_ln_grads(stash, {g_outer(outer::lnf_w), g_outer(outer::lnf_b)});
+    if (whole) final_from(at_.at(outer::lnf_w));
   } else {
     Ops::copy(ctx_, dres, static_cast<const Act*>(grad_in_.get()), R * C);
   }
   for (int64_t i = L - 1; i >= 0; --i) {
     if (opt_.window_weights) hooks_.need_weights(i, i > 0 ? i - 1 : -1);
-    if (opt_.window_grads) {
+    if (whole && opt_.window_grads) {
       hooks_.need_grad_window(i);
       Ops::fill_zero(ctx_, gwin_[i % 2].get(), at_.block_storage());
     }
     backward_block(s, i);
-    if (opt_.window_grads) hooks_.grads_ready(i);
-    final_from(at_.layers[i][0]);
+    if (whole && opt_.window_grads) hooks_.grads_ready(i);
+    if (whole) final_from(at_.layers[i][0]);
+  }
+  if (!whole) {
+    // The embedding's backward is W's, from the stage's input, which block
+    // 0's backward has finished reading.
+    if (range_.has_embedding)
+      Ops::copy(ctx_, s.residual[0].get(), static_cast<const Act*>(dres), R * C);
+    return;
   }
   if (range_.has_embedding) {
     // Every rank's vocabulary rows may appear anywhere in the micro-batch:
@@ -358,6 +385,48 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
                             s.tokens, B_, T_, C, v0_, vl_);
   }
   final_from(0);
+}
+
+template <class Ops>
+void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final) {
+  if (!split()) throw std::logic_error("weight_gradients without split backward");
+  auto final_from = [&](int64_t offset) {
+    if (grads_final) grads_final(offset);
+  };
+  Slot& s = slots_[slot];
+  const int64_t C = cfg_.n_embd, L = range_.num_layers();
+  if (range_.has_head) final_from(at_.at(outer::lnf_w));  // B computed the head's
+  for (int64_t i = L - 1; i >= 0; --i) {
+    if (opt_.window_grads) {
+      hooks_.need_grad_window(i);
+      Ops::fill_zero(ctx_, gwin_[i % 2].get(), at_.block_storage());
+    }
+    weight_gradients_block(s, i);
+    if (opt_.window_grads) hooks_.grads_ready(i);
+    final_from(at_.layers[i][0]);
+  }
+  if (range_.has_embedding)
+    Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe),
+                            gathered(s.residual[0].get()), s.tokens, B_, T_, C, v0_, vl_);
+  final_from(0);
+}
+
+template <class Ops>
+void GptStage<Ops>::weight_gradients_block(Slot& s, int64_t i) {
+  const int64_t BT = B_ * T_, C = cfg_.n_embd;
+  const auto g = block_grads(i);
+  LayerActs& a = s.layers[i];
+  const Act* none = nullptr;  // W reads no weights (ZeRO 3 gathers none)
+  const auto dw = [&](block::Tensor w, block::Tensor b, const Act* dout, const Act* inp, int64_t in,
+                      int64_t out) {
+    Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g[w], g[b], dout, inp, none, BT, in, out);
+  };
+  // Each GEMM's output gradient where backward_block left it (gpt_stage.hpp).
+  dw(block::fc_proj_w, block::fc_proj_b, gathered(s.residual[i + 1].get()), a.fch_gelu.get(), cm_, C);
+  dw(block::fc_w, block::fc_b, a.fch.get(), gathered(a.ln2.get()), C, cm_);
+  dw(block::attn_proj_w, block::attn_proj_b, gathered(a.res2.get()), a.atty.get(), ca_, C);
+  dw(block::qkv_w, block::qkv_b, a.qkv.get(), gathered(a.ln1.get()), C, 3 * ca_);
+  add_ln_grads(ln_stash(s, i), {g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
 }
 
 template <class Ops>
@@ -381,17 +450,31 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   // projections' bias gradients are still whole on every rank), and the
   // LayerNorms' weight gradients, from this rank's rows, are summed over
   // the group (ln_grad, add_ln_grads).
-  if (opt_.sequence_parallel) Ops::fill_zero(ctx_, ln_grads_.get(), 4 * C);
-  Ops::matmul_backward(ctx_, d4_.get(), g[block::fc_proj_w], g[block::fc_proj_b], gathered(dres),
-                       a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
-  Ops::gelu_backward(ctx_, d4_.get(), a.fch.get(), d4_.get(), BT * cm_);
-  const Act* dln2 = column_parallel_backward(g[block::fc_w], g[block::fc_b], d4_.get(),
-                                             gathered(a.ln2.get()), w[block::fc_w], cm_);
-  Ops::layernorm_backward(ctx_, dres, ln_grad(g[block::ln2_w], 0), ln_grad(g[block::ln2_b], 1),
-                          dln2, a.res2.get(), w[block::ln2_w], a.ln2_mean.get(),
-                          a.ln2_rstd.get(), R, C);
+  //
+  // Split (B): the weight-gradient halves are W's (weight_gradients_block),
+  // each GEMM's output gradient kept where the rest of this backward no
+  // longer reads: the block's output gradient in its output (read only by
+  // the next block's backward, done), fc's in its pre-activation fch
+  // (GELU's backward reads it last), attn_proj's in res2 (read last by
+  // ln2's backward), qkv's in qkv (read last by attention's backward).
+  const bool whole = !split();
+  auto wgt = [&](block::Tensor t) { return whole ? g[t] : nullptr; };
+  Acc* stash = ln_stash(s, i);
+  if (stash) Ops::fill_zero(ctx_, stash, 4 * C);
+  if (!whole) Ops::copy(ctx_, s.residual[i + 1].get(), static_cast<const Act*>(dres), R * C);
+  Ops::matmul_backward(ctx_, d4_.get(), wgt(block::fc_proj_w), wgt(block::fc_proj_b),
+                       gathered(dres), a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
+  Act* d4 = whole ? d4_.get() : a.fch.get();
+  Ops::gelu_backward(ctx_, d4, a.fch.get(), d4_.get(), BT * cm_);
+  const Act* dln2 = column_parallel_backward(wgt(block::fc_w), wgt(block::fc_b), d4,
+                                             whole ? gathered(a.ln2.get()) : nullptr,
+                                             w[block::fc_w], cm_);
+  Ops::layernorm_backward(ctx_, dres, ln_grad(stash, g[block::ln2_w], 0),
+                          ln_grad(stash, g[block::ln2_b], 1), dln2, a.res2.get(), w[block::ln2_w],
+                          a.ln2_mean.get(), a.ln2_rstd.get(), R, C);
+  if (!whole) Ops::copy(ctx_, a.res2.get(), static_cast<const Act*>(dres), R * C);
   // Attention, the same way round.
-  Ops::matmul_backward(ctx_, datty_.get(), g[block::attn_proj_w], g[block::attn_proj_b],
+  Ops::matmul_backward(ctx_, datty_.get(), wgt(block::attn_proj_w), wgt(block::attn_proj_b),
                        gathered(dres), a.atty.get(), w[block::attn_proj_w], BT, ca_, C);
   // Attention recomputation: its state again from the kept qkv. The
   // forward also rewrites atty, with the bits it already holds.
@@ -399,12 +482,14 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
     Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_);
   Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
                           attention_state(a), B_, T_, ca_, nh_);
-  const Act* dln1 = column_parallel_backward(g[block::qkv_w], g[block::qkv_b], dqkv_.get(),
-                                             gathered(a.ln1.get()), w[block::qkv_w], 3 * ca_);
-  Ops::layernorm_backward(ctx_, dres, ln_grad(g[block::ln1_w], 2), ln_grad(g[block::ln1_b], 3),
-                          dln1, s.residual[i].get(), w[block::ln1_w], a.ln1_mean.get(),
-                          a.ln1_rstd.get(), R, C);
-  add_ln_grads({g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
+  if (!whole) Ops::copy(ctx_, a.qkv.get(), static_cast<const Act*>(dqkv_.get()), BT * 3 * ca_);
+  const Act* dln1 = column_parallel_backward(wgt(block::qkv_w), wgt(block::qkv_b), dqkv_.get(),
+                                             whole ? gathered(a.ln1.get()) : nullptr,
+                                             w[block::qkv_w], 3 * ca_);
+  Ops::layernorm_backward(ctx_, dres, ln_grad(stash, g[block::ln1_w], 2),
+                          ln_grad(stash, g[block::ln1_b], 3), dln1, s.residual[i].get(),
+                          w[block::ln1_w], a.ln1_mean.get(), a.ln1_rstd.get(), R, C);
+  if (whole) add_ln_grads(stash, {g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
 }
 
 template <class Ops>

@@ -46,8 +46,12 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (o.recompute == Recompute::kNone) slot += L * (block_kept + attention);
   if (o.recompute == Recompute::kAttention) slot += L * block_kept;
   if (range.has_embedding) slot += BT * 4;  // token ids
-  if (range.has_head)  // lnf, logits; lnf's statistics, the losses; targets
-    slot += (R * C + BT * V) * act + (2 * R + BT) * acc + BT * 4;
+  // The head's: lnf, logits; lnf's statistics, the losses; targets (split
+  // backward: one set for every slot).
+  const double head = range.has_head ? (R * C + BT * V) * act + (2 * R + BT) * acc + BT * 4 : 0;
+  if (!o.split_backward) slot += head;
+  // Split backward: the blocks' LayerNorm weight gradients B leaves for W.
+  if (o.split_backward) slot += 4 * L * C * acc;
   f.per_slot = slot;
   f.activations = slot * o.slots;
   // Backward scratch: dres (rows held), dln, datty; dqkv, d4 and datt with
@@ -55,7 +59,8 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // (a double); the vocabulary-parallel cross-entropy's row statistics (3
   // per row); recomputation's shared probabilities, or one block's
   // activations and output; sequence parallelism's gathered rows, summed
-  // input gradient rows and 4 LayerNorm weight gradients.
+  // input gradient rows and 4 LayerNorm weight gradients; split backward's
+  // one set of head buffers.
   f.scratch = R * C * act + (C + Ca) * BT * act +
               (L > 0 ? (3 * Ca + Cm) * BT * act + attention : 0) +
               (range.has_head ? 0 : R * C * act) + 8;
@@ -63,6 +68,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;
   if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + R * C * act;
   if (o.sequence_parallel) f.scratch += (BT * C + R * C) * act + 4 * C * acc;
+  if (o.split_backward) f.scratch += head;
   return f;
 }
 

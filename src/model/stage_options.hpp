@@ -27,14 +27,20 @@ struct StageOptions {
   // adds on one tp-th of the micro-batch's rows (Megatron's sequence
   // parallelism; gpt_stage.hpp's TensorGroup).
   bool sequence_parallel = false;
+  // Zero-bubble schedules (pipeline_schedule.hpp): backward computes the
+  // input gradient only (B); weight_gradients (W) computes the weight
+  // gradients later from what B left in the slot's buffers it no longer
+  // needs. Not with full recomputation, which keeps nothing for W to read.
+  bool split_backward = false;
 };
 
 // The options a deck asks for, with `slots` from the schedule: ZeRO's
 // level decides which buffers live outside the stage or in windows.
 inline StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero,
-                                  bool sequence_parallel = false) {
+                                  bool sequence_parallel = false, bool split_backward = false) {
   StageOptions o;
   o.sequence_parallel = sequence_parallel;
+  o.split_backward = split_backward;
   o.micro_batch = micro_batch;
   o.slots = slots;
   o.recompute = recompute;

@@ -47,6 +47,18 @@ struct Builder {
         bwd ? act * (2 * M * N + 2 * M * K + K * N) + 8 * K * N : act * (M * K + K * N + M * N);
     out->push_back({Kernel::kMatmul, bwd, m, k, n, 0, bytes, bwd ? 2 * f : f});
   }
+  // A backward's halves, as split backward runs them: the input gradient
+  // (the output gradient, the weight, the input gradient) and the weight
+  // gradient (the output gradient, the input, the float weight gradient
+  // read and written); each half the FLOPs.
+  void matmul_input_grad(int64_t m, int64_t k, int64_t n) {
+    const double M = static_cast<double>(m), K = static_cast<double>(k), N = static_cast<double>(n);
+    out->push_back({Kernel::kMatmul, true, m, k, n, 0, act * (M * N + K * N + M * K), 2 * M * K * N});
+  }
+  void matmul_weight_grad(int64_t m, int64_t k, int64_t n) {
+    const double M = static_cast<double>(m), K = static_cast<double>(k), N = static_cast<double>(n);
+    out->push_back({Kernel::kMatmul, true, m, k, n, 0, act * (M * N + M * K) + 8 * K * N, 2 * M * K * N});
+  }
   // Scores and values of every (batch, head) pair over the full T x T
   // (both devices compute the masked half too; FLOPs count as MFU does,
   // 2 products forward, 4 backward).
@@ -68,7 +80,8 @@ struct Builder {
 }  // namespace
 
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
-                     Recompute recompute, double act_bytes, bool sequence_parallel) {
+                     Recompute recompute, double act_bytes, bool sequence_parallel,
+                     bool split_backward) {
   StageWork w;
   const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len, C = cfg.n_embd;
   const int64_t ca = C / tp, cm = 4 * C / tp, nh = cfg.n_head / tp;
@@ -80,7 +93,8 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   const double rc = sp ? btc / static_cast<double>(tp) : btc;
   const double whole = btc * act_bytes;
   w.message_bytes = rc * act_bytes;
-  Builder f{&w.forward, act_bytes}, b{&w.backward, act_bytes};
+  Builder f{&w.forward, act_bytes}, b{&w.backward, act_bytes}, wg{&w.weights, act_bytes};
+  const bool split = split_backward;
   using TC = TensorCollective;
   auto group = [&](std::vector<TC>& list, TC::Kind kind, double bytes) {
     if (tp > 1) list.push_back({kind, bytes});
@@ -92,9 +106,25 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   auto sum = [&](std::vector<TC>& list) {
     group(list, sp ? TC::kReduceScatter : TC::kAllreduce, whole);
   };
-  // The LayerNorms' weight gradients from the rows held (4-byte Acc).
-  auto ln_grads = [&](int layernorms) {
-    if (sp) group(w.tp_backward, TC::kAllreduce, 2.0 * layernorms * static_cast<double>(C) * 4);
+  // The LayerNorms' weight gradients from the rows held (4-byte Acc);
+  // split, W sums the blocks'.
+  auto ln_grads = [&](int layernorms, bool in_w) {
+    if (sp)
+      group(in_w ? w.tp_weights : w.tp_backward, TC::kAllreduce,
+            2.0 * layernorms * static_cast<double>(C) * 4);
+  };
+  // A backward GEMM whose input `gathers_input` (its dW reads the gathered
+  // rows): whole, or B's input-gradient half and W's weight-gradient half
+  // (where W gathers its input, and `dout_rows` its output gradient again).
+  auto matmul_backward = [&](int64_t m, int64_t k, int64_t n, bool gathers_input, bool dout_rows) {
+    if (!split) {
+      if (gathers_input) gather(w.tp_backward);
+      b.matmul(true, m, k, n);
+      return;
+    }
+    b.matmul_input_grad(m, k, n);
+    if (gathers_input || dout_rows) gather(w.tp_weights);
+    wg.matmul_weight_grad(m, k, n);
   };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).
   auto block_forward = [&](Builder& x, std::vector<TC>& comm) {
@@ -128,39 +158,42 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     f.stream(Kernel::kCrossentropy, false, logits);
     group(w.tp_forward, TC::kAllreduce, static_cast<double>(BT) * 4);      // row maxima
     group(w.tp_forward, TC::kAllreduce, static_cast<double>(2 * BT) * 4);  // sums, target logits
-    // Backward of the head.
+    // Backward of the head (whole, also when split: gpt_stage.hpp's logits_of).
     gather(w.tp_backward);
     b.matmul(true, BT, C, vl);
     sum(w.tp_backward);
     b.move(rc, 1);  // dres zeroed
     b.stream(Kernel::kLayernorm, true, rc);
-    ln_grads(1);
+    ln_grads(1, false);
   } else {
     b.move(rc, 2);  // the received gradient copied in
   }
   for (int64_t i = 0; i < L; ++i) {
     if (recompute == Recompute::kFull) block_forward(b, w.tp_backward);
+    if (split) b.move(rc, 2);  // dres kept for W
     gather(w.tp_backward);  // dres
-    b.matmul(true, BT, cm, C);
+    matmul_backward(BT, cm, C, false, true);
     b.stream(Kernel::kGelu, true, static_cast<double>(BT * cm));
-    gather(w.tp_backward);  // ln2
-    b.matmul(true, BT, C, cm);
+    matmul_backward(BT, C, cm, true, false);  // ln2
     sum(w.tp_backward);
     b.stream(Kernel::kLayernorm, true, rc);
+    if (split) b.move(rc, 2);  // dres kept for W
     gather(w.tp_backward);  // dres
-    b.matmul(true, BT, ca, C);
+    matmul_backward(BT, ca, C, false, true);
     if (recompute == Recompute::kAttention)
       b.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
     b.attention(true, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
-    gather(w.tp_backward);  // ln1
-    b.matmul(true, BT, C, 3 * ca);
+    if (split) b.move(static_cast<double>(BT * 3 * ca), 2);  // dqkv kept for W
+    matmul_backward(BT, C, 3 * ca, true, false);  // ln1
     sum(w.tp_backward);
     b.stream(Kernel::kLayernorm, true, rc);
-    ln_grads(2);
+    ln_grads(2, split);
   }
   if (range.has_embedding) {
-    gather(w.tp_backward);  // dres: any row may hold this rank's tokens
-    b.stream(Kernel::kEmbedding, true, btc);
+    if (split) b.move(rc, 2);  // dres kept for W
+    auto& list = split ? w.tp_weights : w.tp_backward;
+    gather(list);  // dres: any row may hold this rank's tokens
+    (split ? wg : b).stream(Kernel::kEmbedding, true, btc);
   }
   return w;
 }

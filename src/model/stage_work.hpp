@@ -56,13 +56,18 @@ struct TensorCollective {
 
 struct StageWork {
   std::vector<WorkItem> forward, backward;  // backward: with what recomputation runs again
+  // Split backward (zero-bubble schedules): `backward` is B, the input
+  // gradient, and `weights` is W, the weight gradients (empty otherwise).
+  std::vector<WorkItem> weights;
   // The tensor group's collectives (in compute order; blocking).
-  std::vector<TensorCollective> tp_forward, tp_backward;
+  std::vector<TensorCollective> tp_forward, tp_backward, tp_weights;
   double message_bytes = 0;  // one activation (or its gradient) between stages
 };
 
-// `sequence_parallel`: StageOptions' (the rows held are a tp-th).
+// `sequence_parallel`, `split_backward`: StageOptions' (the rows held are
+// a tp-th; backward is B and W).
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
-                     Recompute recompute, double act_bytes, bool sequence_parallel = false);
+                     Recompute recompute, double act_bytes, bool sequence_parallel = false,
+                     bool split_backward = false);
 
 }  // namespace mpiformer

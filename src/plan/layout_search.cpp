@@ -54,8 +54,12 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
       for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
         for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
           for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
-            for (ScheduleKind sk : {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe}) {
-              if (pp == 1 && sk == ScheduleKind::kGPipe) continue;  // the same walk at pp 1
+            for (ScheduleKind sk :
+                 {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe, ScheduleKind::kZbH1}) {
+              // At pp 1 every schedule is the same walk; zb-h1's W reads
+              // what full recomputation does not keep (the deck refuses it).
+              if (pp == 1 && sk != ScheduleKind::kOneFOneB) continue;
+              if (splits_backward(sk) && rc == Recompute::kFull) continue;
               layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, false});
               // Sequence parallelism where the rows divide among the group.
               if (tp > 1 && cfg.seq_len % tp == 0)

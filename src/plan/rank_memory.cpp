@@ -9,6 +9,7 @@
 #include "model/shard_plan.hpp"
 #include "model/stage_layout.hpp"
 #include "model/stage_options.hpp"
+#include "parallel/pipeline_schedule.hpp"
 
 namespace mpiformer {
 
@@ -26,6 +27,12 @@ double save_gather_bytes(const ParameterSpec& spec, int64_t dp) {
 }
 
 }  // namespace
+
+StageOptions stage_options_of(const Deck& deck, int slots) {
+  return stage_options(deck.train.micro_batch, slots, deck.train.recompute,
+                       static_cast<int>(deck.parallel.zero), deck.parallel.sequence_parallel,
+                       splits_backward(deck.parallel.schedule));
+}
 
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
   const GptConfig& cfg = deck.model;
@@ -45,8 +52,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
                                          ? AttentionStorage::kRowStatistics
                                          : AttentionStorage::kProbabilities;
   m.stage = stage_footprint(cfg, range,
-                            stage_options(deck.train.micro_batch, slots, deck.train.recompute, zero,
-                                          deck.parallel.sequence_parallel),
+                            stage_options_of(deck, slots),
                             static_cast<size_t>(act), static_cast<size_t>(acc), attention);
   if (zero == 0) {
     m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights

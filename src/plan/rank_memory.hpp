@@ -7,6 +7,7 @@
 
 #include "deck.hpp"
 #include "model/stage_footprint.hpp"
+#include "model/stage_options.hpp"
 
 namespace mpiformer {
 
@@ -40,5 +41,9 @@ struct RankMemory {
   }
 };
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
+
+// The stage options a deck asks for, with `slots` from the schedule: what
+// the trainer builds its stage with and the accounting predicts from.
+StageOptions stage_options_of(const Deck& deck, int slots);
 
 }  // namespace mpiformer

@@ -255,19 +255,20 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   for (int64_t s = 0; s < pp; ++s) {
     const StageRange range = partition_stage(cfg, s, pp, tp, 0);
     const StageWork work = stage_work(cfg, range, deck.train.micro_batch, deck.train.recompute, act,
-                                      deck.parallel.sequence_parallel);
+                                      deck.parallel.sequence_parallel,
+                                      splits_backward(deck.parallel.schedule));
     const int slots = max_live_activations(pipeline_schedule(deck.parallel.schedule, static_cast<int>(pp),
                                                              static_cast<int>(s), static_cast<int>(micro)));
     const double factor =
         stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute,
                   static_cast<double>(deck.train.micro_batch * slots * range.num_layers()))
             .factor;
-    double fwd = 0, bwd = 0, tp_time = 0;
+    double fwd = 0, bwd = 0, wgt = 0, tp_time = 0;
     std::map<std::string, double> by_kernel;
-    for (const auto* list : {&work.forward, &work.backward}) {
+    for (const auto* list : {&work.forward, &work.backward, &work.weights}) {
       for (const WorkItem& w : *list) {
         const double t = item_seconds(machine, w) * share * factor;
-        (list == &work.forward ? fwd : bwd) += t;
+        (list == &work.forward ? fwd : list == &work.backward ? bwd : wgt) += t;
         const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
         by_kernel[gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")
                        : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
@@ -287,7 +288,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     double tp_bwd = 0;
     for (const TensorCollective& c : work.tp_backward) tp_bwd += tp_seconds(c);
     bwd += tp_bwd;
-    tp_time += tp_bwd;
+    double tp_wgt = 0;
+    for (const TensorCollective& c : work.tp_weights) tp_wgt += tp_seconds(c);
+    wgt += tp_wgt;
+    tp_time += tp_bwd + tp_wgt;
 
     const ParameterTable table(cfg, range);
     const StageLayout layout(table, range);
@@ -296,22 +300,24 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const double outside = n - static_cast<double>(layout.block_end - layout.block_begin());
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
-    const double block_bwd = L > 0 ? bwd / static_cast<double>(L) : 0;
+    const double block_bwd = L > 0 ? (bwd + wgt) / static_cast<double>(L) : 0;
     double reduce = 0, opt_comm = 0, per_micro_comm = 0, gathers_comm = 0;
     if (zero == 0) {
-      reduce = exposed(collective(dp_link.allreduce, dp, n * acc, 2), bwd);
+      reduce = exposed(collective(dp_link.allreduce, dp, n * acc, 2), bwd + wgt);
     } else {
       const double rs_all = zero == 1 ? n : outside;
-      reduce = exposed(collective(dp_link.reduce_scatter, dp, rs_all * acc, 1), zero == 1 ? bwd : 0);
+      reduce = exposed(collective(dp_link.reduce_scatter, dp, rs_all * acc, 1),
+                       zero == 1 ? bwd + wgt : 0);
       opt_comm = collective(dp_link.allgather, dp, n * act, 1);
       if (zero >= 2)
         per_micro_comm += static_cast<double>(L) *
                           exposed(collective(dp_link.reduce_scatter, dp, block * acc, 1), block_bwd);
       if (zero >= 3) {
         // A window still holding the block asked for is not gathered again:
-        // under 1F1B a forward follows a backward (and the reverse), so two
-        // of each pass's blocks are already there.
-        const int64_t kept = deck.parallel.schedule == ScheduleKind::kOneFOneB ? 2 : 0;
+        // under 1F1B (and zb-h1, whose W reads no weights) a forward
+        // follows a backward (and the reverse), so two of each pass's
+        // blocks are already there.
+        const int64_t kept = deck.parallel.schedule != ScheduleKind::kGPipe ? 2 : 0;
         const double gathers = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0));
         gathers_comm = gathers * exposed(collective(dp_link.allgather, dp, block * act, 1), block_bwd / 2);
         per_micro_comm += gathers_comm;
@@ -327,6 +333,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const double fwd_comm = gathers_comm / 2;
     costs.forward.push_back(fwd + fwd_comm);
     costs.backward.push_back(bwd + per_micro_comm - fwd_comm);
+    costs.weights.push_back(wgt);
     costs.reduce.push_back(reduce);
     // AdamW on what this rank owns, the gradient norm, zeroing the
     // gradients, and ZeRO's gather of the updated weights.
@@ -341,7 +348,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     optimizer[s] = math + opt_comm + norm;
     // The step's split is reported for the busiest stage (the one that
     // paces the pipeline); the rest of its time is the bubble.
-    const double busy = (fwd + bwd) * static_cast<double>(micro);
+    const double busy = (fwd + bwd + wgt) * static_cast<double>(micro);
     if (busy >= out.compute) {
       out.compute = busy;
       out.tp_comm = tp_time * static_cast<double>(micro);

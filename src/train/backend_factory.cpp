@@ -105,9 +105,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
                                            deck.parallel.tp, place.tp_rank);
   StageSetup setup;
-  setup.options = stage_options(tc.micro_batch, slots, tc.recompute,
-                                static_cast<int>(deck.parallel.zero),
-                                deck.parallel.sequence_parallel);
+  setup.options = stage_options_of(deck, slots);
   setup.adam = AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
   setup.zero = static_cast<int>(deck.parallel.zero);
   setup.dp = static_cast<int>(deck.parallel.dp);

@@ -87,6 +87,10 @@ class StageBackend {
   virtual void connect_tensor_parallel(Communicator& tp) = 0;
   virtual void observe_tensor_reductions(TensorOpObserver observer) = 0;
   virtual void backward_sharded(int slot, bool last_micro_batch) = 0;
+  // Zero-bubble schedules (StageOptions::split_backward): backward and
+  // backward_sharded compute B, these W (model/gpt_stage.hpp).
+  virtual void weight_gradients(int slot, const GradsFinal& grads_final) = 0;
+  virtual void weight_gradients_sharded(int slot, bool last_micro_batch) = 0;
   virtual double finish_sharded_reduction(Communicator* tied) = 0;
   virtual double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
   // Bytes sent to the data-parallel group by the stage's own collectives

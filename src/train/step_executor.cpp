@@ -36,6 +36,7 @@ std::string peer_of(Op op, const ProcessGrid& g) {
     case Op::OptimizerStep: return "every rank (the step's all-reduce)";
     case Op::Forward:
     case Op::Backward:
+    case Op::WeightGradients:
       // Inside them, each block waits on its tensor group's all-reduces.
       if (g.tp() > 1) {
         const int first = g.world_rank() - g.tp_rank();
@@ -133,19 +134,26 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
                                      gradient_tag(a.micro));
         times.recv_wait += seconds(t0, Clock::now());
         break;
-      case Op::Backward: {
+      case Op::Backward:
+      case Op::WeightGradients: {
+        // Split backward keeps the output's gradient in the output (long
+        // since received downstream; its send's request is closed first).
+        act_sends_[slot].reset();
+        const bool weights = a.op == Op::WeightGradients;
         if (stage.zero() > 0) {
-          stage.backward_sharded(slot, a.micro == M - 1);
+          if (weights) stage.weight_gradients_sharded(slot, a.micro == M - 1);
+          else stage.backward_sharded(slot, a.micro == M - 1);
           break;
         }
-        // The last micro-batch's backward finishes the gradients: reduce
-        // each bucket across replicas as soon as it is final.
+        // The last micro-batch's backward (its W, where split) finishes
+        // the gradients: reduce each bucket across replicas as soon as it
+        // is final.
         const bool overlap = a.micro == M - 1 && g.dp() > 1;
         if (overlap) reducer_.begin(stage.grads());
-        stage.backward(slot, overlap ? GradsFinal([&](int64_t offset) {
-          reducer_.grads_final_from(offset);
-        })
-                                     : nullptr);
+        const GradsFinal hook =
+            overlap ? GradsFinal([&](int64_t offset) { reducer_.grads_final_from(offset); }) : nullptr;
+        if (weights) stage.weight_gradients(slot, hook);
+        else stage.backward(slot, hook);
         break;
       }
       case Op::SendGradient:

@@ -104,6 +104,12 @@ class TrainingStage final : public StageBackend {
   void backward_sharded(int slot, bool last_micro_batch) override {
     zero_->backward(slot, last_micro_batch);
   }
+  void weight_gradients(int slot, const GradsFinal& grads_final) override {
+    stage_.weight_gradients(slot, grads_final);
+  }
+  void weight_gradients_sharded(int slot, bool last_micro_batch) override {
+    zero_->weight_gradients(slot, last_micro_batch);
+  }
   double finish_sharded_reduction(Communicator* tied) override { return zero_->finish(tied); }
   double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
     return zero_->grad_sum_of_squares(without_tied_wte, without_replicated);

@@ -135,14 +135,10 @@ class ZeroShards {
 
   void zero_grads() { Ops::fill_zero(ctx_, g_.get(), n_); }
 
-  // One micro-batch's backward; `last`: the step's last.
-  void backward(int slot, bool last) {
-    next_unit_ = plan_.units().size();
-    stage_.backward(slot, [&](int64_t offset) {
-      if (last) reduce_resident_from(offset);
-      for (auto& p : pending_) p->test();  // MPI progresses inside MPI calls only
-    });
-  }
+  // One micro-batch's backward; `last`: the step's last. Under split
+  // backward the stage calls the hook from W (weight_gradients) only.
+  void backward(int slot, bool last) { stage_.backward(slot, grads_final(last)); }
+  void weight_gradients(int slot, bool last) { stage_.weight_gradients(slot, grads_final(last)); }
 
   // Waits for every reduce-scatter; sums the tied embedding's copies.
   // Returns the seconds spent waiting.
@@ -191,6 +187,13 @@ class ZeroShards {
   }
 
  private:
+  GradsFinal grads_final(bool last) {
+    next_unit_ = plan_.units().size();
+    return [this, last](int64_t offset) {
+      if (last) reduce_resident_from(offset);
+      for (auto& p : pending_) p->test();  // MPI progresses inside MPI calls only
+    };
+  }
   // The weights this rank publishes, in shard order (null with
   // masters_are_weights: they are already in place).
   Act* wshard() {

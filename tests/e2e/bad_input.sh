@@ -46,7 +46,7 @@ turn=0
 rr "[parallel] pp: must not exceed [model] n_layer (4), got 8" train "$DECK" --set parallel.pp=8
 rr "[train] global_batch: must be a multiple of [parallel] dp x [train] micro_batch = 2 x 12" \
   train "$DECK" --set parallel.dp=2 --set train.micro_batch=12
-rr "[parallel] schedule: expected \"1f1b\" or \"gpipe\"" train "$DECK" --set parallel.schedule=zigzag
+rr "[parallel] schedule: expected \"1f1b\", \"gpipe\" or \"zb-h1\"" train "$DECK" --set parallel.schedule=zigzag
 rr "[parallel] zero: expected a value in [0, 3], got 4" train "$DECK" --set parallel.zero=4
 rr "[parallel] zero: expected an integer" train "$DECK" --set parallel.zero=1.5
 rr "[train] recompute: expected \"none\", \"attention\" or \"full\"" train "$DECK" \
@@ -62,6 +62,8 @@ rr "[parallel] sequence_parallel: needs [model] seq_len (66) to be a multiple of
   train "$DECK" --set parallel.sequence_parallel=true --set parallel.tp=4 --set model.seq_len=66
 rr "[parallel] sequence_parallel: expected true or false" train "$DECK" \
   --set parallel.sequence_parallel=2
+rr "[parallel] schedule, [train] recompute: schedule \"zb-h1\" defers each micro-batch's weight gradients" \
+  train "$DECK" --set parallel.schedule=zb-h1 --set train.recompute=full
 for np in 1 2 4; do
   expect $np "[parallel] dp x pp x tp: 1 x 1 x 8 = 8 ranks, but the job has $np" train "$DECK" \
     --set model.n_head=8 --set parallel.tp=8

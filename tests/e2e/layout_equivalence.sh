@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The key test of data + pipeline parallelism: the same deck and seed under
-# (dp, pp) = (2,1), (4,1), (1,2), (2,2), (1,4), with both schedules, give the
+# (dp, pp) = (2,1), (4,1), (1,2), (2,2), (1,4), with every schedule, give the
 # loss, the grad norm and the validation loss of the one-rank run at every
 # step, to a relative 1e-5. fp32 summation order is the only difference: DP
 # sums micro-batch gradients in another grouping, and the tied embedding's
 # two gradient halves are added after, not during, backward. Differences
-# seen are around 1e-7; 1e-5 leaves room for AdamW to amplify them over 6
+# seen are around 1e-7 (zb-h1 splits each backward into B and W and runs
+# the same products in the same order: its numbers are 1F1B's); 1e-5 leaves room for AdamW to amplify them over 6
 # steps, while a real bug (a gradient averaged instead of summed, a
 # micro-batch dropped, the tied copies diverging) moves the loss by far more.
 # Also checks the tied-embedding copies and the Chrome traces.
@@ -53,15 +54,15 @@ PY
 run 1 1 1f1b
 run 2 1 1f1b
 run 4 1 1f1b
-for sched in 1f1b gpipe; do
+for sched in 1f1b gpipe zb-h1; do
   run 1 2 "$sched"
   run 1 4 "$sched"
 done
 run 2 2 gpipe
-run 2 2 1f1b --set run.trace=true
+run 2 2 zb-h1 --set run.trace=true
 
 # Every rank wrote a loadable trace with its spans, named by rank and stage.
-python3 - "$WORK/run_2_2_1f1b" <<'PY'
+python3 - "$WORK/run_2_2_zb-h1" <<'PY'
 import json, sys
 for rank in range(4):
     ev = json.load(open(f"{sys.argv[1]}/trace-rank{rank}.json"))
@@ -69,9 +70,10 @@ for rank in range(4):
     meta = [e["args"]["name"] for e in ev if e["name"] == "process_name"]
     stage = rank // 2
     assert meta == [f"rank {rank} (stage {stage}, replica {rank % 2}, tensor rank 0)"], meta
-    want = {"forward", "backward", "reduce_gradients", "optimizer_step"}
+    want = {"forward", "backward", "weight_gradients", "reduce_gradients", "optimizer_step"}
     want |= {"send_activation", "recv_gradient"} if stage == 0 else {"recv_activation", "send_gradient"}
     assert want <= names, (rank, want - names)
-    assert sum(1 for e in ev if e["name"] == "forward") == 6 * 2, "6 steps x 2 micro-batches"
+    for op in ("forward", "backward", "weight_gradients"):
+        assert sum(1 for e in ev if e["name"] == op) == 6 * 2, f"{op}: 6 steps x 2 micro-batches"
 print("traces: 4 ranks, spans and track names present")
 PY

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tensor parallelism (Megatron's partitioning) against the one-rank run.
-# (1) Equivalence: (dp, pp, tp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) (both
-#     schedules), (2,2,2) (8 ranks, oversubscribed), and tp with ZeRO and
-#     recomputation, each also under sequence parallelism: loss, grad norm and validation loss of every step
+# (1) Equivalence: (dp, pp, tp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) (every
+#     schedule), (2,2,2) (8 ranks, oversubscribed; zb-h1 with sequence
+#     parallelism), and tp with ZeRO and recomputation, each also under
+#     sequence parallelism: loss, grad norm and validation loss of every step
 #     within 1e-5 relative of (1,1,1), and every final parameter tensor
 #     within 1e-5 in norm (compare_checkpoints.py, which reads the files
 #     with h5dump). Why 1e-5: a tensor rank computes the same products over
@@ -54,7 +55,8 @@ train ref 1 1 1
 cases=("1 1 2 1f1b none 0 false" "1 1 4 1f1b none 0 false" "2 1 2 1f1b none 0 false"
        "1 2 2 gpipe none 0 false" "1 2 2 1f1b none 0 false" "2 2 2 1f1b none 0 false"
        "2 1 2 gpipe full 3 false" "2 1 2 1f1b attention 1 false" "1 2 2 1f1b full 2 false"
-       "1 1 4 1f1b none 0 true" "2 2 2 1f1b none 0 true" "2 1 2 gpipe full 3 true"
+       "1 2 2 zb-h1 attention 3 false"
+       "1 1 4 1f1b none 0 true" "2 2 2 zb-h1 none 0 true" "2 1 2 gpipe full 3 true"
        "1 2 2 1f1b attention 2 true")
 # TP_CASES=2 (the host's rehearsal of the GPU suite): the first case and
 # the last, one of each kind; the host's own run takes every case.
@@ -71,9 +73,10 @@ for c in "${cases[@]}"; do
     fail "$label: replicated tensors not confirmed identical"
 done
 
-# (2) Resume across tp, both ways (the first from a sequence-parallel run),
-# then a damaged slice.
-train seg_122 1 2 2 --set train.stop_at=3 --set parallel.sequence_parallel=true
+# (2) Resume across tp, both ways (the first from a sequence-parallel zb-h1
+# run, into 1F1B), then a damaged slice.
+train seg_122 1 2 2 --set train.stop_at=3 --set parallel.sequence_parallel=true \
+  --set parallel.schedule=zb-h1
 train seg_211 2 1 1 --set train.stop_at=3
 for pair in "seg_122 2 1 1" "seg_211 1 2 2"; do
   set -- $pair

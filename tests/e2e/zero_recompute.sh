@@ -12,7 +12,8 @@
 #     copy bits. A real bug (a part summed twice or not at all, a stale
 #     window, a shard updated with the wrong moments) moves the loss by far
 #     more. This is a covering subset (each zero with each layout, each
-#     recompute, both schedules); ZERO_MATRIX=full runs all 4 x 3 x 4 x 2.
+#     recompute, both schedules, and zb-h1 with zero 1 and 2, whose W
+#     reduces the gradients); ZERO_MATRIX=full runs all 4 x 3 x 4 x 2.
 # (3) Checkpoints across zero: saved under zero 3, resumed under zero 0 and
 #     another layout; saved under zero 0, resumed under zero 3; resumed under
 #     the same zero and layout, bit for bit. (4) A damaged tensor is named
@@ -64,7 +65,8 @@ else
   # With the runs of (1) and (3) (zero 3 on (2,2), zero 2 on (2,1), zero 3
   # on (4,1)), every zero meets every layout, recompute mode and schedule.
   cases=("2 1 1 attention gpipe" "2 1 3 full gpipe" "4 1 1 full 1f1b" "4 1 2 attention 1f1b"
-         "2 2 1 attention gpipe" "2 2 2 full gpipe" "1 1 3 none 1f1b")
+         "2 2 1 attention gpipe" "2 2 2 full gpipe" "1 1 3 none 1f1b"
+         "2 2 1 none zb-h1" "2 2 2 attention zb-h1")
 fi
 for c in "${cases[@]}"; do
   set -- $c

@@ -309,6 +309,77 @@ TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
 // rank (the rows kept), more time in the tensor group (backward's extra
 // gathers), and searches it where tp > 1 divides seq_len; when only
 // sequence-parallel layouts fit, that is what it recommends.
+// Split backward (zb-h1): B holds each block GEMM's input-gradient half
+// (and the head's whole backward), W the weight-gradient half (and the
+// embedding's backward), so the FLOPs only move; W gathers again, under sequence parallelism, the rows its GEMMs
+// read (two more all-gathers a block: the gradients B gathered too) and
+// sums the LayerNorms' weight gradients.
+TEST(StageWork, SplitBackwardMovesTheWeightGradientsToW) {
+  const GptConfig cfg{4, 4, 64, 32, 300};
+  using TC = TensorCollective;
+  auto count = [](const std::vector<TensorCollective>& list, TensorCollective::Kind k) {
+    size_t n = 0;
+    for (const auto& c : list) n += c.kind == k;
+    return n;
+  };
+  for (int stage = 0; stage < 2; ++stage) {
+    for (const bool sp : {false, true}) {
+      const StageRange range = partition_stage(cfg, stage, 2, 2, 0);
+      const StageWork whole = stage_work(cfg, range, 2, Recompute::kAttention, 4, sp);
+      const StageWork split = stage_work(cfg, range, 2, Recompute::kAttention, 4, sp, true);
+      const size_t blocks = static_cast<size_t>(range.num_layers());
+      EXPECT_TRUE(whole.weights.empty() && whole.tp_weights.empty());
+      EXPECT_EQ(flops(split.forward), flops(whole.forward));
+      EXPECT_EQ(flops(split.backward) + flops(split.weights), flops(whole.backward));
+      // Each block's four GEMMs: half their backward FLOPs.
+      double gemm = 0;
+      for (const WorkItem& w : whole.backward)
+        if (w.kernel == Kernel::kMatmul && w.n != cfg.padded_vocab(2) / 2) gemm += w.flops;
+      EXPECT_EQ(flops(split.weights), gemm / 2);
+      EXPECT_EQ(split.weights.size(), 4 * blocks + (stage == 0 ? 1 : 0));
+      // The input gradients' sums stay B's: the previous stage waits for them.
+      EXPECT_EQ(count(split.tp_backward, TC::kReduceScatter) + count(split.tp_backward, TC::kAllreduce),
+                2 * blocks + (stage == 1 ? (sp ? 2 : 1) : 0));
+      const size_t gathers_whole = count(whole.tp_backward, TC::kAllgather);
+      const size_t gathers_split =
+          count(split.tp_backward, TC::kAllgather) + count(split.tp_weights, TC::kAllgather);
+      EXPECT_EQ(gathers_split, gathers_whole + (sp ? 2 * blocks : 0));
+      EXPECT_EQ(count(split.tp_weights, TC::kAllreduce), sp ? blocks : 0);
+    }
+  }
+}
+
+TEST(Plan, ZeroBubbleIsPricedAndSearched) {
+  // pp 4 on four ranks, 8 micro-batches: zb-h1 shortens 1F1B's step by
+  // the W's it moves into the drain, at the memory of 1F1B's fullest stage.
+  Deck deck = tiny_deck();
+  deck.parallel.pp = 4;
+  deck.train.micro_batch = 4;
+  const MachineSpec m = workstation(1);
+  const Prediction ob = predict_step(deck, m, 4);
+  deck.parallel.schedule = ScheduleKind::kZbH1;
+  const Prediction zb = predict_step(deck, m, 4);
+  EXPECT_LT(zb.step.step_time, ob.step.step_time);
+  EXPECT_LT(zb.bubble, ob.bubble);
+  // The same work, split, and the copies B keeps for W.
+  EXPECT_GE(zb.compute, ob.compute);
+  EXPECT_LT(zb.compute, 1.1 * ob.compute);
+  EXPECT_LE(zb.memory_max, ob.memory_max * 1.01);  // 1F1B's fullest stage, stage 0
+  // Every stage holds pp micro-batches: later stages fuller than under 1F1B.
+  EXPECT_EQ(zb.memory.back().slots, 4);
+  EXPECT_EQ(ob.memory.back().slots, 1);
+  EXPECT_EQ(zb.layout.describe(), "dp 1 pp 4 tp 1 mb 4 zero 0 none zb-h1");
+
+  const Plan all = plan_layouts(tiny_deck(), m, 4, 4);
+  bool searched = false;
+  for (const Prediction& p : all.fitting) {
+    searched |= p.layout.schedule == ScheduleKind::kZbH1;
+    EXPECT_FALSE(p.layout.schedule == ScheduleKind::kZbH1 && p.layout.recompute == Recompute::kFull)
+        << p.layout.describe();
+  }
+  EXPECT_TRUE(searched);
+}
+
 TEST(Plan, SequenceParallelismIsPricedAndSearched) {
   Deck deck = tiny_deck();
   deck.parallel.tp = 2;

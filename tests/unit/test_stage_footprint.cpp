@@ -14,10 +14,12 @@ namespace {
 
 template <class T>
 void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, int tp = 1,
-                  bool sequence_parallel = false, Recompute recompute = Recompute::kNone) {
+                  bool sequence_parallel = false, Recompute recompute = Recompute::kNone,
+                  bool split_backward = false) {
   host::Context ctx;
   StageOptions o{micro_batch, slots};
   o.sequence_parallel = sequence_parallel;
+  o.split_backward = split_backward;
   o.recompute = recompute;
   for (int s = 0; s < pp * tp; ++s) {
     const StageRange range = partition_stage(cfg, s / tp, pp, tp, s % tp);
@@ -27,7 +29,7 @@ void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, 
         << "stage " << s / tp << " of " << pp << ", tensor rank " << s % tp << " of " << tp
         << ", " << slots << " slot(s), B " << micro_batch << ", " << sizeof(T)
         << "-byte elements, sequence parallel " << sequence_parallel << ", recompute "
-        << name_of(recompute);
+        << name_of(recompute) << ", split backward " << split_backward;
     EXPECT_EQ(f.activations, slots * f.per_slot);
     EXPECT_EQ(f.parameters, static_cast<double>(stage.param_storage() * sizeof(T)));
     EXPECT_EQ(f.weight_copy, 0.0);  // one element type: no copy
@@ -65,6 +67,13 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
   for (const Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
     expect_exact<float>(odd, 2, 3, 2, 3, true, r);
     expect_exact<double>(tiny, 2, 2, 3, 4, true, r);
+  }
+  // Split backward (zero-bubble schedules): the LayerNorms' weight
+  // gradients wait in each slot, with and without sequence parallelism.
+  for (const Recompute r : {Recompute::kNone, Recompute::kAttention}) {
+    for (int pp : {1, 2, 3}) expect_exact<float>(odd, pp, 3, 2, 1, false, r, true);
+    expect_exact<float>(odd, 2, 3, 2, 3, true, r, true);
+    expect_exact<double>(tiny, 2, 2, 3, 4, true, r, true);
   }
 }
 

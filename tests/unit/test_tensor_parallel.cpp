@@ -144,7 +144,8 @@ std::vector<double> slice_of(const ParameterSpec& spec, const double* whole) {
 // (where a rank's input and input gradient are its rows of the unsplit
 // ones, and its LayerNorms' gradients come from its rows and the group's
 // sum), with each recomputation.
-void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute) {
+void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute,
+                                     bool split_backward = false) {
   World w;
   const GptConfig cfg = config();
   const int64_t B = 2, BT = B * cfg.seq_len, C = cfg.n_embd;
@@ -160,8 +161,9 @@ void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute
     host::Context c1, c2;
     GptStage<host::Ops<double>> ref(c1, cfg, whole, options);
     options.sequence_parallel = sequence_parallel;
+    options.split_backward = split_backward;
     GptStage<host::Ops<double>> tp(c2, cfg, split, options);
-    options.sequence_parallel = false;
+    options.sequence_parallel = options.split_backward = false;
     ASSERT_EQ(tp.activation_size(), rows * C);
     tp.set_tensor_group(w.group());
     ref.init_parameters(5);
@@ -187,6 +189,7 @@ void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute
     EXPECT_NEAR(tp.take_loss_sum(), ref.take_loss_sum(), 1e-9);
     ref.backward(0);
     tp.backward(0);
+    if (split_backward) tp.weight_gradients(0);
     for (const auto& spec : tp.table().specs()) {
       const ParameterSpec& full = ref.table().at(spec.name);
       const std::vector<double> p(tp.params() + spec.offset, tp.params() + spec.offset + spec.numel());
@@ -211,6 +214,18 @@ TEST(TensorParallel, SequenceParallelStageEqualsTheWholeStage) {
   for (const Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
     SCOPED_TRACE(name_of(r));
     expect_stage_equals_whole_stage(true, r);
+  }
+}
+
+// The zero-bubble schedules' split backward under tensor parallelism: W
+// gathers again the rows its GEMMs read and sums the LayerNorms' weight
+// gradients over the group.
+TEST(TensorParallel, SplitBackwardStageEqualsTheWholeStage) {
+  for (const bool sp : {false, true}) {
+    for (const Recompute r : {Recompute::kNone, Recompute::kAttention}) {
+      SCOPED_TRACE(std::string(name_of(r)) + (sp ? ", sequence parallel" : ""));
+      expect_stage_equals_whole_stage(sp, r, true);
+    }
   }
 }
 
