@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/test_hooks.hpp"
+#include "parallel/schedule_timing.hpp"
 
 namespace mpiformer {
 
@@ -17,6 +18,13 @@ ProgressLog::ProgressLog(const Deck& deck, ProcessGrid& grid, StageBackend& stag
       peak_flops_(peak_flops),
       log_(deck.run.dir, grid.world_rank() == 0, append) {
   stage_.reset_gemm_seconds();
+  const int pp = grid.pp(), micro = static_cast<int>(deck.grad_accum());
+  ActionCosts equal;
+  equal.forward.assign(pp, 1.0);
+  equal.backward.assign(pp, 1.0);
+  equal.weights.assign(pp, 1.0);
+  equal.reduce.assign(pp, 0.0);
+  bubble_theory_ = simulate_step(deck.parallel.schedule, pp, micro, equal).idle_fraction();
 }
 
 void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const StepResult& r,
@@ -48,7 +56,6 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   }
   const int ranks = grid_.dp() * grid_.pp() * grid_.tp();
   const double mean_s = interval_s_ / static_cast<double>(interval_steps_);
-  const auto M = static_cast<double>(deck_.grad_accum());
   StepMetrics sm;
   sm.step = done;
   sm.steps = tc.steps;
@@ -66,7 +73,7 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   sm.matmul_fraction = gemm_s / interval_s_;
   sm.pipelined = grid_.pp() > 1;
   sm.bubble = agg[0] / ranks;
-  sm.bubble_theory = static_cast<double>(grid_.pp() - 1) / (M + grid_.pp() - 1);
+  sm.bubble_theory = bubble_theory_;
   sm.data_parallel = grid_.dp() > 1;
   sm.reduce_exposed_ms = 1e3 * agg[1] / ranks / static_cast<double>(interval_steps_);
   sm.dp_sent_mb = agg[2] / 1e6 / ranks / static_cast<double>(interval_steps_);

@@ -44,6 +44,9 @@ class ProgressLog {
   ProcessGrid& grid_;
   StageBackend& stage_;
   double flops_per_token_, rank_peak_, peak_flops_;
+  // The schedule's bubble with equal stages and F = B = W (the textbook
+  // (pp - 1) / (M + pp - 1) for GPipe and 1F1B, a third of 1F1B's for zb-h1).
+  double bubble_theory_ = 0;
   int64_t intervals_ = 0;
   MetricsLog log_;
   StepTimes times_;
