@@ -35,6 +35,7 @@ REHEARSE=${MPIFORMER_REHEARSE_GPU:-0}
 if [ "$REHEARSE" = 1 ]; then
   : "${DEVICE:=cpu}" "${PRECISION:=fp32}" "${SEQ:=64}" "${MODELS:=gpt2-124m:1}" "${STEPS:=3}"
   : "${LOG_EVERY:=1}" "${CMP_SEQ:=32}" "${CMP_MB:=1}" "${TESTS:=0}" "${FROM:=build}"
+  : "${FP16_STEPS:=4}"
   : "${BUILD_DIR:=build/cpu}"
 fi
 OUT=${OUT:-$ROOT/bench-out/gpu}
@@ -48,6 +49,7 @@ PRECISION=${PRECISION:-bf16}
 DEVICE=${DEVICE:-cuda}
 CMP_SEQ=${CMP_SEQ:-1024}
 CMP_MB=${CMP_MB:-2}
+FP16_STEPS=${FP16_STEPS:-10}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 : >"$OUT/summary.txt"
@@ -225,10 +227,10 @@ fi
 # 2b. fp16 with dynamic loss scaling on the device: the loss falls and the
 # scale is logged (the kernels' fp16 instances are in the tests below).
 if [ "${FP16:-1}" = 1 ] && phase 60 "gpt2-124m fp16"; then
-  log "fp16: gpt2-124m, 10 steps of 4 x $SEQ tokens, dynamic loss scaling"
+  log "fp16: gpt2-124m, $FP16_STEPS steps of 4 x $SEQ tokens, dynamic loss scaling"
   if train fp16 gpt2-124m $(($(left) / 3)) --set run.device="$DEVICE" --set train.precision=fp16 \
       --set model.seq_len="$SEQ" --set train.micro_batch=4 --set train.global_batch=4 \
-      --set train.steps=10 --set train.warmup_steps=2 --set train.log_every=1 \
+      --set train.steps="$FP16_STEPS" --set train.warmup_steps=2 --set train.log_every=1 \
       --set checkpoint.at_end=false; then
     python3 - "$W/fp16/metrics.jsonl" 2>&1 <<'PY' | tee -a "$OUT/summary.txt"
 import json, math, sys

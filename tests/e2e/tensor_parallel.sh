@@ -53,9 +53,8 @@ same_model() {  # dir label
 train ref 1 1 1
 # The last field: sequence parallelism.
 cases=("1 1 2 1f1b none 0 false" "1 1 4 1f1b none 0 false" "2 1 2 1f1b none 0 false"
-       "1 2 2 gpipe none 0 false" "1 2 2 1f1b none 0 false" "2 2 2 1f1b none 0 false"
+       "1 2 2 gpipe none 0 false" "1 2 2 zb-h1 attention 3 false" "2 2 2 1f1b none 0 false"
        "2 1 2 gpipe full 3 false" "2 1 2 1f1b attention 1 false" "1 2 2 1f1b full 2 false"
-       "1 2 2 zb-h1 attention 3 false"
        "1 1 4 1f1b none 0 true" "2 2 2 zb-h1 none 0 true" "2 1 2 gpipe full 3 true"
        "1 2 2 1f1b attention 2 true")
 # TP_CASES=2 (the host's rehearsal of the GPU suite): the first case and
