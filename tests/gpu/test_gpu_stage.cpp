@@ -2,7 +2,8 @@
 // on the same model: the
 // loss and every parameter gradient after two accumulated micro-batches,
 // for the whole model on one stage and split over two stages chained by
-// hand (activations forward, the input gradient back), in fp32 and bf16.
+// hand (activations forward, the input gradient back), and with the
+// backward split into B and W (zb-h1), in fp32, bf16 and fp16.
 //
 // Tolerances:
 //  * fp32: loss 1e-5 relative; each gradient element within 1e-4 of the
@@ -136,6 +137,44 @@ TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
   EXPECT_NEAR(loss, ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
   expect_grads<A>(gpu.table(), download(ctx, gpu.grads(), gpu.param_storage()), ref.stage.table(),
                   ref.grads);
+}
+
+// The zero-bubble schedules' split backward on the device: both B's before
+// either W (W reads only what its slot kept), each forward followed by its
+// B (the head's buffers are shared), attention recomputed in one case.
+TYPED_TEST(GpuStage, SplitBackwardMatchesHostDouble) {
+  using A = TypeParam;
+  const GptConfig cfg = tiny_config();
+  const int64_t BT = kB * cfg.seq_len;
+  const float scale = 1.f / static_cast<float>(2 * BT);
+  const std::vector<std::vector<int32_t>> in = {tokens(BT, 11), tokens(BT, 12)},
+                                          tg = {tokens(BT, 13), tokens(BT, 14)};
+  const StageRange all{0, cfg.n_layer, true, true};
+  for (const Recompute r : {Recompute::kNone, Recompute::kAttention}) {
+    SCOPED_TRACE(name_of(r));
+    StageOptions o{kB, 2};
+    o.recompute = r;
+    o.split_backward = true;
+    cuda::Context ctx(0);
+    CudaGptStage<A> gpu(ctx, cfg, all, o);
+    EXPECT_EQ(static_cast<double>(gpu.allocated_bytes()),
+              stage_footprint(cfg, all, o, sizeof(A), sizeof(float), AttentionStorage::kRowStatistics)
+                  .total());
+    gpu.init_parameters(7);
+    const auto params = download(ctx, gpu.params(), gpu.param_storage());
+    const Reference ref(cfg, params, in, tg, scale);
+    gpu.zero_grads();
+    int finals = 0;
+    for (int m = 1; m >= 0; --m) {
+      gpu.forward(m, in[m].data(), tg[m].data(), true, scale);
+      gpu.backward(m, [&](int64_t) { ++finals; });
+    }
+    EXPECT_EQ(finals, 0) << "B finishes no gradient";
+    for (int m = 1; m >= 0; --m) gpu.weight_gradients(m);
+    EXPECT_NEAR(gpu.take_loss_sum(), ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
+    expect_grads<A>(gpu.table(), download(ctx, gpu.grads(), gpu.param_storage()),
+                    ref.stage.table(), ref.grads);
+  }
 }
 
 TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
