@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <list>
+#include <stdexcept>
 #include <vector>
 
 #include "core/mpi_check.hpp"
@@ -100,6 +101,15 @@ float* MpiCommunicator::widen(const void* data, int64_t n, Element type) {
   return wide_.data();
 }
 
+float* MpiCommunicator::widen_started(const void* data, int64_t n, Element type) {
+  if (started_busy_)
+    throw std::logic_error("MpiCommunicator: a 16-bit sum started while another is in flight");
+  if (started_wide_.size() < static_cast<size_t>(n)) started_wide_.resize(static_cast<size_t>(n));
+  widen_into(started_wide_.data(), data, n, type);
+  started_busy_ = true;
+  return started_wide_.data();
+}
+
 void MpiCommunicator::narrow(void* data, const float* wide, int64_t n, Element type) {
   auto* bits = static_cast<uint16_t*>(data);
   const bool bf16 = type == Element::kBf16;
@@ -126,20 +136,20 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t part,
 }
 
 namespace {
-// A started 16-bit sum: widened into its own floats (the kept buffer
-// serves the blocking calls), the first `count` rounded into `out` when
-// waited for.
+// A started 16-bit sum: widened into the communicator's started buffer,
+// the first `count` rounded into `out` when waited for; the buffer is free
+// again then.
 class WidePending final : public PendingOp {
  public:
-  WidePending(const void* data, int64_t n, void* out, int64_t count, Element type)
-      : wide_(static_cast<size_t>(n)), out_(out), count_(count), type_(type) {
-    widen_into(wide_.data(), data, n, type);
-  }
+  WidePending(float* wide, bool* busy, void* out, int64_t count, Element type)
+      : wide_(wide), busy_(busy), out_(out), count_(count), type_(type) {}
   ~WidePending() override {
-    if (!done_) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never abandoned in flight
+    if (done_) return;
+    MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never abandoned in flight
+    *busy_ = false;
   }
   MPI_Request* request() { return &req_; }
-  float* wide() { return wide_.data(); }
+  float* wide() { return wide_; }
   void wait() override {
     if (done_) return;
     MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
@@ -155,10 +165,12 @@ class WidePending final : public PendingOp {
 
  private:
   void finish() {
-    MpiCommunicator::narrow(out_, wide_.data(), count_, type_);
+    MpiCommunicator::narrow(out_, wide_, count_, type_);
     done_ = true;
+    *busy_ = false;
   }
-  std::vector<float> wide_;
+  float* wide_;
+  bool* busy_;
   void* out_;
   int64_t count_;
   Element type_;
@@ -174,7 +186,8 @@ Pending MpiCommunicator::start_allreduce(void* data, int64_t n, Element type) {
                              p->request()));
     return p;
   }
-  auto p = std::make_unique<WidePending>(data, n, data, n, type);
+  auto p =
+      std::make_unique<WidePending>(widen_started(data, n, type), &started_busy_, data, n, type);
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p->wide(), count(n), MPI_FLOAT, MPI_SUM, comm_,
                            p->request()));
   return p;
@@ -189,7 +202,8 @@ Pending MpiCommunicator::start_reduce_scatter(const void* send, void* recv, int6
     return p;
   }
   // In place on the widened parts: this rank's sum lands at their start.
-  auto p = std::make_unique<WidePending>(send, part * size_, recv, part, type);
+  auto p = std::make_unique<WidePending>(widen_started(send, part * size_, type), &started_busy_,
+                                         recv, part, type);
   MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, p->wide(), count(part), MPI_FLOAT, MPI_SUM,
                                       comm_, p->request()));
   return p;

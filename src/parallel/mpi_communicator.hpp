@@ -43,6 +43,12 @@ class MpiCommunicator final : public Communicator {
   // every block of every micro-batch).
   float* widen(const void* data, int64_t n, Element type);
   std::vector<float> wide_;
+  // A started 16-bit sum widens into this one (kept too: the tensor group
+  // starts one in every column-parallel backward). The stage has one in
+  // flight at a time; a second while it is is a programming error.
+  float* widen_started(const void* data, int64_t n, Element type);
+  std::vector<float> started_wide_;
+  bool started_busy_ = false;
 
  public:
   // Rounds n floats into 16-bit elements of `type` at `data`.

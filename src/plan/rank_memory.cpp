@@ -138,7 +138,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // gradients) for its products into one kept buffer of [B, NH/tp, T, T]
   // (attention.hpp), and a 16-bit tensor-group sum (or sequence
   // parallelism's reduce-scatter) is widened into a kept float buffer of
-  // the largest, [B, T, C] (mpi_communicator.cpp). The
+  // the largest, [B, T, C], one for the blocking sums and one for the
+  // started one (mpi_communicator.cpp). The
   // cross-entropy's per-thread float row (V floats a thread, under 2 MB at
   // 8 threads and GPT-2's vocabulary) is left out.
   if (choice.device == Device::kCpu && element_bytes(types.activations) == 2) {
@@ -146,7 +147,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const double T = static_cast<double>(cfg.seq_len), tp = static_cast<double>(deck.parallel.tp);
     if (range.num_layers() > 0)
       m.workspace += 2 * B * static_cast<double>(cfg.n_head) / tp * T * T;
-    if (deck.parallel.tp > 1) m.comm += 4 * B * T * static_cast<double>(cfg.n_embd);
+    if (deck.parallel.tp > 1) m.comm += 2 * 4 * B * T * static_cast<double>(cfg.n_embd);
   }
   return m;
 }
