@@ -102,13 +102,18 @@ class ZeroShards {
   // The shard's state from host memory (n elements each, shard order);
   // null moments start at zero. The weights follow once published.
   void load(const float* master, const float* m, const float* v) {
-    if (alias_) {
-      for (const ShardUnit& u : plan_.units())
-        Ops::upload(ctx_, weights_as_masters(plan_.part_begin(u)), master + u.shard_offset,
-                    plan_.part_size(u));
-    } else {
-      Ops::upload(ctx_, master_.get(), master, n_);
+    // Aliased masters exist in fp32 only (masters_are_weights): compiled
+    // there only, so no mixed-precision instance sees a null destination.
+    bool aliased = false;
+    if constexpr (std::is_same_v<Act, Acc>) {
+      if (alias_) {
+        for (const ShardUnit& u : plan_.units())
+          Ops::upload(ctx_, weights_as_masters(plan_.part_begin(u)), master + u.shard_offset,
+                      plan_.part_size(u));
+        aliased = true;
+      }
     }
+    if (!aliased) Ops::upload(ctx_, master_.get(), master, n_);
     if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n_);
     if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n_);
     loaded();
