@@ -138,7 +138,7 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
       case Op::WeightGradients: {
         // Split backward keeps the output's gradient in the output (long
         // since received downstream; its send's request is closed first).
-        act_sends_[slot].reset();
+        if (splits_backward(deck_.parallel.schedule)) act_sends_[slot].reset();
         const bool weights = a.op == Op::WeightGradients;
         if (stage.zero() > 0) {
           if (weights) stage.weight_gradients_sharded(slot, a.micro == M - 1);
