@@ -1,6 +1,6 @@
 // GptStage on the CUDA op set against GptStage on the host op set in double,
 // on the same model: the
-// loss and every parameter gradient after two accumulated micro-batches,
+// loss and every parameter gradient after two accumulated micro-mb,
 // for the whole model on one stage and split over two stages chained by
 // hand (activations forward, the input gradient back), and with the
 // backward split into B and W (zb-h1), in fp32, bf16 and fp16.
@@ -106,6 +106,18 @@ void expect_grads(const ParameterTable& table, const std::vector<float>& got,
   }
 }
 
+// Two micro-mb of the tiny model: inputs and targets drawn from
+// seeds `seed` .. `seed + 3`, and the loss scale of their mean.
+struct TwoMicroBatches {
+  GptConfig cfg = tiny_config();
+  int64_t BT = kB * cfg.seq_len;
+  float scale = 1.f / static_cast<float>(2 * BT);
+  std::vector<std::vector<int32_t>> in, tg;
+  explicit TwoMicroBatches(unsigned seed)
+      : in{tokens(BT, seed), tokens(BT, seed + 1)},
+        tg{tokens(BT, seed + 2), tokens(BT, seed + 3)} {}
+};
+
 template <class A>
 class GpuStage : public ::testing::Test {};
 using Types = ::testing::Types<float, cuda::bf16, cuda::fp16>;
@@ -113,11 +125,8 @@ TYPED_TEST_SUITE(GpuStage, Types);
 
 TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
   using A = TypeParam;
-  const GptConfig cfg = tiny_config();
-  const int64_t BT = kB * cfg.seq_len;
-  const float scale = 1.f / static_cast<float>(2 * BT);
-  const std::vector<std::vector<int32_t>> in = {tokens(BT, 1), tokens(BT, 2)},
-                                          tg = {tokens(BT, 3), tokens(BT, 4)};
+  const TwoMicroBatches mb(1);
+  const GptConfig& cfg = mb.cfg;
   cuda::Context ctx(0);
   CudaGptStage<A> gpu(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2);
   // The accounting counts what the GPU stage allocates, attention's row
@@ -128,10 +137,10 @@ TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
                 .total());
   gpu.init_parameters(7);
   const auto params = download(ctx, gpu.params(), gpu.param_storage());
-  const Reference ref(cfg, params, in, tg, scale);
+  const Reference ref(cfg, params, mb.in, mb.tg, mb.scale);
 
   gpu.zero_grads();
-  for (int m = 0; m < 2; ++m) gpu.forward(m, in[m].data(), tg[m].data(), true, scale);
+  for (int m = 0; m < 2; ++m) gpu.forward(m, mb.in[m].data(), mb.tg[m].data(), true, mb.scale);
   for (int m = 1; m >= 0; --m) gpu.backward(m);  // slots keep each micro-batch
   const double loss = gpu.take_loss_sum();
   EXPECT_NEAR(loss, ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
@@ -144,11 +153,8 @@ TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
 // B (the head's buffers are shared), attention recomputed in one case.
 TYPED_TEST(GpuStage, SplitBackwardMatchesHostDouble) {
   using A = TypeParam;
-  const GptConfig cfg = tiny_config();
-  const int64_t BT = kB * cfg.seq_len;
-  const float scale = 1.f / static_cast<float>(2 * BT);
-  const std::vector<std::vector<int32_t>> in = {tokens(BT, 11), tokens(BT, 12)},
-                                          tg = {tokens(BT, 13), tokens(BT, 14)};
+  const TwoMicroBatches mb(11);
+  const GptConfig& cfg = mb.cfg;
   const StageRange all{0, cfg.n_layer, true, true};
   for (const Recompute r : {Recompute::kNone, Recompute::kAttention}) {
     SCOPED_TRACE(name_of(r));
@@ -158,15 +164,16 @@ TYPED_TEST(GpuStage, SplitBackwardMatchesHostDouble) {
     cuda::Context ctx(0);
     CudaGptStage<A> gpu(ctx, cfg, all, o);
     EXPECT_EQ(static_cast<double>(gpu.allocated_bytes()),
-              stage_footprint(cfg, all, o, sizeof(A), sizeof(float), AttentionStorage::kRowStatistics)
+              stage_footprint(cfg, all, o, sizeof(A), sizeof(float),
+                              AttentionStorage::kRowStatistics)
                   .total());
     gpu.init_parameters(7);
     const auto params = download(ctx, gpu.params(), gpu.param_storage());
-    const Reference ref(cfg, params, in, tg, scale);
+    const Reference ref(cfg, params, mb.in, mb.tg, mb.scale);
     gpu.zero_grads();
     int finals = 0;
     for (int m = 1; m >= 0; --m) {
-      gpu.forward(m, in[m].data(), tg[m].data(), true, scale);
+      gpu.forward(m, mb.in[m].data(), mb.tg[m].data(), true, mb.scale);
       gpu.backward(m, [&](int64_t) { ++finals; });
     }
     EXPECT_EQ(finals, 0) << "B finishes no gradient";
@@ -179,11 +186,9 @@ TYPED_TEST(GpuStage, SplitBackwardMatchesHostDouble) {
 
 TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
   using A = TypeParam;
-  const GptConfig cfg = tiny_config();
-  const int64_t BT = kB * cfg.seq_len, C = cfg.n_embd;
-  const float scale = 1.f / static_cast<float>(2 * BT);
-  const std::vector<std::vector<int32_t>> in = {tokens(BT, 5), tokens(BT, 6)},
-                                          tg = {tokens(BT, 7), tokens(BT, 8)};
+  const TwoMicroBatches mb(5);
+  const GptConfig& cfg = mb.cfg;
+  const int64_t BT = mb.BT, C = cfg.n_embd;
   // Both stages on one context (one stream): the copies between them are
   // ordered with their kernels.
   cuda::Context ctx(0);
@@ -199,14 +204,14 @@ TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
     for (const auto& s : st->table().specs())
       std::copy_n(p.begin() + s.offset, s.storage, params.begin() + whole.at(s.name).offset);
   }
-  const Reference ref(cfg, params, in, tg, scale);
+  const Reference ref(cfg, params, mb.in, mb.tg, mb.scale);
 
   first.zero_grads();
   last.zero_grads();
   for (int m = 0; m < 2; ++m) {
-    first.forward(0, in[m].data(), nullptr, false, 0.f);
+    first.forward(0, mb.in[m].data(), nullptr, false, 0.f);
     cuda::Ops<A>::copy(ctx, last.input_buffer(0), first.output(0), BT * C);
-    last.forward(0, nullptr, tg[m].data(), true, scale);
+    last.forward(0, nullptr, mb.tg[m].data(), true, mb.scale);
     last.backward(0);
     cuda::Ops<A>::copy(ctx, first.output_grad_buffer(), last.input_grad(), BT * C);
     first.backward(0);
