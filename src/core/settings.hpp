@@ -13,7 +13,7 @@ enum class Device { kAuto, kCpu, kCuda };
 // (core/precision_plan.hpp); fp16 adds loss scaling ([train] loss_scale).
 enum class Precision { kFp32, kBf16, kFp16 };
 // [parallel] schedule (parallel/pipeline_schedule.hpp says what each does).
-enum class ScheduleKind { kOneFOneB, kGPipe, kZbH1 };
+enum class ScheduleKind { kOneFOneB, kGPipe, kZbH1, kInterleaved };
 // Whether a schedule splits each backward into its input-gradient half (B)
 // and its weight-gradient half (W), run as separate actions.
 inline bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::kZbH1; }
@@ -41,7 +41,8 @@ inline constexpr SettingName<NonfinitePolicy> kNonfiniteNames[] = {
 inline constexpr SettingName<Recompute> kRecomputeNames[] = {
     {Recompute::kNone, "none"}, {Recompute::kAttention, "attention"}, {Recompute::kFull, "full"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
-    {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"}};
+    {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"},
+    {ScheduleKind::kInterleaved, "interleaved"}};
 
 template <class E, size_t N>
 const char* setting_name(const SettingName<E> (&names)[N], E value) {

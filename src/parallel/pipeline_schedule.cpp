@@ -1,6 +1,8 @@
 #include "parallel/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <stdexcept>
 
 namespace mpiformer {
@@ -22,20 +24,26 @@ const char* op_name(Op op) {
 
 namespace {
 
+// What ends a micro-batch's hold on its activations: its backward, or its
+// W where the schedule splits the backward (W reads what the forward kept).
+Op closing_op(const std::vector<Action>& actions) {
+  const bool split = std::any_of(actions.begin(), actions.end(),
+                                 [](const Action& a) { return a.op == Op::WeightGradients; });
+  return split ? Op::WeightGradients : Op::Backward;
+}
+
 struct Builder {
-  int num_stages, stage;
+  int num_stages, stage, chunks = 1;
   std::vector<Action> out;
-  bool first() const { return stage == 0; }
-  bool last() const { return stage == num_stages - 1; }
-  void forward(int m) {
-    if (!first()) out.push_back({Op::RecvActivation, m});
-    out.push_back({Op::Forward, m});
-    if (!last()) out.push_back({Op::SendActivation, m});
+  void forward(int m, int c = 0) {
+    if (!first_virtual(stage, c)) out.push_back({Op::RecvActivation, m, c});
+    out.push_back({Op::Forward, m, c});
+    if (!last_virtual(num_stages, stage, c, chunks)) out.push_back({Op::SendActivation, m, c});
   }
-  void backward(int m) {
-    if (!last()) out.push_back({Op::RecvGradient, m});
-    out.push_back({Op::Backward, m});
-    if (!first()) out.push_back({Op::SendGradient, m});
+  void backward(int m, int c = 0) {
+    if (!last_virtual(num_stages, stage, c, chunks)) out.push_back({Op::RecvGradient, m, c});
+    out.push_back({Op::Backward, m, c});
+    if (!first_virtual(stage, c)) out.push_back({Op::SendGradient, m, c});
   }
   // The W's owed, in micro-batch order, until at most `deferred` are.
   int weights_done = 0;
@@ -44,12 +52,37 @@ struct Builder {
   }
 };
 
+// Megatron's interleaved order: the k-th chunk pass of a direction is
+// micro-batch (k / (p v)) p + k % p of chunk (k / p) % v, counted from the
+// last chunk for backwards.
+void interleaved(Builder& b, int num_micro) {
+  const int p = b.num_stages, v = b.chunks, total = num_micro * v;
+  const auto micro = [&](int k) { return k / (p * v) * p + k % p; };
+  const auto chunk = [&](int k, bool forward) {
+    const int c = k / p % v;
+    return forward ? c : v - 1 - c;
+  };
+  const int warmup = std::min(2 * (p - b.stage - 1) + (v - 1) * p, total);
+  for (int k = 0; k < warmup; ++k) b.forward(micro(k), chunk(k, true));
+  for (int k = warmup; k < total; ++k) {
+    b.forward(micro(k), chunk(k, true));
+    b.backward(micro(k - warmup), chunk(k - warmup, false));
+  }
+  for (int k = total - warmup; k < total; ++k) b.backward(micro(k), chunk(k, false));
+}
+
 }  // namespace
 
-std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int stage,
-                                      int num_micro) {
-  Builder b{num_stages, stage, {}};
-  if (kind == ScheduleKind::kGPipe) {
+std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int stage, int num_micro,
+                                      int chunks) {
+  if ((kind == ScheduleKind::kInterleaved) != (chunks > 1) ||
+      (chunks > 1 && num_micro % num_stages != 0))
+    throw std::invalid_argument("pipeline_schedule: interleaving needs chunks > 1 and whole rounds "
+                                "of micro-batches (the deck checks both)");
+  Builder b{num_stages, stage, chunks, {}};
+  if (kind == ScheduleKind::kInterleaved) {
+    interleaved(b, num_micro);
+  } else if (kind == ScheduleKind::kGPipe) {
     for (int m = 0; m < num_micro; ++m) b.forward(m);
     for (int m = 0; m < num_micro; ++m) b.backward(m);
   } else {
@@ -77,16 +110,53 @@ std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int sta
   return b.out;
 }
 
-std::vector<Action> forward_only_schedule(int num_stages, int stage, int num_micro) {
-  Builder b{num_stages, stage, {}};
-  for (int m = 0; m < num_micro; ++m) b.forward(m);
+std::vector<Action> forward_only_schedule(int num_stages, int stage, int num_micro, int chunks) {
+  Builder b{num_stages, stage, chunks, {}};
+  for (int m = 0; m < num_micro; ++m)
+    for (int c = 0; c < chunks; ++c) b.forward(m, c);
   return b.out;
 }
 
+PipePeer activation_to(int num_stages, int stage, int chunk) {
+  return stage + 1 < num_stages ? PipePeer{stage + 1, chunk} : PipePeer{0, chunk + 1};
+}
+
+PipePeer gradient_to(int num_stages, int stage, int chunk) {
+  return stage > 0 ? PipePeer{stage - 1, chunk} : PipePeer{num_stages - 1, chunk - 1};
+}
+
+int activation_from(int num_stages, int stage) { return (stage + num_stages - 1) % num_stages; }
+int gradient_from(int num_stages, int stage) { return (stage + 1) % num_stages; }
+
+std::vector<int> activation_slots(const std::vector<Action>& actions) {
+  const Op closes = closing_op(actions);
+  std::vector<int> out(actions.size(), -1);
+  std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk): its slot, kept after it closes
+  std::set<std::pair<int, int>> open;
+  std::vector<bool> busy;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (a.micro < 0) continue;
+    const std::pair<int, int> key{a.micro, a.chunk};
+    const bool opens = (a.op == Op::RecvActivation || a.op == Op::Forward) && !open.count(key);
+    if (opens) {
+      const auto free = std::find(busy.begin(), busy.end(), false);
+      const int slot = static_cast<int>(free - busy.begin());
+      if (free == busy.end()) busy.push_back(true);
+      else *free = true;
+      slot_of[key] = slot;
+      open.insert(key);
+    }
+    const auto it = slot_of.find(key);
+    if (it == slot_of.end()) throw std::logic_error("activation_slots: an action before its forward");
+    out[i] = it->second;
+    if (a.op == closes && open.erase(key)) busy[static_cast<size_t>(it->second)] = false;
+  }
+  return out;
+}
+
 int max_live_activations(const std::vector<Action>& actions) {
-  const bool split = std::any_of(actions.begin(), actions.end(),
-                                 [](const Action& a) { return a.op == Op::WeightGradients; });
-  const Op closes = split ? Op::WeightGradients : Op::Backward;
+  const Op closes = closing_op(actions);
   int live = 0, most = 0;
   for (const auto& a : actions) {
     if (a.op == Op::Forward) most = std::max(most, ++live);

@@ -26,7 +26,10 @@ const char* op_name(Op op);
 struct Action {
   Op op;
   int micro = -1;  // micro-batch index, -1 for whole-step actions
-  bool operator==(const Action& o) const { return op == o.op && micro == o.micro; }
+  int chunk = 0;   // the rank's model chunk (interleaved; 0 otherwise)
+  bool operator==(const Action& o) const {
+    return op == o.op && micro == o.micro && chunk == o.chunk;
+  }
 };
 
 // One step of `kind` for `stage` of `num_stages`, over `num_micro`
@@ -44,10 +47,54 @@ struct Action {
 //    Every stage holds at most num_stages micro-batches (stage 0's 1F1B
 //    peak): with F, B and W of equal times the bubble falls from 1F1B's
 //    (p - 1)(F + B + W) to (p - 1)(F + B - W), a third.
-std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int stage, int num_micro);
+//  - interleaved (Narayanan et al., SC'21; Megatron's order): each rank
+//    holds `chunks` = v model chunks; chunk c of stage s is virtual stage
+//    c p + s, so a micro-batch goes round the pipeline v times (the last
+//    stage's chunk c sends to the first stage's chunk c + 1). Micro-batches
+//    run in rounds of p (num_micro a multiple of p): a round's forwards
+//    through chunk 0, then chunk 1, ...; its backwards from chunk v - 1
+//    down. Warm-up: 2 (p - s - 1) + (v - 1) p chunk forwards, then one
+//    forward one backward. Each chunk pass is 1/v of a stage's work, so
+//    the bubble falls to (p - 1)(F + B) / v, for (1 + (p - 1) / (p v))
+//    times 1F1B's activations on stage 0.
+std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int stage, int num_micro,
+                                      int chunks = 1);
 
-// Forward-only pass (evaluation): receive, forward, send, per micro-batch.
-std::vector<Action> forward_only_schedule(int num_stages, int stage, int num_micro);
+// Forward-only pass (evaluation): receive, forward, send, per micro-batch
+// (and per chunk, in model order).
+std::vector<Action> forward_only_schedule(int num_stages, int stage, int num_micro,
+                                          int chunks = 1);
+
+// Where a message goes: the pipeline rank and the chunk there. Activations
+// go to the next virtual stage, gradients to the previous one; between
+// chunks they wrap from the last stage to the first (and back).
+struct PipePeer {
+  int stage, chunk;
+};
+PipePeer activation_to(int num_stages, int stage, int chunk);
+PipePeer gradient_to(int num_stages, int stage, int chunk);
+// The stages a receive waits on (the wrap included).
+int activation_from(int num_stages, int stage);
+int gradient_from(int num_stages, int stage);
+// Message tags, from the receiver's (micro-batch, chunk): a stage's
+// messages in one direction never share one.
+inline int activation_tag(int micro, int chunk, int chunks) { return 2 * (micro * chunks + chunk); }
+inline int gradient_tag(int micro, int chunk, int chunks) {
+  return 2 * (micro * chunks + chunk) + 1;
+}
+// Whether stage `stage`'s chunk `chunk` is the model's first (it embeds)
+// or last (it holds the head and the loss).
+inline bool first_virtual(int stage, int chunk) { return stage == 0 && chunk == 0; }
+inline bool last_virtual(int num_stages, int stage, int chunk, int chunks) {
+  return stage == num_stages - 1 && chunk == chunks - 1;
+}
+
+// The activation slot of each action (index into `actions`; -1 for
+// whole-step actions): a forward takes the lowest free slot, the action
+// that closes its micro-batch (see max_live_activations) frees it, and
+// every action of that micro-batch and chunk in between uses it. Slots in
+// use never exceed max_live_activations(actions).
+std::vector<int> activation_slots(const std::vector<Action>& actions);
 
 // Most micro-batches whose activations a stage holds at once under `actions`
 // (a forward opens one; its backward closes it, or its W where the

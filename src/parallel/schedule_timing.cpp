@@ -17,30 +17,32 @@ double SimulatedStep::idle_fraction() const {
 }
 
 SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
-                            const ActionCosts& costs) {
-  const auto n = static_cast<size_t>(num_stages);
-  if (costs.forward.size() != n || costs.backward.size() != n || costs.reduce.size() != n ||
-      (!costs.weights.empty() && costs.weights.size() != n)) {
+                            const ActionCosts& costs, int chunks) {
+  const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
+  if (costs.forward.size() != nv || costs.backward.size() != nv || costs.reduce.size() != n ||
+      (!costs.weights.empty() && costs.weights.size() != nv)) {
     throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
-                                " stages expected");
+                                " stages of " + std::to_string(chunks) + " chunk(s) expected");
   }
   std::vector<std::vector<Action>> lists(n);
-  for (int s = 0; s < num_stages; ++s) lists[s] = pipeline_schedule(kind, num_stages, s, num_micro);
+  for (int s = 0; s < num_stages; ++s)
+    lists[s] = pipeline_schedule(kind, num_stages, s, num_micro, chunks);
   SimulatedStep out;
   out.compute.assign(n, 0.0);
   out.waiting.assign(n, 0.0);
   out.timeline.assign(n, {});
-  // When each message arrives: (receiving stage, op it answers, micro-batch).
-  std::map<std::tuple<int, Op, int>, double> arrivals;
+  // When each message arrives: (receiving stage, op it answers, micro-batch, chunk).
+  std::map<std::tuple<int, Op, int, int>, double> arrivals;
   std::vector<size_t> next(n, 0);
   std::vector<double> clock(n, 0.0);
   const bool split = splits_backward(kind);
-  const auto weights = [&](int s) { return costs.weights.empty() ? 0.0 : costs.weights[s]; };
-  const auto cost = [&](int s, Op op) {
-    switch (op) {
-      case Op::Forward: return costs.forward[s];
-      case Op::Backward: return costs.backward[s] + (split ? 0.0 : weights(s));
-      case Op::WeightGradients: return weights(s);
+  const auto weights = [&](size_t vs) { return costs.weights.empty() ? 0.0 : costs.weights[vs]; };
+  const auto cost = [&](int s, const Action& a) {
+    const size_t vs = static_cast<size_t>(a.chunk) * n + static_cast<size_t>(s);
+    switch (a.op) {
+      case Op::Forward: return costs.forward[vs];
+      case Op::Backward: return costs.backward[vs] + (split ? 0.0 : weights(vs));
+      case Op::WeightGradients: return weights(vs);
       case Op::ReduceGradients: return costs.reduce[s];
       default: return 0.0;  // sends start at once; receives wait, then cost nothing more
     }
@@ -55,14 +57,20 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
         if (a.op == Op::OptimizerStep) break;
         double start = clock[s];
         if (a.op == Op::RecvActivation || a.op == Op::RecvGradient) {
-          const auto it = arrivals.find({s, a.op, a.micro});
+          const auto it = arrivals.find({s, a.op, a.micro, a.chunk});
           if (it == arrivals.end()) break;
           out.waiting[s] += std::max(0.0, it->second - start);
           start = std::max(start, it->second);
         }
-        const double end = start + cost(s, a.op);
-        if (a.op == Op::SendActivation) arrivals[{s + 1, Op::RecvActivation, a.micro}] = start + costs.p2p;
-        if (a.op == Op::SendGradient) arrivals[{s - 1, Op::RecvGradient, a.micro}] = start + costs.p2p;
+        const double end = start + cost(s, a);
+        if (a.op == Op::SendActivation) {
+          const PipePeer to = activation_to(num_stages, s, a.chunk);
+          arrivals[{to.stage, Op::RecvActivation, a.micro, to.chunk}] = start + costs.p2p;
+        }
+        if (a.op == Op::SendGradient) {
+          const PipePeer to = gradient_to(num_stages, s, a.chunk);
+          arrivals[{to.stage, Op::RecvGradient, a.micro, to.chunk}] = start + costs.p2p;
+        }
         if (a.op == Op::Forward || a.op == Op::Backward || a.op == Op::WeightGradients)
           out.compute[s] += end - start;
         out.timeline[s].push_back({a, start, end});
@@ -93,9 +101,9 @@ std::string timeline_trace(const SimulatedStep& step) {
     for (const TimedAction& t : step.timeline[s]) {
       if (t.end <= t.start) continue;
       j += strprintf(",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %zu, \"tid\": 0, \"ts\": %.3f, "
-                     "\"dur\": %.3f, \"args\": {\"micro_batch\": %d}}",
+                     "\"dur\": %.3f, \"args\": {\"micro_batch\": %d, \"chunk\": %d}}",
                      op_name(t.action.op), s, 1e6 * t.start, 1e6 * (t.end - t.start),
-                     t.action.micro);
+                     t.action.micro, t.action.chunk);
     }
   }
   return j + "\n]\n";

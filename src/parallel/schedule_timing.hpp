@@ -16,13 +16,14 @@
 
 namespace mpiformer {
 
-// Seconds per action, per stage (index = stage).
+// Seconds per action, per virtual stage (index = chunk x stages + stage:
+// the stage itself without interleaving).
 struct ActionCosts {
   // One micro-batch. `weights` (empty: none) is the part of the backward
   // that only computes weight gradients: its own action (W) where the
   // schedule splits the backward, else part of the backward's time.
   std::vector<double> forward, backward, weights;
-  std::vector<double> reduce;             // the gradient reduction left after backward
+  std::vector<double> reduce;             // the gradient reduction left after backward (per stage)
   double optimizer = 0;                   // AdamW and the step's all-reduce
   double p2p = 0;                         // one activation or gradient message
 };
@@ -43,10 +44,11 @@ struct SimulatedStep {
   double idle_fraction() const;
 };
 
-// Throws std::invalid_argument if the costs do not cover `num_stages`, or
-// std::logic_error if the schedules could not finish (a deadlock).
+// Throws std::invalid_argument if the costs do not cover `num_stages`
+// (times `chunks`), or std::logic_error if the schedules could not finish
+// (a deadlock).
 SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
-                            const ActionCosts& costs);
+                            const ActionCosts& costs, int chunks = 1);
 
 // The timeline as a Chrome trace (one process per stage, spans in
 // microseconds), to set beside a measured trace of the same layout.

@@ -1,11 +1,14 @@
 // Pipeline schedules checked as pure tables over a grid of (stages,
-// micro-batches): each micro-batch is run forward then backward exactly once
-// per stage (zb-h1: then its W, once), 1F1B keeps at most (pp - s)
-// activations on stage s and zb-h1 at most pp on any, and a simulation of
-// all stages together (non-blocking sends, blocking receives, as the
-// trainer runs them) always completes.
+// micro-batches, chunks): each micro-batch is run forward then backward
+// exactly once per stage and chunk (zb-h1: then its W, once), 1F1B keeps
+// at most (pp - s) activations on stage s, zb-h1 at most pp on any,
+// interleaving Megatron's warm-up + 1, and a simulation of all stages
+// together (non-blocking sends, blocking receives, as the trainer runs
+// them) always completes, with every pair of stages posting its messages
+// in the same order on both sides (NCCL matches them in order).
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "parallel/pipeline_schedule.hpp"
 #include "reference.hpp"
@@ -15,29 +18,32 @@ namespace {
 
 using Schedules = std::vector<std::vector<Action>>;
 
-Schedules all_stages(ScheduleKind kind, int pp, int m) {
+Schedules all_stages(ScheduleKind kind, int pp, int m, int v = 1) {
   Schedules s;
-  for (int st = 0; st < pp; ++st) s.push_back(pipeline_schedule(kind, pp, st, m));
+  for (int st = 0; st < pp; ++st) s.push_back(pipeline_schedule(kind, pp, st, m, v));
   return s;
 }
 
 // Runs every stage's list in lock-free rounds. A send posts a message; a
-// receive proceeds only once its message was posted. Returns false on a
-// deadlock (no stage can move and some are unfinished).
+// receive proceeds only once its message was posted. Messages are named
+// by the model's order, written here from the definition: chunk c of
+// stage s is virtual stage c pp + s; activations go to the next virtual
+// stage, gradients to the previous. Returns false on a deadlock (no stage
+// can move and some are unfinished).
 bool simulate(const Schedules& stages, std::string* why) {
   const int pp = static_cast<int>(stages.size());
   std::vector<size_t> pc(pp, 0);
-  std::set<std::tuple<int, int, int>> posted;  // (from, to, tag)
+  std::set<std::tuple<int, int, int, int>> posted;  // (from, to virtual stage, micro, gradient)
   for (;;) {
     bool moved = false, done = true;
     for (int s = 0; s < pp; ++s) {
       while (pc[s] < stages[s].size()) {
         const Action& a = stages[s][pc[s]];
-        const int act = 2 * a.micro, grad = 2 * a.micro + 1;
-        if (a.op == Op::RecvActivation && !posted.count({s - 1, s, act})) break;
-        if (a.op == Op::RecvGradient && !posted.count({s + 1, s, grad})) break;
-        if (a.op == Op::SendActivation) posted.insert({s, s + 1, act});
-        if (a.op == Op::SendGradient) posted.insert({s, s - 1, grad});
+        const int vs = a.chunk * pp + s;
+        if (a.op == Op::RecvActivation && !posted.count({vs - 1, vs, a.micro, 0})) break;
+        if (a.op == Op::RecvGradient && !posted.count({vs + 1, vs, a.micro, 1})) break;
+        if (a.op == Op::SendActivation) posted.insert({vs, vs + 1, a.micro, 0});
+        if (a.op == Op::SendGradient) posted.insert({vs, vs - 1, a.micro, 1});
         ++pc[s];
         moved = true;
       }
@@ -57,48 +63,80 @@ bool simulate(const Schedules& stages, std::string* why) {
 constexpr ScheduleKind kAllKinds[] = {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
                                        ScheduleKind::kZbH1};
 
-TEST(PipelineSchedule, EveryMicroBatchForwardThenBackwardOnce) {
+// Every (stages, micro-batches, chunks) the schedule tests cover: pp <= 8,
+// m <= 16, v <= 4 (interleaving: v >= 2, m in whole rounds of pp).
+template <class F>
+void for_each_layout(F f) {
   for (auto kind : kAllKinds)
     for (int pp = 1; pp <= 8; ++pp)
-      for (int m = 1; m <= 16; ++m)
-        for (int s = 0; s < pp; ++s) {
-          const auto acts = pipeline_schedule(kind, pp, s, m);
-          std::map<int, int> fwd_at, bwd_at, w_at;
-          for (size_t i = 0; i < acts.size(); ++i) {
-            if (acts[i].op == Op::Forward) {
-              EXPECT_TRUE(fwd_at.emplace(acts[i].micro, i).second);
-            }
-            if (acts[i].op == Op::Backward) {
-              EXPECT_TRUE(bwd_at.emplace(acts[i].micro, i).second);
-            }
-            if (acts[i].op == Op::WeightGradients) {
-              EXPECT_TRUE(w_at.emplace(acts[i].micro, i).second);
-            }
-            // Stage boundaries: nothing received from outside the pipeline.
-            if (s == 0) {
-              EXPECT_TRUE(acts[i].op != Op::RecvActivation && acts[i].op != Op::SendGradient);
-            }
-            if (s == pp - 1) {
-              EXPECT_TRUE(acts[i].op != Op::SendActivation && acts[i].op != Op::RecvGradient);
-            }
-          }
-          ASSERT_EQ(fwd_at.size(), static_cast<size_t>(m));
-          ASSERT_EQ(bwd_at.size(), static_cast<size_t>(m));
-          ASSERT_EQ(w_at.size(), splits_backward(kind) ? static_cast<size_t>(m) : 0);
-          for (int i = 0; i < m; ++i) {
-            EXPECT_LT(fwd_at[i], bwd_at[i]) << "micro " << i;
-            // W reads what B left: after it, and in micro-batch order
-            // (the gradients accumulate in the order 1F1B's do).
-            if (!splits_backward(kind)) continue;
-            EXPECT_LT(bwd_at[i], w_at[i]) << "micro " << i;
-            if (i > 0) {
-              EXPECT_LT(w_at[i - 1], w_at[i]);
-            }
-          }
-          // The step ends with the reduction, then the update.
-          EXPECT_EQ(acts[acts.size() - 2].op, Op::ReduceGradients);
-          EXPECT_EQ(acts.back().op, Op::OptimizerStep);
+      for (int m = 1; m <= 16; ++m) f(kind, pp, m, 1);
+  for (int pp = 2; pp <= 8; ++pp)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = pp; m <= 16; m += pp) f(ScheduleKind::kInterleaved, pp, m, v);
+}
+
+std::string where(ScheduleKind kind, int pp, int m, int v) {
+  return std::string(name_of(kind)) + " pp " + std::to_string(pp) + " m " + std::to_string(m) +
+         " v " + std::to_string(v);
+}
+
+TEST(PipelineSchedule, EveryMicroBatchForwardThenBackwardOnce) {
+  for_each_layout([](ScheduleKind kind, int pp, int m, int v) {
+    for (int s = 0; s < pp; ++s) {
+      const auto acts = pipeline_schedule(kind, pp, s, m, v);
+      // Keyed by (micro-batch, chunk).
+      std::map<std::pair<int, int>, int> fwd_at, bwd_at, w_at;
+      for (size_t i = 0; i < acts.size(); ++i) {
+        const Action& a = acts[i];
+        const std::pair<int, int> key{a.micro, a.chunk};
+        if (a.micro >= 0) {
+          EXPECT_TRUE(a.chunk >= 0 && a.chunk < v) << where(kind, pp, m, v);
         }
+        if (a.op == Op::Forward) {
+          EXPECT_TRUE(fwd_at.emplace(key, i).second);
+        }
+        if (a.op == Op::Backward) {
+          EXPECT_TRUE(bwd_at.emplace(key, i).second);
+        }
+        if (a.op == Op::WeightGradients) {
+          EXPECT_TRUE(w_at.emplace(key, i).second);
+        }
+        // The model's ends: nothing received from before its first
+        // virtual stage or after its last.
+        if (s == 0 && a.chunk == 0) {
+          EXPECT_TRUE(a.op != Op::RecvActivation && a.op != Op::SendGradient);
+        }
+        if (s == pp - 1 && a.chunk == v - 1) {
+          EXPECT_TRUE(a.op != Op::SendActivation && a.op != Op::RecvGradient);
+        }
+      }
+      ASSERT_EQ(fwd_at.size(), static_cast<size_t>(m * v)) << where(kind, pp, m, v);
+      ASSERT_EQ(bwd_at.size(), static_cast<size_t>(m * v));
+      ASSERT_EQ(w_at.size(), splits_backward(kind) ? static_cast<size_t>(m) : 0);
+      for (int c = 0; c < v; ++c)
+        for (int i = 0; i < m; ++i) {
+          const int f = fwd_at[{i, c}], b = bwd_at[{i, c}];
+          EXPECT_LT(f, b) << "micro " << i << " chunk " << c;
+          // Each chunk's backwards in micro-batch order: the gradients
+          // accumulate in the same order whatever the schedule.
+          if (i > 0) {
+            const int before = bwd_at[{i - 1, c}];
+            EXPECT_LT(before, b) << where(kind, pp, m, v);
+          }
+          // W reads what B left: after it, and in micro-batch order.
+          if (!splits_backward(kind)) continue;
+          const int w = w_at[{i, c}];
+          EXPECT_LT(b, w) << "micro " << i;
+          if (i > 0) {
+            const int before = w_at[{i - 1, c}];
+            EXPECT_LT(before, w);
+          }
+        }
+      // The step ends with the reduction, then the update.
+      EXPECT_EQ(acts[acts.size() - 2].op, Op::ReduceGradients);
+      EXPECT_EQ(acts.back().op, Op::OptimizerStep);
+    }
+  });
 }
 
 TEST(PipelineSchedule, OneFOneBBoundsLiveActivations) {
@@ -151,17 +189,109 @@ TEST(PipelineSchedule, ZeroBubbleH1OrderForThreeStages) {
 }
 
 TEST(PipelineSchedule, SimulatedRunNeverDeadlocks) {
-  for (auto kind : kAllKinds)
-    for (int pp = 1; pp <= 8; ++pp)
-      for (int m = 1; m <= 16; ++m) {
-        std::string why;
-        EXPECT_TRUE(simulate(all_stages(kind, pp, m), &why))
-            << name_of(kind) << " pp " << pp << " m " << m << ": " << why;
+  for_each_layout([](ScheduleKind kind, int pp, int m, int v) {
+    std::string why;
+    EXPECT_TRUE(simulate(all_stages(kind, pp, m, v), &why)) << where(kind, pp, m, v) << ": " << why;
+  });
+  for (int v = 1; v <= 3; ++v) {
+    std::string why;
+    EXPECT_TRUE(simulate({forward_only_schedule(3, 0, 4, v), forward_only_schedule(3, 1, 4, v),
+                          forward_only_schedule(3, 2, 4, v)},
+                         &why))
+        << "forward only, v " << v << ": " << why;
+  }
+}
+
+// The trainer's routing (activation_to, gradient_to, the receive's peer,
+// the tags) is the model's order above, and every pair of stages sends
+// and receives its messages of each direction in the same order (NCCL
+// pairs a send with a receive by their order, MPI by tag).
+TEST(PipelineSchedule, MessagesPairUpInOrder) {
+  for_each_layout([](ScheduleKind kind, int pp, int m, int v) {
+    // (from, to, gradient) -> the messages' tags in posting order.
+    std::map<std::tuple<int, int, int>, std::vector<int>> sent, received;
+    for (int s = 0; s < pp; ++s)
+      for (const Action& a : pipeline_schedule(kind, pp, s, m, v)) {
+        const int vs = a.chunk * pp + s;
+        if (a.op == Op::SendActivation || a.op == Op::SendGradient) {
+          const bool grad = a.op == Op::SendGradient;
+          const PipePeer to = grad ? gradient_to(pp, s, a.chunk) : activation_to(pp, s, a.chunk);
+          ASSERT_EQ(to.chunk * pp + to.stage, grad ? vs - 1 : vs + 1) << where(kind, pp, m, v);
+          sent[{s, to.stage, grad}].push_back(grad ? gradient_tag(a.micro, to.chunk, v)
+                                                   : activation_tag(a.micro, to.chunk, v));
+        }
+        if (a.op == Op::RecvActivation) {
+          const int from = activation_from(pp, s);
+          ASSERT_EQ(from, (vs - 1) % pp);
+          received[{from, s, 0}].push_back(activation_tag(a.micro, a.chunk, v));
+        }
+        if (a.op == Op::RecvGradient) {
+          const int from = gradient_from(pp, s);
+          ASSERT_EQ(from, (vs + 1) % pp);
+          received[{from, s, 1}].push_back(gradient_tag(a.micro, a.chunk, v));
+        }
       }
-  std::string why;
-  EXPECT_TRUE(simulate({forward_only_schedule(3, 0, 4), forward_only_schedule(3, 1, 4),
-                        forward_only_schedule(3, 2, 4)},
-                       &why));
+    EXPECT_EQ(sent, received) << where(kind, pp, m, v);
+    for (const auto& [pair, tags] : received) {
+      EXPECT_EQ(std::set<int>(tags.begin(), tags.end()).size(), tags.size()) << "a tag reused";
+    }
+  });
+}
+
+// Megatron's interleaved order (Narayanan et al. 2021, fig. 4): pp = 2,
+// v = 2, m = 4, stage 0: a round of two micro-batches through chunk 0,
+// then chunk 1, ... backwards from chunk 1.
+TEST(PipelineSchedule, InterleavedOrderForTwoStages) {
+  std::vector<std::tuple<Op, int, int>> compute;
+  for (const auto& a : pipeline_schedule(ScheduleKind::kInterleaved, 2, 0, 4, 2))
+    if (a.op == Op::Forward || a.op == Op::Backward) compute.emplace_back(a.op, a.micro, a.chunk);
+  // Warm-up 2 (2 - 0 - 1) + (2 - 1) 2 = 4 chunk forwards.
+  const std::vector<std::tuple<Op, int, int>> want = {
+      {Op::Forward, 0, 0},  {Op::Forward, 1, 0},  {Op::Forward, 0, 1},  {Op::Forward, 1, 1},
+      {Op::Forward, 2, 0},  {Op::Backward, 0, 1}, {Op::Forward, 3, 0},  {Op::Backward, 1, 1},
+      {Op::Forward, 2, 1},  {Op::Backward, 0, 0}, {Op::Forward, 3, 1},  {Op::Backward, 1, 0},
+      {Op::Backward, 2, 1}, {Op::Backward, 3, 1}, {Op::Backward, 2, 0}, {Op::Backward, 3, 0}};
+  EXPECT_EQ(compute, want);
+}
+
+// Stage s holds its warm-up's chunk passes plus one: on stage 0,
+// 2 (pp - 1) + (v - 1) pp + 1 chunks of n_layer / (pp v) layers, that is
+// (1 + (pp - 1) / (pp v)) times 1F1B's pp stages' worth.
+TEST(PipelineSchedule, InterleavedLiveActivations) {
+  for (int pp = 2; pp <= 8; ++pp)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = pp; m <= 16; m += pp)
+        for (int s = 0; s < pp; ++s) {
+          const auto acts = pipeline_schedule(ScheduleKind::kInterleaved, pp, s, m, v);
+          const int warmup = std::min(2 * (pp - s - 1) + (v - 1) * pp, m * v);
+          EXPECT_EQ(max_live_activations(acts), std::min(warmup + 1, m * v))
+              << where(ScheduleKind::kInterleaved, pp, m, v) << " stage " << s;
+          // The slots the trainer assigns: never two live chunk passes in
+          // one, never more slots than that.
+          const std::vector<int> slots = activation_slots(acts);
+          std::map<int, std::pair<int, int>> holder;  // slot -> (micro, chunk)
+          int most = 0;
+          for (size_t i = 0; i < acts.size(); ++i) {
+            const Action& a = acts[i];
+            if (a.micro < 0) {
+              EXPECT_EQ(slots[i], -1);
+              continue;
+            }
+            most = std::max(most, slots[i] + 1);
+            const std::pair<int, int> key{a.micro, a.chunk};
+            if (a.op == Op::RecvActivation || (a.op == Op::Forward && s == 0 && a.chunk == 0)) {
+              EXPECT_FALSE(holder.count(slots[i])) << "slot " << slots[i] << " taken";
+              holder[slots[i]] = key;
+            }
+            // The send after a backward still reads the slot it freed.
+            const auto it = holder.find(slots[i]);
+            if (a.op == Op::SendGradient && it == holder.end()) continue;
+            ASSERT_TRUE(it != holder.end()) << "slot " << slots[i] << " used while free";
+            EXPECT_EQ(it->second, key) << where(ScheduleKind::kInterleaved, pp, m, v);
+            if (a.op == Op::Backward) holder.erase(it);
+          }
+          EXPECT_EQ(most, max_live_activations(acts));
+        }
 }
 
 // The simulation itself must be able to fail: a stage that waits for a

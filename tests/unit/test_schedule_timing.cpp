@@ -15,11 +15,12 @@
 namespace mpiformer::test {
 namespace {
 
-ActionCosts equal(int pp, double f, double b) {
+// `n` stages of equal costs.
+ActionCosts equal(int n, double f, double b) {
   ActionCosts c;
-  c.forward.assign(pp, f);
-  c.backward.assign(pp, b);
-  c.reduce.assign(pp, 0.0);
+  c.forward.assign(n, f);
+  c.backward.assign(n, b);
+  c.reduce.assign(n, 0.0);
   return c;
 }
 
@@ -65,6 +66,29 @@ TEST(ScheduleTiming, ZeroBubbleH1MeetsItsTheory) {
         } else {
           EXPECT_LE(zb.step_time, ob.step_time + 1e-9) << at;
           EXPECT_GE(zb.step_time, work + (pp - 1) * t.f - 1e-9) << at;
+        }
+      }
+    }
+  }
+}
+
+// Interleaving against Narayanan et al. (SC'21, section 2.2.2): with v
+// chunks per stage, each chunk pass a v-th of a stage's forward or
+// backward, the bubble is (pp - 1)(F + B) / v, against 1F1B's
+// (pp - 1)(F + B), with m in whole rounds of pp. Tolerance 1e-9.
+TEST(ScheduleTiming, InterleavedMeetsItsTheory) {
+  for (const auto& [f, b] : {std::pair{1.0, 2.0}, std::pair{1.0, 1.0}, std::pair{2.0, 3.0}}) {
+    for (int pp = 2; pp <= 8; ++pp) {
+      for (int v = 2; v <= 4; ++v) {
+        for (int m = pp; m <= 16; m += pp) {
+          ActionCosts c = equal(pp * v, f / v, b / v);  // per virtual stage
+          c.reduce.assign(pp, 0.0);
+          const SimulatedStep s = simulate_step(ScheduleKind::kInterleaved, pp, m, c, v);
+          const std::string at = "pp " + std::to_string(pp) + " v " + std::to_string(v) + " m " +
+                                 std::to_string(m) + " F/B " + std::to_string(f) + "/" +
+                                 std::to_string(b);
+          for (int st = 0; st < pp; ++st) EXPECT_NEAR(s.compute[st], m * (f + b), 1e-9) << at;
+          EXPECT_NEAR(s.step_time, m * (f + b) + (pp - 1) * (f + b) / v, 1e-9) << at;
         }
       }
     }
