@@ -191,6 +191,7 @@ const std::vector<Key>& schema() {
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
       choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
+      int_key("parallel", "virtual_stages", false, 1, 1024, MEMBER(parallel.virtual_stages)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
       int_key("parallel", "zero", false, 0, 3, MEMBER(parallel.zero)),
       bool_key("parallel", "sequence_parallel", MEMBER(parallel.sequence_parallel)),
@@ -276,6 +277,46 @@ std::string known_keys(const std::string& section) {
 
 bool known_section(const std::string& section) { return !known_keys(section).empty(); }
 
+// Interleaving's constraints (Megatron's): every chunk the same number of
+// layers, and micro-batches in whole rounds of pp, which its order walks
+// chunk by chunk (parallel/pipeline_schedule.hpp).
+void check_virtual_stages(const Deck& d, const std::string& where) {
+  const auto& par = d.parallel;
+  const long long v = par.virtual_stages, pp = par.pp, layers = d.model.n_layer;
+  if (par.schedule != ScheduleKind::kInterleaved) {
+    if (v != 1) {
+      throw InputError(where, "[parallel] virtual_stages",
+                       strprintf("%lld chunks per rank need schedule \"interleaved\" (schedule "
+                                 "is \"%s\"); leave virtual_stages at 1",
+                                 v, name_of(par.schedule)));
+    }
+    return;
+  }
+  if (v < 2) {
+    throw InputError(where, "[parallel] schedule, [parallel] virtual_stages",
+                     strprintf("schedule \"interleaved\" needs virtual_stages >= 2 model chunks "
+                               "per rank, got %lld (with 1 it is \"1f1b\")", v));
+  }
+  if (pp < 2) {
+    throw InputError(where, "[parallel] schedule, [parallel] pp",
+                     "schedule \"interleaved\" needs pp >= 2 (it interleaves the chunks of a "
+                     "pipeline), got pp 1");
+  }
+  if (layers % (pp * v) != 0) {
+    throw InputError(where, "[parallel] virtual_stages, [parallel] pp, [model] n_layer",
+                     strprintf("schedule \"interleaved\" cuts the %lld layers into pp x "
+                               "virtual_stages = %lld x %lld = %lld equal chunks: n_layer must be "
+                               "a multiple of it", layers, pp, v, pp * v));
+  }
+  const long long m = d.grad_accum();
+  if (m % pp != 0) {
+    throw InputError(where, "[parallel] schedule, [train] global_batch, [parallel] pp",
+                     strprintf("schedule \"interleaved\" runs micro-batches in rounds of pp = "
+                               "%lld: global_batch / (dp x micro_batch) = %lld micro-batches per "
+                               "step must be a multiple of pp", pp, m));
+  }
+}
+
 void check_relations(const Deck& d, const std::string& where) {
   if (d.model.n_embd % d.model.n_head != 0) {
     throw InputError(where, "[model] n_embd",
@@ -338,6 +379,7 @@ void check_relations(const Deck& d, const std::string& where) {
                                static_cast<long long>(d.model.n_layer),
                                static_cast<long long>(d.parallel.pp)));
   }
+  if (!d.parallel.auto_layout) check_virtual_stages(d, where);
 }
 
 }  // namespace

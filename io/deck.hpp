@@ -69,6 +69,10 @@ struct ParallelConfig {
   // block (ranks laid out tp fastest: parallel/process_grid.hpp).
   int64_t dp = 1, pp = 1, tp = 1;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
+  // Model chunks per pipeline rank (schedule "interleaved": v >= 2 chunks
+  // of n_layer / (pp v) layers each, rank s holding chunks s, s + pp, ...;
+  // 1 for every other schedule).
+  int64_t virtual_stages = 1;
   double bucket_mb = 25;          // data-parallel gradient bucket size, MiB (zero 0)
   // ZeRO stage over each stage's data-parallel group: 1 shards the AdamW
   // moments and master weights, 2 also the gradients, 3 also the blocks'

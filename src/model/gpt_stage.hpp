@@ -150,9 +150,12 @@ class GptStage {
   // host memory: the first stage embeds `tokens`, the last computes the
   // per-token losses against `targets` and adds their sum to the loss sum.
   // With `for_backward`, the last stage also leaves dloss/dlogits (scaled by
-  // grad_scale) ready for backward().
+  // grad_scale) ready for backward(). Under interleaving (range().chunks >
+  // 1) forward, backward and weight_gradients run one chunk of the stage's
+  // layers, the slot holding that chunk's activations; only chunk 0
+  // embeds, only the last chunk ends in the head.
   void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
-               Acc grad_scale);
+               Acc grad_scale, int chunk = 0);
   // The residual stream leaving this stage (activation_size(); non-last
   // stages).
   const Act* output(int slot) const { return slots_[slot].residual.back().get(); }
@@ -169,11 +172,11 @@ class GptStage {
   // qkv, the stage's input for the embedding) and the LayerNorms' weight
   // gradients; grads_final and the gradient windows are then W's. The
   // head's weight gradient stays B's (see head_of).
-  void backward(int slot, const GradsFinal& grads_final = nullptr);
+  void backward(int slot, const GradsFinal& grads_final = nullptr, int chunk = 0);
   // W (split_backward only): the weight gradients of the micro-batch in
   // `slot`, whose B ran, from its end to its start as backward would.
   // The slot stays held until then.
-  void weight_gradients(int slot, const GradsFinal& grads_final = nullptr);
+  void weight_gradients(int slot, const GradsFinal& grads_final = nullptr, int chunk = 0);
   // Gradient with respect to this stage's input (activation_size();
   // non-first stages), valid until the next backward.
   const Act* input_grad() const { return dres_.get(); }
@@ -196,6 +199,7 @@ class GptStage {
   };
   // Under sequence parallelism ln1, res2, ln2 and the LayerNorm statistics
   // hold this rank's rows only.
+  // A slot holds one chunk's layers (all the stage's without interleaving).
   struct Slot {
     std::vector<Buffer<Act>> residual;  // [layers + 1][rows * C]
     std::vector<LayerActs> layers;
@@ -244,11 +248,19 @@ class GptStage {
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
   bool split() const { return opt_.split_backward; }
   // The slot holding `s`'s head buffers (lnf, logits, losses, targets):
-  // under split backward one set serves every slot, since the last stage
-  // runs each micro-batch's B right after its forward and B finishes with
-  // them (it computes the head's weight gradient too).
-  Slot& head_of(Slot& s) { return split() ? slots_[0] : s; }
-  const Slot& head_of(int slot) const { return slots_[split() ? 0 : slot]; }
+  // under split backward or interleaving one set serves every slot, since
+  // the last stage runs each micro-batch's (last chunk's) backward right
+  // after its forward and the backward finishes with them (B computes the
+  // head's weight gradient too).
+  bool shared_head() const { return split() || range_.chunks > 1; }
+  Slot& head_of(Slot& s) { return shared_head() ? slots_[0] : s; }
+  const Slot& head_of(int slot) const { return slots_[shared_head() ? 0 : slot]; }
+  // Whether `chunk` embeds (the model's first) or ends in the head (its last).
+  bool embeds(int chunk) const { return range_.has_embedding && chunk == 0; }
+  bool heads(int chunk) const { return range_.has_head && chunk == range_.chunks - 1; }
+  // The slot position of the stage's block i: a chunk's blocks are
+  // consecutive, layers_per_chunk() of them.
+  int64_t in_slot(int64_t i) const { return i % range_.layers_per_chunk(); }
   void head_loss(Slot& s, bool for_backward, Acc grad_scale);
   // Block i's forward from x into out, keeping what backward needs in `a`.
   void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i);

@@ -37,7 +37,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   const ParameterSpec* wte = table_.find(kOuterSchema[outer::wte].name);
   v_real_ = wte != nullptr ? wte->shape[0] : 0;
   v0_ = wte != nullptr ? wte->vocab_begin() : 0;
-  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.num_layers();
+  // A slot holds one chunk's layers.
+  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.layers_per_chunk();
   // Every allocation is counted: stage_footprint must predict the sum.
   auto act = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(Act));
@@ -100,8 +101,9 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       for (LayerActs& a : s.layers) keep(a, opt_.recompute == Recompute::kNone);
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
-    // Split backward: the head's buffers once, for every slot (head_of).
-    if (range_.has_head && (!opt_.split_backward || &s == &slots_[0])) {
+    // Split backward, interleaving: the head's buffers once, for every
+    // slot (head_of).
+    if (range_.has_head && (!shared_head() || &s == &slots_[0])) {
       s.lnf = act(R * C);
       s.lnf_mean = acc(R);
       s.lnf_rstd = acc(R);
@@ -128,7 +130,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     ce_max_ = acc(BT);
     ce_stats_ = acc(2 * BT);
   }
-  if (!range_.has_head) grad_in_ = act(R * C);
+  // Interleaved, the last stage's earlier chunks receive gradients too.
+  if (!range_.has_head || range_.chunks > 1) grad_in_ = act(R * C);
   if (opt_.sequence_parallel) {
     full_ = act(BT * C);
     dln_rows_ = act(R * C);
@@ -179,15 +182,15 @@ BlockView<typename Ops::Acc> GptStage<Ops>::block_grads(int64_t i) {
 
 template <class Ops>
 void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targets,
-                            bool for_backward, Acc grad_scale) {
+                            bool for_backward, Acc grad_scale, int chunk) {
   Slot& s = slots_[slot];
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.num_layers();
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
   // Every host-to-device copy first, before any op of this micro-batch is
   // queued, so the device never waits on the host in the middle.
-  if (range_.has_embedding) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
+  if (embeds(chunk)) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
   Slot& h = head_of(s);
-  if (range_.has_head) Ops::load_tokens(ctx_, h.targets, targets, BT, false);
-  if (range_.has_embedding) {
+  if (heads(chunk)) Ops::load_tokens(ctx_, h.targets, targets, BT, false);
+  if (embeds(chunk)) {
     // Vocabulary-parallel: each rank embeds the tokens of its vocabulary
     // rows (zeros elsewhere), the group's sum is the embedding.
     Act* partial = sum_target(s.residual[0].get());
@@ -195,14 +198,15 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
                            T_, C, v0_, vl_);
     summed(partial, s.residual[0].get());
   }
-  for (int64_t i = 0; i < L; ++i) {
-    if (opt_.window_weights) hooks_.need_weights(i, i + 1 < L ? i + 1 : -1);
+  for (int64_t j = 0; j < L; ++j) {
+    const int64_t i = first + j;
+    if (opt_.window_weights) hooks_.need_weights(i, j + 1 < L ? i + 1 : -1);
     // Under full recomputation the block's activations go to the shared
     // buffers and only its input (the residual stream) is kept.
-    LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[i];
-    forward_block(a, s.residual[i].get(), s.residual[i + 1].get(), i);
+    LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[j];
+    forward_block(a, s.residual[j].get(), s.residual[j + 1].get(), i);
   }
-  if (!range_.has_head) return;
+  if (!heads(chunk)) return;
   Ops::layernorm_forward(ctx_, h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(),
                          s.residual.back().get(), w_outer(outer::lnf_w), w_outer(outer::lnf_b),
                          rows_, C);
@@ -312,7 +316,7 @@ typename Ops::Act* GptStage<Ops>::column_parallel_backward(Acc* dw, Acc* db, con
 
 template <class Ops>
 typename Ops::Acc* GptStage<Ops>::ln_stash(Slot& s, int64_t i) {
-  if (split() && i >= 0) return s.ln_grads.get() + 4 * cfg_.n_embd * i;
+  if (split() && i >= 0) return s.ln_grads.get() + 4 * cfg_.n_embd * in_slot(i);
   return opt_.sequence_parallel ? ln_grads_.get() : nullptr;
 }
 
@@ -329,17 +333,17 @@ void GptStage<Ops>::add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads) 
 }
 
 template <class Ops>
-void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
+void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk) {
   auto final_from = [&](int64_t offset) {
     if (grads_final) grads_final(offset);
   };
   Slot& s = slots_[slot];
-  const int64_t R = rows_, C = cfg_.n_embd, L = range_.num_layers();
+  const int64_t R = rows_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
   // Split (B): no weight gradient here, so no gradient is final and no
   // gradient window is needed; the GEMMs' inputs need not be gathered.
   const bool whole = !split();
   Act* dres = dres_.get();
-  if (range_.has_head) {
+  if (heads(chunk)) {
     // The tied head: its weight gradient lands in wte's gradient, which the
     // embedding backward then adds to. Vocabulary-parallel, each rank's
     // input gradient covers its columns only: the group sums them.
@@ -361,8 +365,11 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
   } else {
     Ops::copy(ctx_, dres, static_cast<const Act*>(grad_in_.get()), R * C);
   }
-  for (int64_t i = L - 1; i >= 0; --i) {
-    if (opt_.window_weights) hooks_.need_weights(i, i > 0 ? i - 1 : -1);
+  // Later chunks (higher offsets) finished their backwards before this
+  // chunk's last one (the schedule runs the last micro-batch's chunks from
+  // the last down), so "final from here" holds across chunks too.
+  for (int64_t i = first + L - 1; i >= first; --i) {
+    if (opt_.window_weights) hooks_.need_weights(i, i > first ? i - 1 : -1);
     if (whole && opt_.window_grads) {
       hooks_.need_grad_window(i);
       Ops::fill_zero(ctx_, gwin_[i % 2].get(), at_.block_storage());
@@ -374,10 +381,10 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
   if (!whole) {
     // The embedding's backward is W's, from the stage's input, which block
     // 0's backward has finished reading.
-    if (range_.has_embedding)
-      Ops::copy(ctx_, s.residual[0].get(), static_cast<const Act*>(dres), R * C);
+    if (embeds(chunk)) Ops::copy(ctx_, s.residual[0].get(), static_cast<const Act*>(dres), R * C);
     return;
   }
+  if (chunk > 0) return;  // the tensors before chunk 0's blocks are chunk 0's
   if (range_.has_embedding) {
     // Every rank's vocabulary rows may appear anywhere in the micro-batch:
     // the embedding's backward reads the whole gradient.
@@ -388,15 +395,15 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final) {
 }
 
 template <class Ops>
-void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final) {
+void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, int chunk) {
   if (!split()) throw std::logic_error("weight_gradients without split backward");
   auto final_from = [&](int64_t offset) {
     if (grads_final) grads_final(offset);
   };
   Slot& s = slots_[slot];
-  const int64_t C = cfg_.n_embd, L = range_.num_layers();
-  if (range_.has_head) final_from(at_.at(outer::lnf_w));  // B computed the head's
-  for (int64_t i = L - 1; i >= 0; --i) {
+  const int64_t C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
+  if (heads(chunk)) final_from(at_.at(outer::lnf_w));  // B computed the head's
+  for (int64_t i = first + L - 1; i >= first; --i) {
     if (opt_.window_grads) {
       hooks_.need_grad_window(i);
       Ops::fill_zero(ctx_, gwin_[i % 2].get(), at_.block_storage());
@@ -405,6 +412,7 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final) {
     if (opt_.window_grads) hooks_.grads_ready(i);
     final_from(at_.layers[i][0]);
   }
+  if (chunk > 0) return;
   if (range_.has_embedding)
     Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe),
                             gathered(s.residual[0].get()), s.tokens, B_, T_, C, v0_, vl_);
@@ -415,14 +423,15 @@ template <class Ops>
 void GptStage<Ops>::weight_gradients_block(Slot& s, int64_t i) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd;
   const auto g = block_grads(i);
-  LayerActs& a = s.layers[i];
+  const int64_t j = in_slot(i);
+  LayerActs& a = s.layers[j];
   const Act* none = nullptr;  // W reads no weights (ZeRO 3 gathers none)
   const auto dw = [&](block::Tensor w, block::Tensor b, const Act* dout, const Act* inp, int64_t in,
                       int64_t out) {
     Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g[w], g[b], dout, inp, none, BT, in, out);
   };
   // Each GEMM's output gradient where backward_block left it (gpt_stage.hpp).
-  dw(block::fc_proj_w, block::fc_proj_b, gathered(s.residual[i + 1].get()), a.fch_gelu.get(), cm_, C);
+  dw(block::fc_proj_w, block::fc_proj_b, gathered(s.residual[j + 1].get()), a.fch_gelu.get(), cm_, C);
   dw(block::fc_w, block::fc_b, a.fch.get(), gathered(a.ln2.get()), C, cm_);
   dw(block::attn_proj_w, block::attn_proj_b, gathered(a.res2.get()), a.atty.get(), ca_, C);
   dw(block::qkv_w, block::qkv_b, a.qkv.get(), gathered(a.ln1.get()), C, 3 * ca_);
@@ -434,11 +443,12 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd;
   const auto w = block_weights(i);
   const auto g = block_grads(i);
+  const int64_t j = in_slot(i);
   // Full recomputation: the block's forward again, from its kept input,
   // into the shared buffers (the same ops on the same inputs, so the same
   // bits); its output is not needed again.
-  if (opt_.recompute == Recompute::kFull) forward_block(rc_, s.residual[i].get(), rc_out_.get(), i);
-  LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[i];
+  if (opt_.recompute == Recompute::kFull) forward_block(rc_, s.residual[j].get(), rc_out_.get(), i);
+  LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[j];
   Act* dres = dres_.get();
   // MLP: dres is the gradient of the block output, which is also the
   // gradient of the MLP projection's output (residual backward = identity).
@@ -461,7 +471,7 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   auto wgt = [&](block::Tensor t) { return whole ? g[t] : nullptr; };
   Acc* stash = ln_stash(s, i);
   if (stash) Ops::fill_zero(ctx_, stash, 4 * C);
-  if (!whole) Ops::copy(ctx_, s.residual[i + 1].get(), static_cast<const Act*>(dres), R * C);
+  if (!whole) Ops::copy(ctx_, s.residual[j + 1].get(), static_cast<const Act*>(dres), R * C);
   Ops::matmul_backward(ctx_, d4_.get(), wgt(block::fc_proj_w), wgt(block::fc_proj_b),
                        gathered(dres), a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
   Act* d4 = whole ? d4_.get() : a.fch.get();
@@ -487,7 +497,7 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
                                              whole ? gathered(a.ln1.get()) : nullptr,
                                              w[block::qkv_w], 3 * ca_);
   Ops::layernorm_backward(ctx_, dres, ln_grad(stash, g[block::ln1_w], 2),
-                          ln_grad(stash, g[block::ln1_b], 3), dln1, s.residual[i].get(),
+                          ln_grad(stash, g[block::ln1_b], 3), dln1, s.residual[j].get(),
                           w[block::ln1_w], a.ln1_mean.get(), a.ln1_rstd.get(), R, C);
   if (whole) add_ln_grads(stash, {g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
 }

@@ -9,11 +9,21 @@
 namespace mpiformer {
 
 StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages, int64_t tp,
-                           int64_t tp_rank) {
-  const int64_t base = cfg.n_layer / num_stages, extra = cfg.n_layer % num_stages;
+                           int64_t tp_rank, int64_t chunks) {
   StageRange r;
-  r.first_layer = stage * base + std::min(stage, extra);
-  r.last_layer = r.first_layer + base + (stage < extra ? 1 : 0);
+  if (chunks > 1) {
+    if (cfg.n_layer % (num_stages * chunks) != 0)
+      throw std::logic_error("partition_stage: chunks of unequal layer counts");
+    const int64_t per = cfg.n_layer / (num_stages * chunks);
+    r.first_layer = stage * per;
+    r.last_layer = r.first_layer + per;
+    r.chunks = chunks;
+    r.chunk_stride = num_stages * per;
+  } else {
+    const int64_t base = cfg.n_layer / num_stages, extra = cfg.n_layer % num_stages;
+    r.first_layer = stage * base + std::min(stage, extra);
+    r.last_layer = r.first_layer + base + (stage < extra ? 1 : 0);
+  }
   r.has_embedding = stage == 0;
   r.has_head = stage == num_stages - 1;
   r.tp = tp;
@@ -158,7 +168,8 @@ ParameterTable::ParameterTable(const GptConfig& cfg, const StageRange& range) {
         (range.has_embedding || (k == outer::wte && range.has_head)))
       add(cfg, range, t, t.name, -1, k);
   }
-  for (int64_t l = range.first_layer; l < range.last_layer; ++l) {
+  for (int64_t i = 0; i < range.num_layers(); ++i) {
+    const int64_t l = range.layer(i);
     const std::string h = "h." + std::to_string(l) + ".";
     for (int k = 0; k < block::kCount; ++k) add(cfg, range, kBlockSchema[k], h + kBlockSchema[k].name, l, k);
   }
@@ -201,7 +212,9 @@ StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
       outer[s.tensor] = s.offset;
       continue;
     }
-    const auto i = static_cast<size_t>(s.layer - range.first_layer);
+    const int64_t block = range.block_of(s.layer);
+    if (block < 0) throw std::logic_error("StageLayout: a layer the stage does not hold");
+    const auto i = static_cast<size_t>(block);
     layers.at(i)[s.tensor] = s.offset;
     seen[i][s.tensor] = true;
   }

@@ -13,24 +13,58 @@
 
 namespace mpiformer {
 
-// A contiguous range of transformer layers and whether the stage also holds
+// The transformer layers a stage holds and whether the stage also holds
 // the embeddings (first stage) or the final LayerNorm + tied head (last
 // stage); under tensor parallelism, which of the tp slices of its split
-// tensors (gpt_schema.hpp's Split) this rank holds.
+// tensors (gpt_schema.hpp's Split) this rank holds. The layers are one
+// contiguous range, or under interleaving `chunks` equal ranges
+// `chunk_stride` layers apart (chunk c: [first_layer, last_layer) + c x
+// chunk_stride); the embedding sits before chunk 0, the head after the
+// last chunk.
 struct StageRange {
   int64_t first_layer = 0;
-  int64_t last_layer = 0;  // one past the end
+  int64_t last_layer = 0;  // one past chunk 0's end
   bool has_embedding = true;
   bool has_head = true;
   int64_t tp = 1, tp_rank = 0;
-  int64_t num_layers() const { return last_layer - first_layer; }
+  int64_t chunks = 1, chunk_stride = 0;
+  int64_t layers_per_chunk() const { return last_layer - first_layer; }
+  int64_t num_layers() const { return layers_per_chunk() * chunks; }
+  // The model layer of the stage's i-th block (blocks in layer order).
+  int64_t layer(int64_t i) const {
+    const int64_t per = layers_per_chunk();
+    return first_layer + i / per * chunk_stride + i % per;
+  }
+  // The stage's block index of model layer `l`, -1 if it holds none.
+  int64_t block_of(int64_t l) const {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t at = l - first_layer - c * chunk_stride;
+      if (at >= 0 && at < layers_per_chunk()) return c * layers_per_chunk() + at;
+    }
+    return -1;
+  }
 };
+
+// Chunk c of an interleaved stage as a stage of its own (the embedding
+// with chunk 0, the head with the last): what its pass computes.
+inline StageRange chunk_range(const StageRange& r, int64_t c) {
+  StageRange x = r;
+  x.first_layer = r.first_layer + c * r.chunk_stride;
+  x.last_layer = x.first_layer + r.layers_per_chunk();
+  x.has_embedding = r.has_embedding && c == 0;
+  x.has_head = r.has_head && c == r.chunks - 1;
+  x.chunks = 1;
+  x.chunk_stride = 0;
+  return x;
+}
 
 // Layers are split as evenly as possible; the first (n_layer % pp) stages get
 // one layer more. A stage may hold zero layers only if pp > n_layer, which the
-// deck validation rejects.
+// deck validation rejects. With chunks > 1 (interleaving), the layers are
+// cut into pp x chunks equal chunks (the deck requires it), chunk c of
+// stage s being the model's (c pp + s)-th.
 StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages,
-                           int64_t tp = 1, int64_t tp_rank = 0);
+                           int64_t tp = 1, int64_t tp_rank = 0, int64_t chunks = 1);
 
 // A block of a tensor in logical (checkpoint) coordinates, [row, row + rows)
 // x [col, col + cols), and where it sits in a rank's slice: its rows

@@ -19,7 +19,8 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // The residual stream's rows this rank holds (a tp-th of them under
   // sequence parallelism).
   const double R = o.sequence_parallel ? BT / tp : BT;
-  const double L = static_cast<double>(range.num_layers());
+  // A slot holds one chunk (the stage's every layer without interleaving).
+  const double L = static_cast<double>(range.layers_per_chunk());
   // Attention's kept state, and as much backward scratch, in bytes.
   const double attention = attention_state_elements(storage, B, NH, T) *
                            acc;  // the plan keeps it in the statistics type (float) on every device
@@ -47,9 +48,10 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (o.recompute == Recompute::kAttention) slot += L * block_kept;
   if (range.has_embedding) slot += BT * 4;  // token ids
   // The head's: lnf, logits; lnf's statistics, the losses; targets (split
-  // backward: one set for every slot).
+  // backward, interleaving: one set for every slot).
   const double head = range.has_head ? (R * C + BT * V) * act + (2 * R + BT) * acc + BT * 4 : 0;
-  if (!o.split_backward) slot += head;
+  const bool shared_head = o.split_backward || range.chunks > 1;
+  if (!shared_head) slot += head;
   // Split backward: the blocks' LayerNorm weight gradients B leaves for W.
   if (o.split_backward) slot += 4 * L * C * acc;
   f.per_slot = slot;
@@ -59,16 +61,17 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // (a double); the vocabulary-parallel cross-entropy's row statistics (3
   // per row); recomputation's shared probabilities, or one block's
   // activations and output; sequence parallelism's gathered rows, summed
-  // input gradient rows and 4 LayerNorm weight gradients; split backward's
-  // one set of head buffers.
+  // input gradient rows and 4 LayerNorm weight gradients; the one set of
+  // head buffers where it is shared. Interleaved, the last stage's earlier
+  // chunks receive output gradients too.
   f.scratch = R * C * act + (C + Ca) * BT * act +
               (L > 0 ? (3 * Ca + Cm) * BT * act + attention : 0) +
-              (range.has_head ? 0 : R * C * act) + 8;
+              (range.has_head && range.chunks == 1 ? 0 : R * C * act) + 8;
   if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;
   if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + R * C * act;
   if (o.sequence_parallel) f.scratch += (BT * C + R * C) * act + 4 * C * acc;
-  if (o.split_backward) f.scratch += head;
+  if (shared_head) f.scratch += head;
   return f;
 }
 

@@ -15,8 +15,7 @@ std::vector<RankMemory> predicted_memory(const Deck& deck, const BackendChoice& 
   const int pp = static_cast<int>(deck.parallel.pp);
   for (int s = 0; s < pp; ++s) {
     // Each stage's schedule keeps its own number of micro-batches alive.
-    const int slots = max_live_activations(
-        pipeline_schedule(deck.parallel.schedule, pp, s, static_cast<int>(deck.grad_accum())));
+    const int slots = max_live_activations(stage_schedule(deck, s));
     out.push_back(rank_memory(deck, backend, s, slots));
   }
   return out;

@@ -34,12 +34,22 @@ StageOptions stage_options_of(const Deck& deck, int slots) {
                        splits_backward(deck.parallel.schedule));
 }
 
+StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank) {
+  return partition_stage(deck.model, stage_index, deck.parallel.pp, deck.parallel.tp, tp_rank,
+                         deck.parallel.virtual_stages);
+}
+
+std::vector<Action> stage_schedule(const Deck& deck, int stage_index) {
+  return pipeline_schedule(deck.parallel.schedule, static_cast<int>(deck.parallel.pp), stage_index,
+                           static_cast<int>(deck.grad_accum()),
+                           static_cast<int>(deck.parallel.virtual_stages));
+}
+
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
   const GptConfig& cfg = deck.model;
   // Tensor rank 0: every rank stores as much, and it holds the most real
   // vocabulary rows (what the save's gathers and ZeRO's parts follow).
-  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
-                                           deck.parallel.tp, 0);
+  const StageRange range = stage_range_of(deck, stage_index, 0);
   const PrecisionPlan types = precision_plan(choice.precision);
   const double act = static_cast<double>(element_bytes(types.activations));
   const double acc = static_cast<double>(element_bytes(types.master));

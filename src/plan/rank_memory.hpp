@@ -4,10 +4,12 @@
 // precision a rank computes with (train/backend_factory.hpp resolves it).
 #pragma once
 #include <string>
+#include <vector>
 
 #include "deck.hpp"
 #include "model/stage_footprint.hpp"
 #include "model/stage_options.hpp"
+#include "parallel/pipeline_schedule.hpp"
 
 namespace mpiformer {
 
@@ -45,5 +47,10 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
 // The stage options a deck asks for, with `slots` from the schedule: what
 // the trainer builds its stage with and the accounting predicts from.
 StageOptions stage_options_of(const Deck& deck, int slots);
+// The layers (chunks, under interleaving) stage `stage_index` holds, and
+// its schedule for one step: the same for the trainer, the accounting and
+// the planner.
+StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank);
+std::vector<Action> stage_schedule(const Deck& deck, int stage_index);
 
 }  // namespace mpiformer

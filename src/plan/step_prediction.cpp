@@ -250,30 +250,19 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     return host ? transfer : std::max(0.0, transfer - window);
   };
 
+  // Interleaved: costs per virtual stage (chunk c of stage s at c pp + s).
+  const int64_t v = deck.parallel.virtual_stages;
   ActionCosts costs;
+  costs.forward.assign(static_cast<size_t>(pp * v), 0.0);
+  costs.backward = costs.weights = costs.forward;
   std::vector<double> optimizer(pp, 0.0);
   for (int64_t s = 0; s < pp; ++s) {
-    const StageRange range = partition_stage(cfg, s, pp, tp, 0);
-    const StageWork work = stage_work(cfg, range, deck.train.micro_batch, deck.train.recompute, act,
-                                      deck.parallel.sequence_parallel,
-                                      splits_backward(deck.parallel.schedule));
-    const int slots = max_live_activations(pipeline_schedule(deck.parallel.schedule, static_cast<int>(pp),
-                                                             static_cast<int>(s), static_cast<int>(micro)));
+    const StageRange range = stage_range_of(deck, static_cast<int>(s), 0);
+    const int slots = max_live_activations(stage_schedule(deck, static_cast<int>(s)));
     const double factor =
         stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute,
-                  static_cast<double>(deck.train.micro_batch * slots * range.num_layers()))
+                  static_cast<double>(deck.train.micro_batch * slots * range.layers_per_chunk()))
             .factor;
-    double fwd = 0, bwd = 0, wgt = 0, tp_time = 0;
-    std::map<std::string, double> by_kernel;
-    for (const auto* list : {&work.forward, &work.backward, &work.weights}) {
-      for (const WorkItem& w : *list) {
-        const double t = item_seconds(machine, w) * share * factor;
-        (list == &work.forward ? fwd : list == &work.backward ? bwd : wgt) += t;
-        const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
-        by_kernel[gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")
-                       : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
-      }
-    }
     // Every one exposed, the backward sums started beside a weight gradient
     // too: how much NCCL's stream hides behind a GEMM it shares the GPU
     // with is not measured yet, and the planner errs slow.
@@ -283,15 +272,39 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         return collective(tp_link.reduce_scatter, tp, c.bytes, 1);
       return collective(tp_link.allreduce, tp, c.bytes, 2);
     };
-    for (const TensorCollective& c : work.tp_forward) tp_time += tp_seconds(c);
-    fwd += tp_time;
-    double tp_bwd = 0;
-    for (const TensorCollective& c : work.tp_backward) tp_bwd += tp_seconds(c);
-    bwd += tp_bwd;
-    double tp_wgt = 0;
-    for (const TensorCollective& c : work.tp_weights) tp_wgt += tp_seconds(c);
-    wgt += tp_wgt;
-    tp_time += tp_bwd + tp_wgt;
+    // Each chunk's pass priced on its own (the embedding is chunk 0's, the
+    // head the last's); the stage's sums below.
+    double fwd = 0, bwd = 0, wgt = 0, tp_time = 0;
+    std::vector<double> chunk_fwd(v), chunk_bwd(v), chunk_wgt(v);
+    std::map<std::string, double> by_kernel;
+    double message_bytes = 0;
+    for (int64_t c = 0; c < v; ++c) {
+      const StageWork work =
+          stage_work(cfg, chunk_range(range, c), deck.train.micro_batch, deck.train.recompute, act,
+                     deck.parallel.sequence_parallel, splits_backward(deck.parallel.schedule));
+      message_bytes = work.message_bytes;
+      double f = 0, b = 0, w_time = 0;
+      for (const auto* list : {&work.forward, &work.backward, &work.weights}) {
+        for (const WorkItem& w : *list) {
+          const double t = item_seconds(machine, w) * share * factor;
+          (list == &work.forward ? f : list == &work.backward ? b : w_time) += t;
+          const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
+          by_kernel[gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")
+                         : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
+        }
+      }
+      double tp_f = 0, tp_b = 0, tp_w = 0;
+      for (const TensorCollective& tc : work.tp_forward) tp_f += tp_seconds(tc);
+      for (const TensorCollective& tc : work.tp_backward) tp_b += tp_seconds(tc);
+      for (const TensorCollective& tc : work.tp_weights) tp_w += tp_seconds(tc);
+      chunk_fwd[c] = f + tp_f;
+      chunk_bwd[c] = b + tp_b;
+      chunk_wgt[c] = w_time + tp_w;
+      fwd += chunk_fwd[c];
+      bwd += chunk_bwd[c];
+      wgt += chunk_wgt[c];
+      tp_time += tp_f + tp_b + tp_w;
+    }
 
     const ParameterTable table(cfg, range);
     const StageLayout layout(table, range);
@@ -317,7 +330,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         // under 1F1B (and zb-h1, whose W reads no weights) a forward
         // follows a backward (and the reverse), so two of each pass's
         // blocks are already there.
-        const int64_t kept = deck.parallel.schedule != ScheduleKind::kGPipe ? 2 : 0;
+        // Interleaved chunk passes alternate chunks: none kept (counted).
+        const int64_t kept = deck.parallel.schedule == ScheduleKind::kOneFOneB ||
+                                     deck.parallel.schedule == ScheduleKind::kZbH1
+                                 ? 2
+                                 : 0;
         const double gathers = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0));
         gathers_comm = gathers * exposed(collective(dp_link.allgather, dp, block * act, 1), block_bwd / 2);
         per_micro_comm += gathers_comm;
@@ -330,10 +347,14 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     }
     // The per-micro-batch transfers where they fall: half of zero 3's
     // gathers precede forwards; the rest, and the reduce-scatters, backwards.
+    // Interleaved, each chunk's pass carries its share of them.
     const double fwd_comm = gathers_comm / 2;
-    costs.forward.push_back(fwd + fwd_comm);
-    costs.backward.push_back(bwd + per_micro_comm - fwd_comm);
-    costs.weights.push_back(wgt);
+    for (int64_t c = 0; c < v; ++c) {
+      const size_t at = static_cast<size_t>(c * pp + s);
+      costs.forward[at] = chunk_fwd[c] + fwd_comm / static_cast<double>(v);
+      costs.backward[at] = chunk_bwd[c] + (per_micro_comm - fwd_comm) / static_cast<double>(v);
+      costs.weights[at] = chunk_wgt[c];
+    }
     costs.reduce.push_back(reduce);
     // AdamW on what this rank owns, the gradient norm, zeroing the
     // gradients, and ZeRO's gather of the updated weights.
@@ -356,10 +377,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       out.optimizer = math;
       out.kernels.assign(by_kernel.begin(), by_kernel.end());
     }
-    costs.p2p = pp > 1 ? sendrecv(pp_link.sendrecv, work.message_bytes) : 0;
+    costs.p2p = pp > 1 ? sendrecv(pp_link.sendrecv, message_bytes) : 0;
   }
   costs.optimizer = *std::max_element(optimizer.begin(), optimizer.end());
-  out.step = simulate_step(deck.parallel.schedule, static_cast<int>(pp), static_cast<int>(micro), costs);
+  out.step = simulate_step(deck.parallel.schedule, static_cast<int>(pp), static_cast<int>(micro),
+                           costs, static_cast<int>(v));
   out.bubble = std::max(0.0, out.step.step_time - out.compute - out.exposed_comm - out.optimizer);
   const double tokens = static_cast<double>(deck.train.global_batch * cfg.seq_len);
   out.tokens_per_s = tokens / out.step.step_time;

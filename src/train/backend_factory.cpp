@@ -102,8 +102,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   const int stage_index = place.stage;
   check_fits(deck, choice, stage_index, slots);
   const TrainConfig& tc = deck.train;
-  const StageRange range = partition_stage(cfg, stage_index, static_cast<int>(deck.parallel.pp),
-                                           deck.parallel.tp, place.tp_rank);
+  const StageRange range = stage_range_of(deck, stage_index, place.tp_rank);
   StageSetup setup;
   setup.options = stage_options_of(deck, slots);
   setup.adam = AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};

@@ -15,16 +15,13 @@ float* group_base(const StageState& s, int g) {
   return g == 0 ? s.params : g == 1 ? s.adam_m : s.adam_v;
 }
 
-// The stage that writes a tensor: the first stage for the embedding tables
-// (wte's copy on the last stage is tied to it), the last stage for the final
-// LayerNorm, the stage holding the block for a block's tensors.
-int owner_stage(const ParameterSpec& spec, const GptConfig& cfg, int pp) {
-  if (spec.layer < 0) return spec.schema().placement == Placement::kFirstStage ? 0 : pp - 1;
-  for (int s = 0; s < pp; ++s) {
-    const StageRange r = partition_stage(cfg, s, pp);
-    if (spec.layer >= r.first_layer && spec.layer < r.last_layer) return s;
-  }
-  throw std::logic_error("no stage holds " + spec.name);
+// Whether this stage writes a tensor: the first stage the embedding
+// tables (wte's copy on the last stage is tied to it), the last stage the
+// final LayerNorm, the stage holding the block (whichever chunk) a
+// block's tensors.
+bool writes(const ParameterSpec& spec, const ParameterTable& local, const ProcessGrid& grid) {
+  if (spec.layer >= 0) return local.find(spec.name) != nullptr;
+  return spec.schema().placement == Placement::kFirstStage ? grid.first_stage() : grid.last_stage();
 }
 
 void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
@@ -166,7 +163,7 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
       DatasetSlice d;
       d.name = kGroups[g] + spec.name;
       d.shape = spec.shape;
-      if (owner_stage(spec, cfg, grid.pp()) == grid.stage()) {
+      if (writes(spec, local, grid)) {
         // Every rank of the stage writes its share, so no byte is written
         // twice and all of them write.
         const ParameterSpec& mine = local.at(spec.name);

@@ -19,12 +19,15 @@ ProgressLog::ProgressLog(const Deck& deck, ProcessGrid& grid, StageBackend& stag
       log_(deck.run.dir, grid.world_rank() == 0, append) {
   stage_.reset_gemm_seconds();
   const int pp = grid.pp(), micro = static_cast<int>(deck.grad_accum());
+  // Equal stages, F = B = W; interleaved, each chunk's pass a v-th of that.
+  const int v = static_cast<int>(deck.parallel.virtual_stages);
+  const double pass = 1.0 / v;
   ActionCosts equal;
-  equal.forward.assign(pp, 1.0);
-  equal.backward.assign(pp, 1.0);
-  equal.weights.assign(pp, 1.0);
+  equal.forward.assign(static_cast<size_t>(pp * v), pass);
+  equal.backward.assign(static_cast<size_t>(pp * v), pass);
+  equal.weights.assign(static_cast<size_t>(pp * v), pass);
   equal.reduce.assign(pp, 0.0);
-  bubble_theory_ = simulate_step(deck.parallel.schedule, pp, micro, equal).idle_fraction();
+  bubble_theory_ = simulate_step(deck.parallel.schedule, pp, micro, equal, v).idle_fraction();
 }
 
 void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const StepResult& r,

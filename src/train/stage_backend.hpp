@@ -86,11 +86,12 @@ class StageBackend {
   // over inside forward and backward; needed before the first forward.
   virtual void connect_tensor_parallel(Communicator& tp) = 0;
   virtual void observe_tensor_reductions(TensorOpObserver observer) = 0;
-  virtual void backward_sharded(int slot, bool last_micro_batch) = 0;
+  // `chunk`: the model chunk of an interleaved stage (0 otherwise).
+  virtual void backward_sharded(int slot, bool last_micro_batch, int chunk) = 0;
   // Zero-bubble schedules (StageOptions::split_backward): backward and
   // backward_sharded compute B, these W (model/gpt_stage.hpp).
-  virtual void weight_gradients(int slot, const GradsFinal& grads_final) = 0;
-  virtual void weight_gradients_sharded(int slot, bool last_micro_batch) = 0;
+  virtual void weight_gradients(int slot, const GradsFinal& grads_final, int chunk) = 0;
+  virtual void weight_gradients_sharded(int slot, bool last_micro_batch, int chunk) = 0;
   virtual double finish_sharded_reduction(Communicator* tied) = 0;
   virtual double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
   // Bytes sent to the data-parallel group by the stage's own collectives
@@ -104,9 +105,10 @@ class StageBackend {
   virtual void* output_grad_buffer() = 0;
   // tokens/targets [B,T] are host memory (the first stage reads tokens, the
   // last targets). The loss sum accumulates inside until take_loss_sum().
+  // `chunk`: which of an interleaved stage's chunks (GptStage::forward).
   virtual void forward(int slot, const int32_t* tokens, const int32_t* targets,
-                       bool for_backward, float grad_scale) = 0;
-  virtual void backward(int slot, const GradsFinal& grads_final) = 0;
+                       bool for_backward, float grad_scale, int chunk) = 0;
+  virtual void backward(int slot, const GradsFinal& grads_final, int chunk) = 0;
   // The input gradient of the last backward, copied into a buffer owned by
   // `slot` that stays untouched until the slot's next backward.
   virtual const void* input_grad_for_send(int slot) = 0;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "core/format.hpp"
@@ -29,8 +30,8 @@ std::string peer_of(Op op, const ProcessGrid& g) {
     return strprintf("rank %d (stage %d)", g.rank_of_stage(stage), stage);
   };
   switch (op) {
-    case Op::RecvActivation: return rank_of_stage(g.stage() - 1);
-    case Op::RecvGradient: return rank_of_stage(g.stage() + 1);
+    case Op::RecvActivation: return rank_of_stage(activation_from(g.pp(), g.stage()));
+    case Op::RecvGradient: return rank_of_stage(gradient_from(g.pp(), g.stage()));
     case Op::ReduceGradients:
       return strprintf("the %d replicas of stage %d (gradient reduction)", g.dp(), g.stage());
     case Op::OptimizerStep: return "every rank (the step's all-reduce)";
@@ -47,10 +48,6 @@ std::string peer_of(Op op, const ProcessGrid& g) {
     default: return "";
   }
 }
-
-// Message tags: activations and gradients of micro-batch m never share one.
-int activation_tag(int micro) { return 2 * micro; }
-int gradient_tag(int micro) { return 2 * micro + 1; }
 
 }  // namespace
 
@@ -69,7 +66,9 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       guard_(deck.train.nonfinite, deck.train.spike_zscore, deck.train.skip_limit),
       scaler_(LossScaler::from_deck(deck.train)),
       act_sends_(static_cast<size_t>(stage.num_slots())),
-      grad_sends_(static_cast<size_t>(stage.num_slots())) {
+      grad_sends_(static_cast<size_t>(stage.num_slots())),
+      slot_of_(activation_slots(actions_)),
+      chunks_(static_cast<int>(stage.range().chunks)) {
   // core/test_hooks.hpp (host back end: the gradients are host memory there).
   fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
   if (grid.tp() > 1) {
@@ -104,8 +103,11 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   StepResult result;
   times_ = &times;
   step_ = step;
-  for (const Action& a : actions_) {
-    const int slot = a.micro >= 0 ? a.micro % slots : 0;
+  const int pp = g.pp(), v = chunks_;
+  for (size_t index = 0; index < actions_.size(); ++index) {
+    const Action& a = actions_[index];
+    const int slot = std::max(slot_of_[index], 0);
+    if (slot >= slots) throw std::logic_error("train_step: an activation slot the stage lacks");
     micro_ = a.micro;
     watchdog_.enter(a.micro >= 0 ? strprintf("%s of micro-batch %d", op_name(a.op), a.micro)
                                  : std::string(op_name(a.op)),
@@ -113,25 +115,32 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
     const auto t0 = Clock::now();
     switch (a.op) {
       case Op::RecvActivation:
-        comms_.pipe_act->recv_bytes(stage.input_buffer(slot), bytes, g.stage() - 1,
-                                    activation_tag(a.micro));
+        // The slot's previous occupant may still be on its way downstream
+        // (its output is another buffer, unless a chunk has no layers).
+        act_sends_[slot].reset();
+        comms_.pipe_act->recv_bytes(stage.input_buffer(slot), bytes,
+                                    activation_from(pp, g.stage()),
+                                    activation_tag(a.micro, a.chunk, v));
         times.recv_wait += seconds(t0, Clock::now());
         break;
       case Op::Forward:
-        // The slot's previous occupant may still be on its way downstream.
         act_sends_[slot].reset();
-        // Only the ends of the pipeline touch tokens: inputs on the first
-        // stage, targets on the last.
-        if (g.first_stage() || g.last_stage()) data.load_train(a.micro, slot);
-        stage.forward(slot, data.inputs(slot), data.targets(slot), true, grad_scale);
+        // Only the ends of the model touch tokens: inputs where it embeds,
+        // targets where it ends in the head.
+        if (first_virtual(g.stage(), a.chunk) || last_virtual(pp, g.stage(), a.chunk, v))
+          data.load_train(a.micro, slot);
+        stage.forward(slot, data.inputs(slot), data.targets(slot), true, grad_scale, a.chunk);
         break;
-      case Op::SendActivation:
+      case Op::SendActivation: {
+        const PipePeer to = activation_to(pp, g.stage(), a.chunk);
         act_sends_[slot] = comms_.pipe_act->start_send_bytes(
-            stage.output(slot), bytes, g.stage() + 1, activation_tag(a.micro));
+            stage.output(slot), bytes, to.stage, activation_tag(a.micro, to.chunk, v));
         break;
+      }
       case Op::RecvGradient:
-        comms_.pipe_grad->recv_bytes(stage.output_grad_buffer(), bytes, g.stage() + 1,
-                                     gradient_tag(a.micro));
+        comms_.pipe_grad->recv_bytes(stage.output_grad_buffer(), bytes,
+                                     gradient_from(pp, g.stage()),
+                                     gradient_tag(a.micro, a.chunk, v));
         times.recv_wait += seconds(t0, Clock::now());
         break;
       case Op::Backward:
@@ -141,26 +150,29 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         if (splits_backward(deck_.parallel.schedule)) act_sends_[slot].reset();
         const bool weights = a.op == Op::WeightGradients;
         if (stage.zero() > 0) {
-          if (weights) stage.weight_gradients_sharded(slot, a.micro == M - 1);
-          else stage.backward_sharded(slot, a.micro == M - 1);
+          if (weights) stage.weight_gradients_sharded(slot, a.micro == M - 1, a.chunk);
+          else stage.backward_sharded(slot, a.micro == M - 1, a.chunk);
           break;
         }
         // The last micro-batch's backward (its W, where split) finishes
         // the gradients: reduce each bucket across replicas as soon as it
-        // is final.
+        // is final. Interleaved, its chunks finish them from the last
+        // chunk down: the reduction begins with the last chunk's.
         const bool overlap = a.micro == M - 1 && g.dp() > 1;
-        if (overlap) reducer_.begin(stage.grads());
+        if (overlap && a.chunk == v - 1) reducer_.begin(stage.grads());
         const GradsFinal hook =
             overlap ? GradsFinal([&](int64_t offset) { reducer_.grads_final_from(offset); }) : nullptr;
-        if (weights) stage.weight_gradients(slot, hook);
-        else stage.backward(slot, hook);
+        if (weights) stage.weight_gradients(slot, hook, a.chunk);
+        else stage.backward(slot, hook, a.chunk);
         break;
       }
-      case Op::SendGradient:
+      case Op::SendGradient: {
         grad_sends_[slot].reset();
+        const PipePeer to = gradient_to(pp, g.stage(), a.chunk);
         grad_sends_[slot] = comms_.pipe_grad->start_send_bytes(
-            stage.input_grad_for_send(slot), bytes, g.stage() - 1, gradient_tag(a.micro));
+            stage.input_grad_for_send(slot), bytes, to.stage, gradient_tag(a.micro, to.chunk, v));
         break;
+      }
       case Op::ReduceGradients:
         if (stage.zero() > 0) {
           times.reduce_exposed += stage.finish_sharded_reduction(comms_.tied);
@@ -252,23 +264,28 @@ double StepExecutor::evaluate(DataFeeder& data) {
   StageBackend& stage = stage_;
   const size_t bytes = stage.message_bytes();
   watchdog_.enter("evaluation", 0, "the pipeline's neighbours and every rank");
-  // Forward only, one micro-batch at a time, through slot 0.
-  for (const Action& a : forward_only_schedule(g.pp(), g.stage(), data.eval_micro_batches())) {
+  // Forward only, one micro-batch (and chunk) at a time, through slot 0.
+  const int pp = g.pp(), v = chunks_;
+  for (const Action& a :
+       forward_only_schedule(pp, g.stage(), data.eval_micro_batches(), v)) {
     switch (a.op) {
       case Op::RecvActivation:
-        comms_.pipe_act->recv_bytes(stage.input_buffer(0), bytes, g.stage() - 1,
-                                    activation_tag(a.micro));
+        comms_.pipe_act->recv_bytes(stage.input_buffer(0), bytes, activation_from(pp, g.stage()),
+                                    activation_tag(a.micro, a.chunk, v));
         break;
       case Op::Forward:
-        data.load_eval(a.micro, 0);
-        stage.forward(0, data.inputs(0), data.targets(0), false, 0.0f);
+        if (first_virtual(g.stage(), a.chunk) || last_virtual(pp, g.stage(), a.chunk, v))
+          data.load_eval(a.micro, 0);
+        stage.forward(0, data.inputs(0), data.targets(0), false, 0.0f, a.chunk);
         break;
-      case Op::SendActivation:
+      case Op::SendActivation: {
         // Waited at once: slot 0 is overwritten by the next forward.
-        comms_.pipe_act->start_send_bytes(stage.output(0), bytes, g.stage() + 1,
-                                          activation_tag(a.micro))
+        const PipePeer to = activation_to(pp, g.stage(), a.chunk);
+        comms_.pipe_act->start_send_bytes(stage.output(0), bytes, to.stage,
+                                          activation_tag(a.micro, to.chunk, v))
             ->wait();
         break;
+      }
       default:
         break;
     }

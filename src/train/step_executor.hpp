@@ -78,6 +78,8 @@ class StepExecutor {
   LossScaler scaler_;
   int64_t fault_step_;  // test hook (see the constructor)
   std::vector<Pending> act_sends_, grad_sends_;  // one per activation slot
+  std::vector<int> slot_of_;  // each action's activation slot (activation_slots)
+  int chunks_;                // model chunks per stage (interleaved; else 1)
   // Where the stage's tensor all-reduces are reported: the step's times and
   // the micro-batch they belong to (for the trace).
   StepTimes* times_ = nullptr;

@@ -134,14 +134,13 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
                                static_cast<long long>(par.dp * par.pp * par.tp), world));
   }
   p.backend = choose_backend(deck_, node);
-  const int dp = static_cast<int>(par.dp), pp = static_cast<int>(par.pp);
+  const int dp = static_cast<int>(par.dp);
   const GridPlace place = grid_place(rank_, dp, static_cast<int>(par.tp));  // as ProcessGrid does
   const int stage_index = place.stage, dp_rank = place.dp_rank;
   // The BLAS, oneDNN and the host loops share this rank's cores.
   host::set_compute_threads(
       host::choose_compute_threads(static_cast<int>(deck_.run.blas_threads), node.size));
-  p.actions = pipeline_schedule(par.schedule, pp, stage_index,
-                                static_cast<int>(deck_.grad_accum()));
+  p.actions = stage_schedule(deck_, stage_index);
   const int slots = max_live_activations(p.actions);
   p.stage = make_stage_backend(deck_, p.backend, deck_.model, place, slots);
   p.stage->init_parameters(static_cast<uint64_t>(deck_.train.seed));
@@ -258,11 +257,23 @@ void Trainer::print_summary() const {
           : strprintf("%d gradient bucket(s), recompute %s", p.executor->num_buckets(),
                       name_of(deck_.train.recompute));
   if (!p.auto_choice.empty()) std::printf("%s\n", p.auto_choice.c_str());
-  std::printf("grid:  dp %d x pp %d x tp %d%s, schedule %s, stage 0 holds layers [0, %lld); "
-              "%d activation slot(s) on stage 0; %s\n",
+  // Interleaved, stage 0's chunks: "[0, 1) and [2, 3)".
+  const StageRange& held = p.stage->range();
+  std::string layers;
+  for (int64_t c = 0; c < held.chunks; ++c) {
+    const StageRange chunk = chunk_range(held, c);
+    layers += strprintf("%s[%lld, %lld)", c == 0 ? "" : c + 1 == held.chunks ? " and " : ", ",
+                        static_cast<long long>(chunk.first_layer),
+                        static_cast<long long>(chunk.last_layer));
+  }
+  std::printf("grid:  dp %d x pp %d x tp %d%s, schedule %s%s, stage 0 holds layers %s; "
+              "%d activation slot(s) on stage 0%s; %s\n",
               g.dp(), g.pp(), g.tp(), deck_.parallel.sequence_parallel ? " (sequence parallel)" : "",
               name_of(deck_.parallel.schedule),
-              static_cast<long long>(p.stage->range().last_layer), p.stage->num_slots(),
+              held.chunks > 1 ? strprintf(" (%lld chunks per stage)",
+                                          static_cast<long long>(held.chunks)).c_str()
+                              : "",
+              layers.c_str(), p.stage->num_slots(), held.chunks > 1 ? " (one chunk each)" : "",
               reduction.c_str());
   // The mapping (tp fastest, then dp, then pp), so a user can check that
   // each tensor group sits inside a node.

@@ -33,7 +33,7 @@ class TrainingStage final : public StageBackend {
         stage_(ctx_, cfg, range, setup.options),
         adam_(setup.adam),
         zero_level_(setup.zero) {
-    if (!range.has_embedding)
+    if (!range.has_embedding || range.chunks > 1)
       for (int s = 0; s < setup.options.slots; ++s)
         grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
     if (setup.zero > 0) {
@@ -101,14 +101,14 @@ class TrainingStage final : public StageBackend {
   void observe_tensor_reductions(TensorOpObserver observer) override {
     observer_ = std::move(observer);
   }
-  void backward_sharded(int slot, bool last_micro_batch) override {
-    zero_->backward(slot, last_micro_batch);
+  void backward_sharded(int slot, bool last_micro_batch, int chunk) override {
+    zero_->backward(slot, last_micro_batch, chunk);
   }
-  void weight_gradients(int slot, const GradsFinal& grads_final) override {
-    stage_.weight_gradients(slot, grads_final);
+  void weight_gradients(int slot, const GradsFinal& grads_final, int chunk) override {
+    stage_.weight_gradients(slot, grads_final, chunk);
   }
-  void weight_gradients_sharded(int slot, bool last_micro_batch) override {
-    zero_->weight_gradients(slot, last_micro_batch);
+  void weight_gradients_sharded(int slot, bool last_micro_batch, int chunk) override {
+    zero_->weight_gradients(slot, last_micro_batch, chunk);
   }
   double finish_sharded_reduction(Communicator* tied) override { return zero_->finish(tied); }
   double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
@@ -119,11 +119,11 @@ class TrainingStage final : public StageBackend {
   const void* output(int slot) const override { return stage_.output(slot); }
   void* output_grad_buffer() override { return stage_.output_grad_buffer(); }
   void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
-               float grad_scale) override {
-    stage_.forward(slot, tokens, targets, for_backward, static_cast<Acc>(grad_scale));
+               float grad_scale, int chunk) override {
+    stage_.forward(slot, tokens, targets, for_backward, static_cast<Acc>(grad_scale), chunk);
   }
-  void backward(int slot, const GradsFinal& grads_final) override {
-    stage_.backward(slot, grads_final);
+  void backward(int slot, const GradsFinal& grads_final, int chunk) override {
+    stage_.backward(slot, grads_final, chunk);
   }
   const void* input_grad_for_send(int slot) override {
     Act* dst = grad_out_[slot].get();

@@ -76,6 +76,7 @@ class ZeroShards {
     Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
     const ParameterSpec* wte = stage.table().find(kOuterSchema[outer::wte].name);
     if (wte != nullptr) wte_unit_ = &plan_.unit_at(wte->offset);
+    next_unit_ = plan_.units().size();
     BlockHooks hooks;
     hooks.need_weights = [this](int64_t i, int64_t next) { need_weights(i, next); };
     hooks.need_grad_window = [this](int64_t i) { drain(static_cast<int>(i % 2)); };
@@ -138,12 +139,22 @@ class ZeroShards {
   Acc* adam_m() { return m_.get(); }
   Acc* adam_v() { return v_.get(); }
 
-  void zero_grads() { Ops::fill_zero(ctx_, g_.get(), n_); }
+  // A step begins: no unit's reduction started yet (an interleaved stage
+  // finishes its units over several backwards, one per chunk).
+  void zero_grads() {
+    Ops::fill_zero(ctx_, g_.get(), n_);
+    next_unit_ = plan_.units().size();
+  }
 
-  // One micro-batch's backward; `last`: the step's last. Under split
-  // backward the stage calls the hook from W (weight_gradients) only.
-  void backward(int slot, bool last) { stage_.backward(slot, grads_final(last)); }
-  void weight_gradients(int slot, bool last) { stage_.weight_gradients(slot, grads_final(last)); }
+  // One micro-batch's backward (of one chunk); `last`: the step's last
+  // micro-batch. Under split backward the stage calls the hook from W
+  // (weight_gradients) only.
+  void backward(int slot, bool last, int chunk) {
+    stage_.backward(slot, grads_final(last), chunk);
+  }
+  void weight_gradients(int slot, bool last, int chunk) {
+    stage_.weight_gradients(slot, grads_final(last), chunk);
+  }
 
   // Waits for every reduce-scatter; sums the tied embedding's copies.
   // Returns the seconds spent waiting.
@@ -153,6 +164,7 @@ class ZeroShards {
     drain(1);
     for (auto& p : pending_) p->wait();
     pending_.clear();
+    next_unit_ = plan_.units().size();  // the next step starts from the end again
     if (tied != nullptr && wte_unit_ != nullptr)
       tied->allreduce_sum(g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -193,7 +205,6 @@ class ZeroShards {
 
  private:
   GradsFinal grads_final(bool last) {
-    next_unit_ = plan_.units().size();
     return [this, last](int64_t offset) {
       if (last) reduce_resident_from(offset);
       for (auto& p : pending_) p->test();  // MPI progresses inside MPI calls only

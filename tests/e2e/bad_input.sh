@@ -46,7 +46,8 @@ turn=0
 rr "[parallel] pp: must not exceed [model] n_layer (4), got 8" train "$DECK" --set parallel.pp=8
 rr "[train] global_batch: must be a multiple of [parallel] dp x [train] micro_batch = 2 x 12" \
   train "$DECK" --set parallel.dp=2 --set train.micro_batch=12
-rr "[parallel] schedule: expected \"1f1b\", \"gpipe\" or \"zb-h1\"" train "$DECK" --set parallel.schedule=zigzag
+rr "[parallel] schedule: expected \"1f1b\", \"gpipe\", \"zb-h1\" or \"interleaved\"" train "$DECK" \
+  --set parallel.schedule=zigzag
 rr "[parallel] zero: expected a value in [0, 3], got 4" train "$DECK" --set parallel.zero=4
 rr "[parallel] zero: expected an integer" train "$DECK" --set parallel.zero=1.5
 rr "[train] recompute: expected \"none\", \"attention\" or \"full\"" train "$DECK" \
@@ -64,6 +65,19 @@ rr "[parallel] sequence_parallel: expected true or false" train "$DECK" \
   --set parallel.sequence_parallel=2
 rr "[parallel] schedule, [train] recompute: schedule \"zb-h1\" defers each micro-batch's weight gradients" \
   train "$DECK" --set parallel.schedule=zb-h1 --set train.recompute=full
+# Interleaving: its key without its schedule, too few chunks, chunks of
+# unequal layers, micro-batches not in whole rounds of pp.
+rr "[parallel] virtual_stages: 2 chunks per rank need schedule \"interleaved\"" train "$DECK" \
+  --set parallel.pp=2 --set parallel.virtual_stages=2
+rr "[parallel] virtual_stages: expected a value in [1, " train "$DECK" \
+  --set parallel.schedule=interleaved --set parallel.virtual_stages=0
+rr "[parallel] schedule, [parallel] virtual_stages: schedule \"interleaved\" needs virtual_stages >= 2" \
+  train "$DECK" --set parallel.pp=2 --set parallel.schedule=interleaved
+rr "[parallel] virtual_stages, [parallel] pp, [model] n_layer: schedule \"interleaved\" cuts the 4 layers into pp x virtual_stages = 2 x 4 = 8 equal chunks" \
+  train "$DECK" --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=4
+rr "[parallel] schedule, [train] global_batch, [parallel] pp: schedule \"interleaved\" runs micro-batches in rounds of pp = 2: global_batch / (dp x micro_batch) = 3 micro-batches" \
+  train "$DECK" --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 \
+  --set train.global_batch=48
 for np in 1 2 4; do
   expect $np "[parallel] dp x pp x tp: 1 x 1 x 8 = 8 ranks, but the job has $np" train "$DECK" \
     --set model.n_head=8 --set parallel.tp=8

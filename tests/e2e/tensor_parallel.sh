@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tensor parallelism (Megatron's partitioning) against the one-rank run.
 # (1) Equivalence: (dp, pp, tp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) (every
-#     schedule), (2,2,2) (8 ranks, oversubscribed; zb-h1 with sequence
-#     parallelism), and tp with ZeRO and recomputation, each also under
+#     schedule), (2,2,2) (8 ranks, oversubscribed; 1F1B, zb-h1 with sequence
+#     parallelism, interleaved with ZeRO 2 and full recomputation), and tp with ZeRO and recomputation, each also under
 #     sequence parallelism: loss, grad norm and validation loss of every step
 #     within 1e-5 relative of (1,1,1), and every final parameter tensor
 #     within 1e-5 in norm (compare_checkpoints.py, which reads the files
@@ -54,7 +54,7 @@ train ref 1 1 1
 # The last field: sequence parallelism.
 cases=("1 1 2 1f1b none 0 false" "1 1 4 1f1b none 0 false" "2 1 2 1f1b none 0 false"
        "1 2 2 gpipe none 0 false" "1 2 2 zb-h1 attention 3 false" "2 2 2 1f1b none 0 false"
-       "2 1 2 gpipe full 3 false" "2 1 2 1f1b attention 1 false" "1 2 2 1f1b full 2 false"
+       "2 1 2 gpipe full 3 false" "2 1 2 1f1b attention 1 false" "2 2 2 interleaved full 2 false"
        "1 1 4 1f1b none 0 true" "2 2 2 zb-h1 none 0 true" "2 1 2 gpipe full 3 true"
        "1 2 2 1f1b attention 2 true")
 # TP_CASES=2 (the host's rehearsal of the GPU suite): the first case and
@@ -63,8 +63,11 @@ cases=("1 1 2 1f1b none 0 false" "1 1 4 1f1b none 0 false" "2 1 2 1f1b none 0 fa
 for c in "${cases[@]}"; do
   set -- $c
   dir="tp_$1_$2_$3_$4_$5_$6_$7"
+  chunks=1
+  [ "$4" = interleaved ] && chunks=2  # the tiny deck's 4 layers: 2 stages x 2 chunks
   train "$dir" "$1" "$2" "$3" --set parallel.schedule="$4" --set train.recompute="$5" \
-    --set parallel.zero="$6" --set parallel.sequence_parallel="$7"
+    --set parallel.zero="$6" --set parallel.sequence_parallel="$7" \
+    --set parallel.virtual_stages="$chunks"
   label="(dp $1, pp $2, tp $3) $4, recompute $5, zero $6, sequence parallel $7"
   compare ref/metrics.jsonl "$dir/metrics.jsonl" 1e-5 "$label"
   same_model "$dir" "$label"

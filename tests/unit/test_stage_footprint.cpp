@@ -15,21 +15,21 @@ namespace {
 template <class T>
 void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, int tp = 1,
                   bool sequence_parallel = false, Recompute recompute = Recompute::kNone,
-                  bool split_backward = false) {
+                  bool split_backward = false, int chunks = 1) {
   host::Context ctx;
   StageOptions o{micro_batch, slots};
   o.sequence_parallel = sequence_parallel;
   o.split_backward = split_backward;
   o.recompute = recompute;
   for (int s = 0; s < pp * tp; ++s) {
-    const StageRange range = partition_stage(cfg, s / tp, pp, tp, s % tp);
+    const StageRange range = partition_stage(cfg, s / tp, pp, tp, s % tp, chunks);
     const GptStage<host::Ops<T>> stage(ctx, cfg, range, o);
     const StageFootprint f = stage_footprint(cfg, range, o, sizeof(T), sizeof(T));
     EXPECT_EQ(f.total(), static_cast<double>(stage.allocated_bytes()))
         << "stage " << s / tp << " of " << pp << ", tensor rank " << s % tp << " of " << tp
         << ", " << slots << " slot(s), B " << micro_batch << ", " << sizeof(T)
         << "-byte elements, sequence parallel " << sequence_parallel << ", recompute "
-        << name_of(recompute) << ", split backward " << split_backward;
+        << name_of(recompute) << ", split backward " << split_backward << ", chunks " << chunks;
     EXPECT_EQ(f.activations, slots * f.per_slot);
     EXPECT_EQ(f.parameters, static_cast<double>(stage.param_storage() * sizeof(T)));
     EXPECT_EQ(f.weight_copy, 0.0);  // one element type: no copy
@@ -55,6 +55,16 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
   tiny.seq_len = 64;
   tiny.vocab_size = 256;
   expect_exact<float>(tiny, 2, 16, 2);
+  // Interleaving: a slot holds one chunk's layers, the last stage one set
+  // of head buffers and an inbox for its earlier chunks' gradients.
+  for (Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+    expect_exact<float>(tiny, 2, 4, 5, 1, false, r, false, 2);
+    expect_exact<float>(tiny, 2, 4, 3, 2, true, r, false, 2);
+  }
+  GptConfig six = odd;
+  six.n_layer = 6;
+  expect_exact<float>(six, 3, 2, 4, 3, false, Recompute::kNone, false, 2);
+  expect_exact<double>(six, 2, 1, 3, 1, false, Recompute::kNone, false, 3);
   // Tensor-parallel slices: heads, channels and the vocabulary's shares
   // (4 x 128 padded rows for 131 tokens: the last ranks hold padding only).
   for (int tp : {3}) expect_exact<float>(odd, 2, 3, 2, tp);
