@@ -60,10 +60,21 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
               // what full recomputation does not keep (the deck refuses it).
               if (pp == 1 && sk != ScheduleKind::kOneFOneB) continue;
               if (splits_backward(sk) && rc == Recompute::kFull) continue;
-              layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, false});
-              // Sequence parallelism where the rows divide among the group.
-              if (tp > 1 && cfg.seq_len % tp == 0)
-                layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, true});
+              for (bool sp : {false, true}) {
+                // Sequence parallelism where the rows divide among the group.
+                if (sp && (tp == 1 || cfg.seq_len % tp != 0)) continue;
+                layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, sp});
+                // Interleaved 1F1B, with 2 and 4 chunks per stage where the
+                // layers cut evenly and the micro-batches come in rounds
+                // of pp (the deck's rules).
+                if (sk != ScheduleKind::kOneFOneB || pp == 1) continue;
+                const int64_t micro = deck.train.global_batch / (dp * mb);
+                for (int64_t v : {2, 4}) {
+                  if (cfg.n_layer % (pp * v) != 0 || micro % pp != 0) continue;
+                  layouts.push_back(
+                      Layout{dp, pp, tp, mb, zero, rc, ScheduleKind::kInterleaved, sp, v});
+                }
+              }
             }
           }
         }

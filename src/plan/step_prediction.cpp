@@ -20,13 +20,14 @@ std::string Layout::describe() const {
                    static_cast<long long>(pp), static_cast<long long>(tp),
                    static_cast<long long>(micro_batch), static_cast<long long>(zero),
                    name_of(recompute), name_of(schedule)) +
+         (virtual_stages > 1 ? strprintf(" v%lld", static_cast<long long>(virtual_stages)) : "") +
          (sequence_parallel ? " sp" : "");
 }
 
 Layout layout_of(const Deck& d) {
   return {d.parallel.dp,     d.parallel.pp,        d.parallel.tp,
           d.train.micro_batch, d.parallel.zero,      d.train.recompute,
-          d.parallel.schedule, d.parallel.sequence_parallel};
+          d.parallel.schedule, d.parallel.sequence_parallel, d.parallel.virtual_stages};
 }
 
 Deck with_layout(const Deck& deck, const Layout& l) {
@@ -37,6 +38,7 @@ Deck with_layout(const Deck& deck, const Layout& l) {
   d.parallel.zero = l.zero;
   d.parallel.schedule = l.schedule;
   d.parallel.sequence_parallel = l.sequence_parallel;
+  d.parallel.virtual_stages = l.virtual_stages;
   d.train.micro_batch = l.micro_batch;
   d.train.recompute = l.recompute;
   return d;

@@ -35,7 +35,9 @@ struct Layout {
   Recompute recompute = Recompute::kNone;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   bool sequence_parallel = false;
-  std::string describe() const;  // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b" (+ " sp"
+  int64_t virtual_stages = 1;  // chunks per stage (interleaved)
+  // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b" ("interleaved v2"; + " sp")
+  std::string describe() const;
 };
 Layout layout_of(const Deck& deck);
 Deck with_layout(const Deck& deck, const Layout& layout);

@@ -380,6 +380,50 @@ TEST(Plan, ZeroBubbleIsPricedAndSearched) {
   EXPECT_TRUE(searched);
 }
 
+TEST(Plan, InterleavingIsPricedAndSearched) {
+  // pp 2, 8 micro-batches, two chunks of one layer per stage: the fill and
+  // drain are chunk passes, half a stage's, so the bubble about halves
+  // (exactly without messages and with equal chunks; here the embedding
+  // and the head make the chunks unequal); stage 0 holds
+  // 2 (pp - 1) + (v - 1) pp + 1 = 5 chunks of one layer where 1F1B holds
+  // 2 micro-batches of two.
+  // Wider than the tiny deck, so computing outweighs the messages
+  // (interleaving sends v times as many).
+  Deck deck = tiny_deck();
+  deck.model.n_embd = 512;
+  deck.model.seq_len = 256;
+  deck.parallel.pp = 2;
+  deck.train.micro_batch = 4;
+  const MachineSpec m = workstation(8);
+  const Prediction ob = predict_step(deck, m, 2);
+  deck.parallel.schedule = ScheduleKind::kInterleaved;
+  deck.parallel.virtual_stages = 2;
+  const Prediction il = predict_step(deck, m, 2);
+  EXPECT_LT(il.step.step_time, ob.step.step_time);
+  EXPECT_LT(il.bubble, 0.75 * ob.bubble);
+  EXPECT_NEAR(il.compute, ob.compute, 0.02 * ob.compute);  // the same work, in chunks
+  EXPECT_EQ(il.memory[0].slots, 5);
+  EXPECT_EQ(ob.memory[0].slots, 2);
+  EXPECT_GT(il.memory[0].stage.activations, ob.memory[0].stage.activations);
+  EXPECT_LT(il.memory[0].stage.per_slot, 0.6 * ob.memory[0].stage.per_slot);
+  EXPECT_EQ(il.layout.describe(), "dp 1 pp 2 tp 1 mb 4 zero 0 none interleaved v2");
+  // Each chunk's pass in the simulated timeline: 8 micro-batches x 2 chunks.
+  int forwards = 0;
+  for (const TimedAction& t : il.step.timeline[0]) forwards += t.action.op == Op::Forward;
+  EXPECT_EQ(forwards, 16);
+
+  const Plan all = plan_layouts(tiny_deck(), workstation(1), 2, 2);
+  bool searched = false;
+  for (const Prediction& p : all.fitting) {
+    if (p.layout.schedule != ScheduleKind::kInterleaved) continue;
+    searched = true;
+    const Deck d = with_layout(tiny_deck(), p.layout);
+    EXPECT_EQ(d.model.n_layer % (p.layout.pp * p.layout.virtual_stages), 0) << p.layout.describe();
+    EXPECT_EQ(d.grad_accum() % p.layout.pp, 0) << p.layout.describe();
+  }
+  EXPECT_TRUE(searched);
+}
+
 TEST(Plan, SequenceParallelismIsPricedAndSearched) {
   Deck deck = tiny_deck();
   deck.parallel.tp = 2;
