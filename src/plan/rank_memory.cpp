@@ -129,6 +129,14 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       m.comm += std::max(in_flight * acc, gather);
     }
   }
+  // Each slot's input gradient, kept until its send to the previous stage
+  // completes (TrainingStage's send buffers): on every stage that sends
+  // gradients, the first too when interleaved (its later chunks send).
+  if (!range.has_embedding || range.chunks > 1) {
+    const double rows = static_cast<double>(deck.train.micro_batch * cfg.seq_len) /
+                        (deck.parallel.sequence_parallel ? static_cast<double>(deck.parallel.tp) : 1.0);
+    m.comm += static_cast<double>(slots) * rows * static_cast<double>(cfg.n_embd) * act;
+  }
   // The device context's workspace (cuBLASLt's, the column sums').
   if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);
   // The host's fp16 products are widened to float (gemm_narrow.cpp): its

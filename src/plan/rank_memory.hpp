@@ -33,7 +33,7 @@ struct RankMemory {
   double shard_master = 0;     // ZeRO: master weights of the shard (and its Act copy)
   double shard_gradients = 0;  // ZeRO: the reduced gradients of the shard
   double optimizer = 0;        // AdamW's two moments (whole, or the shard)
-  double comm = 0;             // buffers only collectives use (zero >= 2: two block parts)
+  double comm = 0;             // buffers only messages use (zero >= 2: two block parts; pipeline sends)
   double workspace = 0;        // the device context's scratch
   double parameters() const { return stage.parameters + stage.weight_copy + shard_master; }
   double gradients() const { return stage.gradients + shard_gradients; }

@@ -364,7 +364,12 @@ TEST(Plan, ZeroBubbleIsPricedAndSearched) {
   // The same work, split, and the copies B keeps for W.
   EXPECT_GE(zb.compute, ob.compute);
   EXPECT_LT(zb.compute, 1.1 * ob.compute);
-  EXPECT_LE(zb.memory_max, ob.memory_max * 1.01);  // 1F1B's fullest stage, stage 0
+  // Activations no more than 1F1B's fullest stage's (stage 0); in all, a
+  // little more: later stages keep a send buffer per slot for their input
+  // gradients (pp of them, where 1F1B's stage 0 needs none).
+  for (const RankMemory& r : zb.memory)
+    EXPECT_LE(r.stage.activations, ob.memory[0].stage.activations * 1.01);
+  EXPECT_LE(zb.memory_max, ob.memory_max * 1.03);
   // Every stage holds pp micro-batches: later stages fuller than under 1F1B.
   EXPECT_EQ(zb.memory.back().slots, 4);
   EXPECT_EQ(ob.memory.back().slots, 1);
