@@ -46,6 +46,28 @@ __global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A*
   out[i] = from_float<A>(e + to_float(wpe[(bt % T) * C + c]));
 }
 
+template <class A>
+__global__ void embedding_forward_rows_kernel(A* rows, const int32_t* tokens, const int32_t* order,
+                                              int64_t first, int64_t count, const A* wte,
+                                              const A* wpe, int64_t T, int64_t C,
+                                              int64_t vocab_begin) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count * C) return;
+  const int64_t k = i / C, c = i % C;
+  const int64_t p = order[first + k];
+  const float e = to_float(wte[(static_cast<int64_t>(tokens[p]) - vocab_begin) * C + c]);
+  rows[i] = from_float<A>(e + to_float(wpe[(p % T) * C + c]));
+}
+
+template <class A>
+__global__ void scatter_rows_kernel(A* out, const A* gathered, const int32_t* order, int64_t n,
+                                    int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * C) return;
+  const int64_t k = i / C, c = i % C;
+  out[static_cast<int64_t>(order[k]) * C + c] = gathered[i];
+}
+
 // Grid (distinct tokens, channel blocks): one thread per (token, channel)
 // sums that token's positions in order.
 template <class A>
@@ -86,6 +108,27 @@ void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe
 }
 
 template <class A>
+void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
+                            int64_t count, const A* wte, const A* wpe, int64_t T, int64_t C,
+                            int64_t vocab_begin, cudaStream_t stream) {
+  if (count == 0) return;
+  const int threads = 256;
+  embedding_forward_rows_kernel<<<blocks_for(count * C, threads), threads, 0, stream>>>(
+      rows, tokens, order, first, count, wte, wpe, T, C, vocab_begin);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class A>
+void scatter_rows(A* out, const A* gathered, const int32_t* order, int64_t n, int64_t C,
+                  cudaStream_t stream) {
+  if (n == 0) return;
+  const int threads = 256;
+  scatter_rows_kernel<<<blocks_for(n * C, threads), threads, 0, stream>>>(out, gathered, order, n,
+                                                                         C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class A>
 void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,
                         int64_t B, int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
                         cudaStream_t stream) {
@@ -105,7 +148,11 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
   template void embedding_forward<A>(A*, const int32_t*, const A*, const A*, int64_t, int64_t, \
                                      int64_t, int64_t, int64_t, cudaStream_t);                 \
   template void embedding_backward<A>(float*, float*, const A*, const DeviceTokenGroups&,      \
-                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void embedding_forward_rows<A>(A*, const int32_t*, const int32_t*, int64_t, int64_t, \
+                                          const A*, const A*, int64_t, int64_t, int64_t,       \
+                                          cudaStream_t);                                       \
+  template void scatter_rows<A>(A*, const A*, const int32_t*, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
 MPIFORMER_INSTANTIATE(fp16)

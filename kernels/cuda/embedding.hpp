@@ -36,6 +36,16 @@ void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe
                        int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
                        cudaStream_t stream);
 
+// The vocabulary-parallel embedding as rows to gather (host twin and
+// semantics: host/embedding.hpp's embedding_forward_rows, scatter_rows).
+template <class A>
+void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
+                            int64_t count, const A* wte, const A* wpe, int64_t T, int64_t C,
+                            int64_t vocab_begin, cudaStream_t stream);
+template <class A>
+void scatter_rows(A* out, const A* gathered, const int32_t* order, int64_t n, int64_t C,
+                  cudaStream_t stream);
+
 // Parameter gradients accumulate (+=) in float.
 template <class A>
 void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,

@@ -102,6 +102,16 @@ struct Ops {
     cuda::embedding_forward(out, tok.data(), wte, wpe, B, T, C, vocab_begin, vocab_rows,
                             c.stream());
   }
+  static void embedding_forward_rows(Context& c, A* rows, const Tokens& tok, const Tokens& order,
+                                     int64_t first, int64_t count, const A* wte, const A* wpe,
+                                     int64_t T, int64_t C, int64_t vocab_begin) {
+    cuda::embedding_forward_rows(rows, tok.data(), order.data(), first, count, wte, wpe, T, C,
+                                 vocab_begin, c.stream());
+  }
+  static void scatter_rows(Context& c, A* out, const A* gathered, const Tokens& order, int64_t n,
+                           int64_t C) {
+    cuda::scatter_rows(out, gathered, order.data(), n, C, c.stream());
+  }
   static void embedding_backward(Context& c, float* dwte, float* dwpe, const A* dout,
                                  const Tokens& tok, int64_t B, int64_t T, int64_t C,
                                  int64_t vocab_begin, int64_t vocab_rows) {

@@ -34,6 +34,37 @@ void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe
   });
 }
 
+// The vocabulary-parallel embedding without its sum over the group: the
+// rows of the positions this rank's vocabulary rows hold, one after
+// another, and the move of every rank's rows (gathered) back to their
+// positions. `order` lists positions [0, B*T) by the rank holding their
+// token (each rank's in increasing position); this rank's are
+// order[first, first + count), all of whose tokens are in its rows:
+//   rows[k, :] = wte[tok[p] - vocab_begin, :] + wpe[p % T, :], p = order[first + k];
+//   out[order[k], :] = gathered[k, :] for k < n.
+// The bits are those of embedding_forward on the holding rank.
+template <class A>
+void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
+                            int64_t count, const A* wte, const A* wpe, int64_t Tn, int64_t C,
+                            int64_t vocab_begin) {
+  parallel_for("embedding_forward_rows", count, [=](const int64_t k) {
+    const int64_t p = order[first + k];
+    const A* e = wte + (static_cast<int64_t>(tokens[p]) - vocab_begin) * C;
+    const A* w = wpe + (p % Tn) * C;
+    A* o = rows + k * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = st<A>(ld(e[c]) + ld(w[c]));
+  });
+}
+
+template <class A>
+void scatter_rows(A* out, const A* gathered, const int32_t* order, int64_t n, int64_t C) {
+  parallel_for("scatter_rows", n, [=](const int64_t k) {
+    const A* g = gathered + k * C;
+    A* o = out + static_cast<int64_t>(order[k]) * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = g[c];
+  });
+}
+
 // Parameter gradients (compute type) accumulate (+=) across micro-batches. Parallel over
 // channels so that repeated tokens never race and the sum order is fixed.
 // Every rank of a tensor group adds the whole position gradient (wpe is

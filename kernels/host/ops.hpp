@@ -123,6 +123,17 @@ struct Ops {
                                 int64_t vocab_rows) {
     host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C, vocab_begin, vocab_rows);
   }
+  // `order`: positions by the rank holding their token (host/embedding.hpp).
+  static void embedding_forward_rows(Context&, Act* rows, const Tokens& tok, const Tokens& order,
+                                     int64_t first, int64_t count, const Act* wte, const Act* wpe,
+                                     int64_t Tn, int64_t C, int64_t vocab_begin) {
+    host::embedding_forward_rows(rows, tok.data(), order.data(), first, count, wte, wpe, Tn, C,
+                                 vocab_begin);
+  }
+  static void scatter_rows(Context&, Act* out, const Act* gathered, const Tokens& order, int64_t n,
+                           int64_t C) {
+    host::scatter_rows(out, gathered, order.data(), n, C);
+  }
   static void embedding_backward(Context&, Acc* dwte, Acc* dwpe, const Act* dout, const Tokens& tok,
                                  int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
                                  int64_t vocab_rows) {

@@ -74,11 +74,19 @@ struct BlockHooks {
 // Backward starts the sum of a column-parallel layer's input gradient,
 // computes the layer's weight gradient (which does not read it), then
 // waits: start_sum and start_scatter_sum return the wait.
+//
+// Without sequence parallelism the vocabulary-parallel embedding is not
+// summed (a [B*T, C] all-reduce of mostly zeros): each rank embeds the
+// positions whose tokens its vocabulary rows hold, and gather_parts puts
+// every rank's `counts[r]` elements, in rank order, into `whole`.
 struct TensorGroup {
   using Wait = std::function<void()>;
   std::function<void(void* data, int64_t n, Element type)> sum, max;
   std::function<void(const void* whole, void* mine, int64_t part, Element type)> scatter_sum;
   std::function<void(const void* mine, void* whole, int64_t part, Element type)> gather;
+  std::function<void(const void* mine, void* whole, const std::vector<int64_t>& counts,
+                     Element type)>
+      gather_parts;
   std::function<Wait(void* data, int64_t n, Element type)> start_sum;
   std::function<Wait(const void* whole, void* mine, int64_t part, Element type)> start_scatter_sum;
 };
@@ -262,6 +270,13 @@ class GptStage {
   // consecutive, layers_per_chunk() of them.
   int64_t in_slot(int64_t i) const { return i % range_.layers_per_chunk(); }
   void head_loss(Slot& s, bool for_backward, Acc grad_scale);
+  // The embedding of `s`'s tokens (host copy `tokens`) into its residual
+  // stream: summed over the vocabulary-parallel group under sequence
+  // parallelism (a reduce-scatter), gathered by token rows otherwise.
+  void embed(Slot& s, const int32_t* tokens);
+  bool gathers_embedding() const {
+    return range_.tp > 1 && range_.has_embedding && !opt_.sequence_parallel;
+  }
   // Block i's forward from x into out, keeping what backward needs in `a`.
   void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i);
   void backward_block(Slot& s, int64_t i);
@@ -316,6 +331,12 @@ class GptStage {
   // two LayerNorms' weight gradients from its rows.
   Buffer<Act> full_, dln_rows_;
   Buffer<Acc> ln_grads_;
+  // The embedding gathered by token rows (gathers_embedding): positions by
+  // the rank holding their token, on the host and where the kernels read
+  // them (the rows themselves gather in full_), and each rank's count.
+  std::vector<int32_t> row_order_host_;
+  typename Ops::Tokens row_order_;
+  std::vector<int64_t> row_counts_;
   int64_t allocated_ = 0;
 };
 

@@ -137,6 +137,12 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     dln_rows_ = act(R * C);
     ln_grads_ = acc(4 * C);
   }
+  if (gathers_embedding()) {
+    full_ = act(BT * C);
+    row_order_ = tokens(BT);
+    row_order_host_.resize(static_cast<size_t>(BT));
+    row_counts_.resize(static_cast<size_t>(tp));
+  }
   loss_sum_ = Buffer<double>(1);
   allocated_ += static_cast<int64_t>(sizeof(double));
   Ops::fill_zero(ctx_, loss_sum_.get(), 1);
@@ -190,14 +196,7 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   if (embeds(chunk)) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
   Slot& h = head_of(s);
   if (heads(chunk)) Ops::load_tokens(ctx_, h.targets, targets, BT, false);
-  if (embeds(chunk)) {
-    // Vocabulary-parallel: each rank embeds the tokens of its vocabulary
-    // rows (zeros elsewhere), the group's sum is the embedding.
-    Act* partial = sum_target(s.residual[0].get());
-    Ops::embedding_forward(ctx_, partial, s.tokens, w_outer(outer::wte), w_outer(outer::wpe), B_,
-                           T_, C, v0_, vl_);
-    summed(partial, s.residual[0].get());
-  }
+  if (embeds(chunk)) embed(s, tokens);
   for (int64_t j = 0; j < L; ++j) {
     const int64_t i = first + j;
     if (opt_.window_weights) hooks_.need_weights(i, j + 1 < L ? i + 1 : -1);
@@ -214,6 +213,48 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
                       static_cast<const Act*>(nullptr), BT, C, vl_);
   head_loss(h, for_backward, grad_scale);
   Ops::accumulate_sum(ctx_, loss_sum_.get(), h.losses.get(), BT);
+}
+
+template <class Ops>
+void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
+  const int64_t BT = B_ * T_, C = cfg_.n_embd;
+  if (!gathers_embedding()) {
+    // Vocabulary-parallel under sequence parallelism: each rank embeds the
+    // tokens of its vocabulary rows (zeros elsewhere), the group's sum,
+    // scattered, is the embedding (one rank: the embedding itself).
+    Act* partial = sum_target(s.residual[0].get());
+    Ops::embedding_forward(ctx_, partial, s.tokens, w_outer(outer::wte), w_outer(outer::wpe), B_,
+                           T_, C, v0_, vl_);
+    summed(partial, s.residual[0].get());
+    return;
+  }
+  // Every position's row is computed by the one rank holding its token:
+  // order the positions by that rank (increasing within it), each rank
+  // computes its run of them, the group gathers the runs and each rank
+  // moves every row to its position. The bits are the holding rank's, as
+  // the sum with exact zeros gave, with no zero rows sent.
+  const int64_t tp = range_.tp;
+  // The data reader refuses tokens outside the vocabulary.
+  const auto holder = [&](int64_t bt) {
+    const int64_t r = tokens[bt] / vl_;
+    if (tokens[bt] < 0 || r >= tp) throw std::logic_error("embed: a token outside the vocabulary");
+    return static_cast<size_t>(r);
+  };
+  std::fill(row_counts_.begin(), row_counts_.end(), 0);
+  for (int64_t bt = 0; bt < BT; ++bt) ++row_counts_[holder(bt)];
+  std::vector<int64_t> at(static_cast<size_t>(tp), 0);  // tp numbers, on the host
+  for (int64_t r = 1; r < tp; ++r) at[r] = at[r - 1] + row_counts_[r - 1];
+  const int64_t first = at[static_cast<size_t>(range_.tp_rank)];
+  for (int64_t bt = 0; bt < BT; ++bt)
+    row_order_host_[static_cast<size_t>(at[holder(bt)]++)] = static_cast<int32_t>(bt);
+  Ops::load_tokens(ctx_, row_order_, row_order_host_.data(), BT, false);
+  const int64_t mine = row_counts_[static_cast<size_t>(range_.tp_rank)];
+  Act* whole = full_.get();
+  Ops::embedding_forward_rows(ctx_, whole + first * C, s.tokens, row_order_, first, mine,
+                              w_outer(outer::wte), w_outer(outer::wpe), T_, C, v0_);
+  for (int64_t& n : row_counts_) n *= C;  // elements, as the gather counts them
+  tp_.gather_parts(whole + first * C, whole, row_counts_, Ops::kActElement);
+  Ops::scatter_rows(ctx_, s.residual[0].get(), whole, row_order_, BT, C);
 }
 
 template <class Ops>

@@ -71,6 +71,9 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;
   if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + R * C * act;
   if (o.sequence_parallel) f.scratch += (BT * C + R * C) * act + 4 * C * acc;
+  // The embedding gathered by token rows (tp > 1 without sequence
+  // parallelism): the gathered rows and the positions' order.
+  if (range.tp > 1 && range.has_embedding && !o.sequence_parallel) f.scratch += BT * C * act + BT * 4;
   if (shared_head) f.scratch += head;
   return f;
 }

@@ -145,7 +145,14 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   };
   if (range.has_embedding) {
     f.stream(Kernel::kEmbedding, false, btc);  // token row, position row, out
-    sum(w.tp_forward);
+    if (sp) {
+      sum(w.tp_forward);
+    } else if (tp > 1) {
+      // Each rank's token rows gathered, then moved to their positions
+      // (priced as one more pass of the embedding's traffic).
+      group(w.tp_forward, TC::kAllgather, whole);
+      f.stream(Kernel::kEmbedding, false, btc);
+    }
   }
   for (int64_t i = 0; i < L; ++i) block_forward(f, w.tp_forward);
   if (range.has_head) {

@@ -54,7 +54,8 @@ class Communicator {
   virtual Pending start_reduce_scatter_sum(const float* send, float* recv,
                                            const std::vector<int64_t>& counts) = 0;
   // All-gather: this rank's part, at `send` (elements of elem_bytes, 2 or
-  // 4), lands at its place in `recv`, and every other rank's at theirs.
+  // 4; host MPI also 8), lands at its place in `recv`, and every other
+  // rank's at theirs.
   // `send` may be that very place (in place).
   virtual Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,
                                   size_t elem_bytes) = 0;

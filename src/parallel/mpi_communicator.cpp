@@ -222,10 +222,12 @@ Pending MpiCommunicator::start_allreduce_sum(float* data, int64_t n) {
 }
 
 namespace {
-// The element type MPI moves for an all-gather part (bits, not values).
+// The element type MPI moves for an all-gather part (bits, not values;
+// 8 bytes: the host's double stage, in the tests).
 MPI_Datatype element_type(size_t elem_bytes) {
-  MPIFORMER_CHECK(elem_bytes == 2 || elem_bytes == 4, "element of " + std::to_string(elem_bytes) + " bytes");
-  return elem_bytes == 2 ? MPI_UINT16_T : MPI_FLOAT;
+  MPIFORMER_CHECK(elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8,
+                  "element of " + std::to_string(elem_bytes) + " bytes");
+  return elem_bytes == 2 ? MPI_UINT16_T : elem_bytes == 4 ? MPI_UINT32_T : MPI_UINT64_T;
 }
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "model/gpt_stage.hpp"
 #include "parallel/communicator.hpp"
@@ -27,15 +28,18 @@ inline TensorGroup tensor_group(Communicator& tp, const TensorOpObserver* observ
   Communicator* comm = &tp;
   // A ring all-reduce of b bytes sends 2 b (g - 1) / g per rank; a
   // reduce-scatter or all-gather of a whole of b bytes, b (g - 1) / g.
-  auto timed = [comm, observer](const char* op, double rounds, int64_t whole, Element type,
-                                const std::function<void()>& run) {
+  auto report = [observer](const char* op, double bytes_sent, const std::function<void()>& run) {
     const auto t0 = Clock::now();
     run();
-    if (observer == nullptr || !*observer) return;
+    if (observer != nullptr && *observer) (*observer)(op, t0, Clock::now(), bytes_sent);
+  };
+  auto timed = [comm, report](const char* op, double rounds, int64_t whole, Element type,
+                              const std::function<void()>& run) {
     const double g = comm->size();
-    (*observer)(op, t0, Clock::now(),
-                rounds * static_cast<double>(whole) * static_cast<double>(element_bytes(type)) *
-                    (g - 1) / g);
+    report(op,
+           rounds * static_cast<double>(whole) * static_cast<double>(element_bytes(type)) *
+               (g - 1) / g,
+           run);
   };
   auto reduce = [comm, timed](Reduction op) {
     return [comm, timed, op](void* data, int64_t n, Element type) {
@@ -52,6 +56,17 @@ inline TensorGroup tensor_group(Communicator& tp, const TensorOpObserver* observ
   g.gather = [comm, timed](const void* mine, void* whole, int64_t part, Element type) {
     timed("tensor all-gather", 1, part * comm->size(), type,
           [&] { comm->allgather(mine, whole, part, type); });
+  };
+  // Uneven parts (the embedding's token rows): a ring passes on every
+  // part but the next rank's, which it receives last.
+  g.gather_parts = [comm, report](const void* mine, void* whole,
+                                  const std::vector<int64_t>& counts, Element type) {
+    int64_t all = 0;
+    for (int64_t c : counts) all += c;
+    const int64_t next = counts[static_cast<size_t>((comm->rank() + 1) % comm->size())];
+    report("tensor all-gather",
+           comm->size() > 1 ? static_cast<double>((all - next) * element_bytes(type)) : 0.0,
+           [&] { comm->start_allgather(mine, whole, counts, element_bytes(type))->wait(); });
   };
   // Started: what is timed is the wait, the part not hidden behind the
   // compute between (a GPU's NCCL stream runs beside it; host MPI advances

@@ -18,8 +18,9 @@
 #     continue the straight run; a damaged tensor-parallel slice is named.
 # (3) The log, the trace and inspect name the tensor group; the bytes each
 #     rank sends to it per step are Megatron's count (per layer two
-#     all-reduces of B x T x C forward and two backward, plus the
-#     embedding's, the head's and the cross-entropy's statistics), and
+#     all-reduces of B x T x C forward and two backward, plus the head's
+#     and the cross-entropy's statistics; the embedding's token rows
+#     gathered, half an all-reduce's bytes), and
 #     under sequence parallelism Korthikanti et al.'s (each all-reduce a
 #     reduce-scatter and an all-gather, backward's gathers of the
 #     LayerNorms' outputs, the LayerNorms' weight gradients summed).
@@ -125,16 +126,21 @@ for rank in range(2):
     ev = json.load(open(f"{run}/trace-rank{rank}.json"))
     meta = [e["args"]["name"] for e in ev if e["name"] == "process_name"]
     assert meta == [f"rank {rank} (stage 0, replica 0, tensor rank {rank})"], meta
-    spans = [e for e in ev if e["ph"] == "X" and e["name"] == "tensor all-reduce"
-             and e["args"]["micro_batch"] >= 0]  # evaluation's are the step's -1
-    # Per micro-batch: 4 layers x (2 forward + 2 backward), the embedding,
-    # the head's input gradient, the loss's maximum and its sums: 20; 4
-    # micro-batches a step, 6 steps.
-    assert len(spans) == 6 * 4 * 20, len(spans)
+    step = lambda name: [e for e in ev if e["ph"] == "X" and e["name"] == name
+                         and e["args"]["micro_batch"] >= 0]  # evaluation's are the step's -1
+    # Per micro-batch: all-reduces: 4 layers x (2 forward + 2 backward),
+    # the head's input gradient, the loss's maximum and its sums: 19; the
+    # embedding's token rows gathered: 1; 4 micro-batches a step, 6 steps.
+    assert len(step("tensor all-reduce")) == 6 * 4 * 19, len(step("tensor all-reduce"))
+    assert len(step("tensor all-gather")) == 6 * 4, len(step("tensor all-gather"))
 # tiny: 4 layers, micro-batch 4 x 64 tokens, 128 channels; 4 micro-batches.
+# Each all-reduce of n floats sends 2 n (tp - 1) / tp per rank; the
+# embedding's gather of its B T rows, in the mean over the ranks (what the
+# metrics report), B T C (tp - 1) / tp, however the tokens fall: a rank
+# sends every part but the next rank's.
 L, B, T, C, tp, M = 4, 4, 64, 128, 2, 4
-elements = (4 * L + 2) * B * T * C + 3 * B * T
-want = M * 2 * 4 * elements * (tp - 1) / tp / 1e6
+elements = (4 * L + 1) * B * T * C + 3 * B * T
+want = M * 4 * (2 * elements + B * T * C) * (tp - 1) / tp / 1e6
 steps = [j for j in map(json.loads, open(f"{run}/metrics.jsonl")) if "loss" in j]
 for j in steps:
     assert abs(j["tp_sent_mb"] - want) <= 1e-3 * want, (j["tp_sent_mb"], want)

@@ -160,6 +160,36 @@ TYPED_TEST(GpuKernels, Embedding) {
   EXPECT_TRUE(close(dwpe.read(), want_wpe, 1e-5));
 }
 
+// The embedding by token rows (a tensor group's gather): the device's rows
+// of a vocabulary slice, and the move of gathered rows to their
+// positions, against the host's.
+TYPED_TEST(GpuKernels, EmbeddingTokenRows) {
+  using A = TypeParam;
+  const auto tok = random_tokens(B * T, V, 7);
+  Dev<A> wte(random_vector(Vp * C, 8)), wpe(random_vector(T * C, 9));
+  // Positions whose tokens lie in the slice [v0, v0 + rows), first, then the rest.
+  const int64_t v0 = V / 8, rows = V / 2;
+  std::vector<int32_t> order;
+  for (int32_t p = 0; p < B * T; ++p)
+    if (tok[p] >= v0 && tok[p] < v0 + rows) order.push_back(p);
+  const int64_t mine = static_cast<int64_t>(order.size());
+  for (int32_t p = 0; p < B * T; ++p)
+    if (tok[p] < v0 || tok[p] >= v0 + rows) order.push_back(p);
+  DevTokens dtok(tok), dorder(order);
+  Dev<A> got = Dev<A>::poisoned(mine * C);
+  cuda::embedding_forward_rows(got.get(), dtok.buf.get(), dorder.buf.get(), 0, mine,
+                               wte.get() + v0 * C, wpe.get(), T, C, v0, nullptr);
+  std::vector<double> want(mine * C);
+  host::embedding_forward_rows(want.data(), tok.data(), order.data(), 0, mine,
+                               wte.exact.data() + v0 * C, wpe.exact.data(), T, C, v0);
+  EXPECT_TRUE(close(got.read(), want, tol<A>(1e-6, 1e-2)));
+  Dev<A> gathered(random_vector(B * T * C, 10)), out = Dev<A>::poisoned(B * T * C);
+  cuda::scatter_rows(out.get(), gathered.get(), dorder.buf.get(), B * T, C, nullptr);
+  std::vector<double> moved(B * T * C);
+  host::scatter_rows(moved.data(), gathered.exact.data(), order.data(), B * T, C);
+  EXPECT_TRUE(close(out.read(), moved, 0));
+}
+
 // N rows: B * T, or enough that the column sums cut the rows into slices
 // (summed through scratch, column_sums.cuh).
 template <class A>

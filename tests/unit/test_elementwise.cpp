@@ -66,6 +66,33 @@ TEST(Embedding, ForwardAndBackwardWithRepeatedTokens) {
   EXPECT_TRUE(all_close(dwpe, dwpe_want, 1e-8, 1e-6));
 }
 
+// The vocabulary-parallel embedding by token rows: each of 3 "ranks"
+// embeds the positions whose tokens its slice holds, in the order of
+// positions by holder; moved to their positions, the rows are the whole
+// embedding, bit for bit.
+TEST(Embedding, TokenRowsOfEverySliceMakeTheWholeEmbedding) {
+  constexpr int64_t B = 3, T = 5, C = 4, V = 12, tp = 3, rows = V / tp;
+  auto wte = random_vector(V * C, 48), wpe = random_vector(T * C, 49);
+  const std::vector<int32_t> tok = {0, 11, 4, 4, 7, 3, 8, 1, 11, 0, 5, 6, 2, 9, 10};
+  std::vector<double> want(B * T * C);
+  host::embedding_forward(want.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  // Positions by holder (tokens [4 r, 4 r + 4) on rank r), increasing within.
+  std::vector<int32_t> order;
+  std::vector<int64_t> first(tp + 1, 0);
+  for (int64_t r = 0; r < tp; ++r) {
+    for (int32_t p = 0; p < B * T; ++p)
+      if (tok[p] / rows == r) order.push_back(p);
+    first[r + 1] = static_cast<int64_t>(order.size());
+  }
+  std::vector<double> gathered(B * T * C, std::nan("")), out(B * T * C, std::nan(""));
+  for (int64_t r = 0; r < tp; ++r)
+    host::embedding_forward_rows(gathered.data() + first[r] * C, tok.data(), order.data(), first[r],
+                                 first[r + 1] - first[r], wte.data() + r * rows * C, wpe.data(), T,
+                                 C, r * rows);
+  host::scatter_rows(out.data(), gathered.data(), order.data(), B * T, C);
+  EXPECT_TRUE(all_close(out, want, 0, 0));
+}
+
 }  // namespace
 }  // namespace mpiformer::test
 

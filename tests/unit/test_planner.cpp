@@ -4,8 +4,8 @@
 //    token and layer over the full T x T; backward twice forward), summed
 //    over a tensor group's slices, and full recomputation adds exactly one
 //    more forward of the blocks; its tensor all-reduces are Megatron's
-//    count (2 per block each way, the embedding's, the head's, the
-//    cross-entropy's 2). Exact in doubles (integers far below 2^53).
+//    count (2 per block each way, the head's, the cross-entropy's 2; the
+//    embedding's token rows gathered instead of summed). Exact in doubles (integers far below 2^53).
 //  - machine files: a hand-written one reads as written, calibrate's TOML
 //    reads back to the same values, and bad ones are refused naming the
 //    file and the key.
@@ -15,6 +15,7 @@
 //    that fits nowhere is refused with what it needs and what there is.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -63,9 +64,18 @@ TEST(StageWork, TensorAllReducesAreMegatronsCount) {
     const StageRange range = partition_stage(cfg, stage, 2, 2, 0);
     const StageWork w = stage_work(cfg, range, 2, Recompute::kNone, 4);
     const size_t blocks = static_cast<size_t>(range.num_layers());
-    // First stage: the embedding's; last: the cross-entropy's row maxima
-    // and sums forward, the head's input gradient backward.
+    // First stage: the embedding's token rows gathered (not summed); last:
+    // the cross-entropy's row maxima and sums forward, the head's input
+    // gradient backward.
     EXPECT_EQ(w.tp_forward.size(), 2 * blocks + (stage == 0 ? 1 : 2));
+    const auto gathers = std::count_if(w.tp_forward.begin(), w.tp_forward.end(), [](const auto& c) {
+      return c.kind == TensorCollective::kAllgather;
+    });
+    EXPECT_EQ(gathers, stage == 0 ? 1 : 0);
+    if (stage == 0) {
+      EXPECT_EQ(w.tp_forward.front().kind, TensorCollective::kAllgather);
+      EXPECT_EQ(w.tp_forward.front().bytes, BTC);
+    }
     EXPECT_EQ(w.tp_backward.size(), 2 * blocks + (stage == 1 ? 1 : 0));
     EXPECT_EQ(w.tp_backward.front().bytes, BTC);
     EXPECT_EQ(w.message_bytes, BTC);
