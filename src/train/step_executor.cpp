@@ -247,7 +247,8 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         break;
       }
     }
-    trace_.span(op_name(a.op), t0, Clock::now(), step + 1, a.micro);
+    trace_.span(op_name(a.op), t0, Clock::now(), step + 1, a.micro,
+                v > 1 && a.micro >= 0 ? a.chunk : -1);
   }
   for (auto& p : act_sends_) p.reset();
   for (auto& p : grad_sends_) p.reset();

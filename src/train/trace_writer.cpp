@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -35,15 +36,15 @@ TraceWriter::~TraceWriter() {
 }
 
 void TraceWriter::span(const char* name, Clock::time_point begin, Clock::time_point end,
-                       int64_t step, int micro) {
+                       int64_t step, int micro, int chunk) {
   if (file_ == nullptr) return;
   using us = std::chrono::duration<double, std::micro>;
   std::fprintf(file_,
                ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.1f, "
-               "\"dur\": %.1f, \"args\": {\"step\": %lld, \"micro_batch\": %d}}",
+               "\"dur\": %.1f, \"args\": {\"step\": %lld, \"micro_batch\": %d%s}}",
                name, rank_, origin_epoch_us_ + us(begin - origin_).count(),
-               us(end - begin).count(),
-               static_cast<long long>(step), micro);
+               us(end - begin).count(), static_cast<long long>(step), micro,
+               chunk >= 0 ? (", \"chunk\": " + std::to_string(chunk)).c_str() : "");
 }
 
 void TraceWriter::flush() {

@@ -20,9 +20,10 @@ class TraceWriter {
 
   bool enabled() const { return file_ != nullptr; }
   using Clock = std::chrono::steady_clock;
-  // A complete span; micro < 0 for whole-step spans.
+  // A complete span; micro < 0 for whole-step spans; chunk >= 0 names an
+  // interleaved stage's model chunk.
   void span(const char* name, Clock::time_point begin, Clock::time_point end, int64_t step,
-            int micro);
+            int micro, int chunk = -1);
   void flush();
 
  private:

@@ -71,7 +71,18 @@ fi
 run 2 2 zb-h1 --set run.trace=true
 # Interleaved 1F1B: two chunks of one layer per stage, alone and with
 # replicas, ZeRO 3 and attention recomputation.
-run 1 2 interleaved --set parallel.virtual_stages=2
+run 1 2 interleaved --set parallel.virtual_stages=2 --set run.trace=true
+# Each rank's trace names the chunk of every pass: 6 steps x 4 micro-batches
+# x 2 chunks forward and backward.
+python3 - "$WORK/run_1_2_interleaved" <<'PY'
+import json, sys
+for rank in range(2):
+    ev = [e for e in json.load(open(f"{sys.argv[1]}/trace-rank{rank}.json")) if e["ph"] == "X"]
+    for op in ("forward", "backward"):
+        chunks = [e["args"]["chunk"] for e in ev if e["name"] == op]
+        assert sorted(set(chunks)) == [0, 1] and len(chunks) == 6 * 4 * 2, (rank, op, len(chunks))
+print("traces: every interleaved pass names its chunk")
+PY
 NAME=2_2_interleaved_zero3 run 2 2 interleaved --set parallel.virtual_stages=2 \
   --set parallel.zero=3 --set train.recompute=attention
 
