@@ -81,9 +81,9 @@ int main(int argc, char** argv) {
     auto step = [&](int64_t n) {
       stage->zero_grads();
       stage->forward(0, inputs.data(), targets.data(), true, 1.0f / (B * T), 0);
-      stage->backward(0, nullptr, 0);
+      stage->backward(0, false, 0);
       stage->take_loss_sum();
-      const double norm = std::sqrt(stage->grad_sum_of_squares(0, stage->param_storage()));
+      const double norm = std::sqrt(stage->grad_sum_of_squares(false, false));
       stage->adamw_step(1e-4, n, norm > 1 ? 1 / norm : 1);
     };
     step(1);  // warm-up: page faults, BLAS buffers

@@ -109,6 +109,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   setup.zero = static_cast<int>(deck.parallel.zero);
   setup.dp = static_cast<int>(deck.parallel.dp);
   setup.dp_rank = place.dp_rank;
+  setup.bucket_bytes = deck.parallel.bucket_mb * (1 << 20);
   setup.precision = choice.precision;
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
 #ifdef MPIFORMER_HAVE_CUDA

@@ -97,7 +97,7 @@ StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute re
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % cfg.vocab_size);
   const double measured = seconds_per_call(MPI_COMM_WORLD, budget, [&] {
     stage->forward(0, tokens.data(), tokens.data(), true, 1.0f / static_cast<float>(BT), 0);
-    stage->backward(0, nullptr, 0);
+    stage->backward(0, false, 0);
   });
   stage->take_loss_sum();
   d.model = cfg;

@@ -36,6 +36,7 @@ struct StageSetup {
   AdamWSettings adam;
   int zero = 0;          // [parallel] zero
   int dp = 1, dp_rank = 0;
+  double bucket_bytes = 25.0 * (1 << 20);  // zero 0's reduction buckets ([parallel] bucket_mb)
   Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
 };
 
@@ -73,29 +74,31 @@ class StageBackend {
   virtual void init_parameters(uint64_t seed) = 0;
   virtual void zero_grads() = 0;
 
-  // ZeRO (zero() >= 1; see train/zero_shards.hpp). connect_data_parallel
-  // (once the groups exist) gives the stage its data-parallel group. Then
-  // backward_sharded replaces backward: the stage reduce-scatters the
-  // gradients to their owners itself; finish_sharded_reduction waits for
-  // them (and sums the tied embedding's copies; returns the seconds
-  // waited); sharded_grad_sum_of_squares covers this rank's shard; and
-  // adamw_step updates the shard and gathers the weights.
+  // The data-parallel reduction and the optimizer state are the stage's
+  // (train/stage_optimizer.hpp), whatever the ZeRO stage: connect_data_
+  // parallel (once the groups exist) gives it its group; backward starts
+  // the reduction from the step's last micro-batch; finish_reduction waits
+  // for it and sums the tied embedding's copies (returns the seconds
+  // waited); grad_sum_of_squares is this rank's share of the norm; and
+  // adamw_step updates what this rank owns (and under ZeRO gathers the
+  // weights).
   virtual int zero() const = 0;
+  virtual int num_buckets() const = 0;  // zero 0's reduction buckets
   virtual void connect_data_parallel(Communicator& dp) = 0;
   // The tensor group (range().tp ranks, possibly one) the stage all-reduces
   // over inside forward and backward; needed before the first forward.
   virtual void connect_tensor_parallel(Communicator& tp) = 0;
   virtual void observe_tensor_reductions(TensorOpObserver observer) = 0;
-  // `chunk`: the model chunk of an interleaved stage (0 otherwise).
-  virtual void backward_sharded(int slot, bool last_micro_batch, int chunk) = 0;
-  // Zero-bubble schedules (StageOptions::split_backward): backward and
-  // backward_sharded compute B, these W (model/gpt_stage.hpp).
-  virtual void weight_gradients(int slot, const GradsFinal& grads_final, int chunk) = 0;
-  virtual void weight_gradients_sharded(int slot, bool last_micro_batch, int chunk) = 0;
-  virtual double finish_sharded_reduction(Communicator* tied) = 0;
-  virtual double sharded_grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
-  // Bytes sent to the data-parallel group by the stage's own collectives
-  // since the last call (ring model; see ZeroShards::take_sent_bytes).
+  // Zero-bubble schedules (StageOptions::split_backward): backward computes
+  // B, this W (model/gpt_stage.hpp); `chunk` as for forward.
+  virtual void weight_gradients(int slot, bool last_micro_batch, int chunk) = 0;
+  virtual double finish_reduction(Communicator* tied) = 0;
+  // Each gradient element counted once over the job: without the tied
+  // wte's copy on the last stage, without the tensors a tensor group
+  // replicates on its ranks other than 0.
+  virtual double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
+  // Bytes sent to the data-parallel group by the stage's collectives since
+  // the last call (ring model).
   virtual double take_sent_bytes() = 0;
 
   // Where a non-first stage receives its input for `slot`.
@@ -108,7 +111,9 @@ class StageBackend {
   // `chunk`: which of an interleaved stage's chunks (GptStage::forward).
   virtual void forward(int slot, const int32_t* tokens, const int32_t* targets,
                        bool for_backward, float grad_scale, int chunk) = 0;
-  virtual void backward(int slot, const GradsFinal& grads_final, int chunk) = 0;
+  // `last_micro_batch`: the step's last, whose backward finishes the
+  // gradients (the data-parallel reduction starts from it).
+  virtual void backward(int slot, bool last_micro_batch, int chunk) = 0;
   // The input gradient of the last backward, copied into a buffer owned by
   // `slot` that stays untouched until the slot's next backward.
   virtual const void* input_grad_for_send(int slot) = 0;
@@ -117,11 +122,6 @@ class StageBackend {
 
   // Gradients (flat, table order) where the back end keeps them.
   virtual float* grads() = 0;
-  virtual double grad_sum_of_squares(int64_t offset, int64_t n) = 0;
-  // The squared norm of the tensors a tensor rank does not share: the
-  // replicated ones (the same on every rank of the group) are counted by
-  // tensor rank 0 only (whole gradients; zero 0).
-  virtual double replicated_grad_sum_of_squares() = 0;
   virtual void adamw_step(double lr, int64_t step, double grad_scale) = 0;
 
   // Parameters and moments in host memory (copied from the device when

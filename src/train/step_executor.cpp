@@ -61,8 +61,6 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       actions_(std::move(actions)),
       trace_(trace),
       watchdog_(watchdog),
-      reducer_(stage.table(), deck.parallel.bucket_mb * (1 << 20), *comms.dp),
-      wte_(stage.table().find(kOuterSchema[outer::wte].name)),
       guard_(deck.train.nonfinite, deck.train.spike_zscore, deck.train.skip_limit),
       scaler_(LossScaler::from_deck(deck.train)),
       act_sends_(static_cast<size_t>(stage.num_slots())),
@@ -148,22 +146,11 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         // Split backward keeps the output's gradient in the output (long
         // since received downstream; its send's request is closed first).
         if (splits_backward(deck_.parallel.schedule)) act_sends_[slot].reset();
-        const bool weights = a.op == Op::WeightGradients;
-        if (stage.zero() > 0) {
-          if (weights) stage.weight_gradients_sharded(slot, a.micro == M - 1, a.chunk);
-          else stage.backward_sharded(slot, a.micro == M - 1, a.chunk);
-          break;
-        }
         // The last micro-batch's backward (its W, where split) finishes
-        // the gradients: reduce each bucket across replicas as soon as it
-        // is final. Interleaved, its chunks finish them from the last
-        // chunk down: the reduction begins with the last chunk's.
-        const bool overlap = a.micro == M - 1 && g.dp() > 1;
-        if (overlap && a.chunk == v - 1) reducer_.begin(stage.grads());
-        const GradsFinal hook =
-            overlap ? GradsFinal([&](int64_t offset) { reducer_.grads_final_from(offset); }) : nullptr;
-        if (weights) stage.weight_gradients(slot, hook, a.chunk);
-        else stage.backward(slot, hook, a.chunk);
+        // the gradients: the stage reduces them across replicas as
+        // backward finishes them.
+        if (a.op == Op::WeightGradients) stage.weight_gradients(slot, a.micro == M - 1, a.chunk);
+        else stage.backward(slot, a.micro == M - 1, a.chunk);
         break;
       }
       case Op::SendGradient: {
@@ -174,20 +161,9 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         break;
       }
       case Op::ReduceGradients:
-        if (stage.zero() > 0) {
-          times.reduce_exposed += stage.finish_sharded_reduction(comms_.tied);
-          break;
-        }
-        if (g.dp() > 1) {
-          times.reduce_exposed += reducer_.finish();
-          // A ring all-reduce of n bytes sends 2 n (dp - 1) / dp per rank.
-          times.dp_sent_bytes += 2.0 * sizeof(float) * static_cast<double>(stage.param_storage()) *
-                                 (g.dp() - 1) / g.dp();
-        }
-        // The two copies of the tied embedding receive the sum of both
-        // stages' gradients, so identical updates keep them identical.
-        if (comms_.tied != nullptr)
-          comms_.tied->allreduce_sum(stage.grads() + wte_->offset, wte_->storage);
+        // And the tied embedding's two copies summed, so identical updates
+        // keep them identical.
+        times.reduce_exposed += stage.finish_reduction(comms_.tied);
         break;
       case Op::OptimizerStep: {
         // Each parameter counted once: one replica per stage, and the tied
@@ -203,16 +179,7 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         const double loss_sum = stage.take_loss_sum();
         double sums[3] = {g.tp_rank() == 0 ? loss_sum : 0.0, 0.0,
                           StopPolicy::vote(out_of_time) ? 1.0 : 0.0};
-        const bool shared = g.tp_rank() != 0;
-        if (stage.zero() > 0) {
-          // Each rank holds the reduced gradients of its shard only.
-          sums[1] = stage.sharded_grad_sum_of_squares(g.pp() > 1 && g.last_stage(), shared);
-        } else if (g.dp_rank() == 0) {
-          sums[1] = stage.grad_sum_of_squares(0, stage.param_storage());
-          if (g.pp() > 1 && g.last_stage())
-            sums[1] -= stage.grad_sum_of_squares(wte_->offset, wte_->storage);
-          if (shared) sums[1] -= stage.replicated_grad_sum_of_squares();
-        }
+        sums[1] = stage.grad_sum_of_squares(g.pp() > 1 && g.last_stage(), g.tp_rank() != 0);
         g.world().allreduce_sum(sums, 3);
         result.loss = sums[0] / static_cast<double>(tc.global_batch * T);
         result.stop = sums[2] > 0;

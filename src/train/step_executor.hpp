@@ -13,7 +13,6 @@
 #include "parallel/process_grid.hpp"
 #include "train/backend_factory.hpp"
 #include "train/data_feeder.hpp"
-#include "train/grad_reducer.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/stage_backend.hpp"
 #include "train/step_guard.hpp"
@@ -60,7 +59,6 @@ class StepExecutor {
   StepResult train_step(int64_t step, DataFeeder& data, bool out_of_time, StepTimes& times);
   // Mean loss per token over the evaluation set (collective).
   double evaluate(DataFeeder& data);
-  int num_buckets() const { return reducer_.num_buckets(); }
   // fp16's loss scaler (its state goes into checkpoints).
   LossScaler& scaler() { return scaler_; }
 
@@ -72,8 +70,6 @@ class StepExecutor {
   std::vector<Action> actions_;
   TraceWriter& trace_;
   Watchdog& watchdog_;
-  GradReducer reducer_;
-  const ParameterSpec* wte_;  // the tied embedding, where this stage holds a copy
   StepGuard guard_;
   LossScaler scaler_;
   int64_t fault_step_;  // test hook (see the constructor)

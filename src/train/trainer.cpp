@@ -254,7 +254,7 @@ void Trainer::print_summary() const {
       shards != nullptr
           ? strprintf("zero %d: %zu units sharded over dp, recompute %s", p.stage->zero(),
                       shards->units().size(), name_of(deck_.train.recompute))
-          : strprintf("%d gradient bucket(s), recompute %s", p.executor->num_buckets(),
+          : strprintf("%d gradient bucket(s), recompute %s", p.stage->num_buckets(),
                       name_of(deck_.train.recompute));
   if (!p.auto_choice.empty()) std::printf("%s\n", p.auto_choice.c_str());
   // Interleaved, stage 0's chunks: "[0, 1) and [2, 3)".

@@ -34,11 +34,12 @@
 #include "model/gpt_stage.hpp"
 #include "model/shard_plan.hpp"
 #include "parallel/communicator.hpp"
+#include "train/stage_optimizer.hpp"
 
 namespace mpiformer {
 
 template <class Ops>
-class ZeroShards {
+class ZeroShards final : public StageOptimizer<Ops> {
  public:
   using Act = typename Ops::Act;
   using Acc = typename Ops::Acc;
@@ -91,18 +92,21 @@ class ZeroShards {
     return std::is_same_v<Act, Acc> && zero < 3;
   }
   const ShardPlan& plan() const { return plan_; }
+  const ShardPlan* shard_plan() const override { return &plan_; }
+  int64_t state_size() const override { return plan_.shard_size(); }
+  int zero() const override { return zero_; }
   // Bytes of the shard's buffers (its small chunk list aside).
   double allocated_bytes() const { return allocated_; }
 
   // The group; the weights are published at once if they are pending.
-  void connect(Communicator& dp) {
+  void connect(Communicator& dp) override {
     dp_ = &dp;
     if (stale_) publish();
   }
 
   // The shard's state from host memory (n elements each, shard order);
   // null moments start at zero. The weights follow once published.
-  void load(const float* master, const float* m, const float* v) {
+  void load(const float* master, const float* m, const float* v) override {
     // Aliased masters exist in fp32 only (masters_are_weights): compiled
     // there only, so no mixed-precision instance sees a null destination.
     bool aliased = false;
@@ -134,14 +138,29 @@ class ZeroShards {
   }
   // The masters: the shard (in shard order), or with masters_are_weights
   // the stage's whole weights (in table order).
-  Acc* master() { return alias_ ? weights_as_masters(0) : master_.get(); }
-  bool masters_are_weights() const { return alias_; }
-  Acc* adam_m() { return m_.get(); }
-  Acc* adam_v() { return v_.get(); }
+  Acc* master() override { return alias_ ? weights_as_masters(0) : master_.get(); }
+  bool masters_are_weights() const override { return alias_; }
+  Acc* adam_m() override { return m_.get(); }
+  Acc* adam_v() override { return v_.get(); }
+
+  // Every rank draws each tensor whole (the same values everywhere), one
+  // at a time, and keeps its rows (the shard's other elements, padding,
+  // stay zero); the weights are gathered once the group exists.
+  void init(uint64_t seed) override {
+    std::vector<float> tensor;
+    for (const auto& spec : stage_.table().specs()) {
+      tensor.resize(static_cast<size_t>(spec.storage));
+      fill_initial_tensor(spec, seed, tensor.data());
+      const TensorPart p = plan_.part_of(spec);
+      upload_master(spec, p, tensor.data() + p.row_begin * spec.row_length());
+    }
+    loaded();
+  }
 
   // A step begins: no unit's reduction started yet (an interleaved stage
   // finishes its units over several backwards, one per chunk).
-  void zero_grads() {
+  void zero_grads() override {
+    stage_.zero_grads();
     Ops::fill_zero(ctx_, g_.get(), n_);
     next_unit_ = plan_.units().size();
   }
@@ -149,16 +168,16 @@ class ZeroShards {
   // One micro-batch's backward (of one chunk); `last`: the step's last
   // micro-batch. Under split backward the stage calls the hook from W
   // (weight_gradients) only.
-  void backward(int slot, bool last, int chunk) {
+  void backward(int slot, bool last, int chunk) override {
     stage_.backward(slot, grads_final(last), chunk);
   }
-  void weight_gradients(int slot, bool last, int chunk) {
+  void weight_gradients(int slot, bool last, int chunk) override {
     stage_.weight_gradients(slot, grads_final(last), chunk);
   }
 
   // Waits for every reduce-scatter; sums the tied embedding's copies.
   // Returns the seconds spent waiting.
-  double finish(Communicator* tied) {
+  double finish(Communicator* tied) override {
     const auto t0 = std::chrono::steady_clock::now();
     drain(0);
     drain(1);
@@ -173,7 +192,7 @@ class ZeroShards {
   // The owned gradients' sum of squares (without the tied wte's: its other
   // copy counts it; without the tensors replicated over a tensor group:
   // its rank 0 counts them).
-  double grad_sum_of_squares(bool without_wte, bool without_replicated) {
+  double grad_sum_of_squares(bool without_wte, bool without_replicated) override {
     double s = Ops::sum_of_squares(ctx_, g_.get(), n_);
     if (without_wte && wte_unit_ != nullptr)
       s -= Ops::sum_of_squares(ctx_, g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
@@ -191,13 +210,13 @@ class ZeroShards {
   // Bytes this rank sent to its group since the last call, counted from the
   // collectives issued under the ring model (a reduce-scatter or all-gather
   // of n bytes sends n (dp - 1) / dp per rank).
-  double take_sent_bytes() {
+  double take_sent_bytes() override {
     const double dp = plan_.dp(), sent = issued_ * (dp - 1) / dp;
     issued_ = 0;
     return sent;
   }
 
-  void adamw(const AdamWParams& p) {
+  void adamw(const AdamWParams& p) override {
     Ops::adamw(ctx_, master(), g_.get(), m_.get(), v_.get(), chunks_.get(), chunk_count_, p,
                wshard());
     publish();

@@ -1,0 +1,137 @@
+// zero 0: every replica of a stage holds the whole optimizer state (the
+// stage's own weights are the masters, AdamW's moments beside them) and
+// the whole gradients, all-reduced over the data-parallel group in buckets
+// (grad_reducer.hpp) during the last micro-batch's backward, each bucket
+// as soon as backward has finished it.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "model/gpt_stage.hpp"
+#include "train/grad_reducer.hpp"
+#include "train/stage_optimizer.hpp"
+
+namespace mpiformer {
+
+template <class Ops>
+class ReplicatedState final : public StageOptimizer<Ops> {
+ public:
+  using Acc = typename Ops::Acc;
+  template <class U>
+  using Buffer = typename Ops::template Buffer<U>;
+
+  // `bucket_bytes`: the reduction's bucket size; `dp_rank`: the replica
+  // (replica 0 counts the gradient norm: the others hold the same sums).
+  ReplicatedState(GptStage<Ops>& stage, double bucket_bytes, int dp_rank)
+      : stage_(stage),
+        ctx_(stage.context()),
+        bucket_bytes_(bucket_bytes),
+        dp_rank_(dp_rank),
+        wte_(stage.table().find(kOuterSchema[outer::wte].name)) {
+    const int64_t n = stage_.param_storage();
+    m_ = Buffer<Acc>(static_cast<size_t>(n));
+    v_ = Buffer<Acc>(static_cast<size_t>(n));
+    Ops::fill_zero(ctx_, m_.get(), n);
+    Ops::fill_zero(ctx_, v_.get(), n);
+    const std::vector<AdamWChunk> chunks = adamw_chunks(stage_.table());
+    chunk_count_ = static_cast<int64_t>(chunks.size());
+    chunks_ = Buffer<AdamWChunk>(chunks.size());
+    Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
+  }
+
+  void connect(Communicator& dp) override {
+    dp_ = &dp;
+    reducer_ = std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp);
+  }
+  void init(uint64_t seed) override { stage_.init_parameters(seed); }
+  void zero_grads() override {
+    stage_.zero_grads();
+    begun_ = false;
+  }
+
+  // The last micro-batch's backwards (one per chunk of an interleaved
+  // stage, from the last chunk down; B and W under split backward) finish
+  // the gradients from the end of the buffer: the reduction begins with
+  // the first of them.
+  void backward(int slot, bool last, int chunk) override {
+    stage_.backward(slot, hook(last), chunk);
+  }
+  void weight_gradients(int slot, bool last, int chunk) override {
+    stage_.weight_gradients(slot, hook(last), chunk);
+  }
+  double finish(Communicator* tied) override {
+    double waited = 0;
+    if (overlaps()) {
+      waited = reducer_->finish();
+      // A ring all-reduce of n bytes sends 2 n (dp - 1) / dp per rank.
+      const double dp = dp_->size();
+      sent_ += 2.0 * sizeof(Acc) * static_cast<double>(stage_.param_storage()) * (dp - 1) / dp;
+    }
+    begun_ = false;
+    // The two copies of the tied embedding receive the sum of both
+    // stages' gradients, so identical updates keep them identical.
+    if (tied != nullptr) tied->allreduce_sum(stage_.grads() + wte_->offset, wte_->storage);
+    return waited;
+  }
+  double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
+    if (dp_rank_ != 0) return 0;  // every replica holds the same sums
+    double s = sum_of_squares(0, stage_.param_storage());
+    if (without_tied_wte) s -= sum_of_squares(wte_->offset, wte_->storage);
+    if (without_replicated)
+      for (const auto& spec : stage_.table().specs())
+        if (spec.whole()) s -= sum_of_squares(spec.offset, spec.numel());
+    return s;
+  }
+  double take_sent_bytes() override {
+    const double s = sent_;
+    sent_ = 0;
+    return s;
+  }
+  void adamw(const AdamWParams& p) override {
+    Ops::adamw(ctx_, stage_.params(), stage_.grads(), m_.get(), v_.get(), chunks_.get(),
+               chunk_count_, p, stage_.weights());
+  }
+
+  Acc* master() override { return stage_.params(); }
+  Acc* adam_m() override { return m_.get(); }
+  Acc* adam_v() override { return v_.get(); }
+  bool masters_are_weights() const override { return false; }
+  int64_t state_size() const override { return stage_.param_storage(); }
+  const ShardPlan* shard_plan() const override { return nullptr; }
+  void load(const float* params, const float* m, const float* v) override {
+    const int64_t n = stage_.param_storage();
+    Ops::upload(ctx_, stage_.params(), params, n);
+    if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n);
+    if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n);
+    stage_.refresh_weights();
+  }
+  int zero() const override { return 0; }
+  int num_buckets() const override { return reducer_ ? reducer_->num_buckets() : 0; }
+
+ private:
+  bool overlaps() const { return dp_ != nullptr && dp_->size() > 1; }
+  GradsFinal hook(bool last) {
+    if (!last || !overlaps()) return nullptr;
+    if (!begun_) reducer_->begin(stage_.grads());
+    begun_ = true;
+    return [this](int64_t offset) { reducer_->grads_final_from(offset); };
+  }
+  double sum_of_squares(int64_t offset, int64_t n) {
+    return Ops::sum_of_squares(ctx_, stage_.grads() + offset, n);
+  }
+
+  GptStage<Ops>& stage_;
+  typename Ops::Context& ctx_;
+  double bucket_bytes_;
+  int dp_rank_;
+  const ParameterSpec* wte_;  // the tied embedding, where the stage holds a copy
+  Buffer<Acc> m_, v_;
+  Buffer<AdamWChunk> chunks_;
+  int64_t chunk_count_ = 0;
+  Communicator* dp_ = nullptr;
+  std::unique_ptr<GradReducer> reducer_;
+  bool begun_ = false;  // the step's reduction has begun
+  double sent_ = 0;
+};
+
+}  // namespace mpiformer
