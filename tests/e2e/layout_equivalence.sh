@@ -83,6 +83,8 @@ for rank in range(2):
         assert sorted(set(chunks)) == [0, 1] and len(chunks) == 6 * 4 * 2, (rank, op, len(chunks))
 print("traces: every interleaved pass names its chunk")
 PY
+# LAYOUT_CASES=short: the (1,2) case above only.
+if [ "${LAYOUT_CASES:-all}" = all ]; then
 NAME=2_2_interleaved_zero3 run 2 2 interleaved --set parallel.virtual_stages=2 \
   --set parallel.zero=3 --set train.recompute=attention
 
@@ -101,6 +103,7 @@ NAME=il3 run 1 2 interleaved --set parallel.virtual_stages=2 --set train.stop_at
 NAME=dp3 run 2 1 1f1b --set train.stop_at=3
 resume il3 il_to_1f1b 2 1 1f1b
 resume dp3 dp_to_il 1 2 interleaved --set parallel.virtual_stages=2
+fi
 
 # Every rank wrote a loadable trace with its spans, named by rank and stage.
 python3 - "$WORK/run_2_2_zb-h1" <<'PY'
