@@ -333,10 +333,11 @@ class GptStage {
   Buffer<Acc> ln_grads_;
   // The embedding gathered by token rows (gathers_embedding): positions by
   // the rank holding their token, on the host and where the kernels read
-  // them (the rows themselves gather in full_), and each rank's count.
+  // them (the rows themselves gather in full_), each rank's count and where
+  // its run starts (host vectors sized once: nothing allocated per step).
   std::vector<int32_t> row_order_host_;
   typename Ops::Tokens row_order_;
-  std::vector<int64_t> row_counts_;
+  std::vector<int64_t> row_counts_, row_starts_;
   int64_t allocated_ = 0;
 };
 

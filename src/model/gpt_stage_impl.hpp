@@ -142,6 +142,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     row_order_ = tokens(BT);
     row_order_host_.resize(static_cast<size_t>(BT));
     row_counts_.resize(static_cast<size_t>(tp));
+    row_starts_.resize(static_cast<size_t>(tp));
   }
   loss_sum_ = Buffer<double>(1);
   allocated_ += static_cast<int64_t>(sizeof(double));
@@ -242,7 +243,8 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   };
   std::fill(row_counts_.begin(), row_counts_.end(), 0);
   for (int64_t bt = 0; bt < BT; ++bt) ++row_counts_[holder(bt)];
-  std::vector<int64_t> at(static_cast<size_t>(tp), 0);  // tp numbers, on the host
+  std::vector<int64_t>& at = row_starts_;  // each rank's next place in the order
+  at[0] = 0;
   for (int64_t r = 1; r < tp; ++r) at[r] = at[r - 1] + row_counts_[r - 1];
   const int64_t first = at[static_cast<size_t>(range_.tp_rank)];
   for (int64_t bt = 0; bt < BT; ++bt)
