@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/adamw_math.hpp"
 #include "common/adamw_params.hpp"
 #include "parallel.hpp"
 #include "storage_types.hpp"
@@ -15,51 +16,23 @@ namespace mpiformer::host {
 
 namespace detail {
 // One contiguous chunk; restrict lets the compiler vectorise (the four
-// arrays never overlap).
+// arrays never overlap). The arithmetic is common/adamw_math.hpp's.
 template <class T>
 void adamw_chunk(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
-                 int64_t n, T b1, T b2, T inv_c1, T inv_sqrt_c2, T lr, T eps, T wd, T gs) {
-  for (int64_t i = 0; i < n; ++i) {
-    const T gi = g[i] * gs;
-    const T mi = b1 * m[i] + (T(1) - b1) * gi;
-    const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    // mhat / (sqrt(vhat) + eps) with the bias corrections folded into two
-    // constants: one division and one square root per element, not three.
-    p[i] -= lr * (mi * inv_c1 / (std::sqrt(vi) * inv_sqrt_c2 + eps) + wd * p[i]);
-  }
+                 int64_t n, const AdamWConstants<T>& k, T wd) {
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], k, wd);
 }
 constexpr int64_t kChunk = 4096;
-
-// The update's per-element constants, in the parameters' type.
-template <class T>
-struct AdamWConstants {
-  T b1, b2, inv_c1, inv_sqrt_c2, lr, eps, wd, gs;
-  explicit AdamWConstants(const AdamWParams& p)
-      : b1(static_cast<T>(p.beta1)),
-        b2(static_cast<T>(p.beta2)),
-        inv_c1(static_cast<T>(1.0 / (1.0 - std::pow(p.beta1, static_cast<double>(p.step))))),
-        inv_sqrt_c2(static_cast<T>(
-            1.0 / std::sqrt(1.0 - std::pow(p.beta2, static_cast<double>(p.step))))),
-        lr(static_cast<T>(p.lr)),
-        eps(static_cast<T>(p.eps)),
-        wd(static_cast<T>(p.weight_decay)),
-        gs(static_cast<T>(p.grad_scale)) {}
-  void apply(T* p, const T* g, T* m, T* v, int64_t n, T decay) const {
-    adamw_chunk(p, g, m, v, n, b1, b2, inv_c1, inv_sqrt_c2, lr, eps, decay, gs);
-  }
-};
 }  // namespace detail
 
 // One contiguous range, every element decayed by p.weight_decay.
 template <class T>
 void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWParams& p) {
-  const detail::AdamWConstants<T> k(p);
+  const AdamWConstants<T> k = adamw_constants<T>(p);
   const int64_t chunks = (n + detail::kChunk - 1) / detail::kChunk;
   parallel_for("adamw_update", chunks, [=](const int64_t c) {
     const int64_t i0 = c * detail::kChunk, len = std::min(detail::kChunk, n - i0);
-    k.apply(params + i0, grads + i0, m + i0, v + i0, len, k.wd);
+    detail::adamw_chunk(params + i0, grads + i0, m + i0, v + i0, len, k, k.wd);
   });
 }
 
@@ -70,12 +43,12 @@ void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWP
 template <class T, class A = T>
 void adamw_update_chunks(T* params, const T* grads, T* m, T* v, const AdamWChunk* chunks,
                          int64_t count, const AdamWParams& p, A* weights = nullptr) {
-  const detail::AdamWConstants<T> k(p);
+  const AdamWConstants<T> k = adamw_constants<T>(p);
   parallel_for("adamw_update", count, [=](const int64_t c) {
     const AdamWChunk ch = chunks[c];
     const int64_t o = ch.offset;
     T* p = params + ch.param_offset;
-    k.apply(p, grads + o, m + o, v + o, ch.length, ch.decay ? k.wd : T(0));
+    detail::adamw_chunk(p, grads + o, m + o, v + o, ch.length, k, ch.decay ? k.wd : T(0));
     if (weights != nullptr)
       for (int64_t i = 0; i < ch.length; ++i) weights[o + i] = st<A>(p[i]);
   });
