@@ -187,6 +187,9 @@ const std::vector<Key>& schema() {
       float_key("train", "spike_zscore", false, 0, 1e6, MEMBER(train.spike_zscore)),
       int_key("train", "skip_limit", false, 1, 1e9, MEMBER(train.skip_limit)),
       choice_key("train", "recompute", kRecomputeNames, MEMBER(train.recompute)),
+      choice_key("train", "offload", kOffloadNames, MEMBER(train.offload)),
+      string_key("train", "offload_dir", false, MEMBER(train.offload_dir)),
+      float_key("train", "offload_block_mb", false, 0.004, 65536, MEMBER(train.offload_block_mb)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
@@ -380,6 +383,11 @@ void check_relations(const Deck& d, const std::string& where) {
                                static_cast<long long>(d.parallel.pp)));
   }
   if (!d.parallel.auto_layout) check_virtual_stages(d, where);
+  if (d.train.offload == Offload::kNvme && d.train.offload_dir.empty()) {
+    throw InputError(where, "[train] offload_dir",
+                     "needed with [train] offload = \"nvme\": a node-local directory that exists "
+                     "(e.g. the job's scratch), where each rank keeps its optimizer state");
+  }
 }
 
 }  // namespace

@@ -46,6 +46,13 @@ struct TrainConfig {
   int64_t skip_limit = 10;
   // Activations recomputed in backward instead of kept (bit-identical).
   Recompute recompute = Recompute::kNone;
+  // Where the optimizer state lives (core/settings.hpp); nvme needs
+  // offload_dir, a node-local directory that exists.
+  Offload offload = Offload::kNone;
+  std::string offload_dir;
+  // MiB of each moment per block of the streamed update (read ahead and
+  // written behind, three blocks in host memory per moment).
+  double offload_block_mb = 16;
 };
 
 struct CheckpointConfig {

@@ -39,17 +39,19 @@ std::string read_all(int fd) {
 
 }  // namespace
 
-RunLock::RunLock(const std::string& dir, const std::string& key) {
-  const std::string path = dir + "/.lock";
+RunLock::RunLock(const std::string& dir, const std::string& key, const std::string& name) {
+  const std::string path = dir + "/" + name;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw InputError(dir, key, std::string("cannot create .lock: ") + std::strerror(errno));
+  if (fd_ < 0) {
+    throw InputError(dir, key, "cannot create " + name + ": " + std::strerror(errno));
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const std::string holder = err == EWOULDBLOCK ? read_all(fd_) : "";
     ::close(fd_);
     fd_ = -1;
     if (err != EWOULDBLOCK) {
-      throw InputError(dir, key, std::string("cannot lock .lock: ") + std::strerror(err));
+      throw InputError(dir, key, "cannot lock " + name + ": " + std::strerror(err));
     }
     throw InputError(dir, key,
                      "another job is using this directory (" +

@@ -14,7 +14,9 @@ class RunLock {
  public:
   // Takes the lock of `dir` (which must exist), or throws InputError naming
   // `dir`, `key` and the holder (host, pid, Slurm job, start time).
-  RunLock(const std::string& dir, const std::string& key);
+  // `name`: the lock file's (one per rank where each rank locks its own,
+  // as the offloaded optimizer state does).
+  RunLock(const std::string& dir, const std::string& key, const std::string& name = ".lock");
   ~RunLock();
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;

@@ -25,6 +25,11 @@ enum class ResumeMode { kAuto, kNever, kPath };
 // forward: nothing, each block's attention probabilities (the T x T part),
 // or each whole block from its input.
 enum class Recompute { kNone, kAttention, kFull };
+// [train] offload: where the optimizer state (AdamW's moments, and the
+// master weights where they are not the weights the matmuls read) lives:
+// beside the weights, in host memory (a GPU run's), or in files under
+// [train] offload_dir, streamed through each step (train/adamw_state.hpp).
+enum class Offload { kNone, kHost, kNvme };
 
 template <class E>
 struct SettingName {
@@ -40,6 +45,8 @@ inline constexpr SettingName<NonfinitePolicy> kNonfiniteNames[] = {
     {NonfinitePolicy::kStop, "stop"}, {NonfinitePolicy::kSkip, "skip"}};
 inline constexpr SettingName<Recompute> kRecomputeNames[] = {
     {Recompute::kNone, "none"}, {Recompute::kAttention, "attention"}, {Recompute::kFull, "full"}};
+inline constexpr SettingName<Offload> kOffloadNames[] = {
+    {Offload::kNone, "none"}, {Offload::kHost, "host"}, {Offload::kNvme, "nvme"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
     {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"},
     {ScheduleKind::kInterleaved, "interleaved"}};
@@ -75,5 +82,6 @@ inline const char* name_of(Precision p) { return setting_name(kPrecisionNames, p
 inline const char* name_of(ScheduleKind s) { return setting_name(kScheduleNames, s); }
 inline const char* name_of(NonfinitePolicy p) { return setting_name(kNonfiniteNames, p); }
 inline const char* name_of(Recompute r) { return setting_name(kRecomputeNames, r); }
+inline const char* name_of(Offload o) { return setting_name(kOffloadNames, o); }
 
 }  // namespace mpiformer

@@ -9,9 +9,15 @@
 //       memory fault would make it.
 //   MPIFORMER_CHECKPOINT_FAULT_AFTER=N the job dies after N datasets of a
 //       checkpoint are written, as a node failure would.
+//   MPIFORMER_FAULT_OFFLOAD_WRITE=N    world rank 0's N-th write of offloaded
+//       optimizer state (io/offload_files.hpp) fails with EIO, as a failing
+//       disk's would.
+//   MPIFORMER_OFFLOAD_BUFFERED=1       offloaded optimizer state is written
+//       and read as on a file system without direct I/O (buffered, each
+//       block dropped from the page cache), whatever the file system.
 //   MPIFORMER_REHEARSE_GPU=1           the host back end reports as a GPU run
 //       does where scripts read it: no host-side timings in the log or in
-//       metrics.jsonl (matmul_fraction, bubble, reduce_exposed_ms,
+//       metrics.jsonl (matmul_fraction, optimizer_ms, bubble, reduce_exposed_ms,
 //       tp_reduce_fraction), so the GPU suite's scripts run here exactly as
 //       they will on a device, and a script that needs a host-only key
 //       fails here, not in the one GPU window.
@@ -33,6 +39,13 @@ inline int64_t fault_nonfinite_weights_save() {
   return env_step("MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE");
 }
 inline int64_t checkpoint_fault_after() { return env_step("MPIFORMER_CHECKPOINT_FAULT_AFTER"); }
+
+inline int64_t fault_offload_write() { return env_step("MPIFORMER_FAULT_OFFLOAD_WRITE"); }
+
+inline bool offload_buffered() {
+  const char* v = std::getenv("MPIFORMER_OFFLOAD_BUFFERED");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
 
 inline bool rehearse_gpu() {
   const char* v = std::getenv("MPIFORMER_REHEARSE_GPU");

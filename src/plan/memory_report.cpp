@@ -29,7 +29,15 @@ std::string memory_table(const std::vector<RankMemory>& stages) {
     t += strprintf("  %zu | %.1f | %.1f | %.1f | %.1f (%d x %.1f) | %.1f | %.1f | %.1f\n", s,
                    m.parameters() / 1e6, m.gradients() / 1e6, m.optimizer / 1e6,
                    m.stage.activations / 1e6, m.slots, m.stage.per_slot / 1e6, m.comm / 1e6,
-                   (m.stage.scratch + m.workspace) / 1e6, m.total() / 1e6);
+                   (m.stage.scratch + m.workspace + m.offload_buffers) / 1e6, m.total() / 1e6);
+  }
+  // Offloaded moments: what the back end no longer holds, and where it went.
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const RankMemory& m = stages[s];
+    if (m.offload_host + m.offload_disk + m.offload_buffers == 0) continue;
+    t += strprintf("  %zu | offloaded AdamW moments: %.1f MB on disk, %.1f MB in host memory "
+                   "outside the device's; %.1f MB of streaming blocks (in scratch)\n",
+                   s, m.offload_disk / 1e6, m.offload_host / 1e6, m.offload_buffers / 1e6);
   }
   return t;
 }
@@ -41,10 +49,11 @@ std::string memory_json(const std::vector<RankMemory>& stages) {
     j += strprintf("%s{\"stage\": %zu, \"parameters\": %.0f, \"gradients\": %.0f, "
                    "\"optimizer\": %.0f, \"activations\": %.0f, \"slots\": %d, "
                    "\"per_slot\": %.0f, \"comm\": %.0f, \"scratch\": %.0f, "
-                   "\"workspace\": %.0f, \"total\": %.0f}",
+                   "\"workspace\": %.0f, \"offload_buffers\": %.0f, \"offload_host\": %.0f, "
+                   "\"offload_disk\": %.0f, \"total\": %.0f}",
                    s == 0 ? "" : ", ", s, m.parameters(), m.gradients(), m.optimizer,
                    m.stage.activations, m.slots, m.stage.per_slot, m.comm, m.stage.scratch,
-                   m.workspace, m.total());
+                   m.workspace, m.offload_buffers, m.offload_host, m.offload_disk, m.total());
   }
   return j + "]}";
 }

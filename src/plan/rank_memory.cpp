@@ -8,6 +8,7 @@
 #include "model/parameter_table.hpp"
 #include "model/shard_plan.hpp"
 #include "model/stage_layout.hpp"
+#include "offload_files.hpp"
 #include "model/stage_options.hpp"
 #include "parallel/pipeline_schedule.hpp"
 
@@ -129,6 +130,24 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       m.comm += std::max(in_flight * acc, gather);
     }
   }
+  // [train] offload moves the moments out (adamw_state.hpp): on the host
+  // "host" keeps them in host memory all the same; "nvme" keeps a ring of
+  // three blocks of each moment there; a GPU keeps one block of each.
+  if (deck.train.offload != Offload::kNone && !(choice.device == Device::kCpu &&
+                                                deck.train.offload == Offload::kHost)) {
+    const double moments = m.optimizer;
+    const double block =
+        std::min(moments / (2 * acc), static_cast<double>(offload_block_elements(deck.train)));
+    const double ring = deck.train.offload == Offload::kNvme ? 3 * 2 * block * 4 : 0;
+    m.optimizer = 0;
+    if (choice.device == Device::kCpu) {
+      m.offload_buffers = ring;
+    } else {
+      m.offload_buffers = 2 * block * acc;
+      m.offload_host = deck.train.offload == Offload::kHost ? moments : ring;
+    }
+    if (deck.train.offload == Offload::kNvme) m.offload_disk = moments;
+  }
   // Each slot's input gradient, kept until its send to the previous stage
   // completes (TrainingStage's send buffers): on every stage that sends
   // gradients, the first too when interleaved (its later chunks send).
@@ -168,6 +187,12 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     if (deck.parallel.tp > 1) m.comm += 2 * 4 * B * T * static_cast<double>(cfg.n_embd);
   }
   return m;
+}
+
+int64_t offload_block_elements(const TrainConfig& train) {
+  const auto align = OffloadFiles::kAlignBytes;
+  const auto bytes = static_cast<int64_t>(train.offload_block_mb * (1 << 20));
+  return std::max<int64_t>(1, bytes / align) * OffloadFiles::kAlignElements;
 }
 
 }  // namespace mpiformer

@@ -35,14 +35,25 @@ struct RankMemory {
   double optimizer = 0;        // AdamW's two moments (whole, or the shard)
   double comm = 0;             // buffers only messages use (zero >= 2: two block parts; pipeline sends)
   double workspace = 0;        // the device context's scratch
+  // [train] offload: the blocks the moments stream through in the back
+  // end's memory (the host's read-ahead ring, or a GPU's block of each
+  // moment); and outside it, the moments in host memory (a GPU run's
+  // "host"), the ring of a GPU run's "nvme", and the files on disk.
+  double offload_buffers = 0;
+  double offload_host = 0;
+  double offload_disk = 0;
   double parameters() const { return stage.parameters + stage.weight_copy + shard_master; }
   double gradients() const { return stage.gradients + shard_gradients; }
   double total() const {
     return parameters() + gradients() + optimizer + stage.activations + stage.scratch + comm +
-           workspace;
+           workspace + offload_buffers;
   }
 };
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
+
+// The elements of each moment in one block of the offloaded update
+// ([train] offload_block_mb, whole multiples of the files' 4 KiB).
+int64_t offload_block_elements(const TrainConfig& train);
 
 // The stage options a deck asks for, with `slots` from the schedule: what
 // the trainer builds its stage with and the accounting predicts from.

@@ -111,6 +111,11 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   setup.dp_rank = place.dp_rank;
   setup.bucket_bytes = deck.parallel.bucket_mb * (1 << 20);
   setup.precision = choice.precision;
+  setup.offload = OffloadSetup{tc.offload, tc.offload_dir,
+                               grid_rank(place, static_cast<int>(deck.parallel.dp),
+                                         static_cast<int>(deck.parallel.tp)),
+                               choice.sharing};
+  setup.offload.block_elements = offload_block_elements(tc);
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
 #ifdef MPIFORMER_HAVE_CUDA
   if (cfg.head_dim() > 128) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <exception>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -134,8 +135,13 @@ ResumePoint CheckpointManager::load() {
   std::string last_error;
   for (const auto& path : paths) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> params(n), m(n), v(n);
-    const StageState scratch{params.data(), m.data(), v.data(), plan};
+    // Offloaded moments are read into their own place (a view of their
+    // files): a failed read leaves them half-written, but every successful
+    // restore writes every element, and a run that none succeeds for ends.
+    float* in_place[2] = {stage_.moments_in_place(0), stage_.moments_in_place(1)};
+    std::vector<float> params(n), m(in_place[0] ? 0 : n), v(in_place[1] ? 0 : n);
+    const StageState scratch{params.data(), in_place[0] ? in_place[0] : m.data(),
+                             in_place[1] ? in_place[1] : v.data(), plan};
     CheckpointMeta meta;
     double bytes_read = 0;
     try {
@@ -163,7 +169,7 @@ ResumePoint CheckpointManager::load() {
       }
       continue;
     }
-    stage_.load_state(params.data(), m.data(), v.data());
+    stage_.load_state(params.data(), scratch.adam_m, scratch.adam_v);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bytes_read, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     start.step = meta.step;
@@ -273,6 +279,21 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
       !stage_.on_device()) {
     state.params[0] = std::numeric_limits<float>::quiet_NaN();
   }
+  // Offloaded moments are read through views of their files: dropped
+  // from memory again however the save ends.
+  struct Release {
+    StageBackend& stage;
+    ~Release() noexcept(false) {
+      if (std::uncaught_exceptions() == 0) {
+        stage.release_host_state();
+        return;
+      }
+      try {
+        stage.release_host_state();
+      } catch (...) {  // the error already on its way says more
+      }
+    }
+  } release{stage_};
   refuse_nonfinite_state(state, step);
   const auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
   try {

@@ -22,22 +22,15 @@ class ReplicatedState final : public StageOptimizer<Ops> {
 
   // `bucket_bytes`: the reduction's bucket size; `dp_rank`: the replica
   // (replica 0 counts the gradient norm: the others hold the same sums).
-  ReplicatedState(GptStage<Ops>& stage, double bucket_bytes, int dp_rank)
+  // `offload`: where the moments live (adamw_state.hpp).
+  ReplicatedState(GptStage<Ops>& stage, double bucket_bytes, int dp_rank,
+                  const OffloadSetup& offload)
       : stage_(stage),
         ctx_(stage.context()),
         bucket_bytes_(bucket_bytes),
         dp_rank_(dp_rank),
-        wte_(stage.table().find(kOuterSchema[outer::wte].name)) {
-    const int64_t n = stage_.param_storage();
-    m_ = Buffer<Acc>(static_cast<size_t>(n));
-    v_ = Buffer<Acc>(static_cast<size_t>(n));
-    Ops::fill_zero(ctx_, m_.get(), n);
-    Ops::fill_zero(ctx_, v_.get(), n);
-    const std::vector<AdamWChunk> chunks = adamw_chunks(stage_.table());
-    chunk_count_ = static_cast<int64_t>(chunks.size());
-    chunks_ = Buffer<AdamWChunk>(chunks.size());
-    Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
-  }
+        wte_(stage.table().find(kOuterSchema[outer::wte].name)),
+        moments_(stage.context(), stage.param_storage(), adamw_chunks(stage.table()), offload) {}
 
   void connect(Communicator& dp) override {
     dp_ = &dp;
@@ -88,21 +81,20 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     return s;
   }
   void adamw(const AdamWParams& p) override {
-    Ops::adamw(ctx_, stage_.params(), stage_.grads(), m_.get(), v_.get(), chunks_.get(),
-               chunk_count_, p, stage_.weights());
+    moments_.step(stage_.params(), stage_.grads(), p, stage_.weights());
   }
 
   Acc* master() override { return stage_.params(); }
-  Acc* adam_m() override { return m_.get(); }
-  Acc* adam_v() override { return v_.get(); }
+  Acc* adam_m() override { return moments_.moment(0); }
+  Acc* adam_v() override { return moments_.moment(1); }
+  AdamWState<Ops>& moments() override { return moments_; }
   bool masters_are_weights() const override { return false; }
   int64_t state_size() const override { return stage_.param_storage(); }
   const ShardPlan* shard_plan() const override { return nullptr; }
   void load(const float* params, const float* m, const float* v) override {
     const int64_t n = stage_.param_storage();
     Ops::upload(ctx_, stage_.params(), params, n);
-    if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n);
-    if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n);
+    moments_.load(m, v);
     stage_.refresh_weights();
   }
   int zero() const override { return 0; }
@@ -125,9 +117,7 @@ class ReplicatedState final : public StageOptimizer<Ops> {
   double bucket_bytes_;
   int dp_rank_;
   const ParameterSpec* wte_;  // the tied embedding, where the stage holds a copy
-  Buffer<Acc> m_, v_;
-  Buffer<AdamWChunk> chunks_;
-  int64_t chunk_count_ = 0;
+  AdamWState<Ops> moments_;
   Communicator* dp_ = nullptr;
   std::unique_ptr<GradReducer> reducer_;
   bool begun_ = false;  // the step's reduction has begun

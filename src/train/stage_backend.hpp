@@ -21,6 +21,7 @@
 #include "model/gpt_stage.hpp"
 #include "model/shard_plan.hpp"
 #include "parallel/communicator.hpp"
+#include "train/adamw_state.hpp"
 #include "train/checkpointing.hpp"
 #include "train/tensor_group.hpp"
 
@@ -38,6 +39,7 @@ struct StageSetup {
   int dp = 1, dp_rank = 0;
   double bucket_bytes = 25.0 * (1 << 20);  // zero 0's reduction buckets ([parallel] bucket_mb)
   Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
+  OffloadSetup offload;  // where the optimizer's moments live ([train] offload)
 };
 
 
@@ -130,6 +132,17 @@ class StageBackend {
   // ZeRO they are this rank's shard (state.shards says how it is cut),
   // state_size() elements each.
   virtual StageState host_state() = 0;
+  // Where a restore may write AdamW's moment k (0: m, 1: v) itself: the
+  // offloaded moments' host memory or a view of their file (so a resume
+  // never holds a second whole copy of them); null where load_state copies.
+  virtual float* moments_in_place(int k) = 0;
+  // Done with what host_state() returned: offloaded state's views of its
+  // files are written back and dropped from memory.
+  virtual void release_host_state() {}
+  // Bytes of optimizer state outside the back end's memory ([train]
+  // offload: host memory or disk), and the files holding it (null: none).
+  virtual double offloaded_bytes() = 0;
+  virtual const OffloadFiles* offload_files() = 0;
   virtual void load_state(const float* params, const float* m, const float* v) = 0;
   virtual int64_t state_size() const = 0;
   virtual const ShardPlan* shard_plan() const = 0;

@@ -4,7 +4,8 @@
 // all-reduces) or a shard of it (zero_shards.hpp: reduce-scatters,
 // gathers). The training stage owns one and routes its backward through
 // it, so the step is the same walk for every zero stage; where the state
-// lives is the implementation's business (device memory today).
+// lives is the implementation's business: the masters and gradients in the
+// back end's memory, the moments wherever [train] offload says.
 #pragma once
 #include <cstdint>
 
@@ -12,6 +13,7 @@
 #include "model/parameter_table.hpp"
 #include "model/shard_plan.hpp"
 #include "parallel/communicator.hpp"
+#include "train/adamw_state.hpp"
 
 namespace mpiformer {
 
@@ -51,6 +53,8 @@ class StageOptimizer {
   virtual Acc* adam_m() = 0;
   virtual Acc* adam_v() = 0;
   virtual bool masters_are_weights() const = 0;
+  // Where the moments live, and their update (adamw_state.hpp).
+  virtual AdamWState<Ops>& moments() = 0;
   virtual int64_t state_size() const = 0;
   virtual const ShardPlan* shard_plan() const = 0;
   // From host memory (null moments: zero).

@@ -288,6 +288,25 @@ void Trainer::print_summary() const {
   std::printf("device: %s on rank 0%s%s%s\n", p.stage->describe().c_str(), gpu ? "" : " (",
               gpu ? "" : p.backend.why_cpu.c_str(), gpu ? "" : ")");
   if (!p.comms.description.empty()) std::printf("comms: %s on rank 0\n", p.comms.description.c_str());
+  if (tc.offload != Offload::kNone) {
+    const OffloadFiles* files = p.stage->offload_files();
+    std::printf("offload: AdamW's moments (%.1f MB on rank 0) %s%s\n",
+                p.stage->offloaded_bytes() / 1e6,
+                files == nullptr
+                    ? (gpu ? "in host memory, streamed through the device in blocks"
+                           : "in host memory (where the host back end keeps them anyway), "
+                             "streamed in blocks as a GPU run streams them")
+                    : strprintf("in %s (%s), streamed in blocks of %.1f MB per moment",
+                                tc.offload_dir.c_str(),
+                                files->direct() ? "direct I/O"
+                                                : "buffered I/O, each block dropped from the "
+                                                  "page cache: the file system has no direct I/O",
+                                4.0 * static_cast<double>(offload_block_elements(tc)) / 1e6)
+                          .c_str(),
+                files != nullptr && files->replaced_stale()
+                    ? "; files an earlier run left there were replaced"
+                    : "");
+  }
   std::printf("%s (rank 0)\n", environment_line(launch_environment(gpu)).c_str());
   std::printf("%s", memory_table(predicted_memory(deck_, p.backend)).c_str());
   if (!gpu && tc.precision != Precision::kFp32) {

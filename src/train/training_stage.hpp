@@ -38,9 +38,11 @@ class TrainingStage final : public StageBackend {
       for (int s = 0; s < setup.options.slots; ++s)
         grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
     if (setup.zero > 0) {
-      opt_ = std::make_unique<ZeroShards<Ops>>(stage_, setup.zero, setup.dp, setup.dp_rank);
+      opt_ = std::make_unique<ZeroShards<Ops>>(stage_, setup.zero, setup.dp, setup.dp_rank,
+                                               setup.offload);
     } else {
-      opt_ = std::make_unique<ReplicatedState<Ops>>(stage_, setup.bucket_bytes, setup.dp_rank);
+      opt_ = std::make_unique<ReplicatedState<Ops>>(stage_, setup.bucket_bytes, setup.dp_rank,
+                                                    setup.offload);
     }
   }
 
@@ -120,13 +122,25 @@ class TrainingStage final : public StageBackend {
     } else {
       const int64_t n = state_size(), np = whole ? stage_.param_storage() : n;
       host_params_.resize(static_cast<size_t>(np));
-      for (auto* h : {&host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
       Ops::download(ctx_, host_params_.data(), params, np);
+      if (opt_->moments().in_host_memory()) {
+        return StageState{host_params_.data(), m, v, shards, whole};  // offloaded
+      }
+      for (auto* h : {&host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
       Ops::download(ctx_, host_m_.data(), m, n);
       Ops::download(ctx_, host_v_.data(), v, n);
       return StageState{host_params_.data(), host_m_.data(), host_v_.data(), shards, whole};
     }
   }
+  void release_host_state() override { opt_->moments().release_views(); }
+  float* moments_in_place(int k) override {
+    if constexpr (std::is_same_v<Acc, float>) {
+      if (opt_->moments().where() != Offload::kNone) return opt_->moments().moment(k);
+    }
+    return nullptr;
+  }
+  double offloaded_bytes() override { return opt_->moments().offloaded_bytes(); }
+  const OffloadFiles* offload_files() override { return opt_->moments().files(); }
   // Null moments start at zero (a fresh run from pretrained weights).
   void load_state(const float* params, const float* m, const float* v) override {
     opt_->load(params, m, v);

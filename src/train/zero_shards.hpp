@@ -46,13 +46,15 @@ class ZeroShards final : public StageOptimizer<Ops> {
   template <class U>
   using Buffer = typename Ops::template Buffer<U>;
 
-  ZeroShards(GptStage<Ops>& stage, int zero, int dp, int dp_rank)
+  // `offload`: where the shard's moments live (adamw_state.hpp).
+  ZeroShards(GptStage<Ops>& stage, int zero, int dp, int dp_rank, const OffloadSetup& offload)
       : stage_(stage),
         ctx_(stage.context()),
         zero_(zero),
         plan_(stage.table(), stage.layout(), dp, dp_rank),
         n_(plan_.shard_size()),
-        alias_(masters_are_weights(zero)) {
+        alias_(masters_are_weights(zero)),
+        moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), alias_), offload) {
     // Counted as allocated, as the stage counts its own: the accounting
     // (rank_memory) must predict the sum (test_memory_accounting.cpp).
     auto acc = [&](int64_t count) {
@@ -62,8 +64,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       return b;
     };
     if (!alias_) master_ = acc(n_);
-    m_ = acc(n_);
-    v_ = acc(n_);
+    if (moments_.where() == Offload::kNone) allocated_ += 2.0 * static_cast<double>(n_) * sizeof(Acc);
     g_ = acc(n_);
     if constexpr (!std::is_same_v<Act, Acc>) {
       wshard_ = Buffer<Act>(static_cast<size_t>(n_));
@@ -71,10 +72,6 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
     if (zero_ >= 2)
       for (auto& r : recv_) r = acc(plan_.max_block_part());
-    const std::vector<AdamWChunk> chunks = plan_.adamw_chunks(stage.table(), alias_);
-    chunk_count_ = static_cast<int64_t>(chunks.size());
-    chunks_ = Buffer<AdamWChunk>(chunks.size());
-    Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
     const ParameterSpec* wte = stage.table().find(kOuterSchema[outer::wte].name);
     if (wte != nullptr) wte_unit_ = &plan_.unit_at(wte->offset);
     next_unit_ = plan_.units().size();
@@ -119,8 +116,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       }
     }
     if (!aliased) Ops::upload(ctx_, master_.get(), master, n_);
-    if (m != nullptr) Ops::upload(ctx_, m_.get(), m, n_);
-    if (v != nullptr) Ops::upload(ctx_, v_.get(), v, n_);
+    moments_.load(m, v);
     loaded();
   }
   // Initialisation part by part (no shard-sized temporary): the owned
@@ -140,8 +136,9 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // the stage's whole weights (in table order).
   Acc* master() override { return alias_ ? weights_as_masters(0) : master_.get(); }
   bool masters_are_weights() const override { return alias_; }
-  Acc* adam_m() override { return m_.get(); }
-  Acc* adam_v() override { return v_.get(); }
+  Acc* adam_m() override { return moments_.moment(0); }
+  Acc* adam_v() override { return moments_.moment(1); }
+  AdamWState<Ops>& moments() override { return moments_; }
 
   // Every rank draws each tensor whole (the same values everywhere), one
   // at a time, and keeps its rows (the shard's other elements, padding,
@@ -217,8 +214,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
 
   void adamw(const AdamWParams& p) override {
-    Ops::adamw(ctx_, master(), g_.get(), m_.get(), v_.get(), chunks_.get(), chunk_count_, p,
-               wshard());
+    moments_.step(master(), g_.get(), p, wshard());
     publish();
   }
 
@@ -333,11 +329,10 @@ class ZeroShards final : public StageOptimizer<Ops> {
   ShardPlan plan_;
   int64_t n_;
   bool alias_;  // masters_are_weights
-  Buffer<Acc> master_, m_, v_, g_;
+  AdamWState<Ops> moments_;
+  Buffer<Acc> master_, g_;
   Buffer<Act> wshard_;  // mixed precision only
   Buffer<Acc> recv_[2];
-  Buffer<AdamWChunk> chunks_;
-  int64_t chunk_count_ = 0;
   const ShardUnit* wte_unit_ = nullptr;
   Communicator* dp_ = nullptr;
   bool stale_ = true;

@@ -125,7 +125,7 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
         for (int rank = 0; rank < 3; ++rank) {
           host::Context ctx;
           GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, r, zero));
-          ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank);
+          ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank, OffloadSetup{});
           largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
         }
         Deck d;

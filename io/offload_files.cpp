@@ -1,0 +1,255 @@
+#include "offload_files.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "core/test_hooks.hpp"
+#include "run_lock.hpp"
+
+namespace mpiformer {
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+// Two threads: one transfer computes while the next is read and the last
+// written; more would only queue on one disk.
+struct OffloadFiles::Pool {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::packaged_task<void()>> tasks;
+  bool stopping = false;
+  std::vector<std::thread> threads;
+
+  Pool() {
+    for (int i = 0; i < 2; ++i) threads.emplace_back([this] { run(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    for (auto& t : threads) t.join();
+  }
+  std::future<void> submit(std::function<void()> f) {
+    std::packaged_task<void()> task(std::move(f));
+    std::future<void> done = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      tasks.push_back(std::move(task));
+    }
+    cv.notify_one();
+    return done;
+  }
+  void run() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stopping || !tasks.empty(); });
+        if (tasks.empty()) return;  // stopping, nothing left
+        task = std::move(tasks.front());
+        tasks.pop_front();
+      }
+      task();
+    }
+  }
+};
+
+OffloadFiles::OffloadFiles(const std::string& dir, int rank, int ranks_here,
+                           const std::vector<std::string>& names, int64_t elements,
+                           const char* given_as)
+    : dir_(dir), elements_(elements), padded_(round_up(elements, kAlignElements)), rank_(rank) {
+  const char* const kKey = given_as;  // how the directory was given
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw InputError(dir, kKey,
+                     std::filesystem::exists(dir, ec)
+                         ? "not a directory"
+                         : "does not exist: create it (node-local scratch, e.g. $TMPDIR or "
+                           "/local/$SLURM_JOB_ID) before the run");
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    throw InputError(dir, kKey, std::string("not writable: ") + std::strerror(errno));
+  }
+  // One lock per rank: a second run given the same directory meets the
+  // first's locks before it touches a file.
+  lock_ = std::make_unique<RunLock>(dir, kKey, strprintf(".lock-offload-rank%d", rank));
+  const double need = 4.0 * static_cast<double>(padded_) * static_cast<double>(names.size());
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) == 0) {
+    // Files an earlier run left here are replaced: their space counts as free.
+    double old = 0;
+    for (const auto& name : names) {
+      const auto size =
+          std::filesystem::file_size(dir + strprintf("/mpiformer-offload.rank%d.%s", rank, name.c_str()), ec);
+      if (!ec) old += static_cast<double>(size);
+    }
+    const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) + old;
+    if (free < need * ranks_here) {
+      throw InputError(dir, kKey,
+                       strprintf("no room for the optimizer state: %.1f MB per rank x %d "
+                                 "rank(s) on this node = %.1f MB needed, %.1f MB free",
+                                 need / 1e6, ranks_here, need * ranks_here / 1e6, free / 1e6));
+    }
+  }
+  direct_ = !test_hooks::offload_buffered();
+  for (const auto& name : names) {
+    File f;
+    f.path = dir + strprintf("/mpiformer-offload.rank%d.%s", rank, name.c_str());
+    if (std::filesystem::exists(f.path, ec)) replaced_ = true;
+    std::filesystem::remove(f.path, ec);
+    // O_EXCL: a file of this name now is another process's, never reused.
+    const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+    f.fd = direct_ ? ::open(f.path.c_str(), flags | O_DIRECT, 0600) : -1;
+    if (f.fd < 0 && direct_ && errno == EINVAL) {
+      direct_ = false;  // the file system has no direct I/O
+      std::filesystem::remove(f.path, ec);
+    }
+    if (f.fd < 0) f.fd = ::open(f.path.c_str(), flags, 0600);
+    if (f.fd < 0) {
+      const int err = errno;
+      remove_all();
+      throw InputError(dir, kKey, strprintf("cannot create %s: %s", f.path.c_str(), std::strerror(err)));
+    }
+    files_.push_back(f);
+    // The space now, so a full disk refuses the run here and never fails
+    // a step.
+    const int err = ::posix_fallocate(f.fd, 0, padded_ * 4);
+    if (err != 0) {
+      remove_all();
+      throw InputError(dir, kKey,
+                       strprintf("cannot reserve %.1f MB for %s: %s", need / 1e6,
+                                 f.path.c_str(), std::strerror(err)));
+    }
+  }
+  pool_ = std::make_unique<Pool>();
+}
+
+OffloadFiles::~OffloadFiles() {
+  pool_.reset();  // finishes what is queued
+  unmap_all();
+  remove_all();
+}
+
+double OffloadFiles::bytes() const {
+  return 4.0 * static_cast<double>(padded_) * static_cast<double>(files_.size());
+}
+
+void OffloadFiles::remove_all() {
+  std::error_code ec;
+  for (auto& f : files_) {
+    if (f.fd >= 0) ::close(f.fd);
+    f.fd = -1;
+    std::filesystem::remove(f.path, ec);
+  }
+}
+
+std::future<void> OffloadFiles::read(int file, int64_t first, int64_t n, float* buffer) {
+  return pool_->submit([=, this] { transfer(false, file, first, n, buffer); });
+}
+
+std::future<void> OffloadFiles::write(int file, int64_t first, int64_t n, const float* buffer) {
+  const bool fail = rank_ == 0 && ++writes_ == test_hooks::fault_offload_write();
+  float* b = const_cast<float*>(buffer);  // transfer() only reads it when writing
+  if (fail) {
+    const std::string what = files_[file].path;
+    return pool_->submit([what, first] {
+      throw StorageError(strprintf("offloaded optimizer state: write of %s at byte %lld failed: %s",
+                                   what.c_str(), static_cast<long long>(4 * first),
+                                   std::strerror(EIO)));
+    });
+  }
+  return pool_->submit([=, this] { transfer(true, file, first, n, b); });
+}
+
+void OffloadFiles::transfer(bool write, int file, int64_t first, int64_t n, float* buffer) {
+  const File& f = files_[file];
+  const int64_t bytes = 4 * round_up(n, kAlignElements);
+  char* at = reinterpret_cast<char*>(buffer);
+  int64_t done = 0;
+  while (done < bytes) {
+    const off_t offset = static_cast<off_t>(4 * first + done);
+    const ssize_t r = write ? ::pwrite(f.fd, at + done, static_cast<size_t>(bytes - done), offset)
+                            : ::pread(f.fd, at + done, static_cast<size_t>(bytes - done), offset);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int err = r == 0 ? EIO : errno;  // a read past the end: the file was cut
+      throw StorageError(strprintf("offloaded optimizer state: %s of %s at byte %lld failed: %s",
+                                   write ? "write" : "read", f.path.c_str(),
+                                   static_cast<long long>(offset), std::strerror(err)));
+    }
+    done += r;
+  }
+  if (!direct_) {
+    // Buffered: the block leaves the page cache once it is on disk.
+    const off_t offset = static_cast<off_t>(4 * first);
+    if (write) ::sync_file_range(f.fd, offset, bytes, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    ::posix_fadvise(f.fd, offset, bytes, POSIX_FADV_DONTNEED);
+  }
+}
+
+float* OffloadFiles::map(int file) {
+  File& f = files_[file];
+  if (f.view != nullptr) return f.view;
+  // A buffered descriptor of its own: mappings go through the page cache.
+  const int fd = ::open(f.path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    throw StorageError(strprintf("offloaded optimizer state: cannot open %s: %s", f.path.c_str(),
+                                 std::strerror(errno)));
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(4 * padded_), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    throw StorageError(strprintf("offloaded optimizer state: cannot map %s: %s", f.path.c_str(),
+                                 std::strerror(err)));
+  }
+  f.view = static_cast<float*>(p);
+  return f.view;
+}
+
+void OffloadFiles::unmap_all() {
+  for (auto& f : files_) {
+    if (f.view == nullptr) continue;
+    const size_t bytes = static_cast<size_t>(4 * padded_);
+    const bool synced = ::msync(f.view, bytes, MS_SYNC) == 0;
+    const int err = errno;
+    ::munmap(f.view, bytes);
+    f.view = nullptr;
+    if (!synced) {
+      throw StorageError(strprintf("offloaded optimizer state: writing back %s failed: %s",
+                                   f.path.c_str(), std::strerror(err)));
+    }
+    // Clean now: drop the cached pages the checkpoint's pass left.
+    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+  }
+}
+
+AlignedFloats::AlignedFloats(int64_t n) {
+  void* p = nullptr;
+  const size_t bytes = static_cast<size_t>(round_up(4 * n, OffloadFiles::kAlignBytes));
+  if (::posix_memalign(&p, OffloadFiles::kAlignBytes, bytes) != 0) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  data_.reset(static_cast<float*>(p));
+}
+
+void AlignedFloats::Free::operator()(float* p) const { std::free(p); }
+
+}  // namespace mpiformer

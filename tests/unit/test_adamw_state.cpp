@@ -1,0 +1,151 @@
+// The optimizer's moments wherever [train] offload puts them
+// (train/adamw_state.hpp): streamed through host memory or files in small
+// blocks, the update is bit-identical to the resident one; and the files'
+// life (io/offload_files.hpp): locked, reserved, replaced, removed, and
+// errors that name the directory or the file.
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.hpp"
+#include "host/ops.hpp"
+#include "offload_files.hpp"
+#include "reference.hpp"
+#include "temp_dir.hpp"
+#include "train/adamw_state.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+using HostOps = host::Ops<float>;
+
+struct Moments {
+  std::vector<float> p, m, v;
+};
+
+// Three steps of AdamW over `chunks` (moments of n; parameters at
+// param_offset in p, of np) with the moments placed as `where` says.
+Moments three_steps(const std::vector<AdamWChunk>& chunks, int64_t n, int64_t np,
+                const OffloadSetup& where) {
+  host::Context ctx;
+  AdamWState<HostOps> state(ctx, n, chunks, where);
+  std::vector<float> p(np);
+  const auto init = random_vector(np, 7);
+  for (int64_t i = 0; i < np; ++i) p[i] = static_cast<float>(init[i]);
+  for (int step = 1; step <= 3; ++step) {
+    const auto gd = random_vector(n, 10 + step);
+    std::vector<float> g(gd.begin(), gd.end());
+    state.step(p.data(), g.data(), AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7}, nullptr);
+  }
+  Moments r;
+  r.p = p;
+  for (int k = 0; k < 2; ++k) {
+    const float* x = state.moment(k);
+    (k == 0 ? r.m : r.v).assign(x, x + n);
+  }
+  state.release_views();
+  return r;
+}
+
+// Two tensors with different decay, a gap that stays untouched, chunks
+// of kAdamWChunkElements across the (small) blocks' boundaries, and the
+// parameters somewhere else than the moments (fp32 ZeRO's masters are the
+// stage's weights, at other offsets).
+TEST(AdamWState, OffloadedUpdatesAreBitIdenticalToResident) {
+  const int64_t n1 = 2 * kAdamWChunkElements + 999, gap = 1000, n2 = 5000;
+  const int64_t n = n1 + gap + n2, shift = 333, np = n + shift;
+  std::vector<AdamWChunk> chunks;
+  append_adamw_chunks(chunks, 0, n1, true, shift);
+  append_adamw_chunks(chunks, n1 + gap, n2, false, n1 + gap + shift);
+  const Moments want = three_steps(chunks, n, np, OffloadSetup{});
+  TempDir dir;
+  // 2048-element blocks: a chunk spans up to nine, and the ring of three
+  // slots turns over many times.
+  for (const Offload where : {Offload::kHost, Offload::kNvme}) {
+    OffloadSetup s{where, dir.file(""), 0, 1, 2048};
+    const Moments got = three_steps(chunks, n, np, s);
+    EXPECT_EQ(0, std::memcmp(got.p.data(), want.p.data(), 4 * want.p.size())) << name_of(where);
+    EXPECT_EQ(0, std::memcmp(got.m.data(), want.m.data(), 4 * want.m.size())) << name_of(where);
+    EXPECT_EQ(0, std::memcmp(got.v.data(), want.v.data(), 4 * want.v.size())) << name_of(where);
+    // The gap's parameters never moved; its moments stay zero.
+    EXPECT_EQ(got.p[n1 + shift + 10], want.p[n1 + shift + 10]);
+    EXPECT_EQ(got.m[n1 + 10], 0.0f);
+  }
+  // And the update did something (a test that cannot fail is none).
+  const auto init = random_vector(np, 7);
+  EXPECT_NE(want.p[shift], static_cast<float>(init[shift]));
+}
+
+TEST(OffloadFiles, LockedReservedReplacedAndRemoved) {
+  TempDir dir;
+  const std::string d = dir.file("");
+  const std::string stale = d + "/mpiformer-offload.rank3.adam_m";
+  std::ofstream(stale) << "left by an earlier run";
+  {
+    OffloadFiles files(d, 3, 1, {"adam_m", "adam_v"}, 5000);
+    EXPECT_TRUE(files.replaced_stale());
+    struct stat st {};
+    ASSERT_EQ(0, ::stat(stale.c_str(), &st));
+    EXPECT_GE(st.st_size, 4 * 5000);  // reserved at once, padded to 4 KiB
+    EXPECT_EQ(st.st_size % OffloadFiles::kAlignBytes, 0);
+    // A second run in the same place meets the lock before any file.
+    try {
+      OffloadFiles second(d, 3, 1, {"adam_m"}, 10);
+      ADD_FAILURE() << "a second user of the same files was not refused";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.field(), "[train] offload_dir");
+      EXPECT_NE(std::string(e.what()).find("another job"), std::string::npos) << e.what();
+    }
+    // Written and read back through the aligned path.
+    AlignedFloats out(5000), in(5000);
+    for (int i = 0; i < 5000; ++i) out.get()[i] = static_cast<float>(i) * 0.5f;
+    files.write(1, 0, 5000, out.get()).get();
+    files.read(1, 0, 5000, in.get()).get();
+    EXPECT_EQ(0, std::memcmp(out.get(), in.get(), 4 * 5000));
+    EXPECT_EQ(files.map(1)[4999], 4999 * 0.5f);
+    files.unmap_all();
+  }
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_FALSE(std::filesystem::exists(d + "/mpiformer-offload.rank3.adam_v"));
+}
+
+TEST(OffloadFiles, RefusesAMissingDirectoryAndOneWithoutRoom) {
+  TempDir dir;
+  const auto refused = [](const std::string& d, int ranks, const char* says) {
+    try {
+      OffloadFiles files(d, 0, ranks, {"adam_m", "adam_v"}, 1 << 20);
+      ADD_FAILURE() << "not refused: " << d;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), d);
+      EXPECT_EQ(e.field(), "[train] offload_dir");
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused(dir.file("missing"), 1, "does not exist");
+  // 8 MiB per rank times a node of a billion ranks: more than any disk.
+  refused(dir.file(""), 1 << 30, "MB needed");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("mpiformer-offload.rank0.adam_m")));
+}
+
+TEST(OffloadFiles, AFailedWriteNamesTheFile) {
+  TempDir dir;
+  ::setenv("MPIFORMER_FAULT_OFFLOAD_WRITE", "2", 1);
+  OffloadFiles files(dir.file(""), 0, 1, {"adam_m"}, 1024);
+  AlignedFloats b(1024);
+  files.write(0, 0, 1024, b.get()).get();  // the first succeeds
+  try {
+    files.write(0, 0, 1024, b.get()).get();
+    ADD_FAILURE() << "the second write did not fail";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("mpiformer-offload.rank0.adam_m"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("write"), std::string::npos) << e.what();
+  }
+  ::unsetenv("MPIFORMER_FAULT_OFFLOAD_WRITE");
+}
+
+}  // namespace
+}  // namespace mpiformer::test
