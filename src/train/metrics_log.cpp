@@ -107,7 +107,10 @@ void MetricsLog::step(const StepMetrics& m) {
                       m.loss_scale, m.overflow ? "true" : "false",
                       static_cast<long long>(m.overflows));
   }
-  if (m.host_timings) json += strprintf(", \"matmul_fraction\": %.4g", m.matmul_fraction);
+  if (m.host_timings) {
+    json += strprintf(", \"matmul_fraction\": %.4g, \"optimizer_ms\": %.4g", m.matmul_fraction,
+                      m.optimizer_ms);
+  }
   if (m.pipelined && m.host_timings) {
     line += strprintf(" | bubble %.0f%% (theory %.0f%%)", 100 * m.bubble, 100 * m.bubble_theory);
     json += strprintf(", \"bubble\": %.4g, \"bubble_theory\": %.4g", m.bubble, m.bubble_theory);

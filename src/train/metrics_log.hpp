@@ -30,6 +30,9 @@ struct StepMetrics {
   // step (ring model).
   bool tensor_parallel = false;
   double tp_reduce_fraction = 0, tp_sent_mb = 0;
+  // The optimizer step per step, mean over ranks (host timings): AdamW,
+  // the streaming of offloaded state, ZeRO's gathers after it.
+  double optimizer_ms = 0;
   // Why this step's update was skipped, or why the run stops at it (empty:
   // applied), and the updates skipped so far.
   std::string skipped, stopped;

@@ -207,8 +207,11 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         }
         result.skipped_steps = guard_.skipped();
         result.overflows = scaler_.overflows();
-        if (result.verdict == StepVerdict::kApply)
+        if (result.verdict == StepVerdict::kApply) {
+          const auto a0 = Clock::now();
           stage.adamw_step(lr, step + 1, clip / loss_scale);
+          times.optimizer += std::chrono::duration<double>(Clock::now() - a0).count();
+        }
         result.grad_norm = norm;
         result.lr = lr;
         break;

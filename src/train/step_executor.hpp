@@ -45,6 +45,7 @@ struct StepTimes {
   double dp_sent_bytes = 0;   // sent to the data-parallel group (ring model)
   double tp_reduce = 0;       // in the tensor group's all-reduces (host: their time)
   double tp_sent_bytes = 0;   // sent to the tensor group (ring model)
+  double optimizer = 0;       // in the optimizer step (AdamW, its state's streaming, ZeRO's gathers)
 };
 
 class StepExecutor {
