@@ -16,6 +16,7 @@
 #include "deck.hpp"
 #include "parallel/mpi_session.hpp"
 #include "token_dataset.hpp"
+#include "train/calibrate_disk.hpp"
 #include "train/calibration.hpp"
 #ifdef MPIFORMER_HAVE_CUDA
 #include "cuda/device.hpp"
@@ -49,7 +50,7 @@ std::string prediction_json(const Prediction& p) {
   std::string j = strprintf(
       "{\"dp\": %lld, \"pp\": %lld, \"tp\": %lld, \"micro_batch\": %lld, \"zero\": %lld, "
       "\"recompute\": \"%s\", \"schedule\": \"%s\", \"virtual_stages\": %lld, "
-      "\"sequence_parallel\": %s, \"step_s\": %.6g, \"compute_s\": %.6g, "
+      "\"sequence_parallel\": %s, \"offload\": \"%s\", \"step_s\": %.6g, \"compute_s\": %.6g, "
       "\"tp_comm_s\": %.6g, \"exposed_comm_s\": %.6g, \"bubble_s\": %.6g, \"optimizer_s\": %.6g, "
       "\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"memory_max\": %.0f, \"runtime\": %.0f, "
       "\"memory_available\": %.0f, \"memory_planned\": %.0f, "
@@ -57,7 +58,7 @@ std::string prediction_json(const Prediction& p) {
       static_cast<long long>(l.dp), static_cast<long long>(l.pp), static_cast<long long>(l.tp),
       static_cast<long long>(l.micro_batch), static_cast<long long>(l.zero), name_of(l.recompute),
       name_of(l.schedule), static_cast<long long>(l.virtual_stages),
-      l.sequence_parallel ? "true" : "false", p.step.step_time, p.compute, p.tp_comm, p.exposed_comm, p.bubble,
+      l.sequence_parallel ? "true" : "false", name_of(l.offload), p.step.step_time, p.compute, p.tp_comm, p.exposed_comm, p.bubble,
       p.optimizer, p.tokens_per_s, p.mfu, p.memory_max, p.runtime, p.memory_available,
       p.memory_planned, p.fits ? "true" : "false");
   for (size_t s = 0; s < p.memory.size(); ++s)
@@ -73,7 +74,8 @@ std::string memory_split(const Prediction& p) {
   return strprintf("%.2f = %.2f + %.2f + %.2f + %.2f + %.2f", p.memory_max / kGiB,
                    m->parameters() / kGiB, m->gradients() / kGiB, m->optimizer / kGiB,
                    m->stage.activations / kGiB,
-                   (m->stage.scratch + m->comm + m->workspace + (p.memory_max - m->total())) / kGiB);
+                   (m->stage.scratch + m->comm + m->workspace + m->offload_buffers +
+                    (p.memory_max - m->total())) / kGiB);
 }
 
 std::string prediction_row(int i, const Prediction& p) {
@@ -220,7 +222,9 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.device = device;
   req.precision = device == Device::kCuda ? Precision::kBf16 : Precision::kFp32;
   if (!args.precision.empty()) parse_setting(kPrecisionNames, args.precision, &req.precision);
-  const MachineSpec m = calibrate_machine(req);
+  MachineSpec m = calibrate_machine(req);
+  if (!args.offload_dir.empty())
+    calibration::measure_offload_disk(args.offload_dir, args.offload_mb * 1e6, m);
   if (rank == 0) {
     const std::string what = device == Device::kCuda
                                  ? std::string("GPUs, ") + name_of(req.precision) +
@@ -235,6 +239,11 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
                 "%.1f GFLOP/s per rank; intra-node all-reduce %.1f us + %.2f GB/s)\n",
                 args.output.c_str(), m.matmul.size(), m.attention.size(), m.kernels.size(),
                 m.peak_flops / 1e9, m.intra.allreduce.latency * 1e6, m.intra.allreduce.bandwidth / 1e9);
+    if (!args.offload_dir.empty()) {
+      std::printf("calibrate: the disk under %s, every rank of a node at once: read %.2f GB/s, "
+                  "write %.2f GB/s (the node's)\n",
+                  args.offload_dir.c_str(), m.disk_read_bandwidth / 1e9, m.disk_write_bandwidth / 1e9);
+    }
   }
   return 0;
 }

@@ -89,6 +89,8 @@ struct CalibrateArgs {
   double probe_tokens = 2048;    // CalibrationRequest's
   std::string device = "auto";   // auto | cpu | cuda
   std::string precision;         // fp32 | bf16 | fp16; "" = bf16 on a GPU, fp32 on the host
+  std::string offload_dir;       // "" = the disk is not measured
+  double offload_mb = 1024;      // MB each rank writes and reads there
 };
 int run_calibrate(const CalibrateArgs& args, int rank);
 

@@ -172,6 +172,13 @@ int main(int argc, char** argv) {
   ca->add_option("--precision", cal.precision, "precision of the measured rates (default: bf16 on "
                                                "a GPU, fp32 on the host)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  ca->add_option("--offload-dir", cal.offload_dir,
+                 "also measure the disk under this directory as [train] offload = \"nvme\" "
+                 "streams it (every rank of a node at once): [offload] disk_read_gbs and "
+                 "disk_write_gbs");
+  ca->add_option("--offload-mb", cal.offload_mb, "MB each rank writes and reads under --offload-dir")
+      ->check(CLI::Range(16.0, 1e7))
+      ->capture_default_str();
 
   try {
     try {

@@ -116,8 +116,10 @@ void require_room(double runtime, double memory, const std::string& path, const 
 MachineSpec parse_machine(const std::string& text, const std::string& path) {
   const toml::value root = parse_toml_text(text, path);
   for (const auto& [k, _] : root.as_table()) {
-    if (k != "machine" && k != "compute" && k != "intra" && k != "inter")
-      throw InputError(path, k, "unknown section (expected [machine], [compute], [intra] or [inter])");
+    if (k != "machine" && k != "compute" && k != "intra" && k != "inter" && k != "offload")
+      throw InputError(path, k,
+                       "unknown section (expected [machine], [compute], [intra], [inter] or "
+                       "[offload])");
   }
   MachineSpec m;
   m.path = path;
@@ -217,6 +219,13 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
       m.attention.push_back(p);
     }
   }
+  if (root.contains("offload")) {
+    const Section off(root.at("offload"), path, "offload",
+                      {"host_link_gbs", "disk_read_gbs", "disk_write_gbs"});
+    m.host_link_bandwidth = off.number("host_link_gbs", 0, 1e9, false, 0) * 1e9;
+    m.disk_read_bandwidth = off.number("disk_read_gbs", 0, 1e9, false, 0) * 1e9;
+    m.disk_write_bandwidth = off.number("disk_write_gbs", 0, 1e9, false, 0) * 1e9;
+  }
   if (!root.contains("intra")) throw InputError(path, "[intra]", "missing (the links within a node)");
   m.intra = read_link(root.at("intra"), path, "intra");
   m.has_inter = root.contains("inter");
@@ -285,6 +294,12 @@ std::string MachineSpec::to_toml() const {
                      c->bandwidth / 1e9);
     return s;
   };
+  if (host_link_bandwidth > 0 || disk_read_bandwidth > 0 || disk_write_bandwidth > 0) {
+    t += "\n[offload]  # [train] offload: GB/s to host memory (per device), the node's disk\n";
+    if (host_link_bandwidth > 0) t += strprintf("host_link_gbs = %.6g\n", host_link_bandwidth / 1e9);
+    if (disk_read_bandwidth > 0) t += strprintf("disk_read_gbs = %.6g\n", disk_read_bandwidth / 1e9);
+    if (disk_write_bandwidth > 0) t += strprintf("disk_write_gbs = %.6g\n", disk_write_bandwidth / 1e9);
+  }
   t += link("intra", intra);
   if (has_inter) t += link("inter", inter);
   return t;

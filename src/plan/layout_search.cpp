@@ -63,7 +63,7 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
               for (bool sp : {false, true}) {
                 // Sequence parallelism where the rows divide among the group.
                 if (sp && (tp == 1 || cfg.seq_len % tp != 0)) continue;
-                layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, sp});
+                layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, sk, sp, 1, deck.train.offload});
                 // Interleaved 1F1B, with 2 and 4 chunks per stage where the
                 // layers cut evenly and the micro-batches come in rounds
                 // of pp (the deck's rules).
@@ -71,8 +71,8 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
                 const int64_t micro = deck.train.global_batch / (dp * mb);
                 for (int64_t v : {2, 4}) {
                   if (cfg.n_layer % (pp * v) != 0 || micro % pp != 0) continue;
-                  layouts.push_back(
-                      Layout{dp, pp, tp, mb, zero, rc, ScheduleKind::kInterleaved, sp, v});
+                  layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, ScheduleKind::kInterleaved,
+                                           sp, v, deck.train.offload});
                 }
               }
             }
@@ -91,35 +91,57 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
   }
   // Priced side by side (each prediction is independent and pure), into
   // their own slots, so the result is the same whatever the threads.
-  const int total = static_cast<int>(layouts.size());
-  std::vector<Prediction> priced(layouts.size());
-  std::mutex mutex;  // guards what follows, for the progress reports
-  int done = 0;
-  Prediction best;
-  const auto start = std::chrono::steady_clock::now();
-  auto last_report = start;
-  std::exception_ptr error;
+  auto price = [&](const std::vector<Layout>& candidates) {
+    const int total = static_cast<int>(candidates.size());
+    std::vector<Prediction> priced(candidates.size());
+    std::mutex mutex;  // guards what follows, for the progress reports
+    int done = 0;
+    Prediction best;
+    const auto start = std::chrono::steady_clock::now();
+    auto last_report = start;
+    std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic) num_threads(std::max(1, options.threads))
-  for (int i = 0; i < total; ++i) {
-    try {
-      Prediction p = predict_step(with_layout(deck, layouts[static_cast<size_t>(i)]), machine,
-                                  static_cast<int>(node), true);
-      const std::lock_guard<std::mutex> lock(mutex);
-      ++done;
-      if (p.fits && p.tokens_per_s > best.tokens_per_s) best = p;
-      const auto now = std::chrono::steady_clock::now();
-      if (options.progress && now - last_report >= options.report_every) {
-        last_report = now;
-        options.progress(done, total, std::chrono::duration<double>(now - start).count(),
-                         best.fits ? &best : nullptr);
+    for (int i = 0; i < total; ++i) {
+      try {
+        Prediction p = predict_step(with_layout(deck, candidates[static_cast<size_t>(i)]), machine,
+                                    static_cast<int>(node), true);
+        const std::lock_guard<std::mutex> lock(mutex);
+        ++done;
+        if (p.fits && p.tokens_per_s > best.tokens_per_s) best = p;
+        const auto now = std::chrono::steady_clock::now();
+        if (options.progress && now - last_report >= options.report_every) {
+          last_report = now;
+          options.progress(done, total, std::chrono::duration<double>(now - start).count(),
+                           best.fits ? &best : nullptr);
+        }
+        priced[static_cast<size_t>(i)] = std::move(p);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
       }
-      priced[static_cast<size_t>(i)] = std::move(p);
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(mutex);
-      if (!error) error = std::current_exception();
+    }
+    if (error) std::rethrow_exception(error);
+    return priced;
+  };
+  std::vector<Prediction> priced = price(layouts);
+  int total = static_cast<int>(layouts.size());
+  // Nothing fits: the same layouts with the moments offloaded, where the
+  // machine file prices it (a GPU's host memory; a disk, when the deck
+  // names the directory the run would stream through).
+  const auto fits = [](const Prediction& p) { return p.fits; };
+  if (deck.train.offload == Offload::kNone && std::none_of(priced.begin(), priced.end(), fits)) {
+    Offload where = Offload::kNone;
+    if (machine.device == Device::kCuda && machine.host_link_bandwidth > 0) where = Offload::kHost;
+    if (where == Offload::kNone && !deck.train.offload_dir.empty() &&
+        machine.disk_read_bandwidth > 0 && machine.disk_write_bandwidth > 0)
+      where = Offload::kNvme;
+    if (where != Offload::kNone) {
+      for (Layout& l : layouts) l.offload = where;
+      std::vector<Prediction> offloaded = price(layouts);
+      total += static_cast<int>(offloaded.size());
+      for (Prediction& p : offloaded) priced.push_back(std::move(p));
     }
   }
-  if (error) std::rethrow_exception(error);
   plan.considered = total;
   plan.leanest = priced.front();
   for (Prediction& p : priced) {

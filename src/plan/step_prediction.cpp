@@ -21,13 +21,15 @@ std::string Layout::describe() const {
                    static_cast<long long>(micro_batch), static_cast<long long>(zero),
                    name_of(recompute), name_of(schedule)) +
          (virtual_stages > 1 ? strprintf(" v%lld", static_cast<long long>(virtual_stages)) : "") +
-         (sequence_parallel ? " sp" : "");
+         (sequence_parallel ? " sp" : "") +
+         (offload != Offload::kNone ? std::string(" offload ") + name_of(offload) : "");
 }
 
 Layout layout_of(const Deck& d) {
   return {d.parallel.dp,     d.parallel.pp,        d.parallel.tp,
           d.train.micro_batch, d.parallel.zero,      d.train.recompute,
-          d.parallel.schedule, d.parallel.sequence_parallel, d.parallel.virtual_stages};
+          d.parallel.schedule, d.parallel.sequence_parallel, d.parallel.virtual_stages,
+          d.train.offload};
 }
 
 Deck with_layout(const Deck& deck, const Layout& l) {
@@ -41,6 +43,7 @@ Deck with_layout(const Deck& deck, const Layout& l) {
   d.parallel.virtual_stages = l.virtual_stages;
   d.train.micro_batch = l.micro_batch;
   d.train.recompute = l.recompute;
+  d.train.offload = l.offload;
   return d;
 }
 
@@ -196,7 +199,36 @@ std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptCo
   return {f, b};
 }
 
+// Seconds to read and write `bytes` of offloaded moments on the node's
+// disk, which `ranks` ranks stream through at once (0 unless nvme).
+double offload_seconds(const Deck& deck, const MachineSpec& machine, double bytes, int64_t ranks) {
+  if (deck.train.offload != Offload::kNvme) return 0;
+  return bytes * static_cast<double>(ranks) *
+         (1 / machine.disk_read_bandwidth + 1 / machine.disk_write_bandwidth);
+}
+// Seconds a GPU's offloaded moments spend crossing its host link (to the
+// device and back); none on the host, where they are in place.
+double offload_link_seconds(const Deck& deck, const MachineSpec& machine, double bytes) {
+  if (deck.train.offload == Offload::kNone || machine.device != Device::kCuda) return 0;
+  return 2 * bytes / machine.host_link_bandwidth;
+}
+
 void require_rates_for(const Deck& deck, const MachineSpec& machine) {
+  // Offload is priced with the [offload] section's rates.
+  if (deck.train.offload == Offload::kNvme &&
+      (machine.disk_read_bandwidth <= 0 || machine.disk_write_bandwidth <= 0)) {
+    throw InputError(machine.path, "[offload] disk_read_gbs, disk_write_gbs",
+                     "missing, and [train] offload = \"nvme\" streams the moments through the "
+                     "disk: measure it with `mpiformer calibrate --offload-dir DIR` (the "
+                     "directory the run will use) or write the disk's rates");
+  }
+  if (deck.train.offload != Offload::kNone && machine.device == Device::kCuda &&
+      machine.host_link_bandwidth <= 0) {
+    throw InputError(machine.path, "[offload] host_link_gbs",
+                     "missing, and [train] offload moves the moments between the GPU and host "
+                     "memory every step: write the link's rate per direction (PCIe 5 x16: about "
+                     "50; NVLink-C2C: about 450)");
+  }
   if (machine.precision && *machine.precision != deck.train.precision) {
     // Rates of another precision would price every kernel wrongly (bf16
     // GEMMs run about twice fp32's on this machine, 8-16x on a GPU).
@@ -368,7 +400,14 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                                  (owned + grads) * acc / bandwidth(machine, "residual", grads));
     // The gradient norm's all-reduce over every rank (a few bytes).
     const double norm = collective(ranks <= R ? machine.intra.allreduce : machine.inter.allreduce, ranks, 8, 2);
-    optimizer[s] = math + opt_comm + norm;
+    // [train] offload (train/adamw_state.hpp): the moments are read and
+    // written once a step in blocks, the next read while one updates and
+    // the last is written, so the update hides behind the disk or the disk
+    // behind it; the node's ranks stream at once and share its disk. A
+    // GPU's blocks also cross its host link both ways, not overlapped.
+    const double stream = offload_seconds(deck, machine, 2 * owned * acc, R);
+    const double update = std::max(math, stream);
+    optimizer[s] = update + opt_comm + norm + offload_link_seconds(deck, machine, 2 * owned * acc);
     // The step's split is reported for the busiest stage (the one that
     // paces the pipeline); the rest of its time is the bubble.
     const double busy = (fwd + bwd + wgt) * static_cast<double>(micro);
@@ -376,7 +415,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       out.compute = busy;
       out.tp_comm = tp_time * static_cast<double>(micro);
       out.exposed_comm = reduce + per_micro_comm * static_cast<double>(micro) + opt_comm + norm;
-      out.optimizer = math;
+      out.optimizer = update + offload_link_seconds(deck, machine, 2 * owned * acc);
       out.kernels.assign(by_kernel.begin(), by_kernel.end());
     }
     costs.p2p = pp > 1 ? sendrecv(pp_link.sendrecv, message_bytes) : 0;

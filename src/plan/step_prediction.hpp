@@ -17,7 +17,11 @@
 //    them, so the data-parallel reduction and ZeRO's transfers are exposed;
 //    on a GPU (NCCL on its own stream) the reduction hides behind the last
 //    micro-batch's backward and zero 3's next-block gather behind the
-//    current block.
+//    current block;
+//  - [train] offload: the moments are read and written once a step on
+//    the node's disk, which its ranks share ([offload] in the machine
+//    file), overlapped with the update; a GPU's also cross its host link
+//    both ways.
 #pragma once
 #include <string>
 #include <vector>
@@ -36,7 +40,9 @@ struct Layout {
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   bool sequence_parallel = false;
   int64_t virtual_stages = 1;  // chunks per stage (interleaved)
-  // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b" ("interleaved v2"; + " sp")
+  Offload offload = Offload::kNone;  // [train] offload
+  // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b" ("interleaved v2"; + " sp";
+  // + " offload nvme")
   std::string describe() const;
 };
 Layout layout_of(const Deck& deck);

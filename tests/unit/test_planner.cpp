@@ -20,6 +20,9 @@
 
 #include "core/error.hpp"
 #include "machine_file.hpp"
+#include "model/parameter_table.hpp"
+#include "model/shard_plan.hpp"
+#include "model/stage_layout.hpp"
 #include "model/stage_work.hpp"
 #include "plan/layout_search.hpp"
 #include "plan/memory_report.hpp"
@@ -593,6 +596,78 @@ TEST(Plan, TheShippedMachineFilesPlan) {
     EXPECT_GT(plan.fitting.front().mfu, 0.1) << name;
     EXPECT_LT(plan.fitting.front().mfu, 1.0) << name;
   }
+}
+
+// [train] offload: the moments leave the device's memory and the step
+// pays for streaming them, on the disk the node's ranks share and (a GPU)
+// across the host link both ways; a machine file that cannot price it is
+// named; and the search offloads when nothing else fits.
+TEST(Plan, OffloadIsPricedAndChosenWhenNothingElseFits) {
+  MachineSpec m = load_machine(std::string(MPIFORMER_SOURCE_DIR) + "/inputs/machines/h200-single.toml");
+  Deck deck = tiny_deck();
+  // About 8.3 G parameters: 18 bytes each in bf16 (weights, float
+  // gradients, masters, moments) overflow 139 GiB; without the moments'
+  // 8, they fit.
+  deck.model = GptConfig{40, 32, 4096, 2048, 50304};
+  deck.train.global_batch = 8;
+  deck.train.micro_batch = 1;
+  deck.train.precision = Precision::kBf16;
+  deck.train.recompute = Recompute::kFull;
+  const Prediction none = predict_step(deck, m, 1, false);
+  EXPECT_FALSE(none.fits);
+  Deck off = deck;
+  off.train.offload = Offload::kHost;
+  const Prediction host = predict_step(off, m, 1, false);
+  EXPECT_TRUE(host.fits);
+  const double moments = 2.0 * 4 * static_cast<double>(
+      ParameterTable(deck.model, StageRange{0, deck.model.n_layer, true, true}).total_storage());
+  EXPECT_NEAR(none.memory[0].optimizer, moments, 1e-9 * moments);
+  EXPECT_EQ(host.memory[0].optimizer, 0.0);
+  EXPECT_NEAR(host.memory[0].offload_host, moments, 1e-9 * moments);
+  // Both ways across 25 GB/s, on top of the update.
+  EXPECT_NEAR(host.optimizer - none.optimizer, 2 * moments / 25e9, 1e-6 * host.optimizer);
+  // nvme needs the disk's rates, which this file does not have.
+  off.train.offload = Offload::kNvme;
+  try {
+    predict_step(off, m, 1, false);
+    ADD_FAILURE() << "nvme priced without the disk's rates";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("[offload] disk_read_gbs"), std::string::npos) << e.what();
+  }
+  // The search: nothing fits on the device alone, so it offloads.
+  const Plan plan = plan_layouts(deck, m, 1);
+  ASSERT_FALSE(plan.fitting.empty());
+  for (const Prediction& p : plan.fitting) EXPECT_EQ(p.layout.offload, Offload::kHost);
+  EXPECT_NE(plan.fitting.front().layout.describe().find("offload host"), std::string::npos);
+  // A machine file that cannot price it: nothing offered.
+  m.host_link_bandwidth = 0;
+  EXPECT_TRUE(plan_layouts(deck, m, 1).fitting.empty());
+}
+
+// On the host with nvme: the step pays the moments' bytes read and written
+// on the disk, times the node's ranks that share it, when it is slower
+// than the update itself.
+TEST(Plan, NvmeOffloadPaysTheSharedDisk) {
+  MachineSpec m = load_machine(std::string(MPIFORMER_SOURCE_DIR) + "/inputs/machines/dgx-h100.toml");
+  m.disk_read_bandwidth = 2e9;
+  m.disk_write_bandwidth = 1e9;
+  Deck deck = tiny_deck();
+  deck.model = GptConfig{24, 16, 1024, 1024, 50304};
+  deck.train.global_batch = 64;
+  deck.train.micro_batch = 1;
+  deck.train.precision = Precision::kBf16;
+  deck.parallel.dp = 8;
+  deck.parallel.zero = 1;
+  deck.train.offload = Offload::kNvme;
+  deck.train.offload_dir = "/local";
+  const Prediction p = predict_step(deck, m, 8, false);
+  const double shard = 2.0 * 4 * static_cast<double>(
+      ShardPlan(ParameterTable(deck.model, StageRange{0, 24, true, true}),
+                StageLayout(ParameterTable(deck.model, StageRange{0, 24, true, true}),
+                            StageRange{0, 24, true, true}), 8, 0).max_shard_size());
+  const double disk = shard * 8 * (1 / 2e9 + 1 / 1e9);
+  EXPECT_NEAR(p.optimizer, disk + 2 * shard / m.host_link_bandwidth, 1e-6 * p.optimizer);
+  EXPECT_NEAR(p.memory[0].offload_disk, shard, 1e-9 * shard);
 }
 
 }  // namespace
