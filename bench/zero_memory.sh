@@ -26,19 +26,6 @@ common=(--set model.seq_len="$SEQ" --set train.micro_batch=1 --set train.global_
         --set data.val='""' --set run.peak_tflops=1 --set parallel.dp="$DP"
         --set checkpoint.resume=never)
 
-# predicted_MB measured_MB tokens_per_s dp_sent_mb of a run directory.
-summary() {
-  python3 - "$1/metrics.jsonl" <<'PY'
-import json, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
-pred = [r["memory_predicted"] for r in recs if "memory_predicted" in r][0][0]["total"]
-meas = max(m["peak_growth"] for r in recs if "memory_measured" in r for m in r["memory_measured"])
-steps = [r for r in recs if "tokens_per_s" in r][1:]
-tps = sum(r["tokens_per_s"] for r in steps) / len(steps)
-sent = steps[-1].get("dp_sent_mb", 0.0)
-print(f"{pred / 1e6:.0f} {meas / 1e6:.0f} {tps:.1f} {sent:.0f}")
-PY
-}
 
 run() {  # dir zero recompute [extra...]
   local dir=$OUT/$1 zero=$2 rc=$3
@@ -64,7 +51,7 @@ if [ -n "${BIG:-}" ]; then
   fi
   run big_zero3 3 full "${big[@]}"
   grep -E "^step [0-9]" "$OUT/big_zero3.log" || { tail "$OUT/big_zero3.log"; exit 1; }
-  read -r pred meas tps sent < <(summary "$OUT/big_zero3")
+  read -r pred meas tps sent < <(run_summary "$OUT/big_zero3" dp_sent_mb)
   echo "zero 3 + full: predicted $pred MB per rank, measured $meas MB, $tps tokens/s"
   exit 0
 fi
@@ -78,7 +65,7 @@ cfgs=("0 none" "0 attention" "0 full" "1 none" "2 none" "3 none" "3 full")
 for cfg in "${cfgs[@]}"; do
   set -- $cfg
   run "z$1_$2" "$1" "$2"
-  read -r pred meas tps sent < <(summary "$OUT/z$1_$2")
+  read -r pred meas tps sent < <(run_summary "$OUT/z$1_$2" dp_sent_mb)
   [ -n "$base_mem" ] || { base_mem=$meas; base_tps=$tps; }
   awk -v z="$1" -v r="$2" -v p="$pred" -v m="$meas" -v t="$tps" -v s="$sent" -v bm="$base_mem" \
       -v bt="$base_tps" 'BEGIN { printf "| %s | %s | %d | %d | %+.1f%% | %.1f | %d | %.2f | %.2f |\n",
