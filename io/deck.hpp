@@ -51,7 +51,8 @@ struct TrainConfig {
   Offload offload = Offload::kNone;
   std::string offload_dir;
   // MiB of each moment per block of the streamed update (read ahead and
-  // written behind, three blocks in host memory per moment).
+  // written behind, three blocks in host memory per moment): 16 is large
+  // enough for a disk's full rate and little beside the state.
   double offload_block_mb = 16;
 };
 

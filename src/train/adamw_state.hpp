@@ -41,12 +41,9 @@ struct OffloadSetup {
   int rank = 0;        // world rank: names the files
   int ranks_here = 1;  // ranks on this node (share the directory's room)
   // The update streams the state in blocks of this many elements ([train]
-  // offload_block_mb, a multiple of the files' alignment).
-  int64_t block_elements = kDefaultBlockElements;
-  // 16 MiB of each moment: large enough for a disk's full rate, small
-  // enough that three per moment (read ahead, computing, written behind)
-  // are little beside the state.
-  static constexpr int64_t kDefaultBlockElements = int64_t{1} << 22;
+  // offload_block_mb through plan/rank_memory.hpp's offload_block_elements,
+  // a multiple of the files' alignment); needed when offloading.
+  int64_t block_elements = 0;
 };
 
 template <class Ops>
@@ -70,6 +67,8 @@ class AdamWState {
       upload_chunks(chunks);
       return;
     }
+    if (block_ <= 0 || block_ % OffloadFiles::kAlignElements != 0)
+      throw std::logic_error("AdamWState: offloading needs whole aligned blocks");
     if constexpr (!std::is_same_v<Acc, float>) {
       throw std::logic_error("offloaded optimizer state is float (a double stage is a test's)");
     } else {

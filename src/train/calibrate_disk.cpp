@@ -10,7 +10,7 @@
 #include "core/mpi_check.hpp"
 #include "offload_files.hpp"
 #include "parallel/input_agreement.hpp"
-#include "train/adamw_state.hpp"
+#include "plan/rank_memory.hpp"
 
 namespace mpiformer::calibration {
 
@@ -53,7 +53,7 @@ void measure_offload_disk(const std::string& dir, double bytes_per_rank, Machine
   // rank 0 tells the others.
   int leader = rank == 0 ? 1 : 0;
   MPI_CHECK(MPI_Bcast(&leader, 1, MPI_INT, 0, node));
-  const int64_t block = OffloadSetup::kDefaultBlockElements;
+  const int64_t block = offload_block_elements(TrainConfig{});  // a run's default
   const int64_t elements = std::max<int64_t>(block, static_cast<int64_t>(bytes_per_rank / 4) / block * block);
   double rates[2] = {0, 0};  // read, write: bytes/s of the node
   std::unique_ptr<OffloadFiles> files;
