@@ -39,6 +39,9 @@ struct Ops {
   using Context = cuda::Context;
   template <class U>
   using Buffer = DeviceBuffer<U>;
+  // Page-locked host memory, so the copies below overlap host work.
+  template <class U>
+  using HostBuffer = PinnedBuffer<U>;
   using Tokens = cuda::Tokens;
   static constexpr bool kHostMemory = false;
   static constexpr Element kActElement = std::is_same_v<A, float>  ? Element::kF32
@@ -87,6 +90,16 @@ struct Ops {
                                  cudaMemcpyDeviceToHost, c.stream()));
     c.synchronize();
   }
+  // To a HostBuffer, queued: complete once synchronize() returns. (upload
+  // from a HostBuffer is queued likewise: its source must stay untouched
+  // until then.)
+  template <class U>
+  static void download_start(Context& c, U* dst, const U* src, int64_t n) {
+    if (n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(U) * static_cast<size_t>(n),
+                                 cudaMemcpyDeviceToHost, c.stream()));
+  }
+  static void synchronize(Context& c) { c.synchronize(); }
   static void load_tokens(Context& c, Tokens& t, const int32_t* src, int64_t n, bool grouped) {
     t.load(c, src, n, grouped);
   }

@@ -64,6 +64,9 @@ struct Ops {
   using Context = host::Context;
   template <class U>
   using Buffer = host::Buffer<U>;
+  // Host memory a device copies from and to (the GPU's is page-locked).
+  template <class U>
+  using HostBuffer = host::Buffer<U>;
   using Tokens = host::Tokens;
   static constexpr bool kHostMemory = true;
   static constexpr Element kActElement = element_of<T>();

@@ -62,4 +62,12 @@ constexpr PrecisionPlan precision_plan(Precision p) {
   }
 }
 
+// [train] offload moves the float masters out with the moments where the
+// matmuls read a copy of them (mixed precision): the update then needs
+// only the gradients and writes only the copy. In fp32 the masters are the
+// weights the matmuls read, so they stay in the back end's memory.
+constexpr bool masters_offloaded(Offload where, bool weight_copy) {
+  return where != Offload::kNone && weight_copy;
+}
+
 }  // namespace mpiformer

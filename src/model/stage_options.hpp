@@ -13,8 +13,10 @@ struct StageOptions {
   int64_t micro_batch = 1;
   int slots = 1;  // micro-batches in flight at once (the schedule's)
   Recompute recompute = Recompute::kNone;
-  // ZeRO >= 1: the Acc master weights live in the optimizer's shard, not in
-  // the stage; the stage keeps only the weights its matmuls read (Act).
+  // ZeRO >= 1, or masters offloaded ([train] offload in mixed precision):
+  // the Acc master weights live in the optimizer's shard or its offloaded
+  // state, not in the stage; the stage keeps only the weights its matmuls
+  // read (Act).
   bool external_master = false;
   // ZeRO >= 2: the blocks' gradients live in two block-sized windows the
   // trainer drains after each block's backward (the embeddings' and final

@@ -31,11 +31,11 @@ std::string memory_table(const std::vector<RankMemory>& stages) {
                    m.stage.activations / 1e6, m.slots, m.stage.per_slot / 1e6, m.comm / 1e6,
                    (m.stage.scratch + m.workspace + m.offload_buffers) / 1e6, m.total() / 1e6);
   }
-  // Offloaded moments: what the back end no longer holds, and where it went.
+  // Offloaded state: what the back end no longer holds, and where it went.
   for (size_t s = 0; s < stages.size(); ++s) {
     const RankMemory& m = stages[s];
     if (m.offload_host + m.offload_disk + m.offload_buffers == 0) continue;
-    t += strprintf("  %zu | offloaded AdamW moments: %.1f MB on disk, %.1f MB in host memory "
+    t += strprintf("  %zu | offloaded optimizer state: %.1f MB on disk, %.1f MB in host memory "
                    "outside the device's; %.1f MB of streaming blocks (in scratch)\n",
                    s, m.offload_disk / 1e6, m.offload_host / 1e6, m.offload_buffers / 1e6);
   }

@@ -30,9 +30,14 @@ double save_gather_bytes(const ParameterSpec& spec, int64_t dp) {
 }  // namespace
 
 StageOptions stage_options_of(const Deck& deck, int slots) {
-  return stage_options(deck.train.micro_batch, slots, deck.train.recompute,
-                       static_cast<int>(deck.parallel.zero), deck.parallel.sequence_parallel,
-                       splits_backward(deck.parallel.schedule));
+  StageOptions o = stage_options(deck.train.micro_batch, slots, deck.train.recompute,
+                                 static_cast<int>(deck.parallel.zero),
+                                 deck.parallel.sequence_parallel,
+                                 splits_backward(deck.parallel.schedule));
+  // Offloaded masters live with the moments (train/adamw_state.hpp).
+  if (masters_offloaded(deck.train.offload, precision_plan(deck.train.precision).weight_copy))
+    o.external_master = true;
+  return o;
 }
 
 StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank) {
@@ -66,7 +71,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
                             stage_options_of(deck, slots),
                             static_cast<size_t>(act), static_cast<size_t>(acc), attention);
   if (zero == 0) {
-    m.optimizer = 2 * m.stage.parameters;  // AdamW's two moments, as the master weights
+    // AdamW's two moments, each the size of the stage's master weights.
+    m.optimizer = 2 * static_cast<double>(ParameterTable(cfg, range).total_storage()) * acc;
     // On the host, MPI's non-blocking all-reduce keeps a temporary of its
     // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp).
     if (choice.device == Device::kCpu) {
@@ -130,23 +136,29 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       m.comm += std::max(in_flight * acc, gather);
     }
   }
-  // [train] offload moves the moments out (adamw_state.hpp): on the host
+  // [train] offload moves the moments out (adamw_state.hpp), with the
+  // float masters in mixed precision (the 16-bit copy stays). On the host,
   // "host" keeps them in host memory all the same; "nvme" keeps a ring of
-  // three blocks of each moment there; a GPU keeps one block of each.
-  if (deck.train.offload != Offload::kNone && !(choice.device == Device::kCpu &&
-                                                deck.train.offload == Offload::kHost)) {
-    const double moments = m.optimizer;
-    const double block =
-        std::min(moments / (2 * acc), static_cast<double>(offload_block_elements(deck.train)));
-    const double ring = deck.train.offload == Offload::kNvme ? 3 * 2 * block * 4 : 0;
+  // three blocks of each part there. A GPU keeps nothing of them: its
+  // update runs on the host, with page-locked buffers of two blocks of
+  // gradients and one of the 16-bit copy (fp32: two of the masters).
+  if (deck.train.offload != Offload::kNone) {
+    const bool held = masters_offloaded(deck.train.offload, types.weight_copy);
+    const double elements = m.optimizer / (2 * acc);
+    const double masters = held ? elements * acc : 0;
+    if (zero > 0) m.shard_master -= masters;  // zero 0: the stage has none (stage_options_of)
+    const double state = m.optimizer + masters;
+    const double block = std::min(elements, static_cast<double>(offload_block_elements(deck.train)));
+    const double ring = deck.train.offload == Offload::kNvme ? 3 * (held ? 3 : 2) * block * 4 : 0;
     m.optimizer = 0;
     if (choice.device == Device::kCpu) {
+      if (deck.train.offload == Offload::kHost) m.optimizer = state;
       m.offload_buffers = ring;
     } else {
-      m.offload_buffers = 2 * block * acc;
-      m.offload_host = deck.train.offload == Offload::kHost ? moments : ring;
+      m.offload_host = (deck.train.offload == Offload::kHost ? state : ring) +
+                       block * (2 * acc + (held ? act : 2 * acc));
     }
-    if (deck.train.offload == Offload::kNvme) m.offload_disk = moments;
+    if (deck.train.offload == Offload::kNvme) m.offload_disk = state;
   }
   // Each slot's input gradient, kept until its send to the previous stage
   // completes (TrainingStage's send buffers): on every stage that sends

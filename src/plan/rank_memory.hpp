@@ -35,10 +35,11 @@ struct RankMemory {
   double optimizer = 0;        // AdamW's two moments (whole, or the shard)
   double comm = 0;             // buffers only messages use (zero >= 2: two block parts; pipeline sends)
   double workspace = 0;        // the device context's scratch
-  // [train] offload: the blocks the moments stream through in the back
-  // end's memory (the host's read-ahead ring, or a GPU's block of each
-  // moment); and outside it, the moments in host memory (a GPU run's
-  // "host"), the ring of a GPU run's "nvme", and the files on disk.
+  // [train] offload (moments, and masters in mixed precision): the blocks
+  // they stream through in the back end's memory (the host's read-ahead
+  // ring; on the host, "host" counts them under optimizer); and outside
+  // it, a GPU run's: the state in host memory ("host") or the ring
+  // ("nvme"), with its page-locked buffers; and the files on disk.
   double offload_buffers = 0;
   double offload_host = 0;
   double offload_disk = 0;

@@ -1,27 +1,37 @@
-// AdamW's moments for one stage's optimizer (its whole state under zero 0,
-// its shard under ZeRO), wherever [train] offload puts them, and the update
-// over them. Both optimizers (replicated_state.hpp, zero_shards.hpp) hold
-// one; the masters and gradients stay theirs.
+// AdamW's state for one stage's optimizer (its whole state under zero 0,
+// its shard under ZeRO), wherever [train] offload puts it, and the update
+// over it. Both optimizers (replicated_state.hpp, zero_shards.hpp) hold
+// one; the gradients stay theirs.
 //
-//   none: in the back end's memory beside the weights; one pass of the
-//     back end's AdamW over the whole chunk list.
-//   host: in host memory (a GPU run's moments leave device memory).
-//   nvme: in two files under [train] offload_dir (io/offload_files.hpp).
+//   none: the moments in the back end's memory beside the masters; one
+//     pass of the back end's AdamW over the whole chunk list.
+//   host: the moments in host memory (a GPU run's leave device memory).
+//   nvme: the moments in files under [train] offload_dir
+//     (io/offload_files.hpp).
+// Offloaded in mixed precision, the float masters go with the moments
+// (core/precision_plan.hpp's masters_offloaded): the back end keeps only
+// the 16-bit copy its matmuls read. In fp32 the masters are those weights
+// and stay.
 //
-// Offloaded, the update streams the moments through the back end's own
-// AdamW block by block (OffloadSetup::block_elements at a time): a block's moments are
-// read (nvme: the next block's read while this one computes; the last
-// one's written back behind it), moved to where the masters and gradients
-// are (a GPU's memory; nothing to move on the host), updated by the same
-// kernel over the same chunks, and moved back. Each element's arithmetic
-// is the same whatever the placement (common/adamw_math.hpp), so the
-// numbers are bit-identical to `none` on every layout.
+// Offloaded, the update runs on the host, block by block
+// (OffloadSetup::block_elements at a time), through the host's threaded,
+// vectorised AdamW: nvme reads the next block while this one computes and
+// writes the last one behind it; a GPU copies each block's gradients down
+// (the next block's while this one computes, into page-locked buffers)
+// and the updated 16-bit copy up (in fp32, the masters down and up
+// instead). A GPU's link carries 6 bytes an element in bf16 (4 down, 2
+// up), not the 16 a device-side update of host moments would. Each
+// element's arithmetic is the same code on the host and the device
+// (common/adamw_math.hpp) and the 16-bit rounding is the same (round to
+// nearest even on both), so the numbers are bit-identical to `none` on
+// every layout.
 #pragma once
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -29,7 +39,11 @@
 #include "common/adamw_params.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/precision_plan.hpp"
 #include "core/settings.hpp"
+#include "host/adamw.hpp"
+#include "host/residual.hpp"
+#include "host/storage_types.hpp"
 #include "offload_files.hpp"
 
 namespace mpiformer {
@@ -53,18 +67,35 @@ class AdamWState {
   using Acc = typename Ops::Acc;
   template <class U>
   using Buffer = typename Ops::template Buffer<U>;
+  template <class U>
+  using HostBuffer = typename Ops::template HostBuffer<U>;
+  // Act as the host stores it (the same 16 bits as the device's type).
+  using HostAct = std::conditional_t<
+      Ops::kActElement == Element::kBf16, host::Bf16,
+      std::conditional_t<Ops::kActElement == Element::kF16, host::Fp16, Acc>>;
+  static_assert(sizeof(HostAct) == sizeof(Act));
+  static constexpr bool kWeightCopy = !std::is_same_v<Act, Acc>;
 
-  // Moments of `n` elements; `chunks`: the update's list (offsets into the
+  // The state's parts (files, checkpoints' in-place restore).
+  enum Part { kM = 0, kV = 1, kMaster = 2 };
+
+  // State of `n` elements; `chunks`: the update's list (offsets into the
   // moments and gradients; param_offset into the masters).
   AdamWState(typename Ops::Context& ctx, int64_t n, const std::vector<AdamWChunk>& chunks,
              const OffloadSetup& where)
-      : ctx_(ctx), n_(n), where_(where.where), block_(where.block_elements) {
+      : ctx_(ctx),
+        n_(n),
+        where_(where.where),
+        block_(where.block_elements),
+        parts_(masters_offloaded(where_, kWeightCopy) ? 3 : 2) {
     if (where_ == Offload::kNone) {
       m_ = Buffer<Acc>(static_cast<size_t>(n));
       v_ = Buffer<Acc>(static_cast<size_t>(n));
       Ops::fill_zero(ctx_, m_.get(), n);
       Ops::fill_zero(ctx_, v_.get(), n);
-      upload_chunks(chunks);
+      chunk_count_ = static_cast<int64_t>(chunks.size());
+      chunks_ = Buffer<AdamWChunk>(chunks.size());
+      Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
       return;
     }
     if (block_ <= 0 || block_ % OffloadFiles::kAlignElements != 0)
@@ -74,30 +105,42 @@ class AdamWState {
     } else {
       split_into_blocks(chunks);
       if (where_ == Offload::kHost) {
-        host_[0].assign(static_cast<size_t>(n), 0.0f);
-        host_[1].assign(static_cast<size_t>(n), 0.0f);
+        for (int k = 0; k < parts_; ++k) host_[k].assign(static_cast<size_t>(n), 0.0f);
       } else {
-        files_ = std::make_unique<OffloadFiles>(where.dir, where.rank, where.ranks_here,
-                                                std::vector<std::string>{"adam_m", "adam_v"}, n);
+        const std::vector<std::string> names = {"adam_m", "adam_v", "master"};
+        files_ = std::make_unique<OffloadFiles>(
+            where.dir, where.rank, where.ranks_here,
+            std::vector<std::string>(names.begin(), names.begin() + parts_), n);
       }
       const int64_t block = std::min(n, block_);
-      const int ring = where_ == Offload::kNvme ? 3 : 0;
-      for (int s = 0; s < ring; ++s)
-        for (auto& b : slots_[s].moment) b = AlignedFloats(block);
+      if (where_ == Offload::kNvme)
+        for (Slot& s : slots_)
+          for (int k = 0; k < parts_; ++k) s.part[k] = AlignedFloats(block);
       if constexpr (!Ops::kHostMemory) {
-        for (auto& d : device_) d = Buffer<Acc>(static_cast<size_t>(block));
+        for (auto& g : stage_g_) g = HostBuffer<Acc>(static_cast<size_t>(block));
+        if (holds_masters()) {
+          stage_w_ = HostBuffer<HostAct>(static_cast<size_t>(block));
+        } else {
+          for (auto& p : stage_p_) p = HostBuffer<Acc>(static_cast<size_t>(block));
+        }
       }
     }
   }
 
   Offload where() const { return where_; }
-  // Bytes of the moments outside the back end's memory (host or disk).
-  double offloaded_bytes() const { return where_ == Offload::kNone ? 0 : 8.0 * static_cast<double>(n_); }
+  // The masters are this state's (offloaded in mixed precision): the
+  // caller keeps none, and master() is where they are.
+  bool holds_masters() const { return parts_ == 3; }
+  // Bytes of the state outside the back end's memory (host or disk).
+  double offloaded_bytes() const {
+    return where_ == Offload::kNone ? 0 : 4.0 * parts_ * static_cast<double>(n_);
+  }
   const OffloadFiles* files() const { return files_.get(); }
 
   // The update: `master` and `grads` where the back end keeps them (its
-  // memory), `weights` the Act copy the chunks' offsets index (mixed
-  // precision; null in fp32).
+  // memory; `master` unused when holds_masters()), `weights` the Act copy
+  // the chunks' offsets index (mixed precision; null in fp32, where the
+  // masters are what the matmuls read).
   void step(Acc* master, const Acc* grads, const AdamWParams& p, Act* weights) {
     if (where_ == Offload::kNone) {
       Ops::adamw(ctx_, master, grads, m_.get(), v_.get(), chunks_.get(), chunk_count_, p, weights);
@@ -108,35 +151,34 @@ class AdamWState {
     if constexpr (std::is_same_v<Acc, float>) streamed_step(master, grads, p, weights);
   }
 
-  // The moments in host memory, for checkpoints and the checks before them
-  // (device memory when not offloaded: the caller copies them out). Files
-  // are mapped; release_views() when done.
+  // The moments and held masters in host memory, for checkpoints and the
+  // checks before them (device memory when not offloaded: the caller
+  // copies them out). Files are mapped; release_views() when done.
   bool in_host_memory() const { return where_ != Offload::kNone || Ops::kHostMemory; }
   Acc* moment(int k) {
     if (where_ == Offload::kNone) return k == 0 ? m_.get() : v_.get();
-    if constexpr (std::is_same_v<Acc, float>) {
-      if (where_ == Offload::kHost) return host_[k].data();
-      return files_->map(k);
-    }
-    return nullptr;
+    return part(k);
   }
+  Acc* master() { return holds_masters() ? part(kMaster) : nullptr; }
   void release_views() {
     if (files_) files_->unmap_all();
   }
-  // From host memory (n each; null: zero).
-  void load(const float* m, const float* v) {
-    const float* src[2] = {m, v};
+  // From host memory (n each; null: zero); `master` read when
+  // holds_masters() only. A source that is the part's own place (a view
+  // from moment() or master(), written by a restore) is kept as it is.
+  void load(const float* master, const float* m, const float* v) {
+    const float* src[3] = {m, v, master};
     for (int k = 0; k < 2; ++k) {
-      if (where_ == Offload::kNone) {
-        Acc* dst = k == 0 ? m_.get() : v_.get();
-        if (src[k] != nullptr) Ops::upload(ctx_, dst, src[k], n_);
-        else Ops::fill_zero(ctx_, dst, n_);
-        continue;
-      }
-      if constexpr (std::is_same_v<Acc, float>) {
+      if (where_ != Offload::kNone) break;
+      Acc* dst = k == 0 ? m_.get() : v_.get();
+      if (src[k] != nullptr) Ops::upload(ctx_, dst, src[k], n_);
+      else Ops::fill_zero(ctx_, dst, n_);
+    }
+    if constexpr (std::is_same_v<Acc, float>) {
+      for (int k = 0; k < parts_ && where_ != Offload::kNone; ++k) {
         if (where_ == Offload::kHost) {
           float* dst = host_[k].data();
-          if (src[k] == dst) continue;  // restored in place (moments_in_place)
+          if (src[k] == dst) continue;  // restored in place
           if (src[k] != nullptr) std::memcpy(dst, src[k], sizeof(float) * static_cast<size_t>(n_));
           else std::memset(dst, 0, sizeof(float) * static_cast<size_t>(n_));
         } else if (!files_->is_view(k, src[k])) {
@@ -146,91 +188,179 @@ class AdamWState {
     }
     release_views();
   }
+  // The held masters rounded into `dest` (the back end's Act copy, n
+  // elements in the state's order): after init and restore.
+  void write_weights(Act* dest) {
+    if constexpr (std::is_same_v<Acc, float> && kWeightCopy) {
+      if (!holds_masters()) throw std::logic_error("AdamWState::write_weights: masters not held");
+      release_views();
+      for (const Block& b : blocks_) {
+        const float* mst = host_[kMaster].data() + b.first;
+        if (where_ == Offload::kNvme) {
+          float* buf = slots_[0].part[0].get();
+          files_->read(kMaster, b.first, b.length, buf).get();
+          mst = buf;
+        }
+        if constexpr (Ops::kHostMemory) {
+          host::convert(dest + b.first, mst, b.length);
+        } else {
+          host::convert(stage_w_.get(), mst, b.length);
+          Ops::upload(ctx_, dest + b.first, reinterpret_cast<const Act*>(stage_w_.get()), b.length);
+          Ops::synchronize(ctx_);  // before stage_w_ is written again
+        }
+      }
+    }
+  }
 
  private:
-  // A run of the state, [first, first + length), and the chunks inside it
-  // (offsets relative to `first`; parameters where they were).
+  // A run of the state, [first, first + length), the chunks inside it
+  // (offsets relative to `first`; parameters relative to it too where the
+  // host computes on a copy of them, else where they were), and the runs
+  // of consecutive elements a GPU copies.
   struct Block {
     int64_t first = 0, length = 0;
-    int64_t chunk_begin = 0, chunk_count = 0;  // in chunks_
+    int64_t chunk_begin = 0, chunk_count = 0;  // in host_chunks_
+    int64_t run_begin = 0, run_count = 0;      // in runs_
   };
-  // One block's moments in host memory, and its transfers in flight.
+  // Elements [local, local + length) of a block, whose masters are at
+  // param (the back end's memory).
+  struct Run {
+    int64_t local, param, length;
+  };
+  // One block's state in host memory, and its transfers in flight.
   struct Slot {
-    std::array<AlignedFloats, 2> moment;
+    std::array<AlignedFloats, 3> part;
     std::vector<std::future<void>> pending;
   };
 
-  // Moment k's file from host memory (null: zeros), block by block
-  // through the ring's first slot, with the update's direct writes.
+  float* part(int k) {
+    if constexpr (std::is_same_v<Acc, float>) {
+      if (where_ == Offload::kHost) return host_[k].data();
+      if (where_ == Offload::kNvme) return files_->map(k);
+    }
+    return nullptr;
+  }
+
+  // Part k's file from host memory (null: zeros), block by block through
+  // the ring's first slot, with the update's direct writes.
   void write_file(int k, const float* src) {
     release_views();
-    Slot& s = slots_[0];
+    float* buf = slots_[0].part[0].get();
     for (const Block& b : blocks_) {
-      float* buf = s.moment[0].get();
       if (src != nullptr) std::memcpy(buf, src + b.first, sizeof(float) * static_cast<size_t>(b.length));
       else std::memset(buf, 0, sizeof(float) * static_cast<size_t>(b.length));
       files_->write(k, b.first, b.length, buf).get();
     }
   }
 
-  void upload_chunks(const std::vector<AdamWChunk>& chunks) {
-    chunk_count_ = static_cast<int64_t>(chunks.size());
-    chunks_ = Buffer<AdamWChunk>(chunks.size());
-    Ops::upload(ctx_, chunks_.get(), chunks.data(), chunk_count_);
-  }
-
   // Blocks start at multiples of the block size (aligned for direct I/O);
   // a chunk across a boundary is cut in two there (each element's update
   // is its own, so the cut changes nothing).
   void split_into_blocks(const std::vector<AdamWChunk>& chunks) {
-    std::vector<AdamWChunk> rebased;
+    // The host's kernel reads the masters from a copy in block order when
+    // they are held here, or copied from a GPU; on the host it updates
+    // the caller's in place.
+    const bool local_params = holds_masters() || !Ops::kHostMemory;
     for (int64_t first = 0; first < n_; first += block_) {
       Block b;
       b.first = first;
       b.length = std::min(block_, n_ - first);
-      b.chunk_begin = static_cast<int64_t>(rebased.size());
+      b.chunk_begin = static_cast<int64_t>(host_chunks_.size());
+      b.run_begin = static_cast<int64_t>(runs_.size());
       const int64_t end = first + b.length;
       for (const AdamWChunk& c : chunks) {
         const int64_t lo = std::max(c.offset, first), hi = std::min(c.offset + c.length, end);
         if (lo >= hi) continue;
-        rebased.push_back(AdamWChunk{lo - first, c.param_offset + (lo - c.offset),
-                                     static_cast<int32_t>(hi - lo), c.decay});
+        if (holds_masters() && c.param_offset != c.offset)
+          throw std::logic_error("AdamWState: held masters are in the state's order");
+        const int64_t local = lo - first, param = c.param_offset + (lo - c.offset);
+        host_chunks_.push_back(AdamWChunk{local, local_params ? local : param,
+                                          static_cast<int32_t>(hi - lo), c.decay});
+        Run* last = runs_.size() > static_cast<size_t>(b.run_begin) ? &runs_.back() : nullptr;
+        if (last != nullptr && last->local + last->length == local && last->param + last->length == param)
+          last->length += hi - lo;
+        else
+          runs_.push_back(Run{local, param, hi - lo});
       }
-      b.chunk_count = static_cast<int64_t>(rebased.size()) - b.chunk_begin;
+      b.chunk_count = static_cast<int64_t>(host_chunks_.size()) - b.chunk_begin;
+      b.run_count = static_cast<int64_t>(runs_.size()) - b.run_begin;
       blocks_.push_back(b);
     }
-    upload_chunks(rebased);
+  }
+
+  // nvme: block i's parts into slot i % 3, once that slot's last writes are done.
+  void read_block(int64_t i) {
+    Slot& s = slots_[i % 3];
+    for (auto& f : s.pending) f.get();
+    s.pending.clear();
+    for (int k = 0; k < parts_; ++k)
+      s.pending.push_back(files_->read(k, blocks_[i].first, blocks_[i].length, s.part[k].get()));
+  }
+  // A GPU: block i's gradients (and in fp32 its masters) queued for the
+  // host, into buffer i % 2.
+  void fetch_block(int64_t i, const Acc* master, const Acc* grads) {
+    if constexpr (!Ops::kHostMemory) {
+      const Block& b = blocks_[i];
+      Ops::download_start(ctx_, stage_g_[i % 2].get(), grads + b.first, b.length);
+      if (!holds_masters())
+        for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r)
+          Ops::download_start(ctx_, stage_p_[i % 2].get() + runs_[r].local, master + runs_[r].param,
+                              runs_[r].length);
+    }
+  }
+  // A GPU: block i's results queued for the device (the Act copy, or in
+  // fp32 the masters); their buffers stay untouched until the next
+  // synchronize.
+  void send_block(int64_t i, Acc* master, Act* weights) {
+    if constexpr (!Ops::kHostMemory) {
+      const Block& b = blocks_[i];
+      for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r) {
+        const Run& run = runs_[r];
+        if (holds_masters()) {
+          Ops::upload(ctx_, weights + b.first + run.local,
+                      reinterpret_cast<const Act*>(stage_w_.get()) + run.local, run.length);
+        } else {
+          Ops::upload(ctx_, master + run.param, stage_p_[i % 2].get() + run.local, run.length);
+        }
+      }
+    }
   }
 
   void streamed_step(Acc* master, const Acc* grads, const AdamWParams& p, Act* weights) {
+    constexpr bool kDevice = !Ops::kHostMemory;
+    const bool nvme = where_ == Offload::kNvme;
     const int64_t count = static_cast<int64_t>(blocks_.size());
-    const auto read = [&](int64_t i) {
-      Slot& s = slots_[i % 3];
-      for (auto& f : s.pending) f.get();  // its last block's writes are done
-      s.pending.clear();
-      for (int k = 0; k < 2; ++k)
-        s.pending.push_back(files_->read(k, blocks_[i].first, blocks_[i].length, s.moment[k].get()));
-    };
     try {
-      if (where_ == Offload::kNvme && count > 0) read(0);
+      if (count > 0) {
+        if (nvme) read_block(0);
+        fetch_block(0, master, grads);
+      }
       for (int64_t i = 0; i < count; ++i) {
         const Block& b = blocks_[i];
-        float* host[2] = {nullptr, nullptr};
-        if (where_ == Offload::kNvme) {
-          if (i + 1 < count) read(i + 1);
+        float* state[3] = {nullptr, nullptr, nullptr};
+        if (nvme) {
+          if (i + 1 < count) read_block(i + 1);
           Slot& s = slots_[i % 3];
           for (auto& f : s.pending) f.get();
           s.pending.clear();
-          for (int k = 0; k < 2; ++k) host[k] = s.moment[k].get();
+          for (int k = 0; k < parts_; ++k) state[k] = s.part[k].get();
         } else {
-          for (int k = 0; k < 2; ++k) host[k] = host_[k].data() + b.first;
+          for (int k = 0; k < parts_; ++k) state[k] = host_[k].data() + b.first;
         }
-        update_block(b, host, master, grads, p, weights);
-        if (where_ == Offload::kNvme) {
+        if constexpr (kDevice) {
+          // Block i's copies down, and block i - 1's up, are done.
+          Ops::synchronize(ctx_);
+          if (i + 1 < count) fetch_block(i + 1, master, grads);
+        }
+        update_block(i, state, master, grads, p, weights);
+        if constexpr (kDevice) send_block(i, master, weights);
+        if (nvme) {
           Slot& s = slots_[i % 3];
-          for (int k = 0; k < 2; ++k) s.pending.push_back(files_->write(k, b.first, b.length, host[k]));
+          for (int k = 0; k < parts_; ++k)
+            s.pending.push_back(files_->write(k, b.first, b.length, state[k]));
         }
       }
+      if constexpr (kDevice) Ops::synchronize(ctx_);
       for (Slot& s : slots_) {
         for (auto& f : s.pending) f.get();
         s.pending.clear();
@@ -244,22 +374,25 @@ class AdamWState {
     }
   }
 
-  // One block: the moments from host memory through the back end's AdamW.
-  void update_block(const Block& b, float* host[2], Acc* master, const Acc* grads,
+  // One block through the host's AdamW: the moments (and held masters)
+  // from `state`, the gradients and masters where they are or from the
+  // buffers a GPU's copies filled.
+  void update_block(int64_t i, float* state[3], Acc* master, const Acc* grads,
                     const AdamWParams& p, Act* weights) {
-    Acc* m = host[0];
-    Acc* v = host[1];
-    if constexpr (!Ops::kHostMemory) {
-      Ops::upload(ctx_, device_[0].get(), host[0], b.length);
-      Ops::upload(ctx_, device_[1].get(), host[1], b.length);
-      m = device_[0].get();
-      v = device_[1].get();
-    }
-    Ops::adamw(ctx_, master, grads + b.first, m, v, chunks_.get() + b.chunk_begin, b.chunk_count, p,
-               weights != nullptr ? weights + b.first : nullptr);
-    if constexpr (!Ops::kHostMemory) {
-      Ops::download(ctx_, host[0], device_[0].get(), b.length);
-      Ops::download(ctx_, host[1], device_[1].get(), b.length);
+    if constexpr (std::is_same_v<Acc, float>) {
+      const Block& b = blocks_[i];
+      const AdamWChunk* chunks = host_chunks_.data() + b.chunk_begin;
+      float* params = holds_masters() ? state[kMaster] : master;
+      const float* g = grads + b.first;
+      HostAct* copy = nullptr;
+      if constexpr (Ops::kHostMemory) {
+        if (weights != nullptr) copy = weights + b.first;
+      } else {
+        g = stage_g_[i % 2].get();
+        if (holds_masters()) copy = stage_w_.get();
+        else params = stage_p_[i % 2].get();
+      }
+      host::adamw_update_chunks(params, g, state[kM], state[kV], chunks, b.chunk_count, p, copy);
     }
   }
 
@@ -267,14 +400,21 @@ class AdamWState {
   int64_t n_;
   Offload where_;
   int64_t block_;
-  Buffer<Acc> m_, v_;                  // none
-  std::vector<float> host_[2];         // host
-  std::unique_ptr<OffloadFiles> files_;  // nvme
-  std::array<Slot, 3> slots_;          // nvme: read ahead, computing, written behind
-  Buffer<Acc> device_[2];              // a GPU's block of each moment
-  std::vector<Block> blocks_;
-  Buffer<AdamWChunk> chunks_;
+  int parts_;                            // 2: the moments; 3: the masters too
+  Buffer<Acc> m_, v_;                    // none
+  Buffer<AdamWChunk> chunks_;            // none: the back end's kernel's list
   int64_t chunk_count_ = 0;
+  std::vector<float> host_[3];           // host: m, v, masters
+  std::unique_ptr<OffloadFiles> files_;  // nvme
+  std::array<Slot, 3> slots_;            // nvme: read ahead, computing, written behind
+  std::vector<Block> blocks_;
+  std::vector<AdamWChunk> host_chunks_;  // offloaded: the host kernel's list, by block
+  std::vector<Run> runs_;
+  // A GPU's page-locked buffers: each block's gradients (two: the next
+  // block's arrive while one computes), and the results going up: the
+  // Act copy (held masters) or the fp32 masters (two, as the gradients).
+  std::array<HostBuffer<Acc>, 2> stage_g_, stage_p_;
+  HostBuffer<HostAct> stage_w_;
 };
 
 }  // namespace mpiformer

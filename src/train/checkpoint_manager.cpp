@@ -135,12 +135,14 @@ ResumePoint CheckpointManager::load() {
   std::string last_error;
   for (const auto& path : paths) {
     const auto t0 = std::chrono::steady_clock::now();
-    // Offloaded moments are read into their own place (a view of their
-    // files): a failed read leaves them half-written, but every successful
-    // restore writes every element, and a run that none succeeds for ends.
-    float* in_place[2] = {stage_.moments_in_place(0), stage_.moments_in_place(1)};
-    std::vector<float> params(n), m(in_place[0] ? 0 : n), v(in_place[1] ? 0 : n);
-    const StageState scratch{params.data(), in_place[0] ? in_place[0] : m.data(),
+    // Offloaded state is read into its own place (a view of its files):
+    // a failed read leaves it half-written, but every successful restore
+    // writes every element, and a run that none succeeds for ends.
+    float* in_place[3] = {stage_.state_in_place(0), stage_.state_in_place(1),
+                          stage_.state_in_place(2)};
+    std::vector<float> m(in_place[0] ? 0 : n), v(in_place[1] ? 0 : n), params(in_place[2] ? 0 : n);
+    const StageState scratch{in_place[2] ? in_place[2] : params.data(),
+                             in_place[0] ? in_place[0] : m.data(),
                              in_place[1] ? in_place[1] : v.data(), plan};
     CheckpointMeta meta;
     double bytes_read = 0;
@@ -169,7 +171,7 @@ ResumePoint CheckpointManager::load() {
       }
       continue;
     }
-    stage_.load_state(params.data(), scratch.adam_m, scratch.adam_v);
+    stage_.load_state(scratch.params, scratch.adam_m, scratch.adam_v);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bytes_read, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     start.step = meta.step;

@@ -1,5 +1,6 @@
 // zero 0: every replica of a stage holds the whole optimizer state (the
-// stage's own weights are the masters, AdamW's moments beside them) and
+// stage's own weights are the masters, AdamW's moments beside them; or,
+// offloaded in mixed precision, adamw_state.hpp holds both) and
 // the whole gradients, all-reduced over the data-parallel group in buckets
 // (grad_reducer.hpp) during the last micro-batch's backward, each bucket
 // as soon as backward has finished it.
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "model/gpt_stage.hpp"
+#include "model/stage_layout.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/stage_optimizer.hpp"
 
@@ -36,7 +38,14 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     dp_ = &dp;
     reducer_ = std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp);
   }
-  void init(uint64_t seed) override { stage_.init_parameters(seed); }
+  void init(uint64_t seed) override {
+    if (!moments_.holds_masters()) {
+      stage_.init_parameters(seed);
+      return;
+    }
+    fill_initial_parameters(stage_.table(), seed, moments_.master());
+    moments_.write_weights(stage_.weights());
+  }
   void zero_grads() override {
     stage_.zero_grads();
     begun_ = false;
@@ -81,10 +90,10 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     return s;
   }
   void adamw(const AdamWParams& p) override {
-    moments_.step(stage_.params(), stage_.grads(), p, stage_.weights());
+    moments_.step(stage_.params(), stage_.grads(), p, stage_.weights());  // params: null when held
   }
 
-  Acc* master() override { return stage_.params(); }
+  Acc* master() override { return moments_.holds_masters() ? moments_.master() : stage_.params(); }
   Acc* adam_m() override { return moments_.moment(0); }
   Acc* adam_v() override { return moments_.moment(1); }
   AdamWState<Ops>& moments() override { return moments_; }
@@ -92,9 +101,13 @@ class ReplicatedState final : public StageOptimizer<Ops> {
   int64_t state_size() const override { return stage_.param_storage(); }
   const ShardPlan* shard_plan() const override { return nullptr; }
   void load(const float* params, const float* m, const float* v) override {
-    const int64_t n = stage_.param_storage();
-    Ops::upload(ctx_, stage_.params(), params, n);
-    moments_.load(m, v);
+    if (moments_.holds_masters()) {
+      moments_.load(params, m, v);
+      moments_.write_weights(stage_.weights());
+      return;
+    }
+    Ops::upload(ctx_, stage_.params(), params, stage_.param_storage());
+    moments_.load(nullptr, m, v);
     stage_.refresh_weights();
   }
   int zero() const override { return 0; }

@@ -132,10 +132,11 @@ class StageBackend {
   // ZeRO they are this rank's shard (state.shards says how it is cut),
   // state_size() elements each.
   virtual StageState host_state() = 0;
-  // Where a restore may write AdamW's moment k (0: m, 1: v) itself: the
-  // offloaded moments' host memory or a view of their file (so a resume
-  // never holds a second whole copy of them); null where load_state copies.
-  virtual float* moments_in_place(int k) = 0;
+  // Where a restore may write part k of the state (0: AdamW's m, 1: v,
+  // 2: the masters) itself: offloaded state's host memory or a view of
+  // its file (so a resume never holds a second whole copy of it); null
+  // where load_state copies.
+  virtual float* state_in_place(int k) = 0;
   // Done with what host_state() returned: offloaded state's views of its
   // files are written back and dropped from memory.
   virtual void release_host_state() {}

@@ -11,6 +11,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/precision_plan.hpp"
 #include "parallel/input_agreement.hpp"
 #include "run_lock.hpp"
 #include "parallel/mpi_session.hpp"
@@ -290,19 +291,23 @@ void Trainer::print_summary() const {
   if (!p.comms.description.empty()) std::printf("comms: %s on rank 0\n", p.comms.description.c_str());
   if (tc.offload != Offload::kNone) {
     const OffloadFiles* files = p.stage->offload_files();
-    std::printf("offload: AdamW's moments (%.1f MB on rank 0) %s%s\n",
-                p.stage->offloaded_bytes() / 1e6,
+    const bool masters = masters_offloaded(tc.offload, precision_plan(tc.precision).weight_copy);
+    std::printf("offload: AdamW's moments%s (%.1f MB on rank 0) %s; updated on the host%s%s\n",
+                masters ? " and float masters" : "", p.stage->offloaded_bytes() / 1e6,
                 files == nullptr
-                    ? (gpu ? "in host memory, streamed through the device in blocks"
+                    ? (gpu ? "in host memory"
                            : "in host memory (where the host back end keeps them anyway), "
                              "streamed in blocks as a GPU run streams them")
-                    : strprintf("in %s (%s), streamed in blocks of %.1f MB per moment",
+                    : strprintf("in %s (%s), streamed in blocks of %.1f MB per part",
                                 tc.offload_dir.c_str(),
                                 files->direct() ? "direct I/O"
                                                 : "buffered I/O, each block dropped from the "
                                                   "page cache: the file system has no direct I/O",
                                 4.0 * static_cast<double>(offload_block_elements(tc)) / 1e6)
                           .c_str(),
+                gpu ? (masters ? ", gradients down and the 16-bit copy up by block"
+                               : ", gradients and masters down and up by block")
+                    : "",
                 files != nullptr && files->replaced_stale()
                     ? "; files an earlier run left there were replaced"
                     : "");

@@ -121,10 +121,13 @@ class TrainingStage final : public StageBackend {
       return StageState{params, m, v, shards, whole};
     } else {
       const int64_t n = state_size(), np = whole ? stage_.param_storage() : n;
-      host_params_.resize(static_cast<size_t>(np));
-      Ops::download(ctx_, host_params_.data(), params, np);
+      if (!opt_->moments().holds_masters()) {
+        host_params_.resize(static_cast<size_t>(np));
+        Ops::download(ctx_, host_params_.data(), params, np);
+        params = host_params_.data();
+      }
       if (opt_->moments().in_host_memory()) {
-        return StageState{host_params_.data(), m, v, shards, whole};  // offloaded
+        return StageState{params, m, v, shards, whole};  // offloaded
       }
       for (auto* h : {&host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
       Ops::download(ctx_, host_m_.data(), m, n);
@@ -133,9 +136,11 @@ class TrainingStage final : public StageBackend {
     }
   }
   void release_host_state() override { opt_->moments().release_views(); }
-  float* moments_in_place(int k) override {
+  float* state_in_place(int k) override {
     if constexpr (std::is_same_v<Acc, float>) {
-      if (opt_->moments().where() != Offload::kNone) return opt_->moments().moment(k);
+      AdamWState<Ops>& state = opt_->moments();
+      if (k == 2) return state.master();  // null unless held
+      if (state.where() != Offload::kNone) return state.moment(k);
     }
     return nullptr;
   }

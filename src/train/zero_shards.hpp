@@ -6,6 +6,8 @@
 // from). In fp32 at zero 1 and 2 the stage's own weights hold every unit
 // whole, so the shard's masters are the owned parts of them, updated in
 // place (no copy: precision plan, "the weights are the masters").
+// Offloaded in mixed precision, the masters and moments are held by
+// adamw_state.hpp, outside the back end's memory.
 //   zero 1: the stage keeps whole gradients, accumulated locally over the
 //     micro-batches; at the last one each unit is reduce-scattered to its
 //     owners as soon as backward has finished it (the overlap zero 0's
@@ -27,6 +29,7 @@
 // reduce-scatter: the same sums, in the same order, as zero 0.
 #pragma once
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -63,7 +66,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       Ops::fill_zero(ctx_, b.get(), count);
       return b;
     };
-    if (!alias_) master_ = acc(n_);
+    if (!alias_ && !moments_.holds_masters()) master_ = acc(n_);
     if (moments_.where() == Offload::kNone) allocated_ += 2.0 * static_cast<double>(n_) * sizeof(Acc);
     g_ = acc(n_);
     if constexpr (!std::is_same_v<Act, Acc>) {
@@ -115,14 +118,22 @@ class ZeroShards final : public StageOptimizer<Ops> {
         aliased = true;
       }
     }
-    if (!aliased) Ops::upload(ctx_, master_.get(), master, n_);
-    moments_.load(m, v);
+    if (moments_.holds_masters()) {
+      moments_.load(master, m, v);
+    } else {
+      if (!aliased) Ops::upload(ctx_, master_.get(), master, n_);
+      moments_.load(nullptr, m, v);
+    }
     loaded();
   }
   // Initialisation part by part (no shard-sized temporary): the owned
   // rows of `spec` (part `p`) from host memory, then loaded().
   void upload_master(const ParameterSpec& spec, const TensorPart& p, const float* src) {
     const int64_t n = (p.row_end - p.row_begin) * spec.row_length();
+    if (moments_.holds_masters()) {  // host memory (or a view of the file)
+      std::memcpy(moments_.master() + p.shard_offset, src, sizeof(Acc) * static_cast<size_t>(n));
+      return;
+    }
     Acc* dst = alias_ ? weights_as_masters(spec.offset + p.row_begin * spec.row_length())
                       : master_.get() + p.shard_offset;
     Ops::upload(ctx_, dst, src, n);
@@ -134,7 +145,10 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
   // The masters: the shard (in shard order), or with masters_are_weights
   // the stage's whole weights (in table order).
-  Acc* master() override { return alias_ ? weights_as_masters(0) : master_.get(); }
+  Acc* master() override {
+    if (moments_.holds_masters()) return moments_.master();
+    return alias_ ? weights_as_masters(0) : master_.get();
+  }
   bool masters_are_weights() const override { return alias_; }
   Acc* adam_m() override { return moments_.moment(0); }
   Acc* adam_v() override { return moments_.moment(1); }
@@ -214,7 +228,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
 
   void adamw(const AdamWParams& p) override {
-    moments_.step(master(), g_.get(), p, wshard());
+    // Held masters stay where they are (master() would map their file).
+    moments_.step(moments_.holds_masters() ? nullptr : master(), g_.get(), p, wshard());
     publish();
   }
 
@@ -238,7 +253,10 @@ class ZeroShards final : public StageOptimizer<Ops> {
     else return nullptr;  // alias_ is false in mixed precision
   }
   void refresh_wshard() {
-    if constexpr (!std::is_same_v<Act, Acc>) Ops::convert(ctx_, wshard_.get(), master_.get(), n_);
+    if constexpr (!std::is_same_v<Act, Acc>) {
+      if (moments_.holds_masters()) moments_.write_weights(wshard_.get());
+      else Ops::convert(ctx_, wshard_.get(), master_.get(), n_);
+    }
   }
   bool windowed(const ShardUnit& u, int min_zero) const { return u.block >= 0 && zero_ >= min_zero; }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# [train] offload: AdamW's moments in host memory or in files (nvme),
-# streamed through each step in blocks.
+# [train] offload: AdamW's moments (and in bf16 the float masters) in host
+# memory or in files (nvme), streamed through each step in blocks.
 # (1) Bit for bit: every step's loss, grad norm and validation loss, and
 #     every final tensor (h5diff), equal offload = "none"'s exactly over
-#     dp, pp, tp, zero 0-3 and accumulation. Small blocks (20 KiB of each
+#     dp, pp, tp, zero 0-3, accumulation and fp32 and bf16. Small blocks (20 KiB of each
 #     moment, about 5000 elements) cut the tiny model's state into ~160
 #     blocks, so tensors and AdamW's chunks cross block boundaries and the
 #     ring of read-ahead and write-behind buffers turns over many times.
@@ -67,6 +67,34 @@ for lay in "2 1 1 0" "2 1 1 3" "1 2 1 2" "1 1 2 1"; do
 done
 grep -q "^offload: AdamW's moments .* in scratch (.*I/O.*), streamed in blocks of 0.0 MB" \
   nvme_211_z0.log || { grep offload nvme_211_z0.log; fail "no offload line in the summary"; }
+
+# bf16: the float masters leave with the moments (the back end keeps the
+# 16-bit copy only), at zero 0 (the stage without masters) and zero 3 (the
+# shard's copy gathered from them); the same bits as none. Then none's
+# zero-0 checkpoint at step 3 resumed under nvme: the masters and moments
+# restored into their files' views, exactly.
+for lay in "2 1 1 0" "2 1 1 3"; do
+  set -- $lay
+  ref="bf16_none_z$4"
+  train "$ref" "$@" none --set train.precision=bf16
+  for where in nvme host; do
+    [ "$where" = host ] && [ "$4" != 0 ] && continue
+    got="bf16_${where}_z$4"
+    train "$got" "$@" "$where" --set train.precision=bf16
+    compare "$ref/metrics.jsonl" "$got/metrics.jsonl" 0 "bf16 offload $where, dp 2 zero $4"
+    same_tensors "$ref/checkpoints/step_00000006.h5" "$got/checkpoints/step_00000006.h5" \
+      "bf16 offload $where, dp 2 zero $4"
+    no_files_left "$got"
+  done
+done
+grep -q "^offload: AdamW's moments and float masters .* in scratch" bf16_nvme_z0.log ||
+  { grep offload bf16_nvme_z0.log; fail "bf16: the summary does not say the masters left"; }
+train bf16_seg 2 1 1 0 none --set train.precision=bf16 --set train.stop_at=3
+train bf16_seg 2 1 1 0 nvme --set train.precision=bf16
+compare bf16_none_z0/metrics.jsonl bf16_seg/metrics.jsonl 0 "bf16 zero 0: none step 3 -> nvme"
+same_tensors bf16_none_z0/checkpoints/step_00000006.h5 bf16_seg/checkpoints/step_00000006.h5 \
+  "bf16 zero 0: none step 3 -> nvme"
+no_files_left bf16_seg
 
 # (2) A zero-3 checkpoint written under none resumed under nvme (each
 # rank's rows read into its files), over files a dead run left (replaced,

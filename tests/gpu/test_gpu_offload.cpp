@@ -1,14 +1,17 @@
-// The optimizer's moments offloaded from a GPU (train/adamw_state.hpp on the
-// CUDA op set): in host memory or in files, each block copied to the
-// device, updated by the device's AdamW and copied back. Against the same
-// update with the moments resident: every bit of the masters, the moments
-// and the 16-bit copy the matmuls read, over three steps, with small blocks
-// that cut AdamW's chunks. Exits 77 without a GPU (its CPU emulation runs
+// The optimizer's state offloaded from a GPU (train/adamw_state.hpp on the
+// CUDA op set): the moments (and in bf16 the float masters) in host memory
+// or in files, updated on the host block by block, the gradients copied
+// down and the 16-bit copy (fp32: the masters) copied up. Against the
+// device's own AdamW with everything resident: every bit of the masters,
+// the moments and the 16-bit copy the matmuls read, over three steps, with
+// small blocks that cut AdamW's chunks. Exits 77 without a GPU (its CPU emulation runs
 // it everywhere).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -45,19 +48,30 @@ Result<A> three_steps(const OffloadSetup& where) {
   AdamWState<Ops> state(ctx, n, chunks, where);
   cuda::DeviceBuffer<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
   cuda::DeviceBuffer<A> copy(static_cast<size_t>(n));
-  const auto p0 = random_floats(n, 1, 1.0f);
-  Ops::upload(ctx, p.get(), p0.data(), n);
-  Ops::fill_zero(ctx, copy.get(), n);
+  // The gap is padding, as in a stage: zero, never updated.
+  auto p0 = random_floats(n, 1, 1.0f);
+  std::fill(p0.begin() + n1, p0.begin() + n1 + gap, 0.0f);
+  // Mixed precision offloaded: the masters are the state's (host memory
+  // or a file), and the 16-bit copy is all the device holds.
+  if (state.holds_masters()) {
+    state.load(p0.data(), nullptr, nullptr);
+    state.write_weights(copy.get());
+  } else {
+    Ops::upload(ctx, p.get(), p0.data(), n);
+    if constexpr (!std::is_same_v<A, float>) Ops::convert(ctx, copy.get(), p.get(), n);
+  }
   for (int step = 1; step <= 3; ++step) {
     const auto gs = random_floats(n, 10 + step, 0.1f);
     Ops::upload(ctx, g.get(), gs.data(), n);
-    state.step(p.get(), g.get(), AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7}, copy.get());
+    state.step(p.get(), g.get(), AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7},
+               std::is_same_v<A, float> ? nullptr : copy.get());
   }
   Result<A> r;
   r.p.resize(static_cast<size_t>(n));
   r.copy.resize(static_cast<size_t>(n));
-  Ops::download(ctx, r.p.data(), p.get(), n);
-  Ops::download(ctx, r.copy.data(), copy.get(), n);
+  if (state.holds_masters()) std::memcpy(r.p.data(), state.master(), sizeof(float) * r.p.size());
+  else Ops::download(ctx, r.p.data(), p.get(), n);
+  if constexpr (!std::is_same_v<A, float>) Ops::download(ctx, r.copy.data(), copy.get(), n);
   for (int k = 0; k < 2; ++k) {
     auto& out = k == 0 ? r.m : r.v;
     out.resize(static_cast<size_t>(n));

@@ -1,6 +1,7 @@
-// The optimizer's moments wherever [train] offload puts them
+// The optimizer's state wherever [train] offload puts it
 // (train/adamw_state.hpp): streamed through host memory or files in small
-// blocks, the update is bit-identical to the resident one; and the files'
+// blocks, the update is bit-identical to the resident one (in bf16 with
+// the masters offloaded too); and the files'
 // life (io/offload_files.hpp): locked, reserved, replaced, removed, and
 // errors that name the directory or the file.
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.hpp"
 #include "host/ops.hpp"
@@ -77,6 +79,67 @@ TEST(AdamWState, OffloadedUpdatesAreBitIdenticalToResident) {
   // And the update did something (a test that cannot fail is none).
   const auto init = random_vector(np, 7);
   EXPECT_NE(want.p[shift], static_cast<float>(init[shift]));
+}
+
+// bf16: offloaded, the float masters go with the moments (the back end
+// keeps only the 16-bit copy), the copy is written from them at the start
+// and by each update. Against the resident update: every bit of the
+// masters, the moments and the copy, gap (padding) included.
+TEST(AdamWState, OffloadedMastersInMixedPrecisionAreBitIdentical) {
+  using Ops16 = host::Ops<host::Bf16>;
+  const int64_t n1 = kAdamWChunkElements + 777, gap = 300, n2 = 3000, n = n1 + gap + n2;
+  std::vector<AdamWChunk> chunks;
+  append_adamw_chunks(chunks, 0, n1, true);
+  append_adamw_chunks(chunks, n1 + gap, n2, false);
+  struct Out {
+    std::vector<float> p, m, v;
+    std::vector<uint16_t> copy;
+    double offloaded = 0;
+  };
+  const auto run = [&](const OffloadSetup& where) {
+    host::Context ctx;
+    AdamWState<Ops16> state(ctx, n, chunks, where);
+    EXPECT_EQ(state.holds_masters(), where.where != Offload::kNone);
+    const auto init = random_vector(n, 5);
+    std::vector<float> p(init.begin(), init.end());
+    std::fill(p.begin() + n1, p.begin() + n1 + gap, 0.0f);
+    std::vector<host::Bf16> copy(static_cast<size_t>(n));
+    if (state.holds_masters()) {
+      state.load(p.data(), nullptr, nullptr);
+      state.write_weights(copy.data());
+    } else {
+      Ops16::convert(ctx, copy.data(), p.data(), n);
+    }
+    for (int step = 1; step <= 3; ++step) {
+      const auto gd = random_vector(n, 20 + step);
+      std::vector<float> g(gd.begin(), gd.end());
+      state.step(state.holds_masters() ? nullptr : p.data(), g.data(),
+                 AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7}, copy.data());
+    }
+    Out r;
+    const float* master = state.holds_masters() ? state.master() : p.data();
+    r.p.assign(master, master + n);
+    for (int k = 0; k < 2; ++k) {
+      const float* x = state.moment(k);
+      (k == 0 ? r.m : r.v).assign(x, x + n);
+    }
+    for (const host::Bf16 c : copy) r.copy.push_back(c.bits);
+    r.offloaded = state.offloaded_bytes();
+    state.release_views();
+    return r;
+  };
+  const Out want = run(OffloadSetup{});
+  TempDir dir;
+  for (const Offload where : {Offload::kHost, Offload::kNvme}) {
+    const Out got = run(OffloadSetup{where, dir.file(""), 0, 1, 2048});
+    EXPECT_EQ(got.p, want.p) << name_of(where);
+    EXPECT_EQ(got.m, want.m) << name_of(where);
+    EXPECT_EQ(got.v, want.v) << name_of(where);
+    EXPECT_EQ(got.copy, want.copy) << name_of(where);
+    EXPECT_EQ(got.offloaded, 12.0 * static_cast<double>(n)) << name_of(where);
+  }
+  EXPECT_NE(want.p[0], static_cast<float>(random_vector(n, 5)[0]));
+  EXPECT_EQ(want.copy[n1 + 5], 0);  // padding stays zero
 }
 
 TEST(OffloadFiles, LockedReservedReplacedAndRemoved) {
