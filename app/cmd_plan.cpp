@@ -16,7 +16,7 @@
 #include "deck.hpp"
 #include "parallel/mpi_session.hpp"
 #include "token_dataset.hpp"
-#include "train/calibrate_disk.hpp"
+#include "train/calibrate_offload.hpp"
 #include "train/calibration.hpp"
 #ifdef MPIFORMER_HAVE_CUDA
 #include "cuda/device.hpp"
@@ -223,8 +223,10 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.precision = device == Device::kCuda ? Precision::kBf16 : Precision::kFp32;
   if (!args.precision.empty()) parse_setting(kPrecisionNames, args.precision, &req.precision);
   MachineSpec m = calibrate_machine(req);
-  if (!args.offload_dir.empty())
+  if (!args.offload_dir.empty()) {
+    calibration::measure_host_adamw(m);
     calibration::measure_offload_disk(args.offload_dir, args.offload_mb * 1e6, m);
+  }
   if (rank == 0) {
     const std::string what = device == Device::kCuda
                                  ? std::string("GPUs, ") + name_of(req.precision) +
@@ -241,8 +243,9 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
                 m.peak_flops / 1e9, m.intra.allreduce.latency * 1e6, m.intra.allreduce.bandwidth / 1e9);
     if (!args.offload_dir.empty()) {
       std::printf("calibrate: the disk under %s, every rank of a node at once: read %.2f GB/s, "
-                  "write %.2f GB/s (the node's)\n",
-                  args.offload_dir.c_str(), m.disk_read_bandwidth / 1e9, m.disk_write_bandwidth / 1e9);
+                  "write %.2f GB/s (the node's); the host's AdamW %.1f GB/s (the node's)\n",
+                  args.offload_dir.c_str(), m.disk_read_bandwidth / 1e9, m.disk_write_bandwidth / 1e9,
+                  m.host_adamw_bandwidth / 1e9);
     }
   }
   return 0;

@@ -173,9 +173,9 @@ int main(int argc, char** argv) {
                                                "a GPU, fp32 on the host)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   ca->add_option("--offload-dir", cal.offload_dir,
-                 "also measure the disk under this directory as [train] offload = \"nvme\" "
-                 "streams it (every rank of a node at once): [offload] disk_read_gbs and "
-                 "disk_write_gbs");
+                 "also measure what [train] offload runs on, every rank of a node at once: "
+                 "the disk under this directory as offload = \"nvme\" streams it ([offload] "
+                 "disk_read_gbs, disk_write_gbs) and the host's AdamW (host_adamw_gbs)");
   ca->add_option("--offload-mb", cal.offload_mb, "MB each rank writes and reads under --offload-dir")
       ->check(CLI::Range(16.0, 1e7))
       ->capture_default_str();

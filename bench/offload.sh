@@ -9,8 +9,9 @@
 # first with dd (direct I/O, 2 GiB each way): the bound the streamed
 # update can reach. LARGEST=1 instead: the largest model of a GPT-2 shape
 # the trainer accepts at zero 3 with full recomputation, with and without
-# nvme.
-#   MODEL=inputs/gpt2-350m.toml SEQ=256 DP=2 ACC=8 STEPS=3 ZEROS="0 3"
+# nvme. PRECISION=bf16: mixed precision, where the float masters leave
+# with the moments.
+#   MODEL=inputs/gpt2-350m.toml SEQ=256 DP=2 ACC=8 STEPS=3 ZEROS="0 3" PRECISION=fp32
 #   OFFLOAD_DIR=/tmp/mpiformer-offload OUT=bench-out PRESET=cpu
 source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-bench-out}/offload
@@ -20,6 +21,7 @@ DP=${DP:-2}
 ACC=${ACC:-8}
 STEPS=${STEPS:-3}
 ZEROS=${ZEROS:-0 3}
+PRECISION=${PRECISION:-fp32}
 OFFLOAD_DIR=${OFFLOAD_DIR:-/tmp/mpiformer-offload}
 mkdir -p "$OUT" "$OFFLOAD_DIR"
 prep_corpus gpt2
@@ -27,7 +29,7 @@ common=(--set model.seq_len="$SEQ" --set train.micro_batch=1
         --set train.global_batch=$((ACC * DP)) --set train.steps="$STEPS" --set train.log_every=1
         --set train.eval_every=0 --set data.val='""' --set run.peak_tflops=1
         --set parallel.dp="$DP" --set checkpoint.resume=never --set checkpoint.at_end=false
-        --set train.offload_dir="$OFFLOAD_DIR")
+        --set train.offload_dir="$OFFLOAD_DIR" --set train.precision="\"$PRECISION\"")
 
 # The disk: 2 GiB written and read back with direct I/O.
 probe=$OFFLOAD_DIR/dd-probe
@@ -63,7 +65,7 @@ if [ -n "${LARGEST:-}" ]; then
   exit 0
 fi
 
-echo "$MODEL, seq $SEQ, dp $DP, $ACC micro-batches of 1 per step, $STEPS steps"
+echo "$MODEL, $PRECISION, seq $SEQ, dp $DP, $ACC micro-batches of 1 per step, $STEPS steps"
 echo "zero | offload | predicted MB | measured MB | tokens/s | optimizer ms | measured / none | step time / none"
 for zero in $ZEROS; do
   base=""

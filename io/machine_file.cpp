@@ -221,8 +221,9 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
   }
   if (root.contains("offload")) {
     const Section off(root.at("offload"), path, "offload",
-                      {"host_link_gbs", "disk_read_gbs", "disk_write_gbs"});
+                      {"host_link_gbs", "host_adamw_gbs", "disk_read_gbs", "disk_write_gbs"});
     m.host_link_bandwidth = off.number("host_link_gbs", 0, 1e9, false, 0) * 1e9;
+    m.host_adamw_bandwidth = off.number("host_adamw_gbs", 0, 1e9, false, 0) * 1e9;
     m.disk_read_bandwidth = off.number("disk_read_gbs", 0, 1e9, false, 0) * 1e9;
     m.disk_write_bandwidth = off.number("disk_write_gbs", 0, 1e9, false, 0) * 1e9;
   }
@@ -294,9 +295,12 @@ std::string MachineSpec::to_toml() const {
                      c->bandwidth / 1e9);
     return s;
   };
-  if (host_link_bandwidth > 0 || disk_read_bandwidth > 0 || disk_write_bandwidth > 0) {
-    t += "\n[offload]  # [train] offload: GB/s to host memory (per device), the node's disk\n";
+  if (host_link_bandwidth > 0 || host_adamw_bandwidth > 0 || disk_read_bandwidth > 0 ||
+      disk_write_bandwidth > 0) {
+    t += "\n[offload]  # [train] offload: GB/s to host memory (per device), the node's host AdamW "
+         "and disk\n";
     if (host_link_bandwidth > 0) t += strprintf("host_link_gbs = %.6g\n", host_link_bandwidth / 1e9);
+    if (host_adamw_bandwidth > 0) t += strprintf("host_adamw_gbs = %.6g\n", host_adamw_bandwidth / 1e9);
     if (disk_read_bandwidth > 0) t += strprintf("disk_read_gbs = %.6g\n", disk_read_bandwidth / 1e9);
     if (disk_write_bandwidth > 0) t += strprintf("disk_write_gbs = %.6g\n", disk_write_bandwidth / 1e9);
   }

@@ -82,10 +82,14 @@ struct MachineSpec {
   std::vector<MatmulPoint> matmul;
   std::vector<AttentionPoint> attention;
   // [offload] (optional; 0 where the file does not say): a device's link
-  // to host memory (a GPU's PCIe or NVLink-C2C, each direction), and the
-  // node's disk under [train] offload_dir, shared by its ranks. What
-  // `plan` prices [train] offload with; calibrate measures the disk.
+  // to page-locked host memory (a GPU's PCIe or NVLink-C2C, each
+  // direction); the node's host AdamW (bytes of state it updates a second,
+  // 7 floats an element, all its ranks at once: a GPU run's offloaded
+  // update runs there); and the node's disk under [train] offload_dir,
+  // shared by its ranks. What `plan` prices [train] offload with;
+  // calibrate --offload-dir measures the host AdamW and the disk.
   double host_link_bandwidth = 0;
+  double host_adamw_bandwidth = 0;
   double disk_read_bandwidth = 0, disk_write_bandwidth = 0;
   // Links within a node, and between nodes (inter unused on one node).
   Link intra, inter;

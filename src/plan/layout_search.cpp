@@ -131,8 +131,11 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
   const auto fits = [](const Prediction& p) { return p.fits; };
   if (deck.train.offload == Offload::kNone && std::none_of(priced.begin(), priced.end(), fits)) {
     Offload where = Offload::kNone;
-    if (machine.device == Device::kCuda && machine.host_link_bandwidth > 0) where = Offload::kHost;
-    if (where == Offload::kNone && !deck.train.offload_dir.empty() &&
+    // A GPU's offloaded update also crosses its link and runs on the host.
+    const bool gpu_priced = machine.device != Device::kCuda ||
+                            (machine.host_link_bandwidth > 0 && machine.host_adamw_bandwidth > 0);
+    if (machine.device == Device::kCuda && gpu_priced) where = Offload::kHost;
+    if (where == Offload::kNone && gpu_priced && !deck.train.offload_dir.empty() &&
         machine.disk_read_bandwidth > 0 && machine.disk_write_bandwidth > 0)
       where = Offload::kNvme;
     if (where != Offload::kNone) {

@@ -199,18 +199,19 @@ std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptCo
   return {f, b};
 }
 
-// Seconds to read and write `bytes` of offloaded moments on the node's
+// Seconds to read and write `bytes` of offloaded state on the node's
 // disk, which `ranks` ranks stream through at once (0 unless nvme).
 double offload_seconds(const Deck& deck, const MachineSpec& machine, double bytes, int64_t ranks) {
   if (deck.train.offload != Offload::kNvme) return 0;
   return bytes * static_cast<double>(ranks) *
          (1 / machine.disk_read_bandwidth + 1 / machine.disk_write_bandwidth);
 }
-// Seconds a GPU's offloaded moments spend crossing its host link (to the
-// device and back); none on the host, where they are in place.
+// Seconds a GPU's offloaded update moves `bytes` across its host link
+// (gradients down, results up, one stream: the two directions one after
+// the other); none on the host, where everything is in place.
 double offload_link_seconds(const Deck& deck, const MachineSpec& machine, double bytes) {
   if (deck.train.offload == Offload::kNone || machine.device != Device::kCuda) return 0;
-  return 2 * bytes / machine.host_link_bandwidth;
+  return bytes / machine.host_link_bandwidth;
 }
 
 void require_rates_for(const Deck& deck, const MachineSpec& machine) {
@@ -225,9 +226,15 @@ void require_rates_for(const Deck& deck, const MachineSpec& machine) {
   if (deck.train.offload != Offload::kNone && machine.device == Device::kCuda &&
       machine.host_link_bandwidth <= 0) {
     throw InputError(machine.path, "[offload] host_link_gbs",
-                     "missing, and [train] offload moves the moments between the GPU and host "
-                     "memory every step: write the link's rate per direction (PCIe 5 x16: about "
-                     "50; NVLink-C2C: about 450)");
+                     "missing, and [train] offload moves the gradients and weights between the "
+                     "GPU and host memory every step: write the link's rate per direction to "
+                     "page-locked memory (PCIe 5 x16: about 50; NVLink-C2C: about 450)");
+  }
+  if (deck.train.offload != Offload::kNone && machine.device == Device::kCuda &&
+      machine.host_adamw_bandwidth <= 0) {
+    throw InputError(machine.path, "[offload] host_adamw_gbs",
+                     "missing, and [train] offload runs AdamW on the host: measure the node's "
+                     "rate with `mpiformer calibrate --offload-dir DIR` on it, or write it");
   }
   if (machine.precision && *machine.precision != deck.train.precision) {
     // Rates of another precision would price every kernel wrongly (bf16
@@ -396,18 +403,28 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                                          ShardPlan(table, layout, static_cast<int>(dp), 0).max_shard_size())
                                    : n;
     const double grads = zero >= 2 ? outside + 2 * block : n;
-    const double math = share * (owned * 7 * acc / bandwidth(machine, "adamw", owned) +
-                                 (owned + grads) * acc / bandwidth(machine, "residual", grads));
+    const double zeroing = share * (owned + grads) * acc / bandwidth(machine, "residual", grads);
+    double math = share * owned * 7 * acc / bandwidth(machine, "adamw", owned) + zeroing;
     // The gradient norm's all-reduce over every rank (a few bytes).
     const double norm = collective(ranks <= R ? machine.intra.allreduce : machine.inter.allreduce, ranks, 8, 2);
-    // [train] offload (train/adamw_state.hpp): the moments are read and
-    // written once a step in blocks, the next read while one updates and
-    // the last is written, so the update hides behind the disk or the disk
-    // behind it; the node's ranks stream at once and share its disk. A
-    // GPU's blocks also cross its host link both ways, not overlapped.
-    const double stream = offload_seconds(deck, machine, 2 * owned * acc, R);
-    const double update = std::max(math, stream);
-    optimizer[s] = update + opt_comm + norm + offload_link_seconds(deck, machine, 2 * owned * acc);
+    // [train] offload (train/adamw_state.hpp): AdamW runs on the host over
+    // the state streamed in blocks. The disk (nvme: the moments, and the
+    // masters in mixed precision, read and written once, the node's ranks
+    // at once) and a GPU's link (gradients down; the 16-bit copy up, or in
+    // fp32 the masters down and up) each overlap the host's update, whose
+    // memory the node's ranks share too: the slowest of the three paces it.
+    double update = math;
+    if (deck.train.offload != Offload::kNone) {
+      const bool held = masters_offloaded(deck.train.offload, types.weight_copy);
+      const double stream = offload_seconds(deck, machine, (held ? 3 : 2) * owned * acc, R);
+      const double link =
+          offload_link_seconds(deck, machine, owned * (held ? acc + act : 3 * acc));
+      if (!host) {
+        math = owned * 7 * acc * static_cast<double>(R) / machine.host_adamw_bandwidth + zeroing;
+      }
+      update = std::max({math, stream, link});
+    }
+    optimizer[s] = update + opt_comm + norm;
     // The step's split is reported for the busiest stage (the one that
     // paces the pipeline); the rest of its time is the bubble.
     const double busy = (fwd + bwd + wgt) * static_cast<double>(micro);
@@ -415,7 +432,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       out.compute = busy;
       out.tp_comm = tp_time * static_cast<double>(micro);
       out.exposed_comm = reduce + per_micro_comm * static_cast<double>(micro) + opt_comm + norm;
-      out.optimizer = update + offload_link_seconds(deck, machine, 2 * owned * acc);
+      out.optimizer = update;
       out.kernels.assign(by_kernel.begin(), by_kernel.end());
     }
     costs.p2p = pp > 1 ? sendrecv(pp_link.sendrecv, message_bytes) : 0;

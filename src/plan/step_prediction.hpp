@@ -18,10 +18,11 @@
 //    on a GPU (NCCL on its own stream) the reduction hides behind the last
 //    micro-batch's backward and zero 3's next-block gather behind the
 //    current block;
-//  - [train] offload: the moments are read and written once a step on
-//    the node's disk, which its ranks share ([offload] in the machine
-//    file), overlapped with the update; a GPU's also cross its host link
-//    both ways.
+//  - [train] offload: AdamW runs on the host over the moments (and the
+//    masters in mixed precision), read and written once a step on the
+//    node's disk, which its ranks share ([offload] in the machine file);
+//    a GPU's gradients and updated weights cross its host link; disk,
+//    link and the host's update overlap, the slowest pacing the step.
 #pragma once
 #include <string>
 #include <vector>

@@ -26,6 +26,7 @@
 #include "model/stage_work.hpp"
 #include "plan/layout_search.hpp"
 #include "plan/memory_report.hpp"
+#include "plan/rank_memory.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -598,16 +599,18 @@ TEST(Plan, TheShippedMachineFilesPlan) {
   }
 }
 
-// [train] offload: the moments leave the device's memory and the step
-// pays for streaming them, on the disk the node's ranks share and (a GPU)
-// across the host link both ways; a machine file that cannot price it is
-// named; and the search offloads when nothing else fits.
+// [train] offload: in bf16 the moments and the float masters leave the
+// device's memory (12 of its 18 bytes a parameter), AdamW runs on the
+// host, and the step pays the slowest of the host's update, the host link
+// (gradients down, the bf16 copy up: 6 bytes) and the disk the node's
+// ranks share; a machine file that cannot price it is named; and the
+// search offloads when nothing else fits.
 TEST(Plan, OffloadIsPricedAndChosenWhenNothingElseFits) {
   MachineSpec m = load_machine(std::string(MPIFORMER_SOURCE_DIR) + "/inputs/machines/h200-single.toml");
   Deck deck = tiny_deck();
   // About 8.3 G parameters: 18 bytes each in bf16 (weights, float
-  // gradients, masters, moments) overflow 139 GiB; without the moments'
-  // 8, they fit.
+  // gradients, masters, moments) overflow 139 GiB; without the masters'
+  // and moments' 12, they fit.
   deck.model = GptConfig{40, 32, 4096, 2048, 50304};
   deck.train.global_batch = 8;
   deck.train.micro_batch = 1;
@@ -619,13 +622,24 @@ TEST(Plan, OffloadIsPricedAndChosenWhenNothingElseFits) {
   off.train.offload = Offload::kHost;
   const Prediction host = predict_step(off, m, 1, false);
   EXPECT_TRUE(host.fits);
-  const double moments = 2.0 * 4 * static_cast<double>(
+  const double n = static_cast<double>(
       ParameterTable(deck.model, StageRange{0, deck.model.n_layer, true, true}).total_storage());
-  EXPECT_NEAR(none.memory[0].optimizer, moments, 1e-9 * moments);
+  EXPECT_NEAR(none.memory[0].optimizer, 8 * n, 1e-9 * n);
+  EXPECT_NEAR(none.memory[0].stage.parameters, 4 * n, 1e-9 * n);
   EXPECT_EQ(host.memory[0].optimizer, 0.0);
-  EXPECT_NEAR(host.memory[0].offload_host, moments, 1e-9 * moments);
-  // Both ways across 25 GB/s, on top of the update.
-  EXPECT_NEAR(host.optimizer - none.optimizer, 2 * moments / 25e9, 1e-6 * host.optimizer);
+  EXPECT_EQ(host.memory[0].stage.parameters, 0.0);        // the masters left too
+  EXPECT_NEAR(host.memory[0].stage.weight_copy, 2 * n, 1e-9 * n);  // the bf16 copy stayed
+  EXPECT_EQ(host.memory[0].offload_buffers, 0.0);         // nothing of it on the device
+  // The state, and the page-locked blocks: two of gradients, one of the copy.
+  const double block = static_cast<double>(offload_block_elements(off.train));
+  EXPECT_NEAR(host.memory[0].offload_host, 12 * n + block * (8 + 2), 1e-9 * n);
+  // The host's update at 80 GB/s (28 bytes an element) paces the step:
+  // the link's 6 bytes at 48 GB/s hide behind it.
+  EXPECT_NEAR(host.optimizer, 28 * n / 80e9, 0.02 * host.optimizer);
+  // A faster host: the link paces it.
+  MachineSpec fast = m;
+  fast.host_adamw_bandwidth = 1e15;
+  EXPECT_NEAR(predict_step(off, fast, 1, false).optimizer, 6 * n / 48e9, 1e-6 * n / 48e9);
   // nvme needs the disk's rates, which this file does not have.
   off.train.offload = Offload::kNvme;
   try {
@@ -639,14 +653,24 @@ TEST(Plan, OffloadIsPricedAndChosenWhenNothingElseFits) {
   ASSERT_FALSE(plan.fitting.empty());
   for (const Prediction& p : plan.fitting) EXPECT_EQ(p.layout.offload, Offload::kHost);
   EXPECT_NE(plan.fitting.front().layout.describe().find("offload host"), std::string::npos);
-  // A machine file that cannot price it: nothing offered.
+  // A machine file that cannot price it: named, and nothing offered.
+  m.host_adamw_bandwidth = 0;
+  off.train.offload = Offload::kHost;
+  try {
+    predict_step(off, m, 1, false);
+    ADD_FAILURE() << "host offload priced without the host's AdamW rate";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("[offload] host_adamw_gbs"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(plan_layouts(deck, m, 1).fitting.empty());
+  m.host_adamw_bandwidth = 80e9;
   m.host_link_bandwidth = 0;
   EXPECT_TRUE(plan_layouts(deck, m, 1).fitting.empty());
 }
 
-// On the host with nvme: the step pays the moments' bytes read and written
-// on the disk, times the node's ranks that share it, when it is slower
-// than the update itself.
+// nvme: the step pays the state's bytes (bf16: moments and masters) read
+// and written on the disk, times the node's ranks that share it, when it
+// is slower than the update and the link.
 TEST(Plan, NvmeOffloadPaysTheSharedDisk) {
   MachineSpec m = load_machine(std::string(MPIFORMER_SOURCE_DIR) + "/inputs/machines/dgx-h100.toml");
   m.disk_read_bandwidth = 2e9;
@@ -661,13 +685,13 @@ TEST(Plan, NvmeOffloadPaysTheSharedDisk) {
   deck.train.offload = Offload::kNvme;
   deck.train.offload_dir = "/local";
   const Prediction p = predict_step(deck, m, 8, false);
-  const double shard = 2.0 * 4 * static_cast<double>(
+  const double state = 3.0 * 4 * static_cast<double>(
       ShardPlan(ParameterTable(deck.model, StageRange{0, 24, true, true}),
                 StageLayout(ParameterTable(deck.model, StageRange{0, 24, true, true}),
                             StageRange{0, 24, true, true}), 8, 0).max_shard_size());
-  const double disk = shard * 8 * (1 / 2e9 + 1 / 1e9);
-  EXPECT_NEAR(p.optimizer, disk + 2 * shard / m.host_link_bandwidth, 1e-6 * p.optimizer);
-  EXPECT_NEAR(p.memory[0].offload_disk, shard, 1e-9 * shard);
+  const double disk = state * 8 * (1 / 2e9 + 1 / 1e9);
+  EXPECT_NEAR(p.optimizer, disk, 1e-6 * p.optimizer);
+  EXPECT_NEAR(p.memory[0].offload_disk, state, 1e-9 * state);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "train/calibrate_disk.hpp"
+#include "train/calibrate_offload.hpp"
 
 #include <mpi.h>
 
@@ -6,8 +6,11 @@
 #include <chrono>
 #include <deque>
 #include <future>
+#include <vector>
 
+#include "common/adamw_params.hpp"
 #include "core/mpi_check.hpp"
+#include "host/adamw.hpp"
 #include "offload_files.hpp"
 #include "parallel/input_agreement.hpp"
 #include "plan/rank_memory.hpp"
@@ -73,6 +76,41 @@ void measure_offload_disk(const std::string& dir, double bytes_per_rank, Machine
   MPI_CHECK(MPI_Comm_free(&node));
   m.disk_read_bandwidth = rates[0];
   m.disk_write_bandwidth = rates[1];
+}
+
+void measure_host_adamw(MachineSpec& m) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int node_size = 1;
+  MPI_CHECK(MPI_Comm_size(node, &node_size));
+  int leader = rank == 0 ? 1 : 0;
+  MPI_CHECK(MPI_Bcast(&leader, 1, MPI_INT, 0, node));
+  double rate = 0;
+  if (leader == 1) {
+    // 64 MiB of each array a rank (far past any cache), in the update's
+    // chunks, one warm-up pass and then the best of three.
+    const int64_t n = int64_t{16} << 20;
+    std::vector<float> p(n, 1.0f), g(n, 1e-3f), mom(n, 0.0f), vel(n, 0.0f);
+    std::vector<AdamWChunk> chunks;
+    append_adamw_chunks(chunks, 0, n, true);
+    double best = 0;
+    for (int pass = 0; pass < 4; ++pass) {
+      MPI_CHECK(MPI_Barrier(node));
+      const auto t0 = std::chrono::steady_clock::now();
+      host::adamw_update_chunks(p.data(), g.data(), mom.data(), vel.data(), chunks.data(),
+                                static_cast<int64_t>(chunks.size()),
+                                AdamWParams{1e-4, 0.9, 0.95, 1e-8, 0.1, pass + 1, 1.0});
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, node));
+      if (pass > 0) best = best == 0 ? s : std::min(best, s);
+    }
+    rate = 7.0 * 4 * static_cast<double>(n) * node_size / best;
+  }
+  MPI_CHECK(MPI_Bcast(&rate, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Comm_free(&node));
+  m.host_adamw_bandwidth = rate;
 }
 
 }  // namespace mpiformer::calibration

@@ -1,4 +1,8 @@
-// `mpiformer calibrate --offload-dir DIR`: the disk under DIR as [train]
+// `mpiformer calibrate --offload-dir DIR`: what [train] offload's update
+// runs on. The node's host AdamW: every rank of the first node at once
+// updating a state of the run's block size many times over with the
+// host's threaded kernel (a GPU run's offloaded update runs there),
+// [offload] host_adamw_gbs. And the disk under DIR as [train]
 // offload = "nvme" streams it. Every rank of the first node at once (a
 // run's ranks stream their moments together), each writing and then
 // reading a file through io/offload_files.hpp's path (direct I/O where the
@@ -16,5 +20,7 @@ namespace mpiformer::calibration {
 // naming DIR and `calibrate --offload-dir` where it is missing, unwritable
 // or without room for `bytes_per_rank` per rank.
 void measure_offload_disk(const std::string& dir, double bytes_per_rank, MachineSpec& m);
+// Collective over MPI_COMM_WORLD; the same rate on every rank.
+void measure_host_adamw(MachineSpec& m);
 
 }  // namespace mpiformer::calibration
