@@ -161,7 +161,40 @@ class AdamWState {
   }
   Acc* master() { return holds_masters() ? part(kMaster) : nullptr; }
   void release_views() {
-    if (files_) files_->unmap_all();
+    if (!files_) return;
+    flush_pending();
+    files_->unmap_all();
+  }
+  // Part k's elements [first, first + n) from host memory, the rest kept:
+  // initialisation tensor by tensor without mapping the files (a mapping's
+  // pages count in the process's resident memory). Written in ascending
+  // order each block is read and written once; the last one on the next
+  // step, write_weights, load or view.
+  void write_range(int k, int64_t first, int64_t n, const float* src) {
+    if constexpr (std::is_same_v<Acc, float>) {
+      if (where_ == Offload::kHost) {
+        std::memcpy(host_[k].data() + first, src, sizeof(float) * static_cast<size_t>(n));
+        return;
+      }
+      if (where_ != Offload::kNvme) throw std::logic_error("AdamWState::write_range: not offloaded");
+      files_->unmap_all();
+      float* buf = slots_[1].part[0].get();
+      while (n > 0) {
+        const int64_t j = first / block_;
+        const Block& b = blocks_[j];
+        if (pending_part_ != k || pending_block_ != j) {
+          flush_pending();
+          files_->read(k, b.first, b.length, buf).get();  // fresh files read as zeros
+          pending_part_ = k;
+          pending_block_ = j;
+        }
+        const int64_t len = std::min(n, b.first + b.length - first);
+        std::memcpy(buf + (first - b.first), src, sizeof(float) * static_cast<size_t>(len));
+        first += len;
+        src += len;
+        n -= len;
+      }
+    }
   }
   // From host memory (n each; null: zero); `master` read when
   // holds_masters() only. A source that is the part's own place (a view
@@ -236,9 +269,19 @@ class AdamWState {
   float* part(int k) {
     if constexpr (std::is_same_v<Acc, float>) {
       if (where_ == Offload::kHost) return host_[k].data();
-      if (where_ == Offload::kNvme) return files_->map(k);
+      if (where_ == Offload::kNvme) {
+        flush_pending();
+        return files_->map(k);
+      }
     }
     return nullptr;
+  }
+  // write_range's block, to its file.
+  void flush_pending() {
+    if (pending_block_ < 0) return;
+    const Block& b = blocks_[pending_block_];
+    pending_block_ = -1;
+    files_->write(pending_part_, b.first, b.length, slots_[1].part[0].get()).get();
   }
 
   // Part k's file from host memory (null: zeros), block by block through
@@ -410,6 +453,8 @@ class AdamWState {
   std::vector<Block> blocks_;
   std::vector<AdamWChunk> host_chunks_;  // offloaded: the host kernel's list, by block
   std::vector<Run> runs_;
+  int pending_part_ = -1;     // write_range's block in slot 1, not yet written
+  int64_t pending_block_ = -1;
   // A GPU's page-locked buffers: each block's gradients (two: the next
   // block's arrive while one computes), and the results going up: the
   // Act copy (held masters) or the fp32 masters (two, as the gradients).

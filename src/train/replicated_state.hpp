@@ -43,7 +43,13 @@ class ReplicatedState final : public StageOptimizer<Ops> {
       stage_.init_parameters(seed);
       return;
     }
-    fill_initial_parameters(stage_.table(), seed, moments_.master());
+    // Tensor by tensor into the held masters (no mapping of a whole file).
+    std::vector<float> tensor;
+    for (const auto& spec : stage_.table().specs()) {
+      tensor.resize(static_cast<size_t>(spec.storage));
+      fill_initial_tensor(spec, seed, tensor.data());
+      moments_.write_range(AdamWState<Ops>::kMaster, spec.offset, spec.storage, tensor.data());
+    }
     moments_.write_weights(stage_.weights());
   }
   void zero_grads() override {

@@ -29,7 +29,6 @@
 // reduce-scatter: the same sums, in the same order, as zero 0.
 #pragma once
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -130,8 +129,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // rows of `spec` (part `p`) from host memory, then loaded().
   void upload_master(const ParameterSpec& spec, const TensorPart& p, const float* src) {
     const int64_t n = (p.row_end - p.row_begin) * spec.row_length();
-    if (moments_.holds_masters()) {  // host memory (or a view of the file)
-      std::memcpy(moments_.master() + p.shard_offset, src, sizeof(Acc) * static_cast<size_t>(n));
+    if (moments_.holds_masters()) {
+      moments_.write_range(AdamWState<Ops>::kMaster, p.shard_offset, n, src);
       return;
     }
     Acc* dst = alias_ ? weights_as_masters(spec.offset + p.row_begin * spec.row_length())

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "train/backend_factory.hpp"
+#include "temp_dir.hpp"
 #include "train/zero_shards.hpp"
 
 namespace mpiformer::test {
@@ -140,6 +141,52 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
             << "tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
       }
     }
+  }
+}
+
+// bf16 with [train] offload: the shard's float masters leave with the
+// moments (12 bytes an element), the 16-bit copy stays; what the stage and
+// the shard allocate shrinks by that, and the accounting moves the same
+// bytes to the disk (nvme) and adds the ring the blocks stream through.
+TEST(MemoryAccounting, OffloadedMastersLeaveTheShardInMixedPrecision) {
+  using Ops16 = host::Ops<host::Bf16>;
+  GptConfig cfg = model();
+  cfg.n_layer = 3;
+  const StageRange range = partition_stage(cfg, 0, 1, 1, 0);
+  TempDir dir;
+  for (int zero : {1, 3}) {
+    double allocated[2] = {0, 0}, shard = 0;
+    for (int k = 0; k < 2; ++k) {
+      OffloadSetup where;
+      if (k == 1) where = OffloadSetup{Offload::kNvme, dir.file(""), 0, 1, 1024};
+      host::Context ctx;
+      GptStage<Ops16> stage(ctx, cfg, range, stage_options(2, 1, Recompute::kNone, zero));
+      ZeroShards<Ops16> opt(stage, zero, 3, 0, where);
+      EXPECT_EQ(opt.moments().holds_masters(), k == 1);
+      allocated[k] = static_cast<double>(stage.allocated_bytes()) + opt.allocated_bytes();
+      shard = static_cast<double>(opt.state_size());
+    }
+    EXPECT_EQ(allocated[0] - allocated[1], 12 * shard) << "zero " << zero;
+    Deck d;
+    d.model = cfg;
+    d.train.micro_batch = 2;
+    d.train.precision = Precision::kBf16;
+    d.parallel.dp = 3;
+    d.parallel.zero = zero;
+    BackendChoice bf16;
+    bf16.precision = Precision::kBf16;
+    const RankMemory none = rank_memory(d, bf16, 0, 1);
+    d.train.offload = Offload::kNvme;
+    d.train.offload_dir = dir.file("");
+    const RankMemory nvme = rank_memory(d, bf16, 0, 1);
+    // The accounting's is the group's largest shard.
+    const ParameterTable table(cfg, range);
+    shard = static_cast<double>(ShardPlan(table, StageLayout(table, range), 3, 0).max_shard_size());
+    const double block = std::min(shard, static_cast<double>(offload_block_elements(d.train)));
+    EXPECT_EQ(none.parameters() - nvme.parameters(), 4 * shard) << "zero " << zero;
+    EXPECT_EQ(none.optimizer - nvme.optimizer, 8 * shard) << "zero " << zero;
+    EXPECT_EQ(nvme.offload_disk, 12 * shard) << "zero " << zero;
+    EXPECT_EQ(nvme.offload_buffers, 3 * 3 * block * 4) << "zero " << zero;
   }
 }
 
