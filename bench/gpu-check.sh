@@ -8,6 +8,10 @@
 #  2. a 2-step gpt2-124m fp32 run on the GPU against the same run on the
 #     host back end (same init and data): step losses within 1e-4 relative,
 #     the only check of the CUDA path at real shapes;
+#  2c. [train] offload = "host": the last benchmark model again with
+#     AdamW's state (bf16: masters and moments) in host memory, updated on
+#     the host: its logged losses and grad norms against the benchmark
+#     run's, its tokens/s, and the device memory it measured;
 #  3. `ctest -L gpu`;
 #  4. compute-sanitizer memcheck and racecheck over our own kernels.
 # A short table and a summary come last. It exits non-zero when no GPU is
@@ -20,7 +24,7 @@
 #   OUT=bench-out/gpu  FROM=auto|build|bundle  BUILD_DIR=build/cuda
 #   MODELS="gpt2-124m:16 gpt2-350m:16" (deck:micro_batch)  SEQ=1024  STEPS=15
 #   LOG_EVERY=5  PRECISION=bf16  DEVICE=cuda  COMPARE=1  CMP_SEQ=1024  CMP_MB=2  FP16=1
-#   TESTS=1  BENCH=1
+#   TESTS=1  BENCH=1  OFFLOAD=1
 #   DEADLINE=540: seconds for the whole check (a lent GPU machine allows 600
 #   per command); each phase gets a timeout, and phases that would start
 #   too late are skipped and said so, so a hang cannot eat the rest.
@@ -246,6 +250,40 @@ PY
   else
     tail -20 "$OUT/fp16.log"
     failed+=("fp16 (the run failed)")
+  fi
+fi
+
+# 2c. Offload on the device: the host's AdamW over the state in host
+# memory, gradients down and weights up by block. The update is bit for
+# bit the device's; the rest of the step is the same kernels on the same
+# data, so the losses match to the GPU's run-to-run reproducibility
+# (1e-5 relative: far below what a wrong update moves in 15 steps).
+if [ "${OFFLOAD:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ] && phase 60 "offload host"; then
+  spec=${MODELS##* }
+  model=${spec%%:*} mb=${spec##*:}
+  log "offload: $model as benchmarked, with [train] offload = \"host\""
+  if [ -f "$OUT/$model.metrics.jsonl" ] &&
+     train offload "$model" $(($(left) / 3)) --set run.device="$DEVICE" \
+       --set train.precision="$PRECISION" --set model.seq_len="$SEQ" --set train.micro_batch="$mb" \
+       --set train.global_batch="$mb" --set train.steps="$STEPS" --set train.warmup_steps=2 \
+       --set train.log_every="$LOG_EVERY" --set checkpoint.at_end=false --set train.offload=host; then
+    python3 - "$OUT/$model.metrics.jsonl" "$W/offload/metrics.jsonl" 2>&1 <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+def rows(p):
+    return [json.loads(l) for l in open(p) if '"tokens_per_s"' in l]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert [r["step"] for r in a] == [r["step"] for r in b] and b, (len(a), len(b))
+worst = max(abs(x[k] - y[k]) / max(abs(x[k]), 1e-30) for x, y in zip(a, b) for k in ("loss", "grad_norm"))
+assert worst <= 1e-5, f"offload host: losses differ from none's by {worst:.2e} relative"
+print(f"== offload host: {len(b)} logged steps within {worst:.1e} of none's; tokens/s "
+      f"{b[-1]['tokens_per_s']:.0f} against {a[-1]['tokens_per_s']:.0f} "
+      f"({b[-1]['tokens_per_s'] / a[-1]['tokens_per_s']:.2f}x), step {b[-1]['step_ms']:.1f} ms")
+PY
+    [ "${PIPESTATUS[0]}" = 0 ] || failed+=("offload host")
+    grep -E "^offload:|^  rank 0 " "$OUT/offload.log" | tee -a "$OUT/summary.txt"
+  else
+    tail -20 "$OUT/offload.log" 2>/dev/null
+    failed+=("offload host (the run failed)")
   fi
 fi
 
