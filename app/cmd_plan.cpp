@@ -223,10 +223,10 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
   req.precision = device == Device::kCuda ? Precision::kBf16 : Precision::kFp32;
   if (!args.precision.empty()) parse_setting(kPrecisionNames, args.precision, &req.precision);
   MachineSpec m = calibrate_machine(req);
-  if (!args.offload_dir.empty()) {
-    calibration::measure_host_adamw(m);
+  // A GPU run's offloaded update runs on the host: priced with its rate.
+  if (device == Device::kCuda || !args.offload_dir.empty()) calibration::measure_host_adamw(m);
+  if (!args.offload_dir.empty())
     calibration::measure_offload_disk(args.offload_dir, args.offload_mb * 1e6, m);
-  }
   if (rank == 0) {
     const std::string what = device == Device::kCuda
                                  ? std::string("GPUs, ") + name_of(req.precision) +
@@ -241,11 +241,15 @@ int run_calibrate(const CalibrateArgs& args, int rank) {
                 "%.1f GFLOP/s per rank; intra-node all-reduce %.1f us + %.2f GB/s)\n",
                 args.output.c_str(), m.matmul.size(), m.attention.size(), m.kernels.size(),
                 m.peak_flops / 1e9, m.intra.allreduce.latency * 1e6, m.intra.allreduce.bandwidth / 1e9);
-    if (!args.offload_dir.empty()) {
-      std::printf("calibrate: the disk under %s, every rank of a node at once: read %.2f GB/s, "
-                  "write %.2f GB/s (the node's); the host's AdamW %.1f GB/s (the node's)\n",
-                  args.offload_dir.c_str(), m.disk_read_bandwidth / 1e9, m.disk_write_bandwidth / 1e9,
-                  m.host_adamw_bandwidth / 1e9);
+    if (m.host_adamw_bandwidth > 0) {
+      std::printf("calibrate: [offload] the host's AdamW %.1f GB/s (the node's)", m.host_adamw_bandwidth / 1e9);
+      if (m.host_link_bandwidth > 0)
+        std::printf("; each GPU's link to page-locked memory %.1f GB/s", m.host_link_bandwidth / 1e9);
+      if (!args.offload_dir.empty())
+        std::printf("; the disk under %s, every rank of a node at once: read %.2f GB/s, write "
+                    "%.2f GB/s (the node's)",
+                    args.offload_dir.c_str(), m.disk_read_bandwidth / 1e9, m.disk_write_bandwidth / 1e9);
+      std::printf("\n");
     }
   }
   return 0;

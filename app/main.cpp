@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
   ca->add_option("--offload-dir", cal.offload_dir,
                  "also measure what [train] offload runs on, every rank of a node at once: "
                  "the disk under this directory as offload = \"nvme\" streams it ([offload] "
-                 "disk_read_gbs, disk_write_gbs) and the host's AdamW (host_adamw_gbs)");
+                 "disk_read_gbs, disk_write_gbs) and the host's AdamW (host_adamw_gbs; a GPU "
+                 "calibration measures it and the GPU's host link always)");
   ca->add_option("--offload-mb", cal.offload_mb, "MB each rank writes and reads under --offload-dir")
       ->check(CLI::Range(16.0, 1e7))
       ->capture_default_str();

@@ -1,12 +1,14 @@
 // `mpiformer calibrate` on a GPU (cuda build): the host's measurements
 // (calibrate_kernels.hpp, calibrate_links.hpp) over the CUDA op set and
 // the GPU's communicators, plus what only a GPU has: its bf16 and fp32
-// GEMM peaks, its memory, and the memory a GPU rank holds outside our
+// GEMM peaks, its memory, its link to page-locked host memory ([offload]
+// host_link_gbs), and the memory a GPU rank holds outside our
 // allocator (CUDA context, cuBLAS, NCCL). Real stages are not probed here:
 // the planner's stage factor stays 1 on GPUs until one is measured.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -56,6 +58,33 @@ std::unique_ptr<Communicator> device_communicator(MpiCommunicator& group, cudaSt
   if (!group_shares_a_gpu(group)) return std::make_unique<NcclCommunicator>(group, stream);
 #endif
   return std::make_unique<HostStagedCommunicator>(group, stream);
+}
+
+// [offload] host_link_gbs: every rank at once copies 256 MiB between
+// page-locked host memory and its GPU, each way on its stream (as the
+// offloaded update does); the slower direction, the mean over the ranks
+// (ranks sharing a GPU share its link: each gets its part).
+double measure_host_link(cuda::Context& ctx, MPI_Comm node) {
+  const int64_t n = int64_t{64} << 20;
+  cuda::PinnedBuffer<float> host(static_cast<size_t>(n));
+  cuda::DeviceBuffer<float> dev(static_cast<size_t>(n));
+  std::fill(host.get(), host.get() + n, 1.0f);
+  double best[2] = {0, 0};  // seconds: to the device, to the host
+  for (int pass = 0; pass < 4; ++pass) {
+    for (int way = 0; way < 2; ++way) {
+      MPI_CHECK(MPI_Barrier(node));
+      const auto t0 = std::chrono::steady_clock::now();
+      CUDA_CHECK(cudaMemcpyAsync(way == 0 ? static_cast<void*>(dev.get()) : host.get(),
+                                 way == 0 ? static_cast<const void*>(host.get()) : dev.get(),
+                                 sizeof(float) * static_cast<size_t>(n),
+                                 way == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                 ctx.stream()));
+      ctx.synchronize();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (pass > 0) best[way] = best[way] == 0 ? s : std::min(best[way], s);  // the first warms up
+    }
+  }
+  return mean_over_ranks(4.0 * static_cast<double>(n) / std::max(best[0], best[1]));
 }
 
 template <class A>
@@ -109,6 +138,7 @@ MachineSpec calibrate_gpu(const CalibrationRequest& req, MPI_Comm node, int node
   } else {
     measure_compute_in<float>(ctx, shapes, req.seconds, m);
   }
+  m.host_link_bandwidth = measure_host_link(ctx, node);
   LinkTransport nccl;
   nccl.connect = [&ctx](MpiCommunicator& group) { return device_communicator(group, ctx.stream()); };
   nccl.allocate = device_ones;
