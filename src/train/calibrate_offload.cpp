@@ -11,6 +11,7 @@
 #include "common/adamw_params.hpp"
 #include "core/mpi_check.hpp"
 #include "host/adamw.hpp"
+#include "host/gemm.hpp"
 #include "offload_files.hpp"
 #include "parallel/input_agreement.hpp"
 #include "plan/rank_memory.hpp"
@@ -87,6 +88,8 @@ void measure_host_adamw(MachineSpec& m) {
   MPI_CHECK(MPI_Comm_size(node, &node_size));
   int leader = rank == 0 ? 1 : 0;
   MPI_CHECK(MPI_Bcast(&leader, 1, MPI_INT, 0, node));
+  // The node's cores shared by its ranks, as a run shares them (trainer.cpp).
+  host::set_compute_threads(host::choose_compute_threads(0, node_size));
   double rate = 0;
   if (leader == 1) {
     // 64 MiB of each array a rank (far past any cache), in the update's
