@@ -10,7 +10,11 @@
 # update can reach. LARGEST=1 instead: the largest model of a GPT-2 shape
 # the trainer accepts at zero 3 with full recomputation, with and without
 # nvme. PRECISION=bf16: mixed precision, where the float masters leave
-# with the moments.
+# with the moments. CHECKPOINT=1 instead: nvme at zero 0 saving a
+# checkpoint after step 1, then resuming from it for step 2: each run's
+# peak resident growth against the prediction (a save reads the state
+# through views of its files and a resume writes it through them, a
+# tensor's pages at a time).
 #   MODEL=inputs/gpt2-350m.toml SEQ=256 DP=2 ACC=8 STEPS=3 ZEROS="0 3" PRECISION=fp32
 #   OFFLOAD_DIR=/tmp/mpiformer-offload OUT=bench-out PRESET=cpu
 source "$(dirname "$0")/lib.sh"
@@ -38,6 +42,22 @@ read=$(dd if="$probe" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.
 rm -f "$probe"
 echo "disk under $OFFLOAD_DIR (dd, direct I/O, 16 MiB blocks): write $write, read $read"
 
+
+if [ -n "${CHECKPOINT:-}" ]; then
+  dir=$OUT/checkpoint
+  rm -rf "$dir"
+  echo "$MODEL, $PRECISION, seq $SEQ, dp $DP, zero 0, nvme: peak growth (MB) of each rank against the prediction"
+  for steps in 1 2; do
+    at_end=$([ "$steps" = 1 ] && echo true || echo false)
+    mpirun --oversubscribe -np "$DP" "$BIN" train "$MODEL" "${common[@]}" --set parallel.zero=0 \
+      --set train.offload='"nvme"' --set train.steps="$steps" --set checkpoint.resume=auto \
+      --set checkpoint.at_end="$at_end" --set checkpoint.dir="$dir/ckpt" --set run.dir="$dir" \
+      >"$dir.$steps.log" 2>&1 || { tail -5 "$dir.$steps.log"; echo "$dir failed"; exit 1; }
+    what=$([ "$steps" = 1 ] && echo "step 1 and the save" || echo "the resume and step 2")
+    echo "$what: $(grep -E '^  rank [0-9]+ \(stage' "$dir.$steps.log" | tr -s ' ' | tr '\n' ';')"
+  done
+  exit 0
+fi
 
 if [ -n "${LARGEST:-}" ]; then
   # The largest n_layer of a GPT-2 shape with 2048 channels (16 heads, seq

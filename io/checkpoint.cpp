@@ -242,6 +242,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
                    count > 0 ? d.data : nullptr) < 0) {
         failed("writing " + d.name);
       }
+      if (d.written) d.written();
       if (agree()) break;
       write_u64_attr(dset.get(), "xxh64", sums[i], tmp);
       if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {

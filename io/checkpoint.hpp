@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ struct DatasetSlice {
   const float* data = nullptr;
   bool reports_checksum = false;  // exactly one rank per dataset
   uint64_t checksum = 0;        // xxh64 of the whole tensor, on that rank
+  // Called once this rank's blocks are written (where set: offloaded
+  // state's views drop the pages).
+  std::function<void()> written;
 };
 
 uint64_t tensor_checksum(const float* data, int64_t n);

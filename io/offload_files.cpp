@@ -225,6 +225,18 @@ float* OffloadFiles::map(int file) {
   return f.view;
 }
 
+void OffloadFiles::drop_pages(const float* p, int64_t n) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  for (const auto& f : files_) {
+    if (f.view == nullptr || p < f.view || p + n > f.view + padded_) continue;
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t hi = reinterpret_cast<uintptr_t>(p + n) / page * page;
+    // Clean or dirty, the data stays in the file's pages: only the mapping goes.
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    return;
+  }
+}
+
 void OffloadFiles::unmap_all() {
   for (auto& f : files_) {
     if (f.view == nullptr) continue;

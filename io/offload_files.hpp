@@ -63,9 +63,13 @@ class OffloadFiles {
   std::future<void> write(int file, int64_t first, int64_t n, const float* buffer);
 
   // The whole file mapped (checkpoints read and write the state through
-  // it, page by page, never all in memory at once: the kernel reclaims
-  // what was read). unmap_all() writes back, unmaps and drops the pages.
+  // it, page by page; a save's passes drop what they read, drop_pages).
+  // unmap_all() writes back, unmaps and drops the pages.
   float* map(int file);
+  // The whole pages of [p, p + n) inside a view leave this process's
+  // memory (read again from the file if touched): a pass over a view
+  // (a checkpoint's) holds a few pages at a time, not the whole file.
+  void drop_pages(const float* p, int64_t n);
   void unmap_all();
   // Whether `p` is file `file`'s mapped view.
   bool is_view(int file, const float* p) const { return p != nullptr && p == files_[file].view; }

@@ -165,6 +165,11 @@ class AdamWState {
     flush_pending();
     files_->unmap_all();
   }
+  // Done with [p, p + n) of a view moment() or master() gave: its pages
+  // leave the process's memory (nothing to do for host memory).
+  void drop_pages(const float* p, int64_t n) {
+    if (files_) files_->drop_pages(p, n);
+  }
   // Part k's elements [first, first + n) from host memory, the rest kept:
   // initialisation tensor by tensor without mapping the files (a mapping's
   // pages count in the process's resident memory). Written in ascending

@@ -141,9 +141,12 @@ ResumePoint CheckpointManager::load() {
     float* in_place[3] = {stage_.state_in_place(0), stage_.state_in_place(1),
                           stage_.state_in_place(2)};
     std::vector<float> m(in_place[0] ? 0 : n), v(in_place[1] ? 0 : n), params(in_place[2] ? 0 : n);
-    const StageState scratch{in_place[2] ? in_place[2] : params.data(),
-                             in_place[0] ? in_place[0] : m.data(),
-                             in_place[1] ? in_place[1] : v.data(), plan};
+    StageState scratch{in_place[2] ? in_place[2] : params.data(),
+                       in_place[0] ? in_place[0] : m.data(),
+                       in_place[1] ? in_place[1] : v.data(), plan};
+    // Views of files keep a tensor's pages at a time.
+    if (stage_.offload_files() != nullptr)
+      scratch.done_with = [this](const float* p, int64_t k) { stage_.drop_state_pages(p, k); };
     CheckpointMeta meta;
     double bytes_read = 0;
     try {
@@ -211,8 +214,15 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
   // as `latest`. Every rank judges its own state; all agree.
   const auto finite = [&](const float* x, int64_t n) {
     if (x == nullptr) return true;
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(x[i])) return false;
+    // In pieces: offloaded state's views drop each one's pages after it.
+    constexpr int64_t kPiece = int64_t{1} << 22;
+    bool ok = true;
+    for (int64_t at = 0; at < n; at += kPiece) {
+      const int64_t len = std::min(kPiece, n - at);
+      for (int64_t i = at; i < at + len; ++i) ok = ok && std::isfinite(x[i]);
+      if (state.done_with) state.done_with(x + at, len);
+      if (!ok) return false;
+    }
     return true;
   };
   const int64_t n = stage_.state_size();

@@ -171,11 +171,18 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
         const Share sh = share_of(mine, shards, grid.dp(), grid.dp_rank());
         d.boxes = dataset_boxes(mine.boxes(sh.row_begin, sh.row_end));
         d.data = group_base(state, g) + sh.offset;
+        if (state.done_with) {
+          const float* data = d.data;
+          const int64_t count = elements(d.boxes);
+          d.written = [done = state.done_with, data, count] { done(data, count); };
+        }
         if (shards == nullptr && mine.whole()) {
           // The first replica holds it whole: no gather.
           if (grid.dp_rank() == 0 && grid.tp_rank() == 0) {
             d.reports_checksum = true;
-            d.checksum = tensor_checksum(group_base(state, g) + mine.offset, spec.numel());
+            const float* whole = group_base(state, g) + mine.offset;
+            d.checksum = tensor_checksum(whole, spec.numel());
+            if (state.done_with) state.done_with(whole, spec.numel());
           }
         } else {
           const int root = tensor++ % stage_size;
@@ -186,6 +193,7 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
             d.reports_checksum = true;
             d.checksum = tensor_checksum(all, spec.numel());
           }
+          if (state.done_with) state.done_with(d.data, elements(d.boxes));
         }
       }
       out.push_back(std::move(d));
@@ -216,9 +224,18 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   MPI_CHECK(MPI_Comm_rank(stage_group, &rank));
   MPI_CHECK(MPI_Comm_size(stage_group, &size));
   // Null moments are not read (a run initialised from the weights alone).
-  for (int g = 0; g < 3; ++g)
-    if (group_base(state, g) != nullptr)
-      std::fill(group_base(state, g), group_base(state, g) + plan.shard_size(), 0.0f);
+  // Zeroed in pieces, each one's pages dropped after it where they are a
+  // view of offloaded state (done_with).
+  for (int g = 0; g < 3; ++g) {
+    float* base = group_base(state, g);
+    if (base == nullptr) continue;
+    constexpr int64_t kPiece = int64_t{1} << 22;
+    for (int64_t at = 0; at < plan.shard_size(); at += kPiece) {
+      const int64_t len = std::min(kPiece, plan.shard_size() - at);
+      std::fill(base + at, base + at + len, 0.0f);
+      if (state.done_with) state.done_with(base + at, len);
+    }
+  }
   // A read that fails or a checksum that does not hold may be found on one
   // rank only: it is reported after the loop, so no rank leaves the others
   // in a gather.
@@ -252,6 +269,7 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
       const float* all = gather_tensor(stage_group, root, spec.logical_shape,
                                        counts ? boxes : std::vector<DatasetBox>{}, rows, store,
                                        assembled);
+      if (state.done_with) state.done_with(rows, (p.row_end - p.row_begin) * spec.row_length());
       if (rank != root || !damaged.empty()) continue;
       try {
         check_tensor_checksum(reader.path(), kGroups[g] + spec.name, stored, all,
@@ -282,24 +300,27 @@ int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg
   // One replica: its shard is the whole buffer, in order; read into it.
   if (size == 1) {
     return restore_shard(reader, cfg, local,
-                         StageState{whole.params, whole.adam_m, whole.adam_v, &plan}, stage_group);
+                         StageState{whole.params, whole.adam_m, whole.adam_v, &plan, false,
+                                    whole.done_with},
+                         stage_group);
   }
-  const auto n = static_cast<size_t>(plan.shard_size());
-  const bool moments = whole.adam_m != nullptr;
-  std::vector<float> p(n), m(moments ? n : 0), v(moments ? n : 0);
-  const int64_t bytes = restore_shard(
-      reader, cfg, local,
-      StageState{p.data(), moments ? m.data() : nullptr, moments ? v.data() : nullptr, &plan},
-      stage_group);
-  gather_shards(plan, p.data(), whole.params, group);
-  if (moments) {
-    gather_shards(plan, m.data(), whole.adam_m, group);
-    gather_shards(plan, v.data(), whole.adam_v, group);
+  // Group by group through one shard-sized buffer (the masters, then each
+  // moment), each gathered unit by unit into the whole stage.
+  std::vector<float> shard(static_cast<size_t>(plan.shard_size()));
+  int64_t bytes = 0;
+  for (int g = 0; g < 3; ++g) {
+    float* dst = group_base(whole, g);
+    if (dst == nullptr) continue;
+    StageState one{nullptr, nullptr, nullptr, &plan};
+    (g == 0 ? one.params : g == 1 ? one.adam_m : one.adam_v) = shard.data();
+    bytes += restore_shard(reader, cfg, local, one, stage_group);
+    gather_shards(plan, shard.data(), dst, group, whole.done_with);
   }
   return bytes;
 }
 
-void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group) {
+void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group,
+                   const std::function<void(const float*, int64_t)>& done_with) {
   std::vector<int> counts(static_cast<size_t>(plan.dp())), displs(counts.size());
   for (const ShardUnit& u : plan.units()) {
     for (int r = 0; r < plan.dp(); ++r) {
@@ -308,6 +329,7 @@ void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_
     }
     MPI_CHECK(MPI_Allgatherv(shard + u.shard_offset, counts[plan.rank()], MPI_FLOAT, whole + u.begin,
                              counts.data(), displs.data(), MPI_FLOAT, group));
+    if (done_with) done_with(whole + u.begin, u.end - u.begin);
   }
 }
 

@@ -4,6 +4,7 @@
 // replicas; replicated tensors by tensor rank 0). Restoring: each rank
 // reads its slice's rows of its stage's tensors, whatever layout wrote them.
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ struct StageState {
   float* adam_v;
   const ShardPlan* shards = nullptr;
   bool params_whole = false;
+  // Where set (offloaded state read through views of its files), called
+  // on each range once a pass of the save is done with it, so the save
+  // holds a tensor's pages at a time, never the whole state.
+  std::function<void(const float*, int64_t)> done_with;
 };
 // How group g (0 params, 1 and 2 the moments) of `state` is laid out: its
 // own shard plan, or none for whole buffers.
@@ -64,7 +69,9 @@ void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
 int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
                       const ParameterTable& local, const StageState& state, MPI_Comm stage_group);
 // The whole flat buffer on every rank of `group` from each rank's shard.
-void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group);
+// `done_with` (where set) is called on each unit of `whole` once gathered.
+void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group,
+                   const std::function<void(const float*, int64_t)>& done_with = {});
 // zero 0: every rank of its data-parallel `group` holds the whole stage
 // (slice); each reads its rows of a plan cut over the group
 // (restore_shard, checksums over `stage_group`), then the group gathers

@@ -140,6 +140,10 @@ class StageBackend {
   // Done with what host_state() returned: offloaded state's views of its
   // files are written back and dropped from memory.
   virtual void release_host_state() {}
+  // Done with [p, p + n) of a view of offloaded state (host_state's or
+  // state_in_place's): its pages leave the process's memory (their data
+  // stays in the file); anything else is left as it is.
+  virtual void drop_state_pages(const float* /*p*/, int64_t /*n*/) {}
   // Bytes of optimizer state outside the back end's memory ([train]
   // offload: host memory or disk), and the files holding it (null: none).
   virtual double offloaded_bytes() = 0;

@@ -117,8 +117,13 @@ class TrainingStage final : public StageBackend {
     const ShardPlan* shards = shard_plan();
     // fp32 at zero 1-2: the masters are the stage's whole weights.
     const bool whole = opt_->masters_are_weights();
+    // Offloaded state in files is read through views: each pass drops
+    // what it read.
+    std::function<void(const float*, int64_t)> done_with;
+    if (opt_->moments().files() != nullptr)
+      done_with = [this](const float* p, int64_t n) { drop_state_pages(p, n); };
     if constexpr (Ops::kHostMemory) {
-      return StageState{params, m, v, shards, whole};
+      return StageState{params, m, v, shards, whole, done_with};
     } else {
       const int64_t n = state_size(), np = whole ? stage_.param_storage() : n;
       if (!opt_->moments().holds_masters()) {
@@ -127,7 +132,7 @@ class TrainingStage final : public StageBackend {
         params = host_params_.data();
       }
       if (opt_->moments().in_host_memory()) {
-        return StageState{params, m, v, shards, whole};  // offloaded
+        return StageState{params, m, v, shards, whole, done_with};  // offloaded
       }
       for (auto* h : {&host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
       Ops::download(ctx_, host_m_.data(), m, n);
@@ -136,6 +141,7 @@ class TrainingStage final : public StageBackend {
     }
   }
   void release_host_state() override { opt_->moments().release_views(); }
+  void drop_state_pages(const float* p, int64_t n) override { opt_->moments().drop_pages(p, n); }
   float* state_in_place(int k) override {
     if constexpr (std::is_same_v<Acc, float>) {
       AdamWState<Ops>& state = opt_->moments();
