@@ -70,21 +70,24 @@ grep -q "^offload: AdamW's moments .* in scratch (.*I/O.*), streamed in blocks o
 
 # bf16: the float masters leave with the moments (the back end keeps the
 # 16-bit copy only), at zero 0 (the stage without masters), zero 3 (the
-# shard's copy gathered from them) and pp 2 at zero 2 (the tied
-# embedding's two shards); the same bits as none. Then none's
+# shard's copy gathered from them) and, in fp16 (loss scaling: the update
+# unscales), pp 2 at zero 2 (the tied embedding's two shards); the same
+# bits as none. Then none's
 # zero-0 checkpoint at step 3 resumed under nvme: the masters and moments
 # restored into their files' views, exactly.
-for lay in "2 1 1 0" "2 1 1 3" "1 2 1 2"; do
+for lay in "2 1 1 0 bf16" "2 1 1 3 bf16" "1 2 1 2 fp16"; do
   set -- $lay
-  ref="bf16_none_z$4"
-  train "$ref" "$@" none --set train.precision=bf16
+  prec=$5
+  set -- "$1" "$2" "$3" "$4"
+  ref="${prec}_none_z$4"
+  train "$ref" "$@" none --set train.precision="$prec"
   for where in nvme host; do
     [ "$where" = host ] && [ "$4" != 0 ] && continue
-    got="bf16_${where}_z$4"
-    train "$got" "$@" "$where" --set train.precision=bf16
-    compare "$ref/metrics.jsonl" "$got/metrics.jsonl" 0 "bf16 offload $where, dp $1 pp $2 zero $4"
+    got="${prec}_${where}_z$4"
+    train "$got" "$@" "$where" --set train.precision="$prec"
+    compare "$ref/metrics.jsonl" "$got/metrics.jsonl" 0 "$prec offload $where, dp $1 pp $2 zero $4"
     same_tensors "$ref/checkpoints/step_00000006.h5" "$got/checkpoints/step_00000006.h5" \
-      "bf16 offload $where, dp $1 pp $2 zero $4"
+      "$prec offload $where, dp $1 pp $2 zero $4"
     no_files_left "$got"
   done
 done
