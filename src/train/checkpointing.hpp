@@ -31,7 +31,7 @@ struct StageState {
   // Where set (offloaded state read through views of its files), called
   // on each range once a pass of the save is done with it, so the save
   // holds a tensor's pages at a time, never the whole state.
-  std::function<void(const float*, int64_t)> done_with;
+  std::function<void(const float*, int64_t)> done_with = {};
 };
 // How group g (0 params, 1 and 2 the moments) of `state` is laid out: its
 // own shard plan, or none for whole buffers.
