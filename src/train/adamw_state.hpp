@@ -206,14 +206,16 @@ class AdamWState {
   // from moment() or master(), written by a restore) is kept as it is.
   void load(const float* master, const float* m, const float* v) {
     const float* src[3] = {m, v, master};
-    for (int k = 0; k < 2; ++k) {
-      if (where_ != Offload::kNone) break;
-      Acc* dst = k == 0 ? m_.get() : v_.get();
-      if (src[k] != nullptr) Ops::upload(ctx_, dst, src[k], n_);
-      else Ops::fill_zero(ctx_, dst, n_);
+    if (where_ == Offload::kNone) {
+      for (int k = 0; k < 2; ++k) {
+        Acc* dst = k == 0 ? m_.get() : v_.get();
+        if (src[k] != nullptr) Ops::upload(ctx_, dst, src[k], n_);
+        else Ops::fill_zero(ctx_, dst, n_);
+      }
+      return;
     }
     if constexpr (std::is_same_v<Acc, float>) {
-      for (int k = 0; k < parts_ && where_ != Offload::kNone; ++k) {
+      for (int k = 0; k < parts_; ++k) {
         if (where_ == Offload::kHost) {
           float* dst = host_[k].data();
           if (src[k] == dst) continue;  // restored in place
