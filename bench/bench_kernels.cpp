@@ -72,8 +72,8 @@ void BM_Attention(benchmark::State& st) {
   auto qkv = filled(B * T * 3 * C), out = filled(B * T * C), att = filled(B * NH * T * T),
        datt = filled(B * NH * T * T), dqkv = filled(B * T * 3 * C);
   for (auto _ : st) {
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    attention_backward(dqkv.data(), datt.data(), out.data(), qkv.data(), att.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
+    attention_backward(dqkv.data(), datt.data(), out.data(), qkv.data(), att.data(), B, T, C, NH, NH);
   }
   // Executed FLOPs (full T x T products): 2 forward + 4 backward GEMMs.
   st.counters["FLOP/s"] = benchmark::Counter(6.0 * 2 * B * NH * T * T * (C / NH) * st.iterations(),

@@ -55,6 +55,19 @@ const IntAttr kIntAttrs[] = {
     {"loss_scaler", &CheckpointMeta::loss_scaler, 4},
     {"loss_scale_log2", &CheckpointMeta::loss_scale_log2, 4},
     {"loss_scale_good_steps", &CheckpointMeta::loss_scale_good_steps, 4},
+    {"family", &CheckpointMeta::family, 5},
+    {"n_kv_head", &CheckpointMeta::n_kv_head, 5},
+    {"ffn_hidden", &CheckpointMeta::ffn_hidden, 5},
+    {"tie_embeddings", &CheckpointMeta::tie_embeddings, 5},
+};
+struct DoubleAttr {
+  const char* name;
+  double CheckpointMeta::*member;
+  int64_t since;
+};
+const DoubleAttr kDoubleAttrs[] = {
+    {"rope_theta", &CheckpointMeta::rope_theta, 5},
+    {"norm_eps", &CheckpointMeta::norm_eps, 5},
 };
 
 std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
@@ -74,6 +87,8 @@ uint64_t meta_checksum(const CheckpointMeta& meta) {
   for (const auto& a : kIntAttrs)
     if (meta.format_version >= a.since)
       text += std::string(a.name) + "=" + std::to_string(meta.*(a.member)) + "\n";
+  for (const auto& a : kDoubleAttrs)
+    if (meta.format_version >= a.since) text += strprintf("%s=%.17g\n", a.name, meta.*(a.member));
   text += "tokenizer=" + meta.tokenizer + "\ndeck=" + meta.deck + "\nrun_id=" + meta.run_id + "\n";
   return XXH64(text.data(), text.size(), 0);
 }
@@ -105,6 +120,21 @@ int64_t select_boxes(hid_t space, const std::vector<int64_t>& shape,
   return count;
 }
 
+// The family's attributes: values the model can be built from.
+void check_family(const CheckpointMeta& m, const std::string& path) {
+  if (m.family != 0 && m.family != 1)
+    throw InputError(path, "attribute family", "expected 0 (GPT-2) or 1 (Llama)");
+  if (m.tie_embeddings != 0 && m.tie_embeddings != 1)
+    throw InputError(path, "attribute tie_embeddings", "expected 0 or 1");
+  if (m.family == 0 && (m.n_kv_head != 0 || m.ffn_hidden != 0 || m.tie_embeddings != 1))
+    throw InputError(path, "attribute family", "GPT-2 with Llama's attributes set");
+  if (m.family == 1 && (m.n_kv_head < 1 || m.n_head % m.n_kv_head != 0 || m.ffn_hidden < 1))
+    throw InputError(path, "attribute n_kv_head",
+                     "a Llama model needs n_kv_head dividing n_head and ffn_hidden >= 1");
+  if (!(m.rope_theta >= 1) || !(m.norm_eps > 0 && m.norm_eps <= 1))
+    throw InputError(path, "attribute rope_theta", "rope_theta >= 1 and norm_eps in (0, 1] expected");
+}
+
 }  // namespace
 
 std::string new_run_id() {
@@ -120,6 +150,12 @@ void set_model_config(CheckpointMeta& meta, const GptConfig& cfg) {
   meta.n_embd = cfg.n_embd;
   meta.seq_len = cfg.seq_len;
   meta.vocab_size = cfg.vocab_size;
+  meta.family = cfg.llama() ? 1 : 0;
+  meta.n_kv_head = cfg.n_kv_head;
+  meta.ffn_hidden = cfg.ffn_hidden;
+  meta.tie_embeddings = cfg.tie_embeddings ? 1 : 0;
+  meta.rope_theta = cfg.rope_theta;
+  meta.norm_eps = cfg.norm_eps;
 }
 
 GptConfig model_config(const CheckpointMeta& meta) {
@@ -129,6 +165,12 @@ GptConfig model_config(const CheckpointMeta& meta) {
   cfg.n_embd = meta.n_embd;
   cfg.seq_len = meta.seq_len;
   cfg.vocab_size = meta.vocab_size;
+  cfg.family = meta.family == 1 ? ModelFamily::kLlama : ModelFamily::kGpt2;
+  cfg.n_kv_head = meta.n_kv_head;
+  cfg.ffn_hidden = meta.ffn_hidden;
+  cfg.tie_embeddings = meta.tie_embeddings != 0;
+  cfg.rope_theta = meta.rope_theta;
+  cfg.norm_eps = meta.norm_eps;
   return cfg;
 }
 
@@ -253,6 +295,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     }
     if (failure.empty()) {
       for (const auto& a : kIntAttrs) write_int_attr(file.get(), a.name, meta.*(a.member), tmp);
+      for (const auto& a : kDoubleAttrs) write_double_attr(file.get(), a.name, meta.*(a.member), tmp);
       write_string_attr(file.get(), "tokenizer", meta.tokenizer, tmp);
       write_string_attr(file.get(), "deck", meta.deck, tmp);
       write_string_attr(file.get(), "run_id", meta.run_id, tmp);
@@ -309,6 +352,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   }
   for (const auto& a : kIntAttrs)
     if (meta_.format_version >= a.since) meta_.*(a.member) = read_int_attr(file_, a.name, path);
+  for (const auto& a : kDoubleAttrs)
+    if (meta_.format_version >= a.since) meta_.*(a.member) = read_double_attr(file_, a.name, path);
+  check_family(meta_, path);
   // Before anything is sized from them (version 1 has no checksum over
   // them, and any version's can be edited).
   check_model_limits(model_config(meta_), path, "attribute ");

@@ -19,9 +19,10 @@ namespace mpiformer {
 
 // 2: the run id and a checksum of the root metadata; 3: the tensor-parallel
 // width that wrote it (the tensors are the same logical ones); 4: fp16's
-// dynamic loss scaler. Versions 1 to 3 are still read (without what they
+// dynamic loss scaler; 5: the model family and Llama's shape (a file
+// before it holds GPT-2). Versions 1 to 4 are still read (without what they
 // lack).
-constexpr int64_t kCheckpointFormatVersion = 4;
+constexpr int64_t kCheckpointFormatVersion = 5;
 
 // The run's state, stored as root attributes.
 struct CheckpointMeta {
@@ -38,6 +39,9 @@ struct CheckpointMeta {
   // scale is always a power of two) and the steps since its last change.
   int64_t loss_scaler = 0, loss_scale_log2 = 0, loss_scale_good_steps = 0;
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab_size = 0;
+  // The family (0 GPT-2, 1 Llama) and Llama's shape (core/gpt_config.hpp).
+  int64_t family = 0, n_kv_head = 0, ffn_hidden = 0, tie_embeddings = 1;
+  double rope_theta = 10000.0, norm_eps = 1e-5;
   std::string tokenizer;        // of the training data
   std::string deck;             // the resolved input deck, TOML
   // The run that wrote it: a new id for each fresh run, kept across

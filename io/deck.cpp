@@ -160,6 +160,13 @@ const std::vector<Key>& schema() {
       int_key("model", "n_embd", true, 1, 65536, MEMBER(model.n_embd)),
       int_key("model", "seq_len", true, 1, 1 << 20, MEMBER(model.seq_len)),
       int_key("model", "vocab_size", false, 1, 1 << 24, MEMBER(model.vocab_size)),
+      choice_key("model", "family", kFamilyNames, MEMBER(model.family)),
+      int_key("model", "n_kv_head", false, 1, 1024, MEMBER(model.n_kv_head)),
+      int_key("model", "ffn_hidden", false, 1, 1 << 20, MEMBER(model.ffn_hidden)),
+      int_key("model", "ffn_multiple_of", false, 1, 1 << 16, MEMBER(ffn_multiple_of)),
+      float_key("model", "rope_theta", false, 1, 1e12, MEMBER(model.rope_theta)),
+      float_key("model", "norm_eps", false, 1e-12, 1, MEMBER(model.norm_eps)),
+      bool_key("model", "tie_embeddings", MEMBER(model.tie_embeddings)),
       string_key("model", "init", false, MEMBER(model_init)),
       string_key("data", "train", true, MEMBER(data.train)),
       string_key("data", "val", false, MEMBER(data.val)),
@@ -320,6 +327,34 @@ void check_virtual_stages(const Deck& d, const std::string& where) {
   }
 }
 
+// The Llama family's shapes: grouped-query heads that divide the query
+// heads and split over the tensor group, rotary pairs, an MLP that splits.
+void check_llama_relations(const Deck& d, const std::string& where) {
+  const GptConfig& m = d.model;
+  const long long nh = m.n_head, nkv = m.kv_heads(), tp = d.parallel.tp;
+  if (nh % nkv != 0) {
+    throw InputError(where, "[model] n_kv_head",
+                     strprintf("must divide [model] n_head (%lld): each kv head serves an equal "
+                               "group of query heads, got %lld", nh, nkv));
+  }
+  if (m.head_dim() % 2 != 0) {
+    throw InputError(where, "[model] n_embd, [model] n_head",
+                     strprintf("head size n_embd / n_head = %lld must be even (rotary positions "
+                               "rotate channel pairs)", static_cast<long long>(m.head_dim())));
+  }
+  if (nkv % tp != 0) {
+    throw InputError(where, "[parallel] tp, [model] n_kv_head",
+                     strprintf("tp %lld must divide n_kv_head %lld (each tensor rank keeps whole kv "
+                               "heads; kv heads replicated over a tensor group wider than them are "
+                               "not supported)", tp, nkv));
+  }
+  if (m.ffn() % tp != 0) {
+    throw InputError(where, "[parallel] tp, [model] ffn_hidden",
+                     strprintf("tp %lld must divide ffn_hidden %lld (each tensor rank keeps an "
+                               "equal share of the MLP)", tp, static_cast<long long>(m.ffn())));
+  }
+}
+
 void check_relations(const Deck& d, const std::string& where) {
   if (d.model.n_embd % d.model.n_head != 0) {
     throw InputError(where, "[model] n_embd",
@@ -327,6 +362,7 @@ void check_relations(const Deck& d, const std::string& where) {
                                static_cast<long long>(d.model.n_head),
                                static_cast<long long>(d.model.n_embd)));
   }
+  if (d.model.llama()) check_llama_relations(d, where);
   if (d.train.min_lr > d.train.lr) {
     throw InputError(where, "[train] min_lr",
                      strprintf("must not exceed [train] lr (%g), got %g", d.train.lr,
@@ -424,6 +460,41 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   return parse_deck(read_deck_text(path), path, overrides);
 }
 
+// The family's keys: Llama's away from their defaults in a GPT-2 deck are
+// refused (GPT-2 has none of them); a Llama deck's defaults are resolved
+// into the values themselves (the resolved deck, and checkpoints, carry
+// them).
+static void resolve_family(Deck& d, const std::string& path, std::map<std::string, bool>& seen) {
+  const Deck defaults;
+  GptConfig& m = d.model;
+  if (!m.llama()) {
+    const std::pair<const char*, bool> llama_only[] = {
+        {"n_kv_head", m.n_kv_head != 0},
+        {"ffn_hidden", m.ffn_hidden != 0},
+        {"ffn_multiple_of", d.ffn_multiple_of != defaults.ffn_multiple_of},
+        {"rope_theta", m.rope_theta != defaults.model.rope_theta},
+        {"norm_eps", m.norm_eps != defaults.model.norm_eps},
+        {"tie_embeddings", !m.tie_embeddings}};
+    for (const auto& [key, changed] : llama_only) {
+      if (changed) {
+        throw InputError(path, std::string("[model] ") + key,
+                         "applies to [model] family = \"llama\" only (GPT-2 has full multi-head "
+                         "attention, a 4 x n_embd GELU MLP, LayerNorm and a tied head)");
+      }
+    }
+    return;
+  }
+  if (!d.model_init.empty()) {
+    throw InputError(path, "[model] init",
+                     "initialising a [model] family = \"llama\" model from pretrained weights is "
+                     "not supported yet (Hugging Face Llama import is not built); train from "
+                     "random initialisation or resume an mpiformer checkpoint");
+  }
+  if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
+  if (m.ffn_hidden == 0) m.ffn_hidden = llama_ffn_hidden(m.n_embd, d.ffn_multiple_of);
+  if (!seen["model.tie_embeddings"]) m.tie_embeddings = false;  // Llama's default: its own head
+}
+
 Deck parse_deck(const std::string& text, const std::string& path,
                 const std::vector<std::string>& overrides) {
   const toml::value root = parse_toml_text(text, path);
@@ -489,6 +560,7 @@ Deck parse_deck(const std::string& text, const std::string& path,
                                  name_of(d.train.precision)));
     }
   }
+  resolve_family(d, path, seen);
   if (d.train.min_lr < 0) d.train.min_lr = d.train.lr / 10;
   if (d.checkpoint.dir.empty()) d.checkpoint.dir = d.run.dir + "/checkpoints";
   if (d.model_init.empty()) check_relations(d, path);

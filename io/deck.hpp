@@ -125,6 +125,9 @@ struct Deck {
   // GPT-2 directory or .safetensors, an llm.c parameter file, or an
   // mpiformer checkpoint's weights); "" for GPT-2's random initialisation.
   std::string model_init;
+  // [model] ffn_multiple_of: Llama's default ffn_hidden is rounded up to it
+  // (read only to resolve ffn_hidden, which the resolved deck then gives).
+  int64_t ffn_multiple_of = 256;
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;

@@ -64,6 +64,19 @@ void write_u64_attr(hid_t obj, const char* name, uint64_t v, const std::string& 
   write_scalar(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, v, file);
 }
 
+void write_double_attr(hid_t obj, const char* name, double v, const std::string& file) {
+  write_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, v, file);
+}
+
+double read_double_attr(hid_t obj, const char* name, const std::string& file) {
+  const H5Handle a = open_scalar(obj, name, H5T_FLOAT, "a number", file);
+  double v = 0;
+  H5QuietErrors quiet;
+  if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0)
+    throw InputError(file, field(name), "unreadable as a number");
+  return v;
+}
+
 void write_string_attr(hid_t obj, const char* name, const std::string& v, const std::string& file) {
   H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5_CHECK(H5Tset_size(type.get(), std::max<size_t>(v.size(), 1)), file + ": " + field(name));

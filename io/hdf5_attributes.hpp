@@ -17,6 +17,7 @@ namespace mpiformer {
 
 void write_int_attr(hid_t obj, const char* name, int64_t v, const std::string& file);
 void write_u64_attr(hid_t obj, const char* name, uint64_t v, const std::string& file);
+void write_double_attr(hid_t obj, const char* name, double v, const std::string& file);
 void write_string_attr(hid_t obj, const char* name, const std::string& v, const std::string& file);
 
 bool has_attr(hid_t obj, const char* name);
@@ -24,6 +25,7 @@ bool has_attr(hid_t obj, const char* name);
 // missing, of another kind, or not a single value.
 int64_t read_int_attr(hid_t obj, const char* name, const std::string& file);
 uint64_t read_u64_attr(hid_t obj, const char* name, const std::string& file);
+double read_double_attr(hid_t obj, const char* name, const std::string& file);
 std::string read_string_attr(hid_t obj, const char* name, const std::string& file);
 
 }  // namespace mpiformer

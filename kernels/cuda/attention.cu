@@ -133,16 +133,32 @@ struct alignas(32) ForwardSmem {
   float m[BR], l[BR];  // the running row maximum and sum
 };
 
+// Where a head's rows start in qkv [B, T, C + 2K]: query head h of batch
+// b, and the key (value) rows of its kv head h / g.
+struct Heads {
+  int T, C, K, NH, g, hs;
+  __device__ int64_t stride() const { return static_cast<int64_t>(C) + 2 * K; }
+  __device__ int64_t query(int b, int h) const {
+    return static_cast<int64_t>(b) * T * stride() + static_cast<int64_t>(h) * hs;
+  }
+  __device__ int64_t key(int b, int kvh) const {
+    return static_cast<int64_t>(b) * T * stride() + C + static_cast<int64_t>(kvh) * hs;
+  }
+  __device__ int64_t value(int b, int kvh) const { return key(b, kvh) + K; }
+};
+
 // One block per tile of BR query rows of one (batch, head).
 template <class A, int HS, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(A* out, float* lse, const A* qkv, int T, int C, int NH, int hs,
-                             float scale) {
+    attention_forward_kernel(A* out, float* lse, const A* qkv, Heads hd, float scale) {
   __shared__ ForwardSmem<A, HS, BR, BC> sm;
+  const int T = hd.T, C = hd.C, NH = hd.NH, hs = hd.hs;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, q0 = blockIdx.x * BR;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
-  const int64_t stride = 3 * static_cast<int64_t>(C);
-  const A* head = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * hs;
+  const int64_t stride = hd.stride();
+  const A* head = qkv + hd.query(b, h);
+  const A* keys_at = qkv + hd.key(b, h / hd.g);
+  const A* values_at = qkv + hd.value(b, h / hd.g);
   load_tile<A, BR, HS>(sm.q, head, stride, q0, T, hs);
   zero(sm.o, BR * HS);
   for (int r = threadIdx.x; r < BR; r += blockDim.x) {
@@ -154,8 +170,8 @@ __global__ void __launch_bounds__(kThreads)
   const int keys = q0 + BR < T ? q0 + BR : T;
   for (int k0 = 0; k0 < keys; k0 += BC) {
     __syncthreads();  // the last tile's products are done with k, v and p
-    load_tile<A, BC, HS>(sm.k, head + C, stride, k0, T, hs);
-    load_tile<A, BC, HS>(sm.v, head + 2 * C, stride, k0, T, hs);
+    load_tile<A, BC, HS>(sm.k, keys_at, stride, k0, T, hs);
+    load_tile<A, BC, HS>(sm.v, values_at, stride, k0, T, hs);
     zero(sm.s, BR * BC);
     __syncthreads();
     block_mma<A, true, false, BR, BC, HS>(sm.s, BC, sm.q, HS, sm.k, HS);  // S = Q K^T
@@ -260,35 +276,38 @@ struct alignas(32) KeySmem {
   float dk[BC * HS], dv[BC * HS];
 };
 
-// One block per tile of BC keys of one (batch, head): dK and dV over the
-// query tiles at and below the diagonal.
+// One block per tile of BC keys of one (batch, kv head): dK and dV over
+// the query tiles at and below the diagonal of each query head of its
+// group, in head order (the sum stays in float, in one block).
 template <class A, int HS, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(A* dqkv, const A* dout, const A* qkv, const float* lse,
-                          const float* delta, int T, int C, int NH, int hs, float scale) {
+                          const float* delta, Heads hd, float scale) {
   __shared__ KeySmem<A, HS, BR, BC> sm;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, k0 = blockIdx.x * BC;
-  const int64_t stride = 3 * static_cast<int64_t>(C);
-  const int64_t head_at = static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * hs;
-  const A* head = qkv + head_at;
-  const A* dhead = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
-  load_tile<A, BC, HS>(sm.t.k, head + C, stride, k0, T, hs);
-  load_tile<A, BC, HS>(sm.t.v, head + 2 * C, stride, k0, T, hs);
+  const int T = hd.T, C = hd.C, NH = hd.NH, hs = hd.hs, NKV = NH / hd.g;
+  const int bkv = blockIdx.y, b = bkv / NKV, kvh = bkv % NKV, k0 = blockIdx.x * BC;
+  const int64_t stride = hd.stride();
+  load_tile<A, BC, HS>(sm.t.k, qkv + hd.key(b, kvh), stride, k0, T, hs);
+  load_tile<A, BC, HS>(sm.t.v, qkv + hd.value(b, kvh), stride, k0, T, hs);
   zero(sm.dk, BC * HS);
   zero(sm.dv, BC * HS);
-  for (int q0 = k0 / BR * BR; q0 < T; q0 += BR) {
-    __syncthreads();  // the last tile's products are done with q, dout, p and ds
-    load_tile<A, BR, HS>(sm.t.q, head, stride, q0, T, hs);
-    load_tile<A, BR, HS>(sm.t.dout, dhead, C, q0, T, hs);
-    load_row_stats(sm.t, lse, delta, bh, q0, T);
-    tile_gradients(sm.t, q0, k0, T, scale);
-    block_mma<A, false, true, BC, HS, BR>(sm.dv, HS, sm.t.p, BC, sm.t.dout, HS);  // dV += P^T dO
-    block_mma<A, false, true, BC, HS, BR>(sm.dk, HS, sm.t.ds, BC, sm.t.q, HS);    // dK += dS^T Q
+  for (int h = kvh * hd.g; h < (kvh + 1) * hd.g; ++h) {
+    const int64_t bh = static_cast<int64_t>(b) * NH + h;
+    const A* head = qkv + hd.query(b, h);
+    const A* dhead = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
+    for (int q0 = k0 / BR * BR; q0 < T; q0 += BR) {
+      __syncthreads();  // the last tile's products are done with q, dout, p and ds
+      load_tile<A, BR, HS>(sm.t.q, head, stride, q0, T, hs);
+      load_tile<A, BR, HS>(sm.t.dout, dhead, C, q0, T, hs);
+      load_row_stats(sm.t, lse, delta, bh, q0, T);
+      tile_gradients(sm.t, q0, k0, T, scale);
+      block_mma<A, false, true, BC, HS, BR>(sm.dv, HS, sm.t.p, BC, sm.t.dout, HS);  // dV += P^T dO
+      block_mma<A, false, true, BC, HS, BR>(sm.dk, HS, sm.t.ds, BC, sm.t.q, HS);    // dK += dS^T Q
+    }
   }
   __syncthreads();
-  A* dhead_qkv = dqkv + head_at;
-  store_tile<A, BC, HS>(dhead_qkv + C, stride, sm.dk, nullptr, k0, T, hs);
-  store_tile<A, BC, HS>(dhead_qkv + 2 * C, stride, sm.dv, nullptr, k0, T, hs);
+  store_tile<A, BC, HS>(dqkv + hd.key(b, kvh), stride, sm.dk, nullptr, k0, T, hs);
+  store_tile<A, BC, HS>(dqkv + hd.value(b, kvh), stride, sm.dv, nullptr, k0, T, hs);
 }
 
 template <class A, int HS, int BR, int BC>
@@ -302,11 +321,12 @@ struct alignas(32) QuerySmem {
 template <class A, int HS, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(A* dqkv, const A* dout, const A* qkv, const float* lse, const float* delta,
-                        int T, int C, int NH, int hs, float scale) {
+                        Heads hd, float scale) {
   __shared__ QuerySmem<A, HS, BR, BC> sm;
+  const int T = hd.T, C = hd.C, NH = hd.NH, hs = hd.hs;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, q0 = blockIdx.x * BR;
-  const int64_t stride = 3 * static_cast<int64_t>(C);
-  const int64_t head_at = static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * hs;
+  const int64_t stride = hd.stride();
+  const int64_t head_at = hd.query(b, h);
   const A* head = qkv + head_at;
   load_tile<A, BR, HS>(sm.t.q, head, stride, q0, T, hs);
   load_tile<A, BR, HS>(sm.t.dout, dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs,
@@ -316,8 +336,8 @@ __global__ void __launch_bounds__(kThreads)
   const int keys = q0 + BR < T ? q0 + BR : T;
   for (int k0 = 0; k0 < keys; k0 += BC) {
     __syncthreads();  // the last tile's products are done with k, v and ds
-    load_tile<A, BC, HS>(sm.t.k, head + C, stride, k0, T, hs);
-    load_tile<A, BC, HS>(sm.t.v, head + 2 * C, stride, k0, T, hs);
+    load_tile<A, BC, HS>(sm.t.k, qkv + hd.key(b, h / hd.g), stride, k0, T, hs);
+    load_tile<A, BC, HS>(sm.t.v, qkv + hd.value(b, h / hd.g), stride, k0, T, hs);
     tile_gradients(sm.t, q0, k0, T, scale);
     block_mma<A, true, true, BR, HS, BC>(sm.dq, HS, sm.t.ds, BC, sm.t.k, HS);  // dQ += dS K
   }
@@ -331,18 +351,24 @@ struct Shape {
   int T, C, NH, hs;
   unsigned heads;  // B * NH: the grid's y
   float scale;
+  Heads hd;
+  unsigned kv_heads;  // B * NKV: the key kernel's grid's y
 };
 
-Shape check_shape(int64_t B, int64_t T, int64_t C, int64_t NH) {
+Shape check_shape(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV) {
   MPIFORMER_CHECK(B > 0 && T > 0 && NH > 0 && C % NH == 0, "attention: bad shape");
+  MPIFORMER_CHECK(NKV > 0 && NH % NKV == 0, "attention: kv heads do not divide the heads");
   MPIFORMER_CHECK(C / NH <= kMaxHeadSize,
                   "attention: head size " + std::to_string(C / NH) + " above " +
                       std::to_string(kMaxHeadSize) + " (the fused kernels' largest tile)");
   MPIFORMER_CHECK(B * NH <= 65535, "attention: batch x heads above 65535 (the grid's y)");
   MPIFORMER_CHECK(3 * C < (int64_t{1} << 31) && T < (int64_t{1} << 31), "attention: T or C too large");
   const int hs = static_cast<int>(C / NH);
+  const Heads hd{static_cast<int>(T), static_cast<int>(C), static_cast<int>(NKV) * hs,
+                 static_cast<int>(NH), static_cast<int>(NH / NKV), hs};
   return Shape{static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH), hs,
-               static_cast<unsigned>(B * NH), 1.f / std::sqrt(static_cast<float>(hs))};
+               static_cast<unsigned>(B * NH), 1.f / std::sqrt(static_cast<float>(hs)), hd,
+               static_cast<unsigned>(B * NKV)};
 }
 
 template <class A, int HS>
@@ -350,7 +376,7 @@ void forward_tiled(A* out, float* lse, const A* qkv, const Shape& s, cudaStream_
   using Tl = Tiles<A, HS>;
   const dim3 grid(blocks_for(s.T, Tl::kFwdRows), s.heads);
   attention_forward_kernel<A, HS, Tl::kFwdRows, Tl::kFwdKeys><<<grid, kThreads, 0, stream>>>(
-      out, lse, qkv, s.T, s.C, s.NH, s.hs, s.scale);
+      out, lse, qkv, s.hd, s.scale);
 }
 
 template <class A, int HS>
@@ -358,19 +384,19 @@ void backward_tiled(A* dqkv, const A* dout, const A* qkv, const float* lse, cons
                     const Shape& s, cudaStream_t stream) {
   using Tl = Tiles<A, HS>;
   attention_dkdv_kernel<A, HS, Tl::kBwdRows, Tl::kBwdKeys>
-      <<<dim3(blocks_for(s.T, Tl::kBwdKeys), s.heads), kThreads, 0, stream>>>(
-          dqkv, dout, qkv, lse, delta, s.T, s.C, s.NH, s.hs, s.scale);
+      <<<dim3(blocks_for(s.T, Tl::kBwdKeys), s.kv_heads), kThreads, 0, stream>>>(
+          dqkv, dout, qkv, lse, delta, s.hd, s.scale);
   attention_dq_kernel<A, HS, Tl::kBwdRows, Tl::kBwdKeys>
       <<<dim3(blocks_for(s.T, Tl::kBwdRows), s.heads), kThreads, 0, stream>>>(
-          dqkv, dout, qkv, lse, delta, s.T, s.C, s.NH, s.hs, s.scale);
+          dqkv, dout, qkv, lse, delta, s.hd, s.scale);
 }
 
 }  // namespace
 
 template <class A>
 void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, cudaStream_t stream) {
-  const Shape s = check_shape(B, T, C, NH);
+                       int64_t NH, int64_t NKV, cudaStream_t stream) {
+  const Shape s = check_shape(B, T, C, NH, NKV);
   if (s.hs <= 64) {
     forward_tiled<A, 64>(out, lse, qkv, s, stream);
   } else {
@@ -382,8 +408,8 @@ void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, i
 template <class A>
 void attention_backward(A* dqkv, float* delta, const A* dout, const A* qkv, const A* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        cudaStream_t stream) {
-  const Shape s = check_shape(B, T, C, NH);
+                        int64_t NKV, cudaStream_t stream) {
+  const Shape s = check_shape(B, T, C, NH, NKV);
   const int64_t rows = B * NH * T;
   attention_delta_kernel<A><<<blocks_for(rows, kThreads / kWarp), kThreads, 0, stream>>>(
       delta, dout, out, s.T, s.C, s.NH, s.hs, rows);
@@ -398,9 +424,9 @@ void attention_backward(A* dqkv, float* delta, const A* dout, const A* qkv, cons
 
 #define MPIFORMER_INSTANTIATE(A)                                                              \
   template void attention_forward<A>(A*, float*, const A*, int64_t, int64_t, int64_t, int64_t, \
-                                     cudaStream_t);                                            \
+                                     int64_t, cudaStream_t);                                   \
   template void attention_backward<A>(A*, float*, const A*, const A*, const A*, const float*,  \
-                                      int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
 MPIFORMER_INSTANTIATE(fp16)

@@ -1,7 +1,10 @@
 // Causal multi-head self-attention on the GPU, fused (host twin:
 // host/attention.hpp, which keeps the probabilities; the results agree to
-// rounding). qkv [B,T,3C] (q, k, v; head h uses channels h*hs..), out
-// [B,T,C], both read and written in place: no permuted copies.
+// rounding), grouped-query: NH query heads share NKV kv heads (query head
+// h reads kv head h / (NH / NKV)). qkv [B,T,C+2K] (q [C = NH*hs], k, v
+// [K = NKV*hs each]; head h uses channels h*hs.. of its part), out [B,T,C],
+// both read and written in place: no permuted copies. The key kernel runs
+// per kv head and sums its group's query heads in float.
 //
 // Forward (FlashAttention's online softmax): each block of threads takes a
 // tile of query rows of one (batch, head) and walks the key tiles up to the
@@ -28,12 +31,12 @@ namespace mpiformer::cuda {
 
 template <class A>
 void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, cudaStream_t stream);
+                       int64_t NH, int64_t NKV, cudaStream_t stream);
 
 // dqkv is overwritten (=); out and lse are the forward's.
 template <class A>
 void attention_backward(A* dqkv, float* delta, const A* dout, const A* qkv, const A* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        cudaStream_t stream);
+                        int64_t NKV, cudaStream_t stream);
 
 }  // namespace mpiformer::cuda

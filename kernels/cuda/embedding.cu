@@ -43,7 +43,7 @@ __global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A*
     return;
   }
   const float e = to_float(wte[row * C + c]);
-  out[i] = from_float<A>(e + to_float(wpe[(bt % T) * C + c]));
+  out[i] = wpe == nullptr ? wte[row * C + c] : from_float<A>(e + to_float(wpe[(bt % T) * C + c]));
 }
 
 template <class A>
@@ -56,7 +56,8 @@ __global__ void embedding_forward_rows_kernel(A* rows, const int32_t* tokens, co
   const int64_t k = i / C, c = i % C;
   const int64_t p = order[first + k];
   const float e = to_float(wte[(static_cast<int64_t>(tokens[p]) - vocab_begin) * C + c]);
-  rows[i] = from_float<A>(e + to_float(wpe[(p % T) * C + c]));
+  rows[i] = wpe == nullptr ? wte[(static_cast<int64_t>(tokens[p]) - vocab_begin) * C + c]
+                          : from_float<A>(e + to_float(wpe[(p % T) * C + c]));
 }
 
 template <class A>
@@ -139,6 +140,7 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
   embedding_backward_wte_kernel<<<grid, threads, 0, stream>>>(dwte, dout, groups, C, vocab_begin,
                                                               vocab_rows);
   CUDA_CHECK_LAUNCH();
+  if (dwpe == nullptr) return;  // no position table (Llama)
   embedding_backward_wpe_kernel<<<blocks_for(T * C, threads), threads, 0, stream>>>(dwpe, dout, B,
                                                                                     T, C);
   CUDA_CHECK_LAUNCH();

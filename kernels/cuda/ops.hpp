@@ -26,6 +26,9 @@
 #include "cuda/embedding.hpp"
 #include "cuda/gelu.hpp"
 #include "cuda/layernorm.hpp"
+#include "cuda/rmsnorm.hpp"
+#include "cuda/rope.hpp"
+#include "cuda/swiglu.hpp"
 #include "cuda/matmul.hpp"
 #include "cuda/reduce.hpp"
 #include "cuda/residual.hpp"
@@ -141,6 +144,25 @@ struct Ops {
     cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, c.blas().scratch(),
                              c.stream());
   }
+  static void rmsnorm_forward(Context& c, A* out, float* rstd, const A* inp, const A* w,
+                              int64_t N, int64_t C, double eps) {
+    cuda::rmsnorm_forward(out, rstd, inp, w, N, C, static_cast<float>(eps), c.stream());
+  }
+  static void rmsnorm_backward(Context& c, A* dinp, float* dw, const A* dout, const A* inp,
+                               const A* w, const float* rstd, int64_t N, int64_t C) {
+    cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, c.blas().scratch(), c.stream());
+  }
+  static void rope_rotate(Context& c, A* qkv, const float* table, int64_t N, int64_t T,
+                          int64_t C, int64_t K, int64_t hs, float sign) {
+    cuda::rope_rotate(qkv, table, N, T, C, K, hs, sign, c.stream());
+  }
+  static void swiglu_forward(Context& c, A* out, const A* inp, int64_t N, int64_t F) {
+    cuda::swiglu_forward(out, inp, N, F, c.stream());
+  }
+  static void swiglu_backward(Context& c, A* dinp, const A* inp, const A* dout, int64_t N,
+                              int64_t F) {
+    cuda::swiglu_backward(dinp, inp, dout, N, F, c.stream());
+  }
   static void matmul_forward(Context& c, A* out, const A* inp, const A* w, const A* bias,
                              int64_t N, int64_t C, int64_t OC) {
     cuda::matmul_forward(c.blas(), out, inp, w, bias, N, C, OC);
@@ -154,13 +176,13 @@ struct Ops {
   static constexpr AttentionStorage kAttention = AttentionStorage::kRowStatistics;
   using AttnState = float;
   static void attention_forward(Context& c, A* out, float* lse, const A* qkv, int64_t B,
-                                int64_t T, int64_t C, int64_t NH) {
-    cuda::attention_forward(out, lse, qkv, B, T, C, NH, c.stream());
+                                int64_t T, int64_t C, int64_t NH, int64_t NKV) {
+    cuda::attention_forward(out, lse, qkv, B, T, C, NH, NKV, c.stream());
   }
   static void attention_backward(Context& c, A* dqkv, float* delta, const A* dout, const A* qkv,
                                  const A* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                                 int64_t NH) {
-    cuda::attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, C, NH, c.stream());
+                                 int64_t NH, int64_t NKV) {
+    cuda::attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, C, NH, NKV, c.stream());
   }
   static void gelu_forward(Context& c, A* out, const A* inp, int64_t n) {
     cuda::gelu_forward(out, inp, n, c.stream());

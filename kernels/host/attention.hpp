@@ -1,7 +1,15 @@
-// Causal multi-head self-attention from a fused qkv projection.
-// Layout: qkv [B,T,3C] (q, then k, then v; head h uses channels h*hs.. of each),
-// out [B,T,C] (heads side by side), att [B,NH,T,T] softmax probabilities in
-// the compute type (saved for backward; entries above the diagonal are zero).
+// Causal multi-head self-attention from a fused qkv projection, with
+// grouped-query attention: NH query heads share NKV key/value heads (NKV
+// divides NH; query head h reads kv head h / (NH / NKV); NKV = NH is
+// multi-head attention, 1 multi-query).
+// Layout: qkv [B,T,C+2K] (q [C = NH*hs], then k, then v [K = NKV*hs each];
+// head h uses channels h*hs.. of its part), out [B,T,C] (heads side by
+// side), att [B,NH,T,T] softmax probabilities in the compute type (saved
+// for backward; entries above the diagonal are zero).
+//
+// The query heads of a group are taken one position at a time (g = NH /
+// NKV calls of each product, each over the NKV kv heads with strided
+// operands): with NKV = NH that is one call over every head, as before.
 // Each product runs for every head at once (head_gemm: strided operands, no
 // transposed copies of q, k or v), multiplying only the blocks of the T x T
 // matrices on and below the diagonal; the softmax runs row by row in
@@ -44,14 +52,32 @@ const A* operand_rows(S* values, int64_t rows, int64_t Tn) {
 }
 }  // namespace detail
 
+namespace detail {
+// The strides of one position j of every query group: query head j + g*kv
+// for kv = 0..NKV-1 (the products' "heads"), its scores and its output.
+struct GroupStrides {
+  int64_t g, hs, K;
+  HeadStrides q, kv, scores, out;
+  GroupStrides(int64_t Tn, int64_t C, int64_t NH, int64_t NKV)
+      : g(NH / NKV), hs(C / NH), K(NKV * (C / NH)) {
+    const int64_t ld = C + 2 * K;
+    q = {Tn * ld, g * hs, ld};
+    kv = {Tn * ld, hs, ld};
+    scores = {NH * Tn * Tn, g * Tn * Tn, Tn};
+    out = {Tn * C, g * hs, C};
+  }
+};
+}  // namespace detail
+
 template <class A, class S = compute_t<A>>
 void attention_forward(A* out, S* att, const A* qkv, int64_t B, int64_t Tn, int64_t C,
-                       int64_t NH) {
-  const int64_t hs = C / NH, rows = B * NH * Tn;
+                       int64_t NH, int64_t NKV) {
+  const detail::GroupStrides st(Tn, C, NH, NKV);
+  const int64_t hs = st.hs, rows = B * NH * Tn;
   const S scale = S(1) / std::sqrt(static_cast<S>(hs));
-  const HeadStrides in{Tn * 3 * C, hs, 3 * C}, scores{NH * Tn * Tn, Tn * Tn, Tn};
-  head_gemm(Causal::kOutput, false, true, B, NH, Tn, Tn, hs, scale, qkv, in, qkv + C, in, S(0),
-            att, scores);
+  for (int64_t j = 0; j < st.g; ++j)
+    head_gemm(Causal::kOutput, false, true, B, NKV, Tn, Tn, hs, scale, qkv + j * hs, st.q,
+              qkv + C, st.kv, S(0), att + j * Tn * Tn, st.scores);
   const A* p = detail::operand_rows<A>(att, rows, Tn);
   A* rounded = const_cast<A*>(p);
   parallel_for("attention_softmax", rows, [=](const int64_t r) {
@@ -63,23 +89,28 @@ void attention_forward(A* out, S* att, const A* qkv, int64_t B, int64_t Tn, int6
     for (int64_t j = t + 1; j < Tn; ++j) row[j] = S(0);
     if constexpr (kNarrow<A>) narrow_n(rounded + r * Tn, row, Tn);
   });
-  head_gemm(Causal::kLeft, false, false, B, NH, Tn, hs, Tn, S(1), p, scores, qkv + 2 * C, in,
-            S(0), out, HeadStrides{Tn * C, hs, C});
+  for (int64_t j = 0; j < st.g; ++j)
+    head_gemm(Causal::kLeft, false, false, B, NKV, Tn, hs, Tn, S(1), p + j * Tn * Tn, st.scores,
+              qkv + C + st.K, st.kv, S(0), out + j * hs, st.out);
 }
 
-// One query against cached keys and values (incremental decoding): qkv holds
-// rows 0..n-1 of [n,3C] as attention_forward lays them out; out[C] receives
-// the attention of row n-1 (the newest) over rows 0..n-1. `scores` is
-// scratch of n elements. The same arithmetic as a row of attention_forward.
+// One query against cached keys and values (incremental decoding): q [C]
+// (NH heads) is row n-1's query; kv holds rows 0..n-1 of [n, 2K], each the
+// row's keys then values (the kv heads only: K = NKV*hs, query head h
+// reading kv head h / (NH / NKV)); out[C] receives the attention of row
+// n-1 over rows 0..n-1. `scores` is scratch of n elements. The same
+// arithmetic as a row of attention_forward.
 template <class T>
-void attention_forward_last(T* out, T* scores, const T* qkv, int64_t n, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
+void attention_forward_last(T* out, T* scores, const T* q_row, const T* kv, int64_t n, int64_t C,
+                            int64_t NH, int64_t NKV) {
+  const int64_t hs = C / NH, K = NKV * hs, g = NH / NKV;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   for (int64_t h = 0; h < NH; ++h) {
-    const T* q = qkv + (n - 1) * 3 * C + h * hs;
+    const T* q = q_row + h * hs;
+    const int64_t kvh = h / g;
     T mx = T(0);
     for (int64_t j = 0; j < n; ++j) {
-      const T* k = qkv + j * 3 * C + C + h * hs;
+      const T* k = kv + j * 2 * K + kvh * hs;
       T dot = T(0);
       for (int64_t c = 0; c < hs; ++c) dot += q[c] * k[c];
       scores[j] = scale * dot;
@@ -95,30 +126,33 @@ void attention_forward_last(T* out, T* scores, const T* qkv, int64_t n, int64_t 
     for (int64_t c = 0; c < hs; ++c) o[c] = T(0);
     for (int64_t j = 0; j < n; ++j) {
       const T p = scores[j] * inv;
-      const T* v = qkv + j * 3 * C + 2 * C + h * hs;
+      const T* v = kv + j * 2 * K + K + kvh * hs;
       for (int64_t c = 0; c < hs; ++c) o[c] += p * v[c];
     }
   }
 }
 
-// dqkv is overwritten (=); datt is scratch of the size of att.
+// dqkv is overwritten (=); datt is scratch of the size of att. A kv head's
+// gradients sum its group's query heads', in order (beta = 1 after the
+// first).
 template <class A, class S = compute_t<A>>
 void attention_backward(A* dqkv, S* datt, const A* dout, const A* qkv, const S* att, int64_t B,
-                        int64_t Tn, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH, rows = B * NH * Tn;
+                        int64_t Tn, int64_t C, int64_t NH, int64_t NKV) {
+  const detail::GroupStrides st(Tn, C, NH, NKV);
+  const int64_t hs = st.hs, rows = B * NH * Tn, K = st.K;
   const S scale = S(1) / std::sqrt(static_cast<S>(hs));
-  const HeadStrides in{Tn * 3 * C, hs, 3 * C}, scores{NH * Tn * Tn, Tn * Tn, Tn};
-  const HeadStrides grad{Tn * C, hs, C};
   // The probabilities as the forward's second product read them.
   const A* p = detail::operand_rows<A>(const_cast<S*>(att), rows, Tn);
   A* rounded = const_cast<A*>(p);
   if constexpr (kNarrow<A>)
     parallel_for("attention_round", rows,
                  [=](const int64_t r) { narrow_n(rounded + r * Tn, att + r * Tn, Tn); });
-  head_gemm(Causal::kOutput, false, true, B, NH, Tn, Tn, hs, S(1), dout, grad, qkv + 2 * C, in,
-            S(0), datt, scores);  // dA = dO V^T
-  head_gemm(Causal::kLeft, true, false, B, NH, Tn, hs, Tn, S(1), p, scores, dout, grad, S(0),
-            dqkv + 2 * C, in);  // dV = A^T dO
+  for (int64_t j = 0; j < st.g; ++j) {
+    head_gemm(Causal::kOutput, false, true, B, NKV, Tn, Tn, hs, S(1), dout + j * hs, st.out,
+              qkv + C + K, st.kv, S(0), datt + j * Tn * Tn, st.scores);  // dA = dO V^T
+    head_gemm(Causal::kLeft, true, false, B, NKV, Tn, hs, Tn, S(1), p + j * Tn * Tn, st.scores,
+              dout + j * hs, st.out, S(j == 0 ? 0 : 1), dqkv + C + K, st.kv);  // dV = A^T dO
+  }
   // Softmax backward in place: dS = A * (dA - rowsum(A * dA)), times the
   // score scale; zero above the diagonal so the products below stay causal.
   const A* ds = detail::operand_rows<A>(datt, rows, Tn);
@@ -132,10 +166,12 @@ void attention_backward(A* dqkv, S* datt, const A* dout, const A* qkv, const S* 
     for (int64_t j = t + 1; j < Tn; ++j) dr[j] = S(0);
     if constexpr (kNarrow<A>) narrow_n(ds_rounded + r * Tn, dr, Tn);
   });
-  head_gemm(Causal::kLeft, false, false, B, NH, Tn, hs, Tn, S(1), ds, scores, qkv + C, in, S(0),
-            dqkv, in);  // dQ = dS K
-  head_gemm(Causal::kLeft, true, false, B, NH, Tn, hs, Tn, S(1), ds, scores, qkv, in, S(0),
-            dqkv + C, in);  // dK = dS^T Q
+  for (int64_t j = 0; j < st.g; ++j) {
+    head_gemm(Causal::kLeft, false, false, B, NKV, Tn, hs, Tn, S(1), ds + j * Tn * Tn, st.scores,
+              qkv + C, st.kv, S(0), dqkv + j * hs, st.q);  // dQ = dS K
+    head_gemm(Causal::kLeft, true, false, B, NKV, Tn, hs, Tn, S(1), ds + j * Tn * Tn, st.scores,
+              qkv + j * hs, st.q, S(j == 0 ? 0 : 1), dqkv + C, st.kv);  // dK = dS^T Q
+  }
 }
 
 }  // namespace mpiformer::host

@@ -1,4 +1,5 @@
-// Token + position embedding. out[b,t,:] = wte[tok[b,t],:] + wpe[t,:].
+// Token + position embedding. out[b,t,:] = wte[tok[b,t],:] + wpe[t,:] (wpe
+// null: no position table, and no position gradient).
 // Layout: tokens [B,T] int32, wte [Vp,C] (padded vocabulary), wpe [Tmax,C].
 //
 // Vocabulary-parallel (tensor parallelism): wte holds the rows
@@ -29,6 +30,10 @@ void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe
       return;
     }
     const A* e = wte + row * C;
+    if (wpe == nullptr) {  // no position table (rotary positions: Llama)
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+      return;
+    }
     const A* p = wpe + t * C;
     for (int64_t c = 0; c < C; ++c) o[c] = st<A>(ld(e[c]) + ld(p[c]));
   });
@@ -50,8 +55,12 @@ void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order
   parallel_for("embedding_forward_rows", count, [=](const int64_t k) {
     const int64_t p = order[first + k];
     const A* e = wte + (static_cast<int64_t>(tokens[p]) - vocab_begin) * C;
-    const A* w = wpe + (p % Tn) * C;
     A* o = rows + k * C;
+    if (wpe == nullptr) {
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+      return;
+    }
+    const A* w = wpe + (p % Tn) * C;
     for (int64_t c = 0; c < C; ++c) o[c] = st<A>(ld(e[c]) + ld(w[c]));
   });
 }
@@ -78,7 +87,7 @@ void embedding_backward(F* dwte, F* dwpe, const A* dout, const int32_t* tokens, 
       const F g = ld(dout[bt * C + c]);
       const int64_t row = static_cast<int64_t>(tokens[bt]) - vocab_begin;
       if (row >= 0 && row < vocab_rows) dwte[row * C + c] += g;
-      dwpe[(bt % Tn) * C + c] += g;
+      if (dwpe != nullptr) dwpe[(bt % Tn) * C + c] += g;
     }
   });
 }

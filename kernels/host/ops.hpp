@@ -24,6 +24,9 @@
 #include "layernorm.hpp"
 #include "matmul.hpp"
 #include "residual.hpp"
+#include "rmsnorm.hpp"
+#include "rope.hpp"
+#include "swiglu.hpp"
 #include "adamw.hpp"
 #include "storage_types.hpp"
 
@@ -151,6 +154,25 @@ struct Ops {
                                  int64_t N, int64_t C) {
     host::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
+  static void rmsnorm_forward(Context&, Act* out, Acc* rstd, const Act* inp, const Act* w,
+                              int64_t N, int64_t C, double eps) {
+    host::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  static void rmsnorm_backward(Context&, Act* dinp, Acc* dw, const Act* dout, const Act* inp,
+                               const Act* w, const Acc* rstd, int64_t N, int64_t C) {
+    host::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  static void rope_rotate(Context&, Act* qkv, const float* table, int64_t N, int64_t Tn,
+                          int64_t C, int64_t K, int64_t hs, float sign) {
+    host::rope_rotate(qkv, table, N, Tn, C, K, hs, sign);
+  }
+  static void swiglu_forward(Context&, Act* out, const Act* inp, int64_t N, int64_t F) {
+    host::swiglu_forward(out, inp, N, F);
+  }
+  static void swiglu_backward(Context&, Act* dinp, const Act* inp, const Act* dout, int64_t N,
+                              int64_t F) {
+    host::swiglu_backward(dinp, inp, dout, N, F);
+  }
   static void matmul_forward(Context&, Act* out, const Act* inp, const Act* w, const Act* bias,
                              int64_t N, int64_t C, int64_t OC) {
     host::matmul_forward(out, inp, w, bias, N, C, OC);
@@ -162,15 +184,16 @@ struct Ops {
   // Keeps the probabilities (in Acc); its backward's scratch is their gradient.
   static constexpr AttentionStorage kAttention = AttentionStorage::kProbabilities;
   using AttnState = Acc;
+  // C: the query channels (NH heads); NKV kv heads (host/attention.hpp).
   static void attention_forward(Context&, Act* out, Acc* att, const Act* qkv, int64_t B,
-                                int64_t Tn, int64_t C, int64_t NH) {
-    host::attention_forward(out, att, qkv, B, Tn, C, NH);
+                                int64_t Tn, int64_t C, int64_t NH, int64_t NKV) {
+    host::attention_forward(out, att, qkv, B, Tn, C, NH, NKV);
   }
   // `out` (the forward's output) is not needed here: the probabilities are kept.
   static void attention_backward(Context&, Act* dqkv, Acc* datt, const Act* dout, const Act* qkv,
                                  const Act* /*out*/, const Acc* att, int64_t B, int64_t Tn,
-                                 int64_t C, int64_t NH) {
-    host::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
+                                 int64_t C, int64_t NH, int64_t NKV) {
+    host::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH, NKV);
   }
   static void gelu_forward(Context&, Act* out, const Act* inp, int64_t n) {
     host::gelu_forward(out, inp, n);

@@ -1,17 +1,33 @@
-// The shape of a GPT-2 model: in core because the input deck (io) and the
-// checkpoints (io) describe it as much as the model does.
+// The shape of a decoder-only transformer: in core because the input deck
+// (io) and the checkpoints (io) describe it as much as the model does. Two
+// families share it (DESIGN 14): GPT-2, and the Llama-style decoder
+// (RMSNorm, rotary positions, SwiGLU, grouped-query attention, no biases).
+// The family picks a schema (model/gpt_schema.hpp); the sizes below mean
+// the same in both.
 #pragma once
 #include <cstdint>
 
 namespace mpiformer {
 
+enum class ModelFamily : uint8_t { kGpt2, kLlama };
+
 struct GptConfig {
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t n_embd = 0;
-  int64_t seq_len = 0;     // maximum context, the size of the position table
+  int64_t seq_len = 0;     // maximum context (GPT-2: the size of the position table)
   int64_t vocab_size = 0;  // real tokens
+  ModelFamily family = ModelFamily::kGpt2;
+  // Llama's (GPT-2 has n_kv_head = n_head, ffn_hidden = 4 n_embd, a tied
+  // head and LayerNorm's 1e-5). The deck resolves every default, so a
+  // config read from a deck or a checkpoint carries the values themselves.
+  int64_t n_kv_head = 0;        // key/value heads, dividing n_head (0: n_head)
+  int64_t ffn_hidden = 0;       // the MLP's hidden width (0: 4 n_embd)
+  double rope_theta = 10000.0;  // rotary base
+  double norm_eps = 1e-5;       // RMSNorm's epsilon
+  bool tie_embeddings = true;   // the LM head is the embedding
 
+  bool llama() const { return family == ModelFamily::kLlama; }
   // The LM head and embedding are padded to a multiple of 128 rows per
   // tensor rank (tp ranks each hold padded_vocab(tp) / tp of them) so the
   // largest GEMM of the model has a friendly shape on every rank; the
@@ -22,6 +38,21 @@ struct GptConfig {
     return (vocab_size + m - 1) / m * m;
   }
   int64_t head_dim() const { return n_embd / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // Channels of k (and of v): the kv heads side by side.
+  int64_t kv_dim() const { return kv_heads() * head_dim(); }
+  // Rows of the fused q, k, v projection.
+  int64_t qkv_dim() const { return n_embd + 2 * kv_dim(); }
+  int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
+  // Outputs of the MLP's first projection: GELU's input, or SwiGLU's gate
+  // and up halves.
+  int64_t ffn_in() const { return llama() ? 2 * ffn() : ffn(); }
 };
+
+// Llama's default MLP width: 2/3 of 4 n_embd, rounded up to `multiple_of`.
+inline int64_t llama_ffn_hidden(int64_t n_embd, int64_t multiple_of) {
+  const int64_t h = 2 * 4 * n_embd / 3;
+  return (h + multiple_of - 1) / multiple_of * multiple_of;
+}
 
 }  // namespace mpiformer

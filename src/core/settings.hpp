@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <string>
 
+#include "core/gpt_config.hpp"
+
 namespace mpiformer {
 
 // [run] device.
@@ -50,6 +52,9 @@ inline constexpr SettingName<Offload> kOffloadNames[] = {
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
     {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"},
     {ScheduleKind::kInterleaved, "interleaved"}};
+
+inline constexpr SettingName<ModelFamily> kFamilyNames[] = {
+    {ModelFamily::kGpt2, "gpt2"}, {ModelFamily::kLlama, "llama"}};
 
 template <class E, size_t N>
 const char* setting_name(const SettingName<E> (&names)[N], E value) {

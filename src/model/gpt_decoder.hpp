@@ -1,8 +1,9 @@
 // Incremental inference of the whole model on the host, for `generate`:
 // one token at a time, with each layer's keys and values of the earlier
 // positions kept (a KV cache), so a token costs O(layers x C^2 + position x
-// C) instead of a forward pass over the whole window. Runs the block's op
-// sequence of GptStage::forward_block on one row with the host kernels;
+// C) instead of a forward pass over the whole window; the cache holds the
+// kv heads only (grouped-query attention keeps NKV of NH). Runs the block's
+// op sequence of GptStage::forward_block on one row with the host kernels;
 // tests/unit/test_gpt_decoder.cpp checks it gives the stage's logits at
 // every position.
 #pragma once
@@ -35,10 +36,13 @@ class GptDecoder {
   ParameterTable table_;
   StageLayout at_;
   std::vector<float> params_;
-  std::vector<float> qkv_;  // per layer [seq_len, 3C]: every position's q, k, v
-  std::vector<float> x_, ln_, atty_, res2_, fch_, fch_gelu_, out_, scores_, logits_;
+  std::vector<float> kv_;   // per layer [seq_len, 2K]: every position's k, v
+  std::vector<float> rope_;  // Llama: host/rope.hpp's table
+  std::vector<float> x_, ln_, qkv_, atty_, res2_, fch_, fch_gelu_, out_, scores_, logits_;
   float mean_ = 0, rstd_ = 0;
   int64_t n_ = 0;
+  // The family's norm of one row into ln_.
+  void norm(const float* x, const float* w, const float* b);
 };
 
 }  // namespace mpiformer

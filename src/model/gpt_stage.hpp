@@ -1,5 +1,8 @@
-// One pipeline stage of GPT-2: an optional embedding, a range of transformer
-// blocks, and optionally the final LayerNorm, the tied LM head and the loss.
+// One pipeline stage of a decoder (GPT-2 or Llama, core/gpt_config.hpp): an
+// optional embedding, a range of transformer blocks, and optionally the
+// final norm, the LM head and the loss. The families differ in a few ops
+// (the norm, the MLP's activation, rotary positions) and their widths; the
+// buffers, schedules and parallel axes are one.
 // Written once for every device: `Ops` is a device's op set (host/ops.hpp,
 // cuda/ops.hpp), which supplies the buffers, the context (stream, BLAS
 // handle, scratch) and one function per op. The stage does not know who
@@ -199,6 +202,9 @@ class GptStage {
 
  private:
   using AttnState = typename Ops::AttnState;
+  // fch: the MLP's first projection's output (SwiGLU: gate and up);
+  // fch_gelu: its activation (GELU, or SwiGLU's product). RMSNorm keeps no
+  // means (Llama's ln*_mean are empty).
   struct LayerActs {
     Buffer<Act> ln1, qkv, atty, res2, ln2, fch, fch_gelu;
     Buffer<Acc> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
@@ -253,6 +259,17 @@ class GptStage {
   // into the gradients; ln_grad: the k-th of them there, or `g`.
   Acc* ln_stash(Slot& s, int64_t i);
   Acc* ln_grad(Acc* stash, Acc* g, int k) { return stash ? stash + k * cfg_.n_embd : g; }
+  // The family's norm (LayerNorm, or RMSNorm: no mean, no bias) over `N`
+  // rows, forward and backward (dinp accumulates, as both kernels do).
+  void norm_forward(Act* out, Acc* mean, Acc* rstd, const Act* x, const Act* w, const Act* b,
+                    int64_t N);
+  void norm_backward(Act* dinp, Acc* dw, Acc* db, const Act* dout, const Act* x, const Act* w,
+                     const Acc* mean, const Acc* rstd, int64_t N);
+  // The MLP's activation and its backward (dinp may be inp).
+  void activation_forward(Act* out, const Act* inp);
+  void activation_backward(Act* dinp, const Act* inp, const Act* dout);
+  // Llama's rotary positions on qkv's q and k heads (sign -1: backward).
+  void rotate(Act* qkv, float sign);
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
   bool split() const { return opt_.split_backward; }
   // The slot holding `s`'s head buffers (lnf, logits, losses, targets):
@@ -283,12 +300,16 @@ class GptStage {
   void weight_gradients_block(Slot& s, int64_t i);
   BlockView<const Act> block_weights(int64_t i);
   BlockView<Acc> block_grads(int64_t i);
+  // Null where the stage (or the family) has no such tensor.
   const Act* w_outer(outer::Tensor k) const {
-    return weights_ + resident_offset(at_.at(k), opt_.window_weights);
+    return at_.at(k) < 0 ? nullptr : weights_ + resident_offset(at_.at(k), opt_.window_weights);
   }
   Acc* g_outer(outer::Tensor k) {
-    return grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
+    return at_.at(k) < 0 ? nullptr : grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
   }
+  // The LM head: its own tensor, or the tied embedding.
+  const Act* w_head() const { return weights_ + resident_offset(at_.head(), opt_.window_weights); }
+  Acc* g_head() { return grads_.get() + resident_offset(at_.head(), opt_.window_grads); }
   // What attention keeps for block i's backward (the probabilities, or the
   // rows' statistics): kept per slot, or (recomputed) in the one shared
   // buffer.
@@ -306,10 +327,13 @@ class GptStage {
   StageLayout at_;
   BlockHooks hooks_;
   TensorGroup tp_;
-  // This rank's widths under tensor parallelism: heads, attention channels
-  // (C / tp), MLP channels (4C / tp); its share of the padded vocabulary,
-  // the real tokens in it and the first of them.
-  int64_t nh_, ca_, cm_, vl_, v_real_, v0_;
+  // This rank's widths under tensor parallelism: query heads, kv heads,
+  // query channels (C / tp), key (= value) channels, the fused qkv's
+  // outputs, the MLP's hidden channels (ffn / tp) and its first
+  // projection's outputs (SwiGLU: twice that); its share of the padded
+  // vocabulary, the real tokens in it and the first of them.
+  int64_t nh_, nkv_, ca_, kv_, cqkv_, cm_, cin_, vl_, v_real_, v0_;
+  Buffer<float> rope_;  // Llama: host/rope.hpp's table
   Buffer<Act> wwin_[2];
   Buffer<Acc> gwin_[2];
   // Recomputation's shared buffers: the probabilities (attention), or one
@@ -321,7 +345,10 @@ class GptStage {
   Act* weights_ = nullptr;
   std::vector<Slot> slots_;
   // Backward scratch, shared by all slots, and the output gradient's inbox.
-  Buffer<Act> dres_, dln_, datty_, dqkv_, d4_, grad_in_;
+  // d4_: the MLP's first projection's output gradient; dact_ (Llama) its
+  // activation's, which SwiGLU's backward (unlike GELU's) cannot write in
+  // place (it is half as wide).
+  Buffer<Act> dres_, dln_, datty_, dqkv_, d4_, dact_, grad_in_;
   Buffer<AttnState> datt_;  // attention's backward scratch
   Buffer<double> loss_sum_;
   // The vocabulary-parallel cross-entropy's row statistics (tp > 1).

@@ -31,12 +31,19 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   if (opt_.split_backward && opt_.recompute == Recompute::kFull)
     throw std::logic_error("split backward needs the blocks' activations kept");
   nh_ = cfg_.n_head / tp;
+  nkv_ = cfg_.kv_heads() / tp;
   ca_ = cfg_.n_embd / tp;
-  cm_ = 4 * cfg_.n_embd / tp;
+  kv_ = cfg_.kv_dim() / tp;
+  cqkv_ = ca_ + 2 * kv_;
+  cm_ = cfg_.ffn() / tp;
+  cin_ = cfg_.ffn_in() / tp;
   vl_ = cfg_.padded_vocab(tp) / tp;
-  const ParameterSpec* wte = table_.find(kOuterSchema[outer::wte].name);
-  v_real_ = wte != nullptr ? wte->shape[0] : 0;
-  v0_ = wte != nullptr ? wte->vocab_begin() : 0;
+  // The embedding and an untied head split the vocabulary alike.
+  const ParameterSpec* vocab = nullptr;
+  for (const auto& spec : table_.specs())
+    if (spec.layer < 0 && (spec.tensor == outer::wte || spec.tensor == outer::lm_head)) vocab = &spec;
+  v_real_ = vocab != nullptr ? vocab->shape[0] : 0;
+  v0_ = vocab != nullptr ? vocab->vocab_begin() : 0;
   // A slot holds one chunk's layers.
   const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.layers_per_chunk();
   // Every allocation is counted: stage_footprint must predict the sum.
@@ -79,18 +86,19 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   }
   // What a block keeps for backward: everything (none), everything but
   // attention's state (attention), or nothing but its input (full).
+  const bool means = !cfg_.llama();  // LayerNorm keeps means, RMSNorm none
   auto keep = [&](LayerActs& a, bool probabilities) {
     a.ln1 = act(R * C);
-    a.ln1_mean = acc(R);
+    if (means) a.ln1_mean = acc(R);
     a.ln1_rstd = acc(R);
-    a.qkv = act(BT * 3 * ca_);
+    a.qkv = act(BT * cqkv_);
     a.atty = act(BT * ca_);
     if (probabilities) a.att = attn(attn_state);
     a.res2 = act(R * C);
     a.ln2 = act(R * C);
-    a.ln2_mean = acc(R);
+    if (means) a.ln2_mean = acc(R);
     a.ln2_rstd = acc(R);
-    a.fch = act(BT * cm_);
+    a.fch = act(BT * cin_);
     a.fch_gelu = act(BT * cm_);
   };
   slots_.resize(static_cast<size_t>(opt_.slots));
@@ -105,7 +113,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     // slot (head_of).
     if (range_.has_head && (!shared_head() || &s == &slots_[0])) {
       s.lnf = act(R * C);
-      s.lnf_mean = acc(R);
+      if (means) s.lnf_mean = acc(R);
       s.lnf_rstd = acc(R);
       s.logits = act(BT * vl_);
       s.losses = acc(BT);
@@ -122,9 +130,16 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   dln_ = act(BT * C);
   datty_ = act(BT * ca_);
   if (L > 0) {
-    dqkv_ = act(BT * 3 * ca_);
-    d4_ = act(BT * cm_);
+    dqkv_ = act(BT * cqkv_);
+    d4_ = act(BT * cin_);
+    if (cfg_.llama()) dact_ = act(BT * cm_);
     datt_ = attn(attn_state);
+  }
+  if (L > 0 && cfg_.llama()) {
+    const std::vector<float> table = host::rope_table(T_, cfg_.head_dim(), cfg_.rope_theta);
+    rope_ = Buffer<float>(table.size());
+    allocated_ += static_cast<int64_t>(table.size() * sizeof(float));
+    Ops::upload(ctx_, rope_.get(), table.data(), static_cast<int64_t>(table.size()));
   }
   if (range_.has_head && tp > 1) {
     ce_max_ = acc(BT);
@@ -207,10 +222,9 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
     forward_block(a, s.residual[j].get(), s.residual[j + 1].get(), i);
   }
   if (!heads(chunk)) return;
-  Ops::layernorm_forward(ctx_, h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(),
-                         s.residual.back().get(), w_outer(outer::lnf_w), w_outer(outer::lnf_b),
-                         rows_, C);
-  Ops::matmul_forward(ctx_, h.logits.get(), gathered(h.lnf.get()), w_outer(outer::wte),
+  norm_forward(h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(), s.residual.back().get(),
+               w_outer(outer::lnf_w), w_outer(outer::lnf_b), rows_);
+  Ops::matmul_forward(ctx_, h.logits.get(), gathered(h.lnf.get()), w_head(),
                       static_cast<const Act*>(nullptr), BT, C, vl_);
   head_loss(h, for_backward, grad_scale);
   Ops::accumulate_sum(ctx_, loss_sum_.get(), h.losses.get(), BT);
@@ -290,21 +304,23 @@ void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t 
   // The row-parallel projections' outputs are partial sums until the group
   // adds them; their bias (replicated) is added once, by tensor rank 0.
   const bool adds_bias = range_.tp_rank == 0;
-  Ops::layernorm_forward(ctx_, a.ln1.get(), a.ln1_mean.get(), a.ln1_rstd.get(), x,
-                         w[block::ln1_w], w[block::ln1_b], R, C);
+  norm_forward(a.ln1.get(), a.ln1_mean.get(), a.ln1_rstd.get(), x, w[block::ln1_w],
+               w[block::ln1_b], R);
   Ops::matmul_forward(ctx_, a.qkv.get(), gathered(a.ln1.get()), w[block::qkv_w], w[block::qkv_b],
-                      BT, C, 3 * ca_);
-  Ops::attention_forward(ctx_, a.atty.get(), attention_state(a), a.qkv.get(), B_, T_, ca_, nh_);
+                      BT, C, cqkv_);
+  rotate(a.qkv.get(), 1.f);
+  Ops::attention_forward(ctx_, a.atty.get(), attention_state(a), a.qkv.get(), B_, T_, ca_, nh_,
+                         nkv_);
   Act* proj = sum_target(a.res2.get());
   Ops::matmul_forward(ctx_, proj, a.atty.get(), w[block::attn_proj_w],
                       adds_bias ? w[block::attn_proj_b] : nullptr, BT, ca_, C);
   summed(proj, a.res2.get());
   Ops::residual_forward(ctx_, a.res2.get(), x, a.res2.get(), R * C);
-  Ops::layernorm_forward(ctx_, a.ln2.get(), a.ln2_mean.get(), a.ln2_rstd.get(), a.res2.get(),
-                         w[block::ln2_w], w[block::ln2_b], R, C);
+  norm_forward(a.ln2.get(), a.ln2_mean.get(), a.ln2_rstd.get(), a.res2.get(), w[block::ln2_w],
+               w[block::ln2_b], R);
   Ops::matmul_forward(ctx_, a.fch.get(), gathered(a.ln2.get()), w[block::fc_w], w[block::fc_b], BT,
-                      C, cm_);
-  Ops::gelu_forward(ctx_, a.fch_gelu.get(), a.fch.get(), BT * cm_);
+                      C, cin_);
+  activation_forward(a.fch_gelu.get(), a.fch.get());
   Act* mlp = sum_target(out);
   Ops::matmul_forward(ctx_, mlp, a.fch_gelu.get(), w[block::fc_proj_w],
                       adds_bias ? w[block::fc_proj_b] : nullptr, BT, cm_, C);
@@ -370,7 +386,7 @@ void GptStage<Ops>::add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads) 
   if (opt_.sequence_parallel) tp_sum(stash, n);
   int64_t at = 0;
   for (Acc* g : grads) {
-    Ops::add_into(ctx_, g, stash + at, C);
+    if (g != nullptr) Ops::add_into(ctx_, g, stash + at, C);  // RMSNorm: no bias
     at += C;
   }
 }
@@ -394,15 +410,15 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
     // the next forward overwrites (one buffer for every slot), and they
     // are final only at W's end (with wte's, whose gradient this is).
     Slot& h = head_of(s);
-    const Act* dln = column_parallel_backward(g_outer(outer::wte), static_cast<Acc*>(nullptr),
-                                             h.logits.get(), gathered(h.lnf.get()),
-                                             w_outer(outer::wte), vl_);
+    const Act* dln = column_parallel_backward(g_head(), static_cast<Acc*>(nullptr),
+                                             h.logits.get(), gathered(h.lnf.get()), w_head(),
+                                             vl_);
     Ops::fill_zero(ctx_, dres, R * C);
     Acc* stash = ln_stash(s, -1);
     if (stash) Ops::fill_zero(ctx_, stash, 2 * C);
-    Ops::layernorm_backward(ctx_, dres, ln_grad(stash, g_outer(outer::lnf_w), 0),
-                            ln_grad(stash, g_outer(outer::lnf_b), 1), dln, s.residual.back().get(),
-                            w_outer(outer::lnf_w), h.lnf_mean.get(), h.lnf_rstd.get(), R, C);
+    norm_backward(dres, ln_grad(stash, g_outer(outer::lnf_w), 0),
+                  ln_grad(stash, g_outer(outer::lnf_b), 1), dln, s.residual.back().get(),
+                  w_outer(outer::lnf_w), h.lnf_mean.get(), h.lnf_rstd.get(), R);
     add_ln_grads(stash, {g_outer(outer::lnf_w), g_outer(outer::lnf_b)});
     if (whole) final_from(at_.at(outer::lnf_w));
   } else {
@@ -475,9 +491,9 @@ void GptStage<Ops>::weight_gradients_block(Slot& s, int64_t i) {
   };
   // Each GEMM's output gradient where backward_block left it (gpt_stage.hpp).
   dw(block::fc_proj_w, block::fc_proj_b, gathered(s.residual[j + 1].get()), a.fch_gelu.get(), cm_, C);
-  dw(block::fc_w, block::fc_b, a.fch.get(), gathered(a.ln2.get()), C, cm_);
+  dw(block::fc_w, block::fc_b, a.fch.get(), gathered(a.ln2.get()), C, cin_);
   dw(block::attn_proj_w, block::attn_proj_b, gathered(a.res2.get()), a.atty.get(), ca_, C);
-  dw(block::qkv_w, block::qkv_b, a.qkv.get(), gathered(a.ln1.get()), C, 3 * ca_);
+  dw(block::qkv_w, block::qkv_b, a.qkv.get(), gathered(a.ln1.get()), C, cqkv_);
   add_ln_grads(ln_stash(s, i), {g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
 }
 
@@ -515,16 +531,18 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   Acc* stash = ln_stash(s, i);
   if (stash) Ops::fill_zero(ctx_, stash, 4 * C);
   if (!whole) Ops::copy(ctx_, s.residual[j + 1].get(), static_cast<const Act*>(dres), R * C);
-  Ops::matmul_backward(ctx_, d4_.get(), wgt(block::fc_proj_w), wgt(block::fc_proj_b),
+  // The activation's gradient: in d4_ itself (GELU, elementwise in place),
+  // or in dact_ (SwiGLU's output is half as wide as its input).
+  Act* dact = cfg_.llama() ? dact_.get() : d4_.get();
+  Ops::matmul_backward(ctx_, dact, wgt(block::fc_proj_w), wgt(block::fc_proj_b),
                        gathered(dres), a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
   Act* d4 = whole ? d4_.get() : a.fch.get();
-  Ops::gelu_backward(ctx_, d4, a.fch.get(), d4_.get(), BT * cm_);
+  activation_backward(d4, a.fch.get(), dact);
   const Act* dln2 = column_parallel_backward(wgt(block::fc_w), wgt(block::fc_b), d4,
                                              whole ? gathered(a.ln2.get()) : nullptr,
-                                             w[block::fc_w], cm_);
-  Ops::layernorm_backward(ctx_, dres, ln_grad(stash, g[block::ln2_w], 0),
-                          ln_grad(stash, g[block::ln2_b], 1), dln2, a.res2.get(), w[block::ln2_w],
-                          a.ln2_mean.get(), a.ln2_rstd.get(), R, C);
+                                             w[block::fc_w], cin_);
+  norm_backward(dres, ln_grad(stash, g[block::ln2_w], 0), ln_grad(stash, g[block::ln2_b], 1), dln2,
+                a.res2.get(), w[block::ln2_w], a.ln2_mean.get(), a.ln2_rstd.get(), R);
   if (!whole) Ops::copy(ctx_, a.res2.get(), static_cast<const Act*>(dres), R * C);
   // Attention, the same way round.
   Ops::matmul_backward(ctx_, datty_.get(), wgt(block::attn_proj_w), wgt(block::attn_proj_b),
@@ -532,17 +550,53 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   // Attention recomputation: its state again from the kept qkv. The
   // forward also rewrites atty, with the bits it already holds.
   if (opt_.recompute == Recompute::kAttention)
-    Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_);
+    Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_,
+                           nkv_);
   Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
-                          attention_state(a), B_, T_, ca_, nh_);
-  if (!whole) Ops::copy(ctx_, a.qkv.get(), static_cast<const Act*>(dqkv_.get()), BT * 3 * ca_);
+                          attention_state(a), B_, T_, ca_, nh_, nkv_);
+  // The gradient of the projection's output: through the rotation back.
+  rotate(dqkv_.get(), -1.f);
+  if (!whole) Ops::copy(ctx_, a.qkv.get(), static_cast<const Act*>(dqkv_.get()), BT * cqkv_);
   const Act* dln1 = column_parallel_backward(wgt(block::qkv_w), wgt(block::qkv_b), dqkv_.get(),
                                              whole ? gathered(a.ln1.get()) : nullptr,
-                                             w[block::qkv_w], 3 * ca_);
-  Ops::layernorm_backward(ctx_, dres, ln_grad(stash, g[block::ln1_w], 2),
-                          ln_grad(stash, g[block::ln1_b], 3), dln1, s.residual[j].get(),
-                          w[block::ln1_w], a.ln1_mean.get(), a.ln1_rstd.get(), R, C);
+                                             w[block::qkv_w], cqkv_);
+  norm_backward(dres, ln_grad(stash, g[block::ln1_w], 2), ln_grad(stash, g[block::ln1_b], 3), dln1,
+                s.residual[j].get(), w[block::ln1_w], a.ln1_mean.get(), a.ln1_rstd.get(), R);
   if (whole) add_ln_grads(stash, {g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
+}
+
+template <class Ops>
+void GptStage<Ops>::norm_forward(Act* out, Acc* mean, Acc* rstd, const Act* x, const Act* w,
+                                 const Act* b, int64_t N) {
+  if (cfg_.llama()) Ops::rmsnorm_forward(ctx_, out, rstd, x, w, N, cfg_.n_embd, cfg_.norm_eps);
+  else Ops::layernorm_forward(ctx_, out, mean, rstd, x, w, b, N, cfg_.n_embd);
+}
+
+template <class Ops>
+void GptStage<Ops>::norm_backward(Act* dinp, Acc* dw, Acc* db, const Act* dout, const Act* x,
+                                  const Act* w, const Acc* mean, const Acc* rstd, int64_t N) {
+  if (cfg_.llama()) Ops::rmsnorm_backward(ctx_, dinp, dw, dout, x, w, rstd, N, cfg_.n_embd);
+  else Ops::layernorm_backward(ctx_, dinp, dw, db, dout, x, w, mean, rstd, N, cfg_.n_embd);
+}
+
+template <class Ops>
+void GptStage<Ops>::activation_forward(Act* out, const Act* inp) {
+  const int64_t BT = B_ * T_;
+  if (cfg_.llama()) Ops::swiglu_forward(ctx_, out, inp, BT, cm_);
+  else Ops::gelu_forward(ctx_, out, inp, BT * cm_);
+}
+
+template <class Ops>
+void GptStage<Ops>::activation_backward(Act* dinp, const Act* inp, const Act* dout) {
+  const int64_t BT = B_ * T_;
+  if (cfg_.llama()) Ops::swiglu_backward(ctx_, dinp, inp, dout, BT, cm_);
+  else Ops::gelu_backward(ctx_, dinp, inp, dout, BT * cm_);
+}
+
+template <class Ops>
+void GptStage<Ops>::rotate(Act* qkv, float sign) {
+  if (cfg_.llama())
+    Ops::rope_rotate(ctx_, qkv, rope_.get(), B_ * T_, T_, ca_, kv_, cfg_.head_dim(), sign);
 }
 
 template <class Ops>

@@ -7,7 +7,13 @@ namespace mpiformer {
 double training_flops_per_token(const GptConfig& cfg) {
   StageRange all{0, cfg.n_layer, true, true};
   ParameterTable table(cfg, all);
-  const double n = static_cast<double>(table.total_numel() - table.at("wpe").numel());
+  // The matmuls' parameters: not the position table, nor (untied) the
+  // embedding, which are looked up, not multiplied.
+  int64_t looked_up = 0;
+  for (const auto& s : table.specs())
+    if (s.layer < 0 && (s.tensor == outer::wpe || (s.tensor == outer::wte && !cfg.tie_embeddings)))
+      looked_up += s.numel();
+  const double n = static_cast<double>(table.total_numel() - looked_up);
   return 6.0 * n + 12.0 * static_cast<double>(cfg.n_layer * cfg.seq_len * cfg.n_embd);
 }
 

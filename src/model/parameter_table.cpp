@@ -66,21 +66,20 @@ std::vector<LogicalBox> ParameterSpec::boxes(int64_t row_begin, int64_t row_end)
       out.push_back({row_begin, row_end - row_begin, tp_rank * rl, rl, row_begin});
       break;
     case Split::kHeads: {
-      // The slice is q, k, v of this rank's heads, each logical_shape[0] / 3
-      // / tp rows; each goes to its own third of the whole tensor.
-      const int64_t part = shape[0] / 3, third = logical_shape[0] / 3;
-      for (int64_t p = 0; p < 3; ++p) {
-        const int64_t b = std::max(row_begin, p * part), e = std::min(row_end, (p + 1) * part);
-        if (b < e) out.push_back({p * third + tp_rank * part + (b - p * part), e - b, 0, rl, b});
+      // The slice is this rank's tp-th of each part, in part order; each
+      // goes to its own place in its part of the whole tensor.
+      int64_t local = 0, whole = 0;
+      for (const int64_t rows : parts) {
+        const int64_t mine = rows / tp;
+        const int64_t b = std::max(row_begin, local), e = std::min(row_end, local + mine);
+        if (b < e) out.push_back({whole + tp_rank * mine + (b - local), e - b, 0, rl, b});
+        local += mine;
+        whole += rows;
       }
       break;
     }
   }
   return out;
-}
-
-const TensorSchema& ParameterSpec::schema() const {
-  return layer >= 0 ? kBlockSchema[tensor] : kOuterSchema[tensor];
 }
 
 namespace {
@@ -93,6 +92,12 @@ int64_t resolve(const Extent& e, const GptConfig& cfg) {
       return e.times * cfg.vocab_size;
     case Extent::kSeqLen:
       return e.times * cfg.seq_len;
+    case Extent::kKv:
+      return e.times * cfg.kv_dim();
+    case Extent::kQkv:
+      return e.times * cfg.qkv_dim();
+    case Extent::kFfn:
+      return e.times * cfg.ffn();
   }
   return 0;
 }
@@ -109,6 +114,18 @@ void ParameterTable::add(const GptConfig& cfg, const StageRange& range, const Te
   s.tp = range.tp;
   s.tp_rank = range.tp_rank;
   s.split = range.tp > 1 ? schema.split : Split::kNone;
+  if (schema.split == Split::kHeads) {
+    int64_t sum = 0;
+    for (const Extent& e : schema.parts)
+      if (e.times > 0) {
+        s.parts.push_back(resolve(e, cfg));
+        sum += s.parts.back();
+        if (s.parts.back() % range.tp != 0)
+          throw std::logic_error("ParameterTable: a part of " + s.name + " does not split over tp");
+      }
+    if (sum != s.logical_shape[0])
+      throw std::logic_error("ParameterTable: the parts of " + s.name + " are not its rows");
+  }
   const bool vocab = schema.rows.size == Extent::kVocab;
   // Rows of the stored slice (wte: its share of the padded vocabulary).
   int64_t stored_rows = s.shape[0];
@@ -150,6 +167,7 @@ void ParameterTable::add(const GptConfig& cfg, const StageRange& range, const Te
   }
   s.layer = layer;
   s.tensor = tensor;
+  s.row = &schema;
   // The vocabulary is padded in storage (GptConfig::padded_vocab); the padded
   // rows stay zero for ever.
   s.storage = stored_rows * s.row_length();
@@ -160,23 +178,32 @@ void ParameterTable::add(const GptConfig& cfg, const StageRange& range, const Te
 }
 
 ParameterTable::ParameterTable(const GptConfig& cfg, const StageRange& range) {
-  // Buffer order: the first stage's tensors (the tied wte also on the last
-  // stage, where it is the LM head), the blocks, the last stage's tensors.
+  const TensorSchema* outer_rows = outer_schema(cfg.family);
+  const TensorSchema* block_rows = block_schema(cfg.family);
+  // Buffer order: the first stage's tensors (a tied wte also on the last
+  // stage, where it is the LM head), the blocks, the last stage's tensors
+  // (an untied LM head among them).
   for (int k = 0; k < outer::kCount; ++k) {
-    const TensorSchema& t = kOuterSchema[k];
-    if (t.placement == Placement::kFirstStage &&
-        (range.has_embedding || (k == outer::wte && range.has_head)))
+    const TensorSchema& t = outer_rows[k];
+    if (t.name != nullptr && t.placement == Placement::kFirstStage &&
+        (range.has_embedding || (k == outer::wte && cfg.tie_embeddings && range.has_head)))
       add(cfg, range, t, t.name, -1, k);
   }
   for (int64_t i = 0; i < range.num_layers(); ++i) {
     const int64_t l = range.layer(i);
     const std::string h = "h." + std::to_string(l) + ".";
-    for (int k = 0; k < block::kCount; ++k) add(cfg, range, kBlockSchema[k], h + kBlockSchema[k].name, l, k);
+    for (int k = 0; k < block::kCount; ++k)
+      if (block_rows[k].name != nullptr) add(cfg, range, block_rows[k], h + block_rows[k].name, l, k);
   }
   for (int k = 0; k < outer::kCount; ++k) {
-    const TensorSchema& t = kOuterSchema[k];
-    if (t.placement == Placement::kLastStage && range.has_head) add(cfg, range, t, t.name, -1, k);
+    const TensorSchema& t = outer_rows[k];
+    if (t.name != nullptr && t.placement == Placement::kLastStage && range.has_head &&
+        (k != outer::lm_head || !cfg.tie_embeddings))
+      add(cfg, range, t, t.name, -1, k);
   }
+  if (cfg.tie_embeddings)
+    for (size_t i = 0; i < specs_.size(); ++i)
+      if (specs_[i].layer < 0 && specs_[i].tensor == outer::wte) tied_ = static_cast<int64_t>(i);
 }
 
 const ParameterSpec* ParameterTable::find(const std::string& name) const {
@@ -206,7 +233,7 @@ std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table) {
 StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
     : layers(static_cast<size_t>(range.num_layers())) {
   outer.fill(-1);
-  std::vector<std::array<bool, block::kCount>> seen(layers.size());
+  for (auto& l : layers) l.fill(-1);
   for (const auto& s : table.specs()) {
     if (s.layer < 0) {
       outer[s.tensor] = s.offset;
@@ -214,21 +241,21 @@ StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
     }
     const int64_t block = range.block_of(s.layer);
     if (block < 0) throw std::logic_error("StageLayout: a layer the stage does not hold");
-    const auto i = static_cast<size_t>(block);
-    layers.at(i)[s.tensor] = s.offset;
-    seen[i][s.tensor] = true;
+    layers.at(static_cast<size_t>(block))[s.tensor] = s.offset;
   }
   // The blocks end where the last stage's tensors begin, or with the buffer.
   block_end = table.total_storage();
   for (const auto& s : table.specs())
     if (s.layer < 0 && s.offset > block_begin()) block_end = std::min(block_end, s.offset);
-  // The table and the layout must describe the same stage.
-  for (const auto& b : seen)
-    for (bool k : b)
-      if (!k) throw std::logic_error("StageLayout: a block tensor is missing from the table");
-  if (range.has_embedding && (outer[outer::wte] < 0 || outer[outer::wpe] < 0))
-    throw std::logic_error("StageLayout: the first stage has no embedding tables");
-  if (range.has_head && (outer[outer::wte] < 0 || outer[outer::lnf_w] < 0))
+  // The table and the layout must describe the same stage: every block has
+  // the family's tensors (the first, which its windows start at, always).
+  for (const auto& b : layers)
+    for (int k = 0; k < block::kCount; ++k)
+      if ((b[k] >= 0) != (layers.front()[k] >= 0) || b[0] < 0)
+        throw std::logic_error("StageLayout: a block tensor is missing from the table");
+  if (range.has_embedding && outer[outer::wte] < 0)
+    throw std::logic_error("StageLayout: the first stage has no embedding table");
+  if (range.has_head && (head() < 0 || outer[outer::lnf_w] < 0))
     throw std::logic_error("StageLayout: the last stage has no head");
 }
 

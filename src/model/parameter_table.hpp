@@ -14,8 +14,7 @@
 namespace mpiformer {
 
 // The transformer layers a stage holds and whether the stage also holds
-// the embeddings (first stage) or the final LayerNorm + tied head (last
-// stage); under tensor parallelism, which of the tp slices of its split
+// the embeddings (first stage) or the final norm + LM head (last stage); under tensor parallelism, which of the tp slices of its split
 // tensors (gpt_schema.hpp's Split) this rank holds. The layers are one
 // contiguous range, or under interleaving `chunks` equal ranges
 // `chunk_stride` layers apart (chunk c: [first_layer, last_layer) + c x
@@ -88,8 +87,11 @@ struct ParameterSpec {
   double init_std = 0.0;       // normal(0, init_std); 0 means constant init_value
   double init_value = 0.0;
   int64_t layer = -1;  // the block it belongs to; -1 outside the blocks
-  int tensor = 0;      // its row of kBlockSchema (layer >= 0) or kOuterSchema
-  const TensorSchema& schema() const;
+  int tensor = 0;      // its role: block::Tensor (layer >= 0) or outer::Tensor
+  // kHeads: the logical rows of each stacked part (qkv: q, k, v).
+  std::vector<int64_t> parts;
+  const TensorSchema* row = nullptr;  // its row of the family's schema
+  const TensorSchema& schema() const { return *row; }
   int64_t numel() const;
   // Elements of one row of the slice (1 for a vector).
   int64_t row_length() const;
@@ -97,7 +99,7 @@ struct ParameterSpec {
   // Whether this rank holds the whole tensor (replicated or tp = 1).
   bool whole() const { return split == Split::kNone; }
   // Where rows [row_begin, row_end) of the slice sit in the whole tensor: one
-  // box, or (qkv) up to three, in slice order.
+  // box, or (kHeads) one per part, in slice order.
   std::vector<LogicalBox> boxes(int64_t row_begin, int64_t row_end) const;
   // The first row of the whole vocabulary in this slice (wte).
   int64_t vocab_begin() const;
@@ -113,12 +115,18 @@ class ParameterTable {
   int64_t total_storage() const { return total_; }
   // Real parameters (padding excluded).
   int64_t total_numel() const;
+  // The embedding where it is also the LM head and this stage holds it (the
+  // copy the first and last stages keep equal); null otherwise.
+  const ParameterSpec* tied_embedding() const {
+    return tied_ < 0 ? nullptr : &specs_[static_cast<size_t>(tied_)];
+  }
 
  private:
   void add(const GptConfig& cfg, const StageRange& range, const TensorSchema& schema,
            std::string name, int64_t layer, int tensor);
   std::vector<ParameterSpec> specs_;
   int64_t total_ = 0;
+  int64_t tied_ = -1;  // index into specs_ (the table may be copied)
 };
 
 // The optimizer's description of a stage: every tensor's logical elements

@@ -14,7 +14,10 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // channels, and share of the padded vocabulary.
   const double tp = static_cast<double>(range.tp);
   const double C = static_cast<double>(cfg.n_embd), NH = static_cast<double>(cfg.n_head) / tp;
-  const double Ca = C / tp, Cm = 4 * C / tp;
+  const double Ca = C / tp, Cqkv = static_cast<double>(cfg.qkv_dim()) / tp;
+  const double Cm = static_cast<double>(cfg.ffn()) / tp, Cin = static_cast<double>(cfg.ffn_in()) / tp;
+  // Norm statistics per row: LayerNorm's mean and rstd, RMSNorm's rstd.
+  const double stats = cfg.llama() ? 1 : 2;
   const double V = static_cast<double>(cfg.padded_vocab(range.tp)) / tp, BT = B * T;
   // The residual stream's rows this rank holds (a tp-th of them under
   // sequence parallelism).
@@ -37,10 +40,11 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (act_bytes != acc_bytes || o.external_master)
     f.weight_copy = (o.window_weights ? n - blocks + 2 * window : n) * act;
   // What one block keeps for backward: ln1, res2, ln2 (C each, on the rows
-  // held), qkv and atty (3 + 1 attention channels), fch and its GELU (MLP
-  // channels), 4 LayerNorm statistics (rows held), and attention's state
-  // (probabilities or row statistics) unless recomputed.
-  const double block_kept = 3 * C * R * act + (4 * Ca + 2 * Cm) * BT * act + 4 * R * acc;
+  // held), qkv and atty (the fused projection's and the query channels),
+  // fch and its activation (the MLP's first projection's and hidden
+  // channels), the two norms' statistics (rows held), and attention's
+  // state (probabilities or row statistics) unless recomputed.
+  const double block_kept = 3 * C * R * act + (Cqkv + Ca + Cin + Cm) * BT * act + 2 * stats * R * acc;
   // One slot: the residual stream at every block boundary, then per block
   // what it keeps (nothing under full recomputation).
   double slot = (L + 1) * R * C * act;
@@ -49,7 +53,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (range.has_embedding) slot += BT * 4;  // token ids
   // The head's: lnf, logits; lnf's statistics, the losses; targets (split
   // backward, interleaving: one set for every slot).
-  const double head = range.has_head ? (R * C + BT * V) * act + (2 * R + BT) * acc + BT * 4 : 0;
+  const double head = range.has_head ? (R * C + BT * V) * act + (stats * R + BT) * acc + BT * 4 : 0;
   const bool shared_head = o.split_backward || range.chunks > 1;
   if (!shared_head) slot += head;
   // Split backward: the blocks' LayerNorm weight gradients B leaves for W.
@@ -57,7 +61,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   f.per_slot = slot;
   f.activations = slot * o.slots;
   // Backward scratch: dres (rows held), dln, datty; dqkv, d4 and datt with
-  // blocks; the output gradient's inbox on a non-last stage; the loss sum
+  // blocks (Llama: SwiGLU's output gradient, and the rotary table); the output gradient's inbox on a non-last stage; the loss sum
   // (a double); the vocabulary-parallel cross-entropy's row statistics (3
   // per row); recomputation's shared probabilities, or one block's
   // activations and output; sequence parallelism's gathered rows, summed
@@ -65,9 +69,11 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // head buffers where it is shared. Interleaved, the last stage's earlier
   // chunks receive output gradients too.
   f.scratch = R * C * act + (C + Ca) * BT * act +
-              (L > 0 ? (3 * Ca + Cm) * BT * act + attention : 0) +
+              (L > 0 ? (Cqkv + Cin) * BT * act + attention : 0) +
               (range.has_head && range.chunks == 1 ? 0 : R * C * act) + 8;
   if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
+  if (L > 0 && cfg.llama())
+    f.scratch += Cm * BT * act + T * static_cast<double>(cfg.head_dim()) * sizeof(float);
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;
   if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + R * C * act;
   if (o.sequence_parallel) f.scratch += (BT * C + R * C) * act + 4 * C * acc;

@@ -19,20 +19,22 @@ struct StageLayout {
 
   StageLayout(const ParameterTable& table, const StageRange& range);
 
-  // The offset of a tensor outside the blocks.
+  // The offset of a tensor outside the blocks (-1: none here).
   int64_t at(outer::Tensor k) const { return outer[k]; }
-  // Pointers into a flat buffer (weights or gradients) for the stage's block i.
+  // The LM head's: its own, or the tied embedding's.
+  int64_t head() const { return outer[outer::lm_head] >= 0 ? outer[outer::lm_head] : outer[outer::wte]; }
+  // Pointers into a flat buffer (weights or gradients) for the stage's block
+  // i; null for a tensor the family lacks.
   template <class T>
   BlockView<T> block(T* base, int64_t i) const {
-    BlockView<T> v;
-    for (int k = 0; k < block::kCount; ++k) v.t[k] = base + layers[i][k];
-    return v;
+    return block_at(base + layers[i][0], i);
   }
   // The same, for a buffer holding block i alone (a ZeRO window).
   template <class T>
   BlockView<T> block_at(T* block_base, int64_t i) const {
     BlockView<T> v;
-    for (int k = 0; k < block::kCount; ++k) v.t[k] = block_base + (layers[i][k] - layers[i][0]);
+    for (int k = 0; k < block::kCount; ++k)
+      v.t[k] = layers[i][k] < 0 ? nullptr : block_base + (layers[i][k] - layers[i][0]);
     return v;
   }
   // The blocks' span of the flat buffer [block_begin, block_end): the blocks

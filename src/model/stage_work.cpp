@@ -84,7 +84,10 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
                      bool split_backward) {
   StageWork w;
   const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len, C = cfg.n_embd;
-  const int64_t ca = C / tp, cm = 4 * C / tp, nh = cfg.n_head / tp;
+  const int64_t ca = C / tp, cqkv = cfg.qkv_dim() / tp, cm = cfg.ffn() / tp;
+  const int64_t cin = cfg.ffn_in() / tp, nh = cfg.n_head / tp;
+  // Llama's rotary positions: q and k read and written once each way.
+  const double rotated = cfg.llama() ? static_cast<double>(BT * (cqkv - cfg.kv_dim() / tp)) : 0;
   const int64_t vl = cfg.padded_vocab(tp) / tp, L = range.num_layers();
   const bool sp = sequence_parallel && tp > 1;
   const double btc = static_cast<double>(BT * C);
@@ -130,15 +133,16 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   auto block_forward = [&](Builder& x, std::vector<TC>& comm) {
     x.stream(Kernel::kLayernorm, false, rc);
     gather(comm);
-    x.matmul(false, BT, C, 3 * ca);
+    x.matmul(false, BT, C, cqkv);
+    if (rotated > 0) x.move(rotated, 2);
     x.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
     x.matmul(false, BT, ca, C);
     sum(comm);
     x.stream(Kernel::kResidual, false, rc);
     x.stream(Kernel::kLayernorm, false, rc);
     gather(comm);
-    x.matmul(false, BT, C, cm);
-    x.stream(Kernel::kGelu, false, static_cast<double>(BT * cm));
+    x.matmul(false, BT, C, cin);
+    x.stream(Kernel::kGelu, false, static_cast<double>(BT * cin));  // GELU, or SwiGLU
     x.matmul(false, BT, cm, C);
     sum(comm);
     x.stream(Kernel::kResidual, false, rc);
@@ -180,8 +184,8 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     if (split) b.move(rc, 2);  // dres kept for W
     gather(w.tp_backward);  // dres
     matmul_backward(BT, cm, C, false, true);
-    b.stream(Kernel::kGelu, true, static_cast<double>(BT * cm));
-    matmul_backward(BT, C, cm, true, false);  // ln2
+    b.stream(Kernel::kGelu, true, static_cast<double>(BT * cin));
+    matmul_backward(BT, C, cin, true, false);  // ln2
     sum(w.tp_backward);
     b.stream(Kernel::kLayernorm, true, rc);
     if (split) b.move(rc, 2);  // dres kept for W
@@ -190,8 +194,9 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     if (recompute == Recompute::kAttention)
       b.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
     b.attention(true, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
-    if (split) b.move(static_cast<double>(BT * 3 * ca), 2);  // dqkv kept for W
-    matmul_backward(BT, C, 3 * ca, true, false);  // ln1
+    if (rotated > 0) b.move(rotated, 2);
+    if (split) b.move(static_cast<double>(BT * cqkv), 2);  // dqkv kept for W
+    matmul_backward(BT, C, cqkv, true, false);  // ln1
     sum(w.tp_backward);
     b.stream(Kernel::kLayernorm, true, rc);
     ln_grads(2, split);

@@ -98,15 +98,15 @@ AttentionPoint measure_attention(const OpBench<Ops>& d, int64_t hs, int64_t T, d
   AttentionPoint p{hs, T, 0, 0};
   p.forward = d.seconds(budget, [&] {
     Set& x = sets[next++ % K];
-    Ops::attention_forward(d.ctx, x.out.get(), x.att.get(), x.qkv.get(), 1, T, C, pairs);
+    Ops::attention_forward(d.ctx, x.out.get(), x.att.get(), x.qkv.get(), 1, T, C, pairs, pairs);
   }) / pairs;
   // The backward on what a forward left (lse must be the forward's: a
   // made-up one overflows exp).
-  for (Set& x : sets) Ops::attention_forward(d.ctx, x.out.get(), x.att.get(), x.qkv.get(), 1, T, C, pairs);
+  for (Set& x : sets) Ops::attention_forward(d.ctx, x.out.get(), x.att.get(), x.qkv.get(), 1, T, C, pairs, pairs);
   p.backward = d.seconds(budget, [&] {
     Set& x = sets[next++ % K];
     Ops::attention_backward(d.ctx, x.dqkv.get(), x.datt.get(), x.dout.get(), x.qkv.get(),
-                            x.out.get(), x.att.get(), 1, T, C, pairs);
+                            x.out.get(), x.att.get(), 1, T, C, pairs, pairs);
   }) / pairs;
   return p;
 }

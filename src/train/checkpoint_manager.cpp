@@ -377,10 +377,11 @@ void CheckpointManager::check_tensor_replicas() {
 
 void CheckpointManager::check_tied_embedding() {
   MpiCommunicator* tied = grid_.tied_embedding();
-  if (tied == nullptr) return;
+  const ParameterSpec* tied_wte = stage_.table().tied_embedding();
+  if (tied == nullptr || tied_wte == nullptr) return;  // untied: the grid's pair is unused
   // The last stage sends its copy; the first compares bit for bit. Under
   // ZeRO each pair compares the part it owns (cut alike on both stages).
-  const auto& wte = stage_.table().at(kOuterSchema[outer::wte].name);
+  const ParameterSpec& wte = *tied_wte;
   const StageState state = stage_.host_state();
   float* mine = state.params + wte.offset;
   int64_t n = wte.storage;

@@ -30,6 +30,21 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
       {"n_layer", {m.n_layer, cfg.n_layer}}, {"n_head", {m.n_head, cfg.n_head}},
       {"n_embd", {m.n_embd, cfg.n_embd}},    {"seq_len", {m.seq_len, cfg.seq_len}},
       {"vocab_size", {m.vocab_size, cfg.vocab_size}}};
+  const GptConfig saved = model_config(m);
+  if (saved.family != cfg.family || saved.kv_heads() != cfg.kv_heads() || saved.ffn() != cfg.ffn() ||
+      saved.tie_embeddings != cfg.tie_embeddings || saved.rope_theta != cfg.rope_theta ||
+      saved.norm_eps != cfg.norm_eps) {
+    throw InputError(reader.path(),
+                     "[model] family, n_kv_head, ffn_hidden, tie_embeddings, rope_theta, norm_eps",
+                     strprintf("the checkpoint holds a %s model (n_kv_head %lld, ffn_hidden %lld, "
+                               "tie_embeddings %s, rope_theta %g, norm_eps %g) that the deck's "
+                               "differs from (the model cannot change on resume)",
+                               saved.llama() ? "llama" : "gpt2",
+                               static_cast<long long>(saved.kv_heads()),
+                               static_cast<long long>(saved.ffn()),
+                               saved.tie_embeddings ? "true" : "false", saved.rope_theta,
+                               saved.norm_eps));
+  }
   for (const auto& [key, v] : keys) {
     if (v.first != v.second) {
       throw InputError(reader.path(), std::string("[model] ") + key,

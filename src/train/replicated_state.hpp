@@ -31,7 +31,7 @@ class ReplicatedState final : public StageOptimizer<Ops> {
         ctx_(stage.context()),
         bucket_bytes_(bucket_bytes),
         dp_rank_(dp_rank),
-        wte_(stage.table().find(kOuterSchema[outer::wte].name)),
+        wte_(stage.table().tied_embedding()),
         moments_(stage.context(), stage.param_storage(), adamw_chunks(stage.table()), offload) {}
 
   void connect(Communicator& dp) override {
@@ -78,13 +78,13 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     begun_ = false;
     // The two copies of the tied embedding receive the sum of both
     // stages' gradients, so identical updates keep them identical.
-    if (tied != nullptr) tied->allreduce_sum(stage_.grads() + wte_->offset, wte_->storage);
+    if (tied != nullptr && wte_ != nullptr) tied->allreduce_sum(stage_.grads() + wte_->offset, wte_->storage);
     return waited;
   }
   double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
     if (dp_rank_ != 0) return 0;  // every replica holds the same sums
     double s = sum_of_squares(0, stage_.param_storage());
-    if (without_tied_wte) s -= sum_of_squares(wte_->offset, wte_->storage);
+    if (without_tied_wte && wte_ != nullptr) s -= sum_of_squares(wte_->offset, wte_->storage);
     if (without_replicated)
       for (const auto& spec : stage_.table().specs())
         if (spec.whole()) s -= sum_of_squares(spec.offset, spec.numel());

@@ -74,7 +74,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
     if (zero_ >= 2)
       for (auto& r : recv_) r = acc(plan_.max_block_part());
-    const ParameterSpec* wte = stage.table().find(kOuterSchema[outer::wte].name);
+    const ParameterSpec* wte = stage.table().tied_embedding();
     if (wte != nullptr) wte_unit_ = &plan_.unit_at(wte->offset);
     next_unit_ = plan_.units().size();
     BlockHooks hooks;

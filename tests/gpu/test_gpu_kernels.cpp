@@ -281,16 +281,18 @@ TYPED_TEST(GpuKernels, Matmul) {
 // order); bf16, 1e-2 forward and 3e-2 backward (the probabilities and the
 // scores' gradient are rounded to bf16 before their products, 2^-8).
 template <class A>
-void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn) {
+void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn, int64_t NKVn = 0) {
+  if (NKVn == 0) NKVn = NHn;
   SCOPED_TRACE("B " + std::to_string(Bn) + ", T " + std::to_string(Tn) + ", C " +
-               std::to_string(Cn) + ", NH " + std::to_string(NHn));
+               std::to_string(Cn) + ", NH " + std::to_string(NHn) + ", NKV " + std::to_string(NKVn));
   const int64_t n = Bn * Tn * Cn, hs = Cn / NHn, rows = Bn * NHn * Tn;
-  Dev<A> qkv(random_vector(3 * n, 20));
+  const int64_t K = NKVn * hs, W = Cn + 2 * K, g = NHn / NKVn;
+  Dev<A> qkv(random_vector(Bn * Tn * W, 20));
   Dev<A> out = Dev<A>::poisoned(n);
   Dev<float> lse = Dev<float>::poisoned(rows);
-  cuda::attention_forward(out.get(), lse.get(), qkv.get(), Bn, Tn, Cn, NHn, nullptr);
+  cuda::attention_forward(out.get(), lse.get(), qkv.get(), Bn, Tn, Cn, NHn, NKVn, nullptr);
   std::vector<double> want(n), probs(Bn * NHn * Tn * Tn);
-  host::attention_forward(want.data(), probs.data(), qkv.exact.data(), Bn, Tn, Cn, NHn);
+  host::attention_forward(want.data(), probs.data(), qkv.exact.data(), Bn, Tn, Cn, NHn, NKVn);
   EXPECT_TRUE(close(out.read(), want, tol<A>(1e-5, 1e-2)));
   std::vector<double> want_lse(rows);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -301,21 +303,21 @@ void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn) {
         for (int64_t j = 0; j <= t; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < hs; ++d)
-            dot += qkv.exact[(b * Tn + t) * 3 * Cn + h * hs + d] *
-                   qkv.exact[(b * Tn + j) * 3 * Cn + Cn + h * hs + d];
+            dot += qkv.exact[(b * Tn + t) * W + h * hs + d] *
+                   qkv.exact[(b * Tn + j) * W + Cn + h / g * hs + d];
           sum += std::exp(scale * dot);
         }
         want_lse[(b * NHn + h) * Tn + t] = std::log(sum);
       }
   EXPECT_TRUE(close(lse.read(), want_lse, 1e-5));
 
-  Dev<A> dout(random_vector(n, 21)), dqkv = Dev<A>::poisoned(3 * n);
+  Dev<A> dout(random_vector(n, 21)), dqkv = Dev<A>::poisoned(Bn * Tn * W);
   Dev<float> delta = Dev<float>::poisoned(rows);
   cuda::attention_backward(dqkv.get(), delta.get(), dout.get(), qkv.get(), out.get(), lse.get(), Bn,
-                           Tn, Cn, NHn, nullptr);
-  std::vector<double> want_dqkv(3 * n), scratch(Bn * NHn * Tn * Tn);
+                           Tn, Cn, NHn, NKVn, nullptr);
+  std::vector<double> want_dqkv(Bn * Tn * W), scratch(Bn * NHn * Tn * Tn);
   host::attention_backward(want_dqkv.data(), scratch.data(), dout.exact.data(), qkv.exact.data(),
-                           probs.data(), Bn, Tn, Cn, NHn);
+                           probs.data(), Bn, Tn, Cn, NHn, NKVn);
   EXPECT_TRUE(close(dqkv.read(), want_dqkv, tol<A>(1e-5, 3e-2)));
 }
 
@@ -323,6 +325,8 @@ TYPED_TEST(GpuKernels, Attention) {
   check_attention<TypeParam>(B, T, C, NH);     // head size 8
   check_attention<TypeParam>(2, 1, C, NH);     // one token
   check_attention<TypeParam>(1, 70, 128, 2);   // head size 64, 70 tokens
+  check_attention<TypeParam>(2, 37, 64, 8, 2);  // grouped-query, 4 query heads per kv head
+  check_attention<TypeParam>(1, 40, 128, 2, 1);  // multi-query, head size 64
   check_attention<TypeParam>(2, 40, 192, 2);   // head size 96
 }
 

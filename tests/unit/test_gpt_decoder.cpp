@@ -18,13 +18,7 @@
 namespace mpiformer::test {
 namespace {
 
-TEST(GptDecoder, MatchesTheFullForwardAtEveryPosition) {
-  GptConfig cfg;
-  cfg.n_layer = 3;
-  cfg.n_head = 4;
-  cfg.n_embd = 32;
-  cfg.seq_len = 24;
-  cfg.vocab_size = 77;
+void check_decoder(const GptConfig& cfg) {
   host::Context ctx;
   HostGptStage<float> stage(ctx, cfg, partition_stage(cfg, 0, 1), 1, 1);
   stage.init_parameters(7);
@@ -52,6 +46,29 @@ TEST(GptDecoder, MatchesTheFullForwardAtEveryPosition) {
   decoder.clear();
   const float* again = decoder.push(tokens[0]);
   EXPECT_LT(std::abs(again[5] - stage.logits(0)[5]), 1e-4 * std::max(1.0f, std::abs(again[5])));
+}
+
+GptConfig gpt2_config() {
+  GptConfig cfg;
+  cfg.n_layer = 3;
+  cfg.n_head = 4;
+  cfg.n_embd = 32;
+  cfg.seq_len = 24;
+  cfg.vocab_size = 77;
+  return cfg;
+}
+
+TEST(GptDecoder, MatchesTheFullForwardAtEveryPosition) { check_decoder(gpt2_config()); }
+
+// Llama: rotary positions at the cached position, a cache of the 2 kv
+// heads of 4, RMSNorm, SwiGLU, the untied head.
+TEST(GptDecoder, LlamaMatchesTheFullForwardAtEveryPosition) {
+  GptConfig cfg = gpt2_config();
+  cfg.family = ModelFamily::kLlama;
+  cfg.n_kv_head = 2;
+  cfg.ffn_hidden = 48;
+  cfg.tie_embeddings = false;
+  check_decoder(cfg);
 }
 
 }  // namespace

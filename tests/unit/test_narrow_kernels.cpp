@@ -238,8 +238,8 @@ TYPED_TEST(NarrowKernels, AttentionForwardAndBackward) {
   std::vector<A> o(B * T * C), d(B * T * 3 * C);
   // NaN where nothing may be read: entries above the diagonal are skipped.
   std::vector<float> att(B * NH * T * T, std::nanf("")), datt(att.size(), std::nanf(""));
-  host::attention_forward(o.data(), att.data(), qa.data(), B, T, C, NH);
-  host::attention_backward(d.data(), datt.data(), da.data(), qa.data(), att.data(), B, T, C, NH);
+  host::attention_forward(o.data(), att.data(), qa.data(), B, T, C, NH, NH);
+  host::attention_backward(d.data(), datt.data(), da.data(), qa.data(), att.data(), B, T, C, NH, NH);
   // The probabilities (forward) and the score gradients (backward) are
   // rounded to the format for the products that read them, as tensor cores
   // take them: each term of a product is off by up to u of itself, so the

@@ -53,16 +53,70 @@ TEST(Schema, TableHoldsGpt2TensorsWithShapesAndFlags) {
     // The structure is recorded, not parsed: the layer and schema row agree
     // with the name.
     if (s.layer >= 0) {
-      EXPECT_EQ(s.name, "h." + std::to_string(s.layer) + "." + kBlockSchema[s.tensor].name);
+      EXPECT_EQ(s.name, "h." + std::to_string(s.layer) + "." + block_schema(cfg.family)[s.tensor].name);
     } else {
-      EXPECT_EQ(s.name, kOuterSchema[s.tensor].name);
+      EXPECT_EQ(s.name, outer_schema(cfg.family)[s.tensor].name);
     }
   }
   EXPECT_EQ(t.at("wte").storage, 128 * C);  // the padded vocabulary
+  EXPECT_EQ(t.tied_embedding(), &t.at("wte"));
+}
+
+// Llama's tensors, written out by hand: grouped-query qkv (C + 2 kv rows),
+// SwiGLU's fused gate and up (2 F rows), RMSNorm weights, no biases, no
+// position table, an untied head on the last stage only.
+GptConfig llama_config() {
+  GptConfig c = config();
+  c.n_head = 4;
+  c.family = ModelFamily::kLlama;
+  c.n_kv_head = 2;
+  c.ffn_hidden = 12;
+  c.tie_embeddings = false;
+  return c;
+}
+
+TEST(Schema, TableHoldsLlamaTensorsWithShapesAndFlags) {
+  const GptConfig cfg = llama_config();
+  const ParameterTable t(cfg, StageRange{0, 3, true, true});
+  const int64_t C = 8, K = 4, F = 12;
+  std::map<std::string, std::pair<std::vector<int64_t>, bool>> want = {
+      {"embed_tokens.weight", {{11, C}, true}},
+      {"norm.weight", {{C}, false}},
+      {"lm_head.weight", {{11, C}, true}}};
+  for (int l = 0; l < 3; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    want[h + "input_layernorm.weight"] = {{C}, false};
+    want[h + "self_attn.qkv_proj.weight"] = {{C + 2 * K, C}, true};
+    want[h + "self_attn.o_proj.weight"] = {{C, C}, true};
+    want[h + "post_attention_layernorm.weight"] = {{C}, false};
+    want[h + "mlp.gate_up_proj.weight"] = {{2 * F, C}, true};
+    want[h + "mlp.down_proj.weight"] = {{C, F}, true};
+  }
+  ASSERT_EQ(t.specs().size(), want.size());
+  for (const auto& s : t.specs()) {
+    ASSERT_TRUE(want.count(s.name)) << s.name;
+    EXPECT_EQ(s.shape, want[s.name].first) << s.name;
+    EXPECT_EQ(s.decay, want[s.name].second) << s.name;
+  }
+  EXPECT_EQ(t.tied_embedding(), nullptr);
+  const StageLayout at(t, StageRange{0, 3, true, true});
+  EXPECT_EQ(at.head(), t.at("lm_head.weight").offset);
+  EXPECT_LT(at.at(outer::wpe), 0);
+  EXPECT_EQ(at.block(static_cast<float*>(nullptr), 1)[block::qkv_b], nullptr);
+  // Pipelined: the embedding on the first stage only, the head on the last.
+  const ParameterTable last(cfg, partition_stage(cfg, 2, 3));
+  EXPECT_EQ(last.find("embed_tokens.weight"), nullptr);
+  EXPECT_NE(last.find("lm_head.weight"), nullptr);
+  // Tied, the last stage holds the embedding again and no lm_head.
+  GptConfig tied = cfg;
+  tied.tie_embeddings = true;
+  const ParameterTable tied_last(tied, partition_stage(tied, 2, 3));
+  EXPECT_NE(tied_last.tied_embedding(), nullptr);
+  EXPECT_EQ(tied_last.find("lm_head.weight"), nullptr);
 }
 
 TEST(Schema, LayoutAndChunksAgreeWithTheTableOnEveryStage) {
-  const GptConfig cfg = config();
+  for (const GptConfig& cfg : {config(), llama_config()})
   for (int64_t st = 0; st < 3; ++st) {
     const StageRange r = partition_stage(cfg, st, 3);
     const ParameterTable t(cfg, r);
@@ -70,15 +124,19 @@ TEST(Schema, LayoutAndChunksAgreeWithTheTableOnEveryStage) {
     for (int64_t i = 0; i < r.num_layers(); ++i) {
       const auto v = at.block(static_cast<float*>(nullptr), i);
       for (int k = 0; k < block::kCount; ++k) {
-        const std::string name =
-            "h." + std::to_string(r.first_layer + i) + "." + kBlockSchema[k].name;
+        const char* tail = block_schema(cfg.family)[k].name;
+        if (tail == nullptr) {
+          EXPECT_EQ(v[static_cast<block::Tensor>(k)], nullptr);
+          continue;
+        }
+        const std::string name = "h." + std::to_string(r.first_layer + i) + "." + tail;
         EXPECT_EQ(v[static_cast<block::Tensor>(k)] - static_cast<float*>(nullptr),
                   t.at(name).offset)
             << name;
       }
     }
-    EXPECT_EQ(at.at(outer::wte) >= 0, r.has_embedding || r.has_head);
-    EXPECT_EQ(at.at(outer::lnf_b) >= 0, r.has_head);
+    EXPECT_EQ(at.at(outer::wte) >= 0, r.has_embedding || (r.has_head && cfg.tie_embeddings));
+    EXPECT_EQ(at.at(outer::lnf_w) >= 0, r.has_head);
     // The chunk list covers each tensor's logical elements exactly once,
     // with the table's decay flag, and never wte's padding.
     std::vector<int> covered(static_cast<size_t>(t.total_storage()), 0), decay(covered.size(), -1);
@@ -104,12 +162,21 @@ TEST(Schema, LayoutAndChunksAgreeWithTheTableOnEveryStage) {
 // cover each slice's rows once, and every slice of a rank but wte's is as
 // large as the others'.
 TEST(Schema, TensorParallelSlicesTileEveryTensor) {
-  GptConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_head = 4;
-  cfg.n_embd = 8;
-  cfg.seq_len = 5;
-  cfg.vocab_size = 300;  // 2 x 256 or 4 x 128 padded rows: uneven real shares
+  GptConfig gpt2;
+  gpt2.n_layer = 2;
+  gpt2.n_head = 4;
+  gpt2.n_embd = 8;
+  gpt2.seq_len = 5;
+  gpt2.vocab_size = 300;  // 2 x 256 or 4 x 128 padded rows: uneven real shares
+  // Llama: q, k, v parts of unequal size (4 kv heads of 8), gate and up.
+  GptConfig llama = gpt2;
+  llama.n_head = 8;
+  llama.n_embd = 16;
+  llama.family = ModelFamily::kLlama;
+  llama.n_kv_head = 4;
+  llama.ffn_hidden = 12;
+  llama.tie_embeddings = false;
+  for (const GptConfig& cfg : {gpt2, llama}) {
   const ParameterTable whole(cfg, StageRange{0, 2, true, true});
   for (int64_t tp : {2, 4}) {
     for (const auto& w : whole.specs()) {
@@ -133,6 +200,7 @@ TEST(Schema, TensorParallelSlicesTileEveryTensor) {
       }
       for (size_t e = 0; e < seen.size(); ++e) ASSERT_EQ(seen[e], 1) << w.name << "[" << e << "], tp " << tp;
     }
+  }
   }
 }
 
