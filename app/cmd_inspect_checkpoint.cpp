@@ -30,6 +30,14 @@ int inspect_checkpoint(const std::string& path) {
               static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
               static_cast<long long>(m.n_embd), static_cast<long long>(m.seq_len),
               static_cast<long long>(m.vocab_size), m.tokenizer.c_str());
+  if (m.family == 1) {
+    std::printf("family:      llama: %lld kv heads, ffn_hidden %lld, rope_theta %g, norm_eps %g, "
+                "%s head\n",
+                static_cast<long long>(m.n_kv_head), static_cast<long long>(m.ffn_hidden),
+                m.rope_theta, m.norm_eps, m.tie_embeddings ? "tied" : "untied");
+  } else {
+    std::printf("family:      gpt2\n");
+  }
   // What the file holds is checked against what a checkpoint of its model
   // must hold (the schema), so a missing tensor is found, not overlooked.
   struct Group {

@@ -87,8 +87,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       // embedding's blocking all-reduce (pp > 1, its stages), and a save's
       // gather of a tensor-parallel slice for its checksum (the whole
       // tensor, then put in order; whole tensors need none at zero 0).
-      if (deck.parallel.pp > 1 && (range.has_embedding || range.has_head))
-        m.comm = std::max(m.comm, static_cast<double>(table.at("wte").storage) * acc);
+      if (const ParameterSpec* tied = table.tied_embedding(); deck.parallel.pp > 1 && tied != nullptr)
+        m.comm = std::max(m.comm, static_cast<double>(tied->storage) * acc);
       for (const auto& spec : table.specs())
         if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec, deck.parallel.dp));
     }
@@ -176,7 +176,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   if (choice.device == Device::kCpu && choice.precision == Precision::kFp16) {
     const double BT = static_cast<double>(deck.train.micro_batch * cfg.seq_len);
     const double C = static_cast<double>(cfg.n_embd), tp = static_cast<double>(deck.parallel.tp);
-    const double Cm = 4 * C / tp, Cq = 3 * C / tp;
+    const double Cm = static_cast<double>(cfg.ffn_in()) / tp, Cq = static_cast<double>(cfg.qkv_dim()) / tp;
     const double V = range.has_head ? static_cast<double>(cfg.padded_vocab(deck.parallel.tp)) / tp : 0;
     const double widest = std::max({V, Cm, Cq, C});  // an activation's row
     const double first = BT * widest;                 // activations (or their gradients)

@@ -382,8 +382,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       }
     }
     // The tied embedding's gradient, summed across the first and last stage.
-    if (pp > 1 && (range.has_embedding || range.has_head)) {
-      const double wte = static_cast<double>(table.at("wte").storage);
+    if (const ParameterSpec* tied = table.tied_embedding(); pp > 1 && tied != nullptr) {
+      const double wte = static_cast<double>(tied->storage);
       reduce += collective(pp_link.allreduce, 2, (zero == 0 ? wte : wte / dp) * acc, 2);
     }
     // The per-micro-batch transfers where they fall: half of zero 3's
