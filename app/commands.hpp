@@ -63,6 +63,7 @@ struct ExportArgs {
   std::string format = "hf";  // hf | llmc
   std::string dtype = "fp32";  // fp32 | bf16
   std::string output;
+  double max_shard_mb = 5000;  // hf: larger models go in shards with an index
 };
 int run_export(const ExportArgs& args, int rank);
 

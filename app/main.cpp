@@ -113,14 +113,19 @@ int main(int argc, char** argv) {
   auto* x = app.add_subcommand("export", "write a checkpoint's weights for Hugging Face or llm.c");
   x->add_option("checkpoint", exp.checkpoint, "checkpoint file (step_*.h5)")->required();
   x->add_option("--format", exp.format,
-                "hf: a directory GPT2LMHeadModel.from_pretrained loads (model.safetensors, "
-                "config.json); llmc: llm.c's gpt2_*.bin parameter file")
+                "hf: a directory from_pretrained loads (GPT2LMHeadModel or LlamaForCausalLM: "
+                "safetensors, config.json); llmc: llm.c's gpt2_*.bin parameter file (GPT-2)")
       ->check(CLI::IsMember({"hf", "llmc"}))
       ->capture_default_str();
   x->add_option("--dtype", exp.dtype, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   x->add_option("--output,-o", exp.output, "the directory (hf) or file (llmc) to create")->required();
+  x->add_option("--max-shard-mb", exp.max_shard_mb,
+                "hf: largest safetensors file; a larger model is written in shards with "
+                "model.safetensors.index.json, as save_pretrained does")
+      ->check(CLI::Range(0.001, 1e9))
+      ->capture_default_str();
 
   PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "predict memory, step time and bubble of every layout "

@@ -106,4 +106,38 @@ std::string hf_gpt2_config(const GptConfig& cfg, WeightDtype dtype, const std::s
   return c.dump(2) + "\n";
 }
 
+std::string hf_llama_config(const GptConfig& cfg, WeightDtype dtype) {
+  // LlamaConfig's fields; no dropout, no bias, rotary without scaling.
+  nlohmann::ordered_json c;
+  c["architectures"] = {"LlamaForCausalLM"};
+  c["model_type"] = "llama";
+  c["vocab_size"] = cfg.vocab_size;
+  c["hidden_size"] = cfg.n_embd;
+  c["intermediate_size"] = cfg.ffn();
+  c["num_hidden_layers"] = cfg.n_layer;
+  c["num_attention_heads"] = cfg.n_head;
+  c["num_key_value_heads"] = cfg.kv_heads();
+  c["head_dim"] = cfg.head_dim();
+  c["max_position_embeddings"] = cfg.seq_len;
+  c["hidden_act"] = "silu";
+  c["rms_norm_eps"] = cfg.norm_eps;
+  c["rope_theta"] = cfg.rope_theta;
+  c["rope_scaling"] = nullptr;
+  c["attention_bias"] = false;
+  c["mlp_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["initializer_range"] = 0.02;
+  c["tie_word_embeddings"] = cfg.tie_embeddings;
+  c["torch_dtype"] = dtype == WeightDtype::kF32 ? "float32" : "bfloat16";
+  return c.dump(2) + "\n";
+}
+
+std::string safetensors_index(const std::map<std::string, std::string>& weight_map,
+                              int64_t total_bytes) {
+  nlohmann::ordered_json j;
+  j["metadata"] = {{"total_size", total_bytes}};
+  j["weight_map"] = weight_map;
+  return j.dump(2) + "\n";
+}
+
 }  // namespace mpiformer

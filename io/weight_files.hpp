@@ -61,5 +61,11 @@ std::vector<int32_t> llmc_header(const LlmcShape& s, WeightDtype dtype);
 // Hugging Face's config.json for a GPT2LMHeadModel of this shape (the
 // GPT-2 token ids when the data's tokenizer is GPT-2's).
 std::string hf_gpt2_config(const GptConfig& cfg, WeightDtype dtype, const std::string& tokenizer);
+// LlamaForCausalLM's config.json for a Llama-family model.
+std::string hf_llama_config(const GptConfig& cfg, WeightDtype dtype);
+// model.safetensors.index.json: each tensor's shard file, and the total
+// bytes of tensor data.
+std::string safetensors_index(const std::map<std::string, std::string>& weight_map,
+                              int64_t total_bytes);
 
 }  // namespace mpiformer

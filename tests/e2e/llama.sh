@@ -73,6 +73,27 @@ grep -q "checksums:   all" inspect.txt || fail "inspect: checksums"
   --temperature 0 >gen.txt 2>&1 || { cat gen.txt; fail "generate failed"; }
 grep -q "^ROMEO:" gen.txt || { cat gen.txt; fail "generate: no continuation"; }
 
+# Export: one file and shards; the numpy forward over the shards.
+PY=${PYTHON_NUMPY:-/usr/bin/python3}
+"$PY" -c "import numpy" 2>/dev/null || fail "$PY has no numpy (.ci/deps.sh installs python3-numpy)"
+ck=ref/checkpoints/step_00000006.h5
+"$MPIFORMER" export "$ck" --format hf --output hf_one >export.log || { cat export.log; fail "export"; }
+"$MPIFORMER" export "$ck" --format hf --max-shard-mb 0.5 --output hf_shards >>export.log ||
+  { cat export.log; fail "export in shards"; }
+grep -q "as a Hugging Face LlamaForCausalLM directory" export.log || fail "export: not named Llama"
+[ -e hf_shards/model.safetensors.index.json ] && [ -e hf_shards/model-00002-of-00004.safetensors ] ||
+  { ls hf_shards; fail "export: no shards"; }
+"$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" hf hf_one
+"$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" hf hf_shards
+"$MPIFORMER" generate "$ck" --prompt "ROMEO:" --tokens 12 --temperature 0 --logits logits.bin \
+  >gen12.txt 2>gen12.err || { cat gen12.err; fail "generate --logits"; }
+head -c -1 gen12.txt | od -An -tu1 -v >ids.txt  # byte tokens: the text's bytes are the ids
+"$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" logits hf_shards ids.txt logits.bin
+rc=0
+"$MPIFORMER" export "$ck" --format llmc --output m.bin >/dev/null 2>err.txt || rc=$?
+[ "$rc" -eq 2 ] && grep -q "llm.c's parameter file holds GPT-2 only" err.txt && [ ! -e m.bin ] ||
+  { cat err.txt; fail "llmc export of a Llama model not refused (exit $rc)"; }
+
 # The family's deck errors.
 expect_error() {  # label expected-text --set ...
   local label=$1 want=$2 rc=0
