@@ -460,6 +460,14 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   return parse_deck(read_deck_text(path), path, overrides);
 }
 
+// Llama's sizes the deck left out: every kv head its own (multi-head), the
+// MLP 8/3 n_embd rounded up.
+static void resolve_llama_defaults(Deck& d) {
+  GptConfig& m = d.model;
+  if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
+  if (m.ffn_hidden == 0 && m.n_embd > 0) m.ffn_hidden = llama_ffn_hidden(m.n_embd, d.ffn_multiple_of);
+}
+
 // The family's keys: Llama's away from their defaults in a GPT-2 deck are
 // refused (GPT-2 has none of them); a Llama deck's defaults are resolved
 // into the values themselves (the resolved deck, and checkpoints, carry
@@ -484,15 +492,9 @@ static void resolve_family(Deck& d, const std::string& path, std::map<std::strin
     }
     return;
   }
-  if (!d.model_init.empty()) {
-    throw InputError(path, "[model] init",
-                     "initialising a [model] family = \"llama\" model from pretrained weights is "
-                     "not supported yet (Hugging Face Llama import is not built); train from "
-                     "random initialisation or resume an mpiformer checkpoint");
-  }
-  if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
-  if (m.ffn_hidden == 0) m.ffn_hidden = llama_ffn_hidden(m.n_embd, d.ffn_multiple_of);
   if (!seen["model.tie_embeddings"]) m.tie_embeddings = false;  // Llama's default: its own head
+  // With init the file gives what the deck leaves out (resolve_model_init).
+  if (d.model_init.empty()) resolve_llama_defaults(d);
 }
 
 Deck parse_deck(const std::string& text, const std::string& path,
@@ -514,6 +516,7 @@ Deck parse_deck(const std::string& text, const std::string& path,
       }
       apply(d, *k, value, path);
       seen[section + "." + name] = true;
+      if (section == "model") d.model_keys.insert(name);
     }
   }
   for (const auto& o : overrides) {
@@ -537,6 +540,7 @@ Deck parse_deck(const std::string& text, const std::string& path,
     if (k->kind == Kind::String && !v.is_string()) v = toml::value(text);
     apply(d, *k, v, where);
     seen[section + "." + name] = true;
+    if (section == "model") d.model_keys.insert(name);
   }
   for (const auto& k : schema()) {
     // With init the model's shape may come from the weights file.
@@ -591,10 +595,49 @@ void resolve_model_init(Deck& d) {
   std::error_code ec;
   if (m.n_layer > 0 && m.n_head > 0 && m.n_embd > 0 && m.seq_len > 0 && m.vocab_size > 0 &&
       !std::filesystem::exists(d.model_init, ec)) {
+    if (m.llama()) resolve_llama_defaults(d);
     check_relations(d, d.path);
     return;
   }
   const WeightsShape w = read_weights_shape(d.model_init);
+  if (w.cfg.llama() != d.model.llama()) {
+    throw InputError(d.path, "[model] family",
+                     strprintf("\"%s\", but [model] init's %s holds a %s model (set [model] family "
+                               "= \"%s\")",
+                               name_of(d.model.family), w.file.c_str(), name_of(w.cfg.family),
+                               name_of(w.cfg.family)));
+  }
+  if (w.cfg.llama()) {
+    // Sizes: 0 in the deck takes the file's. Values with a default: a key
+    // the deck gave must be the file's; one it left out is the file's.
+    const std::pair<const char*, std::pair<int64_t*, int64_t>> sizes[] = {
+        {"n_kv_head", {&d.model.n_kv_head, w.cfg.n_kv_head}},
+        {"ffn_hidden", {&d.model.ffn_hidden, w.cfg.ffn_hidden}}};
+    for (const auto& [key, v] : sizes) {
+      if (*v.first != 0 && *v.first != v.second)
+        throw InputError(d.path, std::string("[model] ") + key,
+                         strprintf("%lld, but [model] init's %s holds %lld",
+                                   static_cast<long long>(*v.first), w.file.c_str(),
+                                   static_cast<long long>(v.second)));
+      *v.first = v.second;
+    }
+    const std::pair<const char*, std::pair<double*, double>> values[] = {
+        {"rope_theta", {&d.model.rope_theta, w.cfg.rope_theta}},
+        {"norm_eps", {&d.model.norm_eps, w.cfg.norm_eps}}};
+    for (const auto& [key, v] : values) {
+      if (d.model_keys.count(key) != 0 && *v.first != v.second)
+        throw InputError(d.path, std::string("[model] ") + key,
+                         strprintf("%g, but [model] init's %s holds %g", *v.first, w.file.c_str(),
+                                   v.second));
+      *v.first = v.second;
+    }
+    if (d.model_keys.count("tie_embeddings") != 0 && d.model.tie_embeddings != w.cfg.tie_embeddings)
+      throw InputError(d.path, "[model] tie_embeddings",
+                       strprintf("%s, but [model] init's %s has tie_word_embeddings %s",
+                                 d.model.tie_embeddings ? "true" : "false", w.file.c_str(),
+                                 w.cfg.tie_embeddings ? "true" : "false"));
+    d.model.tie_embeddings = w.cfg.tie_embeddings;
+  }
   const std::pair<const char*, std::pair<int64_t*, int64_t>> keys[] = {
       {"n_layer", {&d.model.n_layer, w.cfg.n_layer}}, {"n_head", {&d.model.n_head, w.cfg.n_head}},
       {"n_embd", {&d.model.n_embd, w.cfg.n_embd}},    {"seq_len", {&d.model.seq_len, w.cfg.seq_len}},

@@ -7,6 +7,7 @@
 // without a fixed default say how it is derived.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,9 @@ struct Deck {
   // [model] ffn_multiple_of: Llama's default ffn_hidden is rounded up to it
   // (read only to resolve ffn_hidden, which the resolved deck then gives).
   int64_t ffn_multiple_of = 256;
+  // The [model] keys the deck (or --set) gave: where init's file supplies
+  // the rest, a key given must agree with it.
+  std::set<std::string> model_keys;
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;

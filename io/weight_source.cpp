@@ -7,10 +7,12 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 
 #include <xxhash.h>
 
 #include "core/bf16.hpp"
+#include "core/fp16.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "deck.hpp"
@@ -24,9 +26,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // Elements at `base` (a file region of `shape`, elements of `elem` bytes:
-// 4 float32 or 2 bfloat16) copied into `out` as mpiformer's block `box`.
-void copy_box(const char* base, size_t elem, const ForeignTensor& t, const DatasetBox& box,
-              float* out) {
+// 4 float32, or 2 bfloat16, or 2 float16 when `half`) copied into `out`
+// as mpiformer's block `box`.
+void copy_box(const char* base, size_t elem, bool half, const ForeignTensor& t,
+              const DatasetBox& box, float* out) {
   const auto value = [&](int64_t i) {
     const char* p = base + static_cast<size_t>(i) * elem;
     if (elem == 4) {
@@ -36,7 +39,7 @@ void copy_box(const char* base, size_t elem, const ForeignTensor& t, const Datas
     }
     uint16_t b;
     std::memcpy(&b, p, 2);
-    return bf16_to_float(b);
+    return half ? fp16_to_float(b) : bf16_to_float(b);
   };
   const int64_t width = t.shape.size() > 1 ? t.shape[1] : 1;
   const int64_t cols = t.shape.size() > 1 ? box.cols : 1;
@@ -62,6 +65,7 @@ std::string show(const std::vector<int64_t>& s) {
 
 struct SafetensorsEntry {
   size_t elem = 4;
+  bool half = false;  // F16 (elem 2), not BF16
   std::vector<int64_t> shape;
   int64_t begin = 0, end = 0;  // in the file
 };
@@ -91,10 +95,11 @@ std::map<std::string, SafetensorsEntry> safetensors_entries(const MappedFile& f)
     try {
       SafetensorsEntry s;
       const std::string dtype = e.at("dtype").get<std::string>();
-      if (dtype != "F32" && dtype != "BF16") {
-        throw InputError(path, name, "dtype " + dtype + ": mpiformer reads F32 and BF16");
+      if (dtype != "F32" && dtype != "BF16" && dtype != "F16") {
+        throw InputError(path, name, "dtype " + dtype + ": mpiformer reads F32, BF16 and F16");
       }
       s.elem = dtype == "F32" ? 4 : 2;
+      s.half = dtype == "F16";
       s.shape = e.at("shape").get<std::vector<int64_t>>();
       const auto offsets = e.at("data_offsets").get<std::vector<int64_t>>();
       if (offsets.size() != 2) throw InputError(path, name, "data_offsets must be [begin, end]");
@@ -118,27 +123,46 @@ std::map<std::string, SafetensorsEntry> safetensors_entries(const MappedFile& f)
   return out;
 }
 
+// One safetensors file or several (a sharded directory); a tensor is
+// looked up by name in all of them.
 class SafetensorsSource final : public WeightSource {
  public:
-  explicit SafetensorsSource(const std::string& path) : file_(path), entries_(safetensors_entries(file_)) {}
+  explicit SafetensorsSource(const std::vector<std::string>& paths) {
+    for (const std::string& p : paths) {
+      files_.push_back(std::make_unique<MappedFile>(p));
+      for (auto& [name, e] : safetensors_entries(*files_.back())) {
+        if (entries_.count(name) != 0) {
+          throw InputError(p, name, "also in " + files_[entries_.at(name).first]->path() +
+                                        " (a tensor in two shards)");
+        }
+        entries_[name] = {files_.size() - 1, e};
+      }
+    }
+  }
   void read(const ForeignTensor& t, const DatasetBox& box, float* out) const override {
     // GPT2LMHeadModel's names; GPT2Model's (and OpenAI's own upload) lack
     // the "transformer." prefix.
     auto it = entries_.find(t.name);
     const std::string bare = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
     if (it == entries_.end()) it = entries_.find(bare);
-    if (it == entries_.end()) throw InputError(file_.path(), t.name, "missing");
-    const SafetensorsEntry& e = it->second;
+    if (it == entries_.end()) throw InputError(files_.front()->path(), t.name, "missing");
+    const MappedFile& file = *files_[it->second.first];
+    const SafetensorsEntry& e = it->second.second;
     if (e.shape != t.shape) {
-      throw InputError(file_.path(), t.name,
+      throw InputError(file.path(), t.name,
                        "shape " + show(e.shape) + ", the model needs " + show(t.shape));
     }
-    copy_box(file_.data() + e.begin, e.elem, t, box, out);
+    copy_box(file.data() + e.begin, e.elem, e.half, t, box, out);
+  }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, e] : entries_) out.push_back(name);
+    return out;
   }
 
  private:
-  MappedFile file_;
-  std::map<std::string, SafetensorsEntry> entries_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::map<std::string, std::pair<size_t, SafetensorsEntry>> entries_;  // name -> (file, entry)
 };
 
 class LlmcSource final : public WeightSource {
@@ -155,7 +179,7 @@ class LlmcSource final : public WeightSource {
                        strprintf("ends at byte %lld, past the end of the file (%lld bytes): truncated",
                                  static_cast<long long>(bytes), static_cast<long long>(file_.size())));
     }
-    copy_box(file_.data() + 1024 + t.offset * static_cast<int64_t>(elem_), elem_, t, box, out);
+    copy_box(file_.data() + 1024 + t.offset * static_cast<int64_t>(elem_), elem_, false, t, box, out);
   }
   int64_t padded_vocab() const override { return padded_; }
 
@@ -208,6 +232,7 @@ WeightsShape safetensors_shape(const std::string& file, const std::string& confi
   WeightsShape s;
   s.format = WeightFormat::kHuggingFace;
   s.file = file;
+  s.shards = {file};
   const auto get = [&](const std::string& name) -> const SafetensorsEntry& {
     for (const std::string& n : {"transformer." + name, name}) {
       const auto it = entries.find(n);
@@ -250,11 +275,99 @@ WeightsShape safetensors_shape(const std::string& file, const std::string& confi
   return s;
 }
 
+// A config.json, read whole (small), or an InputError naming it.
+nlohmann::json read_json(const std::string& path, const char* what) {
+  require_regular_file(path, "", what);
+  std::error_code ec;
+  if (fs::file_size(path, ec) > (16 << 20)) throw InputError(path, "", std::string("over 16 MiB: not ") + what);
+  try {
+    return nlohmann::json::parse(std::ifstream(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path, "", std::string("not JSON: ") + e.what());
+  }
+}
+
+// A Hugging Face Llama directory: the shape from config.json (LlamaConfig's
+// keys), the files from model.safetensors or the shard index. What
+// mpiformer's Llama does not compute (rotary scaling, biases, another
+// activation) is refused by name rather than trained wrong.
+WeightsShape llama_directory_shape(const std::string& dir, const nlohmann::json& c) {
+  const std::string config = dir + "/config.json";
+  WeightsShape s;
+  s.format = WeightFormat::kHuggingFace;
+  GptConfig& m = s.cfg;
+  m.family = ModelFamily::kLlama;
+  try {
+    const auto need = [&](const char* key) {
+      if (!c.contains(key)) throw InputError(config, key, "missing (a LlamaConfig key)");
+      return c.at(key).get<int64_t>();
+    };
+    m.n_layer = need("num_hidden_layers");
+    m.n_head = need("num_attention_heads");
+    m.n_embd = need("hidden_size");
+    m.ffn_hidden = need("intermediate_size");
+    m.vocab_size = need("vocab_size");
+    m.seq_len = need("max_position_embeddings");
+    m.n_kv_head = c.contains("num_key_value_heads") && !c.at("num_key_value_heads").is_null()
+                      ? c.at("num_key_value_heads").get<int64_t>()
+                      : m.n_head;
+    m.rope_theta = c.value("rope_theta", 10000.0);
+    m.norm_eps = c.value("rms_norm_eps", 1e-6);
+    m.tie_embeddings = c.value("tie_word_embeddings", false);
+    if (c.contains("rope_scaling") && !c.at("rope_scaling").is_null())
+      throw InputError(config, "rope_scaling", "rotary scaling is not supported (mpiformer's RoPE is unscaled)");
+    if (c.value("attention_bias", false) || c.value("mlp_bias", false))
+      throw InputError(config, "attention_bias", "biases are not part of mpiformer's Llama");
+    if (c.value("hidden_act", std::string("silu")) != "silu")
+      throw InputError(config, "hidden_act", "\"" + c.at("hidden_act").get<std::string>() +
+                                                 "\": mpiformer's Llama MLP is SwiGLU (silu)");
+    if (c.contains("head_dim") && !c.at("head_dim").is_null() && m.n_head > 0 &&
+        c.at("head_dim").get<int64_t>() * m.n_head != m.n_embd)
+      throw InputError(config, "head_dim", "head_dim x num_attention_heads must be hidden_size");
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(config, "", std::string("not a Llama config: ") + e.what());
+  }
+  check_model_limits(m, config, "");
+  if (m.n_kv_head < 1 || m.n_kv_head > m.n_head || m.ffn_hidden < 1)
+    throw InputError(config, "num_key_value_heads", "must be between 1 and num_attention_heads");
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(index, ec))) {
+    const nlohmann::json j = read_json(index, "a safetensors index");
+    if (!j.contains("weight_map") || !j.at("weight_map").is_object())
+      throw InputError(index, "weight_map", "missing");
+    std::set<std::string> files;
+    for (const auto& [name, f] : j.at("weight_map").items()) {
+      if (!f.is_string()) throw InputError(index, "weight_map." + name, "not a file name");
+      const std::string file = f.get<std::string>();
+      if (file.empty() || file.find('/') != std::string::npos)
+        throw InputError(index, "weight_map." + name, "\"" + file + "\": not a file of the directory");
+      if (!fs::exists(dir + "/" + file, ec))
+        throw InputError(index, "weight_map." + name, "names " + file + ", which does not exist");
+      files.insert(file);
+    }
+    for (const std::string& f : files) s.shards.push_back(dir + "/" + f);
+    s.file = index;
+  } else {
+    s.file = dir + "/model.safetensors";
+    if (!fs::exists(s.file, ec))
+      throw InputError(dir, "[model] init", "a Llama directory without model.safetensors or its index");
+    s.shards = {s.file};
+  }
+  return s;
+}
+
 }  // namespace
 
 WeightsShape read_weights_shape(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
+    const std::string config = path + "/config.json";
+    if (fs::exists(fs::symlink_status(config, ec))) {
+      const nlohmann::json c = read_json(config, "a config.json");
+      if (c.is_object() && c.value("model_type", std::string()) == "llama")
+        return llama_directory_shape(path, c);
+    }
     const std::string file = path + "/model.safetensors";
     if (!fs::exists(file, ec)) throw InputError(path, "[model] init", "a directory without model.safetensors");
     return safetensors_shape(file, path + "/config.json");
@@ -280,7 +393,7 @@ WeightsShape read_weights_shape(const std::string& path) {
 
 std::unique_ptr<WeightSource> open_weight_source(const WeightsShape& shape) {
   if (shape.format == WeightFormat::kLlmc) return std::make_unique<LlmcSource>(shape.file);
-  if (shape.format == WeightFormat::kHuggingFace) return std::make_unique<SafetensorsSource>(shape.file);
+  if (shape.format == WeightFormat::kHuggingFace) return std::make_unique<SafetensorsSource>(shape.shards);
   throw std::logic_error("open_weight_source: checkpoints are read by CheckpointReader");
 }
 
@@ -300,15 +413,21 @@ std::string weights_digest(const WeightsShape& shape) {
     }
     size = "step " + std::to_string(m.step);
   } else {
-    const MappedFile f(shape.file);
-    const int64_t n = f.size(), head = std::min<int64_t>(n, 64 << 10), block = 4096;
-    XXH64_update(state, &n, sizeof n);
-    XXH64_update(state, f.data(), static_cast<size_t>(head));
-    for (int i = 0; i < 64 && n - head > block; ++i) {
-      const int64_t at = head + (n - head - block) * i / 63;
-      XXH64_update(state, f.data() + at, block);
+    int64_t total = 0;
+    const std::vector<std::string> files = shape.shards.empty() ? std::vector<std::string>{shape.file}
+                                                                : shape.shards;
+    for (const std::string& file : files) {
+      const MappedFile f(file);
+      const int64_t n = f.size(), head = std::min<int64_t>(n, 64 << 10), block = 4096;
+      XXH64_update(state, &n, sizeof n);
+      XXH64_update(state, f.data(), static_cast<size_t>(head));
+      for (int i = 0; i < 64 && n - head > block; ++i) {
+        const int64_t at = head + (n - head - block) * i / 63;
+        XXH64_update(state, f.data() + at, block);
+      }
+      total += n;
     }
-    size = std::to_string(n) + " bytes";
+    size = std::to_string(total) + " bytes";
   }
   const uint64_t digest = XXH64_digest(state);
   XXH64_freeState(state);

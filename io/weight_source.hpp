@@ -1,6 +1,8 @@
 // Where `[model] init` reads a pretrained model's weights from: a Hugging
-// Face GPT-2 directory (model.safetensors + config.json) or a .safetensors
-// file, or an llm.c parameter file (gpt2_*.bin). (An mpiformer checkpoint
+// Face directory (GPT-2: model.safetensors + config.json; Llama: config.json
+// with model_type "llama" and one model.safetensors, or shards named by
+// model.safetensors.index.json) or a GPT-2 .safetensors file, or an llm.c
+// parameter file (gpt2_*.bin). F32, BF16 and F16 tensors are read. (An mpiformer checkpoint
 // is read by the checkpoint reader.) Each rank reads only the blocks of the
 // tensors it holds; the file is mapped, not read whole. Every problem (not
 // such a file, a header that lies about sizes, a tensor missing or of the
@@ -23,7 +25,9 @@ enum class WeightFormat { kHuggingFace, kLlmc, kCheckpoint };
 struct WeightsShape {
   WeightFormat format = WeightFormat::kCheckpoint;
   GptConfig cfg;
-  std::string file;  // the file itself (a directory's model.safetensors)
+  std::string file;  // the file itself (a directory's model.safetensors, or its index)
+  // Hugging Face: every safetensors file (one, or an index's shards).
+  std::vector<std::string> shards;
 };
 WeightsShape read_weights_shape(const std::string& path);
 
@@ -45,6 +49,8 @@ class WeightSource {
   virtual void read(const ForeignTensor& t, const DatasetBox& box, float* out) const = 0;
   // llm.c: the padded vocabulary rows its wte has (0 elsewhere).
   virtual int64_t padded_vocab() const { return 0; }
+  // Safetensors: every tensor name the files hold (to find extra ones).
+  virtual std::vector<std::string> names() const { return {}; }
 };
 std::unique_ptr<WeightSource> open_weight_source(const WeightsShape& shape);
 

@@ -88,5 +88,6 @@ inline const char* name_of(ScheduleKind s) { return setting_name(kScheduleNames,
 inline const char* name_of(NonfinitePolicy p) { return setting_name(kNonfiniteNames, p); }
 inline const char* name_of(Recompute r) { return setting_name(kRecomputeNames, r); }
 inline const char* name_of(Offload o) { return setting_name(kOffloadNames, o); }
+inline const char* name_of(ModelFamily f) { return setting_name(kFamilyNames, f); }
 
 }  // namespace mpiformer

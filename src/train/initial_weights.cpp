@@ -1,13 +1,16 @@
 #include "train/initial_weights.hpp"
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <memory>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "model/gpt2_formats.hpp"
+#include "model/llama_formats.hpp"
 #include "parallel/input_agreement.hpp"
 #include "train/checkpointing.hpp"
 #include "weight_source.hpp"
@@ -15,15 +18,40 @@
 namespace mpiformer {
 namespace {
 
+// Rows [row, row + rows) of one of our tensors, as the file stores them
+// (a whole foreign tensor: Llama's q, k, v are parts of our fused qkv).
+struct ForeignPiece {
+  ForeignTensor t;
+  int64_t row = 0, rows = 0;
+};
+
 // Every tensor of the whole model as the file stores it.
-std::map<std::string, ForeignTensor> foreign_tensors(const WeightsShape& w, const WeightSource& src,
-                                                     const ParameterTable& whole) {
-  std::map<std::string, ForeignTensor> out;
+std::map<std::string, std::vector<ForeignPiece>> foreign_tensors(const WeightsShape& w,
+                                                                 const WeightSource& src,
+                                                                 const ParameterTable& whole) {
+  std::map<std::string, std::vector<ForeignPiece>> out;
+  if (w.format == WeightFormat::kHuggingFace && w.cfg.llama()) {
+    for (const auto& s : whole.specs())
+      for (const HfPart& p : hf_llama_parts(s)) {
+        std::vector<int64_t> shape = s.shape;
+        shape[0] = p.rows;
+        out[s.name].push_back({ForeignTensor{p.name, 0, shape, false}, p.row, p.rows});
+      }
+    // Every tensor of the files is one the model reads: an extra one is a
+    // model of another shape (or family), not something to skip silently.
+    std::set<std::string> known;
+    for (const auto& [name, pieces] : out)
+      for (const ForeignPiece& p : pieces) known.insert(p.t.name);
+    for (const std::string& name : src.names())
+      if (known.count(name) == 0)
+        throw InputError(w.file, name, "a tensor this Llama model does not have (extra)");
+    return out;
+  }
   if (w.format == WeightFormat::kHuggingFace) {
     for (const auto& s : whole.specs()) {
       ForeignTensor t{hf_name(s), 0, s.shape, hf_transposed(s)};
       if (t.transposed) std::swap(t.shape[0], t.shape[1]);
-      out[s.name] = t;
+      out[s.name].push_back({t, 0, s.shape[0]});
     }
     return out;
   }
@@ -32,7 +60,7 @@ std::map<std::string, ForeignTensor> foreign_tensors(const WeightsShape& w, cons
     ForeignTensor t{s->name, at, s->shape, false};
     if (s->layer < 0 && s->tensor == outer::wte) t.shape[0] = src.padded_vocab();
     at += t.shape[0] * (t.shape.size() > 1 ? t.shape[1] : 1);
-    out[s->name] = t;
+    out[s->name].push_back({t, 0, s->shape[0]});
   }
   return out;
 }
@@ -86,10 +114,14 @@ std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessG
       const auto foreign = foreign_tensors(w, *src, whole);
       for (const auto& spec : local.specs()) {
         const LocalRows r = local_rows(spec, plan, params.data());
-        for (const LogicalBox& b : spec.boxes(r.row_begin, r.row_end)) {
-          src->read(foreign.at(spec.name), DatasetBox{b.row, b.rows, b.col, b.cols},
-                    r.dst + (b.local_row - r.row_begin) * b.cols);
-        }
+        for (const LogicalBox& b : spec.boxes(r.row_begin, r.row_end))
+          for (const ForeignPiece& p : foreign.at(spec.name)) {
+            // The box's rows within this piece, read from the piece's tensor.
+            const int64_t r0 = std::max(b.row, p.row), r1 = std::min(b.row + b.rows, p.row + p.rows);
+            if (r0 >= r1) continue;
+            src->read(p.t, DatasetBox{r0 - p.row, r1 - r0, b.col, b.cols},
+                      r.dst + (b.local_row + (r0 - b.row) - r.row_begin) * b.cols);
+          }
       }
     });
   }

@@ -81,7 +81,8 @@ ck=ref/checkpoints/step_00000006.h5
 "$MPIFORMER" export "$ck" --format hf --max-shard-mb 0.5 --output hf_shards >>export.log ||
   { cat export.log; fail "export in shards"; }
 grep -q "as a Hugging Face LlamaForCausalLM directory" export.log || fail "export: not named Llama"
-[ -e hf_shards/model.safetensors.index.json ] && [ -e hf_shards/model-00002-of-00004.safetensors ] ||
+shards=(hf_shards/model-*-of-*.safetensors)
+[ -e hf_shards/model.safetensors.index.json ] && [ "${#shards[@]}" -ge 2 ] && [ ! -e hf_shards/model.safetensors ] ||
   { ls hf_shards; fail "export: no shards"; }
 "$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" hf hf_one
 "$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" hf hf_shards
@@ -94,6 +95,60 @@ rc=0
 [ "$rc" -eq 2 ] && grep -q "llm.c's parameter file holds GPT-2 only" err.txt && [ ! -e m.bin ] ||
   { cat err.txt; fail "llmc export of a Llama model not refused (exit $rc)"; }
 
+# init from the export: shards read slice by slice under (1,2,2) give the
+# first steps of init from the checkpoint itself on one rank.
+train init_ck 1 1 1 --set model.init="$ck" --set train.steps=2 --set train.eval_every=0
+train init_hf 1 2 2 --set model.init=hf_shards --set train.steps=2 --set train.eval_every=0
+grep -q "init: weights from hf_shards/model.safetensors.index.json (Hugging Face" init_hf.log ||
+  fail "init from the shards: no init line"
+compare init_ck/metrics.jsonl init_hf/metrics.jsonl 1e-5 "llama init from Hugging Face shards"
+"$MPIFORMER" export "$ck" --format hf --dtype bf16 --output hf_bf16 >>export.log
+train init_bf16 1 1 1 --set model.init=hf_bf16 --set train.steps=2 --set train.eval_every=0
+
+# Bad Llama directories: refused before anything is written.
+bad_init() {  # label expected-text dir [--set ...]
+  local label=$1 want=$2 dir=$3 rc=0
+  shift 3
+  run_mpi 2 train "$DECK" "${common[@]}" --set parallel.dp=2 --set model.init="$dir" \
+    --set run.dir="badinit_$label" "$@" >"badinit_$label.log" 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] || { cat "badinit_$label.log"; fail "init $label: exit $rc, expected 2"; }
+  grep -qF "$want" "badinit_$label.log" || { cat "badinit_$label.log"; fail "init $label: message"; }
+  ! compgen -G "badinit_$label/checkpoints/step_*.h5" >/dev/null || fail "init $label: wrote a checkpoint"
+  echo "ok: init $label refused"
+}
+bad_init kv "[model] n_kv_head: 4, but [model] init's hf_one/model.safetensors holds 2" hf_one \
+  --set model.n_kv_head=4
+DECK="$SOURCE_DIR/inputs/tiny.toml" bad_init family \
+  "[model] family: \"gpt2\", but [model] init's hf_one/model.safetensors holds a llama model" hf_one
+lost=$(basename "${shards[1]}")
+cp -r hf_shards hf_lost && rm "hf_lost/$lost"
+bad_init lost_shard "names $lost, which does not exist" hf_lost
+# One tensor fewer, and one more, than the model has (rewritten by python).
+"$PY" - hf_one <<'PY'
+import json, os, shutil, struct, sys
+src = sys.argv[1]
+data = open(f"{src}/model.safetensors", "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header, body = json.loads(data[8:8 + n]), data[8 + n:]
+def write(dst, entries):
+    os.makedirs(dst)
+    shutil.copy(f"{src}/config.json", dst)
+    out, raw, at = {}, b"", 0
+    for name, e in entries:
+        b, end = e["data_offsets"]
+        out[name] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [at, at + end - b]}
+        raw += body[b:end]
+        at += end - b
+    h = json.dumps(out).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    open(f"{dst}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + raw)
+items = [(k, v) for k, v in header.items() if k != "__metadata__"]
+write("hf_missing", [(k, v) for k, v in items if k != "model.layers.1.mlp.up_proj.weight"])
+write("hf_extra", items + [("model.layers.9.mlp.up_proj.weight", header["model.norm.weight"])])
+PY
+bad_init missing "model.layers.1.mlp.up_proj.weight: missing" hf_missing
+bad_init extra "model.layers.9.mlp.up_proj.weight: a tensor this Llama model does not have (extra)" hf_extra
+
 # The family's deck errors.
 expect_error() {  # label expected-text --set ...
   local label=$1 want=$2 rc=0
@@ -102,7 +157,7 @@ expect_error() {  # label expected-text --set ...
     >"bad_$label.log" 2>&1 || rc=$?
   [ "$rc" -eq 2 ] || { cat "bad_$label.log"; fail "$label: exit $rc, expected 2"; }
   grep -qF "$want" "bad_$label.log" || { cat "bad_$label.log"; fail "$label: message"; }
-  [ ! -e "bad_$label/checkpoints" ] || fail "$label: wrote a checkpoint"
+  ! compgen -G "bad_$label/checkpoints/step_*.h5" >/dev/null || fail "$label: wrote a checkpoint"
   echo "ok: $label refused"
 }
 expect_error kv_heads "[model] n_kv_head: must divide [model] n_head (4)" --set model.n_kv_head=3
