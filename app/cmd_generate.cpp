@@ -52,16 +52,23 @@ int run_generate(const GenerateArgs& args, int rank) {
     refuse_input_as_output(args.logits, "--logits",
                            {{"the checkpoint", args.checkpoint},
                             {"a tokenizer file", vocab_dir + "/encoder.json"},
-                            {"a tokenizer file", vocab_dir + "/vocab.bpe"}});
+                            {"a tokenizer file", vocab_dir + "/vocab.bpe"},
+                            {"the tokenizer model", args.tokenizer_model}});
   }
   CheckpointReader reader(args.checkpoint);
   const CheckpointMeta& m = reader.meta();
   const GptConfig cfg = model_config(m);
-  if (m.tokenizer != "byte" && m.tokenizer != "gpt2") {
+  const bool sentencepiece = m.tokenizer.rfind("sentencepiece:", 0) == 0;
+  if (m.tokenizer != "byte" && m.tokenizer != "gpt2" && !sentencepiece) {
     throw InputError(args.checkpoint, "attribute tokenizer",
-                     "'" + m.tokenizer + "': generate knows the byte and gpt2 tokenizers");
+                     "'" + m.tokenizer + "': generate knows the byte, gpt2 and sentencepiece tokenizers");
   }
-  const auto tok = make_tokenizer(m.tokenizer, vocab_dir);
+  if (sentencepiece && args.tokenizer_model.empty()) {
+    throw InputError(args.checkpoint, "--tokenizer-model",
+                     "missing: the data was tokenized by " + m.tokenizer +
+                         " (give the SentencePiece .model file)");
+  }
+  const auto tok = make_tokenizer(m.tokenizer, vocab_dir, args.tokenizer_model);
   GptDecoder decoder(cfg);
   restore_stage(reader, cfg, decoder.table(), StageState{decoder.params(), nullptr, nullptr});
 

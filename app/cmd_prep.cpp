@@ -47,8 +47,10 @@ void check_outputs(const PrepArgs& args) {
       outputs.emplace_back(outputs[i].first, (bin ? out.substr(0, out.size() - 4) : out) + ".idx");
     }
   }
+  std::vector<std::string> inputs = args.inputs;
+  if (!args.tokenizer_model.empty()) inputs.push_back(args.tokenizer_model);
   for (const auto& [what, out] : outputs) {
-    for (const auto& in : args.inputs) {
+    for (const auto& in : inputs) {
       if (same_file(out, in)) {
         throw InputError(in, "",
                          "is both an input and " + what + " (" + out +
@@ -105,8 +107,12 @@ void write_split(const PrepArgs& args, const std::string& path, const std::vecto
 int run_prep(const PrepArgs& args, int rank) {
   if (rank != 0) return 0;  // one writer; other ranks of an mpirun have nothing to do
   check_outputs(args);
-  const auto tok = make_tokenizer(
-      args.tokenizer, args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir);
+  if (!args.tokenizer_model.empty() && args.tokenizer != "sentencepiece")
+    throw InputError(args.tokenizer_model, "--tokenizer-model",
+                     "applies to --tokenizer sentencepiece only (this is " + args.tokenizer + ")");
+  const auto tok = make_tokenizer(args.tokenizer,
+                                  args.vocab_dir.empty() ? default_gpt2_vocab_dir() : args.vocab_dir,
+                                  args.tokenizer_model);
   std::vector<uint32_t> tokens;
   const double avail = host_available_bytes();
   double text_limit = args.max_text_gb > 0 ? args.max_text_gb * 1e9
@@ -118,7 +124,8 @@ int run_prep(const PrepArgs& args, int rank) {
     read_text(path, text, text_limit);
     doc_starts.push_back(static_cast<int64_t>(tokens.size()));
     text_limit -= static_cast<double>(text.size());
-    // GPT-2 pipelines start every document with <|endoftext|>.
+    // GPT-2 pipelines start every document with <|endoftext|>, Llama's
+    // (SentencePiece) with BOS.
     if (tok->end_of_text() >= 0) tokens.push_back(static_cast<uint32_t>(tok->end_of_text()));
     try {
       const auto ids = tok->encode(text);

@@ -27,7 +27,8 @@ struct TrainArgs {
 int run_train(const TrainArgs& args, int rank, int world);
 
 struct PrepArgs {
-  std::string tokenizer = "byte";
+  std::string tokenizer = "byte";  // byte | gpt2 | sentencepiece
+  std::string tokenizer_model;     // sentencepiece: the .model file
   std::string format = "hdf5";  // hdf5 | megatron (OUT.bin + OUT.idx)
   std::string vocab_dir;
   double val_fraction = 0.0;
@@ -54,6 +55,7 @@ struct GenerateArgs {
   int top_k = 0;
   uint64_t seed = 1337;
   std::string vocab_dir;
+  std::string tokenizer_model;  // a SentencePiece checkpoint's model file
   std::string logits;  // where to write each step's logits (float32 rows), if given
 };
 int run_generate(const GenerateArgs& args, int rank);

@@ -60,9 +60,13 @@ int main(int argc, char** argv) {
 
   PrepArgs prep;
   auto* p = app.add_subcommand("prep", "tokenize text files into an HDF5 token dataset");
-  p->add_option("--tokenizer", prep.tokenizer, "byte or gpt2")
-      ->check(CLI::IsMember({"byte", "gpt2"}))
+  p->add_option("--tokenizer", prep.tokenizer,
+                "byte, gpt2, or sentencepiece (a SentencePiece model, Llama 2's kind: "
+                "--tokenizer-model)")
+      ->check(CLI::IsMember({"byte", "gpt2", "sentencepiece"}))
       ->capture_default_str();
+  p->add_option("--tokenizer-model", prep.tokenizer_model,
+                "the SentencePiece model file (spm_train's .model) for --tokenizer sentencepiece");
   p->add_option("--vocab-dir", prep.vocab_dir,
                 "directory with GPT-2's encoder.json and vocab.bpe (default: inputs/gpt2 of "
                 "the source tree)");
@@ -105,6 +109,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   g->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
   g->add_option("--vocab-dir", gen.vocab_dir, "GPT-2 tokenizer files (default: inputs/gpt2)");
+  g->add_option("--tokenizer-model", gen.tokenizer_model,
+                "the SentencePiece model a checkpoint's data was tokenized with");
   g->add_option("--logits", gen.logits,
                 "write the logits each new token is drawn from to this file (float32, "
                 "vocab_size a row)");

@@ -1,7 +1,9 @@
 // Tokenizers for `prep`, `inspect` and `generate`:
 //  - "byte": one token per byte, vocabulary 256;
 //  - "gpt2": GPT-2's byte-level BPE (encoder.json + vocab.bpe), identical
-//    token for token to OpenAI's reference encoder.
+//    token for token to OpenAI's reference encoder;
+//  - "sentencepiece": a SentencePiece model file (Llama 2's kind), through
+//    libsentencepiece (sentencepiece_tokenizer.hpp).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -24,7 +26,10 @@ class Tokenizer {
 // The directory `prep` looks in for encoder.json and vocab.bpe by default.
 std::string default_gpt2_vocab_dir();
 
-// `name` is "byte" or "gpt2"; vocab_dir holds the GPT-2 files.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& vocab_dir);
+// `name` is "byte", "gpt2" or "sentencepiece" (or a dataset's recorded
+// "sentencepiece:<hash>", whose model file must then be that one);
+// vocab_dir holds the GPT-2 files, model the SentencePiece model.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& vocab_dir,
+                                          const std::string& model = "");
 
 }  // namespace mpiformer

@@ -1,0 +1,41 @@
+// A SentencePiece model (Llama 2's tokenizer and its kind: BPE or unigram
+// over raw text, whitespace as "▁"), through the library itself
+// (libsentencepiece), so ids are the ones spm_encode gives. Documents start
+// with the model's BOS, as Llama's pipelines do. The name recorded in
+// datasets and checkpoints carries the model file's content hash, so two
+// datasets of different models never pass as one, and generate can check
+// the model it is given.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "tokenizer.hpp"
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace mpiformer {
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  // An InputError naming `model_path` if it is not a SentencePiece model.
+  explicit SentencePieceTokenizer(const std::string& model_path);
+  ~SentencePieceTokenizer() override;
+  // "sentencepiece:<xxh64 of the model file, 16 hex digits>".
+  std::string name() const override { return name_; }
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t end_of_text() const override { return bos_; }
+  std::vector<uint32_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<uint32_t>& ids) const override;
+
+ private:
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::string name_;
+  int64_t vocab_ = 0, bos_ = -1;
+};
+
+// The name a model file's tokenizer has (what the constructor would give).
+std::string sentencepiece_name(const std::string& model_path);
+
+}  // namespace mpiformer

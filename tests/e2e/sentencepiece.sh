@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# SentencePiece tokens (Llama 2's kind) through Debian's libsentencepiece:
+# a model trained here by Debian's spm_train on the sample corpus (nothing
+# downloaded); prep's ids equal spm_encode's (the reference: the upstream
+# command-line tool, reading the text itself) after the BOS each document
+# starts with; the Llama deck trains on them (vocabulary from the data),
+# generate decodes with the model file and refuses a missing or different
+# one; bad models are named (exit 2) with nothing written.
+source "$(dirname "$0")/lib.sh"
+command -v spm_train >/dev/null || fail "no spm_train (.ci/deps.sh installs sentencepiece)"
+corpus="$SOURCE_DIR/inputs/tinyshakespeare.txt"
+spm_train --input="$corpus" --model_prefix=shake --vocab_size=512 --model_type=bpe \
+  --character_coverage=1.0 --input_sentence_size=20000 --shuffle_input_sentence=false \
+  --minloglevel=2 >spm.log 2>&1 || { cat spm.log; fail "spm_train"; }
+# Another model, for the refusal below.
+spm_train --input="$corpus" --model_prefix=other --vocab_size=300 --model_type=unigram \
+  --input_sentence_size=5000 --shuffle_input_sentence=false --minloglevel=2 >>spm.log 2>&1 ||
+  { cat spm.log; fail "spm_train (other)"; }
+
+# prep's ids against spm_encode's, on one line (spm_encode encodes line by
+# line, prep a file as one document).
+head -c 20000 "$corpus" | tr '\n' ' ' >line.txt
+mkdir -p data
+"$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --output data/line.h5 \
+  line.txt >prep.log 2>&1 || { cat prep.log; fail "prep"; }
+spm_encode --model=shake.model --output_format=id <line.txt >spm_ids.txt
+/usr/bin/python3 - data/line.h5 spm_ids.txt <<'PY'
+import sys
+import h5py
+with h5py.File(sys.argv[1], "r") as f:
+    got = [int(t) for t in f["tokens"][()]]
+    vocab, tok = int(f.attrs["vocab_size"]), f.attrs["tokenizer"]
+    tok = tok.decode() if isinstance(tok, bytes) else tok
+want = [int(t) for t in open(sys.argv[2]).read().split()]
+assert vocab == 512 and tok.startswith("sentencepiece:"), (vocab, tok)
+assert got[0] == 1, f"the document starts with {got[0]}, not BOS (1)"
+assert got[1:] == want, f"prep's ids differ from spm_encode's: {len(got) - 1} vs {len(want)}, " \
+    f"first at {next(i for i, (a, b) in enumerate(zip(got[1:], want)) if a != b)}"
+print(f"prep: {len(want)} ids equal spm_encode's, after BOS")
+PY
+
+# The Llama deck on SentencePiece tokens: the vocabulary (512) from the data.
+"$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --val-fraction 0.1 \
+  --output data/shake.h5 "$corpus" >prep.log 2>&1 || { cat prep.log; fail "prep corpus"; }
+run_mpi 2 train "$SOURCE_DIR/inputs/llama-tiny.toml" --set data.train=data/shake.h5 \
+  --set data.val=data/shake_val.h5 --set parallel.dp=2 --set train.steps=4 \
+  --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_every=4 \
+  --set train.eval_batches=1 --set run.dir=run >train.log 2>&1 || { cat train.log; fail "train"; }
+grep -q "vocab 512" train.log || { cat train.log; fail "vocabulary not taken from the data"; }
+ck=run/checkpoints/step_00000004.h5
+"$MPIFORMER" generate "$ck" --tokenizer-model shake.model --prompt "ROMEO:" --tokens 8 \
+  --temperature 0 >gen.txt 2>gen.err || { cat gen.err; fail "generate"; }
+grep -q "^ROMEO:" gen.txt || { cat gen.txt; fail "generate: no text"; }
+
+refused() {  # label want command...
+  local label=$1 want=$2 rc=0
+  shift 2
+  "$@" >out.txt 2>err.txt || rc=$?
+  [ "$rc" -eq 2 ] && grep -qF -- "$want" err.txt || { cat err.txt; fail "$label (exit $rc)"; }
+  echo "ok: $label refused"
+}
+refused "generate without the model" "--tokenizer-model: missing: the data was tokenized by sentencepiece:" \
+  "$MPIFORMER" generate "$ck" --prompt "A"
+refused "generate with another model" "but the data was tokenized by sentencepiece:" \
+  "$MPIFORMER" generate "$ck" --tokenizer-model other.model --prompt "A"
+head -c 1000 "$corpus" >notamodel.model
+refused "prep with a bad model" "notamodel.model: --tokenizer-model: not a SentencePiece model" \
+  "$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model notamodel.model --output data/bad.h5 line.txt
+[ ! -e data/bad.h5 ] || fail "a refused prep wrote its output"
+refused "prep without a model" "--tokenizer-model: missing" \
+  "$MPIFORMER" prep --tokenizer sentencepiece --output data/bad.h5 line.txt
+before=$(md5sum <shake.model)
+refused "a model that is also the output" "is both an input and --output" \
+  "$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --output shake.model line.txt
+[ "$(md5sum <shake.model)" = "$before" ] || fail "the refused prep changed the model file"
+echo "ok: sentencepiece"
