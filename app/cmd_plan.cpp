@@ -31,7 +31,9 @@ Deck load_planning_deck(const std::string& path, const std::vector<std::string>&
   if (deck.model.vocab_size == 0) {
     // As the run does: the vocabulary comes from the data.
     try {
-      deck.model.vocab_size = TokenDataset(deck.data.train).vocab_size();
+      deck.model.vocab_size =
+          TokenDataset(deck.data.train, DataLabel{deck.data.vocab_size, deck.data.tokenizer})
+              .vocab_size();
     } catch (const InputError& e) {
       throw InputError(path, "[model] vocab_size",
                        "not given, and the training data cannot say (" + std::string(e.what()) +

@@ -170,6 +170,8 @@ const std::vector<Key>& schema() {
       string_key("model", "init", false, MEMBER(model_init)),
       string_key("data", "train", true, MEMBER(data.train)),
       string_key("data", "val", false, MEMBER(data.val)),
+      int_key("data", "vocab_size", false, 1, 1 << 24, MEMBER(data.vocab_size)),
+      string_key("data", "tokenizer", false, MEMBER(data.tokenizer)),
       int_key("train", "steps", true, 1, 1e12, MEMBER(train.steps)),
       int_key("train", "global_batch", true, 1, 1e9, MEMBER(train.global_batch)),
       int_key("train", "micro_batch", true, 1, 1e6, MEMBER(train.micro_batch)),

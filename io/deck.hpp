@@ -71,6 +71,10 @@ struct CheckpointConfig {
 
 struct DataConfig {
   std::string train, val;
+  // The label of datasets that carry none (Megatron .bin/.idx, llm.c
+  // shards): 0 and "" take GPT-2's (token_dataset.hpp's DataLabel).
+  int64_t vocab_size = 0;
+  std::string tokenizer;
 };
 
 struct ParallelConfig {

@@ -160,7 +160,8 @@ std::vector<std::string> expand(const std::string& pattern) {
 
 }  // namespace
 
-TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob) {
+TokenDataset::TokenDataset(const std::string& path_or_glob, const DataLabel& given)
+    : path_(path_or_glob) {
   for (const auto& p : expand(path_or_glob)) {
     // Before reading a byte: a FIFO would block forever, a device never end.
     struct stat st {};
@@ -179,6 +180,7 @@ TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob
     std::unique_ptr<TokenSource> src;
     const bool bin_name = p.size() > 4 && p.compare(p.size() - 4, 4, ".bin") == 0;
     std::string megatron_bin;
+    bool labelled = false;  // HDF5 datasets carry vocab_size and tokenizer
     if (magic != kBinMagic && is_megatron_dataset(p, &megatron_bin)) {
       src = open_megatron_dataset(megatron_bin, &vocab, &tokenizer);
     } else if (magic == kBinMagic || (bin_name && !looks_like_hdf5(p))) {
@@ -187,9 +189,23 @@ TokenDataset::TokenDataset(const std::string& path_or_glob) : path_(path_or_glob
       tokenizer = "gpt2";
     } else if (looks_like_hdf5(p)) {
       src = std::make_unique<H5TokenSource>(p, &vocab, &tokenizer);
+      labelled = true;
     } else {
       throw InputError(p, "", "not a token dataset: neither HDF5, an llm.c .bin shard (magic "
                               "20240520) nor a Megatron .bin/.idx pair");
+    }
+    // A file without a label takes the deck's; one with a label must agree.
+    if (!labelled) {
+      if (given.vocab_size > 0) vocab = given.vocab_size;
+      if (!given.tokenizer.empty()) tokenizer = given.tokenizer;
+    } else if (given.vocab_size > 0 && given.vocab_size != vocab) {
+      throw InputError(p, "[data] vocab_size",
+                       strprintf("%lld, but the file's vocab_size attribute is %lld",
+                                 static_cast<long long>(given.vocab_size), static_cast<long long>(vocab)));
+    } else if (!given.tokenizer.empty() && given.tokenizer != tokenizer) {
+      throw InputError(p, "[data] tokenizer",
+                       "\"" + given.tokenizer + "\", but the file's tokenizer attribute is \"" +
+                           tokenizer + "\"");
     }
     if (vocab < 1 || vocab > (1 << 24)) {
       throw InputError(p, "attribute vocab_size",

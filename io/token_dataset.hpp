@@ -19,6 +19,16 @@ namespace mpiformer {
 
 class TokenSource;
 
+// What the deck says a dataset holds ([data] vocab_size, [data] tokenizer;
+// 0 and "" where it does not say): the label of files without one (a
+// Megatron .bin/.idx, an llm.c shard), which are otherwise taken to hold
+// GPT-2's tokens (bytes for a uint8 Megatron file); checked against the
+// label of files that have one.
+struct DataLabel {
+  int64_t vocab_size = 0;
+  std::string tokenizer;
+};
+
 class TokenDataset {
  public:
   // Opens and checks every file in O(1) of its size: a regular file, the
@@ -26,7 +36,7 @@ class TokenDataset {
   // file has it. Token ids are checked below vocab_size as they are read
   // (a corpus of 10^12 tokens opens at once). Errors name the file and
   // what is wrong.
-  explicit TokenDataset(const std::string& path_or_glob);
+  explicit TokenDataset(const std::string& path_or_glob, const DataLabel& given = {});
   ~TokenDataset();
   TokenDataset(TokenDataset&&) noexcept;
   TokenDataset& operator=(TokenDataset&&) noexcept;

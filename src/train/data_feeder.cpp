@@ -38,7 +38,7 @@ const std::string& train_path(const Deck& deck) {
 }  // namespace
 
 DataFeeder::DataFeeder(const Deck& deck, GptConfig& cfg)
-    : train_(train_path(deck)),
+    : train_(train_path(deck), DataLabel{deck.data.vocab_size, deck.data.tokenizer}),
       micro_batch_(deck.train.micro_batch),
       seq_len_(cfg.seq_len),
       global_batch_(deck.train.global_batch),
@@ -46,7 +46,8 @@ DataFeeder::DataFeeder(const Deck& deck, GptConfig& cfg)
   if (cfg.vocab_size == 0) cfg.vocab_size = train_.vocab_size();
   check_dataset(train_, cfg, "[data] train");
   if (!deck.data.val.empty()) {
-    val_ = std::make_unique<TokenDataset>(deck.data.val);
+    val_ = std::make_unique<TokenDataset>(deck.data.val,
+                                          DataLabel{deck.data.vocab_size, deck.data.tokenizer});
     check_dataset(*val_, cfg, "[data] val");
     if (val_->tokenizer() != train_.tokenizer()) {
       throw InputError(val_->path(), "tokenizer",

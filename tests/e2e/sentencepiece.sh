@@ -52,6 +52,30 @@ ck=run/checkpoints/step_00000004.h5
   --temperature 0 >gen.txt 2>gen.err || { cat gen.err; fail "generate"; }
 grep -q "^ROMEO:" gen.txt || { cat gen.txt; fail "generate: no text"; }
 
+# A Megatron dataset of the same tokens has no label: GPT-2's is assumed,
+# and the validation set (which records SentencePiece's) is refused beside
+# it; [data] vocab_size and tokenizer give the label, and it trains.
+"$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --format megatron \
+  --output data/shake_mg.bin "$corpus" >prep.log 2>&1 || { cat prep.log; fail "prep megatron"; }
+sp_name=$(grep -o "tokenizer sentencepiece:[0-9a-f]*" prep.log | cut -d' ' -f2)
+[ -n "$sp_name" ] || { cat prep.log; fail "prep does not name the tokenizer"; }
+mg=(--set data.train=data/shake_mg.bin --set data.val=data/shake_val.h5 --set train.steps=2
+    --set train.global_batch=8 --set train.micro_batch=4 --set train.eval_every=2 --set train.eval_batches=1)
+rc=0
+run_mpi 1 train "$SOURCE_DIR/inputs/llama-tiny.toml" "${mg[@]}" --set run.dir=mg_unlabelled \
+  >mg1.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -qF "differs from the training data's 'gpt2'" mg1.log ||
+  { cat mg1.log; fail "an unlabelled Megatron set beside a SentencePiece one was not refused (exit $rc)"; }
+run_mpi 1 train "$SOURCE_DIR/inputs/llama-tiny.toml" "${mg[@]}" --set run.dir=mg_labelled \
+  --set data.vocab_size=512 --set data.tokenizer="$sp_name" >mg2.log 2>&1 || { cat mg2.log; fail "labelled"; }
+grep -q "vocab 512" mg2.log || { cat mg2.log; fail "the deck's vocabulary was not taken"; }
+rc=0
+run_mpi 1 train "$SOURCE_DIR/inputs/llama-tiny.toml" "${mg[@]}" --set run.dir=mg_wrong \
+  --set data.vocab_size=600 >mg3.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -qF "data/shake_val.h5: [data] vocab_size: 600, but the file's vocab_size attribute is 512" mg3.log ||
+  { cat mg3.log; fail "a label that contradicts the file's was not refused (exit $rc)"; }
+echo "ok: the deck labels a Megatron dataset"
+
 refused() {  # label want command...
   local label=$1 want=$2 rc=0
   shift 2
