@@ -250,6 +250,12 @@ void Trainer::print_summary() const {
               static_cast<long long>(whole.total_numel()), static_cast<long long>(cfg.n_layer),
               static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
               static_cast<long long>(cfg.vocab_size), static_cast<long long>(cfg.padded_vocab(g.tp())));
+  if (cfg.llama()) {
+    std::printf("model: llama family: %lld kv heads, SwiGLU %lld, rope_theta %g, RMSNorm eps %g, "
+                "%s head\n",
+                static_cast<long long>(cfg.kv_heads()), static_cast<long long>(cfg.ffn()),
+                cfg.rope_theta, cfg.norm_eps, cfg.tie_embeddings ? "tied" : "untied");
+  }
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =
       shards != nullptr
