@@ -3,7 +3,8 @@
 # SwiGLU, 2 kv heads for 4 query heads, an untied head) on every parallel
 # axis against its one-rank run: data, pipeline (1F1B, zb-h1, interleaved),
 # tensor (kv heads and SwiGLU's gate and up split over the group, with and
-# without sequence parallelism), ZeRO 1-3 and recomputation: loss, grad
+# without sequence parallelism), ZeRO 1-3 and recomputation (and bf16 with
+# offload bit for bit against bf16 without): loss, grad
 # norm and validation loss of every step within 1e-5 relative, and every
 # final tensor within 1e-5 in norm (compare_checkpoints.py: h5dump, no
 # mpiformer code). Why 1e-5: as for GPT-2 (layout_equivalence.sh,
@@ -49,6 +50,13 @@ for c in "${cases[@]}"; do
     --set parallel.virtual_stages="$chunks"
   same ref "$dir" "llama (dp $1, pp $2, tp $3) $4, recompute $5, zero $6, sequence parallel $7"
 done
+
+# bf16 with its masters and moments offloaded to files: bit for bit the
+# run without offload (the same element arithmetic, e2e.offload's bound).
+mkdir -p offload
+train bf16_none 2 1 1 --set train.precision=bf16
+train bf16_nvme 2 1 1 --set train.precision=bf16 --set train.offload=nvme --set train.offload_dir=offload
+compare bf16_none/metrics.jsonl bf16_nvme/metrics.jsonl 0 "llama bf16 offload nvme against none"
 
 # Tied: the embedding is the head on both ends of the pipeline.
 train tied_ref 1 1 1 --set model.tie_embeddings=true

@@ -37,6 +37,9 @@
 #include "cuda/matmul.hpp"
 #include "cuda/reduce.hpp"
 #include "cuda/residual.hpp"
+#include "cuda/rmsnorm.hpp"
+#include "cuda/rope.hpp"
+#include "cuda/swiglu.hpp"
 #include "host/adamw.hpp"
 #include "host/attention.hpp"
 #include "host/crossentropy.hpp"
@@ -45,6 +48,9 @@
 #include "host/layernorm.hpp"
 #include "host/matmul.hpp"
 #include "host/residual.hpp"
+#include "host/rmsnorm.hpp"
+#include "host/rope.hpp"
+#include "host/swiglu.hpp"
 #include "../unit/reference.hpp"
 
 namespace mpiformer::test {
@@ -235,6 +241,60 @@ TYPED_TEST(GpuKernels, LayerNorm) {
   // 32 row slices.
   ASSERT_EQ(cuda::column_sum_slices(4096, 36, 16, size_t{1} << 20), 32);
   check_layernorm<TypeParam>(36, 4096);
+}
+
+// Llama's RMSNorm: forward and backward against the host in double.
+template <class A>
+void check_rmsnorm(int64_t C, int64_t N = B * T) {
+  Dev<A> x(random_vector(N * C, 31, 2.0)), w(random_vector(C, 32));
+  Dev<A> out = Dev<A>::poisoned(N * C);
+  Dev<float> rstd = Dev<float>::poisoned(N);
+  cuda::rmsnorm_forward(out.get(), rstd.get(), x.get(), w.get(), N, C, 1e-5f, nullptr);
+  std::vector<double> o(N * C), r(N);
+  host::rmsnorm_forward(o.data(), r.data(), x.exact.data(), w.exact.data(), N, C, 1e-5);
+  EXPECT_TRUE(close(out.read(), o, tol<A>(1e-5, 1e-2)));
+  EXPECT_TRUE(close(rstd.read(), r, 1e-5));
+  Dev<A> dout(random_vector(N * C, 33)), dinp(random_vector(N * C, 34));
+  Dev<float> dw(random_vector(C, 35)), rr(r);
+  cuda::DeviceBuffer<unsigned char> scratch(size_t{1} << 20);
+  cuda::rmsnorm_backward(dinp.get(), dw.get(), dout.get(), x.get(), w.get(), rr.get(), N, C,
+                         cuda::DeviceScratch{scratch.get(), scratch.size()}, nullptr);
+  auto want_dinp = dinp.exact, want_dw = dw.exact;
+  host::rmsnorm_backward(want_dinp.data(), want_dw.data(), dout.exact.data(), x.exact.data(),
+                         w.exact.data(), rr.exact.data(), N, C);
+  EXPECT_TRUE(close(dinp.read(), want_dinp, tol<A>(1e-5, 1e-2)));
+  EXPECT_TRUE(close(dw.read(), want_dw, 1e-5 * static_cast<double>(std::max<int64_t>(N, 32)) / 32));
+}
+
+TYPED_TEST(GpuKernels, RmsNorm) {
+  check_rmsnorm<TypeParam>(C);
+  check_rmsnorm<TypeParam>(36, 4096);
+}
+
+// SwiGLU and rotary positions (in place on q and k of a grouped qkv).
+TYPED_TEST(GpuKernels, SwiGluAndRope) {
+  using A = TypeParam;
+  const int64_t N = B * T, F = 24;
+  Dev<A> in(random_vector(N * 2 * F, 41, 2.0)), dout(random_vector(N * F, 42));
+  Dev<A> out = Dev<A>::poisoned(N * F), din = Dev<A>::poisoned(N * 2 * F);
+  cuda::swiglu_forward(out.get(), in.get(), N, F, nullptr);
+  std::vector<double> want(N * F), dwant(N * 2 * F);
+  host::swiglu_forward(want.data(), in.exact.data(), N, F);
+  EXPECT_TRUE(close(out.read(), want, tol<A>(1e-6, 1e-2)));
+  cuda::swiglu_backward(din.get(), in.get(), dout.get(), N, F, nullptr);
+  host::swiglu_backward(dwant.data(), in.exact.data(), dout.exact.data(), N, F);
+  EXPECT_TRUE(close(din.read(), dwant, tol<A>(1e-6, 1e-2)));
+
+  const int64_t hs = 8, Cq = 4 * hs, K = 2 * hs;  // 4 query heads, 2 kv heads
+  const std::vector<float> table = host::rope_table(T, hs, 500.0);
+  Dev<float> dtable(std::vector<double>(table.begin(), table.end()));
+  for (const float sign : {1.f, -1.f}) {
+    Dev<A> qkv(random_vector(N * (Cq + 2 * K), 43));
+    auto ref = qkv.exact;
+    cuda::rope_rotate(qkv.get(), dtable.get(), N, T, Cq, K, hs, sign, nullptr);
+    host::rope_rotate(ref.data(), table.data(), N, T, Cq, K, hs, sign);
+    EXPECT_TRUE(close(qkv.read(), ref, tol<A>(1e-6, 1e-2))) << "sign " << sign;
+  }
 }
 
 TYPED_TEST(GpuKernels, Matmul) {

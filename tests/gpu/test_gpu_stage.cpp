@@ -3,7 +3,9 @@
 // loss and every parameter gradient after two accumulated micro-mb,
 // for the whole model on one stage and split over two stages chained by
 // hand (activations forward, the input gradient back), and with the
-// backward split into B and W (zb-h1), in fp32, bf16 and fp16.
+// backward split into B and W (zb-h1), in fp32, bf16 and fp16; and the
+// Llama family's whole model (RMSNorm, rotary positions, SwiGLU, 2 kv
+// heads of 4, an untied head).
 //
 // Tolerances:
 //  * fp32: loss 1e-5 relative; each gradient element within 1e-4 of the
@@ -108,13 +110,23 @@ void expect_grads(const ParameterTable& table, const std::vector<float>& got,
 
 // Two micro-mb of the tiny model: inputs and targets drawn from
 // seeds `seed` .. `seed + 3`, and the loss scale of their mean.
+GptConfig llama_tiny_config() {
+  GptConfig c = tiny_config();
+  c.family = ModelFamily::kLlama;
+  c.n_kv_head = 2;
+  c.ffn_hidden = 48;
+  c.tie_embeddings = false;
+  return c;
+}
+
 struct TwoMicroBatches {
   GptConfig cfg = tiny_config();
   int64_t BT = kB * cfg.seq_len;
   float scale = 1.f / static_cast<float>(2 * BT);
   std::vector<std::vector<int32_t>> in, tg;
-  explicit TwoMicroBatches(unsigned seed)
-      : in{tokens(BT, seed), tokens(BT, seed + 1)},
+  explicit TwoMicroBatches(unsigned seed, const GptConfig& c = tiny_config())
+      : cfg(c),
+        in{tokens(BT, seed), tokens(BT, seed + 1)},
         tg{tokens(BT, seed + 2), tokens(BT, seed + 3)} {}
 };
 
@@ -123,9 +135,9 @@ class GpuStage : public ::testing::Test {};
 using Types = ::testing::Types<float, cuda::bf16, cuda::fp16>;
 TYPED_TEST_SUITE(GpuStage, Types);
 
-TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
-  using A = TypeParam;
-  const TwoMicroBatches mb(1);
+template <class A>
+void check_whole_model(const GptConfig& config) {
+  const TwoMicroBatches mb(1, config);
   const GptConfig& cfg = mb.cfg;
   cuda::Context ctx(0);
   CudaGptStage<A> gpu(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2);
@@ -146,6 +158,12 @@ TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) {
   EXPECT_NEAR(loss, ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
   expect_grads<A>(gpu.table(), download(ctx, gpu.grads(), gpu.param_storage()), ref.stage.table(),
                   ref.grads);
+}
+
+TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) { check_whole_model<TypeParam>(tiny_config()); }
+
+TYPED_TEST(GpuStage, LlamaWholeModelMatchesHostDouble) {
+  check_whole_model<TypeParam>(llama_tiny_config());
 }
 
 // The zero-bubble schedules' split backward on the device: both B's before

@@ -61,6 +61,32 @@ TEST(StageWork, FlopsAreGpt2sProductsOverEveryTensorSlice) {
   EXPECT_EQ(attn - plain, B * L * 4 * T * T * C);
 }
 
+// Llama's products by hand: per token and layer q (C x C), k and v (2 x
+// C x K), the output projection (C x C), gate and up (2 x C x F) and down
+// (F x C), 2 FLOPs a multiply-add; attention over every query head as
+// GPT-2's; the head 2 C Vp.
+TEST(StageWork, FlopsAreLlamasProductsOverEveryTensorSlice) {
+  GptConfig cfg{3, 4, 64, 32, 300};
+  cfg.family = ModelFamily::kLlama;
+  cfg.n_kv_head = 2;
+  cfg.ffn_hidden = 96;
+  cfg.tie_embeddings = false;
+  const double B = 2, T = 32, C = 64, L = 3, K = 32, F = 96;
+  for (int64_t tp : {1, 2}) {
+    const double Vp = static_cast<double>(cfg.padded_vocab(tp));
+    double fwd = 0, bwd = 0;
+    for (int64_t r = 0; r < tp; ++r) {
+      const StageWork w = stage_work(cfg, partition_stage(cfg, 0, 1, tp, r), 2, Recompute::kNone, 4);
+      fwd += flops(w.forward);
+      bwd += flops(w.backward);
+    }
+    const double per_layer = 2 * (C * C + 2 * C * K + C * C + 2 * C * F + F * C);
+    const double want = B * T * (L * per_layer + 2 * C * Vp) + B * L * 4 * T * T * C;
+    EXPECT_EQ(fwd, want) << "tp " << tp;
+    EXPECT_EQ(bwd, 2 * want) << "tp " << tp;
+  }
+}
+
 TEST(StageWork, TensorAllReducesAreMegatronsCount) {
   const GptConfig cfg{4, 4, 64, 32, 300};
   const double BTC = 2 * 32 * 64 * 4.0;

@@ -87,6 +87,34 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
   }
 }
 
+// The Llama family: RMSNorm's one statistic, the fused grouped-query qkv,
+// SwiGLU's twice-wide projection and its separate activation gradient, the
+// rotary table, no position table, an untied head on the last stage.
+TEST(StageFootprint, EqualsWhatTheLlamaStageAllocates) {
+  GptConfig c;
+  c.family = ModelFamily::kLlama;
+  c.n_layer = 4;
+  c.n_head = 6;
+  c.n_kv_head = 2;
+  c.n_embd = 24;
+  c.ffn_hidden = 40;
+  c.seq_len = 7;
+  c.vocab_size = 131;
+  c.tie_embeddings = false;
+  for (int pp : {1, 2, 4}) {
+    expect_exact<float>(c, pp, 3, 2);
+    expect_exact<double>(c, pp, 2, 1);
+  }
+  for (const Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+    expect_exact<float>(c, 2, 3, 2, 2, false, r);
+    expect_exact<float>(c, 2, 2, 2, 2, true, r);
+    expect_exact<float>(c, 2, 4, 5, 1, false, r, false, 2);
+  }
+  expect_exact<float>(c, 2, 2, 2, 2, true, Recompute::kNone, true);
+  c.tie_embeddings = true;
+  expect_exact<float>(c, 2, 3, 2);
+}
+
 // Sequence parallelism divides what a block keeps on the rows (ln1, res2,
 // ln2, their statistics) and the residual stream by tp; what is split by
 // channels already (qkv, atty, fch, GELU, attention's state) is unchanged.
