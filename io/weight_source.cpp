@@ -363,7 +363,8 @@ WeightsShape read_weights_shape(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const std::string config = path + "/config.json";
-    if (fs::exists(fs::symlink_status(config, ec))) {
+    // A config that is not a regular file is GPT-2's reader's to report.
+    if (fs::is_regular_file(config, ec)) {
       const nlohmann::json c = read_json(config, "a config.json");
       if (c.is_object() && c.value("model_type", std::string()) == "llama")
         return llama_directory_shape(path, c);

@@ -30,6 +30,15 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
       {"n_layer", {m.n_layer, cfg.n_layer}}, {"n_head", {m.n_head, cfg.n_head}},
       {"n_embd", {m.n_embd, cfg.n_embd}},    {"seq_len", {m.seq_len, cfg.seq_len}},
       {"vocab_size", {m.vocab_size, cfg.vocab_size}}};
+  for (const auto& [key, v] : keys) {
+    if (v.first != v.second) {
+      throw InputError(reader.path(), std::string("[model] ") + key,
+                       strprintf("the checkpoint's model has %lld, the deck %lld (the model's shape "
+                                 "cannot change on resume)",
+                                 static_cast<long long>(v.first), static_cast<long long>(v.second)));
+    }
+  }
+  // The family after the shape: a shape that differs is named by its key.
   const GptConfig saved = model_config(m);
   if (saved.family != cfg.family || saved.kv_heads() != cfg.kv_heads() || saved.ffn() != cfg.ffn() ||
       saved.tie_embeddings != cfg.tie_embeddings || saved.rope_theta != cfg.rope_theta ||
@@ -44,14 +53,6 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
                                static_cast<long long>(saved.ffn()),
                                saved.tie_embeddings ? "true" : "false", saved.rope_theta,
                                saved.norm_eps));
-  }
-  for (const auto& [key, v] : keys) {
-    if (v.first != v.second) {
-      throw InputError(reader.path(), std::string("[model] ") + key,
-                       strprintf("the checkpoint's model has %lld, the deck %lld (the model's shape "
-                                 "cannot change on resume)",
-                                 static_cast<long long>(v.first), static_cast<long long>(v.second)));
-    }
   }
 }
 

@@ -98,7 +98,7 @@ PY
 mkdir -p bad
 rewrite bad/missing.safetensors 'del h["transformer.h.1.mlp.c_fc.bias"]; del t["transformer.h.1.mlp.c_fc.bias"]'
 rewrite bad/shape.safetensors 'k = "transformer.h.2.attn.c_proj.weight"; h[k]["shape"] = [128, 64]; t[k] = t[k][:128 * 64 * 4]'
-rewrite bad/dtype.safetensors 'h["transformer.ln_f.bias"]["dtype"] = "F16"; t["transformer.ln_f.bias"] = t["transformer.ln_f.bias"][:256]'
+rewrite bad/dtype.safetensors 'h["transformer.ln_f.bias"]["dtype"] = "I32"'
 head -c 100000 hf/model.safetensors >bad/truncated.safetensors
 python3 -c "
 import struct; d = bytearray(open('hf/model.safetensors', 'rb').read()); d[0:8] = struct.pack('<Q', 1 << 40)
@@ -106,7 +106,7 @@ open('bad/length.safetensors', 'wb').write(d)"
 expect_refusal "bad/missing.safetensors: transformer.h.1.mlp.c_fc.bias: missing" "$DECK" --set model.init=bad/missing.safetensors
 expect_refusal "bad/shape.safetensors: transformer.h.2.attn.c_proj.weight: shape [128, 64], the model needs [128, 128]" \
   "$DECK" --set model.init=bad/shape.safetensors
-expect_refusal "bad/dtype.safetensors: transformer.ln_f.bias: dtype F16" "$DECK" --set model.init=bad/dtype.safetensors
+expect_refusal "bad/dtype.safetensors: transformer.ln_f.bias: dtype I32: mpiformer reads F32, BF16 and F16" "$DECK" --set model.init=bad/dtype.safetensors
 expect_refusal "do not hold a F32 [384] tensor within the file's 94960 bytes of data (a header that lies, or a truncated file)" \
   "$DECK" --set model.init=bad/truncated.safetensors
 expect_refusal "bad/length.safetensors: header length: 1099511627776 bytes" "$DECK" --set model.init=bad/length.safetensors

@@ -39,7 +39,7 @@ train ref 1 1 1
 # dp pp tp schedule recompute zero sequence_parallel
 cases=("2 1 1 1f1b none 0 false" "1 2 1 1f1b none 0 false" "1 2 1 zb-h1 attention 1 false"
        "1 2 1 interleaved full 0 false" "1 1 2 1f1b none 0 false" "1 1 2 gpipe attention 2 true"
-       "2 1 1 1f1b full 3 false" "2 2 1 1f1b attention 2 false" "2 1 2 1f1b none 3 false")
+       "2 1 1 1f1b full 3 false" "2 1 2 1f1b none 3 false")
 for c in "${cases[@]}"; do
   set -- $c
   dir="l_$1_$2_$3_$4_$5_$6_$7"
