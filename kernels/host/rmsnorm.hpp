@@ -47,17 +47,8 @@ void rmsnorm_backward(A* dinp, F* dweight, const A* dout, const A* inp, const A*
     }
   });
   // The weight's gradient: column blocks, rows in order inside (column_sums.hpp).
-  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
-  parallel_for("rmsnorm_backward_params", blocks, [=](const int64_t blk) {
-    const int64_t c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
-    F dw[kColumnBlock] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const A* g = dout + n * C;
-      const A* x = inp + n * C;
-      const F s = rstd[n];
-      for (int64_t c = c0; c < c1; ++c) dw[c - c0] += ld(g[c]) * ld(x[c]) * s;
-    }
-    for (int64_t c = c0; c < c1; ++c) dweight[c] += dw[c - c0];
+  column_term_sums(dweight, N, C, [=](int64_t n, int64_t c) {
+    return static_cast<F>(ld(dout[n * C + c]) * ld(inp[n * C + c]) * rstd[n]);
   });
 }
 

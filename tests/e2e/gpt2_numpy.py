@@ -41,6 +41,8 @@ def read_safetensors(path):
             a = np.frombuffer(raw, dtype="<f4")
         elif e["dtype"] == "BF16":
             a = bf16_to_f32(raw)
+        elif e["dtype"] == "F16":
+            a = np.frombuffer(raw, dtype="<f2")
         else:
             raise AssertionError(f"{name}: dtype {e['dtype']}")
         assert a.size == int(np.prod(e["shape"])), (name, a.size, e["shape"])
@@ -100,6 +102,22 @@ def forward(cfg, w, ids):
     return x @ w["transformer.wte.weight"].T  # the tied head
 
 
+def check_logits(forward_ids, vocab, ids_file, logits_file):
+    """generate's logits (float32 rows, one per generated token) and tokens
+    (ids_file: the prompt's and the generated ids) against this forward:
+    the same greedy tokens, and the logits within 1e-4 of their scale
+    (fp32 against float64 in another summation order: ~1e-6 to 1e-5 seen;
+    a wrong layout, rotation or head is O(1))."""
+    ids = [int(t) for t in open(ids_file).read().split()]
+    rows = np.fromfile(logits_file, dtype="<f4").reshape(-1, vocab)
+    prompt = len(ids) - rows.shape[0]
+    logits = forward_ids(ids[:-1])[prompt - 1:]
+    err = np.abs(logits - rows).max() / np.abs(logits).max()
+    assert err < 1e-4, f"logits differ by {err:.2e} of their scale"
+    assert (logits.argmax(-1) == np.array(ids[prompt:])).all(), "greedy tokens differ"
+    print(f"logits: {rows.shape[0]} positions match mpiformer's to {err:.1e} of their scale")
+
+
 def main():
     mode = sys.argv[1]
     if mode == "hf":
@@ -114,16 +132,7 @@ def main():
               f" x {cfg['n_embd']}, vocab {cfg['vocab_size']}")
     elif mode == "logits":
         cfg, _, w = load_hf(sys.argv[2])
-        ids = [int(t) for t in open(sys.argv[3]).read().split()]
-        rows = np.fromfile(sys.argv[4], dtype="<f4").reshape(-1, cfg["vocab_size"])
-        prompt = len(ids) - rows.shape[0]
-        logits = forward(cfg, w, ids[:-1])[prompt - 1:]
-        # fp32 against float64, another summation order: ~1e-5 of the
-        # logits' scale seen; 1e-4 leaves room, a wrong layout is O(1).
-        err = np.abs(logits - rows).max() / np.abs(logits).max()
-        assert err < 1e-4, f"logits differ by {err:.2e} of their scale"
-        assert (logits.argmax(-1) == np.array(ids[prompt:])).all(), "greedy tokens differ"
-        print(f"logits: {rows.shape[0]} positions match mpiformer's to {err:.1e} of their scale")
+        check_logits(lambda ids: forward(cfg, w, ids), cfg["vocab_size"], sys.argv[3], sys.argv[4])
     elif mode == "bf16":
         _, h32, w32 = load_hf(sys.argv[2])
         _, h16, w16 = load_hf(sys.argv[3])

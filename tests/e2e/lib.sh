@@ -49,6 +49,17 @@ run_mpi() {
   mpirun -np "$np" "$MPIFORMER" "$@"
 }
 
+# train_layout DIR DP PP TP [ARGS...]: the caller's $DECK with its
+# "${common[@]}" under that layout into DIR (its log DIR.log), the test
+# failing with the log if the run fails.
+train_layout() {
+  local dir=$1 dp=$2 pp=$3 tp=$4
+  shift 4
+  run_mpi $((dp * pp * tp)) train "$DECK" "${common[@]}" --set parallel.dp="$dp" \
+    --set parallel.pp="$pp" --set parallel.tp="$tp" --set run.dir="$dir" "$@" >"$dir.log" 2>&1 ||
+    { cat "$dir.log"; fail "$dir failed"; }
+}
+
 # The losses of a metrics file, one per line (timings stripped).
 losses_of() { grep -o '"loss": [^,]*' "$1"; }
 

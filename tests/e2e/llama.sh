@@ -22,13 +22,7 @@ common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
         --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
 COMPARE="$SOURCE_DIR/tests/e2e/compare_checkpoints.py"
 
-train() {  # dir dp pp tp [extra...]
-  local dir=$1 dp=$2 pp=$3 tp=$4
-  shift 4
-  run_mpi $((dp * pp * tp)) train "$DECK" "${common[@]}" --set parallel.dp="$dp" \
-    --set parallel.pp="$pp" --set parallel.tp="$tp" --set run.dir="$dir" "$@" >"$dir.log" 2>&1 ||
-    { cat "$dir.log"; fail "$dir failed"; }
-}
+train() { train_layout "$@"; }  # dir dp pp tp [extra...] (lib.sh)
 same() {  # ref dir label
   compare "$1/metrics.jsonl" "$2/metrics.jsonl" 1e-5 "$3"
   python3 "$COMPARE" "$1/checkpoints/step_00000006.h5" "$2/checkpoints/step_00000006.h5" 1e-5 \

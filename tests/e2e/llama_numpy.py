@@ -2,8 +2,8 @@
 """An independent reader of a Hugging Face Llama directory (what `mpiformer
 export --format hf` writes for a Llama-family checkpoint) and Llama's
 forward pass in numpy (float64) on it. It shares no code with mpiformer:
-safetensors is read from its description (an 8-byte little-endian header
-length, a JSON header, raw data), shards through
+safetensors is read from its description (gpt2_numpy.py's reader), shards
+through
 model.safetensors.index.json, and the model is written from
 LlamaForCausalLM's definition: RMSNorm, q/k/v projections, rotary
 positions with rotate_half (pairs i, i + head_dim/2), grouped-query
@@ -16,35 +16,12 @@ usage:
 """
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 
-
-def bf16_to_f32(raw):
-    return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    assert 8 + n <= len(data), f"{path}: header of {n} bytes in a file of {len(data)}"
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        assert 0 <= b <= end <= len(body), (name, b, end, len(body))
-        raw = body[b:end]
-        a = {"F32": lambda r: np.frombuffer(r, dtype="<f4"), "BF16": bf16_to_f32,
-             "F16": lambda r: np.frombuffer(r, dtype="<f2")}[e["dtype"]](raw)
-        assert a.size == int(np.prod(e["shape"])), (name, a.size, e["shape"])
-        out[name] = a.reshape(e["shape"]).astype(np.float64)
-    return out
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt2_numpy import check_logits, read_safetensors  # noqa: E402  (shared)
 
 
 def load(d):
@@ -55,13 +32,13 @@ def load(d):
         weight_map = json.load(open(index))["weight_map"]
         files = sorted(set(weight_map.values()))
         for f in files:
-            part = read_safetensors(f"{d}/{f}")
+            _, part = read_safetensors(f"{d}/{f}")
             for k in part:
                 assert weight_map[k] == f, f"{k} is in {f}, the index says {weight_map[k]}"
             w.update(part)
         assert set(w) == set(weight_map), set(w) ^ set(weight_map)
     else:
-        w = read_safetensors(f"{d}/model.safetensors")
+        _, w = read_safetensors(f"{d}/model.safetensors")
     return cfg, w, files
 
 
@@ -138,17 +115,7 @@ def main():
               f"{cfg['hidden_size']}, {cfg['num_key_value_heads']} kv heads")
     elif mode == "logits":
         cfg, w, _ = load(sys.argv[2])
-        ids = [int(t) for t in open(sys.argv[3]).read().split()]
-        rows = np.fromfile(sys.argv[4], dtype="<f4").reshape(-1, cfg["vocab_size"])
-        prompt = len(ids) - rows.shape[0]
-        logits = forward(cfg, w, ids[:-1])[prompt - 1:]
-        # fp32 against float64 in another summation order: ~1e-6 of the
-        # logits' scale; 1e-4 (the issue's bound) leaves room, while a
-        # wrong rotation, kv head or gate/up order is O(1).
-        err = np.abs(logits - rows).max() / np.abs(logits).max()
-        assert err < 1e-4, f"logits differ by {err:.2e} of their scale"
-        assert (logits.argmax(-1) == np.array(ids[prompt:])).all(), "greedy tokens differ"
-        print(f"logits: {rows.shape[0]} positions match mpiformer's to {err:.1e} of their scale")
+        check_logits(lambda ids: forward(cfg, w, ids), cfg["vocab_size"], sys.argv[3], sys.argv[4])
     else:
         raise SystemExit(__doc__)
 

@@ -39,13 +39,7 @@ common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
         "${extra[@]}")
 COMPARE="$SOURCE_DIR/tests/e2e/compare_checkpoints.py"
 
-train() {  # dir dp pp tp [extra...]
-  local dir=$1 dp=$2 pp=$3 tp=$4
-  shift 4
-  run_mpi $((dp * pp * tp)) train "$DECK" "${common[@]}" --set parallel.dp="$dp" \
-    --set parallel.pp="$pp" --set parallel.tp="$tp" --set run.dir="$dir" "$@" >"$dir.log" 2>&1 ||
-    { cat "$dir.log"; fail "$dir failed"; }
-}
+train() { train_layout "$@"; }  # dir dp pp tp [extra...] (lib.sh)
 same_model() {  # dir label
   python3 "$COMPARE" ref/checkpoints/step_00000006.h5 "$1/checkpoints/step_00000006.h5" 1e-5 \
     /model || fail "$2: final parameters differ from one rank's"

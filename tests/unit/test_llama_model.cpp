@@ -17,6 +17,7 @@
 
 #include "model/gpt_stage.hpp"
 #include "reference.hpp"
+#include "stage_gradients.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -37,12 +38,6 @@ GptConfig llama_config(bool tied) {
   return c;
 }
 
-void randomise(HostGptStage<double>& stage, unsigned seed) {
-  for (const auto& s : stage.table().specs()) {
-    const auto r = random_vector(static_cast<size_t>(s.numel()), seed++, 0.3);
-    std::memcpy(stage.params() + s.offset, r.data(), sizeof(double) * r.size());
-  }
-}
 
 // The logits [B*T, vocab] of tokens [B, T] by the model's definition.
 std::vector<double> naive_llama(const GptConfig& c, const HostGptStage<double>& stage,
@@ -136,7 +131,7 @@ TEST(LlamaModel, ForwardMatchesTheModelsDefinition) {
     const int64_t B = 2, T = cfg.seq_len, V = cfg.vocab_size, Vp = cfg.padded_vocab();
     host::Context ctx;
     HostGptStage<double> stage(ctx, cfg, partition_stage(cfg, 0, 1), B, 1);
-    randomise(stage, 300);
+    randomise_parameters(stage, 300);
     stage.forward(0, kTok.data(), kTgt.data(), false, 0.0);
     const auto want = naive_llama(cfg, stage, kTok, B);
     std::vector<double> got(B * T * V);
@@ -154,26 +149,10 @@ TEST(LlamaModel, EveryParameterGradientMatchesFiniteDifferences) {
     StageOptions opt{B, 1};
     opt.recompute = rc;
     HostGptStage<double> stage(ctx, cfg, partition_stage(cfg, 0, 1), opt);
-    randomise(stage, 400);
+    randomise_parameters(stage, 400);
     const double scale = 1.0 / static_cast<double>(B * T);
-    stage.zero_grads();
-    stage.forward(0, kTok.data(), kTgt.data(), true, scale);
-    stage.backward(0);
-    stage.take_loss_sum();
-    int64_t checked = 0;
-    for (const auto& s : stage.table().specs()) {
-      std::vector<double> x(stage.params() + s.offset, stage.params() + s.offset + s.numel());
-      auto loss = [&] {
-        std::memcpy(stage.params() + s.offset, x.data(), sizeof(double) * x.size());
-        stage.forward(0, kTok.data(), kTgt.data(), false, 0.0);
-        return scale * stage.take_loss_sum();
-      };
-      const auto want = finite_difference(x, loss, 1e-5);
-      loss();
-      const std::vector<double> got(stage.grads() + s.offset, stage.grads() + s.offset + s.numel());
-      EXPECT_TRUE(all_close(got, want, 1e-7, 1e-5)) << s.name << ", recompute " << static_cast<int>(rc);
-      checked += s.numel();
-    }
+    const int64_t checked = expect_gradients_match_finite_differences(
+        stage, kTok, kTgt, scale, std::string(", recompute ") + name_of(rc));
     EXPECT_EQ(checked, stage.table().total_numel());
   }
 }

@@ -5,6 +5,7 @@
 
 #include "model/gpt_stage.hpp"
 #include "reference.hpp"
+#include "stage_gradients.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -19,46 +20,18 @@ GptConfig tiny_config() {
   return c;
 }
 
-void randomise(HostGptStage<double>& stage, unsigned seed) {
-  // Larger than GPT-2's init so every nonlinearity is exercised.
-  for (const auto& s : stage.table().specs()) {
-    const auto r = random_vector(static_cast<size_t>(s.numel()), seed++, 0.3);
-    std::memcpy(stage.params() + s.offset, r.data(), sizeof(double) * r.size());
-  }
-}
 
 TEST(GptModel, EveryParameterGradientMatchesFiniteDifferences) {
   const GptConfig cfg = tiny_config();
   const int64_t B = 2, T = cfg.seq_len;
   host::Context ctx;
   HostGptStage<double> stage(ctx, cfg, partition_stage(cfg, 0, 1), B, 1);
-  randomise(stage, 100);
+  randomise_parameters(stage, 100);
   const std::vector<int32_t> tok = {1, 5, 10, 3, 0, 7, 7, 2};
   const std::vector<int32_t> tgt = {5, 10, 3, 9, 7, 7, 2, 4};
   const double scale = 1.0 / static_cast<double>(B * T);
 
-  stage.zero_grads();
-  stage.forward(0, tok.data(), tgt.data(), true, scale);
-  stage.backward(0);
-  stage.take_loss_sum();
-
-  int64_t checked = 0;
-  for (const auto& s : stage.table().specs()) {
-    std::vector<double> x(stage.params() + s.offset, stage.params() + s.offset + s.numel());
-    auto loss = [&] {
-      std::memcpy(stage.params() + s.offset, x.data(), sizeof(double) * x.size());
-      stage.forward(0, tok.data(), tgt.data(), false, 0.0);
-      return scale * stage.take_loss_sum();
-    };
-    const auto want = finite_difference(x, loss, 1e-5);
-    loss();  // restore the unperturbed values
-    const std::vector<double> got(stage.grads() + s.offset, stage.grads() + s.offset + s.numel());
-    // h = 1e-5 in double: truncation ~h^2 * |f'''| ~ 1e-10, rounding
-    // ~1e-16 * |L| / h ~ 1e-11; 1e-7 absolute leaves a wide margin while a
-    // wrong term (typically >= 1e-3 here) still fails.
-    EXPECT_TRUE(all_close(got, want, 1e-7, 1e-5)) << s.name;
-    checked += s.numel();
-  }
+  const int64_t checked = expect_gradients_match_finite_differences(stage, tok, tgt, scale, "");
   EXPECT_EQ(checked, stage.table().total_numel());
   // The padded vocabulary rows never receive gradient.
   const auto& wte = stage.table().at("wte");
@@ -74,14 +47,14 @@ TEST(GptModel, AccumulatedMicroBatchesEqualOneBatch) {
 
   host::Context ctx;
   HostGptStage<double> whole(ctx, cfg, partition_stage(cfg, 0, 1), 2, 1);
-  randomise(whole, 200);
+  randomise_parameters(whole, 200);
   whole.zero_grads();
   whole.forward(0, tok.data(), tgt.data(), true, scale);
   const double loss_whole = whole.take_loss_sum();
   whole.backward(0);
 
   HostGptStage<double> split(ctx, cfg, partition_stage(cfg, 0, 1), 1, 1);
-  randomise(split, 200);
+  randomise_parameters(split, 200);
   split.zero_grads();
   double loss_split = 0;
   for (int m = 0; m < 2; ++m) {
