@@ -3,8 +3,10 @@
 #include <sentencepiece_processor.h>
 #include <xxhash.h>
 
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/format.hpp"
@@ -12,14 +14,28 @@
 
 namespace mpiformer {
 
+// SentencePiece models are kilobytes to a few megabytes (Llama 2's: 0.5
+// MB); the library reads the whole file into memory, so a larger one is
+// refused before anything reads it.
+constexpr std::uintmax_t kMaxModelBytes = 1u << 30;
+
 std::string sentencepiece_name(const std::string& model_path) {
   require_regular_file(model_path, "--tokenizer-model", "a SentencePiece model");
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(model_path, ec);
+  if (ec || size > kMaxModelBytes)
+    throw InputError(model_path, "--tokenizer-model",
+                     "larger than 1 GiB (or unreadable): not a SentencePiece model");
+  // The content's hash, read in blocks.
   std::ifstream in(model_path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  const std::string data = bytes.str();
-  return strprintf("sentencepiece:%016llx",
-                   static_cast<unsigned long long>(XXH64(data.data(), data.size(), 0)));
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  std::vector<char> block(1 << 16);
+  while (in.read(block.data(), static_cast<std::streamsize>(block.size())) || in.gcount() > 0)
+    XXH64_update(state, block.data(), static_cast<size_t>(in.gcount()));
+  const uint64_t digest = XXH64_digest(state);
+  XXH64_freeState(state);
+  return strprintf("sentencepiece:%016llx", static_cast<unsigned long long>(digest));
 }
 
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
