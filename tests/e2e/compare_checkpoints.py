@@ -26,19 +26,40 @@ import tempfile
 
 
 def datasets(path, group):
+    """(name, element count) of every dataset under GROUP, in h5ls's order."""
     out = subprocess.run(["h5ls", "-r", f"{path}/{group.strip('/')}"], check=True,
                          capture_output=True, text=True).stdout
-    return [group.rstrip("/") + line.split()[0] for line in out.splitlines() if "Dataset" in line]
+    found = []
+    for line in out.splitlines():
+        if "Dataset" not in line:
+            continue
+        dims = line[line.index("{") + 1:line.index("}")].split("/")[0]
+        count = 1
+        for d in ([] if dims == "SCALAR" else dims.split(",")):
+            count *= int(d)
+        found.append((group.rstrip("/") + line.split()[0], count))
+    return found
 
 
-def read(path, name, scratch):
+def read_all(path, names, scratch):
+    """The float32 data of every named dataset, from one h5dump run (a run
+    per tensor was most of the comparison's time): h5dump writes the
+    datasets' raw values one after another in the order given."""
     raw = os.path.join(scratch, "d.bin")
-    subprocess.run(["h5dump", "-d", name, "-b", "LE", "-o", raw, path], check=True,
-                   capture_output=True)
+    cmd = ["h5dump", "-b", "LE", "-o", raw]
+    for name, _ in names:
+        cmd += ["-d", name]
+    subprocess.run(cmd + [path], check=True, capture_output=True)
     a = array.array("f")
     with open(raw, "rb") as f:
         a.frombytes(f.read())
-    return a
+    want = sum(n for _, n in names)
+    assert len(a) == want, f"{path}: {len(a)} values read, {want} expected"
+    out, at = {}, 0
+    for name, n in names:
+        out[name] = a[at:at + n]
+        at += n
+    return out
 
 
 def main():
@@ -48,8 +69,11 @@ def main():
         for g in groups:
             names = datasets(ref, g)
             assert names, f"{ref}: nothing under {g}"
-            for name in names:
-                a, b = read(ref, name, scratch), read(got, name, scratch)
+            assert [n for n, _ in datasets(got, g)] == [n for n, _ in names], \
+                f"{got}: the tensors under {g} are not {ref}'s"
+            refs, gots = read_all(ref, names, scratch), read_all(got, names, scratch)
+            for name, _ in names:
+                a, b = refs[name], gots[name]
                 assert len(a) == len(b), f"{name}: {len(a)} vs {len(b)} elements"
                 if name.endswith("attn.c_attn.bias"):
                     third = len(a) // 3

@@ -5,6 +5,13 @@ set -euo pipefail
 : "${SOURCE_DIR:?path to the source tree}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# After a rank exits non-zero, mpirun waits odls_base_sigkill_timeout (1 s,
+# about 2 s as measured) before it kills the rest, even with one rank: most of
+# the time of a test made of refusals (bad_input.sh: 132 s, 41 s without).
+# No test needs that grace: signals for a checkpoint go to the ranks
+# themselves (as Slurm sends them) or through jobs/local.sh as SIGUSR1.
+# recovery.sh, which checks how a real launch tears down, restores it.
+export OMPI_MCA_odls_base_sigkill_timeout=0
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mpiformer-e2e-XXXXXX")

@@ -6,6 +6,8 @@
 # restarted; SIGKILL to the launcher script, or to mpirun, does not leave the
 # ranks training: they checkpoint and stop.
 source "$(dirname "$0")/lib.sh"
+# Launches tear down as a user's do: mpirun's own grace (lib.sh drops it).
+unset OMPI_MCA_odls_base_sigkill_timeout
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
 LOCAL="$SOURCE_DIR/jobs/local.sh"

@@ -3,6 +3,8 @@
 # Slurm cannot run here; CI installs it (.ci/deps.sh) and runs as root.
 here=$(dirname "${BASH_SOURCE[0]}")
 source "$here/../e2e/lib.sh"
+# The jobs tear down as on a cluster: mpirun's own grace, not lib.sh's.
+unset OMPI_MCA_odls_base_sigkill_timeout
 source "$here/cluster.sh"
 reason=$(slurm_skip_reason)
 if [ -n "$reason" ]; then
