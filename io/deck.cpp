@@ -344,11 +344,11 @@ void check_llama_relations(const Deck& d, const std::string& where) {
                      strprintf("head size n_embd / n_head = %lld must be even (rotary positions "
                                "rotate channel pairs)", static_cast<long long>(m.head_dim())));
   }
-  if (nkv % tp != 0) {
+  if (!m.kv_heads_split(tp)) {
     throw InputError(where, "[parallel] tp, [model] n_kv_head",
-                     strprintf("tp %lld must divide n_kv_head %lld (each tensor rank keeps whole kv "
-                               "heads; kv heads replicated over a tensor group wider than them are "
-                               "not supported)", tp, nkv));
+                     strprintf("one of tp %lld and n_kv_head %lld must divide the other (each tensor "
+                               "rank keeps whole kv heads, or one kv head shared by tp / n_kv_head "
+                               "ranks)", tp, nkv));
   }
   if (m.ffn() % tp != 0) {
     throw InputError(where, "[parallel] tp, [model] ffn_hidden",

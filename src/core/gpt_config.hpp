@@ -43,6 +43,20 @@ struct GptConfig {
   int64_t kv_dim() const { return kv_heads() * head_dim(); }
   // Rows of the fused q, k, v projection.
   int64_t qkv_dim() const { return n_embd + 2 * kv_dim(); }
+  // Under tensor parallelism over `tp` ranks the kv heads are cut into
+  // kv_ways(tp) blocks: one per rank while they are at least tp, else one
+  // per kv head, each then replicated on kv_share(tp) neighbouring tensor
+  // ranks (Megatron's grouped-query rule; the deck requires that one of
+  // n_kv_head and tp divides the other). The ranks sharing a head sum its
+  // gradients, each having computed them from its own query heads only.
+  int64_t kv_ways(int64_t tp) const { return tp < kv_heads() ? tp : kv_heads(); }
+  int64_t kv_share(int64_t tp) const { return tp / kv_ways(tp); }
+  bool kv_heads_split(int64_t tp) const { return kv_heads() % tp == 0 || tp % kv_heads() == 0; }
+  // A tensor rank's kv heads and their channels, and its rows of the
+  // fused projection.
+  int64_t kv_heads_per_rank(int64_t tp) const { return kv_heads() / kv_ways(tp); }
+  int64_t kv_dim_per_rank(int64_t tp) const { return kv_heads_per_rank(tp) * head_dim(); }
+  int64_t qkv_dim_per_rank(int64_t tp) const { return n_embd / tp + 2 * kv_dim_per_rank(tp); }
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   // Outputs of the MLP's first projection: GELU's input, or SwiGLU's gate
   // and up halves.

@@ -44,7 +44,9 @@ enum class Placement : uint8_t { kFirstStage, kLastStage };
 //           output projections;
 //   kHeads: rows stacked from parts (qkv: q, k, v; Llama's fused gate and
 //           up projection: gate, up), each part split into tp row blocks,
-//           rank r keeping the r-th of each.
+//           rank r keeping the r-th of each; the kv parts (kKv) into one
+//           block per kv head where there are fewer than tp, each then
+//           replicated on tp / n_kv_head neighbouring ranks.
 enum class Split : uint8_t { kNone, kRows, kCols, kHeads };
 
 struct TensorSchema {

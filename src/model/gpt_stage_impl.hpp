@@ -31,10 +31,10 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   if (opt_.split_backward && opt_.recompute == Recompute::kFull)
     throw std::logic_error("split backward needs the blocks' activations kept");
   nh_ = cfg_.n_head / tp;
-  nkv_ = cfg_.kv_heads() / tp;
+  nkv_ = cfg_.kv_heads_per_rank(tp);  // a kv head replicated where tp exceeds them
   ca_ = cfg_.n_embd / tp;
-  kv_ = cfg_.kv_dim() / tp;
-  cqkv_ = ca_ + 2 * kv_;
+  kv_ = cfg_.kv_dim_per_rank(tp);
+  cqkv_ = cfg_.qkv_dim_per_rank(tp);
   cm_ = cfg_.ffn() / tp;
   cin_ = cfg_.ffn_in() / tp;
   vl_ = cfg_.padded_vocab(tp) / tp;

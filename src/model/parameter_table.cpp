@@ -66,19 +66,53 @@ std::vector<LogicalBox> ParameterSpec::boxes(int64_t row_begin, int64_t row_end)
       out.push_back({row_begin, row_end - row_begin, tp_rank * rl, rl, row_begin});
       break;
     case Split::kHeads: {
-      // The slice is this rank's tp-th of each part, in part order; each
-      // goes to its own place in its part of the whole tensor.
+      // The slice is this rank's block of each part, in part order; each
+      // goes to its own place in its part of the whole tensor. A part cut
+      // into fewer blocks than tp: block tp_rank / (tp / ways).
       int64_t local = 0, whole = 0;
-      for (const int64_t rows : parts) {
-        const int64_t mine = rows / tp;
+      for (size_t k = 0; k < parts.size(); ++k) {
+        const int64_t ways = part_ways[k], mine = parts[k] / ways;
+        const int64_t block = tp_rank / (tp / ways);
         const int64_t b = std::max(row_begin, local), e = std::min(row_end, local + mine);
-        if (b < e) out.push_back({whole + tp_rank * mine + (b - local), e - b, 0, rl, b});
+        if (b < e) out.push_back({whole + block * mine + (b - local), e - b, 0, rl, b});
         local += mine;
-        whole += rows;
+        whole += parts[k];
       }
       break;
     }
   }
+  return out;
+}
+
+ParameterSpec::Rows ParameterSpec::shared_rows() const {
+  Rows r;
+  if (split != Split::kHeads) return r;
+  int64_t local = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const int64_t mine = parts[k] / part_ways[k];
+    if (part_ways[k] < tp) {
+      // The replicated parts are adjacent (k and v): one range.
+      if (r.end > r.begin && r.end != local)
+        throw std::logic_error("ParameterSpec: replicated parts of " + name + " not adjacent");
+      if (r.end == r.begin) r.begin = local;
+      r.end = local + mine;
+    }
+    local += mine;
+  }
+  return r;
+}
+
+int64_t ParameterSpec::share() const {
+  for (size_t k = 0; k < parts.size(); ++k)
+    if (split == Split::kHeads && part_ways[k] < tp) return tp / part_ways[k];
+  return 1;
+}
+
+std::vector<LogicalBox> ParameterSpec::owned_boxes(int64_t row_begin, int64_t row_end) const {
+  const Rows shared = shared_rows();
+  if (shared.end == shared.begin || owns_shared()) return boxes(row_begin, row_end);
+  std::vector<LogicalBox> out = boxes(row_begin, std::min(row_end, shared.begin));
+  for (const LogicalBox& b : boxes(std::max(row_begin, shared.end), row_end)) out.push_back(b);
   return out;
 }
 
@@ -114,13 +148,18 @@ void ParameterTable::add(const GptConfig& cfg, const StageRange& range, const Te
   s.tp = range.tp;
   s.tp_rank = range.tp_rank;
   s.split = range.tp > 1 ? schema.split : Split::kNone;
+  int64_t kheads_rows = 0;  // kHeads: this rank's rows, a block of each part
   if (schema.split == Split::kHeads) {
     int64_t sum = 0;
     for (const Extent& e : schema.parts)
       if (e.times > 0) {
+        // The kv heads' parts are cut by heads (GptConfig::kv_ways).
+        const int64_t ways = e.size == Extent::kKv ? cfg.kv_ways(range.tp) : range.tp;
         s.parts.push_back(resolve(e, cfg));
+        s.part_ways.push_back(ways);
         sum += s.parts.back();
-        if (s.parts.back() % range.tp != 0)
+        kheads_rows += s.parts.back() / ways;
+        if (s.parts.back() % ways != 0 || range.tp % ways != 0)
           throw std::logic_error("ParameterTable: a part of " + s.name + " does not split over tp");
       }
     if (sum != s.logical_shape[0])
@@ -144,7 +183,7 @@ void ParameterTable::add(const GptConfig& cfg, const StageRange& range, const Te
       }
       break;
     case Split::kHeads:
-      stored_rows = s.shape[0] = s.shape[0] / range.tp;
+      stored_rows = s.shape[0] = kheads_rows;
       break;
     case Split::kCols:
       s.shape[1] /= range.tp;

@@ -88,8 +88,11 @@ struct ParameterSpec {
   double init_value = 0.0;
   int64_t layer = -1;  // the block it belongs to; -1 outside the blocks
   int tensor = 0;      // its role: block::Tensor (layer >= 0) or outer::Tensor
-  // kHeads: the logical rows of each stacked part (qkv: q, k, v).
-  std::vector<int64_t> parts;
+  // kHeads: the logical rows of each stacked part (qkv: q, k, v), and how
+  // many row blocks each is cut into: tp, or (k and v over a tensor group
+  // wider than the kv heads) one per head, each block then held by
+  // tp / ways neighbouring tensor ranks (GptConfig::kv_ways).
+  std::vector<int64_t> parts, part_ways;
   const TensorSchema* row = nullptr;  // its row of the family's schema
   const TensorSchema& schema() const { return *row; }
   int64_t numel() const;
@@ -101,6 +104,26 @@ struct ParameterSpec {
   // Where rows [row_begin, row_end) of the slice sit in the whole tensor: one
   // box, or (kHeads) one per part, in slice order.
   std::vector<LogicalBox> boxes(int64_t row_begin, int64_t row_end) const;
+  // The same without the rows another tensor rank holds too unless this
+  // rank is the first of those holding them: every rank's owned boxes tile
+  // the tensor once (what a checkpoint writes and its checksum reads).
+  std::vector<LogicalBox> owned_boxes(int64_t row_begin, int64_t row_end) const;
+  // The slice's rows that are replicated over part of the tensor group
+  // ([begin, end), empty where none) and how many ranks hold each of them;
+  // whether this rank is the first of them (counts them in the norm).
+  struct Rows {
+    int64_t begin = 0, end = 0;
+  };
+  Rows shared_rows() const;
+  Rows shared_rows_in(int64_t row_begin, int64_t row_end) const {
+    Rows r = shared_rows();
+    r.begin = r.begin > row_begin ? r.begin : row_begin;
+    r.end = r.end < row_end ? r.end : row_end;
+    if (r.end < r.begin) r.end = r.begin;
+    return r;
+  }
+  int64_t share() const;
+  bool owns_shared() const { return tp_rank % share() == 0; }
   // The first row of the whole vocabulary in this slice (wte).
   int64_t vocab_begin() const;
 };

@@ -14,7 +14,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // channels, and share of the padded vocabulary.
   const double tp = static_cast<double>(range.tp);
   const double C = static_cast<double>(cfg.n_embd), NH = static_cast<double>(cfg.n_head) / tp;
-  const double Ca = C / tp, Cqkv = static_cast<double>(cfg.qkv_dim()) / tp;
+  const double Ca = C / tp, Cqkv = static_cast<double>(cfg.qkv_dim_per_rank(range.tp));
   const double Cm = static_cast<double>(cfg.ffn()) / tp, Cin = static_cast<double>(cfg.ffn_in()) / tp;
   // Norm statistics per row: LayerNorm's mean and rstd, RMSNorm's rstd.
   const double stats = cfg.llama() ? 1 : 2;

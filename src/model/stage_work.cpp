@@ -84,10 +84,10 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
                      bool split_backward) {
   StageWork w;
   const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len, C = cfg.n_embd;
-  const int64_t ca = C / tp, cqkv = cfg.qkv_dim() / tp, cm = cfg.ffn() / tp;
+  const int64_t ca = C / tp, cqkv = cfg.qkv_dim_per_rank(tp), cm = cfg.ffn() / tp;
   const int64_t cin = cfg.ffn_in() / tp, nh = cfg.n_head / tp;
   // Llama's rotary positions: q and k read and written once each way.
-  const double rotated = cfg.llama() ? static_cast<double>(BT * (cqkv - cfg.kv_dim() / tp)) : 0;
+  const double rotated = cfg.llama() ? static_cast<double>(BT * (cqkv - cfg.kv_dim_per_rank(tp))) : 0;
   const int64_t vl = cfg.padded_vocab(tp) / tp, L = range.num_layers();
   const bool sp = sequence_parallel && tp > 1;
   const double btc = static_cast<double>(BT * C);

@@ -5,7 +5,8 @@
 
 namespace mpiformer {
 
-ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world) : dp_(dp), pp_(pp), tp_(tp) {
+ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share)
+    : dp_(dp), pp_(pp), tp_(tp) {
   int size = 0;
   MPI_CHECK(MPI_Comm_rank(world, &world_rank_));
   MPI_CHECK(MPI_Comm_size(world, &size));
@@ -15,7 +16,9 @@ ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world) : dp_(dp), pp_(
   place_ = grid_place(world_rank_, dp, tp);
   const int stage = place_.stage, d = place_.dp_rank, t = place_.tp_rank;
   MPI_Comm dup = MPI_COMM_NULL, dpc = MPI_COMM_NULL, ppc = MPI_COMM_NULL, tpc = MPI_COMM_NULL,
-           stc = MPI_COMM_NULL, tied = MPI_COMM_NULL;
+           stc = MPI_COMM_NULL, tied = MPI_COMM_NULL, kv = MPI_COMM_NULL;
+  MPIFORMER_CHECK(kv_share >= 1 && tp % kv_share == 0,
+                  "kv_share " + std::to_string(kv_share) + " does not divide tp " + std::to_string(tp));
   MPI_CHECK(MPI_Comm_dup(world, &dup));
   MPI_CHECK(MPI_Comm_split(world, stage * tp + t, d, &dpc));
   MPI_CHECK(MPI_Comm_split(world, d * tp + t, stage, &ppc));
@@ -23,12 +26,15 @@ ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world) : dp_(dp), pp_(
   MPI_CHECK(MPI_Comm_split(world, stage, d * tp + t, &stc));
   const bool holds_wte = pp > 1 && (stage == 0 || stage == pp - 1);
   MPI_CHECK(MPI_Comm_split(world, holds_wte ? d * tp + t : MPI_UNDEFINED, stage, &tied));
+  MPI_CHECK(MPI_Comm_split(world, kv_share > 1 ? (stage * dp + d) * tp + t / kv_share : MPI_UNDEFINED,
+                           t, &kv));
   world_comm_ = std::make_unique<MpiCommunicator>(dup);
   dp_comm_ = std::make_unique<MpiCommunicator>(dpc);
   pp_comm_ = std::make_unique<MpiCommunicator>(ppc);
   tp_comm_ = std::make_unique<MpiCommunicator>(tpc);
   stage_comm_ = std::make_unique<MpiCommunicator>(stc);
   tied_comm_ = std::make_unique<MpiCommunicator>(tied);
+  kv_comm_ = std::make_unique<MpiCommunicator>(kv);
 }
 
 }  // namespace mpiformer

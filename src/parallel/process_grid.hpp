@@ -27,7 +27,9 @@ inline int grid_rank(const GridPlace& p, int dp, int tp) {
 
 class ProcessGrid {
  public:
-  ProcessGrid(int dp, int pp, int tp = 1, MPI_Comm world = MPI_COMM_WORLD);
+  // `kv_share`: how many neighbouring tensor ranks hold each kv head
+  // (GptConfig::kv_share; 1: each holds its own).
+  ProcessGrid(int dp, int pp, int tp = 1, MPI_Comm world = MPI_COMM_WORLD, int kv_share = 1);
 
   int dp() const { return dp_; }
   int pp() const { return pp_; }
@@ -55,13 +57,16 @@ class ProcessGrid {
   MpiCommunicator& tensor_parallel() { return *tp_comm_; }
   MpiCommunicator& stage_group() { return *stage_comm_; }
   MpiCommunicator* tied_embedding() { return tied_comm_->valid() ? tied_comm_.get() : nullptr; }
+  // The tensor ranks sharing this rank's kv heads (group rank = tp rank
+  // % kv_share), which sum those heads' gradients; null when kv_share is 1.
+  MpiCommunicator* kv_heads() { return kv_comm_->valid() ? kv_comm_.get() : nullptr; }
   MpiCommunicator& world() { return *world_comm_; }
 
  private:
   int dp_, pp_, tp_, world_rank_ = 0;
   GridPlace place_;
   std::unique_ptr<MpiCommunicator> world_comm_, dp_comm_, pp_comm_, tp_comm_, stage_comm_,
-      tied_comm_;
+      tied_comm_, kv_comm_;
 };
 
 }  // namespace mpiformer

@@ -46,7 +46,9 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
   for (int64_t tp : divisors(ranks)) {
     // Tensor groups stay inside a node (their all-reduces are in every
     // block), whole: a node's ranks are a multiple of the group.
-    if (cfg.n_head % tp != 0 || (tp > 1 && node % tp != 0)) continue;
+    if (cfg.n_head % tp != 0 || !cfg.kv_heads_split(tp) || cfg.ffn() % tp != 0 ||
+        (tp > 1 && node % tp != 0))
+      continue;
     for (int64_t pp : divisors(ranks / tp)) {
       if (pp > cfg.n_layer) continue;
       const int64_t dp = ranks / (tp * pp);

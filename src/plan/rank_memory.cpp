@@ -176,7 +176,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   if (choice.device == Device::kCpu && choice.precision == Precision::kFp16) {
     const double BT = static_cast<double>(deck.train.micro_batch * cfg.seq_len);
     const double C = static_cast<double>(cfg.n_embd), tp = static_cast<double>(deck.parallel.tp);
-    const double Cm = static_cast<double>(cfg.ffn_in()) / tp, Cq = static_cast<double>(cfg.qkv_dim()) / tp;
+    const double Cm = static_cast<double>(cfg.ffn_in()) / tp, Cq = static_cast<double>(cfg.qkv_dim_per_rank(deck.parallel.tp));
     const double V = range.has_head ? static_cast<double>(cfg.padded_vocab(deck.parallel.tp)) / tp : 0;
     const double widest = std::max({V, Cm, Cq, C});  // an activation's row
     const double first = BT * widest;                 // activations (or their gradients)

@@ -386,6 +386,16 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       const double wte = static_cast<double>(tied->storage);
       reduce += collective(pp_link.allreduce, 2, (zero == 0 ? wte : wte / dp) * acc, 2);
     }
+    // The gradients of kv heads shared by tensor ranks, summed over those
+    // ranks (what each owns of them, after the data-parallel reduction).
+    if (const int64_t share = cfg.kv_share(tp); share > 1) {
+      double rows = 0;
+      for (const auto& spec : table.specs()) {
+        const ParameterSpec::Rows r = spec.shared_rows();
+        rows += static_cast<double>((r.end - r.begin) * spec.row_length());
+      }
+      reduce += collective(tp_link.allreduce, share, (zero == 0 ? rows : rows / dp) * acc, 2);
+    }
     // The per-micro-batch transfers where they fall: half of zero 3's
     // gathers precede forwards; the rest, and the reduce-scatters, backwards.
     // Interleaved, each chunk's pass carries its share of them.

@@ -143,7 +143,7 @@ void check_memory_spaces(const StageComms& c, bool stage_on_device) {
   const MemorySpace want = stage_on_device ? MemorySpace::kDevice : MemorySpace::kHost;
   const std::pair<const char*, const Communicator*> groups[] = {
       {"activations", c.pipe_act}, {"gradients", c.pipe_grad}, {"data-parallel", c.dp},
-      {"tensor-parallel", c.tp},   {"tied embedding", c.tied}};
+      {"tensor-parallel", c.tp},   {"tied embedding", c.tied},  {"kv heads", c.kv}};
   for (const auto& [what, comm] : groups) {
     if (comm != nullptr && comm->buffers() != want) {
       throw std::logic_error(strprintf(
@@ -161,6 +161,7 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   c.dp = &g.data_parallel();
   c.tp = &g.tensor_parallel();
   c.tied = g.tied_embedding();
+  c.kv = g.kv_heads();
   if (!stage.on_device()) {
     check_memory_spaces(c, false);
     stage.connect_tensor_parallel(*c.tp);
@@ -169,8 +170,8 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
 #ifdef MPIFORMER_HAVE_CUDA
   void* stream = stage.device_stream();
   // Every rank builds its groups in the same order (tensor, data-parallel,
-  // then the two pipeline directions, then the tied pair), so the collective
-  // initialisations cannot wait on each other.
+  // then the two pipeline directions, then the kv heads' sharers, then the
+  // tied pair), so the collective initialisations cannot wait on each other.
   auto transport = [&](MpiCommunicator& group, const char* what) -> Communicator* {
     c.description += c.description.empty() ? "" : ", ";
 #ifdef MPIFORMER_HAVE_NCCL
@@ -204,6 +205,7 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   c.dp = device_comm(g.data_parallel(), "data-parallel");
   c.pipe_act = device_comm(g.pipeline(), "activations");
   c.pipe_grad = device_comm(g.pipeline(), "gradients");
+  if (MpiCommunicator* kv = g.kv_heads()) c.kv = device_comm(*kv, "kv heads");
   if (MpiCommunicator* tied = g.tied_embedding()) c.tied = device_comm(*tied, "tied embedding");
   check_memory_spaces(c, true);
   stage.connect_tensor_parallel(*c.tp);

@@ -40,6 +40,7 @@ struct StageComms {
   Communicator* dp = nullptr;
   Communicator* tp = nullptr;    // the tensor group (the stage all-reduces over it itself)
   Communicator* tied = nullptr;  // null unless this rank holds a copy of the tied embedding
+  Communicator* kv = nullptr;    // the tensor ranks sharing its kv heads; null where none do
   std::string description;       // what the GPU groups use, for the summary
   std::vector<std::unique_ptr<Communicator>> owned;
 };

@@ -338,40 +338,59 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
 }
 
 void CheckpointManager::check_tensor_replicas() {
-  MpiCommunicator& group = grid_.tensor_parallel();
-  if (group.size() == 1) return;
+  if (grid_.tp() == 1) return;
   // The tensors a tensor group replicates get identical updates from
   // identical gradients: their bits must agree on every rank of it. Each
   // rank hashes its copy (under ZeRO, the rows it owns, cut alike on every
-  // tensor rank); the group compares the hashes.
+  // tensor rank); the group compares the hashes. Likewise the rows of kv
+  // heads shared by part of the group, over the ranks sharing them.
   const StageState state = stage_.host_state();
-  std::vector<const ParameterSpec*> replicated;
-  std::vector<uint64_t> lo, hi;
+  const bool sharded = layout_of(state, 0) != nullptr;
+  struct Copies {
+    std::vector<const ParameterSpec*> specs;
+    std::vector<uint64_t> lo;
+  } replicated, shared;
   for (const auto& spec : stage_.table().specs()) {
-    if (!spec.whole()) continue;
     const float* mine = state.params + spec.offset;
-    int64_t n = spec.numel();
-    if (layout_of(state, 0) != nullptr) {
+    int64_t first = 0, rows = spec.numel() / spec.row_length();
+    if (sharded) {
       const TensorPart p = state.shards->part_of(spec);
       mine = state.params + p.shard_offset;
-      n = (p.row_end - p.row_begin) * spec.row_length();
+      first = p.row_begin;
+      rows = p.row_end - p.row_begin;
     }
-    replicated.push_back(&spec);
-    lo.push_back(tensor_checksum(mine, n));
-  }
-  hi = lo;
-  const int count = static_cast<int>(lo.size());
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, lo.data(), count, MPI_UINT64_T, MPI_MIN, group.get()));
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, hi.data(), count, MPI_UINT64_T, MPI_MAX, group.get()));
-  for (size_t i = 0; i < lo.size(); ++i) {
-    if (lo[i] != hi[i]) {
-      throw SystemError(strprintf("stage %d, replica %d: the tensor group's copies of %s differ",
-                                  grid_.stage(), grid_.dp_rank(), replicated[i]->name.c_str()));
+    if (spec.whole()) {
+      replicated.specs.push_back(&spec);
+      replicated.lo.push_back(tensor_checksum(mine, rows * spec.row_length()));
+    }
+    const ParameterSpec::Rows r = spec.shared_rows_in(first, first + rows);
+    if (spec.share() > 1) {
+      shared.specs.push_back(&spec);
+      shared.lo.push_back(tensor_checksum(mine + (r.begin - first) * spec.row_length(),
+                                          (r.end - r.begin) * spec.row_length()));
     }
   }
+  auto compare = [&](const Copies& c, MpiCommunicator& group, const char* what) {
+    std::vector<uint64_t> lo = c.lo, hi = c.lo;
+    const int count = static_cast<int>(lo.size());
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, lo.data(), count, MPI_UINT64_T, MPI_MIN, group.get()));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, hi.data(), count, MPI_UINT64_T, MPI_MAX, group.get()));
+    for (size_t i = 0; i < lo.size(); ++i) {
+      if (lo[i] != hi[i]) {
+        throw SystemError(strprintf("stage %d, replica %d: the %s copies of %s differ", grid_.stage(),
+                                    grid_.dp_rank(), what, c.specs[i]->name.c_str()));
+      }
+    }
+  };
+  compare(replicated, grid_.tensor_parallel(), "tensor group's");
+  if (MpiCommunicator* kv = grid_.kv_heads()) compare(shared, *kv, "kv heads' shared");
   if (grid_.world_rank() == 0) {
-    std::printf("tensor groups: every rank's replicated tensors match its group's (%d on stage 0)\n",
-                count);
+    std::printf("tensor groups: every rank's replicated tensors match its group's (%d on stage 0",
+                static_cast<int>(replicated.lo.size()));
+    if (grid_.kv_heads() != nullptr)
+      std::printf("; the kv heads' rows of %d on the ranks sharing them",
+                  static_cast<int>(shared.lo.size()));
+    std::printf(")\n");
   }
 }
 

@@ -185,7 +185,8 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
         const ParameterSpec& mine = local.at(spec.name);
         const ShardPlan* shards = layout_of(state, g);
         const Share sh = share_of(mine, shards, grid.dp(), grid.dp_rank());
-        d.boxes = dataset_boxes(mine.boxes(sh.row_begin, sh.row_end));
+        // A kv head shared by tensor ranks: written by the first of them.
+        d.boxes = dataset_boxes(mine.owned_boxes(sh.row_begin, sh.row_end));
         d.data = group_base(state, g) + sh.offset;
         if (state.done_with) {
           const float* data = d.data;
@@ -279,12 +280,13 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
       }
       // The checksum over the whole tensor, from every rank's blocks; a
       // replicated tensor's copies are the same bytes of the file: tensor
-      // rank 0's are checked.
+      // rank 0's are checked (a shared kv head's: its first rank's).
       const int root = tensor++ % size;
       const bool counts = spec.whole() ? spec.tp_rank == 0 : true;
-      const float* all = gather_tensor(stage_group, root, spec.logical_shape,
-                                       counts ? boxes : std::vector<DatasetBox>{}, rows, store,
-                                       assembled);
+      const float* all = gather_tensor(
+          stage_group, root, spec.logical_shape,
+          counts ? dataset_boxes(spec.owned_boxes(p.row_begin, p.row_end)) : std::vector<DatasetBox>{},
+          rows, store, assembled);
       if (state.done_with) state.done_with(rows, (p.row_end - p.row_begin) * spec.row_length());
       if (rank != root || !damaged.empty()) continue;
       try {

@@ -81,13 +81,27 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     if (tied != nullptr && wte_ != nullptr) tied->allreduce_sum(stage_.grads() + wte_->offset, wte_->storage);
     return waited;
   }
+  int64_t sum_shared_rows(Communicator& kv) override {
+    int64_t n = 0;
+    for (const auto& spec : stage_.table().specs()) {
+      const ParameterSpec::Rows r = spec.shared_rows();
+      const int64_t len = (r.end - r.begin) * spec.row_length();
+      if (len == 0) continue;
+      kv.allreduce_sum(stage_.grads() + spec.offset + r.begin * spec.row_length(), len);
+      n += len;
+    }
+    return n;
+  }
   double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
     if (dp_rank_ != 0) return 0;  // every replica holds the same sums
     double s = sum_of_squares(0, stage_.param_storage());
     if (without_tied_wte && wte_ != nullptr) s -= sum_of_squares(wte_->offset, wte_->storage);
-    if (without_replicated)
-      for (const auto& spec : stage_.table().specs())
-        if (spec.whole()) s -= sum_of_squares(spec.offset, spec.numel());
+    for (const auto& spec : stage_.table().specs()) {
+      if (without_replicated && spec.whole()) s -= sum_of_squares(spec.offset, spec.numel());
+      const ParameterSpec::Rows r = spec.shared_rows();
+      if (r.end > r.begin && !spec.owns_shared())
+        s -= sum_of_squares(spec.offset + r.begin * spec.row_length(), (r.end - r.begin) * spec.row_length());
+    }
     return s;
   }
   double take_sent_bytes() override {

@@ -80,7 +80,8 @@ class StageBackend {
   // (train/stage_optimizer.hpp), whatever the ZeRO stage: connect_data_
   // parallel (once the groups exist) gives it its group; backward starts
   // the reduction from the step's last micro-batch; finish_reduction waits
-  // for it and sums the tied embedding's copies (returns the seconds
+  // for it, sums the tied embedding's copies and the gradients of kv heads
+  // shared by tensor ranks (`kv`: null where none are; returns the seconds
   // waited); grad_sum_of_squares is this rank's share of the norm; and
   // adamw_step updates what this rank owns (and under ZeRO gathers the
   // weights).
@@ -94,7 +95,7 @@ class StageBackend {
   // Zero-bubble schedules (StageOptions::split_backward): backward computes
   // B, this W (model/gpt_stage.hpp); `chunk` as for forward.
   virtual void weight_gradients(int slot, bool last_micro_batch, int chunk) = 0;
-  virtual double finish_reduction(Communicator* tied) = 0;
+  virtual double finish_reduction(Communicator* tied, Communicator* kv) = 0;
   // Each gradient element counted once over the job: without the tied
   // wte's copy on the last stage, without the tensors a tensor group
   // replicates on its ranks other than 0.

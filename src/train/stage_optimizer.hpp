@@ -38,9 +38,15 @@ class StageOptimizer {
   // Waits for the step's reduction, sums the tied embedding's copies
   // (`tied`: the pair, null where none); the seconds waited.
   virtual double finish(Communicator* tied) = 0;
+  // After finish: sums over `kv` (the tensor ranks sharing this rank's kv
+  // heads, GptConfig::kv_share) the gradient rows of those heads this rank
+  // owns, which each rank computed from its own query heads only; the
+  // elements summed.
+  virtual int64_t sum_shared_rows(Communicator& kv) = 0;
   // This rank's share of the squared gradient norm: each element counted
   // once over the job (without the tied wte's second copy, without the
-  // tensors a tensor group replicates on its ranks other than 0).
+  // tensors a tensor group replicates on its ranks other than 0, without
+  // the shared kv heads' rows on their ranks other than the first).
   virtual double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
   // Bytes sent to the data-parallel group since the last call (ring model).
   virtual double take_sent_bytes() = 0;

@@ -162,8 +162,9 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
       }
       case Op::ReduceGradients:
         // And the tied embedding's two copies summed, so identical updates
-        // keep them identical.
-        times.reduce_exposed += stage.finish_reduction(comms_.tied);
+        // keep them identical; likewise a kv head's copies on the tensor
+        // ranks sharing it.
+        times.reduce_exposed += stage.finish_reduction(comms_.tied, comms_.kv);
         break;
       case Op::OptimizerStep: {
         // Each parameter counted once: one replica per stage, and the tied

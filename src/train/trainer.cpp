@@ -183,7 +183,8 @@ void Trainer::connect() {
                     std::max(Watchdog::kMinAutoLimit, save_allowance(*p.stage)));
   p.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
                                          static_cast<int>(deck_.parallel.pp),
-                                         static_cast<int>(deck_.parallel.tp));
+                                         static_cast<int>(deck_.parallel.tp), MPI_COMM_WORLD,
+                                         static_cast<int>(deck_.model.kv_share(deck_.parallel.tp)));
   ProcessGrid& g = *p.grid;
   // "auto" resolves node by node: a job whose nodes differ would run half
   // on GPUs and disagree on every message. The same verdict on every rank.
@@ -255,6 +256,11 @@ void Trainer::print_summary() const {
                 "%s head\n",
                 static_cast<long long>(cfg.kv_heads()), static_cast<long long>(cfg.ffn()),
                 cfg.rope_theta, cfg.norm_eps, cfg.tie_embeddings ? "tied" : "untied");
+    if (cfg.kv_share(g.tp()) > 1)
+      std::printf("model: each kv head shared by %lld tensor ranks (tp %d > %lld kv heads), its "
+                  "gradients summed over them\n",
+                  static_cast<long long>(cfg.kv_share(g.tp())), g.tp(),
+                  static_cast<long long>(cfg.kv_heads()));
   }
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =

@@ -82,7 +82,18 @@ class TrainingStage final : public StageBackend {
   void weight_gradients(int slot, bool last_micro_batch, int chunk) override {
     opt_->weight_gradients(slot, last_micro_batch, chunk);
   }
-  double finish_reduction(Communicator* tied) override { return opt_->finish(tied); }
+  double finish_reduction(Communicator* tied, Communicator* kv) override {
+    const double waited = opt_->finish(tied);
+    if (kv == nullptr) return waited;
+    // Part of the tensor group's traffic: a ring all-reduce of b bytes
+    // sends 2 b (g - 1) / g per rank.
+    const auto t0 = std::chrono::steady_clock::now();
+    const double n = static_cast<double>(opt_->sum_shared_rows(*kv)), g = kv->size();
+    if (observer_)
+      observer_("kv-head gradient sum", t0, std::chrono::steady_clock::now(),
+                2 * n * sizeof(Acc) * (g - 1) / g);
+    return waited;
+  }
   double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
     return opt_->grad_sum_of_squares(without_tied_wte, without_replicated);
   }

@@ -202,16 +202,35 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // The owned gradients' sum of squares (without the tied wte's: its other
   // copy counts it; without the tensors replicated over a tensor group:
   // its rank 0 counts them).
+  // The shared kv rows of the owned parts: every tensor rank of a sharing
+  // group cuts its slice alike, so they own the same rows.
+  int64_t sum_shared_rows(Communicator& kv) override {
+    int64_t n = 0;
+    for (const auto& spec : stage_.table().specs()) {
+      const TensorPart p = plan_.part_of(spec);
+      const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
+      const int64_t len = (r.end - r.begin) * spec.row_length();
+      if (len == 0) continue;
+      kv.allreduce_sum(g_.get() + p.shard_offset + (r.begin - p.row_begin) * spec.row_length(), len);
+      n += len;
+    }
+    return n;
+  }
+
   double grad_sum_of_squares(bool without_wte, bool without_replicated) override {
     double s = Ops::sum_of_squares(ctx_, g_.get(), n_);
     if (without_wte && wte_unit_ != nullptr)
       s -= Ops::sum_of_squares(ctx_, g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
-    if (without_replicated) {
-      for (const auto& spec : stage_.table().specs()) {
-        if (!spec.whole()) continue;
-        const TensorPart p = plan_.part_of(spec);
+    for (const auto& spec : stage_.table().specs()) {
+      const TensorPart p = plan_.part_of(spec);
+      if (without_replicated && spec.whole()) {
         s -= Ops::sum_of_squares(ctx_, g_.get() + p.shard_offset,
                                  (p.row_end - p.row_begin) * spec.row_length());
+      }
+      const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
+      if (r.end > r.begin && !spec.owns_shared()) {
+        s -= Ops::sum_of_squares(ctx_, g_.get() + p.shard_offset + (r.begin - p.row_begin) * spec.row_length(),
+                                 (r.end - r.begin) * spec.row_length());
       }
     }
     return s;

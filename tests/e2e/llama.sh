@@ -3,7 +3,9 @@
 # SwiGLU, 2 kv heads for 4 query heads, an untied head) on every parallel
 # axis against its one-rank run: data, pipeline (zb-h1; 1F1B in the resume),
 # tensor (kv heads and SwiGLU's gate and up split over the group, with and
-# without sequence parallelism), ZeRO 1-3 and recomputation (and bf16 with
+# without sequence parallelism; kv heads fewer than the tensor ranks, each
+# shared by neighbouring ranks that sum its gradients, under ZeRO 0 and
+# 3), ZeRO 1-3 and recomputation (and bf16 with
 # offload bit for bit against bf16 without): loss, grad
 # norm and validation loss of every step within 1e-5 relative, and every
 # final tensor within 1e-5 in norm (compare_checkpoints.py: h5dump, no
@@ -51,6 +53,22 @@ for c in "${cases[@]}"; do
   same ref "$dir" "llama (dp $1, pp $2, tp $3) $4, recompute $5, zero $6, sequence parallel $7"
 done
 
+# kv heads fewer than the tensor ranks: tp 4 over the deck's 2 (each
+# shared by two ranks, zero 0's whole gradients), and multi-query (one kv
+# head) over tp 2 with ZeRO 3 and sequence parallelism (the sharers' owned
+# rows of it summed after the reduce-scatter). A kv head's gradient taken
+# from one rank's query heads only, or summed twice, moves the loss by
+# 1e-3 or more; its copies must stay equal, and be written once.
+train shared_4 1 1 4
+same ref shared_4 "llama (dp 1, pp 1, tp 4), kv heads shared by 2 ranks"
+grep -q "model: each kv head shared by 2 tensor ranks (tp 4 > 2 kv heads)" shared_4.log ||
+  fail "tp 4: the sharing is not logged"
+grep -q "tensor groups: every rank's replicated tensors match its group's (.*; the kv heads' rows of 4 on the ranks sharing them)" \
+  shared_4.log || { grep "tensor groups" shared_4.log; fail "tp 4: shared kv rows not confirmed identical"; }
+train mq_ref 1 1 1 --set model.n_kv_head=1
+train mq_2_1_2 2 1 2 --set model.n_kv_head=1 --set parallel.zero=3 --set parallel.sequence_parallel=true
+same mq_ref mq_2_1_2 "multi-query llama (dp 2, pp 1, tp 2) zero 3, sequence parallel"
+
 # bf16 with its masters and moments offloaded to files: bit for bit the
 # run without offload (the same element arithmetic, e2e.offload's bound).
 mkdir -p offload
@@ -65,12 +83,19 @@ grep -q "tied embedding: first and last stage copies are identical" tied_pp.log 
   fail "tied llama: copies not confirmed identical"
 same tied_ref tied_pp "tied llama (pp 2)"
 
-# Resume under another layout: (1,2,1) 1F1B stopped at step 3 -> (1,1,2).
+# Resume under another layout: (1,2,1) 1F1B stopped at step 3 -> (1,1,4),
+# whose kv heads are shared; and out of that layout's checkpoint into one
+# rank.
 train seg 1 2 1 --set train.stop_at=3
 mkdir -p resumed && cp -r seg/checkpoints seg/metrics.jsonl resumed/
-train resumed 1 1 2
+train resumed 1 1 4
 grep -q "resumed from .*step_00000003.h5: step 3" resumed.log || fail "no resume line"
-same ref resumed "llama resumed (1,2,1) -> (1,1,2)"
+same ref resumed "llama resumed (1,2,1) -> (1,1,4)"
+train seg4 1 1 4 --set train.stop_at=3
+mkdir -p resumed1 && cp -r seg4/checkpoints seg4/metrics.jsonl resumed1/
+train resumed1 1 1 1
+grep -q "resumed from .*step_00000003.h5: step 3" resumed1.log || fail "no resume line"
+same ref resumed1 "llama resumed (1,1,4) -> (1,1,1)"
 
 # inspect names the family; generate continues a prompt from the KV cache.
 "$MPIFORMER" inspect ref/checkpoints/step_00000006.h5 >inspect.txt
@@ -170,8 +195,8 @@ expect_error() {  # label expected-text --set ...
   echo "ok: $label refused"
 }
 expect_error kv_heads "[model] n_kv_head: must divide [model] n_head (4)" --set model.n_kv_head=3
-expect_error tp_kv "[parallel] tp, [model] n_kv_head: tp 4 must divide n_kv_head 2" \
-  --set parallel.tp=4
+expect_error tp_kv "[parallel] tp, [model] n_kv_head: one of tp 2 and n_kv_head 3 must divide the other" \
+  --set parallel.tp=2 --set model.n_embd=96 --set model.n_head=6 --set model.n_kv_head=3
 expect_error gpt2_key "[model] n_kv_head: applies to [model] family = \"llama\" only" \
   --set model.family=gpt2
 expect_error rope_odd "must be even (rotary positions" --set model.n_embd=120 --set model.n_head=8 \

@@ -176,7 +176,10 @@ TEST(Schema, TensorParallelSlicesTileEveryTensor) {
   llama.n_kv_head = 4;
   llama.ffn_hidden = 12;
   llama.tie_embeddings = false;
-  for (const GptConfig& cfg : {gpt2, llama}) {
+  // And 2 kv heads over tp 4: each shared by two ranks, owned by the first.
+  GptConfig shared = llama;
+  shared.n_kv_head = 2;
+  for (const GptConfig& cfg : {gpt2, llama, shared}) {
   const ParameterTable whole(cfg, StageRange{0, 2, true, true});
   for (int64_t tp : {2, 4}) {
     for (const auto& w : whole.specs()) {
@@ -193,15 +196,67 @@ TEST(Schema, TensorParallelSlicesTileEveryTensor) {
           EXPECT_EQ(b.local_row, rows) << w.name;
           EXPECT_EQ(b.cols, s.row_length()) << w.name;
           rows += b.rows;
-          for (int64_t i = 0; i < b.rows; ++i)
-            for (int64_t c = 0; c < b.cols; ++c) ++seen[(b.row + i) * width + b.col + c];
         }
         EXPECT_EQ(rows, s.shape[0]) << w.name;
+        for (const LogicalBox& b : s.owned_boxes(0, s.shape[0]))
+          for (int64_t i = 0; i < b.rows; ++i)
+            for (int64_t c = 0; c < b.cols; ++c) ++seen[(b.row + i) * width + b.col + c];
       }
       for (size_t e = 0; e < seen.size(); ++e) ASSERT_EQ(seen[e], 1) << w.name << "[" << e << "], tp " << tp;
     }
   }
   }
+}
+
+// Fewer kv heads than tensor ranks (Megatron's rule for grouped-query
+// attention): rank r holds the r-th block of query heads and kv head
+// r / share whole, share = tp / n_kv_head; written out by hand for 8 query
+// heads of 2 channels over 2 kv heads.
+TEST(Schema, KvHeadsFewerThanTensorRanksAreSharedByNeighbours) {
+  GptConfig cfg;
+  cfg.family = ModelFamily::kLlama;
+  cfg.n_layer = 1;
+  cfg.n_head = 8;
+  cfg.n_embd = 16;
+  cfg.seq_len = 4;
+  cfg.vocab_size = 50;
+  cfg.n_kv_head = 2;
+  cfg.ffn_hidden = 16;
+  cfg.tie_embeddings = false;
+  const int64_t C = 16, hd = 2, K = 4;  // K: the kv channels
+  for (int64_t tp : {4, 8}) {
+    const int64_t share = tp / 2;
+    EXPECT_EQ(cfg.kv_share(tp), share);
+    for (int64_t r = 0; r < tp; ++r) {
+      const ParameterTable t(cfg, StageRange{0, 1, true, true, tp, r});
+      const ParameterSpec& s = t.at("h.0.self_attn.qkv_proj.weight");
+      const int64_t q = C / tp;
+      ASSERT_EQ(s.shape, (std::vector<int64_t>{q + 2 * hd, C}));
+      const std::vector<LogicalBox> b = s.boxes(0, s.shape[0]);
+      ASSERT_EQ(b.size(), 3u);
+      EXPECT_EQ(b[0].row, r * q);                    // its query heads
+      EXPECT_EQ(b[1].row, C + r / share * hd);       // k of kv head r / share
+      EXPECT_EQ(b[2].row, C + K + r / share * hd);   // and its v
+      EXPECT_EQ(b[1].rows, hd);
+      EXPECT_EQ(b[2].local_row, q + hd);
+      EXPECT_EQ(s.shared_rows().begin, q);
+      EXPECT_EQ(s.shared_rows().end, q + 2 * hd);
+      EXPECT_EQ(s.share(), share);
+      EXPECT_EQ(s.owns_shared(), r % share == 0);
+      // Owned: the first of the sharers writes k and v; the others q only.
+      EXPECT_EQ(s.owned_boxes(0, s.shape[0]).size(), r % share == 0 ? 3u : 1u);
+      // A ZeRO part's rows clip the shared ones.
+      EXPECT_EQ(s.shared_rows_in(q + 1, q + 3).begin, q + 1);
+      EXPECT_EQ(s.shared_rows_in(0, q).end - s.shared_rows_in(0, q).begin, 0);
+      // The other split tensors as without sharing; no other has shared rows.
+      for (const auto& spec : t.specs()) {
+        if (&spec == &s) continue;
+        EXPECT_EQ(spec.share(), 1) << spec.name;
+      }
+    }
+  }
+  EXPECT_FALSE(cfg.kv_heads_split(3));
+  EXPECT_TRUE(cfg.kv_heads_split(1));
 }
 
 }  // namespace

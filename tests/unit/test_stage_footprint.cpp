@@ -111,6 +111,11 @@ TEST(StageFootprint, EqualsWhatTheLlamaStageAllocates) {
     expect_exact<float>(c, 2, 4, 5, 1, false, r, false, 2);
   }
   expect_exact<float>(c, 2, 2, 2, 2, true, Recompute::kNone, true);
+  // One kv head, held whole by both tensor ranks.
+  GptConfig mq = c;
+  mq.n_kv_head = 1;
+  expect_exact<float>(mq, 2, 3, 2, 2);
+  expect_exact<float>(mq, 2, 2, 2, 2, true, Recompute::kAttention);
   c.tie_embeddings = true;
   expect_exact<float>(c, 2, 3, 2);
 }
