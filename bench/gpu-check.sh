@@ -13,6 +13,8 @@
 #     the host: its logged losses and grad norms against the benchmark
 #     run's, its tokens/s, and the device memory it measured;
 #  3. `ctest -L gpu`;
+#  3b. the 2-step device-against-host comparison again on llama-160m with
+#     grouped-query attention;
 #  4. compute-sanitizer memcheck and racecheck over our own kernels.
 # A short table and a summary come last. It exits non-zero when no GPU is
 # usable, when every GPU test skipped, when a phase fails or has no time.
@@ -209,16 +211,20 @@ PY
 fi
 
 # 2. The device against the host, fp32, at gpt2-124m's real shapes.
-if [ "${COMPARE:-1}" = 1 ] && phase 90 "gpt2-124m: $DEVICE fp32 against the host"; then
-  log "compare: gpt2-124m fp32, 2 steps of $CMP_MB x $CMP_SEQ tokens, $DEVICE against cpu"
-  half=$(($(left) / 2 - 10))
-  cmp=(gpt2-124m "$half" --set train.precision=fp32 --set model.seq_len="$CMP_SEQ"
-       --set train.micro_batch="$CMP_MB" --set train.global_batch="$CMP_MB" --set train.steps=2
-       --set train.warmup_steps=0 --set train.log_every=1 --set checkpoint.at_end=false
-       --set run.peak_tflops=1)
-  if train cmp-device "${cmp[@]}" --set run.device="$DEVICE" &&
-     train cmp-host "${cmp[@]}" --set run.device=cpu; then
-    python3 - "$W/cmp-device/metrics.jsonl" "$W/cmp-host/metrics.jsonl" 2>&1 <<'PY' | tee -a "$OUT/summary.txt"
+# compare_on NAME DECK [--set ...]: 2 steps of the deck on the device and on
+# the host (same init and data); step losses within 1e-4 relative.
+compare_on() {
+  local name=$1 deck=$2
+  shift 2
+  log "compare: $name fp32, 2 steps of $CMP_MB x $CMP_SEQ tokens, $DEVICE against cpu"
+  local half=$(($(left) / 2 - 10))
+  local cmp=("$deck" "$half" --set train.precision=fp32 --set model.seq_len="$CMP_SEQ"
+             --set train.micro_batch="$CMP_MB" --set train.global_batch="$CMP_MB" --set train.steps=2
+             --set train.warmup_steps=0 --set train.log_every=1 --set checkpoint.at_end=false
+             --set run.peak_tflops=1 "$@")
+  if train "cmp-$name-device" "${cmp[@]}" --set run.device="$DEVICE" &&
+     train "cmp-$name-host" "${cmp[@]}" --set run.device=cpu; then
+    python3 - "$W/cmp-$name-device/metrics.jsonl" "$W/cmp-$name-host/metrics.jsonl" 2>&1 <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 dev, host = ([json.loads(l)["loss"] for l in open(p) if '"grad_norm"' in l] for p in sys.argv[1:3])
 assert len(dev) == len(host) == 2, (dev, host)
@@ -229,11 +235,14 @@ rel = [abs(a - b) / abs(b) for a, b in zip(dev, host)]
 assert max(rel) <= 1e-4, f"step losses {dev} on the device, {host} on the host: rel {rel}"
 print(f"== compare: step losses {dev[0]:.6f} {dev[1]:.6f} on the device, rel {rel[0]:.1e} {rel[1]:.1e} from the host's")
 PY
-    [ "${PIPESTATUS[0]}" = 0 ] || failed+=("compare")
+    [ "${PIPESTATUS[0]}" = 0 ] || failed+=("compare $name")
   else
-    for f in cmp-device cmp-host; do [ -f "$OUT/$f.log" ] && tail -5 "$OUT/$f.log"; done
-    failed+=("compare (a run failed)")
+    for f in "cmp-$name-device" "cmp-$name-host"; do [ -f "$OUT/$f.log" ] && tail -5 "$OUT/$f.log"; done
+    failed+=("compare $name (a run failed)")
   fi
+}
+if [ "${COMPARE:-1}" = 1 ] && phase 90 "gpt2-124m: $DEVICE fp32 against the host"; then
+  compare_on gpt2-124m gpt2-124m
 fi
 
 # 2b. fp16 with dynamic loss scaling on the device: the loss falls and the
@@ -316,6 +325,16 @@ if [ "${TESTS:-1}" = 1 ] && phase 120 "tests"; then
     log "NCCL communicator on $ngpu GPUs: $([ $rc = 0 ] && echo passed || echo "FAILED ($rc)")"
     [ $rc = 0 ] || failed+=("NCCL on $ngpu GPUs")
   fi
+fi
+
+# 3b. The Llama family on the device against the host, at llama-160m's
+# shapes with grouped-query attention (4 kv heads for 12 query heads), on
+# the sample corpus's bytes: RMSNorm, rotary positions, SwiGLU and GQA
+# attention at real sizes (the GPU tests run them at small ones).
+if [ "${COMPARE:-1}" = 1 ] && phase 90 "llama-160m: $DEVICE fp32 against the host"; then
+  "$MPIFORMER" prep --tokenizer byte --val-fraction 0.1 --output "$W/data/tinyshakespeare_byte.h5" \
+    inputs/tinyshakespeare.txt >>"$OUT/prep.log" 2>&1 || failed+=("llama data")
+  compare_on llama-160m llama-160m --set model.n_kv_head=4
 fi
 
 # 4. compute-sanitizer: the CPU emulation (tests/emulation) runs threads in

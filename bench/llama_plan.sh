@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The planner on Llama-2-7B's and Llama-3-8B's shapes, for bench/RESULTS.md:
+# The planner on Llama-2-7B's and Llama-3-8B's shapes (and the latter with 2
+# kv heads), for bench/RESULTS.md:
 # memory per rank (GiB) and whether it fits, on one node of each shipped
 # machine file, at tp 1/2/4/8 (dp the rest of the node) with zero 1 and
 # 3, bf16, micro_batch 1, no recomputation, global batch 64 sequences.
@@ -12,11 +13,14 @@ llama2_7b=(--set model.n_layer=32 --set model.n_embd=4096 --set model.n_head=32
 llama3_8b=(--set model.n_layer=32 --set model.n_embd=4096 --set model.n_head=32
   --set model.n_kv_head=8 --set model.ffn_hidden=14336 --set model.vocab_size=128256
   --set model.seq_len=8192 --set model.rope_theta=500000.0)
+# The same with 2 kv heads: at tp 4 and 8 each is held whole by 2 and 4
+# tensor ranks, which sum its gradients.
+llama3_8b_kv2=("${llama3_8b[@]}" --set model.n_kv_head=2)
 for machine in inputs/machines/*.toml; do
   node=$(sed -n 's/^devices_per_node *= *\([0-9]*\).*/\1/p' "$machine")
   echo "== $(basename "$machine" .toml): $node devices per node"
   printf "%-12s %5s %4s %4s %10s %6s %10s\n" model zero tp dp "GiB/rank" fits "tokens/s"
-  for model in llama2_7b llama3_8b; do
+  for model in llama2_7b llama3_8b llama3_8b_kv2; do
     declare -n shape=$model
     for zero in 1 3; do
       for tp in 1 2 4 8; do
