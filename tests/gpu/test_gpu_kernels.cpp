@@ -35,6 +35,7 @@
 #include "cuda/gelu.hpp"
 #include "cuda/layernorm.hpp"
 #include "cuda/matmul.hpp"
+#include "cuda/moe_dispatch.hpp"
 #include "cuda/reduce.hpp"
 #include "cuda/residual.hpp"
 #include "cuda/rmsnorm.hpp"
@@ -47,6 +48,7 @@
 #include "host/gelu.hpp"
 #include "host/layernorm.hpp"
 #include "host/matmul.hpp"
+#include "host/moe_dispatch.hpp"
 #include "host/residual.hpp"
 #include "host/rmsnorm.hpp"
 #include "host/rope.hpp"
@@ -295,6 +297,46 @@ TYPED_TEST(GpuKernels, SwiGluAndRope) {
     host::rope_rotate(ref.data(), table.data(), N, T, Cq, K, hs, sign);
     EXPECT_TRUE(close(qkv.read(), ref, tol<A>(1e-6, 1e-2))) << "sign " << sign;
   }
+}
+
+// Mixture-of-Experts dispatch and combine: rows permuted as a router
+// numbers them, a dropped assignment and a token with both dropped. The
+// expert outputs' rows no assignment reaches stay poisoned: never read.
+TYPED_TEST(GpuKernels, MoeDispatchAndCombine) {
+  using A = TypeParam;
+  const int64_t N = 5, K = 2, W = 40, M = 8;  // W channels: more than a warp
+  const std::vector<int32_t> dest = {3, 0, 5, -1, 1, 6, -1, -1, 2, 4};
+  DevTokens ddest(dest);
+  Dev<A> x(random_vector(N * W, 91)), dy(random_vector(N * W, 92)), dx(random_vector(N * W, 93));
+  std::vector<double> out_v = random_vector(M * W, 94);
+  for (int64_t c = 0; c < W; ++c) out_v[7 * W + c] = std::nan("");  // row 7: unused
+  Dev<A> out(out_v);
+  Dev<float> gate(random_vector(N * K, 95));
+  Dev<A> buf = Dev<A>::poisoned(M * W), y = Dev<A>::poisoned(N * W), dout = Dev<A>::poisoned(M * W);
+  Dev<float> dgate = Dev<float>::poisoned(N * K);
+  cuda::moe_dispatch_forward(buf.get(), x.get(), ddest.buf.get(), N, K, W, nullptr);
+  std::vector<double> want_buf(M * W, std::nan(""));
+  host::moe_dispatch_forward(want_buf.data(), x.exact.data(), dest.data(), N, K, W);
+  const auto got_buf = buf.read();
+  for (int64_t i = 0; i < 7 * W; ++i) EXPECT_EQ(got_buf[i], want_buf[i]) << i;  // a copy: exact
+  cuda::moe_combine_forward(y.get(), out.get(), gate.get(), ddest.buf.get(), N, K, W, nullptr);
+  std::vector<double> want_y(N * W);
+  host::moe_combine_forward(want_y.data(), out.exact.data(), gate.exact.data(), dest.data(), N, K, W);
+  EXPECT_TRUE(close(y.read(), want_y, tol<A>(1e-6, 1e-2)));
+  cuda::moe_combine_backward(dout.get(), dgate.get(), dy.get(), out.get(), gate.get(),
+                             ddest.buf.get(), N, K, W, nullptr);
+  std::vector<double> want_dout(M * W, std::nan("")), want_dgate(N * K);
+  host::moe_combine_backward(want_dout.data(), want_dgate.data(), dy.exact.data(), out.exact.data(),
+                             gate.exact.data(), dest.data(), N, K, W);
+  auto got_dout = dout.read();
+  got_dout.resize(7 * W);
+  want_dout.resize(7 * W);
+  EXPECT_TRUE(close(got_dout, want_dout, tol<A>(1e-6, 1e-2)));
+  EXPECT_TRUE(close(dgate.read(), want_dgate, tol<A>(1e-5, 1e-2)));
+  auto want_dx = dx.exact;
+  cuda::moe_dispatch_backward(dx.get(), dout.get(), ddest.buf.get(), N, K, W, nullptr);
+  host::moe_dispatch_backward(want_dx.data(), dout.read().data(), dest.data(), N, K, W);
+  EXPECT_TRUE(close(dx.read(), want_dx, tol<A>(1e-6, 1e-2)));
 }
 
 TYPED_TEST(GpuKernels, Matmul) {
