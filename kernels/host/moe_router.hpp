@@ -37,33 +37,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/moe_routing.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
-
-struct RouterShape {
-  int64_t tokens = 0;    // N rows
-  int64_t seq_len = 0;   // T: rows per sequence (N a multiple of it)
-  int64_t experts = 0;   // E
-  int64_t top_k = 0;     // k <= E
-  int64_t capacity = 0;  // per expert per sequence; 0: no limit
-};
-
-// What one call routed, summed over its sequences.
-struct RouterTotals {
-  double aux = 0;       // sum over sequences of aux(s)
-  double z = 0;         // sum over tokens of z(n)
-  int64_t dropped = 0;  // assignments dropped over capacity
-};
 
 // probs [N, E]: the softmax (kept for backward); lse [N]; expert, gate and
 // dest [N k]; chose [S E]: assignments per sequence and expert before
 // dropping (backward's f); kept [E]: rows per expert in the dispatched
 // buffer.
 template <class T>
-RouterTotals router_forward(const RouterShape& r, const T* logits, T* probs, T* lse,
-                            int32_t* expert, T* gate, int32_t* dest, int32_t* chose,
-                            int64_t* kept) {
+void router_forward(const RouterShape& r, const T* logits, T* probs, T* lse, int32_t* expert,
+                    T* gate, int32_t* dest, int32_t* chose, int64_t* kept, double* totals) {
   const int64_t N = r.tokens, E = r.experts, K = r.top_k, S = N / r.seq_len, L = r.seq_len;
   parallel_for("router_softmax_topk", N, [=](const int64_t n) {
     const T* l = logits + n * E;
@@ -137,13 +122,12 @@ RouterTotals router_forward(const RouterShape& r, const T* logits, T* probs, T* 
       if (d >= 0) d = static_cast<int32_t>(start[static_cast<size_t>(s * E + expert[n * K + j])] + d);
     }
   });
-  RouterTotals out;
   for (int64_t s = 0; s < S; ++s) {
-    out.aux += static_cast<double>(aux[static_cast<size_t>(s)]);
-    out.dropped += dropped[static_cast<size_t>(s)];
+    totals[kAuxSum] += static_cast<double>(aux[static_cast<size_t>(s)]);
+    totals[kDropped] += static_cast<double>(dropped[static_cast<size_t>(s)]);
   }
-  for (int64_t n = 0; n < N; ++n) out.z += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);
-  return out;
+  for (int64_t n = 0; n < N; ++n)
+    totals[kZSum] += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);
 }
 
 // dlogits [N, E] (=) from: dgate [N k], the loss's gradient with respect to

@@ -36,6 +36,7 @@
 #include "cuda/layernorm.hpp"
 #include "cuda/matmul.hpp"
 #include "cuda/moe_dispatch.hpp"
+#include "cuda/moe_router.hpp"
 #include "cuda/reduce.hpp"
 #include "cuda/residual.hpp"
 #include "cuda/rmsnorm.hpp"
@@ -49,6 +50,7 @@
 #include "host/layernorm.hpp"
 #include "host/matmul.hpp"
 #include "host/moe_dispatch.hpp"
+#include "host/moe_router.hpp"
 #include "host/residual.hpp"
 #include "host/rmsnorm.hpp"
 #include "host/rope.hpp"
@@ -337,6 +339,60 @@ TYPED_TEST(GpuKernels, MoeDispatchAndCombine) {
   cuda::moe_dispatch_backward(dx.get(), dout.get(), ddest.buf.get(), N, K, W, nullptr);
   host::moe_dispatch_backward(want_dx.data(), dout.read().data(), dest.data(), N, K, W);
   EXPECT_TRUE(close(dx.read(), want_dx, tol<A>(1e-6, 1e-2)));
+}
+
+// The router, in float, against the host's in double on the same logits:
+// every decision (choices, drops, rows, counts) exactly, the values within
+// float rounding (1e-5), with a tie and experts over capacity.
+TEST(GpuRouter, MatchesTheHost) {
+  const int64_t L = 6, S = 3, N = S * L, E = 5, K = 2;
+  const RouterShape r{N, L, E, K, 2};
+  std::vector<double> lv = random_vector(N * E, 96, 2.0);
+  lv[4 * E + 1] = lv[4 * E + 3] = 4.0;  // a tie: expert 1 first
+  Dev<float> logits(lv), probs = Dev<float>::poisoned(N * E), lse = Dev<float>::poisoned(N);
+  Dev<float> gate = Dev<float>::poisoned(N * K);
+  cuda::DeviceBuffer<int32_t> expert(N * K), dest(N * K), chose(S * E);
+  cuda::DeviceBuffer<int64_t> kept(E);
+  cuda::DeviceBuffer<double> totals(kRouterTotals);
+  cuda::DeviceBuffer<char> scratch(cuda::router_scratch_bytes(r));
+  const double zero[kRouterTotals] = {};
+  cuda::copy_to_device(totals.get(), zero, sizeof zero);
+  cuda::router_forward(r, logits.get(), probs.get(), lse.get(), expert.get(), gate.get(), dest.get(),
+                       chose.get(), kept.get(), totals.get(), scratch.get(), nullptr);
+  std::vector<double> hp(N * E), hl(N), hg(N * K);
+  std::vector<int32_t> he(N * K), hd(N * K), hc(S * E);
+  std::vector<int64_t> hk(E);
+  double ht[kRouterTotals] = {};
+  host::router_forward(r, logits.exact.data(), hp.data(), hl.data(), he.data(), hg.data(), hd.data(),
+                       hc.data(), hk.data(), ht);
+  auto ints = [](const auto& buf, size_t n) {
+    std::vector<std::remove_pointer_t<decltype(buf.get())>> v(n);
+    cuda::copy_to_host(v.data(), buf.get(), n * sizeof(v[0]));
+    return v;
+  };
+  EXPECT_EQ(ints(expert, N * K), he);
+  EXPECT_EQ(he[4 * K], 1);
+  EXPECT_EQ(ints(dest, N * K), hd);
+  EXPECT_EQ(ints(chose, S * E), hc);
+  EXPECT_EQ(ints(kept, E), hk);
+  const auto t = ints(totals, kRouterTotals);
+  EXPECT_GT(ht[kDropped], 0.0);
+  EXPECT_EQ(t[kDropped], ht[kDropped]);
+  EXPECT_NEAR(t[kAuxSum], ht[kAuxSum], 1e-5 * ht[kAuxSum]);
+  EXPECT_NEAR(t[kZSum], ht[kZSum], 1e-5 * ht[kZSum]);
+  EXPECT_TRUE(close(probs.read(), hp, 1e-5));
+  EXPECT_TRUE(close(lse.read(), hl, 1e-5));
+  EXPECT_TRUE(close(gate.read(), hg, 1e-5));
+  // Backward from the same gate gradients (zero where dropped).
+  std::vector<double> dg = random_vector(N * K, 97);
+  for (size_t a = 0; a < dg.size(); ++a) dg[a] = hd[a] < 0 ? 0.0 : dg[a];
+  Dev<float> dgate(dg), dlogits = Dev<float>::poisoned(N * E);
+  cuda::router_backward(r, dlogits.get(), dgate.get(), probs.get(), lse.get(), expert.get(),
+                        gate.get(), chose.get(), 0.3f, 0.01f, nullptr);
+  std::vector<double> want(N * E);
+  host::router_backward(r, want.data(), dgate.exact.data(), hp.data(), hl.data(), he.data(),
+                        hg.data(), hc.data(), 0.3, 0.01);
+  EXPECT_TRUE(close(dlogits.read(), want, 1e-5));
 }
 
 TYPED_TEST(GpuKernels, Matmul) {

@@ -68,10 +68,10 @@ struct Routed {
   std::vector<double> probs, lse, gate;
   std::vector<int32_t> expert, dest, chose;
   std::vector<int64_t> kept;
-  host::RouterTotals totals;
+  double totals[kRouterTotals] = {};
 };
 
-Routed route(const host::RouterShape& r, const std::vector<double>& logits) {
+Routed route(const RouterShape& r, const std::vector<double>& logits) {
   Routed o;
   const size_t N = static_cast<size_t>(r.tokens), E = static_cast<size_t>(r.experts),
                K = static_cast<size_t>(r.top_k);
@@ -82,8 +82,8 @@ Routed route(const host::RouterShape& r, const std::vector<double>& logits) {
   o.dest.resize(N * K);
   o.chose.resize(N / static_cast<size_t>(r.seq_len) * E);
   o.kept.resize(E);
-  o.totals = host::router_forward(r, logits.data(), o.probs.data(), o.lse.data(), o.expert.data(),
-                                  o.gate.data(), o.dest.data(), o.chose.data(), o.kept.data());
+  host::router_forward(r, logits.data(), o.probs.data(), o.lse.data(), o.expert.data(),
+                       o.gate.data(), o.dest.data(), o.chose.data(), o.kept.data(), o.totals);
   return o;
 }
 
@@ -96,7 +96,7 @@ TEST(MoeRouter, ChoosesGatesDropsAndDispatchesAsDefined) {
   logits[3 * E + 1] = logits[3 * E + 2] = 5.0;
   // Sequence 1 leans on expert 0, which must drop.
   for (int64_t t = 0; t < T; ++t) logits[(T + t) * E + 0] = 4.0 + 0.1 * static_cast<double>(t);
-  const host::RouterShape r{N, T, E, K, cap};
+  const RouterShape r{N, T, E, K, cap};
   const Routed got = route(r, logits);
   const Naive want = naive_route(logits, N, T, E, K, cap);
   EXPECT_EQ(got.expert[3 * K], 1);
@@ -114,12 +114,12 @@ TEST(MoeRouter, ChoosesGatesDropsAndDispatchesAsDefined) {
     }
   }
   EXPECT_GT(dropped, 0);
-  EXPECT_EQ(got.totals.dropped, dropped);
+  EXPECT_EQ(got.totals[kDropped], static_cast<double>(dropped));
   EXPECT_EQ(got.kept, kept);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t e = 0; e < E; ++e) EXPECT_EQ(got.chose[s * E + e], want.chose[s][e]);
-  EXPECT_NEAR(got.totals.aux, want.aux, 1e-13);
-  EXPECT_NEAR(got.totals.z, want.z, 1e-12);
+  EXPECT_NEAR(got.totals[kAuxSum], want.aux, 1e-13);
+  EXPECT_NEAR(got.totals[kZSum], want.z, 1e-12);
   // The rows: each expert's block in expert order, inside it sequence 0's
   // then sequence 1's, each in the order taken (first choices by position,
   // then second choices); every row used once.
@@ -139,8 +139,8 @@ TEST(MoeRouter, ChoosesGatesDropsAndDispatchesAsDefined) {
   std::iota(in_order.begin(), in_order.end(), 0);
   EXPECT_EQ(rows, in_order);
   // Without a capacity nothing drops.
-  const Routed all = route(host::RouterShape{N, T, E, K, 0}, logits);
-  EXPECT_EQ(all.totals.dropped, 0);
+  const Routed all = route(RouterShape{N, T, E, K, 0}, logits);
+  EXPECT_EQ(all.totals[kDropped], 0.0);
   EXPECT_EQ(std::accumulate(all.kept.begin(), all.kept.end(), int64_t{0}), N * K);
 }
 
@@ -150,8 +150,8 @@ TEST(MoeRouter, UniformRoutingHasAuxLossOne) {
   std::vector<double> logits(static_cast<size_t>(T * E), 0.0);
   // Equal probabilities; choices spread evenly by nudging the argmax.
   for (int64_t t = 0; t < T; ++t) logits[t * E + t % E] = 1e-12;
-  const Routed got = route(host::RouterShape{T, T, E, K, 0}, logits);
-  EXPECT_NEAR(got.totals.aux, 1.0, 1e-9);
+  const Routed got = route(RouterShape{T, T, E, K, 0}, logits);
+  EXPECT_NEAR(got.totals[kAuxSum], 1.0, 1e-9);
 }
 
 // d/dlogits of  sum_a w_a g_a (kept assignments) + alpha sum_s aux(s) +
@@ -162,9 +162,9 @@ TEST(MoeRouter, GradientMatchesFiniteDifferences) {
   std::vector<double> logits = random_vector(static_cast<size_t>(N * E), 72, 3.0);
   const std::vector<double> w = random_vector(static_cast<size_t>(N * K), 73);
   const double alpha = 0.7, zeta = 0.05;
-  const host::RouterShape r{N, T, E, K, cap};
+  const RouterShape r{N, T, E, K, cap};
   const Routed got = route(r, logits);
-  ASSERT_GT(got.totals.dropped, 0);
+  ASSERT_GT(got.totals[kDropped], 0.0);
   std::vector<double> dgate(static_cast<size_t>(N * K));
   for (size_t a = 0; a < dgate.size(); ++a) dgate[a] = got.dest[a] >= 0 ? w[a] : 0.0;
   std::vector<double> dl(static_cast<size_t>(N * E), 9.0);
