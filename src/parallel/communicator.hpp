@@ -77,6 +77,15 @@ class Communicator {
   virtual Pending start_reduce_scatter(const void* send, void* recv, int64_t part,
                                        Element type) = 0;
 
+  // Expert parallelism's exchange, in bytes, blocking (a device
+  // communicator: ordered on the compute stream). `send` holds size()
+  // blocks in rank order, block r (send_bytes[r]) for group rank r; block r
+  // of `recv` (recv_bytes[r], in rank order) receives what rank r sent
+  // this rank. The sizes must agree pairwise: exchange them first
+  // (exchange_counts, mpi_communicator.hpp). Buffers must not overlap.
+  virtual void alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes,
+                               void* recv, const std::vector<int64_t>& recv_bytes) = 0;
+
   // Point to point within the group (peer is a group rank), in bytes:
   // activations may be bf16. Sends never block: the buffer must stay
   // untouched until the PendingOp completes.

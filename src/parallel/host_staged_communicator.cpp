@@ -130,6 +130,20 @@ void HostStagedCommunicator::allgather(const void* send, void* recv, int64_t par
   to_device(recv, staging_.data(), staging_.size(), compute_);
 }
 
+void HostStagedCommunicator::alltoallv_bytes(const void* send,
+                                              const std::vector<int64_t>& send_bytes, void* recv,
+                                              const std::vector<int64_t>& recv_bytes) {
+  int64_t out = 0, in = 0;
+  for (const int64_t b : send_bytes) out += b;
+  for (const int64_t b : recv_bytes) in += b;
+  staging_.resize(static_cast<size_t>(out + in));
+  char* host_send = staging_.data();
+  char* host_recv = staging_.data() + out;
+  to_host(host_send, send, static_cast<size_t>(out), compute_);
+  group_.alltoallv_bytes(host_send, send_bytes, host_recv, recv_bytes);
+  to_device(recv, host_recv, static_cast<size_t>(in), compute_);
+}
+
 // Staged through the host, nothing overlaps: done when started.
 Pending HostStagedCommunicator::start_allreduce(void* data, int64_t n, Element type) {
   allreduce(data, n, type, Reduction::kSum);

@@ -252,6 +252,32 @@ Pending MpiCommunicator::start_allgather(const void* send, void* recv,
   return p;
 }
 
+void MpiCommunicator::alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes,
+                                      void* recv, const std::vector<int64_t>& recv_bytes) {
+  MPIFORMER_CHECK(static_cast<int>(send_bytes.size()) == size_ &&
+                      static_cast<int>(recv_bytes.size()) == size_,
+                  "alltoallv: a size per rank");
+  std::vector<int> sc, sd, rc, rd;
+  int64_t s_at = 0, r_at = 0;
+  for (int r = 0; r < size_; ++r) {
+    sc.push_back(count(send_bytes[r]));
+    sd.push_back(count(s_at));
+    rc.push_back(count(recv_bytes[r]));
+    rd.push_back(count(r_at));
+    s_at += send_bytes[r];
+    r_at += recv_bytes[r];
+  }
+  MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
+                          MPI_BYTE, comm_));
+}
+
+std::vector<int64_t> exchange_counts(MpiCommunicator& group, const std::vector<int64_t>& counts) {
+  MPIFORMER_CHECK(static_cast<int>(counts.size()) == group.size(), "exchange_counts: a count per rank");
+  std::vector<int64_t> out(counts.size());
+  MPI_CHECK(MPI_Alltoall(counts.data(), 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, group.get()));
+  return out;
+}
+
 Pending MpiCommunicator::start_send_bytes(const void* data, size_t bytes, int peer, int tag) {
   auto p = std::make_unique<MpiPending>();
   MPI_CHECK(MPI_Isend(data, count(static_cast<int64_t>(bytes)), MPI_BYTE, peer, tag, comm_,

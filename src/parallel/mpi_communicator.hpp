@@ -33,6 +33,8 @@ class MpiCommunicator final : public Communicator {
   void allgather(const void* send, void* recv, int64_t part, Element type) override;
   Pending start_allreduce(void* data, int64_t n, Element type) override;
   Pending start_reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
+  void alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                       const std::vector<int64_t>& recv_bytes) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
 
@@ -54,5 +56,11 @@ class MpiCommunicator final : public Communicator {
   // Rounds n floats into 16-bit elements of `type` at `data`.
   static void narrow(void* data, const float* wide, int64_t n, Element type);
 };
+
+// Each rank's counts for every rank of `group` (counts[r]: what it will
+// send rank r), exchanged: the result's [r] is what rank r will send this
+// one. Collective over the group; host memory (device communicators post
+// their transfers from host counts too).
+std::vector<int64_t> exchange_counts(MpiCommunicator& group, const std::vector<int64_t>& counts);
 
 }  // namespace mpiformer

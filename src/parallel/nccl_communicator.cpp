@@ -220,6 +220,31 @@ Pending NcclCommunicator::start_reduce_scatter(const void* send, void* recv, int
   return record();
 }
 
+// One NCCL group of a send and a receive per peer (itself included: NCCL
+// copies that pair locally), so no pair waits on another.
+void NcclCommunicator::alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes,
+                                       void* recv, const std::vector<int64_t>& recv_bytes) {
+  MPIFORMER_CHECK(static_cast<int>(send_bytes.size()) == size_ &&
+                      static_cast<int>(recv_bytes.size()) == size_,
+                  "alltoallv: a size per rank");
+  after_compute();
+  NCCL_CHECK(ncclGroupStart());
+  size_t s_at = 0, r_at = 0;
+  for (int r = 0; r < size_; ++r) {
+    const size_t out = count(send_bytes[r]), in = count(recv_bytes[r]);
+    if (out > 0)
+      NCCL_CHECK(ncclSend(static_cast<const char*>(send) + s_at, out, ncclUint8, r, nccl(comm_),
+                          cuda(stream_)));
+    if (in > 0)
+      NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + r_at, in, ncclUint8, r, nccl(comm_),
+                          cuda(stream_)));
+    s_at += out;
+    r_at += in;
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  before_compute();
+}
+
 Pending NcclCommunicator::start_send_bytes(const void* data, size_t bytes, int peer, int) {
   after_compute();
   NCCL_CHECK(ncclSend(data, bytes, ncclUint8, peer, nccl(comm_), cuda(stream_)));

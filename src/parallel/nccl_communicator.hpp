@@ -54,6 +54,8 @@ class NcclCommunicator final : public Communicator {
   void allgather(const void* send, void* recv, int64_t part, Element type) override;
   Pending start_allreduce(void* data, int64_t n, Element type) override;
   Pending start_reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;
+  void alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                       const std::vector<int64_t>& recv_bytes) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
   void check_health() override;

@@ -10,6 +10,7 @@
 #include "device_copy.hpp"
 #include "core/cuda_check.hpp"
 #include "parallel/mpi_session.hpp"
+#include "parallel/host_staged_communicator.hpp"
 #include "parallel/nccl_communicator.hpp"
 
 int main(int argc, char** argv) {
@@ -62,6 +63,39 @@ int main(int argc, char** argv) {
           break;
         }
     }
+    // Expert parallelism's exchange on NCCL and staged through the host:
+    // rank r sends rank q (r + 1)(q + 2) - 2 bytes, byte i = 16 r + q + i.
+    auto alltoallv = [&](Communicator& c, const char* what) {
+      auto bytes = [](int from, int to) { return int64_t{from + 1} * (to + 2) - 2; };
+      std::vector<int64_t> out_counts;
+      std::vector<unsigned char> send;
+      for (int q = 0; q < n; ++q) {
+        out_counts.push_back(bytes(r, q));
+        for (int64_t i = 0; i < bytes(r, q); ++i) send.push_back(static_cast<unsigned char>(r * 16 + q + i));
+      }
+      const std::vector<int64_t> in_counts = exchange_counts(group, out_counts);
+      int64_t total = 0;
+      for (const int64_t b : in_counts) total += b;
+      cuda::DeviceBuffer<unsigned char> dsend(send.size() + 1), drecv(static_cast<size_t>(total) + 1);
+      cuda::copy_to_device(dsend.get(), send.data(), send.size());
+      c.alltoallv_bytes(dsend.get(), out_counts, drecv.get(), in_counts);
+      std::vector<unsigned char> got(static_cast<size_t>(total));
+      cuda::copy_to_host(got.data(), drecv.get(), got.size());
+      size_t at = 0;
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < bytes(q, r); ++i, ++at)
+          if (got[at] != static_cast<unsigned char>(q * 16 + r + i)) {
+            std::printf("FAIL: %s all-to-all: byte %lld from rank %d\n", what,
+                        static_cast<long long>(i), q);
+            rc = 1;
+            return;
+          }
+    };
+    alltoallv(comm, "NCCL");
+    {
+      HostStagedCommunicator staged(group, nullptr);
+      alltoallv(staged, "host-staged");
+    }
     if (n > 1) {
       // A pipeline's two directions, each on its own communicator as the
       // trainer uses them: a value travels 0 -> n-1 on one, every rank adding
@@ -90,7 +124,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (r == 0) std::printf("%s: NCCL all-reduce, reduce-scatter, all-gather%s on %d rank(s)\n",
+    if (r == 0) std::printf("%s: NCCL all-reduce, reduce-scatter, all-gather, all-to-all%s on %d rank(s)\n",
                             rc ? "FAILED" : "passed",
                             n > 1 ? " and a pipeline round trip" : "", n);
   }

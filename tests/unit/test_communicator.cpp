@@ -45,6 +45,34 @@ TEST(MpiCommunicator, AllreduceBlockingAndNonBlockingAreExact) {
   EXPECT_EQ(d, n * (n - 1) / 2.0 + 0.5 * n);
 }
 
+// Expert parallelism's exchange: rank r sends rank q (r + 1) (q + 2) - 2
+// bytes (none from rank 0 to rank 0), byte i of it r * 16 + q + i; the
+// sizes exchanged first.
+TEST(MpiCommunicator, AlltoallvDeliversEveryBlockToItsRank) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  auto bytes = [](int from, int to) { return int64_t{from + 1} * (to + 2) - 2; };
+  auto value = [](int from, int to, int64_t i) {
+    return static_cast<unsigned char>(from * 16 + to + i);
+  };
+  std::vector<int64_t> out_counts;
+  std::vector<unsigned char> send;
+  for (int q = 0; q < n; ++q) {
+    out_counts.push_back(bytes(r, q));
+    for (int64_t i = 0; i < bytes(r, q); ++i) send.push_back(value(r, q, i));
+  }
+  const std::vector<int64_t> in_counts = exchange_counts(comm, out_counts);
+  for (int q = 0; q < n; ++q) ASSERT_EQ(in_counts[q], bytes(q, r));
+  int64_t total = 0;
+  for (const int64_t c : in_counts) total += c;
+  std::vector<unsigned char> recv(static_cast<size_t>(total), 0xEE);
+  comm.alltoallv_bytes(send.data(), out_counts, recv.data(), in_counts);
+  int64_t at = 0;
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < bytes(q, r); ++i, ++at)
+      ASSERT_EQ(recv[static_cast<size_t>(at)], value(q, r, i)) << "from " << q << ", byte " << i;
+}
+
 // ZeRO's parts are unequal (they end at tensor rows) and may be empty.
 std::vector<int64_t> uneven_parts(int n) {
   std::vector<int64_t> counts;
