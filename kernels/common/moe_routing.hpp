@@ -1,7 +1,16 @@
-// What both back ends' Mixture-of-Experts routers (host/moe_router.hpp,
-// cuda/moe_router.hpp) take and report; the definitions are in the host's.
+// The Mixture-of-Experts router's arithmetic, written once for both back
+// ends (host/moe_router.hpp, which defines what it computes, and
+// cuda/moe_router.cu call it per token and per sequence), and what they
+// take and report.
 #pragma once
+#include <cmath>
 #include <cstdint>
+
+#if defined(__CUDACC__)
+#define MPIFORMER_ROUTER_FN __host__ __device__ __forceinline__
+#else
+#define MPIFORMER_ROUTER_FN inline
+#endif
 
 namespace mpiformer {
 
@@ -17,5 +26,105 @@ struct RouterShape {
 // its sequences: the aux loss's sum_s aux(s), the z loss's sum_n z(n), the
 // assignments dropped over capacity.
 enum RouterTotal : int { kAuxSum, kZSum, kDropped, kRouterTotals };
+
+// Token n: its softmax p [E] and log-sum-exp from its logits l [E]; its k
+// experts x [k] (each pass the largest logit not yet taken; strictly
+// larger wins, so of equals the lower index comes first) and their gates
+// g [k], renormalised over the k.
+template <class T>
+MPIFORMER_ROUTER_FN void router_token(const T* l, T* p, T& lse, int32_t* x, T* g, int64_t E,
+                                      int64_t K) {
+#if !defined(__CUDA_ARCH__)
+  using std::exp;  // on the device, CUDA's own overloads
+  using std::log;
+#endif
+  T m = l[0];
+  for (int64_t e = 1; e < E; ++e) m = l[e] > m ? l[e] : m;
+  T sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += (p[e] = exp(l[e] - m));
+  for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+  lse = m + log(sum);
+  T picked = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || x[i] == e;
+      if (!taken && (best < 0 || l[e] > l[best])) best = e;
+    }
+    x[j] = static_cast<int32_t>(best);
+    picked += p[best];
+  }
+  for (int64_t j = 0; j < K; ++j) g[j] = p[x[j]] / picked;
+}
+
+// Sequence s: its assignments taken in order (every token's first choice
+// by position, then every second choice, ...), each given its place in its
+// expert's queue (dest, -1 past capacity), the counts c [E] before
+// dropping; the drops counted; returns aux(s).
+template <class T>
+MPIFORMER_ROUTER_FN T router_sequence(const RouterShape& r, int64_t s, const T* probs,
+                                      const int32_t* expert, int32_t* dest, int32_t* c,
+                                      int64_t& dropped) {
+  const int64_t L = r.seq_len, E = r.experts, K = r.top_k;
+  for (int64_t e = 0; e < E; ++e) c[e] = 0;
+  dropped = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    for (int64_t t = 0; t < L; ++t) {
+      const int64_t a = (s * L + t) * K + j;
+      const int32_t e = expert[a];
+      const bool full = r.capacity > 0 && c[e] >= r.capacity;
+      dest[a] = full ? -1 : c[e];
+      ++c[e];
+      dropped += full ? 1 : 0;
+    }
+  }
+  T total = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    T mean = 0;
+    for (int64_t t = 0; t < L; ++t) mean += probs[(s * L + t) * E + e];
+    total += static_cast<T>(c[e]) / static_cast<T>(L * K) * (mean / static_cast<T>(L));
+  }
+  return static_cast<T>(E) * total;
+}
+
+// The dispatched rows: start [S E], where expert e's kept places of
+// sequence s begin (after the experts before e, then e's places of the
+// sequences before s), and kept [E].
+MPIFORMER_ROUTER_FN void router_rows(const RouterShape& r, const int32_t* chose, int64_t* start,
+                                     int64_t* kept) {
+  const int64_t E = r.experts, S = r.tokens / r.seq_len;
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = row;
+    for (int64_t s = 0; s < S; ++s) {
+      start[s * E + e] = row;
+      const int64_t c = chose[s * E + e];
+      row += r.capacity > 0 && c > r.capacity ? r.capacity : c;
+    }
+    kept[e] = row - first;
+  }
+}
+
+// Token n's logits' gradient dl [E] (=): the aux loss's E f_e / T on every
+// expert's probability, the gates' renormalisation on the chosen, through
+// the softmax; the z loss's 2 lse p_e added.
+template <class T>
+MPIFORMER_ROUTER_FN void router_token_backward(const RouterShape& r, T* dl, const T* dgate,
+                                               const T* p, T lse, const int32_t* x, const T* gate,
+                                               const int32_t* c, T aux_scale, T z_scale) {
+  const int64_t E = r.experts, K = r.top_k, L = r.seq_len;
+  const T f = aux_scale * static_cast<T>(E) / static_cast<T>(L * K * L);
+  for (int64_t e = 0; e < E; ++e) dl[e] = f * static_cast<T>(c[e]);
+  T picked = 0, dot = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    picked += p[x[j]];
+    dot += dgate[j] * gate[j];
+  }
+  for (int64_t j = 0; j < K; ++j) dl[x[j]] += (dgate[j] - dot) / picked;
+  T inner = 0;
+  for (int64_t e = 0; e < E; ++e) inner += p[e] * dl[e];
+  for (int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dl[e] - inner) + z_scale * 2 * lse * p[e];
+}
 
 }  // namespace mpiformer

@@ -11,78 +11,29 @@ namespace mpiformer::cuda {
 
 namespace {
 
+// The arithmetic is common/moe_routing.hpp's, shared with the host.
 __global__ void softmax_topk_kernel(RouterShape r, const float* logits, float* probs, float* lse,
                                     int32_t* expert, float* gate) {
   const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (n >= r.tokens) return;
   const int64_t E = r.experts, K = r.top_k;
-  const float* l = logits + n * E;
-  float* p = probs + n * E;
-  float m = l[0];
-  for (int64_t e = 1; e < E; ++e) m = l[e] > m ? l[e] : m;
-  float sum = 0.f;
-  for (int64_t e = 0; e < E; ++e) sum += (p[e] = expf(l[e] - m));
-  for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-  lse[n] = m + logf(sum);
-  int32_t* x = expert + n * K;
-  float picked = 0.f;
-  for (int64_t j = 0; j < K; ++j) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int64_t i = 0; i < j; ++i) taken = taken || x[i] == e;
-      if (!taken && (best < 0 || l[e] > l[best])) best = e;
-    }
-    x[j] = static_cast<int32_t>(best);
-    picked += p[best];
-  }
-  for (int64_t j = 0; j < K; ++j) gate[n * K + j] = p[x[j]] / picked;
+  router_token(logits + n * E, probs + n * E, lse[n], expert + n * K, gate + n * K, E, K);
 }
 
 __global__ void capacity_kernel(RouterShape r, const float* probs, const int32_t* expert,
                                 int32_t* dest, int32_t* chose, double* seq_aux,
                                 int64_t* seq_dropped) {
   const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t L = r.seq_len, E = r.experts, K = r.top_k;
-  if (s >= r.tokens / L) return;
-  int32_t* c = chose + s * E;
-  for (int64_t e = 0; e < E; ++e) c[e] = 0;
-  int64_t dropped = 0;
-  for (int64_t j = 0; j < K; ++j) {
-    for (int64_t t = 0; t < L; ++t) {
-      const int64_t a = (s * L + t) * K + j;
-      const int32_t e = expert[a];
-      const bool full = r.capacity > 0 && c[e] >= r.capacity;
-      dest[a] = full ? -1 : c[e];
-      ++c[e];
-      dropped += full ? 1 : 0;
-    }
-  }
-  float total = 0.f;
-  for (int64_t e = 0; e < E; ++e) {
-    float mean = 0.f;
-    for (int64_t t = 0; t < L; ++t) mean += probs[(s * L + t) * E + e];
-    total += static_cast<float>(c[e]) / static_cast<float>(L * K) * (mean / static_cast<float>(L));
-  }
-  seq_aux[s] = static_cast<double>(static_cast<float>(E) * total);
-  seq_dropped[s] = dropped;
+  if (s >= r.tokens / r.seq_len) return;
+  seq_aux[s] = static_cast<double>(
+      router_sequence(r, s, probs, expert, dest, chose + s * r.experts, seq_dropped[s]));
 }
 
 __global__ void rows_kernel(RouterShape r, const int32_t* chose, const float* lse,
                             const double* seq_aux, const int64_t* seq_dropped, int64_t* start,
                             int64_t* kept, double* totals) {
-  const int64_t E = r.experts, S = r.tokens / r.seq_len;
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t first = row;
-    for (int64_t s = 0; s < S; ++s) {
-      start[s * E + e] = row;
-      const int64_t c = chose[s * E + e];
-      row += r.capacity > 0 && c > r.capacity ? r.capacity : c;
-    }
-    kept[e] = row - first;
-  }
-  for (int64_t s = 0; s < S; ++s) {
+  router_rows(r, chose, start, kept);
+  for (int64_t s = 0; s < r.tokens / r.seq_len; ++s) {
     totals[kAuxSum] += seq_aux[s];
     totals[kDropped] += static_cast<double>(seq_dropped[s]);
   }
@@ -107,22 +58,9 @@ __global__ void router_backward_kernel(RouterShape r, float* dlogits, const floa
                                        const int32_t* chose, float aux_scale, float z_scale) {
   const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (n >= r.tokens) return;
-  const int64_t E = r.experts, K = r.top_k, L = r.seq_len;
-  const float* p = probs + n * E;
-  const int32_t* x = expert + n * K;
-  const int32_t* c = chose + (n / L) * E;
-  float* dl = dlogits + n * E;
-  const float f = aux_scale * static_cast<float>(E) / static_cast<float>(L * K * L);
-  for (int64_t e = 0; e < E; ++e) dl[e] = f * static_cast<float>(c[e]);
-  float picked = 0.f, dot = 0.f;
-  for (int64_t j = 0; j < K; ++j) {
-    picked += p[x[j]];
-    dot += dgate[n * K + j] * gate[n * K + j];
-  }
-  for (int64_t j = 0; j < K; ++j) dl[x[j]] += (dgate[n * K + j] - dot) / picked;
-  float inner = 0.f;
-  for (int64_t e = 0; e < E; ++e) inner += p[e] * dl[e];
-  for (int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dl[e] - inner) + z_scale * 2.f * lse[n] * p[e];
+  const int64_t E = r.experts, K = r.top_k;
+  router_token_backward(r, dlogits + n * E, dgate + n * K, probs + n * E, lse[n], expert + n * K,
+                        gate + n * K, chose + (n / r.seq_len) * E, aux_scale, z_scale);
 }
 
 // The scratch: start [S E] and seq_dropped [S] (int64), seq_aux [S].

@@ -51,70 +51,18 @@ void router_forward(const RouterShape& r, const T* logits, T* probs, T* lse, int
                     T* gate, int32_t* dest, int32_t* chose, int64_t* kept, double* totals) {
   const int64_t N = r.tokens, E = r.experts, K = r.top_k, S = N / r.seq_len, L = r.seq_len;
   parallel_for("router_softmax_topk", N, [=](const int64_t n) {
-    const T* l = logits + n * E;
-    T* p = probs + n * E;
-    T m = l[0];
-    for (int64_t e = 1; e < E; ++e) m = l[e] > m ? l[e] : m;
-    T sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    lse[n] = m + std::log(sum);
-    // The k largest logits, each pass the largest not yet taken; strictly
-    // larger wins, so of equals the lower index comes first.
-    int32_t* x = expert + n * K;
-    T picked = 0;
-    for (int64_t j = 0; j < K; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j; ++i) taken = taken || x[i] == e;
-        if (!taken && (best < 0 || l[e] > l[best])) best = e;
-      }
-      x[j] = static_cast<int32_t>(best);
-      picked += p[best];
-    }
-    for (int64_t j = 0; j < K; ++j) gate[n * K + j] = p[x[j]] / picked;
+    router_token(logits + n * E, probs + n * E, lse[n], expert + n * K, gate + n * K, E, K);
   });
-  // Capacity, sequence by sequence (each independent): a place in its
-  // expert's queue per assignment, -1 when dropped, then the sequence's
-  // share of the aux loss.
+  // Capacity, sequence by sequence (each independent): places in the
+  // experts' queues, then the sequence's aux loss.
   std::vector<T> aux(static_cast<size_t>(S));
   std::vector<int64_t> dropped(static_cast<size_t>(S));
   parallel_for("router_capacity", S, [=, &aux, &dropped](const int64_t s) {
-    int32_t* c = chose + s * E;
-    for (int64_t e = 0; e < E; ++e) c[e] = 0;
-    for (int64_t j = 0; j < K; ++j) {
-      for (int64_t t = 0; t < L; ++t) {
-        const int64_t a = (s * L + t) * K + j;
-        const int32_t e = expert[a];
-        const bool full = r.capacity > 0 && c[e] >= r.capacity;
-        dest[a] = full ? -1 : c[e];  // the place; made a row below
-        ++c[e];
-        dropped[static_cast<size_t>(s)] += full ? 1 : 0;
-      }
-    }
-    T total = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      T mean = 0;
-      for (int64_t t = 0; t < L; ++t) mean += probs[(s * L + t) * E + e];
-      total += static_cast<T>(c[e]) / static_cast<T>(L * K) * (mean / static_cast<T>(L));
-    }
-    aux[static_cast<size_t>(s)] = static_cast<T>(E) * total;
+    aux[static_cast<size_t>(s)] =
+        router_sequence(r, s, probs, expert, dest, chose + s * E, dropped[static_cast<size_t>(s)]);
   });
-  // Rows: expert e's kept places of sequence s start after the experts
-  // before e (all sequences) and after e's kept places of sequences
-  // before s.
   std::vector<int64_t> start(static_cast<size_t>(S * E));
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t first = row;
-    for (int64_t s = 0; s < S; ++s) {
-      start[static_cast<size_t>(s * E + e)] = row;
-      const int64_t c = chose[s * E + e];
-      row += r.capacity > 0 && c > r.capacity ? r.capacity : c;
-    }
-    kept[e] = row - first;
-  }
+  router_rows(r, chose, start.data(), kept);
   parallel_for("router_dest", N, [=, &start](const int64_t n) {
     const int64_t s = n / L;
     for (int64_t j = 0; j < K; ++j) {
@@ -138,27 +86,10 @@ template <class T>
 void router_backward(const RouterShape& r, T* dlogits, const T* dgate, const T* probs,
                      const T* lse, const int32_t* expert, const T* gate, const int32_t* chose,
                      T aux_scale, T z_scale) {
-  const int64_t N = r.tokens, E = r.experts, K = r.top_k, L = r.seq_len;
-  parallel_for("router_backward", N, [=](const int64_t n) {
-    const T* p = probs + n * E;
-    const int32_t* x = expert + n * K;
-    const int32_t* c = chose + (n / L) * E;
-    T* dl = dlogits + n * E;
-    // dL/dp: the aux loss's E f_e / T on every expert, the gates'
-    // renormalisation (g_j = p_j / sum of the k) on the chosen ones.
-    const T f = aux_scale * static_cast<T>(E) / static_cast<T>(L * K * L);
-    for (int64_t e = 0; e < E; ++e) dl[e] = f * static_cast<T>(c[e]);
-    T picked = 0, dot = 0;
-    for (int64_t j = 0; j < K; ++j) {
-      picked += p[x[j]];
-      dot += dgate[n * K + j] * gate[n * K + j];
-    }
-    for (int64_t j = 0; j < K; ++j) dl[x[j]] += (dgate[n * K + j] - dot) / picked;
-    // Through the softmax: dl_e = p_e (dp_e - sum_i p_i dp_i); the z
-    // loss's 2 lse p_e adds to it directly.
-    T inner = 0;
-    for (int64_t e = 0; e < E; ++e) inner += p[e] * dl[e];
-    for (int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dl[e] - inner) + z_scale * 2 * lse[n] * p[e];
+  const int64_t E = r.experts, K = r.top_k, L = r.seq_len;
+  parallel_for("router_backward", r.tokens, [=](const int64_t n) {
+    router_token_backward(r, dlogits + n * E, dgate + n * K, probs + n * E, lse[n], expert + n * K,
+                          gate + n * K, chose + (n / L) * E, aux_scale, z_scale);
   });
 }
 
