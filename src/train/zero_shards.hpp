@@ -199,9 +199,6 @@ class ZeroShards final : public StageOptimizer<Ops> {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // The owned gradients' sum of squares (without the tied wte's: its other
-  // copy counts it; without the tensors replicated over a tensor group:
-  // its rank 0 counts them).
   // The shared kv rows of the owned parts: every tensor rank of a sharing
   // group cuts its slice alike, so they own the same rows.
   int64_t sum_shared_rows(Communicator& kv) override {
@@ -217,6 +214,10 @@ class ZeroShards final : public StageOptimizer<Ops> {
     return n;
   }
 
+  // The owned gradients' sum of squares (without the tied wte's: its other
+  // copy counts it; without the tensors replicated over a tensor group:
+  // its rank 0 counts them; without the shared kv rows: their first
+  // sharer counts them).
   double grad_sum_of_squares(bool without_wte, bool without_replicated) override {
     double s = Ops::sum_of_squares(ctx_, g_.get(), n_);
     if (without_wte && wte_unit_ != nullptr)
