@@ -159,13 +159,21 @@ int run_export(const ExportArgs& args, int rank) {
   const std::string tmp = args.output + ".tmp";
   fs::remove_all(tmp, ec);  // a previous export that died
   try {
+    if (args.format == "hf" && cfg.moe() && (!cfg.llama() || cfg.moe_every != 1)) {
+      throw InputError(args.checkpoint, "--format",
+                       strprintf("hf: a Mixture of Experts exports as Mixtral, a Llama with every "
+                                 "layer sparse; this checkpoint's is %s with moe_every %lld",
+                                 cfg.llama() ? "a Llama" : "GPT-2",
+                                 static_cast<long long>(cfg.moe_every)));
+    }
     if (args.format == "hf") {
       export_hf(reader, whole, cfg, dtype, static_cast<int64_t>(args.max_shard_mb * (1 << 20)), tmp);
     } else {
-      if (cfg.llama()) {
+      if (cfg.llama() || cfg.moe()) {
         throw InputError(args.checkpoint, "--format",
-                         "llmc: llm.c's parameter file holds GPT-2 only; this checkpoint is a Llama "
-                         "model (export it with --format hf)");
+                         std::string("llmc: llm.c's parameter file holds GPT-2 only; this "
+                                     "checkpoint is ") +
+                             (cfg.moe() ? "a Mixture of Experts" : "a Llama model (export it with --format hf)"));
       }
       export_llmc(reader, whole, cfg, dtype, tmp);
     }
@@ -183,6 +191,7 @@ int run_export(const ExportArgs& args, int rank) {
               static_cast<long long>(whole.total_numel()), args.dtype.c_str(),
               args.output.c_str(),
               args.format != "hf" ? "an llm.c parameter file"
+              : cfg.moe()         ? "a Hugging Face MixtralForCausalLM directory"
               : cfg.llama()       ? "a Hugging Face LlamaForCausalLM directory"
                                   : "a Hugging Face GPT2LMHeadModel directory");
   return 0;

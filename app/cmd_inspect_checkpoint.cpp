@@ -38,6 +38,11 @@ int inspect_checkpoint(const std::string& path) {
   } else {
     std::printf("family:      gpt2\n");
   }
+  if (m.experts > 0)
+    std::printf("experts:     %lld per sparse layer (every %lld), top %lld, capacity factor %g, "
+                "aux loss %g, z loss %g\n",
+                static_cast<long long>(m.experts), static_cast<long long>(m.moe_every),
+                static_cast<long long>(m.top_k), m.capacity_factor, m.aux_loss, m.router_z_loss);
   // What the file holds is checked against what a checkpoint of its model
   // must hold (the schema), so a missing tensor is found, not overlooked.
   struct Group {

@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -59,6 +60,9 @@ const IntAttr kIntAttrs[] = {
     {"n_kv_head", &CheckpointMeta::n_kv_head, 5},
     {"ffn_hidden", &CheckpointMeta::ffn_hidden, 5},
     {"tie_embeddings", &CheckpointMeta::tie_embeddings, 5},
+    {"experts", &CheckpointMeta::experts, 6},
+    {"top_k", &CheckpointMeta::top_k, 6},
+    {"moe_every", &CheckpointMeta::moe_every, 6},
 };
 struct DoubleAttr {
   const char* name;
@@ -68,6 +72,9 @@ struct DoubleAttr {
 const DoubleAttr kDoubleAttrs[] = {
     {"rope_theta", &CheckpointMeta::rope_theta, 5},
     {"norm_eps", &CheckpointMeta::norm_eps, 5},
+    {"capacity_factor", &CheckpointMeta::capacity_factor, 6},
+    {"aux_loss", &CheckpointMeta::aux_loss, 6},
+    {"router_z_loss", &CheckpointMeta::router_z_loss, 6},
 };
 
 std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
@@ -133,6 +140,14 @@ void check_family(const CheckpointMeta& m, const std::string& path) {
                      "a Llama model needs n_kv_head dividing n_head and ffn_hidden >= 1");
   if (!(m.rope_theta >= 1) || !(m.norm_eps > 0 && m.norm_eps <= 1))
     throw InputError(path, "attribute rope_theta", "rope_theta >= 1 and norm_eps in (0, 1] expected");
+  // A Mixture of Experts (check_model_limits has bounded the sizes).
+  if (m.experts < 0 || (m.experts > 0 && (m.top_k < 1 || m.top_k > m.experts || m.moe_every < 1)))
+    throw InputError(path, "attribute experts",
+                     "experts >= 0, and with experts: 1 <= top_k <= experts and moe_every >= 1 expected");
+  if (!(m.capacity_factor >= 0) || !(m.aux_loss >= 0) || !(m.router_z_loss >= 0) ||
+      !std::isfinite(m.capacity_factor + m.aux_loss + m.router_z_loss))
+    throw InputError(path, "attribute capacity_factor",
+                     "capacity_factor, aux_loss and router_z_loss: finite and >= 0 expected");
 }
 
 }  // namespace
@@ -156,6 +171,12 @@ void set_model_config(CheckpointMeta& meta, const GptConfig& cfg) {
   meta.tie_embeddings = cfg.tie_embeddings ? 1 : 0;
   meta.rope_theta = cfg.rope_theta;
   meta.norm_eps = cfg.norm_eps;
+  meta.experts = cfg.experts;
+  meta.top_k = cfg.top_k;
+  meta.moe_every = cfg.moe_every;
+  meta.capacity_factor = cfg.capacity_factor;
+  meta.aux_loss = cfg.aux_loss;
+  meta.router_z_loss = cfg.router_z_loss;
 }
 
 GptConfig model_config(const CheckpointMeta& meta) {
@@ -171,6 +192,12 @@ GptConfig model_config(const CheckpointMeta& meta) {
   cfg.tie_embeddings = meta.tie_embeddings != 0;
   cfg.rope_theta = meta.rope_theta;
   cfg.norm_eps = meta.norm_eps;
+  cfg.experts = meta.experts;
+  cfg.top_k = meta.top_k;
+  cfg.moe_every = meta.moe_every;
+  cfg.capacity_factor = meta.capacity_factor;
+  cfg.aux_loss = meta.aux_loss;
+  cfg.router_z_loss = meta.router_z_loss;
   return cfg;
 }
 

@@ -20,9 +20,10 @@ namespace mpiformer {
 // 2: the run id and a checksum of the root metadata; 3: the tensor-parallel
 // width that wrote it (the tensors are the same logical ones); 4: fp16's
 // dynamic loss scaler; 5: the model family and Llama's shape (a file
-// before it holds GPT-2). Versions 1 to 4 are still read (without what they
+// before it holds GPT-2); 6: a Mixture of Experts' shape (a file before it
+// holds a dense model). Versions 1 to 5 are still read (without what they
 // lack).
-constexpr int64_t kCheckpointFormatVersion = 5;
+constexpr int64_t kCheckpointFormatVersion = 6;
 
 // The run's state, stored as root attributes.
 struct CheckpointMeta {
@@ -42,6 +43,9 @@ struct CheckpointMeta {
   // The family (0 GPT-2, 1 Llama) and Llama's shape (core/gpt_config.hpp).
   int64_t family = 0, n_kv_head = 0, ffn_hidden = 0, tie_embeddings = 1;
   double rope_theta = 10000.0, norm_eps = 1e-5;
+  // A Mixture of Experts' shape and router (experts 0: dense).
+  int64_t experts = 0, top_k = 2, moe_every = 1;
+  double capacity_factor = 1.25, aux_loss = 0.01, router_z_loss = 0.0;
   std::string tokenizer;        // of the training data
   std::string deck;             // the resolved input deck, TOML
   // The run that wrote it: a new id for each fresh run, kept across

@@ -167,6 +167,12 @@ const std::vector<Key>& schema() {
       float_key("model", "rope_theta", false, 1, 1e12, MEMBER(model.rope_theta)),
       float_key("model", "norm_eps", false, 1e-12, 1, MEMBER(model.norm_eps)),
       bool_key("model", "tie_embeddings", MEMBER(model.tie_embeddings)),
+      int_key("model", "experts", false, 0, 1024, MEMBER(model.experts)),
+      int_key("model", "top_k", false, 1, 1024, MEMBER(model.top_k)),
+      int_key("model", "moe_every", false, 1, 1024, MEMBER(model.moe_every)),
+      float_key("model", "capacity_factor", false, 0, 1024, MEMBER(model.capacity_factor)),
+      float_key("model", "aux_loss", false, 0, 1e6, MEMBER(model.aux_loss)),
+      float_key("model", "router_z_loss", false, 0, 1e6, MEMBER(model.router_z_loss)),
       string_key("model", "init", false, MEMBER(model_init)),
       string_key("data", "train", true, MEMBER(data.train)),
       string_key("data", "val", false, MEMBER(data.val)),
@@ -357,7 +363,45 @@ void check_llama_relations(const Deck& d, const std::string& where) {
   }
 }
 
+// A Mixture of Experts: the router's keys mean nothing in a dense model
+// (refused there away from their defaults, as Llama's are in GPT-2), and
+// each token chooses top_k different experts.
+void check_moe_relations(const Deck& d, const std::string& where) {
+  const GptConfig& m = d.model;
+  const GptConfig dense;
+  if (!m.moe()) {
+    const std::pair<const char*, bool> moe_only[] = {
+        {"top_k", m.top_k != dense.top_k},
+        {"moe_every", m.moe_every != dense.moe_every},
+        {"capacity_factor", m.capacity_factor != dense.capacity_factor},
+        {"aux_loss", m.aux_loss != dense.aux_loss},
+        {"router_z_loss", m.router_z_loss != dense.router_z_loss}};
+    for (const auto& [key, changed] : moe_only)
+      if (changed)
+        throw InputError(where, std::string("[model] ") + key + ", [model] experts",
+                         "applies to a Mixture of Experts only: set [model] experts > 0 (0, the "
+                         "default, is a dense model)");
+    return;
+  }
+  if (m.top_k > m.experts) {
+    throw InputError(where, "[model] top_k, [model] experts",
+                     strprintf("each token picks top_k = %lld different experts of the %lld: "
+                               "top_k must not exceed experts",
+                               static_cast<long long>(m.top_k), static_cast<long long>(m.experts)));
+  }
+  // The experts' weight gradients would have to wait for W with their
+  // dispatched rows; not built (the planner does not pick these either).
+  if (splits_backward(d.parallel.schedule) && !d.parallel.auto_layout) {
+    throw InputError(where, "[parallel] schedule, [model] experts",
+                     strprintf("schedule \"%s\" splits each backward in two, which a Mixture of "
+                               "Experts does not support yet: use \"1f1b\", \"gpipe\" or "
+                               "\"interleaved\"",
+                               name_of(d.parallel.schedule)));
+  }
+}
+
 void check_relations(const Deck& d, const std::string& where) {
+  check_moe_relations(d, where);
   if (d.model.n_embd % d.model.n_head != 0) {
     throw InputError(where, "[model] n_embd",
                      strprintf("must be a multiple of [model] n_head (%lld), got %lld",

@@ -109,8 +109,10 @@ std::string hf_gpt2_config(const GptConfig& cfg, WeightDtype dtype, const std::s
 std::string hf_llama_config(const GptConfig& cfg, WeightDtype dtype) {
   // LlamaConfig's fields; no dropout, no bias, rotary without scaling.
   nlohmann::ordered_json c;
-  c["architectures"] = {"LlamaForCausalLM"};
-  c["model_type"] = "llama";
+  // A Mixture of Experts: Mixtral's (every layer sparse; the caller
+  // refuses others), its router's top k renormalised as ours.
+  c["architectures"] = {cfg.moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"};
+  c["model_type"] = cfg.moe() ? "mixtral" : "llama";
   c["vocab_size"] = cfg.vocab_size;
   c["hidden_size"] = cfg.n_embd;
   c["intermediate_size"] = cfg.ffn();
@@ -128,6 +130,13 @@ std::string hf_llama_config(const GptConfig& cfg, WeightDtype dtype) {
   c["attention_dropout"] = 0.0;
   c["initializer_range"] = 0.02;
   c["tie_word_embeddings"] = cfg.tie_embeddings;
+  if (cfg.moe()) {
+    c["num_local_experts"] = cfg.experts;
+    c["num_experts_per_tok"] = cfg.top_k;
+    c["router_aux_loss_coef"] = cfg.aux_loss;
+    c["output_router_logits"] = false;
+    c["sliding_window"] = nullptr;
+  }
   c["torch_dtype"] = dtype == WeightDtype::kF32 ? "float32" : "bfloat16";
   return c.dump(2) + "\n";
 }

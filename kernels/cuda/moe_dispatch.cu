@@ -117,7 +117,23 @@ void moe_combine_backward(A* dout, float* dgate, const A* dy, const A* out, cons
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+template <class A>
+__global__ void widen_kernel(float* dst, const A* src, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) dst[i] = to_float(src[i]);
+}
+}  // namespace
+
+template <class A>
+void widen(float* dst, const A* src, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  widen_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dst, src, n);
+  CUDA_CHECK_LAUNCH();
+}
+
 #define MPIFORMER_INSTANTIATE(A)                                                                \
+  template void widen<A>(float*, const A*, int64_t, cudaStream_t);                              \
   template void moe_dispatch_forward<A>(A*, const A*, const int32_t*, int64_t, int64_t, int64_t, \
                                         cudaStream_t);                                         \
   template void moe_dispatch_backward<A>(A*, const A*, const int32_t*, int64_t, int64_t,        \

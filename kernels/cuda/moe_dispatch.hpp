@@ -8,6 +8,11 @@
 
 namespace mpiformer::cuda {
 
+// dst[i] = src[i] in float (the router's logits, which its GEMM leaves in
+// the activation type).
+template <class A>
+void widen(float* dst, const A* src, int64_t n, cudaStream_t stream);
+
 // buf[dest[a]] = x[n] for every kept assignment a of token n.
 template <class A>
 void moe_dispatch_forward(A* buf, const A* x, const int32_t* dest, int64_t N, int64_t K,

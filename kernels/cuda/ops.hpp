@@ -30,6 +30,8 @@
 #include "cuda/rope.hpp"
 #include "cuda/swiglu.hpp"
 #include "cuda/matmul.hpp"
+#include "cuda/moe_dispatch.hpp"
+#include "cuda/moe_router.hpp"
 #include "cuda/reduce.hpp"
 #include "cuda/residual.hpp"
 
@@ -221,6 +223,42 @@ struct Ops {
                                      int64_t Vl, int64_t v0, float grad_scale, bool backward) {
     cuda::crossentropy_vp_finish(losses, logits, targets.data(), rowmax, stats, N, V, Vl, v0,
                                  grad_scale, backward, c.stream());
+  }
+
+  // ---- Mixture of Experts (cuda/moe_router.hpp, cuda/moe_dispatch.hpp) -------
+  static void widen(Context& c, float* dst, const A* src, int64_t n) {
+    cuda::widen(dst, src, n, c.stream());
+  }
+  static size_t router_scratch_bytes(const RouterShape& r) { return cuda::router_scratch_bytes(r); }
+  static void router_forward(Context& c, const RouterShape& r, const float* logits, float* probs,
+                             float* lse, int32_t* expert, float* gate, int32_t* dest,
+                             int32_t* chose, int64_t* kept, double* totals, void* scratch) {
+    cuda::router_forward(r, logits, probs, lse, expert, gate, dest, chose, kept, totals, scratch,
+                         c.stream());
+  }
+  static void router_backward(Context& c, const RouterShape& r, float* dlogits,
+                              const float* dgate, const float* probs, const float* lse,
+                              const int32_t* expert, const float* gate, const int32_t* chose,
+                              float aux_scale, float z_scale) {
+    cuda::router_backward(r, dlogits, dgate, probs, lse, expert, gate, chose, aux_scale, z_scale,
+                          c.stream());
+  }
+  static void moe_dispatch_forward(Context& c, A* buf, const A* x, const int32_t* dest, int64_t N,
+                                   int64_t K, int64_t C) {
+    cuda::moe_dispatch_forward(buf, x, dest, N, K, C, c.stream());
+  }
+  static void moe_dispatch_backward(Context& c, A* dx, const A* dbuf, const int32_t* dest,
+                                    int64_t N, int64_t K, int64_t C) {
+    cuda::moe_dispatch_backward(dx, dbuf, dest, N, K, C, c.stream());
+  }
+  static void moe_combine_forward(Context& c, A* y, const A* out, const float* gate,
+                                  const int32_t* dest, int64_t N, int64_t K, int64_t C) {
+    cuda::moe_combine_forward(y, out, gate, dest, N, K, C, c.stream());
+  }
+  static void moe_combine_backward(Context& c, A* dout, float* dgate, const A* dy, const A* out,
+                                   const float* gate, const int32_t* dest, int64_t N, int64_t K,
+                                   int64_t C) {
+    cuda::moe_combine_backward(dout, dgate, dy, out, gate, dest, N, K, C, c.stream());
   }
 
   // ---- reductions and the optimizer ------------------------------------------

@@ -35,44 +35,51 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "common/moe_routing.hpp"
 #include "parallel.hpp"
 
 namespace mpiformer::host {
 
+// Host memory a call needs (each sequence's aux loss, drops and rows'
+// starts), so a caller sizes it once.
+inline size_t router_scratch_bytes(const RouterShape& r) {
+  const int64_t S = r.tokens / r.seq_len;
+  return static_cast<size_t>(S * r.experts + 2 * S) * sizeof(int64_t);
+}
+
 // probs [N, E]: the softmax (kept for backward); lse [N]; expert, gate and
 // dest [N k]; chose [S E]: assignments per sequence and expert before
 // dropping (backward's f); kept [E]: rows per expert in the dispatched
-// buffer.
+// buffer; scratch: router_scratch_bytes(r).
 template <class T>
 void router_forward(const RouterShape& r, const T* logits, T* probs, T* lse, int32_t* expert,
-                    T* gate, int32_t* dest, int32_t* chose, int64_t* kept, double* totals) {
+                    T* gate, int32_t* dest, int32_t* chose, int64_t* kept, double* totals,
+                    void* scratch) {
   const int64_t N = r.tokens, E = r.experts, K = r.top_k, S = N / r.seq_len, L = r.seq_len;
   parallel_for("router_softmax_topk", N, [=](const int64_t n) {
     router_token(logits + n * E, probs + n * E, lse[n], expert + n * K, gate + n * K, E, K);
   });
   // Capacity, sequence by sequence (each independent): places in the
-  // experts' queues, then the sequence's aux loss.
-  std::vector<T> aux(static_cast<size_t>(S));
-  std::vector<int64_t> dropped(static_cast<size_t>(S));
-  parallel_for("router_capacity", S, [=, &aux, &dropped](const int64_t s) {
-    aux[static_cast<size_t>(s)] =
-        router_sequence(r, s, probs, expert, dest, chose + s * E, dropped[static_cast<size_t>(s)]);
+  // experts' queues, then the sequence's aux loss (in double: the scratch
+  // is 8-byte words).
+  int64_t* start = static_cast<int64_t*>(scratch);
+  int64_t* dropped = start + S * E;
+  double* aux = reinterpret_cast<double*>(dropped + S);
+  parallel_for("router_capacity", S, [=](const int64_t s) {
+    aux[s] = static_cast<double>(router_sequence(r, s, probs, expert, dest, chose + s * E, dropped[s]));
   });
-  std::vector<int64_t> start(static_cast<size_t>(S * E));
-  router_rows(r, chose, start.data(), kept);
-  parallel_for("router_dest", N, [=, &start](const int64_t n) {
+  router_rows(r, chose, start, kept);
+  parallel_for("router_dest", N, [=](const int64_t n) {
     const int64_t s = n / L;
     for (int64_t j = 0; j < K; ++j) {
       int32_t& d = dest[n * K + j];
-      if (d >= 0) d = static_cast<int32_t>(start[static_cast<size_t>(s * E + expert[n * K + j])] + d);
+      if (d >= 0) d = static_cast<int32_t>(start[s * E + expert[n * K + j]] + d);
     }
   });
   for (int64_t s = 0; s < S; ++s) {
-    totals[kAuxSum] += static_cast<double>(aux[static_cast<size_t>(s)]);
-    totals[kDropped] += static_cast<double>(dropped[static_cast<size_t>(s)]);
+    totals[kAuxSum] += aux[s];
+    totals[kDropped] += static_cast<double>(dropped[s]);
   }
   for (int64_t n = 0; n < N; ++n)
     totals[kZSum] += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);

@@ -23,6 +23,8 @@
 #include "gemm.hpp"
 #include "layernorm.hpp"
 #include "matmul.hpp"
+#include "moe_dispatch.hpp"
+#include "moe_router.hpp"
 #include "residual.hpp"
 #include "rmsnorm.hpp"
 #include "rope.hpp"
@@ -237,6 +239,40 @@ struct Ops {
   // ---- reductions and the optimizer -----------------------------------------
   // *sum += the sum of x, in double, in index order: the logged loss is
   // reproducible bit for bit.
+  // ---- Mixture of Experts (host/moe_router.hpp, host/moe_dispatch.hpp) -----
+  // The router reads its logits in Acc: widen them from its GEMM's Act.
+  static void widen(Context&, Acc* dst, const Act* src, int64_t n) {
+    parallel_for("widen", n, [=](const int64_t i) { dst[i] = static_cast<Acc>(ld(src[i])); });
+  }
+  static size_t router_scratch_bytes(const RouterShape& r) { return host::router_scratch_bytes(r); }
+  static void router_forward(Context&, const RouterShape& r, const Acc* logits, Acc* probs,
+                             Acc* lse, int32_t* expert, Acc* gate, int32_t* dest, int32_t* chose,
+                             int64_t* kept, double* totals, void* scratch) {
+    host::router_forward(r, logits, probs, lse, expert, gate, dest, chose, kept, totals, scratch);
+  }
+  static void router_backward(Context&, const RouterShape& r, Acc* dlogits, const Acc* dgate,
+                              const Acc* probs, const Acc* lse, const int32_t* expert,
+                              const Acc* gate, const int32_t* chose, Acc aux_scale, Acc z_scale) {
+    host::router_backward(r, dlogits, dgate, probs, lse, expert, gate, chose, aux_scale, z_scale);
+  }
+  static void moe_dispatch_forward(Context&, Act* buf, const Act* x, const int32_t* dest,
+                                   int64_t N, int64_t K, int64_t C) {
+    host::moe_dispatch_forward(buf, x, dest, N, K, C);
+  }
+  static void moe_dispatch_backward(Context&, Act* dx, const Act* dbuf, const int32_t* dest,
+                                    int64_t N, int64_t K, int64_t C) {
+    host::moe_dispatch_backward(dx, dbuf, dest, N, K, C);
+  }
+  static void moe_combine_forward(Context&, Act* y, const Act* out, const Acc* gate,
+                                  const int32_t* dest, int64_t N, int64_t K, int64_t C) {
+    host::moe_combine_forward(y, out, gate, dest, N, K, C);
+  }
+  static void moe_combine_backward(Context&, Act* dout, Acc* dgate, const Act* dy, const Act* out,
+                                   const Acc* gate, const int32_t* dest, int64_t N, int64_t K,
+                                   int64_t C) {
+    host::moe_combine_backward(dout, dgate, dy, out, gate, dest, N, K, C);
+  }
+
   static void accumulate_sum(Context&, double* sum, const Acc* x, int64_t n) {
     double s = 0.0;
     for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);

@@ -26,6 +26,18 @@ struct GptConfig {
   double rope_theta = 10000.0;  // rotary base
   double norm_eps = 1e-5;       // RMSNorm's epsilon
   bool tie_embeddings = true;   // the LM head is the embedding
+  // Mixture of Experts (both families; 0 experts: every MLP dense). Layer l
+  // is sparse when l % moe_every == 0 (Megatron's layer frequency): its MLP
+  // is `experts` copies of the family's MLP behind a softmax top-k router
+  // (kernels/common/moe_routing.hpp). capacity_factor 0: nothing dropped.
+  // aux_loss and router_z_loss weigh the load-balancing (Switch) and z
+  // losses, summed over the sparse layers and added to the training loss.
+  int64_t experts = 0;
+  int64_t top_k = 2;
+  int64_t moe_every = 1;
+  double capacity_factor = 1.25;
+  double aux_loss = 0.01;
+  double router_z_loss = 0.0;
 
   bool llama() const { return family == ModelFamily::kLlama; }
   // The LM head and embedding are padded to a multiple of 128 rows per
@@ -61,6 +73,17 @@ struct GptConfig {
   // Outputs of the MLP's first projection: GELU's input, or SwiGLU's gate
   // and up halves.
   int64_t ffn_in() const { return llama() ? 2 * ffn() : ffn(); }
+  bool moe() const { return experts > 0; }
+  bool moe_layer(int64_t l) const { return experts > 0 && l % moe_every == 0; }
+  int64_t moe_layers() const { return experts > 0 ? (n_layer + moe_every - 1) / moe_every : 0; }
+  // Assignments each expert takes per sequence of T tokens: the fair share
+  // T k / E times the factor, rounded up (0: no limit).
+  int64_t expert_capacity(int64_t T) const {
+    if (experts == 0 || capacity_factor <= 0) return 0;
+    const double share = capacity_factor * static_cast<double>(T * top_k) / static_cast<double>(experts);
+    const int64_t c = static_cast<int64_t>(share);
+    return static_cast<double>(c) < share ? c + 1 : c;
+  }
 };
 
 // Llama's default MLP width: 2/3 of 4 n_embd, rounded up to `multiple_of`.

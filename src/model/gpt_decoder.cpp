@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/moe_routing.hpp"
 #include "host/attention.hpp"
 #include "host/gelu.hpp"
 #include "host/layernorm.hpp"
@@ -28,6 +29,44 @@ GptDecoder::GptDecoder(const GptConfig& cfg)
   scores_.resize(static_cast<size_t>(cfg.seq_len));
   logits_.resize(static_cast<size_t>(cfg.padded_vocab()));
   if (cfg.llama()) rope_ = host::rope_table(cfg.seq_len, cfg.head_dim(), cfg.rope_theta);
+  if (cfg.moe()) {
+    router_.resize(static_cast<size_t>(2 * cfg.experts));
+    chosen_.resize(static_cast<size_t>(cfg.top_k));
+    gates_.resize(static_cast<size_t>(cfg.top_k));
+    expert_out_.resize(C);
+  }
+}
+
+// One row's MLP into `out`: the dense one, or (a sparse block) its top-k
+// experts' weighed by their gates. Generation routes each token alone,
+// without a capacity: a sequence's drops depend on its later tokens,
+// which do not exist yet (inference is dropless, as Megatron's and
+// Hugging Face's Mixtral are).
+void GptDecoder::mlp(float* out, const BlockView<const float>& w, bool sparse) {
+  const int64_t C = cfg_.n_embd, F = cfg_.ffn();
+  const auto expert = [&](float* y, int64_t e) {
+    host::matmul_forward(fch_.data(), ln_.data(), w.expert(block::fc_w, e), w.expert(block::fc_b, e),
+                         1, C, cfg_.ffn_in());
+    if (cfg_.llama()) host::swiglu_forward(fch_gelu_.data(), fch_.data(), 1, F);
+    else host::gelu_forward(fch_gelu_.data(), fch_.data(), F);
+    host::matmul_forward(y, fch_gelu_.data(), w.expert(block::fc_proj_w, e),
+                         w.expert(block::fc_proj_b, e), 1, F, C);
+  };
+  if (!sparse) {
+    expert(out, 0);
+    return;
+  }
+  const int64_t E = cfg_.experts;
+  float* logits = router_.data();
+  float lse = 0;
+  host::matmul_forward(logits, ln_.data(), w[block::router_w], static_cast<const float*>(nullptr), 1,
+                       C, E);
+  router_token(logits, logits + E, lse, chosen_.data(), gates_.data(), E, cfg_.top_k);
+  std::fill_n(out, C, 0.f);
+  for (int64_t j = 0; j < cfg_.top_k; ++j) {
+    expert(expert_out_.data(), chosen_[static_cast<size_t>(j)]);
+    for (int64_t c = 0; c < C; ++c) out[c] += gates_[static_cast<size_t>(j)] * expert_out_[static_cast<size_t>(c)];
+  }
 }
 
 void GptDecoder::norm(const float* x, const float* w, const float* b) {
@@ -37,7 +76,7 @@ void GptDecoder::norm(const float* x, const float* w, const float* b) {
 
 const float* GptDecoder::push(int32_t token) {
   const int64_t C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.kv_heads(), K = cfg_.kv_dim();
-  const int64_t T = cfg_.seq_len, F = cfg_.ffn(), p = n_;
+  const int64_t T = cfg_.seq_len, p = n_;
   if (p >= T) throw std::logic_error("GptDecoder::push: the window is full");
   const float* W = params_.data();
   const float* wte = W + at_.at(outer::wte);
@@ -56,12 +95,7 @@ const float* GptDecoder::push(int32_t token) {
                          w[block::attn_proj_b], 1, C, C);
     host::residual_forward(res2_.data(), x_.data(), res2_.data(), C);
     norm(res2_.data(), w[block::ln2_w], w[block::ln2_b]);
-    host::matmul_forward(fch_.data(), ln_.data(), w[block::fc_w], w[block::fc_b], 1, C,
-                         cfg_.ffn_in());
-    if (cfg_.llama()) host::swiglu_forward(fch_gelu_.data(), fch_.data(), 1, F);
-    else host::gelu_forward(fch_gelu_.data(), fch_.data(), F);
-    host::matmul_forward(out_.data(), fch_gelu_.data(), w[block::fc_proj_w],
-                         w[block::fc_proj_b], 1, F, C);
+    mlp(out_.data(), w, cfg_.moe_layer(i));
     host::residual_forward(x_.data(), res2_.data(), out_.data(), C);
   }
   norm(x_.data(), W + at_.at(outer::lnf_w),

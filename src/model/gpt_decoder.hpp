@@ -5,7 +5,8 @@
 // kv heads only (grouped-query attention keeps NKV of NH). Runs the block's
 // op sequence of GptStage::forward_block on one row with the host kernels;
 // tests/unit/test_gpt_decoder.cpp checks it gives the stage's logits at
-// every position.
+// every position. A Mixture of Experts' tokens are routed without a
+// capacity (GptDecoder::mlp).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -39,10 +40,16 @@ class GptDecoder {
   std::vector<float> kv_;   // per layer [seq_len, 2K]: every position's k, v
   std::vector<float> rope_;  // Llama: host/rope.hpp's table
   std::vector<float> x_, ln_, qkv_, atty_, res2_, fch_, fch_gelu_, out_, scores_, logits_;
+  // A Mixture of Experts: the router's logits and probabilities, a
+  // token's experts and gates, one expert's output.
+  std::vector<float> router_, gates_, expert_out_;
+  std::vector<int32_t> chosen_;
   float mean_ = 0, rstd_ = 0;
   int64_t n_ = 0;
   // The family's norm of one row into ln_.
   void norm(const float* x, const float* w, const float* b);
+  // The MLP of ln_ (dense, or a sparse block's experts) into `out`.
+  void mlp(float* out, const BlockView<const float>& w, bool sparse);
 };
 
 }  // namespace mpiformer

@@ -18,8 +18,9 @@ namespace mpiformer {
 // A dimension of a tensor, as a multiple of one of the model's sizes.
 struct Extent {
   // kKv: the key (or value) channels, GptConfig::kv_dim(); kQkv: q, k and
-  // v's together; kFfn: the MLP's hidden width.
-  enum Size : uint8_t { kEmbd, kVocab, kSeqLen, kKv, kQkv, kFfn } size = kEmbd;
+  // v's together; kFfn: the MLP's hidden width; kExperts: a Mixture of
+  // Experts' experts per sparse layer.
+  enum Size : uint8_t { kEmbd, kVocab, kSeqLen, kKv, kQkv, kFfn, kExperts } size = kEmbd;
   int64_t times = 0;  // 0: the dimension does not exist (a vector)
 };
 
@@ -62,12 +63,18 @@ struct TensorSchema {
   Extent parts[3] = {};
 };
 
-// One transformer block, in the order of the parameter buffer.
+// One transformer block, in the order of the parameter buffer. A sparse
+// block (GptConfig::moe_layer) has the router and, in place of the MLP's
+// four tensors, each expert's copy of them: the MLP's row of the schema
+// repeated per expert (named "mlp.experts.<e>." and the rest of the
+// dense name), all experts' fc_w, then all fc_b, ... (is_expert_tensor).
+// A dense block has no router.
 namespace block {
 enum Tensor : int {
   ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b,
-  ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b, kCount
+  ln2_w, ln2_b, router_w, fc_w, fc_b, fc_proj_w, fc_proj_b, kCount
 };
+inline constexpr bool is_expert_tensor(int k) { return k >= fc_w && k <= fc_proj_b; }
 }  // namespace block
 
 inline constexpr Extent kQkvParts[3] = {{Extent::kEmbd, 1}, {Extent::kKv, 1}, {Extent::kKv, 1}};
@@ -81,6 +88,7 @@ inline constexpr TensorSchema kGpt2Block[] = {
     {"attn.c_proj.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}, Split::kNone},
     {"ln_2.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, {}, Split::kNone},
     {"ln_2.bias", {Extent::kEmbd, 1}, {}, false, Init::kZero, {}, Split::kNone},
+    {"mlp.router.weight", {Extent::kExperts, 1}, {Extent::kEmbd, 1}, true, Init::kNormal, {}, Split::kNone},
     {"mlp.c_fc.weight", {Extent::kFfn, 1}, {Extent::kEmbd, 1}, true, Init::kNormal, {}, Split::kRows},
     {"mlp.c_fc.bias", {Extent::kFfn, 1}, {}, false, Init::kZero, {}, Split::kRows},
     {"mlp.c_proj.weight", {Extent::kEmbd, 1}, {Extent::kFfn, 1}, true, Init::kResidualNormal, {}, Split::kCols},
@@ -101,6 +109,7 @@ inline constexpr TensorSchema kLlamaBlock[] = {
     {nullptr, {}, {}, false, Init::kZero, {}, Split::kNone},
     {"post_attention_layernorm.weight", {Extent::kEmbd, 1}, {}, false, Init::kOne, {}, Split::kNone},
     {nullptr, {}, {}, false, Init::kZero, {}, Split::kNone},
+    {"mlp.router.weight", {Extent::kExperts, 1}, {Extent::kEmbd, 1}, true, Init::kNormal, {}, Split::kNone},
     {"mlp.gate_up_proj.weight", {Extent::kFfn, 2}, {Extent::kEmbd, 1}, true, Init::kNormal, {}, Split::kHeads, {{Extent::kFfn, 1}, {Extent::kFfn, 1}, {}}},
     {nullptr, {}, {}, false, Init::kZero, {}, Split::kNone},
     {"mlp.down_proj.weight", {Extent::kEmbd, 1}, {Extent::kFfn, 1}, true, Init::kResidualNormal, {}, Split::kCols},
@@ -145,11 +154,14 @@ inline const TensorSchema* outer_schema(ModelFamily f) {
 }
 
 // Pointers to one block's tensors in a flat buffer (weights or gradients),
-// indexed by block::Tensor.
+// indexed by block::Tensor; in a sparse block, the MLP's are expert 0's and
+// expert e's sits e x step[k] further.
 template <class T>
 struct BlockView {
   T* t[block::kCount];
+  int64_t step[block::kCount] = {};
   T* operator[](block::Tensor k) const { return t[k]; }
+  T* expert(block::Tensor k, int64_t e) const { return t[k] == nullptr ? nullptr : t[k] + e * step[k]; }
 };
 
 }  // namespace mpiformer

@@ -29,6 +29,7 @@
 #include "common/attention_storage.hpp"
 #include "host/ops.hpp"
 #include "core/gpt_config.hpp"
+#include "model/moe_plan.hpp"
 #include "model/parameter_table.hpp"
 #include "model/stage_layout.hpp"
 #include "model/stage_options.hpp"
@@ -195,6 +196,13 @@ class GptStage {
   // Sum of the per-token losses of every forward since the last call
   // (waits for the device).
   double take_loss_sum();
+  // A Mixture of Experts' routing since the last call (forwards of every
+  // kind; recomputation's are not counted twice): adds to totals
+  // [kRouterTotals] (common/moe_routing.hpp: the sums of the aux and z
+  // losses and the assignments dropped) and to load [n_layer x experts]
+  // the rows each expert of each of the stage's sparse layers took (at
+  // the model's layer), then starts again from zero.
+  void take_router_stats(double* totals, double* load);
   // Logits [B*T, this rank's share of the padded vocabulary] of the last forward into `slot` made without
   // for_backward (with it, their gradient), and its per-token losses [B*T].
   const Act* logits(int slot) const { return head_of(slot).logits.get(); }
@@ -205,11 +213,20 @@ class GptStage {
   // fch: the MLP's first projection's output (SwiGLU: gate and up);
   // fch_gelu: its activation (GELU, or SwiGLU's product). RMSNorm keeps no
   // means (Llama's ln*_mean are empty).
+  //
+  // A sparse block's fch and fch_gelu hold its experts' rows, as
+  // dispatched (moe_plan's rows at most), y their outputs, and the router
+  // keeps its decisions (host/moe_router.hpp's names), kept_host the rows
+  // per expert where the host sizes the experts' GEMMs from.
   struct LayerActs {
-    Buffer<Act> ln1, qkv, atty, res2, ln2, fch, fch_gelu;
+    Buffer<Act> ln1, qkv, atty, res2, ln2, fch, fch_gelu, y;
     Buffer<Acc> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
     // What attention keeps for its backward (common/attention_storage.hpp).
     Buffer<AttnState> att;
+    Buffer<Acc> probs, lse, gate;
+    Buffer<int32_t> expert, dest, chose;
+    Buffer<int64_t> kept;
+    std::vector<int64_t> kept_host;
   };
   // Under sequence parallelism ln1, res2, ln2 and the LayerNorm statistics
   // hold this rank's rows only.
@@ -223,6 +240,7 @@ class GptStage {
     // 4 C per block.
     Buffer<Acc> ln_grads;
     typename Ops::Tokens tokens, targets;
+    Acc grad_scale = 0;  // the forward's: the router's losses' weight in backward
   };
   // The group's in-place sum (no-op at tp = 1).
   template <class U>
@@ -265,9 +283,23 @@ class GptStage {
                     int64_t N);
   void norm_backward(Act* dinp, Acc* dw, Acc* db, const Act* dout, const Act* x, const Act* w,
                      const Acc* mean, const Acc* rstd, int64_t N);
-  // The MLP's activation and its backward (dinp may be inp).
-  void activation_forward(Act* out, const Act* inp);
-  void activation_backward(Act* dinp, const Act* inp, const Act* dout);
+  // The MLP's activation and its backward (dinp may be inp) on `rows`
+  // rows (-1: the micro-batch's B*T).
+  void activation_forward(Act* out, const Act* inp, int64_t rows = -1);
+  void activation_backward(Act* dinp, const Act* inp, const Act* dout, int64_t rows = -1);
+  // Whether the stage's block i is sparse (a Mixture of Experts).
+  bool sparse(int64_t i) const { return cfg_.moe_layer(range_.layer(i)); }
+  // A sparse block's MLP from its ln2 into `mlp` (the row-parallel partial
+  // sums, as the dense MLP's projection leaves them): route, dispatch,
+  // each expert's MLP on its rows, combine. `counted`: the routing joins
+  // the stats (not when recomputed).
+  void moe_forward(LayerActs& a, Act* mlp, const BlockView<const Act>& w, int64_t i, bool counted);
+  // Its backward from the block's output gradient `dres`: the experts',
+  // the router's (with the aux and z losses' weights of the slot's
+  // forward) and the dispatch's; returns ln2's output gradient, summed
+  // over the tensor group (this rank's rows under sequence parallelism).
+  const Act* moe_backward(LayerActs& a, const Act* dres, const BlockView<const Act>& w,
+                          const BlockView<Acc>& g, Acc grad_scale);
   // Llama's rotary positions on qkv's q and k heads (sign -1: backward).
   void rotate(Act* qkv, float sign);
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
@@ -295,7 +327,7 @@ class GptStage {
     return range_.tp > 1 && range_.has_embedding && !opt_.sequence_parallel;
   }
   // Block i's forward from x into out, keeping what backward needs in `a`.
-  void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i);
+  void forward_block(LayerActs& a, const Act* x, Act* out, int64_t i, bool recomputing = false);
   void backward_block(Slot& s, int64_t i);
   void weight_gradients_block(Slot& s, int64_t i);
   BlockView<const Act> block_weights(int64_t i);
@@ -365,6 +397,18 @@ class GptStage {
   std::vector<int32_t> row_order_host_;
   typename Ops::Tokens row_order_;
   std::vector<int64_t> row_counts_, row_starts_;
+  // A Mixture of Experts' shared buffers: the router's logits (its GEMM's
+  // Act, then widened; in backward their gradient), the gates' gradients,
+  // the dispatched rows (forward: the experts' input; backward: the
+  // experts' output gradients, then their input gradients), the experts'
+  // hidden gradients (SwiGLU: its output's too), the router's scratch and
+  // totals (a second set for recomputation, never read).
+  MoePlan moe_;
+  Buffer<Act> moe_logits_, moe_x_, moe_dx_, moe_d4_, moe_dact_;
+  Buffer<Acc> moe_lg_, moe_dgate_;
+  Buffer<char> router_scratch_;
+  Buffer<double> router_totals_, router_discard_;
+  std::vector<double> expert_load_;  // [stage block][expert], host
   int64_t allocated_ = 0;
 };
 

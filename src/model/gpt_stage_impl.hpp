@@ -60,6 +60,12 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     return Buffer<AttnState>(static_cast<size_t>(count));
   };
   const int64_t attn_state = attention_state_elements(Ops::kAttention, B_, nh_, T_);
+  auto ints = [&](int64_t count) {
+    allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
+    return Buffer<int32_t>(static_cast<size_t>(count));
+  };
+  moe_ = moe_plan(cfg_, range_, B_);
+  const int64_t E = cfg_.experts, K = cfg_.top_k, M = moe_.rows;
   auto tokens = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
     return typename Ops::Tokens(count);
@@ -87,7 +93,10 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   // What a block keeps for backward: everything (none), everything but
   // attention's state (attention), or nothing but its input (full).
   const bool means = !cfg_.llama();  // LayerNorm keeps means, RMSNorm none
-  auto keep = [&](LayerActs& a, bool probabilities) {
+  // Its MLP's rows: the micro-batch's (dense), the dispatched (sparse), or
+  // the more of the two where a slot position serves both.
+  auto keep = [&](LayerActs& a, bool probabilities, bool dense, bool sparse) {
+    const int64_t mlp_rows = std::max(dense ? BT : 0, sparse ? M : 0);
     a.ln1 = act(R * C);
     if (means) a.ln1_mean = acc(R);
     a.ln1_rstd = acc(R);
@@ -98,15 +107,29 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     a.ln2 = act(R * C);
     if (means) a.ln2_mean = acc(R);
     a.ln2_rstd = acc(R);
-    a.fch = act(BT * cin_);
-    a.fch_gelu = act(BT * cm_);
+    a.fch = act(mlp_rows * cin_);
+    a.fch_gelu = act(mlp_rows * cm_);
+    if (!sparse) return;
+    a.y = act(M * C);
+    a.probs = acc(BT * E);
+    a.lse = acc(BT);
+    a.gate = acc(BT * K);
+    a.expert = ints(BT * K);
+    a.dest = ints(BT * K);
+    a.chose = ints(B_ * E);
+    a.kept = Buffer<int64_t>(static_cast<size_t>(E));
+    allocated_ += E * static_cast<int64_t>(sizeof(int64_t));
+    a.kept_host.assign(static_cast<size_t>(E), 0);
   };
+  bool any_dense = false;
+  for (bool d : moe_.dense_at) any_dense = any_dense || d;
   slots_.resize(static_cast<size_t>(opt_.slots));
   for (Slot& s : slots_) {
     for (int64_t i = 0; i <= L; ++i) s.residual.push_back(act(R * C));
     if (opt_.recompute != Recompute::kFull) {
       s.layers.resize(static_cast<size_t>(L));
-      for (LayerActs& a : s.layers) keep(a, opt_.recompute == Recompute::kNone);
+      for (size_t j = 0; j < s.layers.size(); ++j)
+        keep(s.layers[j], opt_.recompute == Recompute::kNone, moe_.dense_at[j], moe_.sparse_at[j]);
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
     // Split backward, interleaving: the head's buffers once, for every
@@ -123,7 +146,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   }
   if (L > 0 && opt_.recompute == Recompute::kAttention) rc_.att = attn(attn_state);
   if (L > 0 && opt_.recompute == Recompute::kFull) {
-    keep(rc_, true);
+    keep(rc_, true, any_dense, moe_.any_sparse);
     rc_out_ = act(R * C);
   }
   dres_ = act(R * C);
@@ -158,6 +181,26 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     row_order_host_.resize(static_cast<size_t>(BT));
     row_counts_.resize(static_cast<size_t>(tp));
     row_starts_.resize(static_cast<size_t>(tp));
+  }
+  if (moe_.any_sparse) {
+    if (opt_.split_backward)
+      throw std::logic_error("split backward with sparse blocks (the deck refuses it)");
+    moe_logits_ = act(BT * E);
+    moe_lg_ = acc(BT * E);
+    moe_dgate_ = acc(BT * K);
+    moe_x_ = act(M * C);
+    moe_dx_ = act(M * C);
+    moe_d4_ = act(M * cin_);
+    if (cfg_.llama()) moe_dact_ = act(M * cm_);
+    const size_t scratch = Ops::router_scratch_bytes(moe_.router);
+    router_scratch_ = Buffer<char>(scratch);
+    allocated_ += static_cast<int64_t>(scratch);
+    for (Buffer<double>* t : {&router_totals_, &router_discard_}) {
+      *t = Buffer<double>(kRouterTotals);
+      allocated_ += kRouterTotals * static_cast<int64_t>(sizeof(double));
+      Ops::fill_zero(ctx_, t->get(), kRouterTotals);
+    }
+    expert_load_.assign(static_cast<size_t>(range_.num_layers() * E), 0.0);
   }
   loss_sum_ = Buffer<double>(1);
   allocated_ += static_cast<int64_t>(sizeof(double));
@@ -207,6 +250,7 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
                             bool for_backward, Acc grad_scale, int chunk) {
   Slot& s = slots_[slot];
   const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
+  s.grad_scale = grad_scale;
   // Every host-to-device copy first, before any op of this micro-batch is
   // queued, so the device never waits on the host in the middle.
   if (embeds(chunk)) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
@@ -298,7 +342,8 @@ void GptStage<Ops>::head_loss(Slot& s, bool for_backward, Acc grad_scale) {
 }
 
 template <class Ops>
-void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t i) {
+void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t i,
+                                  bool recomputing) {
   const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd;
   const auto w = block_weights(i);
   // The row-parallel projections' outputs are partial sums until the group
@@ -318,12 +363,16 @@ void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t 
   Ops::residual_forward(ctx_, a.res2.get(), x, a.res2.get(), R * C);
   norm_forward(a.ln2.get(), a.ln2_mean.get(), a.ln2_rstd.get(), a.res2.get(), w[block::ln2_w],
                w[block::ln2_b], R);
-  Ops::matmul_forward(ctx_, a.fch.get(), gathered(a.ln2.get()), w[block::fc_w], w[block::fc_b], BT,
-                      C, cin_);
-  activation_forward(a.fch_gelu.get(), a.fch.get());
   Act* mlp = sum_target(out);
-  Ops::matmul_forward(ctx_, mlp, a.fch_gelu.get(), w[block::fc_proj_w],
-                      adds_bias ? w[block::fc_proj_b] : nullptr, BT, cm_, C);
+  if (sparse(i)) {
+    moe_forward(a, mlp, w, i, !recomputing);
+  } else {
+    Ops::matmul_forward(ctx_, a.fch.get(), gathered(a.ln2.get()), w[block::fc_w], w[block::fc_b],
+                        BT, C, cin_);
+    activation_forward(a.fch_gelu.get(), a.fch.get());
+    Ops::matmul_forward(ctx_, mlp, a.fch_gelu.get(), w[block::fc_proj_w],
+                        adds_bias ? w[block::fc_proj_b] : nullptr, BT, cm_, C);
+  }
   summed(mlp, out);
   Ops::residual_forward(ctx_, out, a.res2.get(), out, R * C);
 }
@@ -506,7 +555,8 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   // Full recomputation: the block's forward again, from its kept input,
   // into the shared buffers (the same ops on the same inputs, so the same
   // bits); its output is not needed again.
-  if (opt_.recompute == Recompute::kFull) forward_block(rc_, s.residual[j].get(), rc_out_.get(), i);
+  if (opt_.recompute == Recompute::kFull)
+    forward_block(rc_, s.residual[j].get(), rc_out_.get(), i, true);
   LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[j];
   Act* dres = dres_.get();
   // MLP: dres is the gradient of the block output, which is also the
@@ -533,14 +583,18 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   if (!whole) Ops::copy(ctx_, s.residual[j + 1].get(), static_cast<const Act*>(dres), R * C);
   // The activation's gradient: in d4_ itself (GELU, elementwise in place),
   // or in dact_ (SwiGLU's output is half as wide as its input).
-  Act* dact = cfg_.llama() ? dact_.get() : d4_.get();
-  Ops::matmul_backward(ctx_, dact, wgt(block::fc_proj_w), wgt(block::fc_proj_b),
-                       gathered(dres), a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
-  Act* d4 = whole ? d4_.get() : a.fch.get();
-  activation_backward(d4, a.fch.get(), dact);
-  const Act* dln2 = column_parallel_backward(wgt(block::fc_w), wgt(block::fc_b), d4,
-                                             whole ? gathered(a.ln2.get()) : nullptr,
-                                             w[block::fc_w], cin_);
+  const Act* dln2 = nullptr;
+  if (sparse(i)) {
+    dln2 = moe_backward(a, dres, w, g, s.grad_scale);
+  } else {
+    Act* dact = cfg_.llama() ? dact_.get() : d4_.get();
+    Ops::matmul_backward(ctx_, dact, wgt(block::fc_proj_w), wgt(block::fc_proj_b),
+                         gathered(dres), a.fch_gelu.get(), w[block::fc_proj_w], BT, cm_, C);
+    Act* d4 = whole ? d4_.get() : a.fch.get();
+    activation_backward(d4, a.fch.get(), dact);
+    dln2 = column_parallel_backward(wgt(block::fc_w), wgt(block::fc_b), d4,
+                                    whole ? gathered(a.ln2.get()) : nullptr, w[block::fc_w], cin_);
+  }
   norm_backward(dres, ln_grad(stash, g[block::ln2_w], 0), ln_grad(stash, g[block::ln2_b], 1), dln2,
                 a.res2.get(), w[block::ln2_w], a.ln2_mean.get(), a.ln2_rstd.get(), R);
   if (!whole) Ops::copy(ctx_, a.res2.get(), static_cast<const Act*>(dres), R * C);
@@ -580,18 +634,135 @@ void GptStage<Ops>::norm_backward(Act* dinp, Acc* dw, Acc* db, const Act* dout, 
 }
 
 template <class Ops>
-void GptStage<Ops>::activation_forward(Act* out, const Act* inp) {
-  const int64_t BT = B_ * T_;
-  if (cfg_.llama()) Ops::swiglu_forward(ctx_, out, inp, BT, cm_);
-  else Ops::gelu_forward(ctx_, out, inp, BT * cm_);
+void GptStage<Ops>::activation_forward(Act* out, const Act* inp, int64_t rows) {
+  const int64_t N = rows < 0 ? B_ * T_ : rows;
+  if (N == 0) return;
+  if (cfg_.llama()) Ops::swiglu_forward(ctx_, out, inp, N, cm_);
+  else Ops::gelu_forward(ctx_, out, inp, N * cm_);
 }
 
 template <class Ops>
-void GptStage<Ops>::activation_backward(Act* dinp, const Act* inp, const Act* dout) {
-  const int64_t BT = B_ * T_;
-  if (cfg_.llama()) Ops::swiglu_backward(ctx_, dinp, inp, dout, BT, cm_);
-  else Ops::gelu_backward(ctx_, dinp, inp, dout, BT * cm_);
+void GptStage<Ops>::activation_backward(Act* dinp, const Act* inp, const Act* dout, int64_t rows) {
+  const int64_t N = rows < 0 ? B_ * T_ : rows;
+  if (N == 0) return;
+  if (cfg_.llama()) Ops::swiglu_backward(ctx_, dinp, inp, dout, N, cm_);
+  else Ops::gelu_backward(ctx_, dinp, inp, dout, N * cm_);
 }
+
+template <class Ops>
+void GptStage<Ops>::moe_forward(LayerActs& a, Act* mlp, const BlockView<const Act>& w, int64_t i,
+                                bool counted) {
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, E = cfg_.experts, K = cfg_.top_k;
+  // The router, replicated on the tensor group, reads every row (gathered
+  // under sequence parallelism), so every rank routes alike.
+  const Act* xn = gathered(a.ln2.get());
+  Ops::matmul_forward(ctx_, moe_logits_.get(), xn, w[block::router_w], static_cast<const Act*>(nullptr),
+                      BT, C, E);
+  Ops::widen(ctx_, moe_lg_.get(), moe_logits_.get(), BT * E);
+  Ops::router_forward(ctx_, moe_.router, moe_lg_.get(), a.probs.get(), a.lse.get(), a.expert.get(),
+                      a.gate.get(), a.dest.get(), a.chose.get(), a.kept.get(),
+                      counted ? router_totals_.get() : router_discard_.get(), router_scratch_.get());
+  // The experts' GEMMs are sized on the host: the one wait of the layer.
+  Ops::download(ctx_, a.kept_host.data(), a.kept.get(), E);
+  if (counted)
+    for (int64_t e = 0; e < E; ++e)
+      expert_load_[static_cast<size_t>(i * E + e)] += static_cast<double>(a.kept_host[static_cast<size_t>(e)]);
+  Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  // Each expert's MLP on its contiguous rows: column-parallel fc, the
+  // activation on every row at once, row-parallel projection (partial sums
+  // where tp > 1, its bias added by tensor rank 0), as the dense MLP.
+  const bool adds_bias = range_.tp_rank == 0;
+  int64_t at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = a.kept_host[static_cast<size_t>(e)];
+    if (n > 0)
+      Ops::matmul_forward(ctx_, a.fch.get() + at * cin_, moe_x_.get() + at * C,
+                          w.expert(block::fc_w, e), w.expert(block::fc_b, e), n, C, cin_);
+    at += n;
+  }
+  activation_forward(a.fch_gelu.get(), a.fch.get(), at);
+  at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = a.kept_host[static_cast<size_t>(e)];
+    if (n > 0)
+      Ops::matmul_forward(ctx_, a.y.get() + at * C, a.fch_gelu.get() + at * cm_,
+                          w.expert(block::fc_proj_w, e),
+                          adds_bias ? w.expert(block::fc_proj_b, e) : nullptr, n, cm_, C);
+    at += n;
+  }
+  Ops::moe_combine_forward(ctx_, mlp, a.y.get(), a.gate.get(), a.dest.get(), BT, K, C);
+}
+
+template <class Ops>
+const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dres,
+                                                     const BlockView<const Act>& w,
+                                                     const BlockView<Acc>& g, Acc grad_scale) {
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, E = cfg_.experts, K = cfg_.top_k;
+  // The combine's: each kept row's output gradient (its gate times the
+  // token's) and each gate's, whose dot product reads the experts' outputs:
+  // partial sums over the tensor group, so the gates' gradients are summed.
+  Ops::moe_combine_backward(ctx_, moe_dx_.get(), moe_dgate_.get(), gathered(dres), a.y.get(),
+                            a.gate.get(), a.dest.get(), BT, K, C);
+  tp_sum(moe_dgate_.get(), BT * K);
+  // The router's logits' gradient, with the aux and z losses' (their
+  // weights in the loss this backward's scale divides: the aux loss is a
+  // mean over sequences of T tokens, the z loss over tokens).
+  const Acc aux_scale = static_cast<Acc>(cfg_.aux_loss * static_cast<double>(T_) * grad_scale);
+  const Acc z_scale = static_cast<Acc>(cfg_.router_z_loss * grad_scale);
+  Ops::router_backward(ctx_, moe_.router, moe_lg_.get(), moe_dgate_.get(), a.probs.get(),
+                       a.lse.get(), a.expert.get(), a.gate.get(), a.chose.get(), aux_scale, z_scale);
+  Ops::convert(ctx_, moe_logits_.get(), moe_lg_.get(), BT * E);
+  // The experts' projections, then their activation on every row at once.
+  Act* dact = cfg_.llama() ? moe_dact_.get() : moe_d4_.get();
+  int64_t at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = a.kept_host[static_cast<size_t>(e)];
+    if (n > 0)
+      Ops::matmul_backward(ctx_, dact + at * cm_, g.expert(block::fc_proj_w, e),
+                           g.expert(block::fc_proj_b, e), moe_dx_.get() + at * C,
+                           a.fch_gelu.get() + at * cm_, w.expert(block::fc_proj_w, e), n, cm_, C);
+    at += n;
+  }
+  activation_backward(moe_d4_.get(), a.fch.get(), dact, at);
+  // ln2's output gradient: the router's (from tensor rank 0 only, the
+  // group then sums it), then every kept copy's through its expert's fc
+  // (partial over the group) dispatched back to its token.
+  const Act* xn = gathered(a.ln2.get());
+  Act* dln = dln_.get();
+  Ops::matmul_backward(ctx_, range_.tp_rank == 0 ? dln : nullptr, g[block::router_w],
+                       static_cast<Acc*>(nullptr), moe_logits_.get(), xn, w[block::router_w], BT,
+                       C, E);
+  if (range_.tp_rank != 0) Ops::fill_zero(ctx_, dln, BT * C);
+  Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = a.kept_host[static_cast<size_t>(e)];
+    if (n > 0)
+      Ops::matmul_backward(ctx_, moe_dx_.get() + at * C, g.expert(block::fc_w, e),
+                           g.expert(block::fc_b, e), moe_d4_.get() + at * cin_,
+                           moe_x_.get() + at * C, w.expert(block::fc_w, e), n, C, cin_);
+    at += n;
+  }
+  Ops::moe_dispatch_backward(ctx_, dln, moe_dx_.get(), a.dest.get(), BT, K, C);
+  return start_input_grad_sum()();
+}
+
+template <class Ops>
+void GptStage<Ops>::take_router_stats(double* totals, double* load) {
+  if (!moe_.any_sparse) return;
+  double t[kRouterTotals];
+  Ops::download(ctx_, t, router_totals_.get(), kRouterTotals);
+  Ops::fill_zero(ctx_, router_totals_.get(), kRouterTotals);
+  for (int k = 0; k < kRouterTotals; ++k) totals[k] += t[k];
+  const int64_t E = cfg_.experts;
+  for (int64_t i = 0; i < range_.num_layers(); ++i)
+    for (int64_t e = 0; e < E; ++e) {
+      double& n = expert_load_[static_cast<size_t>(i * E + e)];
+      load[range_.layer(i) * E + e] += n;
+      n = 0;
+    }
+}
+
 
 template <class Ops>
 void GptStage<Ops>::rotate(Act* qkv, float sign) {

@@ -6,6 +6,9 @@
 // two. Rotary pairs are (i, i + head_size/2) in both (HF's rotate_half),
 // so q and k rows are not permuted: they round-trip exactly. The head is
 // "lm_head.weight" unless tied (then absent, tie_word_embeddings true).
+// A Mixture of Experts is Mixtral's layout (MixtralForCausalLM: every
+// layer sparse): "block_sparse_moe.gate" the router, each expert's w1, w3
+// and w2 the gate, up and down projections.
 #pragma once
 #include <string>
 #include <vector>
@@ -27,10 +30,20 @@ inline std::vector<HfPart> hf_llama_parts(const ParameterSpec& s) {
   }
   const std::string prefix = "model.layers." + std::to_string(s.layer) + ".";
   const std::string tail = s.schema().name;
-  std::vector<const char*> names;
+  std::vector<std::string> names;
   if (s.tensor == block::qkv_w) names = {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                          "self_attn.v_proj.weight"};
   if (s.tensor == block::fc_w) names = {"mlp.gate_proj.weight", "mlp.up_proj.weight"};
+  // Mixtral's sparse block: the router is the "gate"; expert e's w1 (gate),
+  // w3 (up) and w2 (down).
+  const std::string moe = prefix + "block_sparse_moe.";
+  if (s.tensor == block::router_w) return {{moe + "gate.weight", 0, s.logical_shape[0]}};
+  if (s.expert >= 0) {
+    const std::string e = moe + "experts." + std::to_string(s.expert) + ".";
+    if (s.tensor == block::fc_w) names = {e + "w1.weight", e + "w3.weight"};
+    else return {{e + "w2.weight", 0, s.logical_shape[0]}};  // down_proj
+    return {{names[0], 0, s.parts.at(0)}, {names[1], s.parts.at(0), s.parts.at(1)}};
+  }
   if (names.empty()) return {{prefix + tail, 0, s.logical_shape[0]}};
   std::vector<HfPart> out;
   int64_t row = 0;

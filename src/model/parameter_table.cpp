@@ -132,6 +132,8 @@ int64_t resolve(const Extent& e, const GptConfig& cfg) {
       return e.times * cfg.qkv_dim();
     case Extent::kFfn:
       return e.times * cfg.ffn();
+    case Extent::kExperts:
+      return e.times * cfg.experts;
   }
   return 0;
 }
@@ -230,9 +232,22 @@ ParameterTable::ParameterTable(const GptConfig& cfg, const StageRange& range) {
   }
   for (int64_t i = 0; i < range.num_layers(); ++i) {
     const int64_t l = range.layer(i);
+    const bool sparse = cfg.moe_layer(l);
     const std::string h = "h." + std::to_string(l) + ".";
-    for (int k = 0; k < block::kCount; ++k)
-      if (block_rows[k].name != nullptr) add(cfg, range, block_rows[k], h + block_rows[k].name, l, k);
+    for (int k = 0; k < block::kCount; ++k) {
+      const TensorSchema& t = block_rows[k];
+      if (t.name == nullptr || (k == block::router_w && !sparse)) continue;
+      if (!sparse || !block::is_expert_tensor(k)) {
+        add(cfg, range, t, h + t.name, l, k);
+        continue;
+      }
+      // The dense name "mlp.<rest>" becomes "mlp.experts.<e>.<rest>".
+      const std::string rest = std::string(t.name).substr(std::string("mlp.").size());
+      for (int64_t e = 0; e < cfg.experts; ++e) {
+        add(cfg, range, t, h + "mlp.experts." + std::to_string(e) + "." + rest, l, k);
+        specs_.back().expert = e;
+      }
+    }
   }
   for (int k = 0; k < outer::kCount; ++k) {
     const TensorSchema& t = outer_rows[k];
@@ -270,9 +285,10 @@ std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table) {
 }
 
 StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
-    : layers(static_cast<size_t>(range.num_layers())) {
+    : layers(static_cast<size_t>(range.num_layers())), steps(layers.size()) {
   outer.fill(-1);
   for (auto& l : layers) l.fill(-1);
+  for (auto& l : steps) l.fill(0);
   for (const auto& s : table.specs()) {
     if (s.layer < 0) {
       outer[s.tensor] = s.offset;
@@ -280,17 +296,23 @@ StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
     }
     const int64_t block = range.block_of(s.layer);
     if (block < 0) throw std::logic_error("StageLayout: a layer the stage does not hold");
-    layers.at(static_cast<size_t>(block))[s.tensor] = s.offset;
+    const size_t b = static_cast<size_t>(block);
+    // An expert's tensor: expert 0's is the block's, the others a step apart.
+    if (s.expert <= 0) layers[b][s.tensor] = s.offset;
+    if (s.expert == 1) steps[b][s.tensor] = s.offset - layers[b][s.tensor];
+    if (s.expert > 0 && s.offset != layers[b][s.tensor] + s.expert * steps[b][s.tensor])
+      throw std::logic_error("StageLayout: the experts of " + s.name + " are not evenly spaced");
   }
   // The blocks end where the last stage's tensors begin, or with the buffer.
   block_end = table.total_storage();
   for (const auto& s : table.specs())
     if (s.layer < 0 && s.offset > block_begin()) block_end = std::min(block_end, s.offset);
   // The table and the layout must describe the same stage: every block has
-  // the family's tensors (the first, which its windows start at, always).
+  // the family's tensors (the first, which its windows start at, always;
+  // the router in the sparse blocks only).
   for (const auto& b : layers)
     for (int k = 0; k < block::kCount; ++k)
-      if ((b[k] >= 0) != (layers.front()[k] >= 0) || b[0] < 0)
+      if ((k != block::router_w && (b[k] >= 0) != (layers.front()[k] >= 0)) || b[0] < 0)
         throw std::logic_error("StageLayout: a block tensor is missing from the table");
   if (range.has_embedding && outer[outer::wte] < 0)
     throw std::logic_error("StageLayout: the first stage has no embedding table");

@@ -88,6 +88,7 @@ struct ParameterSpec {
   double init_value = 0.0;
   int64_t layer = -1;  // the block it belongs to; -1 outside the blocks
   int tensor = 0;      // its role: block::Tensor (layer >= 0) or outer::Tensor
+  int64_t expert = -1;  // a sparse block's MLP tensors: the expert's index
   // kHeads: the logical rows of each stacked part (qkv: q, k, v), and how
   // many row blocks each is cut into: tp, or (k and v over a tensor group
   // wider than the kv heads) one per head, each block then held by

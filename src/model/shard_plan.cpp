@@ -37,8 +37,7 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
   for (size_t k = 0; k < specs.size(); ++k) {
     const ParameterSpec& s = *specs[k];
     const int64_t next = k + 1 < specs.size() ? specs[k + 1]->offset : table.total_storage();
-    const int64_t block =
-        s.layer < 0 ? -1 : (s.offset - layout.block_begin()) / layout.block_storage();
+    const int64_t block = s.layer < 0 ? -1 : layout.block_at_offset(s.offset);
     if (s.layer >= 0 && !units.empty() && units.back().first.block == block) {
       units.back().first.end = next;
       units.back().second.push_back(&s);

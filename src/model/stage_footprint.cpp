@@ -1,5 +1,6 @@
 #include "model/stage_footprint.hpp"
 
+#include "model/moe_plan.hpp"
 #include "model/stage_layout.hpp"
 
 namespace mpiformer {
@@ -44,12 +45,33 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // fch and its activation (the MLP's first projection's and hidden
   // channels), the two norms' statistics (rows held), and attention's
   // state (probabilities or row statistics) unless recomputed.
-  const double block_kept = 3 * C * R * act + (Cqkv + Ca + Cin + Cm) * BT * act + 2 * stats * R * acc;
+  //
+  // A sparse block (moe_plan.hpp) keeps its MLP's two for the dispatched
+  // rows M instead (a slot position serving dense and sparse blocks: the
+  // more rows), their outputs y, and the router's decisions: probs, lse,
+  // gates (acc), experts, places (int32) per token, the counts per
+  // sequence (int32) and kept rows per expert (int64).
+  const MoePlan moe = moe_plan(cfg, range, o.micro_batch);
+  const double M = static_cast<double>(moe.rows), E = static_cast<double>(cfg.experts);
+  const double K = static_cast<double>(cfg.top_k);
+  const auto kept_at = [&](bool dense, bool sparse) {
+    const double mlp_rows = std::max(dense ? BT : 0.0, sparse ? M : 0.0);
+    double k = 3 * C * R * act + (Cqkv + Ca) * BT * act + (Cin + Cm) * mlp_rows * act +
+               2 * stats * R * acc;
+    if (sparse) k += M * C * act + (BT * E + BT + BT * K) * acc + 2 * BT * K * 4 + B * E * 4 + E * 8;
+    return k;
+  };
+  bool any_dense = false;
+  for (bool d : moe.dense_at) any_dense = any_dense || d;
+  const double block_kept = kept_at(any_dense, moe.any_sparse);  // recomputation's one set
   // One slot: the residual stream at every block boundary, then per block
   // what it keeps (nothing under full recomputation).
   double slot = (L + 1) * R * C * act;
-  if (o.recompute == Recompute::kNone) slot += L * (block_kept + attention);
-  if (o.recompute == Recompute::kAttention) slot += L * block_kept;
+  for (size_t j = 0; j < moe.dense_at.size(); ++j) {
+    const double kept = kept_at(moe.dense_at[j], moe.sparse_at[j]);
+    if (o.recompute == Recompute::kNone) slot += kept + attention;
+    if (o.recompute == Recompute::kAttention) slot += kept;
+  }
   if (range.has_embedding) slot += BT * 4;  // token ids
   // The head's: lnf, logits; lnf's statistics, the losses; targets (split
   // backward, interleaving: one set for every slot).
@@ -81,6 +103,15 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // parallelism): the gathered rows and the positions' order.
   if (range.tp > 1 && range.has_embedding && !o.sequence_parallel) f.scratch += BT * C * act + BT * 4;
   if (shared_head) f.scratch += head;
+  // A Mixture of Experts' shared buffers: the router's logits (act and
+  // acc), the gates' gradients, two sets of dispatched rows, the experts'
+  // hidden gradient (Llama: and SwiGLU's output's), the router's scratch
+  // and two sets of totals.
+  if (moe.any_sparse) {
+    const double S = B;
+    f.scratch += BT * E * (act + acc) + BT * K * acc + (2 * M * C + M * Cin) * act +
+                 (cfg.llama() ? M * Cm * act : 0) + (S * E + 2 * S) * 8 + 2 * kRouterTotals * 8;
+  }
   return f;
 }
 

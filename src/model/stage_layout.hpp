@@ -15,6 +15,9 @@ namespace mpiformer {
 
 struct StageLayout {
   std::vector<std::array<int64_t, block::kCount>> layers;  // per block of the stage
+  // A sparse block's expert tensors: the distance from one expert's to the
+  // next (0 elsewhere).
+  std::vector<std::array<int64_t, block::kCount>> steps;
   std::array<int64_t, outer::kCount> outer;                 // -1: not on this stage
 
   StageLayout(const ParameterTable& table, const StageRange& range);
@@ -33,17 +36,33 @@ struct StageLayout {
   template <class T>
   BlockView<T> block_at(T* block_base, int64_t i) const {
     BlockView<T> v;
-    for (int k = 0; k < block::kCount; ++k)
+    for (int k = 0; k < block::kCount; ++k) {
       v.t[k] = layers[i][k] < 0 ? nullptr : block_base + (layers[i][k] - layers[i][0]);
+      v.step[k] = steps[i][k];
+    }
     return v;
   }
   // The blocks' span of the flat buffer [block_begin, block_end): the blocks
-  // are contiguous, between the first stage's tensors and the last's, and
-  // equally sized.
+  // are contiguous, between the first stage's tensors and the last's; equally
+  // sized unless some are sparse and some dense (moe_every > 1).
   int64_t block_begin() const { return layers.empty() ? 0 : layers.front()[0]; }
   int64_t block_end = 0;
+  // Block i's span: [layers[i][0], block_stop(i)).
+  int64_t block_stop(int64_t i) const {
+    return i + 1 < static_cast<int64_t>(layers.size()) ? layers[static_cast<size_t>(i) + 1][0] : block_end;
+  }
+  // The block holding `offset` (one inside the blocks' span).
+  int64_t block_at_offset(int64_t offset) const {
+    const auto after = std::upper_bound(layers.begin(), layers.end(), offset,
+                                        [](int64_t o, const auto& b) { return o < b[0]; });
+    return static_cast<int64_t>(after - layers.begin()) - 1;
+  }
+  // The largest block's storage (a window holds any block).
   int64_t block_storage() const {
-    return layers.empty() ? 0 : (block_end - block_begin()) / static_cast<int64_t>(layers.size());
+    int64_t most = 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(layers.size()); ++i)
+      most = std::max(most, block_stop(i) - layers[static_cast<size_t>(i)][0]);
+    return most;
   }
 };
 

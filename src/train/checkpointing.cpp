@@ -54,6 +54,18 @@ void check_model(const CheckpointReader& reader, const GptConfig& cfg) {
                                saved.tie_embeddings ? "true" : "false", saved.rope_theta,
                                saved.norm_eps));
   }
+  // The experts' tensors and the function they compute: capacity_factor
+  // and the losses' weights are training choices a resume may change.
+  if (saved.experts != cfg.experts || (saved.moe() && (saved.top_k != cfg.top_k ||
+                                                       saved.moe_every != cfg.moe_every))) {
+    throw InputError(reader.path(), "[model] experts, top_k, moe_every",
+                     strprintf("the checkpoint holds a model of %lld experts (top_k %lld, "
+                               "moe_every %lld) that the deck's differs from (the model cannot "
+                               "change on resume)",
+                               static_cast<long long>(saved.experts),
+                               static_cast<long long>(saved.top_k),
+                               static_cast<long long>(saved.moe_every)));
+  }
 }
 
 std::vector<DatasetBox> dataset_boxes(const std::vector<LogicalBox>& boxes) {

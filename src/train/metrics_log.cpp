@@ -107,6 +107,14 @@ void MetricsLog::step(const StepMetrics& m) {
                       m.loss_scale, m.overflow ? "true" : "false",
                       static_cast<long long>(m.overflows));
   }
+  if (m.moe) {
+    line += strprintf(" | aux %.3f | expert load %.2f-%.2f | dropped %.1f%%", m.aux_loss,
+                      m.load_min, m.load_max, 100 * m.dropped);
+    json += strprintf(", \"aux_loss\": %s, \"z_loss\": %s, \"expert_load_min\": %.6g, "
+                      "\"expert_load_max\": %.6g, \"dropped_fraction\": %.6g",
+                      number(m.aux_loss).c_str(), number(m.z_loss).c_str(), m.load_min,
+                      m.load_max, m.dropped);
+  }
   if (m.host_timings) {
     json += strprintf(", \"matmul_fraction\": %.4g, \"optimizer_ms\": %.4g", m.matmul_fraction,
                       m.optimizer_ms);

@@ -33,6 +33,11 @@ struct StepMetrics {
   // The optimizer step per step, mean over ranks (host timings): AdamW,
   // the streaming of offloaded state, ZeRO's gathers after it.
   double optimizer_ms = 0;
+  // A Mixture of Experts (step_executor.hpp's StepResult): the mean aux
+  // and z losses, the share of assignments dropped, the least and most
+  // loaded experts over their fair share.
+  bool moe = false;
+  double aux_loss = 0, z_loss = 0, dropped = 0, load_min = 0, load_max = 0;
   // Why this step's update was skipped, or why the run stops at it (empty:
   // applied), and the updates skipped so far.
   std::string skipped, stopped;

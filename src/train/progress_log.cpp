@@ -95,6 +95,12 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   sm.overflow = r.overflow;
   sm.loss_scale = r.loss_scale;
   sm.overflows = r.overflows;
+  sm.moe = r.moe;
+  sm.aux_loss = r.aux_loss;
+  sm.z_loss = r.z_loss;
+  sm.dropped = r.dropped;
+  sm.load_min = r.load_min;
+  sm.load_max = r.load_max;
   log_.step(sm);
   stage_.reset_gemm_seconds();
   interval_s_ = 0;

@@ -122,6 +122,9 @@ class StageBackend {
   virtual const void* input_grad_for_send(int slot) = 0;
   // Sum of the per-token losses since the last call (waits for the device).
   virtual double take_loss_sum() = 0;
+  // A Mixture of Experts' routing since the last call, added into totals
+  // and load (GptStage::take_router_stats); nothing for a dense model.
+  virtual void take_router_stats(double* totals, double* load) = 0;
 
   // Gradients (flat, table order) where the back end keeps them.
   virtual float* grads() = 0;

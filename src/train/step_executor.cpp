@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/moe_routing.hpp"
 #include "core/format.hpp"
 #include "core/test_hooks.hpp"
 
@@ -66,7 +67,9 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       act_sends_(static_cast<size_t>(stage.num_slots())),
       grad_sends_(static_cast<size_t>(stage.num_slots())),
       slot_of_(activation_slots(actions_)),
-      chunks_(static_cast<int>(stage.range().chunks)) {
+      chunks_(static_cast<int>(stage.range().chunks)),
+      step_sums_(static_cast<size_t>(3 + kRouterTotals + deck.model.n_layer * deck.model.experts)),
+      router_discard_(static_cast<size_t>(kRouterTotals + deck.model.n_layer * deck.model.experts)) {
   // core/test_hooks.hpp (host back end: the gradients are host memory there).
   fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
   if (grid.tp() > 1) {
@@ -177,12 +180,19 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         }
         // Every rank of a tensor group computes the same losses: its rank
         // 0 counts them, and the tensors the group replicates.
+        // A Mixture of Experts' routing rides along too (its totals, then
+        // every layer's rows per expert).
         const double loss_sum = stage.take_loss_sum();
-        double sums[3] = {g.tp_rank() == 0 ? loss_sum : 0.0, 0.0,
-                          StopPolicy::vote(out_of_time) ? 1.0 : 0.0};
+        std::vector<double>& sums = step_sums_;
+        std::fill(sums.begin(), sums.end(), 0.0);
+        sums[0] = g.tp_rank() == 0 ? loss_sum : 0.0;
+        sums[2] = StopPolicy::vote(out_of_time) ? 1.0 : 0.0;
         sums[1] = stage.grad_sum_of_squares(g.pp() > 1 && g.last_stage(), g.tp_rank() != 0);
-        g.world().allreduce_sum(sums, 3);
+        if (g.tp_rank() == 0) stage.take_router_stats(&sums[3], &sums[3 + kRouterTotals]);
+        else stage.take_router_stats(router_discard_.data(), router_discard_.data() + kRouterTotals);
+        g.world().allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
         result.loss = sums[0] / static_cast<double>(tc.global_batch * T);
+        if (deck_.model.moe()) moe_stats(result, sums.data() + 3);
         result.stop = sums[2] > 0;
         // NaN stays NaN through max and sqrt: the guard sees it. The norm
         // of the unscaled gradients is what clipping and the log use.
@@ -231,6 +241,31 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   return result;
 }
 
+void StepExecutor::moe_stats(StepResult& r, const double* totals) const {
+  const GptConfig& m = deck_.model;
+  const double layers = static_cast<double>(m.moe_layers());
+  const double sequences = static_cast<double>(deck_.train.global_batch);
+  const double tokens = sequences * static_cast<double>(m.seq_len);
+  const double assignments = tokens * static_cast<double>(m.top_k);
+  r.moe = true;
+  r.aux_loss = totals[kAuxSum] / (sequences * layers);
+  r.z_loss = totals[kZSum] / (tokens * layers);
+  r.dropped = totals[kDropped] / (assignments * layers);
+  // Each expert's rows over its fair share of the layer's assignments.
+  const double* load = totals + kRouterTotals;
+  const double fair = assignments / static_cast<double>(m.experts);
+  r.load_min = std::numeric_limits<double>::infinity();
+  r.load_max = 0;
+  for (int64_t l = 0; l < m.n_layer; ++l) {
+    if (!m.moe_layer(l)) continue;
+    for (int64_t e = 0; e < m.experts; ++e) {
+      const double x = load[l * m.experts + e] / fair;
+      r.load_min = std::min(r.load_min, x);
+      r.load_max = std::max(r.load_max, x);
+    }
+  }
+}
+
 double StepExecutor::evaluate(DataFeeder& data) {
   ProcessGrid& g = grid_;
   StageBackend& stage = stage_;
@@ -263,6 +298,8 @@ double StepExecutor::evaluate(DataFeeder& data) {
     }
   }
   double sum = stage.take_loss_sum();
+  // Evaluation's routing is not a training step's.
+  stage.take_router_stats(router_discard_.data(), router_discard_.data() + kRouterTotals);
   if (g.tp_rank() != 0) sum = 0;  // the tensor group's ranks all hold it
   g.world().allreduce_sum(&sum, 1);
   return sum / static_cast<double>(data.eval_windows() * deck_.model.seq_len);

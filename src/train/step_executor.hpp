@@ -36,6 +36,12 @@ struct StepResult {
   bool loss_scaling = false, overflow = false;
   double loss_scale = 1;
   int64_t overflows = 0;
+  // A Mixture of Experts (moe): over the step's sparse layers, the mean
+  // aux loss per sequence and z loss per token (unweighted), the share of
+  // assignments dropped, and the rows the least and most loaded expert of
+  // any layer took, over its fair share (1: balanced).
+  bool moe = false;
+  double aux_loss = 0, z_loss = 0, dropped = 0, load_min = 0, load_max = 0;
 };
 
 // Host-side waits within steps, summed until reset.
@@ -82,6 +88,12 @@ class StepExecutor {
   StepTimes* times_ = nullptr;
   int64_t step_ = 0;
   int micro_ = -1;
+  // The step's sums over every rank: the loss, the squared norm, the stop
+  // vote, the router's totals and each layer's rows per expert (sized
+  // once); where the tensor group's other ranks put their router stats.
+  std::vector<double> step_sums_, router_discard_;
+  // The step's routing (sums from step_sums_ at totals) into `r`.
+  void moe_stats(StepResult& r, const double* totals) const;
 };
 
 }  // namespace mpiformer

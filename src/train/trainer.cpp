@@ -262,6 +262,21 @@ void Trainer::print_summary() const {
                   static_cast<long long>(cfg.kv_share(g.tp())), g.tp(),
                   static_cast<long long>(cfg.kv_heads()));
   }
+  if (cfg.moe()) {
+    int64_t expert_params = 0;
+    for (const auto& spec : whole.specs())
+      if (spec.expert >= 0) expert_params += spec.numel();
+    const int64_t active = whole.total_numel() - expert_params +
+                           expert_params / cfg.experts * cfg.top_k;
+    std::printf("model: mixture of experts: %lld experts in %lld of %lld layers (every %lld), top "
+                "%lld, capacity %lld per expert per sequence (factor %g), aux loss %g, z loss %g; "
+                "%lld parameters active per token\n",
+                static_cast<long long>(cfg.experts), static_cast<long long>(cfg.moe_layers()),
+                static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.moe_every),
+                static_cast<long long>(cfg.top_k),
+                static_cast<long long>(cfg.expert_capacity(cfg.seq_len)), cfg.capacity_factor,
+                cfg.aux_loss, cfg.router_z_loss, static_cast<long long>(active));
+  }
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =
       shards != nullptr

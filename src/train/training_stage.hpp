@@ -114,6 +114,9 @@ class TrainingStage final : public StageBackend {
     return dst;
   }
   double take_loss_sum() override { return stage_.take_loss_sum(); }
+  void take_router_stats(double* totals, double* load) override {
+    stage_.take_router_stats(totals, load);
+  }
 
   float* grads() override { return stage_.grads(); }
   void adamw_step(double lr, int64_t step, double grad_scale) override {

@@ -363,8 +363,9 @@ TEST(GpuRouter, MatchesTheHost) {
   std::vector<int32_t> he(N * K), hd(N * K), hc(S * E);
   std::vector<int64_t> hk(E);
   double ht[kRouterTotals] = {};
+  std::vector<int64_t> hs(host::router_scratch_bytes(r) / sizeof(int64_t));
   host::router_forward(r, logits.exact.data(), hp.data(), hl.data(), he.data(), hg.data(), hd.data(),
-                       hc.data(), hk.data(), ht);
+                       hc.data(), hk.data(), ht, hs.data());
   auto ints = [](const auto& buf, size_t n) {
     std::vector<std::remove_pointer_t<decltype(buf.get())>> v(n);
     cuda::copy_to_host(v.data(), buf.get(), n * sizeof(v[0]));

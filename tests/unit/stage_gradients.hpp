@@ -27,6 +27,19 @@ inline void randomise_parameters(HostGptStage<double>& stage, unsigned seed) {
 // in double: truncation ~h^2 * |third derivative| ~ 1e-10, rounding
 // ~1e-16 * |L| / h ~ 1e-11; 1e-7 absolute leaves a wide margin while a
 // wrong term (typically >= 1e-3 here) still fails.
+//
+// A Mixture of Experts' loss also has its router's: the aux loss (a mean
+// over sequences of T tokens) and the z loss (over tokens), each weighed
+// by the model's coefficient, which backward's scale divides alike.
+inline double router_losses(HostGptStage<double>& stage, double scale) {
+  const GptConfig& c = stage.config();
+  double totals[kRouterTotals] = {};
+  std::vector<double> load(static_cast<size_t>(c.n_layer * c.experts));
+  stage.take_router_stats(totals, load.data());
+  return scale * (c.aux_loss * static_cast<double>(c.seq_len) * totals[kAuxSum] +
+                  c.router_z_loss * totals[kZSum]);
+}
+
 inline int64_t expect_gradients_match_finite_differences(HostGptStage<double>& stage,
                                                          const std::vector<int32_t>& tok,
                                                          const std::vector<int32_t>& tgt,
@@ -35,13 +48,14 @@ inline int64_t expect_gradients_match_finite_differences(HostGptStage<double>& s
   stage.forward(0, tok.data(), tgt.data(), true, scale);
   stage.backward(0);
   stage.take_loss_sum();
+  router_losses(stage, scale);
   int64_t checked = 0;
   for (const auto& s : stage.table().specs()) {
     std::vector<double> x(stage.params() + s.offset, stage.params() + s.offset + s.numel());
     auto loss = [&] {
       std::memcpy(stage.params() + s.offset, x.data(), sizeof(double) * x.size());
       stage.forward(0, tok.data(), tgt.data(), false, 0.0);
-      return scale * stage.take_loss_sum();
+      return scale * stage.take_loss_sum() + router_losses(stage, scale);
     };
     const auto want = finite_difference(x, loss, 1e-5);
     loss();  // restore the unperturbed values

@@ -71,5 +71,24 @@ TEST(GptDecoder, LlamaMatchesTheFullForwardAtEveryPosition) {
   check_decoder(cfg);
 }
 
+// A Mixture of Experts, sparse and dense layers, both families: each token
+// through its top 2 of 4 experts. The stage without a capacity routes as
+// generation does (a capacity would let later tokens drop earlier ones'
+// assignments, which generation cannot know).
+TEST(GptDecoder, MixtureOfExpertsMatchesTheFullForwardAtEveryPosition) {
+  GptConfig cfg = gpt2_config();
+  cfg.experts = 4;
+  cfg.top_k = 2;
+  cfg.moe_every = 2;
+  cfg.capacity_factor = 0;
+  check_decoder(cfg);
+  cfg.family = ModelFamily::kLlama;
+  cfg.n_kv_head = 2;
+  cfg.ffn_hidden = 48;
+  cfg.tie_embeddings = false;
+  cfg.moe_every = 1;
+  check_decoder(cfg);
+}
+
 }  // namespace
 }  // namespace mpiformer::test

@@ -115,25 +115,49 @@ TEST(Schema, TableHoldsLlamaTensorsWithShapesAndFlags) {
   EXPECT_EQ(tied_last.find("lm_head.weight"), nullptr);
 }
 
+// A Mixture of Experts over both: 3 experts in layers 0 and 2 (moe_every 2).
+GptConfig moe(GptConfig c) {
+  c.experts = 3;
+  c.top_k = 2;
+  c.moe_every = 2;
+  return c;
+}
+
 TEST(Schema, LayoutAndChunksAgreeWithTheTableOnEveryStage) {
-  for (const GptConfig& cfg : {config(), llama_config()})
+  for (const GptConfig& cfg : {config(), llama_config(), moe(config()), moe(llama_config())})
   for (int64_t st = 0; st < 3; ++st) {
     const StageRange r = partition_stage(cfg, st, 3);
     const ParameterTable t(cfg, r);
     const StageLayout at(t, r);
     for (int64_t i = 0; i < r.num_layers(); ++i) {
       const auto v = at.block(static_cast<float*>(nullptr), i);
+      const int64_t layer = r.first_layer + i;
+      const std::string h = "h." + std::to_string(layer) + ".";
       for (int k = 0; k < block::kCount; ++k) {
+        const auto role = static_cast<block::Tensor>(k);
         const char* tail = block_schema(cfg.family)[k].name;
-        if (tail == nullptr) {
-          EXPECT_EQ(v[static_cast<block::Tensor>(k)], nullptr);
+        // A dense block has no router; a sparse one has each expert's MLP
+        // ("mlp.experts.<e>." and the rest of the dense name).
+        if (tail == nullptr || (role == block::router_w && !cfg.moe_layer(layer))) {
+          EXPECT_EQ(v[role], nullptr);
           continue;
         }
-        const std::string name = "h." + std::to_string(r.first_layer + i) + "." + tail;
-        EXPECT_EQ(v[static_cast<block::Tensor>(k)] - static_cast<float*>(nullptr),
-                  t.at(name).offset)
-            << name;
+        if (cfg.moe_layer(layer) && block::is_expert_tensor(k)) {
+          EXPECT_EQ(t.find(h + tail), nullptr) << h + tail;
+          for (int64_t e = 0; e < cfg.experts; ++e) {
+            const std::string name = h + "mlp.experts." + std::to_string(e) + "." + (tail + 4);
+            EXPECT_EQ(v.expert(role, e) - static_cast<float*>(nullptr), t.at(name).offset) << name;
+          }
+          continue;
+        }
+        EXPECT_EQ(v[role] - static_cast<float*>(nullptr), t.at(h + tail).offset) << h + tail;
       }
+    }
+    // Sparse and dense blocks differ in size: each block's span ends where
+    // the next begins, and a window holds the largest.
+    for (int64_t i = 0; i < r.num_layers(); ++i) {
+      EXPECT_LE(at.block_stop(i) - at.layers[static_cast<size_t>(i)][0], at.block_storage());
+      EXPECT_EQ(at.block_at_offset(at.block_stop(i) - 1), i);
     }
     EXPECT_EQ(at.at(outer::wte) >= 0, r.has_embedding || (r.has_head && cfg.tie_embeddings));
     EXPECT_EQ(at.at(outer::lnf_w) >= 0, r.has_head);

@@ -120,6 +120,40 @@ TEST(StageFootprint, EqualsWhatTheLlamaStageAllocates) {
   expect_exact<float>(c, 2, 3, 2);
 }
 
+// A Mixture of Experts: sparse blocks keep their dispatched rows and the
+// router's decisions, and share the experts' scratch; dense and sparse
+// blocks mixed (moe_every 2, under interleaving a slot position serving
+// both), capacity or none, each family, tensor and sequence parallelism.
+TEST(StageFootprint, EqualsWhatTheMoeStageAllocates) {
+  GptConfig g;
+  g.n_layer = 4;
+  g.n_head = 3;
+  g.n_embd = 24;
+  g.seq_len = 7;
+  g.vocab_size = 131;
+  g.experts = 5;
+  g.top_k = 2;
+  g.moe_every = 2;
+  for (const double cf : {1.25, 0.0, 3.0}) {
+    g.capacity_factor = cf;
+    for (int pp : {1, 2}) expect_exact<float>(g, pp, 3, 2);
+    for (const Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull})
+      expect_exact<double>(g, 1, 3, 2, 3, true, r);
+  }
+  g.moe_every = 3;  // layers 0 and 3 sparse: chunk 0's position 0, chunk 1's position 1
+  expect_exact<float>(g, 1, 2, 3, 1, false, Recompute::kNone, false, 2);
+  GptConfig l = g;
+  l.family = ModelFamily::kLlama;
+  l.n_kv_head = 1;
+  l.ffn_hidden = 42;
+  l.tie_embeddings = false;
+  l.moe_every = 1;
+  for (const Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    expect_exact<float>(l, 2, 3, 2, 3, false, r);
+    expect_exact<float>(l, 1, 3, 2, 3, true, r);
+  }
+}
+
 // Sequence parallelism divides what a block keeps on the rows (ln1, res2,
 // ln2, their statistics) and the residual stream by tp; what is split by
 // channels already (qkv, atty, fch, GELU, attention's state) is unchanged.

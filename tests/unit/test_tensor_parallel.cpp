@@ -145,9 +145,8 @@ std::vector<double> slice_of(const ParameterSpec& spec, const double* whole) {
 // ones, and its LayerNorms' gradients come from its rows and the group's
 // sum), with each recomputation.
 void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute,
-                                     bool split_backward = false) {
+                                     bool split_backward = false, const GptConfig& cfg = config()) {
   World w;
-  const GptConfig cfg = config();
   const int64_t B = 2, BT = B * cfg.seq_len, C = cfg.n_embd;
   // The rows this rank holds of the residual stream.
   const int64_t rows = sequence_parallel ? BT / w.size() : BT;
@@ -187,6 +186,13 @@ void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute
     ref.forward(0, tok.data(), tgt.data(), true, 1.0 / static_cast<double>(BT));
     tp.forward(0, tok.data(), tgt.data(), true, 1.0 / static_cast<double>(BT));
     EXPECT_NEAR(tp.take_loss_sum(), ref.take_loss_sum(), 1e-9);
+    // Every rank routes as the whole stage does (a Mixture of Experts).
+    double rt[kRouterTotals] = {}, tt[kRouterTotals] = {};
+    std::vector<double> rl(static_cast<size_t>(cfg.n_layer * cfg.experts)), tl(rl.size());
+    ref.take_router_stats(rt, rl.data());
+    tp.take_router_stats(tt, tl.data());
+    for (int k = 0; k < kRouterTotals; ++k) EXPECT_NEAR(tt[k], rt[k], 1e-9 * (1 + std::fabs(rt[k])));
+    EXPECT_EQ(tl, rl);
     ref.backward(0);
     tp.backward(0);
     if (split_backward) tp.weight_gradients(0);
@@ -227,6 +233,28 @@ TEST(TensorParallel, SplitBackwardStageEqualsTheWholeStage) {
       expect_stage_equals_whole_stage(sp, r, true);
     }
   }
+}
+
+// A Mixture of Experts: the router replicated, each expert's MLP split as
+// the dense one; the gates' gradients summed over the group. 4 experts,
+// top 2, some assignments dropped (capacity 4 of a sequence's 16).
+TEST(TensorParallel, MoeStageEqualsTheWholeStage) {
+  GptConfig cfg = config();
+  cfg.experts = 4;
+  cfg.top_k = 2;
+  cfg.capacity_factor = 1.0;
+  cfg.aux_loss = 0.1;
+  cfg.router_z_loss = 0.01;
+  for (const bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "");
+    expect_stage_equals_whole_stage(sp, Recompute::kNone, false, cfg);
+  }
+  cfg.family = ModelFamily::kLlama;
+  cfg.ffn_hidden = 24;
+  cfg.n_kv_head = 4;  // one per rank at tp 4 (shared heads are summed by the optimizer)
+  cfg.tie_embeddings = false;
+  cfg.moe_every = 2;
+  expect_stage_equals_whole_stage(true, Recompute::kFull, false, cfg);
 }
 
 }  // namespace

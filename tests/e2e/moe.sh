@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# A Mixture of Experts (inputs/llama-moe-tiny.toml: 8 SwiGLU experts, top
+# 2, capacity factor 1.25, so the router drops some assignments) on every
+# parallel axis against its one-rank run: data (ZeRO 3 with tensor and
+# sequence parallelism; ZeRO 2 with the pipeline for GPT-2), pipeline
+# (interleaved, a slot position serving both chunks, with full
+# recomputation), tensor (the router replicated, each expert's MLP split
+# as the dense one). Loss, grad norm and validation
+# loss of every step within 1e-5 relative, and every final tensor within
+# 1e-5 in norm (compare_checkpoints.py), as llama.sh, for the same reason:
+# only fp32 summation order differs, while a gate's gradient summed
+# twice over the tensor group or a sequence routed by another's capacity
+# moves the loss by 1e-3 or more. The routing itself (aux loss, experts'
+# load, drops) is in the metrics and must agree too. Then GPT-2's MoE
+# (biases, GELU experts, sparse and dense layers mixed), a resume under
+# another layout, inspect and generate on the checkpoint, and the deck's
+# refusals (exit 2, one message naming the keys, nothing written).
+source "$(dirname "$0")/lib.sh"
+prep_sample_data
+DECK="$SOURCE_DIR/inputs/llama-moe-tiny.toml"
+common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
+        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
+COMPARE="$SOURCE_DIR/tests/e2e/compare_checkpoints.py"
+
+train() { train_layout "$@"; }  # dir dp pp tp [extra...] (lib.sh)
+same() {  # ref dir label
+  compare "$1/metrics.jsonl" "$2/metrics.jsonl" 1e-5 "$3"
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY' || fail "$3: routing differs"
+import json, sys
+def rows(path):
+    return [json.loads(l) for l in open(path) if '"aux_loss"' in l]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert len(a) == len(b) == 6, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("aux_loss", "z_loss", "expert_load_min", "expert_load_max", "dropped_fraction"):
+        if abs(x[k] - y[k]) > 1e-5 * max(1.0, abs(x[k])):
+            sys.exit(f"{sys.argv[3]}: step {x['step']} {k} {y[k]} vs one rank's {x[k]}")
+PY
+  python3 "$COMPARE" "$1/checkpoints/step_00000006.h5" "$2/checkpoints/step_00000006.h5" 1e-5 \
+    /model || fail "$3: final parameters differ from one rank's"
+}
+
+train ref 1 1 1
+grep -q "model: mixture of experts: 8 experts in 4 of 4 layers (every 1), top 2, capacity 20 per expert per sequence" \
+  ref.log || { grep "model:" ref.log; fail "the experts are not described"; }
+# The test must drop assignments, or the drop path goes untested.
+python3 - ref/metrics.jsonl <<'PY' || fail "the reference run drops nothing"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"dropped_fraction"' in l]
+assert rows and all(r["dropped_fraction"] > 0 for r in rows), rows
+PY
+# dp pp tp schedule recompute zero sequence_parallel
+# (Data parallelism with ZeRO 2 and a pipeline: GPT-2's case below.)
+cases=("1 2 1 interleaved full 0 false" "1 1 2 1f1b attention 0 true" "2 1 2 1f1b none 3 true")
+for c in "${cases[@]}"; do
+  set -- $c
+  dir="m_$1_$2_$3_$4_$5_$6_$7"
+  chunks=1
+  [ "$4" = interleaved ] && chunks=2
+  train "$dir" "$1" "$2" "$3" --set parallel.schedule="$4" --set train.recompute="$5" \
+    --set parallel.zero="$6" --set parallel.sequence_parallel="$7" \
+    --set parallel.virtual_stages="$chunks"
+  same ref "$dir" "moe (dp $1, pp $2, tp $3) $4, recompute $5, zero $6, sequence parallel $7"
+done
+
+# GPT-2's experts (GELU, biases; the row-parallel bias added once) in
+# layers 0 and 2 of 4, the others dense, no capacity.
+gpt2=(--set model.experts=4 --set model.top_k=2 --set model.moe_every=2
+      --set model.capacity_factor=0)
+DECK="$SOURCE_DIR/inputs/tiny.toml" train g_ref 1 1 1 "${gpt2[@]}"
+DECK="$SOURCE_DIR/inputs/tiny.toml" train g_2_2_1 2 2 1 "${gpt2[@]}" --set parallel.zero=2
+same g_ref g_2_2_1 "gpt2 moe (dp 2, pp 2) zero 2"
+
+# Resume under another layout: (1,2,1) stopped at step 3 -> (1,1,2).
+train seg 1 2 1 --set train.stop_at=3
+mkdir -p resumed && cp -r seg/checkpoints seg/metrics.jsonl resumed/
+train resumed 1 1 2
+grep -q "resumed from .*step_00000003.h5: step 3" resumed.log || fail "no resume line"
+same ref resumed "moe resumed (1,2,1) -> (1,1,2)"
+
+# inspect names the experts and finds every expert's tensors; generate
+# routes each token (without a capacity).
+"$MPIFORMER" inspect ref/checkpoints/step_00000006.h5 >inspect.txt
+grep -q "experts:     8 per sparse layer (every 1), top 2, capacity factor 1.25" inspect.txt ||
+  { cat inspect.txt; fail "inspect does not name the experts"; }
+grep -q "checksums:   all" inspect.txt || { cat inspect.txt; fail "inspect: checksums"; }
+"$MPIFORMER" generate ref/checkpoints/step_00000006.h5 --prompt "ROMEO:" --tokens 20 \
+  --temperature 0 >gen.txt 2>&1 || { cat gen.txt; fail "generate failed"; }
+grep -q "^ROMEO:" gen.txt || { cat gen.txt; fail "generate: no continuation"; }
+
+# The deck's refusals: exit 2, the keys named, nothing written.
+refused() {  # label expected-text [--set ...]
+  local label=$1 want=$2 rc=0
+  shift 2
+  run_mpi 1 train "$DECK" "${common[@]}" --set run.dir="bad_$label" "$@" >"bad_$label.log" 2>&1 ||
+    rc=$?
+  [ "$rc" -eq 2 ] || { cat "bad_$label.log"; fail "$label: exit $rc, expected 2"; }
+  grep -qF "$want" "bad_$label.log" || { cat "bad_$label.log"; fail "$label: message"; }
+  [ ! -e "bad_$label/metrics.jsonl" ] && ! compgen -G "bad_$label/checkpoints/*.h5" >/dev/null ||
+    fail "$label: wrote something"
+  echo "ok: $label refused"
+}
+refused top_k "[model] top_k, [model] experts: each token picks top_k = 9 different experts of the 8" \
+  --set model.top_k=9
+DECK="$SOURCE_DIR/inputs/tiny.toml" refused dense "[model] top_k, [model] experts: applies to a Mixture of Experts only" \
+  --set model.top_k=1
+refused capacity "[model] capacity_factor: expected a value in [0, 1024], got -1" \
+  --set model.capacity_factor=-1
+refused zb "[parallel] schedule, [model] experts: schedule \"zb-h1\" splits each backward in two" \
+  --set parallel.pp=1 --set parallel.schedule=zb-h1
+# A resume whose deck has other experts: refused, the checkpoint untouched.
+mkdir -p bad_resume && cp -r ref/checkpoints bad_resume/
+sum_before=$(md5sum bad_resume/checkpoints/*.h5)
+rc=0
+run_mpi 1 train "$DECK" "${common[@]}" --set run.dir=bad_resume --set model.experts=4 \
+  >bad_resume.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -qF "[model] experts, top_k, moe_every: the checkpoint holds a model of 8 experts" \
+  bad_resume.log || { cat bad_resume.log; fail "resume with other experts: exit $rc"; }
+[ "$(md5sum bad_resume/checkpoints/*.h5)" = "$sum_before" ] || fail "resume refusal changed the checkpoint"
+echo "PASS: moe"
