@@ -8,7 +8,12 @@ model.safetensors.index.json, and the model is written from
 LlamaForCausalLM's definition: RMSNorm, q/k/v projections, rotary
 positions with rotate_half (pairs i, i + head_dim/2), grouped-query
 attention (repeat_kv), SwiGLU (silu(gate) * up, then down), the final
-norm and lm_head (or the tied embedding).
+norm and lm_head (or the tied embedding). A Mixtral directory
+(MixtralForCausalLM, what a Mixture of Experts exports as) has in place of
+each MLP block_sparse_moe: its gate (the router) gives each token's
+softmax over the experts, the top num_experts_per_tok of them (ties to the
+lower index) weighed by their probabilities renormalised over those, each
+expert SwiGLU with w1 (gate), w3 (up) and w2 (down); no capacity.
 
 usage:
   llama_numpy.py hf DIR                      config, names and shapes (and the index)
@@ -49,16 +54,47 @@ def expected_shapes(cfg):
     s = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C]}
     if not cfg["tie_word_embeddings"]:
         s["lm_head.weight"] = [V, C]
+    E = cfg.get("num_local_experts", 0)
     for i in range(L):
         p = f"model.layers.{i}."
         s.update({p + "input_layernorm.weight": [C], p + "post_attention_layernorm.weight": [C],
                   p + "self_attn.q_proj.weight": [NH * hd, C],
                   p + "self_attn.k_proj.weight": [NKV * hd, C],
                   p + "self_attn.v_proj.weight": [NKV * hd, C],
-                  p + "self_attn.o_proj.weight": [C, NH * hd],
-                  p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
-                  p + "mlp.down_proj.weight": [C, F]})
+                  p + "self_attn.o_proj.weight": [C, NH * hd]})
+        if E == 0:
+            s.update({p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
+                      p + "mlp.down_proj.weight": [C, F]})
+            continue
+        m = p + "block_sparse_moe."
+        s[m + "gate.weight"] = [E, C]
+        for e in range(E):
+            s.update({f"{m}experts.{e}.w1.weight": [F, C], f"{m}experts.{e}.w3.weight": [F, C],
+                      f"{m}experts.{e}.w2.weight": [C, F]})
     return s
+
+
+def swiglu(h, gate, up, down):
+    g, u = h @ gate.T, h @ up.T
+    return (g / (1 + np.exp(-g)) * u) @ down.T
+
+
+def sparse_moe(cfg, p, h):
+    """Mixtral's block_sparse_moe on rows h [T, C]."""
+    E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    logits = h @ p("block_sparse_moe.gate.weight").T
+    prob = np.exp(logits - logits.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    top = np.argsort(-logits, axis=-1, kind="stable")[:, :K]  # ties: the lower index first
+    gates = np.take_along_axis(prob, top, -1)
+    gates /= gates.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for j in range(K):
+            e = f"block_sparse_moe.experts.{top[t, j]}."
+            out[t] += gates[t, j] * swiglu(h[t], p(e + "w1.weight"), p(e + "w3.weight"),
+                                           p(e + "w2.weight"))
+    return out
 
 
 def rmsnorm(x, g, eps):
@@ -94,8 +130,11 @@ def forward(cfg, w, ids):
         y = (s / s.sum(-1, keepdims=True)) @ v
         x = x + y.transpose(1, 0, 2).reshape(T, C) @ p("self_attn.o_proj.weight").T
         h = rmsnorm(x, p("post_attention_layernorm.weight"), eps)
-        g, u = h @ p("mlp.gate_proj.weight").T, h @ p("mlp.up_proj.weight").T
-        x = x + (g / (1 + np.exp(-g)) * u) @ p("mlp.down_proj.weight").T
+        if cfg.get("num_local_experts", 0):
+            x = x + sparse_moe(cfg, p, h)
+        else:
+            x = x + swiglu(h, p("mlp.gate_proj.weight"), p("mlp.up_proj.weight"),
+                           p("mlp.down_proj.weight"))
     x = rmsnorm(x, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
     return x @ head.T
@@ -105,12 +144,14 @@ def main():
     mode = sys.argv[1]
     if mode == "hf":
         cfg, w, files = load(sys.argv[2])
-        assert cfg["model_type"] == "llama" and cfg["architectures"] == ["LlamaForCausalLM"], cfg
+        arch = "MixtralForCausalLM" if cfg.get("num_local_experts") else "LlamaForCausalLM"
+        assert cfg["model_type"] == arch[:-len("ForCausalLM")].lower(), cfg
+        assert cfg["architectures"] == [arch], cfg
         assert cfg["hidden_act"] == "silu", cfg
         want = expected_shapes(cfg)
         got = {k: list(v.shape) for k, v in w.items()}
         assert got == want, (set(got) ^ set(want), [k for k in want if got.get(k) != want[k]][:3])
-        print(f"hf: {len(w)} tensors with LlamaForCausalLM's names and shapes in "
+        print(f"hf: {len(w)} tensors with {arch}'s names and shapes in "
               f"{max(len(files), 1)} file(s), config {cfg['num_hidden_layers']} x "
               f"{cfg['hidden_size']}, {cfg['num_key_value_heads']} kv heads")
     elif mode == "logits":

@@ -88,6 +88,30 @@ grep -q "checksums:   all" inspect.txt || { cat inspect.txt; fail "inspect: chec
   --temperature 0 >gen.txt 2>&1 || { cat gen.txt; fail "generate failed"; }
 grep -q "^ROMEO:" gen.txt || { cat gen.txt; fail "generate: no continuation"; }
 
+# Export as Mixtral (sharded), checked by an independent numpy forward
+# (llama_numpy.py: Mixtral's block_sparse_moe from its definition) against
+# generate's logits; GPT-2's experts and a model with dense layers have no
+# Hugging Face layout, and llm.c's file none for experts: refused.
+PY=${PYTHON_NUMPY:-/usr/bin/python3}
+"$PY" -c "import numpy" 2>/dev/null || fail "$PY has no numpy (.ci/deps.sh installs python3-numpy)"
+ck=ref/checkpoints/step_00000006.h5
+"$MPIFORMER" export "$ck" --format hf --max-shard-mb 1 --output hf >export.log ||
+  { cat export.log; fail "export"; }
+grep -q "as a Hugging Face MixtralForCausalLM directory" export.log || fail "export: not named Mixtral"
+"$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" hf hf
+"$MPIFORMER" generate "$ck" --prompt "ROMEO:" --tokens 12 --temperature 0 --logits logits.bin \
+  >gen12.txt 2>gen12.err || { cat gen12.err; fail "generate --logits"; }
+head -c -1 gen12.txt | od -An -tu1 -v >ids.txt  # byte tokens: the text's bytes are the ids
+"$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" logits hf ids.txt logits.bin
+no_export() {  # label checkpoint format expected-text
+  local rc=0
+  "$MPIFORMER" export "$2" --format "$3" --output "no_$1" >/dev/null 2>"no_$1.err" || rc=$?
+  [ "$rc" -eq 2 ] && grep -qF "$4" "no_$1.err" && [ ! -e "no_$1" ] ||
+    { cat "no_$1.err"; fail "export $1 not refused (exit $rc)"; }
+}
+no_export gpt2 g_ref/checkpoints/step_00000006.h5 hf "a Mixture of Experts exports as Mixtral, a Llama with every layer sparse"
+no_export llmc "$ck" llmc "llm.c's parameter file holds GPT-2 only; this checkpoint is a Mixture of Experts"
+
 # The deck's refusals: exit 2, the keys named, nothing written.
 refused() {  # label expected-text [--set ...]
   local label=$1 want=$2 rc=0
