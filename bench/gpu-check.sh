@@ -15,6 +15,7 @@
 #  3. `ctest -L gpu`;
 #  3b. the 2-step device-against-host comparison again on llama-160m with
 #     grouped-query attention;
+#  3c. and on llama-160m as a Mixture of Experts (8 experts, top 2);
 #  4. compute-sanitizer memcheck and racecheck over our own kernels.
 # A short table and a summary come last. It exits non-zero when no GPU is
 # usable, when every GPU test skipped, when a phase fails or has no time.
@@ -335,6 +336,16 @@ if [ "${COMPARE:-1}" = 1 ] && phase 90 "llama-160m: $DEVICE fp32 against the hos
   "$MPIFORMER" prep --tokenizer byte --val-fraction 0.1 --output "$W/data/tinyshakespeare_byte.h5" \
     inputs/tinyshakespeare.txt >>"$OUT/prep.log" 2>&1 || failed+=("llama data")
   compare_on llama-160m llama-160m --set model.n_kv_head=4
+fi
+
+# 3c. A Mixture of Experts on the device against the host: llama-160m's
+# MLPs as 8 experts of a quarter of their width, top 2, with the default
+# capacity (some assignments dropped): the router, dispatch and combine
+# kernels and the experts' GEMMs on their rows at real sizes, and the
+# one wait per sparse layer for the experts' row counts.
+if [ "${COMPARE:-1}" = 1 ] && phase 90 "llama-160m MoE: $DEVICE fp32 against the host"; then
+  compare_on llama-160m-moe llama-160m --set model.n_kv_head=4 --set model.experts=8 --set model.top_k=2 \
+    --set model.ffn_hidden=512
 fi
 
 # 4. compute-sanitizer: the CPU emulation (tests/emulation) runs threads in

@@ -1,5 +1,7 @@
 #include "model/stage_work.hpp"
 
+#include <algorithm>
+
 namespace mpiformer {
 
 const char* kernel_name(Kernel k) {
@@ -129,8 +131,38 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     if (gathers_input || dout_rows) gather(w.tp_weights);
     wg.matmul_weight_grad(m, k, n);
   };
+  // A sparse block's MLP (gpt_stage_impl.hpp's moe_forward, moe_backward):
+  // the router's GEMM and kernel, the dispatch, each expert's two GEMMs on
+  // its rows (priced balanced: BT k / E rows each, fewer where a capacity
+  // caps them), the combine; backward the same way round, with the gates'
+  // gradients summed over the tensor group and the dispatch done again.
+  const int64_t E = cfg.experts, K = cfg.top_k;
+  const int64_t cap = cfg.expert_capacity(cfg.seq_len);
+  const int64_t per_expert = E > 0 ? (cap > 0 ? std::min(BT * K / E, micro_batch * cap) : BT * K / E) : 0;
+  const double routed = static_cast<double>(E * per_expert);  // rows dispatched
+  auto moe_forward = [&](Builder& x) {
+    x.matmul(false, BT, C, E);
+    x.stream(Kernel::kGelu, false, static_cast<double>(BT * E));  // softmax, top k, capacity
+    x.move(routed * static_cast<double>(C), 2);                   // dispatch
+    for (int64_t e = 0; e < E; ++e) x.matmul(false, per_expert, C, cin);
+    x.stream(Kernel::kGelu, false, routed * static_cast<double>(cin));
+    for (int64_t e = 0; e < E; ++e) x.matmul(false, per_expert, cm, C);
+    x.move(routed * static_cast<double>(C), 2);  // combine
+  };
+  auto moe_backward = [&]() {
+    b.move(routed * static_cast<double>(C), 3);  // combine: rows and gates
+    group(w.tp_backward, TC::kAllreduce, static_cast<double>(BT * K) * 4);
+    b.stream(Kernel::kGelu, true, static_cast<double>(BT * E));  // the router's
+    for (int64_t e = 0; e < E; ++e) b.matmul(true, per_expert, cm, C);
+    b.stream(Kernel::kGelu, true, routed * static_cast<double>(cin));
+    gather(w.tp_backward);  // ln2
+    b.matmul(true, BT, C, E);
+    b.move(routed * static_cast<double>(C), 2);  // dispatched again
+    for (int64_t e = 0; e < E; ++e) b.matmul(true, per_expert, C, cin);
+    b.move(routed * static_cast<double>(C), 2);  // its backward
+  };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).
-  auto block_forward = [&](Builder& x, std::vector<TC>& comm) {
+  auto block_forward = [&](Builder& x, std::vector<TC>& comm, bool sparse) {
     x.stream(Kernel::kLayernorm, false, rc);
     gather(comm);
     x.matmul(false, BT, C, cqkv);
@@ -141,9 +173,13 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     x.stream(Kernel::kResidual, false, rc);
     x.stream(Kernel::kLayernorm, false, rc);
     gather(comm);
-    x.matmul(false, BT, C, cin);
-    x.stream(Kernel::kGelu, false, static_cast<double>(BT * cin));  // GELU, or SwiGLU
-    x.matmul(false, BT, cm, C);
+    if (sparse) {
+      moe_forward(x);
+    } else {
+      x.matmul(false, BT, C, cin);
+      x.stream(Kernel::kGelu, false, static_cast<double>(BT * cin));  // GELU, or SwiGLU
+      x.matmul(false, BT, cm, C);
+    }
     sum(comm);
     x.stream(Kernel::kResidual, false, rc);
   };
@@ -158,7 +194,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
       f.stream(Kernel::kEmbedding, false, btc);
     }
   }
-  for (int64_t i = 0; i < L; ++i) block_forward(f, w.tp_forward);
+  for (int64_t i = 0; i < L; ++i) block_forward(f, w.tp_forward, cfg.moe_layer(range.layer(i)));
   if (range.has_head) {
     const double logits = static_cast<double>(BT * vl);
     f.stream(Kernel::kLayernorm, false, rc);
@@ -180,12 +216,17 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     b.move(rc, 2);  // the received gradient copied in
   }
   for (int64_t i = 0; i < L; ++i) {
-    if (recompute == Recompute::kFull) block_forward(b, w.tp_backward);
+    const bool sparse = cfg.moe_layer(range.layer(i));
+    if (recompute == Recompute::kFull) block_forward(b, w.tp_backward, sparse);
     if (split) b.move(rc, 2);  // dres kept for W
     gather(w.tp_backward);  // dres
-    matmul_backward(BT, cm, C, false, true);
-    b.stream(Kernel::kGelu, true, static_cast<double>(BT * cin));
-    matmul_backward(BT, C, cin, true, false);  // ln2
+    if (sparse) {
+      moe_backward();
+    } else {
+      matmul_backward(BT, cm, C, false, true);
+      b.stream(Kernel::kGelu, true, static_cast<double>(BT * cin));
+      matmul_backward(BT, C, cin, true, false);  // ln2
+    }
     sum(w.tp_backward);
     b.stream(Kernel::kLayernorm, true, rc);
     if (split) b.move(rc, 2);  // dres kept for W
