@@ -71,7 +71,8 @@ train_layout() {
 losses_of() { grep -o '"loss": [^,]*' "$1"; }
 
 # compare REF.jsonl GOT.jsonl TOLERANCE LABEL: the loss, grad norm and
-# validation loss of every step within TOLERANCE relative (0: exactly).
+# validation loss of every step within TOLERANCE relative (0: exactly), and
+# a Mixture of Experts' routing metrics where the reference has them.
 compare() {  # reference.jsonl got.jsonl tolerance label
   python3 - "$@" <<'PY'
 import json, sys
@@ -81,14 +82,36 @@ tol = float(sys.argv[3])
 assert [g["step"] for g in got] == [r["step"] for r in ref], (sys.argv[4], len(got))
 worst = 0.0
 for r, g in zip(ref, got):
-    for key in ("loss", "grad_norm", "val_loss"):
+    for key in ("loss", "grad_norm", "val_loss", "aux_loss", "z_loss", "expert_load_min",
+                "expert_load_max", "dropped_fraction"):
         if key in r and (r[key] is None or g[key] is None):  # NaN (a skipped step's norm)
             assert r[key] is None and g[key] is None, f"{sys.argv[4]}: step {r['step']} {key}"
         elif key in r:
-            rel = abs(g[key] - r[key]) / abs(r[key])
+            rel = abs(g[key] - r[key]) / abs(r[key]) if r[key] != 0 else abs(g[key])
             worst = max(worst, rel)
             ok = g[key] == r[key] if tol == 0 else rel <= tol
             assert ok, f"{sys.argv[4]}: step {r['step']} {key} {g[key]!r} vs {r[key]!r} (rel {rel:.2e})"
 print(f"{sys.argv[4]}: matches, worst relative difference {worst:.2e}")
 PY
+}
+
+# same_run REF DIR LABEL: DIR's run gives REF's numbers (compare, 1e-5) and
+# every tensor of its final checkpoint (step 6) within 1e-5 in norm of
+# REF's (compare_checkpoints.py: h5dump, no mpiformer code).
+same_run() {
+  compare "$1/metrics.jsonl" "$2/metrics.jsonl" 1e-5 "$3"
+  python3 "$SOURCE_DIR/tests/e2e/compare_checkpoints.py" "$1/checkpoints/step_00000006.h5" \
+    "$2/checkpoints/step_00000006.h5" 1e-5 /model || fail "$3: final parameters differ from $1's"
+}
+
+# resume_run SEG "DP PP TP" DIR "DP PP TP" [ARGS...]: the caller's deck
+# under the first layout into SEG, stopped after step 3, then resumed from
+# its checkpoint under the second into DIR (ARGS to both runs).
+resume_run() {
+  local seg=$1 from=$2 dir=$3 to=$4
+  shift 4
+  train_layout "$seg" $from --set train.stop_at=3 "$@"
+  mkdir -p "$dir" && cp -r "$seg/checkpoints" "$seg/metrics.jsonl" "$dir/"
+  train_layout "$dir" $to "$@"
+  grep -q "resumed from .*step_00000003.h5: step 3" "$dir.log" || fail "$dir: no resume line"
 }

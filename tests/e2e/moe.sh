@@ -20,25 +20,8 @@ prep_sample_data
 DECK="$SOURCE_DIR/inputs/llama-moe-tiny.toml"
 common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
         --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
-COMPARE="$SOURCE_DIR/tests/e2e/compare_checkpoints.py"
-
 train() { train_layout "$@"; }  # dir dp pp tp [extra...] (lib.sh)
-same() {  # ref dir label
-  compare "$1/metrics.jsonl" "$2/metrics.jsonl" 1e-5 "$3"
-  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY' || fail "$3: routing differs"
-import json, sys
-def rows(path):
-    return [json.loads(l) for l in open(path) if '"aux_loss"' in l]
-a, b = rows(sys.argv[1]), rows(sys.argv[2])
-assert len(a) == len(b) == 6, (len(a), len(b))
-for x, y in zip(a, b):
-    for k in ("aux_loss", "z_loss", "expert_load_min", "expert_load_max", "dropped_fraction"):
-        if abs(x[k] - y[k]) > 1e-5 * max(1.0, abs(x[k])):
-            sys.exit(f"{sys.argv[3]}: step {x['step']} {k} {y[k]} vs one rank's {x[k]}")
-PY
-  python3 "$COMPARE" "$1/checkpoints/step_00000006.h5" "$2/checkpoints/step_00000006.h5" 1e-5 \
-    /model || fail "$3: final parameters differ from one rank's"
-}
+same() { same_run "$@"; }  # ref dir label (lib.sh: the routing's metrics too)
 
 train ref 1 1 1
 grep -q "model: mixture of experts: 8 experts in 4 of 4 layers (every 1), top 2, capacity 20 per expert per sequence" \
@@ -72,10 +55,7 @@ DECK="$SOURCE_DIR/inputs/tiny.toml" train g_2_2_1 2 2 1 "${gpt2[@]}" --set paral
 same g_ref g_2_2_1 "gpt2 moe (dp 2, pp 2) zero 2"
 
 # Resume under another layout: (1,2,1) stopped at step 3 -> (1,1,2).
-train seg 1 2 1 --set train.stop_at=3
-mkdir -p resumed && cp -r seg/checkpoints seg/metrics.jsonl resumed/
-train resumed 1 1 2
-grep -q "resumed from .*step_00000003.h5: step 3" resumed.log || fail "no resume line"
+resume_run seg "1 2 1" resumed "1 1 2"
 same ref resumed "moe resumed (1,2,1) -> (1,1,2)"
 
 # inspect names the experts and finds every expert's tensors; generate
