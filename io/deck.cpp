@@ -389,15 +389,6 @@ void check_moe_relations(const Deck& d, const std::string& where) {
                                "top_k must not exceed experts",
                                static_cast<long long>(m.top_k), static_cast<long long>(m.experts)));
   }
-  // The experts' weight gradients would have to wait for W with their
-  // dispatched rows; not built (the planner does not pick these either).
-  if (splits_backward(d.parallel.schedule) && !d.parallel.auto_layout) {
-    throw InputError(where, "[parallel] schedule, [model] experts",
-                     strprintf("schedule \"%s\" splits each backward in two, which a Mixture of "
-                               "Experts does not support yet: use \"1f1b\", \"gpipe\" or "
-                               "\"interleaved\"",
-                               name_of(d.parallel.schedule)));
-  }
 }
 
 void check_relations(const Deck& d, const std::string& where) {

@@ -298,8 +298,11 @@ class GptStage {
   // the router's (with the aux and z losses' weights of the slot's
   // forward) and the dispatch's; returns ln2's output gradient, summed
   // over the tensor group (this rank's rows under sequence parallelism).
+  // Split (B), no weight gradient: it keeps what moe_weight_gradients (W)
+  // reads in buffers of `a` it has done with.
   const Act* moe_backward(LayerActs& a, const Act* dres, const BlockView<const Act>& w,
                           const BlockView<Acc>& g, Acc grad_scale);
+  void moe_weight_gradients(LayerActs& a, const BlockView<Acc>& g);
   // Llama's rotary positions on qkv's q and k heads (sign -1: backward).
   void rotate(Act* qkv, float sign);
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);

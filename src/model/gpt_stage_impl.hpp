@@ -183,8 +183,6 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     row_starts_.resize(static_cast<size_t>(tp));
   }
   if (moe_.any_sparse) {
-    if (opt_.split_backward)
-      throw std::logic_error("split backward with sparse blocks (the deck refuses it)");
     moe_logits_ = act(BT * E);
     moe_lg_ = acc(BT * E);
     moe_dgate_ = acc(BT * K);
@@ -539,8 +537,12 @@ void GptStage<Ops>::weight_gradients_block(Slot& s, int64_t i) {
     Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g[w], g[b], dout, inp, none, BT, in, out);
   };
   // Each GEMM's output gradient where backward_block left it (gpt_stage.hpp).
-  dw(block::fc_proj_w, block::fc_proj_b, gathered(s.residual[j + 1].get()), a.fch_gelu.get(), cm_, C);
-  dw(block::fc_w, block::fc_b, a.fch.get(), gathered(a.ln2.get()), C, cin_);
+  if (sparse(i)) {
+    moe_weight_gradients(a, g);
+  } else {
+    dw(block::fc_proj_w, block::fc_proj_b, gathered(s.residual[j + 1].get()), a.fch_gelu.get(), cm_, C);
+    dw(block::fc_w, block::fc_b, a.fch.get(), gathered(a.ln2.get()), C, cin_);
+  }
   dw(block::attn_proj_w, block::attn_proj_b, gathered(a.res2.get()), a.atty.get(), ca_, C);
   dw(block::qkv_w, block::qkv_b, a.qkv.get(), gathered(a.ln1.get()), C, cqkv_);
   add_ln_grads(ln_stash(s, i), {g[block::ln2_w], g[block::ln2_b], g[block::ln1_w], g[block::ln1_b]});
@@ -698,6 +700,10 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
                                                      const BlockView<const Act>& w,
                                                      const BlockView<Acc>& g, Acc grad_scale) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd, E = cfg_.experts, K = cfg_.top_k;
+  // Split (B): no weight gradient; what W reads is kept where B no longer
+  // reads: the logits' gradient in probs, the experts' output gradients
+  // in y, their hidden gradients in fch (moe_weight_gradients).
+  const bool whole = !split();
   // The combine's: each kept row's output gradient (its gate times the
   // token's) and each gate's, whose dot product reads the experts' outputs:
   // partial sums over the tensor group, so the gates' gradients are summed.
@@ -711,6 +717,7 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
   const Acc z_scale = static_cast<Acc>(cfg_.router_z_loss * grad_scale);
   Ops::router_backward(ctx_, moe_.router, moe_lg_.get(), moe_dgate_.get(), a.probs.get(),
                        a.lse.get(), a.expert.get(), a.gate.get(), a.chose.get(), aux_scale, z_scale);
+  if (!whole) Ops::copy(ctx_, a.probs.get(), static_cast<const Acc*>(moe_lg_.get()), BT * E);
   Ops::convert(ctx_, moe_logits_.get(), moe_lg_.get(), BT * E);
   // The experts' projections, then their activation on every row at once.
   Act* dact = cfg_.llama() ? moe_dact_.get() : moe_d4_.get();
@@ -718,33 +725,62 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = a.kept_host[static_cast<size_t>(e)];
     if (n > 0)
-      Ops::matmul_backward(ctx_, dact + at * cm_, g.expert(block::fc_proj_w, e),
-                           g.expert(block::fc_proj_b, e), moe_dx_.get() + at * C,
+      Ops::matmul_backward(ctx_, dact + at * cm_, whole ? g.expert(block::fc_proj_w, e) : nullptr,
+                           whole ? g.expert(block::fc_proj_b, e) : nullptr, moe_dx_.get() + at * C,
                            a.fch_gelu.get() + at * cm_, w.expert(block::fc_proj_w, e), n, cm_, C);
     at += n;
   }
-  activation_backward(moe_d4_.get(), a.fch.get(), dact, at);
+  if (!whole) Ops::copy(ctx_, a.y.get(), static_cast<const Act*>(moe_dx_.get()), at * C);
+  Act* d4 = whole ? moe_d4_.get() : a.fch.get();
+  activation_backward(d4, a.fch.get(), dact, at);
   // ln2's output gradient: the router's (from tensor rank 0 only, the
   // group then sums it), then every kept copy's through its expert's fc
-  // (partial over the group) dispatched back to its token.
-  const Act* xn = gathered(a.ln2.get());
+  // (partial over the group) dispatched back to its token. The weight
+  // gradients read ln2's rows, dispatched again.
+  const Act* xn = whole ? gathered(a.ln2.get()) : nullptr;
   Act* dln = dln_.get();
-  Ops::matmul_backward(ctx_, range_.tp_rank == 0 ? dln : nullptr, g[block::router_w],
-                       static_cast<Acc*>(nullptr), moe_logits_.get(), xn, w[block::router_w], BT,
-                       C, E);
+  if (range_.tp_rank == 0 || whole)
+    Ops::matmul_backward(ctx_, range_.tp_rank == 0 ? dln : nullptr,
+                         whole ? g[block::router_w] : nullptr, static_cast<Acc*>(nullptr),
+                         moe_logits_.get(), xn, w[block::router_w], BT, C, E);
   if (range_.tp_rank != 0) Ops::fill_zero(ctx_, dln, BT * C);
-  Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  if (whole) Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
   at = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = a.kept_host[static_cast<size_t>(e)];
     if (n > 0)
-      Ops::matmul_backward(ctx_, moe_dx_.get() + at * C, g.expert(block::fc_w, e),
-                           g.expert(block::fc_b, e), moe_d4_.get() + at * cin_,
-                           moe_x_.get() + at * C, w.expert(block::fc_w, e), n, C, cin_);
+      Ops::matmul_backward(ctx_, moe_dx_.get() + at * C, whole ? g.expert(block::fc_w, e) : nullptr,
+                           whole ? g.expert(block::fc_b, e) : nullptr, d4 + at * cin_,
+                           whole ? moe_x_.get() + at * C : nullptr, w.expert(block::fc_w, e), n, C,
+                           cin_);
     at += n;
   }
   Ops::moe_dispatch_backward(ctx_, dln, moe_dx_.get(), a.dest.get(), BT, K, C);
   return start_input_grad_sum()();
+}
+
+template <class Ops>
+void GptStage<Ops>::moe_weight_gradients(LayerActs& a, const BlockView<Acc>& g) {
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, E = cfg_.experts, K = cfg_.top_k;
+  const Act* none = nullptr;  // W reads no weights (ZeRO 3 gathers none)
+  const Act* xn = gathered(a.ln2.get());
+  Ops::convert(ctx_, moe_logits_.get(), a.probs.get(), BT * E);  // the logits' gradient, B's
+  Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g[block::router_w],
+                       static_cast<Acc*>(nullptr), moe_logits_.get(), xn, none, BT, C, E);
+  Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  int64_t at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = a.kept_host[static_cast<size_t>(e)];
+    if (n > 0) {
+      Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_proj_w, e),
+                           g.expert(block::fc_proj_b, e), a.y.get() + at * C,
+                           a.fch_gelu.get() + at * cm_, none, n, cm_, C);
+      Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_w, e),
+                           g.expert(block::fc_b, e), a.fch.get() + at * cin_,
+                           moe_x_.get() + at * C, none, n, C, cin_);
+    }
+    at += n;
+  }
 }
 
 template <class Ops>

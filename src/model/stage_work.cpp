@@ -149,17 +149,20 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     for (int64_t e = 0; e < E; ++e) x.matmul(false, per_expert, cm, C);
     x.move(routed * static_cast<double>(C), 2);  // combine
   };
+  // Split: B keeps the logits' and the experts' output gradients for W
+  // (two copies), W gathers and dispatches ln2's rows again.
   auto moe_backward = [&]() {
     b.move(routed * static_cast<double>(C), 3);  // combine: rows and gates
     group(w.tp_backward, TC::kAllreduce, static_cast<double>(BT * K) * 4);
     b.stream(Kernel::kGelu, true, static_cast<double>(BT * E));  // the router's
-    for (int64_t e = 0; e < E; ++e) b.matmul(true, per_expert, cm, C);
+    if (split) b.move(static_cast<double>(BT * E), 2);
+    for (int64_t e = 0; e < E; ++e) matmul_backward(per_expert, cm, C, false, false);
+    if (split) b.move(routed * static_cast<double>(C), 2);
     b.stream(Kernel::kGelu, true, routed * static_cast<double>(cin));
-    gather(w.tp_backward);  // ln2
-    b.matmul(true, BT, C, E);
-    b.move(routed * static_cast<double>(C), 2);  // dispatched again
-    for (int64_t e = 0; e < E; ++e) b.matmul(true, per_expert, C, cin);
-    b.move(routed * static_cast<double>(C), 2);  // its backward
+    matmul_backward(BT, C, E, true, false);  // ln2 (the router's)
+    (split ? wg : b).move(routed * static_cast<double>(C), 2);  // dispatched again
+    for (int64_t e = 0; e < E; ++e) matmul_backward(per_expert, C, cin, false, false);
+    b.move(routed * static_cast<double>(C), 2);  // the dispatch's backward
   };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).
   auto block_forward = [&](Builder& x, std::vector<TC>& comm, bool sparse) {

@@ -62,8 +62,6 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
               // what full recomputation does not keep (the deck refuses it).
               if (pp == 1 && sk != ScheduleKind::kOneFOneB) continue;
               if (splits_backward(sk) && rc == Recompute::kFull) continue;
-              // Nor a Mixture of Experts (io/deck.cpp).
-              if (splits_backward(sk) && cfg.moe()) continue;
               for (bool sp : {false, true}) {
                 // Sequence parallelism where the rows divide among the group.
                 if (sp && (tp == 1 || cfg.seq_len % tp != 0)) continue;

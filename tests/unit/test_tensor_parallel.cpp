@@ -248,6 +248,9 @@ TEST(TensorParallel, MoeStageEqualsTheWholeStage) {
   for (const bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "");
     expect_stage_equals_whole_stage(sp, Recompute::kNone, false, cfg);
+    // Split backward: W gathers ln2's rows again for the router's and the
+    // experts' weight gradients.
+    expect_stage_equals_whole_stage(sp, Recompute::kAttention, true, cfg);
   }
   cfg.family = ModelFamily::kLlama;
   cfg.ffn_hidden = 24;
