@@ -675,6 +675,22 @@ void resolve_model_init(Deck& d) {
                                  w.cfg.tie_embeddings ? "true" : "false"));
     d.model.tie_embeddings = w.cfg.tie_embeddings;
   }
+  // The experts are the file's (a dense file: none); a key the deck gave
+  // must agree (a dense model is not turned into experts here).
+  const std::pair<const char*, std::pair<int64_t*, int64_t>> moe[] = {
+      {"experts", {&d.model.experts, w.cfg.experts}},
+      {"top_k", {&d.model.top_k, w.cfg.top_k}},
+      {"moe_every", {&d.model.moe_every, w.cfg.moe_every}}};
+  for (const auto& [key, v] : moe) {
+    if (w.cfg.experts == 0 && std::string(key) != "experts") continue;  // meaningless there
+    if (d.model_keys.count(key) != 0 && *v.first != v.second)
+      throw InputError(d.path, std::string("[model] ") + key,
+                       strprintf("%lld, but [model] init's %s holds %lld%s",
+                                 static_cast<long long>(*v.first), w.file.c_str(),
+                                 static_cast<long long>(v.second),
+                                 w.cfg.experts == 0 ? " (a dense model)" : ""));
+    *v.first = v.second;
+  }
   const std::pair<const char*, std::pair<int64_t*, int64_t>> keys[] = {
       {"n_layer", {&d.model.n_layer, w.cfg.n_layer}}, {"n_head", {&d.model.n_head, w.cfg.n_head}},
       {"n_embd", {&d.model.n_embd, w.cfg.n_embd}},    {"seq_len", {&d.model.seq_len, w.cfg.seq_len}},

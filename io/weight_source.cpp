@@ -290,8 +290,10 @@ nlohmann::json read_json(const std::string& path, const char* what) {
 // A Hugging Face Llama directory: the shape from config.json (LlamaConfig's
 // keys), the files from model.safetensors or the shard index. What
 // mpiformer's Llama does not compute (rotary scaling, biases, another
-// activation) is refused by name rather than trained wrong.
-WeightsShape llama_directory_shape(const std::string& dir, const nlohmann::json& c) {
+// activation) is refused by name rather than trained wrong. Mixtral's
+// (model_type "mixtral"): a Llama whose every MLP is num_local_experts
+// experts, num_experts_per_tok of them per token; no sliding window.
+WeightsShape llama_directory_shape(const std::string& dir, const nlohmann::json& c, bool mixtral) {
   const std::string config = dir + "/config.json";
   WeightsShape s;
   s.format = WeightFormat::kHuggingFace;
@@ -324,6 +326,18 @@ WeightsShape llama_directory_shape(const std::string& dir, const nlohmann::json&
     if (c.contains("head_dim") && !c.at("head_dim").is_null() && m.n_head > 0 &&
         c.at("head_dim").get<int64_t>() * m.n_head != m.n_embd)
       throw InputError(config, "head_dim", "head_dim x num_attention_heads must be hidden_size");
+    if (mixtral) {
+      m.experts = need("num_local_experts");
+      m.top_k = need("num_experts_per_tok");
+      m.moe_every = 1;
+      if (c.contains("sliding_window") && !c.at("sliding_window").is_null())
+        throw InputError(config, "sliding_window",
+                         "sliding-window attention is not supported (mpiformer attends to the "
+                         "whole window)");
+      if (m.experts < 1 || m.top_k < 1 || m.top_k > m.experts)
+        throw InputError(config, "num_experts_per_tok",
+                         "must be between 1 and num_local_experts (at least 1)");
+    }
   } catch (const nlohmann::json::exception& e) {
     throw InputError(config, "", std::string("not a Llama config: ") + e.what());
   }
@@ -366,8 +380,8 @@ WeightsShape read_weights_shape(const std::string& path) {
     // A config that is not a regular file is GPT-2's reader's to report.
     if (fs::is_regular_file(config, ec)) {
       const nlohmann::json c = read_json(config, "a config.json");
-      if (c.is_object() && c.value("model_type", std::string()) == "llama")
-        return llama_directory_shape(path, c);
+      const std::string type = c.is_object() ? c.value("model_type", std::string()) : "";
+      if (type == "llama" || type == "mixtral") return llama_directory_shape(path, c, type == "mixtral");
     }
     const std::string file = path + "/model.safetensors";
     if (!fs::exists(file, ec)) throw InputError(path, "[model] init", "a directory without model.safetensors");

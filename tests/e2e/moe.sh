@@ -72,8 +72,9 @@ grep -q "^ROMEO:" gen.txt || { cat gen.txt; fail "generate: no continuation"; }
 
 # Export as Mixtral (sharded), checked by an independent numpy forward
 # (llama_numpy.py: Mixtral's block_sparse_moe from its definition) against
-# generate's logits; GPT-2's experts and a model with dense layers have no
-# Hugging Face layout, and llm.c's file none for experts: refused.
+# generate's logits, and read back by [model] init; GPT-2's experts and a
+# model with dense layers have no Hugging Face layout, and llm.c's file
+# none for experts: refused.
 PY=${PYTHON_NUMPY:-/usr/bin/python3}
 "$PY" -c "import numpy" 2>/dev/null || fail "$PY has no numpy (.ci/deps.sh installs python3-numpy)"
 ck=ref/checkpoints/step_00000006.h5
@@ -85,6 +86,18 @@ grep -q "as a Hugging Face MixtralForCausalLM directory" export.log || fail "exp
   >gen12.txt 2>gen12.err || { cat gen12.err; fail "generate --logits"; }
 head -c -1 gen12.txt | od -An -tu1 -v >ids.txt  # byte tokens: the text's bytes are the ids
 "$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" logits hf ids.txt logits.bin
+# init from the Mixtral export under (1,1,2) starts where init from the
+# checkpoint starts on one rank; a deck whose experts differ is refused.
+train init_ck 1 1 1 --set model.init="$ck" --set train.steps=2 --set train.eval_every=0
+train init_hf 1 1 2 --set model.init=hf --set train.steps=2 --set train.eval_every=0
+grep -q "init: weights from hf/model.safetensors.index.json (Hugging Face" init_hf.log ||
+  { grep "init" init_hf.log; fail "init from the Mixtral export: no init line"; }
+compare init_ck/metrics.jsonl init_hf/metrics.jsonl 1e-5 "moe init from the Mixtral export"
+rc=0
+run_mpi 1 train "$DECK" "${common[@]}" --set model.init=hf --set model.experts=4 \
+  --set run.dir=init_bad >init_bad.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -qF "[model] experts: 4, but [model] init's hf/model.safetensors.index.json holds 8" \
+  init_bad.log || { cat init_bad.log; fail "init with other experts: exit $rc"; }
 no_export() {  # label checkpoint format expected-text
   local rc=0
   "$MPIFORMER" export "$2" --format "$3" --output "no_$1" >/dev/null 2>"no_$1.err" || rc=$?
