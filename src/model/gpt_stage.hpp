@@ -95,6 +95,18 @@ struct TensorGroup {
   std::function<Wait(const void* whole, void* mine, int64_t part, Element type)> start_scatter_sum;
 };
 
+// Expert parallelism (StageRange::ep > 1): the ranks of the data-parallel
+// group dividing each sparse layer's experts. allgather gives every rank's
+// `n` row counts (host memory); alltoallv sends block r of `send`
+// (send_bytes[r], in rank order) to rank r and receives rank r's into
+// block r of `recv` (the stage's memory). The trainer provides them.
+struct ExpertGroup {
+  std::function<void(const int64_t* mine, int64_t* all, int64_t n)> allgather;
+  std::function<void(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                     const std::vector<int64_t>& recv_bytes)>
+      alltoallv;
+};
+
 template <class Ops>
 class GptStage {
  public:
@@ -149,6 +161,8 @@ class GptStage {
   void set_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
   // Needed before the first forward when range().tp > 1.
   void set_tensor_group(TensorGroup group) { tp_ = std::move(group); }
+  // Needed before the first forward when range().ep > 1.
+  void set_expert_group(ExpertGroup group) { ep_ = std::move(group); }
 
   // GPT-2 initialisation; each tensor's values depend only on (seed, name),
   // so every layout and device initialises the same model.
@@ -217,7 +231,10 @@ class GptStage {
   // A sparse block's fch and fch_gelu hold its experts' rows, as
   // dispatched (moe_plan's rows at most), y their outputs, and the router
   // keeps its decisions (host/moe_router.hpp's names), kept_host the rows
-  // per expert where the host sizes the experts' GEMMs from.
+  // per expert where the host sizes the experts' GEMMs from. Under expert
+  // parallelism fch and fch_gelu hold the rows this rank's experts
+  // received (by source rank, then expert), xr those rows themselves,
+  // counts every rank's kept_host; y this rank's tokens' outputs, back.
   struct LayerActs {
     Buffer<Act> ln1, qkv, atty, res2, ln2, fch, fch_gelu, y;
     Buffer<Acc> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
@@ -227,6 +244,8 @@ class GptStage {
     Buffer<int32_t> expert, dest, chose;
     Buffer<int64_t> kept;
     std::vector<int64_t> kept_host;
+    Buffer<Act> xr;
+    std::vector<int64_t> counts;
   };
   // Under sequence parallelism ln1, res2, ln2 and the LayerNorm statistics
   // hold this rank's rows only.
@@ -303,6 +322,14 @@ class GptStage {
   const Act* moe_backward(LayerActs& a, const Act* dres, const BlockView<const Act>& w,
                           const BlockView<Acc>& g, Acc grad_scale);
   void moe_weight_gradients(LayerActs& a, const BlockView<Acc>& g);
+  // f(local expert, first row, rows) for each block of rows this rank's
+  // experts compute, in order (by source rank, then expert); the rows.
+  template <class F>
+  int64_t for_expert_blocks(const LayerActs& a, F f) const;
+  // Expert parallelism: this rank's tokens' rows (`from`, by expert) to
+  // the ranks holding their experts (`to`, by source rank then expert), or
+  // (to_experts false) the experts' rows back to their tokens' ranks.
+  void expert_exchange(const LayerActs& a, const Act* from, Act* to, bool to_experts);
   // Llama's rotary positions on qkv's q and k heads (sign -1: backward).
   void rotate(Act* qkv, float sign);
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
@@ -406,8 +433,12 @@ class GptStage {
   // experts' output gradients, then their input gradients), the experts'
   // hidden gradients (SwiGLU: its output's too), the router's scratch and
   // totals (a second set for recomputation, never read).
+  // Expert parallelism: the received rows' outputs, then their gradients
+  // (received and sent back), and each exchange's sizes (host, sized once).
   MoePlan moe_;
-  Buffer<Act> moe_logits_, moe_x_, moe_dx_, moe_d4_, moe_dact_;
+  ExpertGroup ep_;
+  Buffer<Act> moe_logits_, moe_x_, moe_dx_, moe_d4_, moe_dact_, moe_yr_;
+  std::vector<int64_t> ep_send_, ep_recv_;
   Buffer<Acc> moe_lg_, moe_dgate_;
   Buffer<char> router_scratch_;
   Buffer<double> router_totals_, router_discard_;

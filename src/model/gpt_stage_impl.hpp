@@ -65,7 +65,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     return Buffer<int32_t>(static_cast<size_t>(count));
   };
   moe_ = moe_plan(cfg_, range_, B_);
-  const int64_t E = cfg_.experts, K = cfg_.top_k, M = moe_.rows;
+  const int64_t E = cfg_.experts, K = cfg_.top_k, M = moe_.rows, Mr = moe_.received;
   auto tokens = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
     return typename Ops::Tokens(count);
@@ -96,7 +96,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   // Its MLP's rows: the micro-batch's (dense), the dispatched (sparse), or
   // the more of the two where a slot position serves both.
   auto keep = [&](LayerActs& a, bool probabilities, bool dense, bool sparse) {
-    const int64_t mlp_rows = std::max(dense ? BT : 0, sparse ? M : 0);
+    const int64_t mlp_rows = std::max(dense ? BT : 0, sparse ? Mr : 0);
     a.ln1 = act(R * C);
     if (means) a.ln1_mean = acc(R);
     a.ln1_rstd = acc(R);
@@ -120,6 +120,9 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     a.kept = Buffer<int64_t>(static_cast<size_t>(E));
     allocated_ += E * static_cast<int64_t>(sizeof(int64_t));
     a.kept_host.assign(static_cast<size_t>(E), 0);
+    if (moe_.ep == 1) return;
+    a.xr = act(Mr * C);
+    a.counts.assign(static_cast<size_t>(moe_.ep * E), 0);
   };
   bool any_dense = false;
   for (bool d : moe_.dense_at) any_dense = any_dense || d;
@@ -188,8 +191,13 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     moe_dgate_ = acc(BT * K);
     moe_x_ = act(M * C);
     moe_dx_ = act(M * C);
-    moe_d4_ = act(M * cin_);
-    if (cfg_.llama()) moe_dact_ = act(M * cm_);
+    moe_d4_ = act(Mr * cin_);
+    if (cfg_.llama()) moe_dact_ = act(Mr * cm_);
+    if (moe_.ep > 1) {
+      moe_yr_ = act(Mr * C);
+      ep_send_.resize(static_cast<size_t>(moe_.ep));
+      ep_recv_.resize(static_cast<size_t>(moe_.ep));
+    }
     const size_t scratch = Ops::router_scratch_bytes(moe_.router);
     router_scratch_ = Buffer<char>(scratch);
     allocated_ += static_cast<int64_t>(scratch);
@@ -664,35 +672,71 @@ void GptStage<Ops>::moe_forward(LayerActs& a, Act* mlp, const BlockView<const Ac
   Ops::router_forward(ctx_, moe_.router, moe_lg_.get(), a.probs.get(), a.lse.get(), a.expert.get(),
                       a.gate.get(), a.dest.get(), a.chose.get(), a.kept.get(),
                       counted ? router_totals_.get() : router_discard_.get(), router_scratch_.get());
-  // The experts' GEMMs are sized on the host: the one wait of the layer.
+  // The experts' GEMMs are sized on the host: the one wait of the layer
+  // (and, over an expert-parallel group, every rank's counts gathered).
   Ops::download(ctx_, a.kept_host.data(), a.kept.get(), E);
   if (counted)
     for (int64_t e = 0; e < E; ++e)
       expert_load_[static_cast<size_t>(i * E + e)] += static_cast<double>(a.kept_host[static_cast<size_t>(e)]);
   Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  // The experts' rows: this rank's tokens' (ep 1), or every rank's for the
+  // experts this rank holds, sent there and their outputs sent back.
+  const Act* rows = moe_x_.get();
+  Act* out = a.y.get();
+  if (moe_.ep > 1) {
+    ep_.allgather(a.kept_host.data(), a.counts.data(), E);
+    expert_exchange(a, moe_x_.get(), a.xr.get(), true);
+    rows = a.xr.get();
+    out = moe_yr_.get();
+  }
   // Each expert's MLP on its contiguous rows: column-parallel fc, the
   // activation on every row at once, row-parallel projection (partial sums
   // where tp > 1, its bias added by tensor rank 0), as the dense MLP.
   const bool adds_bias = range_.tp_rank == 0;
-  int64_t at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = a.kept_host[static_cast<size_t>(e)];
-    if (n > 0)
-      Ops::matmul_forward(ctx_, a.fch.get() + at * cin_, moe_x_.get() + at * C,
-                          w.expert(block::fc_w, e), w.expert(block::fc_b, e), n, C, cin_);
-    at += n;
-  }
-  activation_forward(a.fch_gelu.get(), a.fch.get(), at);
-  at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = a.kept_host[static_cast<size_t>(e)];
-    if (n > 0)
-      Ops::matmul_forward(ctx_, a.y.get() + at * C, a.fch_gelu.get() + at * cm_,
-                          w.expert(block::fc_proj_w, e),
-                          adds_bias ? w.expert(block::fc_proj_b, e) : nullptr, n, cm_, C);
-    at += n;
-  }
+  const int64_t n_rows = for_expert_blocks(a, [&](int64_t e, int64_t at, int64_t n) {
+    Ops::matmul_forward(ctx_, a.fch.get() + at * cin_, rows + at * C, w.expert(block::fc_w, e),
+                        w.expert(block::fc_b, e), n, C, cin_);
+  });
+  activation_forward(a.fch_gelu.get(), a.fch.get(), n_rows);
+  for_expert_blocks(a, [&](int64_t e, int64_t at, int64_t n) {
+    Ops::matmul_forward(ctx_, out + at * C, a.fch_gelu.get() + at * cm_,
+                        w.expert(block::fc_proj_w, e),
+                        adds_bias ? w.expert(block::fc_proj_b, e) : nullptr, n, cm_, C);
+  });
+  if (moe_.ep > 1) expert_exchange(a, moe_yr_.get(), a.y.get(), false);
   Ops::moe_combine_forward(ctx_, mlp, a.y.get(), a.gate.get(), a.dest.get(), BT, K, C);
+}
+
+template <class Ops>
+template <class F>
+int64_t GptStage<Ops>::for_expert_blocks(const LayerActs& a, F f) const {
+  const int64_t E = cfg_.experts, EL = moe_.local_experts, e0 = range_.ep_rank * EL;
+  int64_t at = 0;
+  for (int64_t s = 0; s < moe_.ep; ++s)
+    for (int64_t j = 0; j < EL; ++j) {
+      const int64_t n = moe_.ep > 1 ? a.counts[static_cast<size_t>(s * E + e0 + j)]
+                                    : a.kept_host[static_cast<size_t>(j)];
+      if (n > 0) f(j, at, n);
+      at += n;
+    }
+  return at;
+}
+
+template <class Ops>
+void GptStage<Ops>::expert_exchange(const LayerActs& a, const Act* from, Act* to, bool to_experts) {
+  const int64_t E = cfg_.experts, EL = moe_.local_experts, e0 = range_.ep_rank * EL;
+  const int64_t row = cfg_.n_embd * static_cast<int64_t>(sizeof(Act));
+  for (int64_t r = 0; r < moe_.ep; ++r) {
+    int64_t mine = 0, theirs = 0;
+    for (int64_t j = 0; j < EL; ++j) {
+      mine += a.kept_host[static_cast<size_t>(r * EL + j)];
+      theirs += a.counts[static_cast<size_t>(r * E + e0 + j)];
+    }
+    ep_send_[static_cast<size_t>(r)] = mine * row;
+    ep_recv_[static_cast<size_t>(r)] = theirs * row;
+  }
+  if (to_experts) ep_.alltoallv(from, ep_send_, to, ep_recv_);
+  else ep_.alltoallv(from, ep_recv_, to, ep_send_);
 }
 
 template <class Ops>
@@ -702,8 +746,10 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
   const int64_t BT = B_ * T_, C = cfg_.n_embd, E = cfg_.experts, K = cfg_.top_k;
   // Split (B): no weight gradient; what W reads is kept where B no longer
   // reads: the logits' gradient in probs, the experts' output gradients
-  // in y, their hidden gradients in fch (moe_weight_gradients).
+  // in y, their hidden gradients in fch (moe_weight_gradients). Not with
+  // expert parallelism (the deck refuses it).
   const bool whole = !split();
+  if (!whole && moe_.ep > 1) throw std::logic_error("split backward with expert parallelism");
   // The combine's: each kept row's output gradient (its gate times the
   // token's) and each gate's, whose dot product reads the experts' outputs:
   // partial sums over the tensor group, so the gates' gradients are summed.
@@ -719,24 +765,27 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
                        a.lse.get(), a.expert.get(), a.gate.get(), a.chose.get(), aux_scale, z_scale);
   if (!whole) Ops::copy(ctx_, a.probs.get(), static_cast<const Acc*>(moe_lg_.get()), BT * E);
   Ops::convert(ctx_, moe_logits_.get(), moe_lg_.get(), BT * E);
-  // The experts' projections, then their activation on every row at once.
-  Act* dact = cfg_.llama() ? moe_dact_.get() : moe_d4_.get();
-  int64_t at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = a.kept_host[static_cast<size_t>(e)];
-    if (n > 0)
-      Ops::matmul_backward(ctx_, dact + at * cm_, whole ? g.expert(block::fc_proj_w, e) : nullptr,
-                           whole ? g.expert(block::fc_proj_b, e) : nullptr, moe_dx_.get() + at * C,
-                           a.fch_gelu.get() + at * cm_, w.expert(block::fc_proj_w, e), n, cm_, C);
-    at += n;
+  // The output gradients to the experts' ranks (expert parallelism), the
+  // experts' projections, then their activation on every row at once.
+  Act* dy = moe_dx_.get();
+  if (moe_.ep > 1) {
+    expert_exchange(a, moe_dx_.get(), moe_yr_.get(), true);
+    dy = moe_yr_.get();
   }
-  if (!whole) Ops::copy(ctx_, a.y.get(), static_cast<const Act*>(moe_dx_.get()), at * C);
+  Act* dact = cfg_.llama() ? moe_dact_.get() : moe_d4_.get();
+  const int64_t n_rows = for_expert_blocks(a, [&](int64_t e, int64_t at, int64_t n) {
+    Ops::matmul_backward(ctx_, dact + at * cm_, whole ? g.expert(block::fc_proj_w, e) : nullptr,
+                         whole ? g.expert(block::fc_proj_b, e) : nullptr, dy + at * C,
+                         a.fch_gelu.get() + at * cm_, w.expert(block::fc_proj_w, e), n, cm_, C);
+  });
+  if (!whole) Ops::copy(ctx_, a.y.get(), static_cast<const Act*>(dy), n_rows * C);
   Act* d4 = whole ? moe_d4_.get() : a.fch.get();
-  activation_backward(d4, a.fch.get(), dact, at);
+  activation_backward(d4, a.fch.get(), dact, n_rows);
   // ln2's output gradient: the router's (from tensor rank 0 only, the
   // group then sums it), then every kept copy's through its expert's fc
   // (partial over the group) dispatched back to its token. The weight
-  // gradients read ln2's rows, dispatched again.
+  // gradients read the experts' input rows: kept (expert parallelism), or
+  // ln2's rows dispatched again.
   const Act* xn = whole ? gathered(a.ln2.get()) : nullptr;
   Act* dln = dln_.get();
   if (range_.tp_rank == 0 || whole)
@@ -744,17 +793,15 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
                          whole ? g[block::router_w] : nullptr, static_cast<Acc*>(nullptr),
                          moe_logits_.get(), xn, w[block::router_w], BT, C, E);
   if (range_.tp_rank != 0) Ops::fill_zero(ctx_, dln, BT * C);
-  if (whole) Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
-  at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = a.kept_host[static_cast<size_t>(e)];
-    if (n > 0)
-      Ops::matmul_backward(ctx_, moe_dx_.get() + at * C, whole ? g.expert(block::fc_w, e) : nullptr,
-                           whole ? g.expert(block::fc_b, e) : nullptr, d4 + at * cin_,
-                           whole ? moe_x_.get() + at * C : nullptr, w.expert(block::fc_w, e), n, C,
-                           cin_);
-    at += n;
-  }
+  const Act* rows = moe_.ep > 1 ? a.xr.get() : moe_x_.get();
+  if (whole && moe_.ep == 1) Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  // The input gradients where the output gradients were (read by now).
+  for_expert_blocks(a, [&](int64_t e, int64_t at, int64_t n) {
+    Ops::matmul_backward(ctx_, dy + at * C, whole ? g.expert(block::fc_w, e) : nullptr,
+                         whole ? g.expert(block::fc_b, e) : nullptr, d4 + at * cin_,
+                         whole ? rows + at * C : nullptr, w.expert(block::fc_w, e), n, C, cin_);
+  });
+  if (moe_.ep > 1) expert_exchange(a, moe_yr_.get(), moe_dx_.get(), false);
   Ops::moe_dispatch_backward(ctx_, dln, moe_dx_.get(), a.dest.get(), BT, K, C);
   return start_input_grad_sum()();
 }
@@ -768,19 +815,14 @@ void GptStage<Ops>::moe_weight_gradients(LayerActs& a, const BlockView<Acc>& g) 
   Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g[block::router_w],
                        static_cast<Acc*>(nullptr), moe_logits_.get(), xn, none, BT, C, E);
   Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
-  int64_t at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = a.kept_host[static_cast<size_t>(e)];
-    if (n > 0) {
-      Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_proj_w, e),
-                           g.expert(block::fc_proj_b, e), a.y.get() + at * C,
-                           a.fch_gelu.get() + at * cm_, none, n, cm_, C);
-      Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_w, e),
-                           g.expert(block::fc_b, e), a.fch.get() + at * cin_,
-                           moe_x_.get() + at * C, none, n, C, cin_);
-    }
-    at += n;
-  }
+  for_expert_blocks(a, [&](int64_t e, int64_t at, int64_t n) {
+    Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_proj_w, e),
+                         g.expert(block::fc_proj_b, e), a.y.get() + at * C,
+                         a.fch_gelu.get() + at * cm_, none, n, cm_, C);
+    Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_w, e),
+                         g.expert(block::fc_b, e), a.fch.get() + at * cin_, moe_x_.get() + at * C,
+                         none, n, C, cin_);
+  });
 }
 
 template <class Ops>

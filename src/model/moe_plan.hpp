@@ -20,6 +20,12 @@ struct MoePlan {
   // Dispatched rows at most: every assignment, or each expert's capacity
   // in each sequence where that is fewer.
   int64_t rows = 0;
+  // Expert parallelism over `ep` ranks: the experts this rank holds, and
+  // the most rows they can receive from the group's micro-batches (each
+  // token sends a rank at most min(k, local experts) of its assignments;
+  // each local expert takes at most its capacity of each sequence). At
+  // ep 1: rows.
+  int64_t ep = 1, local_experts = 0, received = 0;
   std::vector<bool> sparse_at, dense_at;  // per slot position
   bool any_sparse = false;
 };
@@ -38,6 +44,14 @@ inline MoePlan moe_plan(const GptConfig& cfg, const StageRange& range, int64_t m
   p.router = {BT, T, cfg.experts, cfg.top_k, cfg.expert_capacity(T)};
   p.rows = BT * cfg.top_k;
   if (p.router.capacity > 0) p.rows = std::min(p.rows, cfg.experts * micro_batch * p.router.capacity);
+  p.ep = range.ep;
+  p.local_experts = cfg.experts / range.ep;
+  p.received = p.rows;
+  if (p.ep > 1) {
+    p.received = p.ep * BT * std::min(cfg.top_k, p.local_experts);
+    if (p.router.capacity > 0)
+      p.received = std::min(p.received, p.ep * p.local_experts * micro_batch * p.router.capacity);
+  }
   return p;
 }
 

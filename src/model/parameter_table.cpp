@@ -241,11 +241,15 @@ ParameterTable::ParameterTable(const GptConfig& cfg, const StageRange& range) {
         add(cfg, range, t, h + t.name, l, k);
         continue;
       }
-      // The dense name "mlp.<rest>" becomes "mlp.experts.<e>.<rest>".
+      // The dense name "mlp.<rest>" becomes "mlp.experts.<e>.<rest>"; the
+      // rank's own experts only.
       const std::string rest = std::string(t.name).substr(std::string("mlp.").size());
-      for (int64_t e = 0; e < cfg.experts; ++e) {
+      const int64_t local = cfg.experts / range.ep;
+      for (int64_t j = 0; j < local; ++j) {
+        const int64_t e = range.ep_rank * local + j;
         add(cfg, range, t, h + "mlp.experts." + std::to_string(e) + "." + rest, l, k);
         specs_.back().expert = e;
+        specs_.back().local_expert = j;
       }
     }
   }
@@ -297,10 +301,12 @@ StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
     const int64_t block = range.block_of(s.layer);
     if (block < 0) throw std::logic_error("StageLayout: a layer the stage does not hold");
     const size_t b = static_cast<size_t>(block);
-    // An expert's tensor: expert 0's is the block's, the others a step apart.
-    if (s.expert <= 0) layers[b][s.tensor] = s.offset;
-    if (s.expert == 1) steps[b][s.tensor] = s.offset - layers[b][s.tensor];
-    if (s.expert > 0 && s.offset != layers[b][s.tensor] + s.expert * steps[b][s.tensor])
+    // An expert's tensor: the rank's first expert's is the block's, the
+    // others a step apart.
+    const int64_t e = s.local_expert;
+    if (e <= 0) layers[b][s.tensor] = s.offset;
+    if (e == 1) steps[b][s.tensor] = s.offset - layers[b][s.tensor];
+    if (e > 0 && s.offset != layers[b][s.tensor] + e * steps[b][s.tensor])
       throw std::logic_error("StageLayout: the experts of " + s.name + " are not evenly spaced");
   }
   // The blocks end where the last stage's tensors begin, or with the buffer.

@@ -27,6 +27,10 @@ struct StageRange {
   bool has_head = true;
   int64_t tp = 1, tp_rank = 0;
   int64_t chunks = 1, chunk_stride = 0;
+  // Expert parallelism: the sparse layers' experts divided over `ep` ranks
+  // of the data-parallel group, this rank holding experts [ep_rank E / ep,
+  // (ep_rank + 1) E / ep).
+  int64_t ep = 1, ep_rank = 0;
   int64_t layers_per_chunk() const { return last_layer - first_layer; }
   int64_t num_layers() const { return layers_per_chunk() * chunks; }
   // The model layer of the stage's i-th block (blocks in layer order).
@@ -88,7 +92,9 @@ struct ParameterSpec {
   double init_value = 0.0;
   int64_t layer = -1;  // the block it belongs to; -1 outside the blocks
   int tensor = 0;      // its role: block::Tensor (layer >= 0) or outer::Tensor
-  int64_t expert = -1;  // a sparse block's MLP tensors: the expert's index
+  // A sparse block's MLP tensors: the expert's index in the model, and
+  // among the experts this rank holds (expert parallelism).
+  int64_t expert = -1, local_expert = -1;
   // kHeads: the logical rows of each stacked part (qkv: q, k, v), and how
   // many row blocks each is cut into: tp, or (k and v over a tensor group
   // wider than the kv heads) one per head, each block then held by

@@ -46,19 +46,22 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // channels), the two norms' statistics (rows held), and attention's
   // state (probabilities or row statistics) unless recomputed.
   //
-  // A sparse block (moe_plan.hpp) keeps its MLP's two for the dispatched
-  // rows M instead (a slot position serving dense and sparse blocks: the
-  // more rows), their outputs y, and the router's decisions: probs, lse,
-  // gates (acc), experts, places (int32) per token, the counts per
-  // sequence (int32) and kept rows per expert (int64).
+  // A sparse block (moe_plan.hpp) keeps its MLP's two for the rows its
+  // experts compute Mr instead (a slot position serving dense and sparse
+  // blocks: the more rows), the outputs y of its tokens' M dispatched
+  // rows, and the router's decisions: probs, lse, gates (acc), experts,
+  // places (int32) per token, the counts per sequence (int32) and kept
+  // rows per expert (int64); under expert parallelism the received rows.
   const MoePlan moe = moe_plan(cfg, range, o.micro_batch);
   const double M = static_cast<double>(moe.rows), E = static_cast<double>(cfg.experts);
+  const double Mr = static_cast<double>(moe.received);
   const double K = static_cast<double>(cfg.top_k);
   const auto kept_at = [&](bool dense, bool sparse) {
-    const double mlp_rows = std::max(dense ? BT : 0.0, sparse ? M : 0.0);
+    const double mlp_rows = std::max(dense ? BT : 0.0, sparse ? Mr : 0.0);
     double k = 3 * C * R * act + (Cqkv + Ca) * BT * act + (Cin + Cm) * mlp_rows * act +
                2 * stats * R * acc;
     if (sparse) k += M * C * act + (BT * E + BT + BT * K) * acc + 2 * BT * K * 4 + B * E * 4 + E * 8;
+    if (sparse && moe.ep > 1) k += Mr * C * act;
     return k;
   };
   bool any_dense = false;
@@ -106,11 +109,13 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // A Mixture of Experts' shared buffers: the router's logits (act and
   // acc), the gates' gradients, two sets of dispatched rows, the experts'
   // hidden gradient (Llama: and SwiGLU's output's), the router's scratch
-  // and two sets of totals.
+  // and two sets of totals; under expert parallelism the received rows'
+  // outputs and gradients.
   if (moe.any_sparse) {
     const double S = B;
-    f.scratch += BT * E * (act + acc) + BT * K * acc + (2 * M * C + M * Cin) * act +
-                 (cfg.llama() ? M * Cm * act : 0) + (S * E + 2 * S) * 8 + 2 * kRouterTotals * 8;
+    f.scratch += BT * E * (act + acc) + BT * K * acc + (2 * M * C + Mr * Cin) * act +
+                 (cfg.llama() ? Mr * Cm * act : 0) + (S * E + 2 * S) * 8 + 2 * kRouterTotals * 8;
+    if (moe.ep > 1) f.scratch += Mr * C * act;
   }
   return f;
 }

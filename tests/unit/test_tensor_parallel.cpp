@@ -18,6 +18,7 @@
 #include "model/gpt_stage.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "reference.hpp"
+#include "train/expert_group.hpp"
 #include "train/tensor_group.hpp"
 
 namespace mpiformer::test {
@@ -258,6 +259,96 @@ TEST(TensorParallel, MoeStageEqualsTheWholeStage) {
   cfg.tie_embeddings = false;
   cfg.moe_every = 2;
   expect_stage_equals_whole_stage(true, Recompute::kFull, false, cfg);
+}
+
+// Expert parallelism: the world one expert-parallel group, each rank a
+// micro-batch of its own and E / ranks of the experts, which compute every
+// rank's rows routed to them (MPI's all-to-all); against one stage of every
+// rank's sequences with every expert: the loss and the routing summed over
+// the ranks, the dense gradients summed over them (what the data-parallel
+// reduction gives), each rank's experts' gradients as they are (every row
+// routed to them was theirs), each rank's rows of the input gradient. A
+// whole model and a last stage; the Llama family's under full
+// recomputation (the exchange runs again in backward).
+void expect_expert_parallel_equals_whole_batch(const GptConfig& cfg, Recompute recompute) {
+  World w;
+  const int64_t P = w.size(), B = 1, BT = B * cfg.seq_len, C = cfg.n_embd;
+  for (const StageRange whole : {StageRange{0, 2, true, true}, StageRange{1, 2, false, true}}) {
+    StageRange part = whole;
+    part.ep = P;
+    part.ep_rank = w.rank();
+    StageOptions all{B * P, 1}, mine{B, 1};
+    all.recompute = mine.recompute = recompute;
+    host::Context c1, c2;
+    GptStage<host::Ops<double>> ref(c1, cfg, whole, all);
+    GptStage<host::Ops<double>> ep(c2, cfg, part, mine);
+    ep.set_expert_group(expert_group(w.comm, w.comm));
+    ref.init_parameters(5);
+    ep.init_parameters(5);
+    ref.zero_grads();
+    ep.zero_grads();
+    std::vector<int32_t> tok(P * BT), tgt(P * BT);
+    for (int64_t i = 0; i < P * BT; ++i) {
+      tok[i] = static_cast<int32_t>((i * 131 + 7) % cfg.vocab_size);
+      tgt[i] = static_cast<int32_t>((i * 89 + 2) % cfg.vocab_size);
+    }
+    const int64_t first = w.rank() * BT;
+    const auto input = random_vector(static_cast<size_t>(P * BT * C), 9);
+    if (!whole.has_embedding) {
+      std::copy(input.begin(), input.end(), ref.input_buffer(0));
+      std::copy_n(input.begin() + first * C, BT * C, ep.input_buffer(0));
+    }
+    const double scale = 1.0 / static_cast<double>(P * BT);
+    ref.forward(0, tok.data(), tgt.data(), true, scale);
+    ep.forward(0, tok.data() + first, tgt.data() + first, true, scale);
+    std::vector<double> loss = {ep.take_loss_sum()};
+    w.sum(loss);
+    EXPECT_NEAR(loss[0], ref.take_loss_sum(), 1e-9);
+    std::vector<double> rt(kRouterTotals), et(kRouterTotals);
+    std::vector<double> rl(static_cast<size_t>(cfg.n_layer * cfg.experts)), el(rl.size());
+    ref.take_router_stats(rt.data(), rl.data());
+    ep.take_router_stats(et.data(), el.data());
+    w.sum(et);
+    w.sum(el);
+    EXPECT_TRUE(all_close(et, rt, kAbs, kRel)) << "the routing's totals";
+    EXPECT_EQ(el, rl) << "rows per expert";
+    ref.backward(0);
+    ep.backward(0);
+    int64_t experts_checked = 0;
+    for (const auto& spec : ep.table().specs()) {
+      const ParameterSpec& full = ref.table().at(spec.name);
+      std::vector<double> g(ep.grads() + spec.offset, ep.grads() + spec.offset + spec.numel());
+      if (spec.expert < 0) w.sum(g);  // a dense tensor: every rank's share of the batch
+      else ++experts_checked;
+      const std::vector<double> want(ref.grads() + full.offset, ref.grads() + full.offset + full.numel());
+      EXPECT_TRUE(all_close(g, want, kAbs, kRel)) << spec.name;
+    }
+    bool sparse = false;
+    for (int64_t l = whole.first_layer; l < whole.last_layer; ++l) sparse = sparse || cfg.moe_layer(l);
+    EXPECT_EQ(experts_checked > 0, sparse);
+    if (!whole.has_embedding) {
+      const std::vector<double> want(ref.input_grad() + first * C, ref.input_grad() + (first + BT) * C);
+      const std::vector<double> got(ep.input_grad(), ep.input_grad() + BT * C);
+      EXPECT_TRUE(all_close(got, want, kAbs, kRel)) << "input gradient";
+    }
+  }
+}
+
+TEST(ExpertParallel, StageEqualsTheWholeBatch) {
+  GptConfig cfg = config();
+  cfg.experts = 4;  // 2 or 1 per rank
+  cfg.top_k = 2;
+  cfg.capacity_factor = 1.0;  // some assignments dropped
+  cfg.aux_loss = 0.1;
+  cfg.router_z_loss = 0.01;
+  expect_expert_parallel_equals_whole_batch(cfg, Recompute::kNone);
+  cfg.family = ModelFamily::kLlama;
+  cfg.ffn_hidden = 24;
+  cfg.n_kv_head = 2;
+  cfg.tie_embeddings = false;
+  cfg.moe_every = 2;
+  cfg.capacity_factor = 0;
+  expect_expert_parallel_equals_whole_batch(cfg, Recompute::kFull);
 }
 
 }  // namespace
