@@ -208,6 +208,7 @@ const std::vector<Key>& schema() {
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
+      int_key("parallel", "ep", false, 1, 1 << 20, MEMBER(parallel.ep)),
       choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
       int_key("parallel", "virtual_stages", false, 1, 1024, MEMBER(parallel.virtual_stages)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
@@ -369,6 +370,13 @@ void check_llama_relations(const Deck& d, const std::string& where) {
 void check_moe_relations(const Deck& d, const std::string& where) {
   const GptConfig& m = d.model;
   const GptConfig dense;
+  const int64_t ep = d.parallel.ep;
+  if (!m.moe() && ep > 1) {
+    throw InputError(where, "[parallel] ep, [model] experts",
+                     strprintf("ep %lld divides a Mixture of Experts' experts over ranks; this "
+                               "model is dense ([model] experts = 0)",
+                               static_cast<long long>(ep)));
+  }
   if (!m.moe()) {
     const std::pair<const char*, bool> moe_only[] = {
         {"top_k", m.top_k != dense.top_k},
@@ -388,6 +396,30 @@ void check_moe_relations(const Deck& d, const std::string& where) {
                      strprintf("each token picks top_k = %lld different experts of the %lld: "
                                "top_k must not exceed experts",
                                static_cast<long long>(m.top_k), static_cast<long long>(m.experts)));
+  }
+  if (ep == 1) return;
+  if (d.parallel.auto_layout) {
+    throw InputError(where, "[parallel] ep, [parallel] auto",
+                     "the planner does not choose expert parallelism yet: give the layout, or ep 1");
+  }
+  if (m.experts % ep != 0 || d.parallel.dp % ep != 0) {
+    throw InputError(where, "[parallel] ep, [parallel] dp, [model] experts",
+                     strprintf("ep %lld must divide both dp (%lld: each group of ep replicas shares "
+                               "the experts out) and experts (%lld: each rank holds as many)",
+                               static_cast<long long>(ep), static_cast<long long>(d.parallel.dp),
+                               static_cast<long long>(m.experts)));
+  }
+  if (d.parallel.zero > 0) {
+    throw InputError(where, "[parallel] ep, [parallel] zero",
+                     strprintf("ZeRO %lld with expert parallelism is not built yet (the experts' "
+                               "state would be sharded over dp / ep ranks): use zero 0",
+                               static_cast<long long>(d.parallel.zero)));
+  }
+  if (splits_backward(d.parallel.schedule)) {
+    throw InputError(where, "[parallel] ep, [parallel] schedule",
+                     strprintf("schedule \"%s\" with expert parallelism is not built yet: use "
+                               "\"1f1b\", \"gpipe\" or \"interleaved\"",
+                               name_of(d.parallel.schedule)));
   }
 }
 

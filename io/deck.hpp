@@ -81,6 +81,11 @@ struct ParallelConfig {
   // dp x pp x tp ranks; tp is Megatron's tensor parallelism within each
   // block (ranks laid out tp fastest: parallel/process_grid.hpp).
   int64_t dp = 1, pp = 1, tp = 1;
+  // Expert parallelism: each sparse layer's experts divided over ep ranks
+  // of the data-parallel group (dividing dp), the tokens sent to their
+  // experts' ranks and back (model/gpt_stage.hpp's ExpertGroup); each
+  // expert's gradients reduced over the dp / ep ranks holding it.
+  int64_t ep = 1;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   // Model chunks per pipeline rank (schedule "interleaved": v >= 2 chunks
   // of n_layer / (pp v) layers each, rank s holding chunks s, s + pp, ...;

@@ -5,8 +5,8 @@
 
 namespace mpiformer {
 
-ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share)
-    : dp_(dp), pp_(pp), tp_(tp) {
+ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share, int ep)
+    : dp_(dp), pp_(pp), tp_(tp), ep_(ep) {
   int size = 0;
   MPI_CHECK(MPI_Comm_rank(world, &world_rank_));
   MPI_CHECK(MPI_Comm_size(world, &size));
@@ -16,7 +16,10 @@ ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share)
   place_ = grid_place(world_rank_, dp, tp);
   const int stage = place_.stage, d = place_.dp_rank, t = place_.tp_rank;
   MPI_Comm dup = MPI_COMM_NULL, dpc = MPI_COMM_NULL, ppc = MPI_COMM_NULL, tpc = MPI_COMM_NULL,
-           stc = MPI_COMM_NULL, tied = MPI_COMM_NULL, kv = MPI_COMM_NULL;
+           stc = MPI_COMM_NULL, tied = MPI_COMM_NULL, kv = MPI_COMM_NULL, epc = MPI_COMM_NULL,
+           edc = MPI_COMM_NULL, hsc = MPI_COMM_NULL;
+  MPIFORMER_CHECK(ep >= 1 && dp % ep == 0,
+                  "ep " + std::to_string(ep) + " does not divide dp " + std::to_string(dp));
   MPIFORMER_CHECK(kv_share >= 1 && tp % kv_share == 0,
                   "kv_share " + std::to_string(kv_share) + " does not divide tp " + std::to_string(tp));
   MPI_CHECK(MPI_Comm_dup(world, &dup));
@@ -28,7 +31,15 @@ ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share)
   MPI_CHECK(MPI_Comm_split(world, holds_wte ? d * tp + t : MPI_UNDEFINED, stage, &tied));
   MPI_CHECK(MPI_Comm_split(world, kv_share > 1 ? (stage * dp + d) * tp + t / kv_share : MPI_UNDEFINED,
                            t, &kv));
+  // Expert parallelism: replicas [g ep, (g + 1) ep) of the stage and slice
+  // share out the experts; replicas ep apart hold the same ones.
+  MPI_CHECK(MPI_Comm_split(world, (stage * tp + t) * (dp / ep) + d / ep, d % ep, &epc));
+  MPI_CHECK(MPI_Comm_split(world, (stage * tp + t) * ep + d % ep, d / ep, &edc));
+  MPI_CHECK(MPI_Comm_split(world, stage * ep + d % ep, (d / ep) * tp + t, &hsc));
   world_comm_ = std::make_unique<MpiCommunicator>(dup);
+  ep_comm_ = std::make_unique<MpiCommunicator>(epc);
+  expert_dp_comm_ = std::make_unique<MpiCommunicator>(edc);
+  holders_comm_ = std::make_unique<MpiCommunicator>(hsc);
   dp_comm_ = std::make_unique<MpiCommunicator>(dpc);
   pp_comm_ = std::make_unique<MpiCommunicator>(ppc);
   tp_comm_ = std::make_unique<MpiCommunicator>(tpc);

@@ -29,7 +29,10 @@ class ProcessGrid {
  public:
   // `kv_share`: how many neighbouring tensor ranks hold each kv head
   // (GptConfig::kv_share; 1: each holds its own).
-  ProcessGrid(int dp, int pp, int tp = 1, MPI_Comm world = MPI_COMM_WORLD, int kv_share = 1);
+  // `ep`: the replicas sharing out a Mixture of Experts' experts (dividing
+  // dp; 1: each holds them all).
+  ProcessGrid(int dp, int pp, int tp = 1, MPI_Comm world = MPI_COMM_WORLD, int kv_share = 1,
+              int ep = 1);
 
   int dp() const { return dp_; }
   int pp() const { return pp_; }
@@ -38,6 +41,8 @@ class ProcessGrid {
   int stage() const { return place_.stage; }
   int dp_rank() const { return place_.dp_rank; }
   int tp_rank() const { return place_.tp_rank; }
+  int ep() const { return ep_; }
+  int ep_rank() const { return place_.dp_rank % ep_; }
   bool first_stage() const { return stage() == 0; }
   bool last_stage() const { return stage() == pp_ - 1; }
   // The world rank of the same replica and tensor rank at another stage.
@@ -61,12 +66,21 @@ class ProcessGrid {
   // % kv_share), which sum those heads' gradients; null when kv_share is 1.
   MpiCommunicator* kv_heads() { return kv_comm_->valid() ? kv_comm_.get() : nullptr; }
   MpiCommunicator& world() { return *world_comm_; }
+  // Expert parallelism: the ep replicas sharing out the experts (group
+  // rank = ep_rank), and the dp / ep replicas holding this rank's experts
+  // (their gradients' reduction; at ep 1 the data-parallel group's ranks).
+  MpiCommunicator& expert_parallel() { return *ep_comm_; }
+  MpiCommunicator& expert_data_parallel() { return *expert_dp_comm_; }
+  // The ranks of this stage holding the same tensors as this one (every
+  // rank of the stage at ep 1; the replicas ep apart, with their tensor
+  // ranks, otherwise): what reads a checkpoint's shares together.
+  MpiCommunicator& same_tensors() { return *holders_comm_; }
 
  private:
-  int dp_, pp_, tp_, world_rank_ = 0;
+  int dp_, pp_, tp_, ep_, world_rank_ = 0;
   GridPlace place_;
   std::unique_ptr<MpiCommunicator> world_comm_, dp_comm_, pp_comm_, tp_comm_, stage_comm_,
-      tied_comm_, kv_comm_;
+      tied_comm_, kv_comm_, ep_comm_, expert_dp_comm_, holders_comm_;
 };
 
 }  // namespace mpiformer

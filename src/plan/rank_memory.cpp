@@ -40,9 +40,12 @@ StageOptions stage_options_of(const Deck& deck, int slots) {
   return o;
 }
 
-StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank) {
-  return partition_stage(deck.model, stage_index, deck.parallel.pp, deck.parallel.tp, tp_rank,
-                         deck.parallel.virtual_stages);
+StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank, int64_t ep_rank) {
+  StageRange r = partition_stage(deck.model, stage_index, deck.parallel.pp, deck.parallel.tp,
+                                 tp_rank, deck.parallel.virtual_stages);
+  r.ep = deck.parallel.ep;
+  r.ep_rank = ep_rank;
+  return r;
 }
 
 std::vector<Action> stage_schedule(const Deck& deck, int stage_index) {
@@ -79,8 +82,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       const ParameterTable table(cfg, range);
       double largest = 0;
       if (deck.parallel.dp > 1) {
-        for (const auto& [begin, end] : gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)))
-          largest = std::max(largest, static_cast<double>(end - begin));
+        for (const GradientBucket& b : gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)))
+          largest = std::max(largest, static_cast<double>(b.end - b.begin));
       }
       m.comm = static_cast<double>(kReductionsInFlight) * largest * acc;
       // Held one at a time, after the buckets: MPI's temporary of the tied

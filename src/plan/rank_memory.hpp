@@ -62,7 +62,9 @@ StageOptions stage_options_of(const Deck& deck, int slots);
 // The layers (chunks, under interleaving) stage `stage_index` holds, and
 // its schedule for one step: the same for the trainer, the accounting and
 // the planner.
-StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank);
+// ep_rank: the rank's place in its expert-parallel group (every place
+// holds as many experts: the accounting uses 0).
+StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank, int64_t ep_rank = 0);
 std::vector<Action> stage_schedule(const Deck& deck, int stage_index);
 
 }  // namespace mpiformer

@@ -102,7 +102,8 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   const int stage_index = place.stage;
   check_fits(deck, choice, stage_index, slots);
   const TrainConfig& tc = deck.train;
-  const StageRange range = stage_range_of(deck, stage_index, place.tp_rank);
+  const StageRange range =
+      stage_range_of(deck, stage_index, place.tp_rank, place.dp_rank % deck.parallel.ep);
   StageSetup setup;
   setup.options = stage_options_of(deck, slots);
   setup.adam = AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
@@ -143,7 +144,8 @@ void check_memory_spaces(const StageComms& c, bool stage_on_device) {
   const MemorySpace want = stage_on_device ? MemorySpace::kDevice : MemorySpace::kHost;
   const std::pair<const char*, const Communicator*> groups[] = {
       {"activations", c.pipe_act}, {"gradients", c.pipe_grad}, {"data-parallel", c.dp},
-      {"tensor-parallel", c.tp},   {"tied embedding", c.tied},  {"kv heads", c.kv}};
+      {"tensor-parallel", c.tp},   {"tied embedding", c.tied},  {"kv heads", c.kv},
+      {"expert-parallel", c.ep},   {"experts' data-parallel", c.expert_dp}};
   for (const auto& [what, comm] : groups) {
     if (comm != nullptr && comm->buffers() != want) {
       throw std::logic_error(strprintf(
@@ -162,9 +164,14 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   c.tp = &g.tensor_parallel();
   c.tied = g.tied_embedding();
   c.kv = g.kv_heads();
+  if (g.ep() > 1) {
+    c.ep = &g.expert_parallel();
+    c.expert_dp = &g.expert_data_parallel();
+  }
   if (!stage.on_device()) {
     check_memory_spaces(c, false);
     stage.connect_tensor_parallel(*c.tp);
+    if (c.ep != nullptr) stage.connect_expert_parallel(g.expert_parallel(), *c.ep);
     return c;
   }
 #ifdef MPIFORMER_HAVE_CUDA
@@ -207,8 +214,13 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   c.pipe_grad = device_comm(g.pipeline(), "gradients");
   if (MpiCommunicator* kv = g.kv_heads()) c.kv = device_comm(*kv, "kv heads");
   if (MpiCommunicator* tied = g.tied_embedding()) c.tied = device_comm(*tied, "tied embedding");
+  if (g.ep() > 1) {
+    c.ep = device_comm(g.expert_parallel(), "expert-parallel");
+    c.expert_dp = device_comm(g.expert_data_parallel(), "experts' data-parallel");
+  }
   check_memory_spaces(c, true);
   stage.connect_tensor_parallel(*c.tp);
+  if (c.ep != nullptr) stage.connect_expert_parallel(g.expert_parallel(), *c.ep);
   // While the stage waits for its GPU, a communicator that failed (a peer
   // gone) ends the wait with an exception instead of a hang.
   std::vector<Communicator*> watched;

@@ -41,6 +41,11 @@ struct StageComms {
   Communicator* tp = nullptr;    // the tensor group (the stage all-reduces over it itself)
   Communicator* tied = nullptr;  // null unless this rank holds a copy of the tied embedding
   Communicator* kv = nullptr;    // the tensor ranks sharing its kv heads; null where none do
+  // Expert parallelism (ep > 1; null otherwise): the replicas sharing out
+  // the experts (their rows), and those holding this rank's experts (their
+  // gradients' reduction).
+  Communicator* ep = nullptr;
+  Communicator* expert_dp = nullptr;
   std::string description;       // what the GPU groups use, for the summary
   std::vector<std::unique_ptr<Communicator>> owned;
 };

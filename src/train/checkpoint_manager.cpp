@@ -128,10 +128,12 @@ ResumePoint CheckpointManager::load() {
   // Each rank reads only its rows of a plan cut over its data-parallel
   // group: its ZeRO shard, or under zero 0 a plan made for the read, after
   // which the group gathers the whole stage. Each byte of the file is read
-  // once per group, not once per replica.
+  // once per group, not once per replica. Under expert parallelism the
+  // group is the replicas holding the same experts (the plan cuts the
+  // same tensors on each), and the checksums gather over their stage.
   const ShardPlan* plan = stage_.shard_plan();
   const int64_t n = stage_.state_size();
-  MPI_Comm group = grid_.data_parallel().get(), stage_group = grid_.stage_group().get();
+  MPI_Comm group = grid_.expert_data_parallel().get(), stage_group = grid_.same_tensors().get();
   std::string last_error;
   for (const auto& path : paths) {
     const auto t0 = std::chrono::steady_clock::now();

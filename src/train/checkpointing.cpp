@@ -19,8 +19,13 @@ float* group_base(const StageState& s, int g) {
 // tables (wte's copy on the last stage is tied to it), the last stage the
 // final LayerNorm, the stage holding the block (whichever chunk) a
 // block's tensors.
+// Whether this rank's stage holds `spec` (an expert: on some of its ranks).
 bool writes(const ParameterSpec& spec, const ParameterTable& local, const ProcessGrid& grid) {
-  if (spec.layer >= 0) return local.find(spec.name) != nullptr;
+  if (spec.layer >= 0) {
+    for (const auto& s : local.specs())
+      if (s.layer == spec.layer) return true;
+    return false;
+  }
   return spec.schema().placement == Placement::kFirstStage ? grid.first_stage() : grid.last_stage();
 }
 
@@ -192,24 +197,32 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
       d.name = kGroups[g] + spec.name;
       d.shape = spec.shape;
       if (writes(spec, local, grid)) {
-        // Every rank of the stage writes its share, so no byte is written
-        // twice and all of them write.
-        const ParameterSpec& mine = local.at(spec.name);
+        // Every rank of the stage holding it writes its share, so no byte
+        // is written twice and all of them write. An expert is held by the
+        // replicas ep apart (expert parallelism; `held` null on the others,
+        // which still join the checksum's gather).
+        const ParameterSpec* held = local.find(spec.name);
+        const bool expert = spec.expert >= 0;
+        const int holders = expert ? grid.dp() / grid.ep() : grid.dp();
+        const int holder = expert ? grid.dp_rank() / grid.ep() : grid.dp_rank();
         const ShardPlan* shards = layout_of(state, g);
-        const Share sh = share_of(mine, shards, grid.dp(), grid.dp_rank());
-        // A kv head shared by tensor ranks: written by the first of them.
-        d.boxes = dataset_boxes(mine.owned_boxes(sh.row_begin, sh.row_end));
-        d.data = group_base(state, g) + sh.offset;
-        if (state.done_with) {
-          const float* data = d.data;
-          const int64_t count = elements(d.boxes);
-          d.written = [done = state.done_with, data, count] { done(data, count); };
+        if (held != nullptr) {
+          const Share sh = share_of(*held, shards, holders, holder);
+          // A kv head shared by tensor ranks: written by the first of them.
+          d.boxes = dataset_boxes(held->owned_boxes(sh.row_begin, sh.row_end));
+          d.data = group_base(state, g) + sh.offset;
+          if (state.done_with) {
+            const float* data = d.data;
+            const int64_t count = elements(d.boxes);
+            d.written = [done = state.done_with, data, count] { done(data, count); };
+          }
         }
-        if (shards == nullptr && mine.whole()) {
-          // The first replica holds it whole: no gather.
-          if (grid.dp_rank() == 0 && grid.tp_rank() == 0) {
+        const bool whole_slice = grid.tp() == 1 || spec.schema().split == Split::kNone;
+        if (shards == nullptr && whole_slice) {
+          // The first replica holding it holds it whole: no gather.
+          if (held != nullptr && holder == 0 && grid.tp_rank() == 0) {
             d.reports_checksum = true;
-            const float* whole = group_base(state, g) + mine.offset;
+            const float* whole = group_base(state, g) + held->offset;
             d.checksum = tensor_checksum(whole, spec.numel());
             if (state.done_with) state.done_with(whole, spec.numel());
           }
@@ -222,7 +235,7 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
             d.reports_checksum = true;
             d.checksum = tensor_checksum(all, spec.numel());
           }
-          if (state.done_with) state.done_with(d.data, elements(d.boxes));
+          if (held != nullptr && state.done_with) state.done_with(d.data, elements(d.boxes));
         }
       }
       out.push_back(std::move(d));

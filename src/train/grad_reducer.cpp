@@ -5,9 +5,10 @@
 
 namespace mpiformer {
 
-GradReducer::GradReducer(const ParameterTable& table, double bucket_bytes, Communicator& dp)
-    : dp_(dp) {
-  for (const auto& [begin, end] : gradient_buckets(table, bucket_bytes)) buckets_.push_back({begin, end});
+GradReducer::GradReducer(const ParameterTable& table, double bucket_bytes, Communicator& dp,
+                         Communicator* experts)
+    : dp_(dp), experts_(experts != nullptr ? *experts : dp) {
+  for (const GradientBucket& b : gradient_buckets(table, bucket_bytes)) buckets_.push_back(b);
 }
 
 void GradReducer::begin(float* grads) {
@@ -23,7 +24,8 @@ void GradReducer::grads_final_from(int64_t offset) {
       pending_.front()->wait();
       pending_.erase(pending_.begin());
     }
-    pending_.push_back(dp_.start_allreduce_sum(grads_ + b.begin, b.end - b.begin));
+    Communicator& group = b.experts ? experts_ : dp_;
+    pending_.push_back(group.start_allreduce_sum(grads_ + b.begin, b.end - b.begin));
   }
   // MPI progresses non-blocking collectives only inside MPI calls: poke the
   // ones in flight so they advance while backward computes.

@@ -3,7 +3,9 @@
 // bucket_bytes at tensor boundaries (backward finishes tensors from the end
 // of the buffer to its start). During the last micro-batch's backward, each
 // bucket's all-reduce starts as soon as all its gradients are final; the
-// wait left at the end is the reduction time backward did not hide.
+// wait left at the end is the reduction time backward did not hide. Under
+// expert parallelism the experts' buckets are all-reduced over the ranks
+// holding the same experts (`experts`), the rest over the whole group.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -17,7 +19,8 @@ namespace mpiformer {
 
 class GradReducer {
  public:
-  GradReducer(const ParameterTable& table, double bucket_bytes, Communicator& dp);
+  GradReducer(const ParameterTable& table, double bucket_bytes, Communicator& dp,
+              Communicator* experts = nullptr);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Before the last micro-batch's backward.
@@ -28,11 +31,10 @@ class GradReducer {
   double finish();
 
  private:
-  struct Bucket {
-    int64_t begin, end;
-  };
+  using Bucket = GradientBucket;
   std::vector<Bucket> buckets_;  // from the end of the buffer to its start
   Communicator& dp_;
+  Communicator& experts_;
   float* grads_ = nullptr;
   size_t next_ = 0;
   std::vector<Pending> pending_;

@@ -98,10 +98,11 @@ std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessG
     agree_on_input_errors(MPI_COMM_WORLD, [&] {
       const StageState state{params.data(), nullptr, nullptr, plan};
       if (plan != nullptr) {
-        restore_shard(*reader, cfg, local, state, grid.stage_group().get());
+        restore_shard(*reader, cfg, local, state, grid.same_tensors().get());
       } else {
-        restore_whole_stage(*reader, cfg, local, stage.range(), state, grid.data_parallel().get(),
-                            grid.stage_group().get());
+        // Over the replicas holding the same tensors (checkpoint_manager.cpp).
+        restore_whole_stage(*reader, cfg, local, stage.range(), state,
+                            grid.expert_data_parallel().get(), grid.same_tensors().get());
       }
     });
   } else {

@@ -34,9 +34,9 @@ class ReplicatedState final : public StageOptimizer<Ops> {
         wte_(stage.table().tied_embedding()),
         moments_(stage.context(), stage.param_storage(), adamw_chunks(stage.table()), offload) {}
 
-  void connect(Communicator& dp) override {
+  void connect(Communicator& dp, Communicator* experts) override {
     dp_ = &dp;
-    reducer_ = std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp);
+    reducer_ = std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp, experts);
   }
   void init(uint64_t seed) override {
     if (!moments_.holds_masters()) {
@@ -93,7 +93,17 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     return n;
   }
   double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
-    if (dp_rank_ != 0) return 0;  // every replica holds the same sums
+    // Every replica holds the same sums: replica 0 counts them; an
+    // expert's (expert parallelism), the first replica holding it.
+    const int64_t ep = stage_.range().ep;
+    if (dp_rank_ >= ep) return 0;
+    if (dp_rank_ > 0) {
+      double s = 0;
+      for (const auto& spec : stage_.table().specs())
+        if (spec.expert >= 0 && !(without_replicated && spec.whole()))
+          s += sum_of_squares(spec.offset, spec.numel());
+      return s;
+    }
     double s = sum_of_squares(0, stage_.param_storage());
     if (without_tied_wte && wte_ != nullptr) s -= sum_of_squares(wte_->offset, wte_->storage);
     for (const auto& spec : stage_.table().specs()) {

@@ -21,6 +21,7 @@
 #include "model/gpt_stage.hpp"
 #include "model/shard_plan.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
 #include "train/adamw_state.hpp"
 #include "train/checkpointing.hpp"
 #include "train/tensor_group.hpp"
@@ -87,7 +88,13 @@ class StageBackend {
   // weights).
   virtual int zero() const = 0;
   virtual int num_buckets() const = 0;  // zero 0's reduction buckets
-  virtual void connect_data_parallel(Communicator& dp) = 0;
+  // `experts`: where the experts' gradients are reduced under expert
+  // parallelism (the dp / ep replicas holding the same experts; null: dp).
+  virtual void connect_data_parallel(Communicator& dp, Communicator* experts = nullptr) = 0;
+  // Expert parallelism (range().ep > 1): the group sharing out the
+  // experts, its counts through `host` (MPI), its rows through `rows` (a
+  // communicator of the stage's memory); needed before the first forward.
+  virtual void connect_expert_parallel(MpiCommunicator& host, Communicator& rows) = 0;
   // The tensor group (range().tp ranks, possibly one) the stage all-reduces
   // over inside forward and backward; needed before the first forward.
   virtual void connect_tensor_parallel(Communicator& tp) = 0;

@@ -24,7 +24,9 @@ class StageOptimizer {
   virtual ~StageOptimizer() = default;
 
   // The group (once it exists); weights pending publication follow.
-  virtual void connect(Communicator& dp) = 0;
+  // `experts` (zero 0): where the experts' buckets are reduced under
+  // expert parallelism (null: dp).
+  virtual void connect(Communicator& dp, Communicator* experts = nullptr) = 0;
   // GPT-2's initial weights (model/stage_layout.hpp: the same on every
   // rank and layout), into the masters and the weights.
   virtual void init(uint64_t seed) = 0;

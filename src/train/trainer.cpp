@@ -184,7 +184,8 @@ void Trainer::connect() {
   p.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
                                          static_cast<int>(deck_.parallel.pp),
                                          static_cast<int>(deck_.parallel.tp), MPI_COMM_WORLD,
-                                         static_cast<int>(deck_.model.kv_share(deck_.parallel.tp)));
+                                         static_cast<int>(deck_.model.kv_share(deck_.parallel.tp)),
+                                         static_cast<int>(deck_.parallel.ep));
   ProcessGrid& g = *p.grid;
   // "auto" resolves node by node: a job whose nodes differ would run half
   // on GPUs and disagree on every message. The same verdict on every rank.
@@ -197,7 +198,7 @@ void Trainer::connect() {
                                name_of(deck_.run.device), on_gpu[0], on_gpu[1]));
   }
   p.comms = connect_stage(g, *p.stage);
-  p.stage->connect_data_parallel(*p.comms.dp);
+  p.stage->connect_data_parallel(*p.comms.dp, p.comms.expert_dp);
   p.executor = std::make_unique<StepExecutor>(deck_, g, *p.stage, p.comms, p.actions, *p.trace,
                                               *p.watchdog);
   // Every rank measures its own peak; MFU compares against their sum.
@@ -276,6 +277,10 @@ void Trainer::print_summary() const {
                 static_cast<long long>(cfg.top_k),
                 static_cast<long long>(cfg.expert_capacity(cfg.seq_len)), cfg.capacity_factor,
                 cfg.aux_loss, cfg.router_z_loss, static_cast<long long>(active));
+    if (g.ep() > 1)
+      std::printf("model: expert parallel over %d replicas: each holds %lld experts per sparse "
+                  "layer, its gradients reduced over the %d replicas holding the same\n",
+                  g.ep(), static_cast<long long>(cfg.experts / g.ep()), g.dp() / g.ep());
   }
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =

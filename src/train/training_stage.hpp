@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/gpt_stage.hpp"
+#include "train/expert_group.hpp"
 #include "train/replicated_state.hpp"
 #include "train/stage_backend.hpp"
 #include "train/tensor_group.hpp"
@@ -72,7 +73,12 @@ class TrainingStage final : public StageBackend {
 
   int zero() const override { return opt_->zero(); }
   int num_buckets() const override { return opt_->num_buckets(); }
-  void connect_data_parallel(Communicator& dp) override { opt_->connect(dp); }
+  void connect_data_parallel(Communicator& dp, Communicator* experts) override {
+    opt_->connect(dp, experts);
+  }
+  void connect_expert_parallel(MpiCommunicator& host, Communicator& rows) override {
+    stage_.set_expert_group(expert_group(host, rows));
+  }
   void connect_tensor_parallel(Communicator& tp) override {
     stage_.set_tensor_group(tensor_group(tp, &observer_));
   }

@@ -98,7 +98,10 @@ class ZeroShards final : public StageOptimizer<Ops> {
   double allocated_bytes() const { return allocated_; }
 
   // The group; the weights are published at once if they are pending.
-  void connect(Communicator& dp) override {
+  // Not with expert parallelism (the deck refuses ZeRO there).
+  void connect(Communicator& dp, Communicator* experts) override {
+    if (experts != nullptr && experts != &dp)
+      throw std::logic_error("ZeRO's shards with expert parallelism");
     dp_ = &dp;
     if (stale_) publish();
   }

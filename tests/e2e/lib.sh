@@ -104,9 +104,10 @@ same_run() {
     "$2/checkpoints/step_00000006.h5" 1e-5 /model || fail "$3: final parameters differ from $1's"
 }
 
-# resume_run SEG "DP PP TP" DIR "DP PP TP" [ARGS...]: the caller's deck
-# under the first layout into SEG, stopped after step 3, then resumed from
-# its checkpoint under the second into DIR (ARGS to both runs).
+# resume_run SEG "DP PP TP [ARGS...]" DIR "DP PP TP [ARGS...]" [ARGS...]:
+# the caller's deck under the first layout into SEG, stopped after step 3,
+# then resumed from its checkpoint under the second into DIR (each
+# layout's words to its run, the last ARGS to both).
 resume_run() {
   local seg=$1 from=$2 dir=$3 to=$4
   shift 4

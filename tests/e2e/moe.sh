@@ -48,6 +48,22 @@ for c in "${cases[@]}"; do
   same ref "$dir" "moe (dp $1, pp $2, tp $3) $4, recompute $5, zero $6, sequence parallel $7"
 done
 
+# Expert parallelism: each sparse layer's 8 experts shared out over ep
+# replicas, every token's rows sent to its experts' ranks and back, each
+# expert's gradients reduced over the dp / ep replicas holding it: (4,1,1)
+# ep 2; with tensor and sequence parallelism (2,1,2) ep 2; with a pipeline
+# and full recomputation (2,2,1) ep 2 (the exchange again in backward).
+ep_cases=("4 1 1 2 none false" "2 1 2 2 none true" "2 2 1 2 full false")
+for c in "${ep_cases[@]}"; do
+  set -- $c
+  dir="e_$1_$2_$3_ep$4"
+  train "$dir" "$1" "$2" "$3" --set parallel.ep="$4" --set train.recompute="$5" \
+    --set parallel.sequence_parallel="$6"
+  same ref "$dir" "moe (dp $1, pp $2, tp $3) ep $4, recompute $5, sequence parallel $6"
+done
+grep -q "model: expert parallel over 2 replicas: each holds 4 experts per sparse layer, its gradients reduced over the 2 replicas holding the same" \
+  e_4_1_1_ep2.log || { grep "model:" e_4_1_1_ep2.log; fail "expert parallelism not described"; }
+
 # GPT-2's experts (GELU, biases; the row-parallel bias added once) in
 # layers 0 and 2 of 4, the others dense, no capacity.
 gpt2=(--set model.experts=4 --set model.top_k=2 --set model.moe_every=2
@@ -59,6 +75,10 @@ same g_ref g_2_2_1 "gpt2 moe (dp 2, pp 2) zero 2"
 # Resume under another layout: (1,2,1) stopped at step 3 -> (1,1,2).
 resume_run seg "1 2 1" resumed "1 1 2"
 same ref resumed "moe resumed (1,2,1) -> (1,1,2)"
+# Out of and into expert parallelism: (4,1,1) ep 4 (two experts a rank)
+# stopped at step 3 -> (2,1,1) ep 2.
+resume_run seg_ep "4 1 1 --set parallel.ep=4" resumed_ep "2 1 1 --set parallel.ep=2"
+same ref resumed_ep "moe resumed (4,1,1) ep 4 -> (2,1,1) ep 2"
 
 # inspect names the experts and finds every expert's tensors; generate
 # routes each token (without a capacity).
@@ -125,6 +145,12 @@ DECK="$SOURCE_DIR/inputs/tiny.toml" refused dense "[model] top_k, [model] expert
   --set model.top_k=1
 refused capacity "[model] capacity_factor: expected a value in [0, 1024], got -1" \
   --set model.capacity_factor=-1
+refused ep_dp "[parallel] ep, [parallel] dp, [model] experts: ep 2 must divide both dp (1" \
+  --set parallel.ep=2
+refused ep_zero "[parallel] ep, [parallel] zero: ZeRO 1 with expert parallelism is not built yet" \
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1
+DECK="$SOURCE_DIR/inputs/tiny.toml" refused ep_dense "[parallel] ep, [model] experts: ep 2 divides a Mixture of Experts' experts over ranks; this model is dense" \
+  --set parallel.dp=2 --set parallel.ep=2
 # A resume whose deck has other experts: refused, the checkpoint untouched.
 mkdir -p bad_resume && cp -r ref/checkpoints bad_resume/
 sum_before=$(md5sum bad_resume/checkpoints/*.h5)
