@@ -136,17 +136,24 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   // its rows (priced balanced: BT k / E rows each, fewer where a capacity
   // caps them), the combine; backward the same way round, with the gates'
   // gradients summed over the tensor group and the dispatch done again.
-  const int64_t E = cfg.experts, K = cfg.top_k;
+  // Under expert parallelism each rank's E / ep experts take every rank's
+  // rows routed to them (ep times a balanced expert's), and four
+  // all-to-alls move each rank's routed rows (out and back, then their
+  // gradients); ep 1 dispatches ln2's rows again in backward instead.
+  const int64_t E = cfg.experts, K = cfg.top_k, ep = range.ep, local = ep > 0 ? E / ep : E;
   const int64_t cap = cfg.expert_capacity(cfg.seq_len);
   const int64_t per_expert = E > 0 ? (cap > 0 ? std::min(BT * K / E, micro_batch * cap) : BT * K / E) : 0;
   const double routed = static_cast<double>(E * per_expert);  // rows dispatched
+  const double exchanged = routed * static_cast<double>(C) * act_bytes;
   auto moe_forward = [&](Builder& x) {
     x.matmul(false, BT, C, E);
     x.stream(Kernel::kGelu, false, static_cast<double>(BT * E));  // softmax, top k, capacity
     x.move(routed * static_cast<double>(C), 2);                   // dispatch
-    for (int64_t e = 0; e < E; ++e) x.matmul(false, per_expert, C, cin);
+    if (ep > 1) (x.out == &w.forward ? w.ep_forward : w.ep_backward).push_back(exchanged);
+    for (int64_t e = 0; e < local; ++e) x.matmul(false, ep * per_expert, C, cin);
     x.stream(Kernel::kGelu, false, routed * static_cast<double>(cin));
-    for (int64_t e = 0; e < E; ++e) x.matmul(false, per_expert, cm, C);
+    for (int64_t e = 0; e < local; ++e) x.matmul(false, ep * per_expert, cm, C);
+    if (ep > 1) (x.out == &w.forward ? w.ep_forward : w.ep_backward).push_back(exchanged);
     x.move(routed * static_cast<double>(C), 2);  // combine
   };
   // Split: B keeps the logits' and the experts' output gradients for W
@@ -156,12 +163,14 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     group(w.tp_backward, TC::kAllreduce, static_cast<double>(BT * K) * 4);
     b.stream(Kernel::kGelu, true, static_cast<double>(BT * E));  // the router's
     if (split) b.move(static_cast<double>(BT * E), 2);
-    for (int64_t e = 0; e < E; ++e) matmul_backward(per_expert, cm, C, false, false);
+    if (ep > 1) w.ep_backward.push_back(exchanged);
+    for (int64_t e = 0; e < local; ++e) matmul_backward(ep * per_expert, cm, C, false, false);
     if (split) b.move(routed * static_cast<double>(C), 2);
     b.stream(Kernel::kGelu, true, routed * static_cast<double>(cin));
     matmul_backward(BT, C, E, true, false);  // ln2 (the router's)
-    (split ? wg : b).move(routed * static_cast<double>(C), 2);  // dispatched again
-    for (int64_t e = 0; e < E; ++e) matmul_backward(per_expert, C, cin, false, false);
+    if (ep == 1) (split ? wg : b).move(routed * static_cast<double>(C), 2);  // dispatched again
+    for (int64_t e = 0; e < local; ++e) matmul_backward(ep * per_expert, C, cin, false, false);
+    if (ep > 1) w.ep_backward.push_back(exchanged);
     b.move(routed * static_cast<double>(C), 2);  // the dispatch's backward
   };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).

@@ -61,6 +61,9 @@ struct StageWork {
   std::vector<WorkItem> weights;
   // The tensor group's collectives (in compute order; blocking).
   std::vector<TensorCollective> tp_forward, tp_backward, tp_weights;
+  // Expert parallelism: each all-to-all's bytes this rank holds of it
+  // (its tokens' rows out, or the same back), in compute order.
+  std::vector<double> ep_forward, ep_backward;
   double message_bytes = 0;  // one activation (or its gradient) between stages
 };
 

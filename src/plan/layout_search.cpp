@@ -53,6 +53,8 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
       if (pp > cfg.n_layer) continue;
       const int64_t dp = ranks / (tp * pp);
       if (deck.train.global_batch % dp != 0) continue;
+      // The deck's expert parallelism shares experts out within dp.
+      if (dp % deck.parallel.ep != 0) continue;
       for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
         for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
           for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {

@@ -315,7 +315,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     };
     // Each chunk's pass priced on its own (the embedding is chunk 0's, the
     // head the last's); the stage's sums below.
-    double fwd = 0, bwd = 0, wgt = 0, tp_time = 0;
+    double fwd = 0, bwd = 0, wgt = 0, tp_time = 0, ep_time = 0;
+    // An all-to-all within the data-parallel group's links: each rank
+    // sends (ep - 1) / ep of its rows, priced as the all-gather of as many.
+    const int64_t ep = deck.parallel.ep;
+    auto ep_seconds = [&](double bytes) { return collective(dp_link.allgather, ep, bytes, 1); };
     std::vector<double> chunk_fwd(v), chunk_bwd(v), chunk_wgt(v);
     std::map<std::string, double> by_kernel;
     double message_bytes = 0;
@@ -338,8 +342,12 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       for (const TensorCollective& tc : work.tp_forward) tp_f += tp_seconds(tc);
       for (const TensorCollective& tc : work.tp_backward) tp_b += tp_seconds(tc);
       for (const TensorCollective& tc : work.tp_weights) tp_w += tp_seconds(tc);
-      chunk_fwd[c] = f + tp_f;
-      chunk_bwd[c] = b + tp_b;
+      double ep_f = 0, ep_b = 0;
+      for (double bytes : work.ep_forward) ep_f += ep_seconds(bytes);
+      for (double bytes : work.ep_backward) ep_b += ep_seconds(bytes);
+      ep_time += ep_f + ep_b;
+      chunk_fwd[c] = f + tp_f + ep_f;
+      chunk_bwd[c] = b + tp_b + ep_b;
       chunk_wgt[c] = w_time + tp_w;
       fwd += chunk_fwd[c];
       bwd += chunk_bwd[c];
@@ -441,6 +449,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     if (busy >= out.compute) {
       out.compute = busy;
       out.tp_comm = tp_time * static_cast<double>(micro);
+      out.ep_comm = ep_time * static_cast<double>(micro);
       out.exposed_comm = reduce + per_micro_comm * static_cast<double>(micro) + opt_comm + norm;
       out.optimizer = update;
       out.kernels.assign(by_kernel.begin(), by_kernel.end());

@@ -60,6 +60,7 @@ struct Prediction {
   SimulatedStep step;              // the simulated timeline
   double compute = 0;              // the slowest stage's forward + backward (with tp collectives)
   double tp_comm = 0;              // of which: the tensor group's collectives
+  double ep_comm = 0;              // and the expert-parallel group's all-to-alls
   double exposed_comm = 0;         // data-parallel reduction, ZeRO transfers, optimizer gathers
   double bubble = 0;               // step_time - compute - exposed_comm - optimizer
   double optimizer = 0;

@@ -87,6 +87,45 @@ TEST(StageWork, FlopsAreLlamasProductsOverEveryTensorSlice) {
   }
 }
 
+// A Mixture of Experts by hand: each token's top k experts' MLPs (GELU:
+// 2 x 2 C 4C a token and expert) and the router (2 C E), per sparse layer
+// (layers 0 and 2 of 3); balanced and without drops (a capacity factor of
+// 2 leaves room). Under expert parallelism the same FLOPs on every rank,
+// and four all-to-alls a sparse layer of each rank's routed rows.
+TEST(StageWork, FlopsOfAMixtureOfExpertsAndItsAllToAlls) {
+  GptConfig cfg{3, 4, 64, 32, 300};
+  cfg.experts = 4;
+  cfg.top_k = 2;
+  cfg.moe_every = 2;
+  cfg.capacity_factor = 2.0;
+  const double B = 2, T = 32, C = 64, L = 3, E = 4, K = 2, Vp = static_cast<double>(cfg.padded_vocab());
+  const double dense_mlp = 2 * 2 * C * 4 * C;
+  const double attention_part = 2 * (3 * C * C + C * C);
+  const double want = B * T * (L * attention_part + 1 * dense_mlp + 2 * (K * dense_mlp + 2 * C * E) +
+                               2 * C * Vp) +
+                      B * L * 4 * T * T * C;
+  const StageRange all = partition_stage(cfg, 0, 1);
+  const StageWork w = stage_work(cfg, all, 2, Recompute::kNone, 4);
+  EXPECT_EQ(flops(w.forward), want);
+  EXPECT_EQ(flops(w.backward), 2 * want);
+  EXPECT_TRUE(w.ep_forward.empty() && w.ep_backward.empty());
+  // Balanced, each rank's experts compute as many rows as its tokens send
+  // out: every rank's FLOPs are one rank's without expert parallelism.
+  for (int64_t ep : {2, 4}) {
+    for (int64_t r = 0; r < ep; ++r) {
+      StageRange range = all;
+      range.ep = ep;
+      range.ep_rank = r;
+      const StageWork x = stage_work(cfg, range, 2, Recompute::kNone, 4);
+      EXPECT_EQ(flops(x.forward), want) << "ep " << ep;
+      EXPECT_EQ(flops(x.backward), 2 * want) << "ep " << ep;
+      ASSERT_EQ(x.ep_forward.size(), 4u);  // 2 sparse layers, out and back
+      ASSERT_EQ(x.ep_backward.size(), 4u);
+      for (double bytes : x.ep_forward) EXPECT_EQ(bytes, B * T * K * C * 4);
+    }
+  }
+}
+
 TEST(StageWork, TensorAllReducesAreMegatronsCount) {
   const GptConfig cfg{4, 4, 64, 32, 300};
   const double BTC = 2 * 32 * 64 * 4.0;
