@@ -7,18 +7,22 @@
 #pragma once
 #include <mpi.h>
 
+#include <chrono>
 #include <vector>
 
 #include "core/mpi_check.hpp"
 #include "model/gpt_stage.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "train/tensor_group.hpp"
 
 namespace mpiformer {
 
 // Both must outlive the group; `host` and `rows` are the same ranks in the
-// same order.
-inline ExpertGroup expert_group(MpiCommunicator& host, Communicator& rows) {
+// same order. Each all-to-all is reported to `observer` (where set) as
+// "expert all-to-all" with the bytes this rank sent to the others.
+inline ExpertGroup expert_group(MpiCommunicator& host, Communicator& rows,
+                                const TensorOpObserver* observer = nullptr) {
   ExpertGroup g;
   MPI_Comm comm = host.get();
   g.allgather = [comm](const int64_t* mine, int64_t* all, int64_t n) {
@@ -26,9 +30,15 @@ inline ExpertGroup expert_group(MpiCommunicator& host, Communicator& rows) {
                             MPI_INT64_T, comm));
   };
   Communicator* c = &rows;
-  g.alltoallv = [c](const void* send, const std::vector<int64_t>& send_bytes, void* recv,
-                    const std::vector<int64_t>& recv_bytes) {
+  g.alltoallv = [c, observer](const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                              const std::vector<int64_t>& recv_bytes) {
+    const auto t0 = std::chrono::steady_clock::now();
     c->alltoallv_bytes(send, send_bytes, recv, recv_bytes);
+    if (observer == nullptr || !*observer) return;
+    double sent = 0;
+    for (size_t r = 0; r < send_bytes.size(); ++r)
+      if (static_cast<int>(r) != c->rank()) sent += static_cast<double>(send_bytes[r]);
+    (*observer)("expert all-to-all", t0, std::chrono::steady_clock::now(), sent);
   };
   return g;
 }

@@ -136,6 +136,11 @@ void MetricsLog::step(const StepMetrics& m) {
     json += strprintf(", \"tp_reduce_fraction\": %.4g", m.tp_reduce_fraction);
   }
   if (m.tensor_parallel) json += strprintf(", \"tp_sent_mb\": %.4g", m.tp_sent_mb);
+  if (m.expert_parallel && m.host_timings) {
+    line += strprintf(" | all-to-all %.1f ms", m.ep_alltoall_ms);
+    json += strprintf(", \"ep_alltoall_ms\": %.4g", m.ep_alltoall_ms);
+  }
+  if (m.expert_parallel) json += strprintf(", \"ep_sent_mb\": %.4g", m.ep_sent_mb);
   std::puts(line.c_str());
   std::fflush(stdout);
   write_line(json + "}");

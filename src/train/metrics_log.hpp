@@ -38,6 +38,10 @@ struct StepMetrics {
   // loaded experts over their fair share.
   bool moe = false;
   double aux_loss = 0, z_loss = 0, dropped = 0, load_min = 0, load_max = 0;
+  // Expert parallelism: the all-to-alls per step (mean over ranks; host
+  // timings) and the MB each rank sent in them.
+  bool expert_parallel = false;
+  double ep_alltoall_ms = 0, ep_sent_mb = 0;
   // Why this step's update was skipped, or why the run stops at it (empty:
   // applied), and the updates skipped so far.
   std::string skipped, stopped;

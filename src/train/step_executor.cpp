@@ -72,13 +72,14 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       router_discard_(static_cast<size_t>(kRouterTotals + deck.model.n_layer * deck.model.experts)) {
   // core/test_hooks.hpp (host back end: the gradients are host memory there).
   fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
-  if (grid.tp() > 1) {
+  if (grid.tp() > 1 || grid.ep() > 1) {
     stage.observe_tensor_reductions(
         [this](const char* op, Clock::time_point t0, Clock::time_point t1, double bytes) {
           trace_.span(op, t0, t1, step_ + 1, micro_);
           if (times_ == nullptr) return;
-          times_->tp_reduce += seconds(t0, t1);
-          times_->tp_sent_bytes += bytes;
+          const bool experts = std::string(op) == "expert all-to-all";
+          (experts ? times_->ep_exchange : times_->tp_reduce) += seconds(t0, t1);
+          (experts ? times_->ep_sent_bytes : times_->tp_sent_bytes) += bytes;
         });
   }
 }

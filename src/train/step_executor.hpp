@@ -52,6 +52,8 @@ struct StepTimes {
   double tp_reduce = 0;       // in the tensor group's all-reduces (host: their time)
   double tp_sent_bytes = 0;   // sent to the tensor group (ring model)
   double optimizer = 0;       // in the optimizer step (AdamW, its state's streaming, ZeRO's gathers)
+  double ep_exchange = 0;     // in the expert-parallel all-to-alls (host: their time)
+  double ep_sent_bytes = 0;   // sent to the rest of the expert-parallel group
 };
 
 class StepExecutor {

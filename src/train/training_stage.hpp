@@ -77,7 +77,7 @@ class TrainingStage final : public StageBackend {
     opt_->connect(dp, experts);
   }
   void connect_expert_parallel(MpiCommunicator& host, Communicator& rows) override {
-    stage_.set_expert_group(expert_group(host, rows));
+    stage_.set_expert_group(expert_group(host, rows, &observer_));
   }
   void connect_tensor_parallel(Communicator& tp) override {
     stage_.set_tensor_group(tensor_group(tp, &observer_));
