@@ -5,7 +5,7 @@
 //    the aux and z losses the stage reports against that router's;
 //  - every parameter's gradient (the router's through the gates and both
 //    losses, every expert's) against central finite differences, GPT-2's
-//    and Llama's, a sparse and a dense layer, under each recomputation;
+//    and Llama's (recomputing), a sparse and a dense layer;
 //  - a micro-batch of two sequences against two of one (capacity is per
 //    sequence, so the split changes no decision).
 // Tolerances: the forward in double as test_llama_model.cpp's (1e-7, the
@@ -81,26 +81,25 @@ TEST(MoeModel, LlamaForwardMatchesTheModelsDefinition) {
 }
 
 TEST(MoeModel, EveryParameterGradientMatchesFiniteDifferences) {
-  // moe_every 2: layer 0 sparse, layer 1 dense.
+  // moe_every 2: layer 0 sparse, layer 1 dense. GPT-2 keeping everything,
+  // Llama recomputing everything (the routing again in backward).
   for (const ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    for (const Recompute rc : {Recompute::kNone, Recompute::kFull}) {
-      const GptConfig cfg = moe_config(family, 1.0, 2);
-      const int64_t B = 2, T = cfg.seq_len;
-      host::Context ctx;
-      StageOptions opt{B, 1};
-      opt.recompute = rc;
-      HostGptStage<double> stage(ctx, cfg, partition_stage(cfg, 0, 1), opt);
-      ASSERT_NE(stage.table().find("h.0.mlp.experts.3.down_proj.weight") != nullptr ||
-                    stage.table().find("h.0.mlp.experts.3.c_proj.weight") != nullptr,
-                false);
-      ASSERT_EQ(stage.table().find("h.1.mlp.router.weight"), nullptr);
-      randomise_parameters(stage, 600);
-      const double scale = 1.0 / static_cast<double>(B * T);
-      const int64_t checked = expect_gradients_match_finite_differences(
-          stage, kTok, kTgt, scale,
-          std::string(", ") + name_of(family) + ", recompute " + name_of(rc));
-      EXPECT_EQ(checked, stage.table().total_numel());
-    }
+    const Recompute rc = family == ModelFamily::kGpt2 ? Recompute::kNone : Recompute::kFull;
+    const GptConfig cfg = moe_config(family, 1.0, 2);
+    const int64_t B = 2, T = cfg.seq_len;
+    host::Context ctx;
+    StageOptions opt{B, 1};
+    opt.recompute = rc;
+    HostGptStage<double> stage(ctx, cfg, partition_stage(cfg, 0, 1), opt);
+    ASSERT_NE(stage.table().find("h.0.mlp.experts.3.down_proj.weight") != nullptr ||
+                  stage.table().find("h.0.mlp.experts.3.c_proj.weight") != nullptr,
+              false);
+    ASSERT_EQ(stage.table().find("h.1.mlp.router.weight"), nullptr);
+    randomise_parameters(stage, 600);
+    const double scale = 1.0 / static_cast<double>(B * T);
+    const int64_t checked = expect_gradients_match_finite_differences(
+        stage, kTok, kTgt, scale, std::string(", ") + name_of(family) + ", recompute " + name_of(rc));
+    EXPECT_EQ(checked, stage.table().total_numel());
   }
 }
 
