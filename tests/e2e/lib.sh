@@ -116,3 +116,25 @@ resume_run() {
   train_layout "$dir" $to "$@"
   grep -q "resumed from .*step_00000003.h5: step 3" "$dir.log" || fail "$dir: no resume line"
 }
+
+# generates CKPT: greedy generate from CKPT continues "ROMEO:" (gen.txt).
+generates() {
+  "$MPIFORMER" generate "$1" --prompt "ROMEO:" --tokens 20 --temperature 0 >gen.txt 2>&1 ||
+    { cat gen.txt; fail "generate failed"; }
+  grep -q "^ROMEO:" gen.txt || { cat gen.txt; fail "generate: no continuation"; }
+}
+
+# numpy_logits CKPT HF_DIR: llama_numpy.py's independent forward over the
+# Hugging Face directory gives generate's logits of CKPT (12 greedy byte
+# tokens after "ROMEO:"). $PY: a Python with numpy (.ci/deps.sh's), which
+# need_numpy checks.
+PY=${PYTHON_NUMPY:-/usr/bin/python3}
+need_numpy() {
+  "$PY" -c "import numpy" 2>/dev/null || fail "$PY has no numpy (.ci/deps.sh installs python3-numpy)"
+}
+numpy_logits() {
+  "$MPIFORMER" generate "$1" --prompt "ROMEO:" --tokens 12 --temperature 0 --logits logits.bin \
+    >gen12.txt 2>gen12.err || { cat gen12.err; fail "generate --logits"; }
+  head -c -1 gen12.txt | od -An -tu1 -v >ids.txt  # byte tokens: the text's bytes are the ids
+  "$PY" "$SOURCE_DIR/tests/e2e/llama_numpy.py" logits "$2" ids.txt logits.bin
+}
