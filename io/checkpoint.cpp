@@ -140,7 +140,8 @@ void check_family(const CheckpointMeta& m, const std::string& path) {
                      "a Llama model needs n_kv_head dividing n_head and ffn_hidden >= 1");
   if (!(m.rope_theta >= 1) || !(m.norm_eps > 0 && m.norm_eps <= 1))
     throw InputError(path, "attribute rope_theta", "rope_theta >= 1 and norm_eps in (0, 1] expected");
-  // A Mixture of Experts (check_model_limits has bounded the sizes).
+  // A Mixture of Experts (comparisons only: check_model_limits bounds the
+  // sizes next, before anything is sized from them).
   if (m.experts < 0 || (m.experts > 0 && (m.top_k < 1 || m.top_k > m.experts || m.moe_every < 1)))
     throw InputError(path, "attribute experts",
                      "experts >= 0, and with experts: 1 <= top_k <= experts and moe_every >= 1 expected");

@@ -154,7 +154,7 @@ void expect_stage_equals_whole_stage(bool sequence_parallel, Recompute recompute
   const int64_t first_row = sequence_parallel ? rows * w.rank() : 0;
   StageOptions options{B, 1};
   options.recompute = recompute;
-  for (const StageRange whole : {StageRange{0, 2, true, true}, StageRange{1, 2, false, true}}) {
+  for (const StageRange& whole : {StageRange{0, 2, true, true}, StageRange{1, 2, false, true}}) {
     StageRange split = whole;
     split.tp = w.size();
     split.tp_rank = w.rank();
@@ -270,7 +270,7 @@ TEST(TensorParallel, MoeStageEqualsTheWholeStage) {
 void expect_expert_parallel_equals_whole_batch(const GptConfig& cfg, Recompute recompute) {
   World w;
   const int64_t P = w.size(), B = 1, BT = B * cfg.seq_len, C = cfg.n_embd;
-  for (const StageRange whole : {StageRange{0, 2, true, true}, StageRange{1, 2, false, true}}) {
+  for (const StageRange& whole : {StageRange{0, 2, true, true}, StageRange{1, 2, false, true}}) {
     StageRange part = whole;
     part.ep = P;
     part.ep_rank = w.rank();
