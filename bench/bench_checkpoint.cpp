@@ -51,8 +51,7 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     {
       CheckpointReader reader(path);
-      restore_whole_stage(reader, cfg, stage->table(), stage->range(), st, grid.data_parallel().get(),
-                          grid.stage_group().get());
+      restore_whole_stage(reader, cfg, stage->table(), stage->range(), st, read_groups(grid));
     }
     MPI_Barrier(MPI_COMM_WORLD);
     const double load = std::chrono::duration<double>(Clock::now() - t0).count();

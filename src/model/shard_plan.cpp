@@ -25,10 +25,12 @@ int64_t snap_to_row(const std::vector<const ParameterSpec*>& specs, int64_t targ
 
 }  // namespace
 
-ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int dp, int rank)
-    : dp_(dp), rank_(rank) {
+ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int dp, int rank,
+                     int ep)
+    : dp_(dp), rank_(rank), ep_(ep) {
+  if (ep < 1 || dp % ep != 0) throw std::invalid_argument("ShardPlan: ep must divide dp");
   // Units in offset order: the tensors before the blocks one by one, each
-  // block, the tensors after them one by one.
+  // block (its experts apart under ep > 1), the tensors after them one by one.
   std::vector<const ParameterSpec*> specs;
   for (const auto& s : table.specs()) specs.push_back(&s);
   std::sort(specs.begin(), specs.end(),
@@ -38,7 +40,9 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
     const ParameterSpec& s = *specs[k];
     const int64_t next = k + 1 < specs.size() ? specs[k + 1]->offset : table.total_storage();
     const int64_t block = s.layer < 0 ? -1 : layout.block_at_offset(s.offset);
-    if (s.layer >= 0 && !units.empty() && units.back().first.block == block) {
+    const bool experts = ep > 1 && s.expert >= 0;
+    if (s.layer >= 0 && !units.empty() && units.back().first.block == block &&
+        units.back().first.experts == experts) {
       units.back().first.end = next;
       units.back().second.push_back(&s);
       continue;
@@ -47,25 +51,40 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
     u.begin = s.offset;
     u.end = next;
     u.block = block;
+    u.experts = experts;
     units.push_back({u, {&s}});
   }
+  // Each dp rank's shard size: part r of the dense units, part r / ep of
+  // the experts'.
   std::vector<int64_t> sizes(static_cast<size_t>(dp), 0);
+  std::vector<int64_t> block_part(static_cast<size_t>(dp), 0);
+  int64_t last_block = -1;
   for (auto& [u, members] : units) {
-    u.cuts.assign(static_cast<size_t>(dp) + 1, u.begin);
-    for (int r = 1; r < dp; ++r) {
-      const int64_t target = u.begin + (u.end - u.begin) * r / dp;
+    const int g = group_size(u);
+    u.cuts.assign(static_cast<size_t>(g) + 1, u.begin);
+    for (int r = 1; r < g; ++r) {
+      const int64_t target = u.begin + (u.end - u.begin) * r / g;
       u.cuts[r] = std::max(u.cuts[r - 1], snap_to_row(members, target, u.end));
     }
-    u.cuts[dp] = u.end;
+    u.cuts[g] = u.end;
+    for (int r = 0; r < g; ++r) u.counts.push_back(u.cuts[r + 1] - u.cuts[r]);
     u.shard_offset = sizes[rank];
+    if (u.block != last_block) std::fill(block_part.begin(), block_part.end(), 0);
     for (int r = 0; r < dp; ++r) {
-      u.counts.push_back(u.cuts[r + 1] - u.cuts[r]);
-      sizes[r] += u.counts.back();
-      if (u.block >= 0) max_block_part_ = std::max(max_block_part_, u.cuts[r + 1] - u.cuts[r]);
+      const int64_t part = u.counts[static_cast<size_t>(u.experts ? r / ep : r)];
+      sizes[r] += part;
+      if (u.block < 0) continue;
+      block_part[r] += part;
+      max_block_part_ = std::max(max_block_part_, block_part[r]);
     }
-    if (u.block == 0) first_block_ = units_.size();
+    if (u.block >= 0 && u.block != last_block) block_first_.push_back(units_.size());
+    last_block = u.block;
     units_.push_back(std::move(u));
   }
+  // The blocks' units are consecutive: block i's end where block i + 1's begin.
+  size_t end = block_first_.empty() ? 0 : block_first_.back();
+  while (end < units_.size() && units_[end].block >= 0) ++end;
+  block_first_.push_back(end);
   shard_size_ = sizes[rank];
   max_shard_size_ = *std::max_element(sizes.begin(), sizes.end());
 }
@@ -80,12 +99,13 @@ TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {
   const ShardUnit& u = unit_at(spec.offset);
   const int64_t rl = spec.row_length();
   // Clipped to the logical tensor: rows past numel are wte's padding.
-  const int64_t lo = std::clamp(u.cuts[rank_], spec.offset, spec.offset + spec.numel());
-  const int64_t hi = std::clamp(u.cuts[rank_ + 1], spec.offset, spec.offset + spec.numel());
+  const int r = group_rank(u);
+  const int64_t lo = std::clamp(u.cuts[r], spec.offset, spec.offset + spec.numel());
+  const int64_t hi = std::clamp(u.cuts[r + 1], spec.offset, spec.offset + spec.numel());
   TensorPart p;
   p.row_begin = (lo - spec.offset) / rl;
   p.row_end = std::max(p.row_begin, (hi - spec.offset) / rl);
-  p.shard_offset = u.shard_offset + (lo - u.cuts[rank_]);
+  p.shard_offset = u.shard_offset + (lo - u.cuts[r]);
   return p;
 }
 

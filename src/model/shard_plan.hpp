@@ -8,9 +8,16 @@
 // parts one after another, in unit order. A pure function of the table and
 // (dp, rank): the trainer, the checkpoints and the memory accounting all
 // read the same plan.
+// Expert parallelism (ep > 1): a rank's experts are held by the dp / ep
+// replicas ep apart, not by the whole group, so a sparse block's experts
+// are a unit of their own, cut among those replicas (part dp_rank / ep,
+// the group ProcessGrid::expert_data_parallel); its other tensors stay a
+// unit cut over dp. Every logical element is then owned once over dp: the
+// ep ranks of a group hold different experts.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "model/parameter_table.hpp"
@@ -26,9 +33,10 @@ inline constexpr size_t kInFlight = 2;
 struct ShardUnit {
   int64_t begin = 0, end = 0;  // flat offsets
   int64_t block = -1;          // the stage's block index; -1 outside the blocks
-  std::vector<int64_t> cuts;   // dp + 1 flat offsets: part r is [cuts[r], cuts[r + 1])
-  std::vector<int64_t> counts; // dp part sizes, what the collectives take (kept so a
-                               // step allocates none)
+  bool experts = false;        // cut over the replicas holding the same experts (ep > 1)
+  std::vector<int64_t> cuts;   // group size + 1 flat offsets: part r is [cuts[r], cuts[r + 1])
+  std::vector<int64_t> counts; // the group's part sizes, what the collectives take (kept so
+                               // a step allocates none)
   int64_t shard_offset = 0;    // where this rank's part sits in its shard
 };
 
@@ -40,22 +48,34 @@ struct TensorPart {
 
 class ShardPlan {
  public:
-  ShardPlan(const ParameterTable& table, const StageLayout& layout, int dp, int rank);
+  // `ep`: the table's (StageRange::ep); it must divide dp.
+  ShardPlan(const ParameterTable& table, const StageLayout& layout, int dp, int rank, int ep = 1);
 
   int dp() const { return dp_; }
   int rank() const { return rank_; }
+  int ep() const { return ep_; }
+  // The group a unit is cut over: its size and this rank's place in it.
+  int group_size(const ShardUnit& u) const { return u.experts ? dp_ / ep_ : dp_; }
+  int group_rank(const ShardUnit& u) const { return u.experts ? rank_ / ep_ : rank_; }
   const std::vector<ShardUnit>& units() const { return units_; }
-  const ShardUnit& block_unit(int64_t i) const { return units_[first_block_ + i]; }
+  // Block i's units: [first, last) indices into units() (two for a sparse
+  // block under expert parallelism: its dense tensors, then its experts).
+  std::pair<size_t, size_t> block_units(int64_t i) const {
+    return {block_first_[static_cast<size_t>(i)], block_first_[static_cast<size_t>(i) + 1]};
+  }
   // The unit holding flat offset `offset`'s tensor.
   const ShardUnit& unit_at(int64_t offset) const;
-  int64_t part_begin(const ShardUnit& u) const { return u.cuts[rank_]; }
-  int64_t part_size(const ShardUnit& u) const { return u.cuts[rank_ + 1] - u.cuts[rank_]; }
+  int64_t part_begin(const ShardUnit& u) const { return u.cuts[group_rank(u)]; }
+  int64_t part_size(const ShardUnit& u) const {
+    return u.cuts[group_rank(u) + 1] - u.cuts[group_rank(u)];
+  }
   // Every rank's part size of `u` (the collectives' counts).
   const std::vector<int64_t>& counts(const ShardUnit& u) const { return u.counts; }
   // Elements of this rank's shard; the largest any rank of the group has.
   int64_t shard_size() const { return shard_size_; }
   int64_t max_shard_size() const { return max_shard_size_; }
-  // The largest part of any block (a receive buffer for a block's sum).
+  // The most any rank owns of one block, all its units together (a receive
+  // buffer for a block's sums).
   int64_t max_block_part() const { return max_block_part_; }
   TensorPart part_of(const ParameterSpec& spec) const;
   // AdamW over the shard: every owned logical element, at shard offsets;
@@ -65,9 +85,9 @@ class ShardPlan {
                                        bool params_in_stage = false) const;
 
  private:
-  int dp_, rank_;
+  int dp_, rank_, ep_;
   std::vector<ShardUnit> units_;
-  size_t first_block_ = 0;
+  std::vector<size_t> block_first_;  // blocks + 1 unit indices
   int64_t shard_size_ = 0, max_shard_size_ = 0, max_block_part_ = 0;
 };
 

@@ -98,7 +98,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
     const ParameterTable table(cfg, range);
-    const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0);
+    const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0,
+                         static_cast<int>(deck.parallel.ep));
     const double shard = static_cast<double>(plan.max_shard_size());
     // fp32 at zero 1-2: the masters are the stage's own weights (already
     // counted there); else float masters, and the 16-bit copy published.

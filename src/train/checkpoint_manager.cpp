@@ -128,12 +128,11 @@ ResumePoint CheckpointManager::load() {
   // Each rank reads only its rows of a plan cut over its data-parallel
   // group: its ZeRO shard, or under zero 0 a plan made for the read, after
   // which the group gathers the whole stage. Each byte of the file is read
-  // once per group, not once per replica. Under expert parallelism the
-  // group is the replicas holding the same experts (the plan cuts the
-  // same tensors on each), and the checksums gather over their stage.
+  // once per group, not once per replica (an expert's once per the
+  // replicas holding it).
   const ShardPlan* plan = stage_.shard_plan();
   const int64_t n = stage_.state_size();
-  MPI_Comm group = grid_.expert_data_parallel().get(), stage_group = grid_.same_tensors().get();
+  const ReadGroups groups = read_groups(grid_);
   std::string last_error;
   for (const auto& path : paths) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -163,9 +162,9 @@ ResumePoint CheckpointManager::load() {
       agree_on_input_errors(MPI_COMM_WORLD, [&] {
         bytes_read = static_cast<double>(
             plan != nullptr
-                ? restore_shard(*reader, cfg_, stage_.table(), scratch, stage_group)
+                ? restore_shard(*reader, cfg_, stage_.table(), scratch, groups)
                 : restore_whole_stage(*reader, cfg_, stage_.table(), stage_.range(), scratch,
-                                      group, stage_group));
+                                      groups));
       });
     } catch (const InputError& e) {
       if (!automatic) throw;

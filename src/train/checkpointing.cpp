@@ -258,13 +258,22 @@ void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
   }
 }
 
+ReadGroups read_groups(ProcessGrid& grid) {
+  return ReadGroups{grid.data_parallel().get(), grid.expert_data_parallel().get(),
+                    grid.stage_group().get(), grid.same_tensors().get()};
+}
+
 int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
-                      const ParameterTable& local, const StageState& state, MPI_Comm stage_group) {
+                      const ParameterTable& local, const StageState& state,
+                      const ReadGroups& groups) {
   check_model(reader, cfg);
   const ShardPlan& plan = *state.shards;
-  int rank = 0, size = 0;
+  MPI_Comm stage_group = groups.stage;
+  int rank = 0, size = 0, expert_rank = 0, expert_size = 0;
   MPI_CHECK(MPI_Comm_rank(stage_group, &rank));
   MPI_CHECK(MPI_Comm_size(stage_group, &size));
+  MPI_CHECK(MPI_Comm_rank(groups.expert_stage, &expert_rank));
+  MPI_CHECK(MPI_Comm_size(groups.expert_stage, &expert_size));
   // Null moments are not read (a run initialised from the weights alone).
   // Zeroed in pieces, each one's pages dropped after it where they are a
   // view of offloaded state (done_with).
@@ -282,7 +291,7 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
   // rank only: it is reported after the loop, so no rank leaves the others
   // in a gather.
   std::string damaged, damaged_field;
-  int tensor = 0;
+  int tensor = 0, expert_tensor = 0;
   int64_t bytes = 0;
   std::vector<float> store, assembled;
   for (int g = 0; g < 3; ++g) {
@@ -305,15 +314,17 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
       }
       // The checksum over the whole tensor, from every rank's blocks; a
       // replicated tensor's copies are the same bytes of the file: tensor
-      // rank 0's are checked (a shared kv head's: its first rank's).
-      const int root = tensor++ % size;
+      // rank 0's are checked (a shared kv head's: its first rank's). An
+      // expert's blocks are the ranks' holding it (its plan unit's group).
+      const bool expert = plan.unit_at(spec.offset).experts;
+      const int root = expert ? expert_tensor++ % expert_size : tensor++ % size;
       const bool counts = spec.whole() ? spec.tp_rank == 0 : true;
       const float* all = gather_tensor(
-          stage_group, root, spec.logical_shape,
+          expert ? groups.expert_stage : stage_group, root, spec.logical_shape,
           counts ? dataset_boxes(spec.owned_boxes(p.row_begin, p.row_end)) : std::vector<DatasetBox>{},
           rows, store, assembled);
       if (state.done_with) state.done_with(rows, (p.row_end - p.row_begin) * spec.row_length());
-      if (rank != root || !damaged.empty()) continue;
+      if ((expert ? expert_rank : rank) != root || !damaged.empty()) continue;
       try {
         check_tensor_checksum(reader.path(), kGroups[g] + spec.name, stored, all,
                               spec.logical_numel());
@@ -335,17 +346,17 @@ int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
 
 int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg,
                             const ParameterTable& local, const StageRange& range,
-                            const StageState& whole, MPI_Comm group, MPI_Comm stage_group) {
+                            const StageState& whole, const ReadGroups& groups) {
   int size = 0, rank = 0;
-  MPI_CHECK(MPI_Comm_size(group, &size));
-  MPI_CHECK(MPI_Comm_rank(group, &rank));
-  const ShardPlan plan(local, StageLayout(local, range), size, rank);
+  MPI_CHECK(MPI_Comm_size(groups.dp, &size));
+  MPI_CHECK(MPI_Comm_rank(groups.dp, &rank));
+  const ShardPlan plan(local, StageLayout(local, range), size, rank, static_cast<int>(range.ep));
   // One replica: its shard is the whole buffer, in order; read into it.
   if (size == 1) {
     return restore_shard(reader, cfg, local,
                          StageState{whole.params, whole.adam_m, whole.adam_v, &plan, false,
                                     whole.done_with},
-                         stage_group);
+                         groups);
   }
   // Group by group through one shard-sized buffer (the masters, then each
   // moment), each gathered unit by unit into the whole stage.
@@ -356,22 +367,26 @@ int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg
     if (dst == nullptr) continue;
     StageState one{nullptr, nullptr, nullptr, &plan};
     (g == 0 ? one.params : g == 1 ? one.adam_m : one.adam_v) = shard.data();
-    bytes += restore_shard(reader, cfg, local, one, stage_group);
-    gather_shards(plan, shard.data(), dst, group, whole.done_with);
+    bytes += restore_shard(reader, cfg, local, one, groups);
+    gather_shards(plan, shard.data(), dst, groups, whole.done_with);
   }
   return bytes;
 }
 
-void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group,
+void gather_shards(const ShardPlan& plan, const float* shard, float* whole,
+                   const ReadGroups& groups,
                    const std::function<void(const float*, int64_t)>& done_with) {
-  std::vector<int> counts(static_cast<size_t>(plan.dp())), displs(counts.size());
+  std::vector<int> counts, displs;
   for (const ShardUnit& u : plan.units()) {
-    for (int r = 0; r < plan.dp(); ++r) {
+    counts.resize(static_cast<size_t>(plan.group_size(u)));
+    displs.resize(counts.size());
+    for (int r = 0; r < plan.group_size(u); ++r) {
       counts[r] = static_cast<int>(u.cuts[r + 1] - u.cuts[r]);
       displs[r] = static_cast<int>(u.cuts[r] - u.begin);
     }
-    MPI_CHECK(MPI_Allgatherv(shard + u.shard_offset, counts[plan.rank()], MPI_FLOAT, whole + u.begin,
-                             counts.data(), displs.data(), MPI_FLOAT, group));
+    MPI_CHECK(MPI_Allgatherv(shard + u.shard_offset, counts[plan.group_rank(u)], MPI_FLOAT,
+                             whole + u.begin, counts.data(), displs.data(), MPI_FLOAT,
+                             u.experts ? groups.expert_dp : groups.dp));
     if (done_with) done_with(whole + u.begin, u.end - u.begin);
   }
 }

@@ -60,24 +60,34 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
 // mismatch, missing dataset or bad checksum.
 void restore_stage(const CheckpointReader& reader, const GptConfig& cfg,
                    const ParameterTable& local, const StageState& state);
+// The groups a stage's read runs over: its data-parallel replicas (the
+// plan's dense units), the replicas holding its experts (the plan's expert
+// units; the same ranks at ep 1), and for the checksums' gathers every
+// rank of the stage and those of it holding the same experts.
+struct ReadGroups {
+  MPI_Comm dp, expert_dp, stage, expert_stage;
+};
+ReadGroups read_groups(ProcessGrid& grid);
 // Reads only this rank's rows of each tensor slice (state.shards: a ZeRO
 // shard, or a plan cut for the read) into its shard, so each byte of the
 // file is read once per data-parallel group (and tensor rank), then checks
-// every tensor's checksum on one rank of `stage_group` (every rank of the
-// stage) after a gather. Collective over it; the same errors on every rank
-// of it. Returns the bytes this rank read.
+// every tensor's checksum on one rank of the stage (an expert's: of those
+// holding it) after a gather. Collective over the stage; the same errors
+// on every rank of it. Returns the bytes this rank read.
 int64_t restore_shard(const CheckpointReader& reader, const GptConfig& cfg,
-                      const ParameterTable& local, const StageState& state, MPI_Comm stage_group);
-// The whole flat buffer on every rank of `group` from each rank's shard.
+                      const ParameterTable& local, const StageState& state,
+                      const ReadGroups& groups);
+// The whole flat buffer on every rank of the data-parallel group from each
+// rank's shard (expert units over the replicas holding them).
 // `done_with` (where set) is called on each unit of `whole` once gathered.
-void gather_shards(const ShardPlan& plan, const float* shard, float* whole, MPI_Comm group,
+void gather_shards(const ShardPlan& plan, const float* shard, float* whole,
+                   const ReadGroups& groups,
                    const std::function<void(const float*, int64_t)>& done_with = {});
-// zero 0: every rank of its data-parallel `group` holds the whole stage
-// (slice); each reads its rows of a plan cut over the group
-// (restore_shard, checksums over `stage_group`), then the group gathers
-// them into `whole`. Returns the bytes this rank read.
+// zero 0: every rank of its data-parallel group holds the whole stage
+// (slice); each reads its rows of a plan cut over the group (restore_shard),
+// then the group gathers them into `whole`. Returns the bytes this rank read.
 int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg,
                             const ParameterTable& local, const StageRange& range,
-                            const StageState& whole, MPI_Comm group, MPI_Comm stage_group);
+                            const StageState& whole, const ReadGroups& groups);
 
 }  // namespace mpiformer

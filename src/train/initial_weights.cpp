@@ -97,13 +97,8 @@ std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessG
     agree_on_input_errors(MPI_COMM_WORLD, [&] { reader = std::make_unique<CheckpointReader>(w.file); });
     agree_on_input_errors(MPI_COMM_WORLD, [&] {
       const StageState state{params.data(), nullptr, nullptr, plan};
-      if (plan != nullptr) {
-        restore_shard(*reader, cfg, local, state, grid.same_tensors().get());
-      } else {
-        // Over the replicas holding the same tensors (checkpoint_manager.cpp).
-        restore_whole_stage(*reader, cfg, local, stage.range(), state,
-                            grid.expert_data_parallel().get(), grid.same_tensors().get());
-      }
+      if (plan != nullptr) restore_shard(*reader, cfg, local, state, read_groups(grid));
+      else restore_whole_stage(*reader, cfg, local, stage.range(), state, read_groups(grid));
     });
   } else {
     agree_on_input_errors(MPI_COMM_WORLD, [&] {

@@ -24,6 +24,10 @@
 //     next block's gather started before this block computes. A window
 //     that still holds the block asked for is not gathered again (the
 //     last blocks of a forward are the first of the next backward).
+// Under expert parallelism a sparse block's experts are a unit of their
+// own, reduce-scattered and gathered over the replicas holding the same
+// experts (the plan's expert units); at zero 2-3 a block's window then
+// takes two collectives, one per group.
 // The tied embedding's two copies (first and last stage, pp > 1) are cut
 // alike, so their owned parts are summed across the pair after the
 // reduce-scatter: the same sums, in the same order, as zero 0.
@@ -53,7 +57,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       : stage_(stage),
         ctx_(stage.context()),
         zero_(zero),
-        plan_(stage.table(), stage.layout(), dp, dp_rank),
+        plan_(stage.table(), stage.layout(), dp, dp_rank, static_cast<int>(stage.range().ep)),
         n_(plan_.shard_size()),
         alias_(masters_are_weights(zero)),
         moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), alias_), offload) {
@@ -97,12 +101,13 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // Bytes of the shard's buffers (its small chunk list aside).
   double allocated_bytes() const { return allocated_; }
 
-  // The group; the weights are published at once if they are pending.
-  // Not with expert parallelism (the deck refuses ZeRO there).
+  // The group, and under expert parallelism the replicas holding this
+  // rank's experts; the weights are published at once if they are pending.
   void connect(Communicator& dp, Communicator* experts) override {
-    if (experts != nullptr && experts != &dp)
-      throw std::logic_error("ZeRO's shards with expert parallelism");
+    if (plan_.ep() > 1 && experts == nullptr)
+      throw std::logic_error("ZeRO's shards: expert parallelism without the experts' group");
     dp_ = &dp;
+    experts_ = experts != nullptr ? experts : &dp;
     if (stale_) publish();
   }
 
@@ -240,12 +245,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
     return s;
   }
 
-  // Bytes this rank sent to its group since the last call, counted from the
-  // collectives issued under the ring model (a reduce-scatter or all-gather
-  // of n bytes sends n (dp - 1) / dp per rank).
+  // Bytes this rank sent to its groups since the last call, counted from
+  // the collectives issued under the ring model (a reduce-scatter or
+  // all-gather of n bytes over g ranks sends n (g - 1) / g per rank).
   double take_sent_bytes() override {
-    const double dp = plan_.dp(), sent = issued_ * (dp - 1) / dp;
-    issued_ = 0;
+    const double sent = sent_;
+    sent_ = 0;
     return sent;
   }
 
@@ -281,6 +286,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
   bool windowed(const ShardUnit& u, int min_zero) const { return u.block >= 0 && zero_ >= min_zero; }
+  // The group unit u is cut over; the bytes a collective of it sends.
+  Communicator& group(const ShardUnit& u) { return u.experts ? *experts_ : *dp_; }
+  void count_sent(const ShardUnit& u, size_t element) {
+    const double g = plan_.group_size(u);
+    sent_ += static_cast<double>(u.end - u.begin) * static_cast<double>(element) * (g - 1) / g;
+  }
 
   // Every unit whose weights the stage keeps whole gets every rank's part;
   // windowed blocks are gathered when needed.
@@ -297,8 +308,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
         gathers.front()->wait();
         gathers.erase(gathers.begin());
       }
-      gathers.push_back(dp_->start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
-      issued_ += static_cast<double>((u.end - u.begin) * sizeof(Act));
+      gathers.push_back(group(u).start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
+      count_sent(u, sizeof(Act));
     }
     for (auto& g : gathers) g->wait();
     stale_ = false;
@@ -307,22 +318,27 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // zero 3: block i's weights into window i % 2, then block `next`'s on its way.
   void need_weights(int64_t i, int64_t next) {
     gather(i);
-    const int w = static_cast<int>(i % 2);
-    if (wpend_[w]) {
-      wpend_[w]->wait();
-      wpend_[w].reset();
-    }
+    wait_all(wpend_[i % 2]);
     if (next >= 0) gather(next);
   }
   void gather(int64_t i) {
     const int w = static_cast<int>(i % 2);
     if (holds_[w] == i) return;
-    if (wpend_[w]) wpend_[w]->wait();
-    const ShardUnit& u = plan_.block_unit(i);
-    wpend_[w] = dp_->start_allgather(wshard() + u.shard_offset, stage_.weight_window(w),
-                                     plan_.counts(u), sizeof(Act));
-    issued_ += static_cast<double>((u.end - u.begin) * sizeof(Act));
+    wait_all(wpend_[w]);
+    const auto [first, last] = plan_.block_units(i);
+    const int64_t block_begin = plan_.units()[first].begin;
+    for (size_t k = first; k < last; ++k) {
+      const ShardUnit& u = plan_.units()[k];
+      wpend_[w].push_back(group(u).start_allgather(wshard() + u.shard_offset,
+                                                   stage_.weight_window(w) + (u.begin - block_begin),
+                                                   plan_.counts(u), sizeof(Act)));
+      count_sent(u, sizeof(Act));
+    }
     holds_[w] = i;
+  }
+  static void wait_all(std::vector<Pending>& pending) {
+    for (auto& p : pending) p->wait();
+    pending.clear();
   }
 
   // Units the stage keeps whole gradients of, at offsets >= offset, not yet
@@ -341,26 +357,38 @@ class ZeroShards final : public StageOptimizer<Ops> {
         pending_.erase(pending_.begin());
       }
       pending_.push_back(
-          dp_->start_reduce_scatter_sum(g, g_.get() + u.shard_offset, plan_.counts(u)));
-      issued_ += static_cast<double>((u.end - u.begin) * sizeof(Acc));
+          group(u).start_reduce_scatter_sum(g, g_.get() + u.shard_offset, plan_.counts(u)));
+      count_sent(u, sizeof(Acc));
     }
   }
 
-  // zero >= 2: block i's window, reduce-scattered into a receive buffer
-  // that drain() adds to the shard.
+  // zero >= 2: block i's window, each unit reduce-scattered into a receive
+  // buffer (the block's parts one after another) that drain() adds to the
+  // shard.
   void reduce_block(int64_t i) {
     const int w = static_cast<int>(i % 2);
-    const ShardUnit& u = plan_.block_unit(i);
-    gpend_[w] = dp_->start_reduce_scatter_sum(stage_.grad_window(w), recv_[w].get(), plan_.counts(u));
-    issued_ += static_cast<double>((u.end - u.begin) * sizeof(Acc));
-    gunit_[w] = &u;
+    const auto [first, last] = plan_.block_units(i);
+    const int64_t block_begin = plan_.units()[first].begin;
+    int64_t at = 0;
+    for (size_t k = first; k < last; ++k) {
+      const ShardUnit& u = plan_.units()[k];
+      gpend_[w].push_back(group(u).start_reduce_scatter_sum(
+          stage_.grad_window(w) + (u.begin - block_begin), recv_[w].get() + at, plan_.counts(u)));
+      count_sent(u, sizeof(Acc));
+      at += plan_.part_size(u);
+    }
+    gblock_[w] = i;
   }
   void drain(int w) {
-    if (!gpend_[w]) return;
-    gpend_[w]->wait();
-    gpend_[w].reset();
-    Ops::add_into(ctx_, g_.get() + gunit_[w]->shard_offset, recv_[w].get(),
-                  plan_.part_size(*gunit_[w]));
+    if (gpend_[w].empty()) return;
+    wait_all(gpend_[w]);
+    const auto [first, last] = plan_.block_units(gblock_[w]);
+    int64_t at = 0;
+    for (size_t k = first; k < last; ++k) {
+      const ShardUnit& u = plan_.units()[k];
+      Ops::add_into(ctx_, g_.get() + u.shard_offset, recv_[w].get() + at, plan_.part_size(u));
+      at += plan_.part_size(u);
+    }
   }
 
   GptStage<Ops>& stage_;
@@ -375,13 +403,14 @@ class ZeroShards final : public StageOptimizer<Ops> {
   Buffer<Acc> recv_[2];
   const ShardUnit* wte_unit_ = nullptr;
   Communicator* dp_ = nullptr;
+  Communicator* experts_ = nullptr;  // dp_ unless expert parallel
   bool stale_ = true;
   size_t next_unit_ = 0;
   std::vector<Pending> pending_;
-  Pending gpend_[2], wpend_[2];
-  const ShardUnit* gunit_[2] = {nullptr, nullptr};
+  std::vector<Pending> gpend_[2], wpend_[2];
+  int64_t gblock_[2] = {-1, -1};  // the block each window's sums belong to
   int64_t holds_[2] = {-1, -1};
-  double issued_ = 0;  // bytes of the collectives issued
+  double sent_ = 0;  // bytes sent by the collectives issued
   double allocated_ = 0;
 };
 

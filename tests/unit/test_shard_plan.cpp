@@ -2,7 +2,10 @@
 // stage's buffer exactly once, cut at tensor rows; every logical element
 // of every tensor is owned by exactly one rank and updated by exactly one
 // AdamW chunk there; shard sizes are as even as rows allow; the tied wte
-// is cut alike on the first and last stage.
+// is cut alike on the first and last stage. Under expert parallelism the
+// ep ranks of a group hold different experts at the same offsets: each
+// expert element is owned once among the dp / ep replicas holding it, and
+// every dense one once over dp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,20 +27,37 @@ GptConfig config() {
   return c;
 }
 
-void check_tiling(const GptConfig& cfg, const StageRange& range, int dp) {
+void check_tiling(const GptConfig& cfg, StageRange range, int dp, int ep = 1) {
+  range.ep = ep;
   const ParameterTable table(cfg, range);
   const StageLayout layout(table, range);
-  std::vector<int> owners(static_cast<size_t>(table.total_storage()), 0);
+  // Counted per expert group (ep_rank): the expert elements of one ep
+  // rank's table (offsets alike on every ep rank), every dense one.
+  std::vector<std::vector<int>> owners(static_cast<size_t>(ep),
+                                       std::vector<int>(static_cast<size_t>(table.total_storage()), 0));
   std::vector<int> updated(static_cast<size_t>(table.total_storage()), 0);
+  std::vector<bool> expert(static_cast<size_t>(table.total_storage()), false);
   int64_t largest = 0, smallest = table.total_storage();
   for (int r = 0; r < dp; ++r) {
-    const ShardPlan plan(table, layout, dp, r);
+    const ShardPlan plan(table, layout, dp, r, ep);
     int64_t at = 0;
     for (const auto& u : plan.units()) {
       ASSERT_EQ(u.shard_offset, at);
-      for (int64_t i = plan.part_begin(u); i < plan.part_begin(u) + plan.part_size(u); ++i)
-        owners[i]++;
+      ASSERT_EQ(plan.counts(u).size(), static_cast<size_t>(u.experts ? dp / ep : dp));
+      for (int64_t i = plan.part_begin(u); i < plan.part_begin(u) + plan.part_size(u); ++i) {
+        owners[static_cast<size_t>(u.experts ? r % ep : 0)][i]++;
+        expert[i] = u.experts;
+      }
       at += plan.part_size(u);
+    }
+    // A block's units are consecutive, its dense tensors' first.
+    for (int64_t b = 0; b < static_cast<int64_t>(layout.layers.size()); ++b) {
+      const auto [first, last] = plan.block_units(b);
+      ASSERT_LT(first, last);
+      EXPECT_EQ(plan.units()[first].begin, layout.layers[b][0]);
+      EXPECT_EQ(plan.units()[last - 1].end, layout.block_stop(b));
+      for (size_t k = first; k < last; ++k) EXPECT_EQ(plan.units()[k].block, b);
+      EXPECT_EQ(last - first, ep > 1 && cfg.moe_layer(range.first_layer + b) ? 2u : 1u);
     }
     EXPECT_EQ(at, plan.shard_size());
     largest = std::max(largest, at);
@@ -57,17 +77,18 @@ void check_tiling(const GptConfig& cfg, const StageRange& range, int dp) {
           const ShardUnit& u = plan.unit_at(s.offset);
           ASSERT_EQ(p.shard_offset + (row - p.row_begin) * rl + k - u.shard_offset,
                     flat - plan.part_begin(u)) << s.name;
-          updated[flat]++;
+          if (!expert[flat] || r % ep == 0) updated[flat]++;
           ASSERT_EQ(covered[p.shard_offset + (row - p.row_begin) * rl + k], 1) << s.name;
         }
     }
   }
-  for (int o : owners) ASSERT_EQ(o, 1);
+  for (size_t i = 0; i < updated.size(); ++i)
+    for (int g = 0; g < ep; ++g) ASSERT_EQ(owners[g][i], expert[i] || g == 0 ? 1 : 0) << i;
   for (const auto& s : table.specs())
     for (int64_t i = s.offset; i < s.offset + s.numel(); ++i) ASSERT_EQ(updated[i], 1) << s.name;
   // As even as rows allow: the widest row is wte's (n_embd elements), and
   // each of a rank's units can be off by at most one row.
-  const ShardPlan any(table, layout, dp, 0);
+  const ShardPlan any(table, layout, dp, 0, ep);
   EXPECT_LE(largest - smallest, static_cast<int64_t>(any.units().size()) * cfg.n_embd * 4);
   EXPECT_EQ(any.max_shard_size(), largest);
 }
@@ -77,6 +98,16 @@ TEST(ShardPlan, PartsTileTheStageOnceAtRowBoundaries) {
   for (int pp : {1, 2})
     for (int s = 0; s < pp; ++s)
       for (int dp : {1, 2, 3, 4, 7}) check_tiling(cfg, partition_stage(cfg, s, pp), dp);
+}
+
+TEST(ShardPlan, ExpertsAreCutOverTheReplicasHoldingThem) {
+  GptConfig cfg = config();
+  cfg.experts = 4;
+  cfg.moe_every = 2;  // sparse and dense blocks mixed
+  for (int pp : {1, 2})
+    for (int s = 0; s < pp; ++s)
+      for (const auto& [dp, ep] : {std::pair{2, 2}, {4, 2}, {6, 2}, {4, 4}, {3, 1}})
+        check_tiling(cfg, partition_stage(cfg, s, pp), dp, ep);
 }
 
 TEST(ShardPlan, TiedEmbeddingIsCutAlikeOnBothStages) {
