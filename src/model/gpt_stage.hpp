@@ -234,7 +234,9 @@ class GptStage {
   // per expert where the host sizes the experts' GEMMs from. Under expert
   // parallelism fch and fch_gelu hold the rows this rank's experts
   // received (by source rank, then expert), xr those rows themselves,
-  // counts every rank's kept_host; y this rank's tokens' outputs, back.
+  // counts every rank's kept_host; y this rank's tokens' outputs, back;
+  // under split backward dyr the received rows' output gradients, which B
+  // leaves for W.
   struct LayerActs {
     Buffer<Act> ln1, qkv, atty, res2, ln2, fch, fch_gelu, y;
     Buffer<Acc> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
@@ -244,7 +246,7 @@ class GptStage {
     Buffer<int32_t> expert, dest, chose;
     Buffer<int64_t> kept;
     std::vector<int64_t> kept_host;
-    Buffer<Act> xr;
+    Buffer<Act> xr, dyr;
     std::vector<int64_t> counts;
   };
   // Under sequence parallelism ln1, res2, ln2 and the LayerNorm statistics

@@ -122,6 +122,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     a.kept_host.assign(static_cast<size_t>(E), 0);
     if (moe_.ep == 1) return;
     a.xr = act(Mr * C);
+    if (opt_.split_backward) a.dyr = act(Mr * C);
     a.counts.assign(static_cast<size_t>(moe_.ep * E), 0);
   };
   bool any_dense = false;
@@ -746,10 +747,9 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
   const int64_t BT = B_ * T_, C = cfg_.n_embd, E = cfg_.experts, K = cfg_.top_k;
   // Split (B): no weight gradient; what W reads is kept where B no longer
   // reads: the logits' gradient in probs, the experts' output gradients
-  // in y, their hidden gradients in fch (moe_weight_gradients). Not with
-  // expert parallelism (the deck refuses it).
+  // in y (under expert parallelism the rows received, in dyr: W exchanges
+  // nothing), their hidden gradients in fch (moe_weight_gradients).
   const bool whole = !split();
-  if (!whole && moe_.ep > 1) throw std::logic_error("split backward with expert parallelism");
   // The combine's: each kept row's output gradient (its gate times the
   // token's) and each gate's, whose dot product reads the experts' outputs:
   // partial sums over the tensor group, so the gates' gradients are summed.
@@ -778,7 +778,8 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
                          whole ? g.expert(block::fc_proj_b, e) : nullptr, dy + at * C,
                          a.fch_gelu.get() + at * cm_, w.expert(block::fc_proj_w, e), n, cm_, C);
   });
-  if (!whole) Ops::copy(ctx_, a.y.get(), static_cast<const Act*>(dy), n_rows * C);
+  if (!whole)
+    Ops::copy(ctx_, moe_.ep > 1 ? a.dyr.get() : a.y.get(), static_cast<const Act*>(dy), n_rows * C);
   Act* d4 = whole ? moe_d4_.get() : a.fch.get();
   activation_backward(d4, a.fch.get(), dact, n_rows);
   // ln2's output gradient: the router's (from tensor rank 0 only, the
@@ -814,13 +815,23 @@ void GptStage<Ops>::moe_weight_gradients(LayerActs& a, const BlockView<Acc>& g) 
   Ops::convert(ctx_, moe_logits_.get(), a.probs.get(), BT * E);  // the logits' gradient, B's
   Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g[block::router_w],
                        static_cast<Acc*>(nullptr), moe_logits_.get(), xn, none, BT, C, E);
-  Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  // The experts' rows and their output gradients: this rank's tokens'
+  // dispatched again (ep 1), or the rows its experts received and their
+  // gradients, both kept.
+  const Act* rows = moe_x_.get();
+  const Act* dy = a.y.get();
+  if (moe_.ep > 1) {
+    rows = a.xr.get();
+    dy = a.dyr.get();
+  } else {
+    Ops::moe_dispatch_forward(ctx_, moe_x_.get(), xn, a.dest.get(), BT, K, C);
+  }
   for_expert_blocks(a, [&](int64_t e, int64_t at, int64_t n) {
     Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_proj_w, e),
-                         g.expert(block::fc_proj_b, e), a.y.get() + at * C,
+                         g.expert(block::fc_proj_b, e), dy + at * C,
                          a.fch_gelu.get() + at * cm_, none, n, cm_, C);
     Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g.expert(block::fc_w, e),
-                         g.expert(block::fc_b, e), a.fch.get() + at * cin_, moe_x_.get() + at * C,
+                         g.expert(block::fc_b, e), a.fch.get() + at * cin_, rows + at * C,
                          none, n, C, cin_);
   });
 }

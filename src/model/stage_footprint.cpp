@@ -51,7 +51,8 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // blocks: the more rows), the outputs y of its tokens' M dispatched
   // rows, and the router's decisions: probs, lse, gates (acc), experts,
   // places (int32) per token, the counts per sequence (int32) and kept
-  // rows per expert (int64); under expert parallelism the received rows.
+  // rows per expert (int64); under expert parallelism the received rows,
+  // and under split backward their output gradients too (left for W).
   const MoePlan moe = moe_plan(cfg, range, o.micro_batch);
   const double M = static_cast<double>(moe.rows), E = static_cast<double>(cfg.experts);
   const double Mr = static_cast<double>(moe.received);
@@ -61,7 +62,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
     double k = 3 * C * R * act + (Cqkv + Ca) * BT * act + (Cin + Cm) * mlp_rows * act +
                2 * stats * R * acc;
     if (sparse) k += M * C * act + (BT * E + BT + BT * K) * acc + 2 * BT * K * 4 + B * E * 4 + E * 8;
-    if (sparse && moe.ep > 1) k += Mr * C * act;
+    if (sparse && moe.ep > 1) k += (o.split_backward ? 2 : 1) * Mr * C * act;
     return k;
   };
   bool any_dense = false;

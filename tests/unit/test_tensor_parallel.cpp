@@ -267,7 +267,10 @@ TEST(TensorParallel, MoeStageEqualsTheWholeStage) {
 // routed to them was theirs), each rank's rows of the input gradient. A
 // whole model and a last stage; the Llama family's under full
 // recomputation (the exchange runs again in backward).
-void expect_expert_parallel_equals_whole_batch(const GptConfig& cfg, Recompute recompute) {
+// `split`: the expert-parallel stage runs split backward (B, then W from
+// what B kept: its experts' received rows and their output gradients).
+void expect_expert_parallel_equals_whole_batch(const GptConfig& cfg, Recompute recompute,
+                                               bool split = false) {
   World w;
   const int64_t P = w.size(), B = 1, BT = B * cfg.seq_len, C = cfg.n_embd;
   for (const StageRange& whole : {StageRange{0, 2, true, true}, StageRange{1, 2, false, true}}) {
@@ -276,6 +279,7 @@ void expect_expert_parallel_equals_whole_batch(const GptConfig& cfg, Recompute r
     part.ep_rank = w.rank();
     StageOptions all{B * P, 1}, mine{B, 1};
     all.recompute = mine.recompute = recompute;
+    mine.split_backward = split;
     host::Context c1, c2;
     GptStage<host::Ops<double>> ref(c1, cfg, whole, all);
     GptStage<host::Ops<double>> ep(c2, cfg, part, mine);
@@ -311,6 +315,7 @@ void expect_expert_parallel_equals_whole_batch(const GptConfig& cfg, Recompute r
     EXPECT_EQ(el, rl) << "rows per expert";
     ref.backward(0);
     ep.backward(0);
+    if (split) ep.weight_gradients(0);
     int64_t experts_checked = 0;
     for (const auto& spec : ep.table().specs()) {
       const ParameterSpec& full = ref.table().at(spec.name);
@@ -339,6 +344,7 @@ TEST(ExpertParallel, StageEqualsTheWholeBatch) {
   cfg.aux_loss = 0.1;
   cfg.router_z_loss = 0.01;
   expect_expert_parallel_equals_whole_batch(cfg, Recompute::kNone);
+  expect_expert_parallel_equals_whole_batch(cfg, Recompute::kAttention, true);
   cfg.family = ModelFamily::kLlama;
   cfg.ffn_hidden = 24;
   cfg.n_kv_head = 2;
