@@ -52,17 +52,19 @@ std::string prediction_json(const Prediction& p) {
   std::string j = strprintf(
       "{\"dp\": %lld, \"pp\": %lld, \"tp\": %lld, \"micro_batch\": %lld, \"zero\": %lld, "
       "\"recompute\": \"%s\", \"schedule\": \"%s\", \"virtual_stages\": %lld, "
-      "\"sequence_parallel\": %s, \"offload\": \"%s\", \"step_s\": %.6g, \"compute_s\": %.6g, "
-      "\"tp_comm_s\": %.6g, \"ep_comm_s\": %.6g, \"exposed_comm_s\": %.6g, \"bubble_s\": %.6g, \"optimizer_s\": %.6g, "
+      "\"sequence_parallel\": %s, \"ep\": %lld, \"offload\": \"%s\", \"step_s\": %.6g, "
+      "\"compute_s\": %.6g, \"tp_comm_s\": %.6g, \"ep_comm_s\": %.6g, \"exposed_comm_s\": %.6g, "
+      "\"bubble_s\": %.6g, \"optimizer_s\": %.6g, "
       "\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"memory_max\": %.0f, \"runtime\": %.0f, "
       "\"memory_available\": %.0f, \"memory_planned\": %.0f, "
       "\"fits\": %s, \"memory\": [",  // per stage, without the machine's runtime bytes
       static_cast<long long>(l.dp), static_cast<long long>(l.pp), static_cast<long long>(l.tp),
       static_cast<long long>(l.micro_batch), static_cast<long long>(l.zero), name_of(l.recompute),
       name_of(l.schedule), static_cast<long long>(l.virtual_stages),
-      l.sequence_parallel ? "true" : "false", name_of(l.offload), p.step.step_time, p.compute, p.tp_comm, p.ep_comm, p.exposed_comm, p.bubble,
-      p.optimizer, p.tokens_per_s, p.mfu, p.memory_max, p.runtime, p.memory_available,
-      p.memory_planned, p.fits ? "true" : "false");
+      l.sequence_parallel ? "true" : "false", static_cast<long long>(l.ep), name_of(l.offload),
+      p.step.step_time, p.compute, p.tp_comm, p.ep_comm, p.exposed_comm, p.bubble, p.optimizer,
+      p.tokens_per_s, p.mfu, p.memory_max, p.runtime, p.memory_available, p.memory_planned,
+      p.fits ? "true" : "false");
   for (size_t s = 0; s < p.memory.size(); ++s)
     j += strprintf("%s%.0f", s ? ", " : "", p.memory[s].total());
   return j + "]}";
@@ -82,10 +84,11 @@ std::string memory_split(const Prediction& p) {
 
 std::string prediction_row(int i, const Prediction& p) {
   const double ms = 1e3;
-  return strprintf("%3d | %-42s | %10.1f | %5.1f%% | %9.2f = %8.2f + %7.2f + %7.2f + %6.2f | %7.2f | %s\n",
-                   i, p.layout.describe().c_str(), p.tokens_per_s, 100 * p.mfu,
-                   ms * p.step.step_time, ms * p.compute, ms * p.exposed_comm, ms * p.bubble,
-                   ms * p.optimizer, ms * p.tp_comm, memory_split(p).c_str());
+  return strprintf(
+      "%3d | %-50s | %10.1f | %5.1f%% | %9.2f = %8.2f + %7.2f + %7.2f + %6.2f | %7.2f | %7.2f | %s\n",
+      i, p.layout.describe().c_str(), p.tokens_per_s, 100 * p.mfu, ms * p.step.step_time,
+      ms * p.compute, ms * p.exposed_comm, ms * p.bubble, ms * p.optimizer, ms * p.tp_comm,
+      ms * p.ep_comm, memory_split(p).c_str());
 }
 
 void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machine, const Plan& plan,
@@ -105,13 +108,13 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
                 static_cast<long long>(c.vocab_size), static_cast<long long>(deck.train.global_batch),
                 plan.ranks, machine.name.c_str(), args.machine.c_str());
     std::printf("%d layouts considered, %zu fit in %.2f GiB per rank (%.2f GiB less [parallel] "
-                "memory_margin %g); step time = compute (of "
-                "which tensor collectives) + exposed communication + bubble + optimizer\n",
+                "memory_margin %g); step time = compute (of which the tensor collectives and the "
+                "experts' all-to-alls) + exposed communication + bubble + optimizer\n",
                 plan.considered, plan.fitting.size(), plan.leanest.memory_planned / kGiB,
                 plan.leanest.memory_available / kGiB, deck.parallel.memory_margin);
-    std::printf("  # | layout                                     |   tokens/s |   MFU |   step ms = compute + "
-                "exposed +  bubble +  optim | tp comm | GiB per rank = params + grads + AdamW + "
-                "activations + other\n");
+    std::printf("  # | layout                                             |   tokens/s |   MFU |   step "
+                "ms = compute + exposed +  bubble +  optim | tp comm | ep comm | GiB per rank = "
+                "params + grads + AdamW + activations + other\n");
     for (size_t i = 0; i < shown.size() && static_cast<int>(i) < args.top; ++i)
       std::printf("%s", prediction_row(static_cast<int>(i) + 1, shown[i]).c_str());
     if (args.as_given && !shown.empty()) {

@@ -397,29 +397,14 @@ void check_moe_relations(const Deck& d, const std::string& where) {
                                "top_k must not exceed experts",
                                static_cast<long long>(m.top_k), static_cast<long long>(m.experts)));
   }
-  if (ep == 1) return;
-  if (d.parallel.auto_layout) {
-    throw InputError(where, "[parallel] ep, [parallel] auto",
-                     "the planner does not choose expert parallelism yet: give the layout, or ep 1");
-  }
+  // Under [parallel] auto the planner chooses ep with dp.
+  if (ep == 1 || d.parallel.auto_layout) return;
   if (m.experts % ep != 0 || d.parallel.dp % ep != 0) {
     throw InputError(where, "[parallel] ep, [parallel] dp, [model] experts",
                      strprintf("ep %lld must divide both dp (%lld: each group of ep replicas shares "
                                "the experts out) and experts (%lld: each rank holds as many)",
                                static_cast<long long>(ep), static_cast<long long>(d.parallel.dp),
                                static_cast<long long>(m.experts)));
-  }
-  if (d.parallel.zero > 0) {
-    throw InputError(where, "[parallel] ep, [parallel] zero",
-                     strprintf("ZeRO %lld with expert parallelism is not built yet (the experts' "
-                               "state would be sharded over dp / ep ranks): use zero 0",
-                               static_cast<long long>(d.parallel.zero)));
-  }
-  if (splits_backward(d.parallel.schedule)) {
-    throw InputError(where, "[parallel] ep, [parallel] schedule",
-                     strprintf("schedule \"%s\" with expert parallelism is not built yet: use "
-                               "\"1f1b\", \"gpipe\" or \"interleaved\"",
-                               name_of(d.parallel.schedule)));
   }
 }
 

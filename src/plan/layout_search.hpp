@@ -1,8 +1,8 @@
 // `mpiformer plan` and `[parallel] auto`: every layout the deck's model
 // allows on a number of ranks (dp x pp x tp, ZeRO stage, recomputation,
-// micro-batch, schedule; global_batch stays the deck's), each predicted
-// (step_prediction.hpp), those that do not fit dropped, the rest ranked by
-// tokens/s.
+// micro-batch, schedule, a Mixture of Experts' ep; global_batch stays the
+// deck's), each predicted (step_prediction.hpp), those that do not fit
+// dropped, the rest ranked by tokens/s.
 #pragma once
 #include <chrono>
 #include <functional>

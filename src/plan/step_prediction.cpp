@@ -22,6 +22,7 @@ std::string Layout::describe() const {
                    name_of(recompute), name_of(schedule)) +
          (virtual_stages > 1 ? strprintf(" v%lld", static_cast<long long>(virtual_stages)) : "") +
          (sequence_parallel ? " sp" : "") +
+         (ep > 1 ? strprintf(" ep %lld", static_cast<long long>(ep)) : "") +
          (offload != Offload::kNone ? std::string(" offload ") + name_of(offload) : "");
 }
 
@@ -29,7 +30,7 @@ Layout layout_of(const Deck& d) {
   return {d.parallel.dp,     d.parallel.pp,        d.parallel.tp,
           d.train.micro_batch, d.parallel.zero,      d.train.recompute,
           d.parallel.schedule, d.parallel.sequence_parallel, d.parallel.virtual_stages,
-          d.train.offload};
+          d.train.offload,   d.parallel.ep};
 }
 
 Deck with_layout(const Deck& deck, const Layout& l) {
@@ -44,6 +45,7 @@ Deck with_layout(const Deck& deck, const Layout& l) {
   d.train.micro_batch = l.micro_batch;
   d.train.recompute = l.recompute;
   d.train.offload = l.offload;
+  d.parallel.ep = l.ep;
   return d;
 }
 
@@ -363,17 +365,33 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
     const double block_bwd = L > 0 ? (bwd + wgt) / static_cast<double>(L) : 0;
+    // Expert parallelism: the experts' gradients and shards go over the
+    // dp / ep replicas holding them, the rest over dp (at ep 1 one group).
+    double experts = 0;
+    int64_t sparse_blocks = 0;
+    if (ep > 1) {
+      for (const auto& spec : table.specs())
+        if (spec.expert >= 0) experts += static_cast<double>(spec.storage);
+      for (int64_t l = range.first_layer; l < range.last_layer; ++l) sparse_blocks += cfg.moe_layer(l);
+    }
+    const double block_experts = sparse_blocks > 0 ? experts / static_cast<double>(sparse_blocks) : 0;
+    // One pass over `elements` of the stage (of which `of_experts` experts').
+    auto groups = [&](const LinkCost& link, double elements, double of_experts, double bytes,
+                      double rounds) {
+      return collective(link, dp, (elements - of_experts) * bytes, rounds) +
+             collective(link, dp / ep, of_experts * bytes, rounds);
+    };
     double reduce = 0, opt_comm = 0, per_micro_comm = 0, gathers_comm = 0;
     if (zero == 0) {
-      reduce = exposed(collective(dp_link.allreduce, dp, n * acc, 2), bwd + wgt);
+      reduce = exposed(groups(dp_link.allreduce, n, experts, acc, 2), bwd + wgt);
     } else {
       const double rs_all = zero == 1 ? n : outside;
-      reduce = exposed(collective(dp_link.reduce_scatter, dp, rs_all * acc, 1),
+      reduce = exposed(groups(dp_link.reduce_scatter, rs_all, zero == 1 ? experts : 0, acc, 1),
                        zero == 1 ? bwd + wgt : 0);
-      opt_comm = collective(dp_link.allgather, dp, n * act, 1);
+      opt_comm = groups(dp_link.allgather, n, experts, act, 1);
       if (zero >= 2)
         per_micro_comm += static_cast<double>(L) *
-                          exposed(collective(dp_link.reduce_scatter, dp, block * acc, 1), block_bwd);
+                          exposed(groups(dp_link.reduce_scatter, block, block_experts, acc, 1), block_bwd);
       if (zero >= 3) {
         // A window still holding the block asked for is not gathered again:
         // under 1F1B (and zb-h1, whose W reads no weights) a forward
@@ -385,7 +403,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                                  ? 2
                                  : 0;
         const double gathers = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0));
-        gathers_comm = gathers * exposed(collective(dp_link.allgather, dp, block * act, 1), block_bwd / 2);
+        gathers_comm =
+            gathers * exposed(groups(dp_link.allgather, block, block_experts, act, 1), block_bwd / 2);
         per_micro_comm += gathers_comm;
       }
     }
@@ -417,9 +436,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     costs.reduce.push_back(reduce);
     // AdamW on what this rank owns, the gradient norm, zeroing the
     // gradients, and ZeRO's gather of the updated weights.
-    const double owned = zero >= 1 ? static_cast<double>(
-                                         ShardPlan(table, layout, static_cast<int>(dp), 0).max_shard_size())
-                                   : n;
+    const double owned =
+        zero >= 1 ? static_cast<double>(ShardPlan(table, layout, static_cast<int>(dp), 0,
+                                                  static_cast<int>(ep))
+                                            .max_shard_size())
+                  : n;
     const double grads = zero >= 2 ? outside + 2 * block : n;
     const double zeroing = share * (owned + grads) * acc / bandwidth(machine, "residual", grads);
     double math = share * owned * 7 * acc / bandwidth(machine, "adamw", owned) + zeroing;

@@ -42,8 +42,9 @@ struct Layout {
   bool sequence_parallel = false;
   int64_t virtual_stages = 1;  // chunks per stage (interleaved)
   Offload offload = Offload::kNone;  // [train] offload
+  int64_t ep = 1;                    // expert parallelism (a Mixture of Experts)
   // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b" ("interleaved v2"; + " sp";
-  // + " offload nvme")
+  // + " ep 2"; + " offload nvme")
   std::string describe() const;
 };
 Layout layout_of(const Deck& deck);

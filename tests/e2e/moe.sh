@@ -51,16 +51,21 @@ done
 
 # Expert parallelism: each sparse layer's 8 experts shared out over ep
 # replicas, every token's rows sent to its experts' ranks and back, each
-# expert's gradients reduced over the dp / ep replicas holding it: (4,1,1)
-# ep 2; with tensor and sequence parallelism (2,1,2) ep 2; with a pipeline
-# and full recomputation (2,2,1) ep 2 (the exchange again in backward).
-ep_cases=("4 1 1 2 none false" "2 1 2 2 none true" "2 2 1 2 full false")
+# expert's gradients reduced (ZeRO: reduce-scattered, its shards gathered)
+# over the dp / ep replicas holding it: (4,1,1) ep 2 with ZeRO 3 (the
+# experts over 2 replicas, the rest over 4, each block's window gathered
+# from both); with tensor and sequence parallelism and full recomputation
+# (2,1,2) ep 2 (the exchange again in backward); with a pipeline (2,2,1)
+# ep 2, zb-h1 and ZeRO 1 (W from the received rows and output gradients
+# B kept, exchanging nothing).
+# dp pp tp ep recompute sequence_parallel zero schedule
+ep_cases=("4 1 1 2 none false 3 1f1b" "2 1 2 2 full true 0 1f1b" "2 2 1 2 attention false 1 zb-h1")
 for c in "${ep_cases[@]}"; do
   set -- $c
   dir="e_$1_$2_$3_ep$4"
   train "$dir" "$1" "$2" "$3" --set parallel.ep="$4" --set train.recompute="$5" \
-    --set parallel.sequence_parallel="$6"
-  same ref "$dir" "moe (dp $1, pp $2, tp $3) ep $4, recompute $5, sequence parallel $6"
+    --set parallel.sequence_parallel="$6" --set parallel.zero="$7" --set parallel.schedule="$8"
+  same ref "$dir" "moe (dp $1, pp $2, tp $3) ep $4, recompute $5, sequence parallel $6, zero $7, $8"
 done
 grep -q "model: expert parallel over 2 replicas: each holds 4 experts per sparse layer, its gradients reduced over the 2 replicas holding the same" \
   e_4_1_1_ep2.log || { grep "model:" e_4_1_1_ep2.log; fail "expert parallelism not described"; }
@@ -77,9 +82,11 @@ same g_ref g_2_2_1 "gpt2 moe (dp 2, pp 2) zero 2"
 resume_run seg "1 2 1" resumed "1 1 2"
 same ref resumed "moe resumed (1,2,1) -> (1,1,2)"
 # Out of and into expert parallelism: (4,1,1) ep 4 (two experts a rank)
-# stopped at step 3 -> (2,1,1) ep 2.
-resume_run seg_ep "4 1 1 --set parallel.ep=4" resumed_ep "2 1 1 --set parallel.ep=2"
-same ref resumed_ep "moe resumed (4,1,1) ep 4 -> (2,1,1) ep 2"
+# with ZeRO 2 stopped at step 3 -> (4,1,1) ep 2, ZeRO 0 (each expert read
+# by the 2 replicas holding it, the rest by all 4, then gathered).
+resume_run seg_ep "4 1 1 --set parallel.ep=4 --set parallel.zero=2" \
+  resumed_ep "4 1 1 --set parallel.ep=2"
+same ref resumed_ep "moe resumed (4,1,1) ep 4 zero 2 -> (4,1,1) ep 2"
 
 # inspect names the experts and finds every expert's tensors; generate
 # routes each token (without a capacity).
@@ -142,8 +149,6 @@ refused capacity "[model] capacity_factor: expected a value in [0, 1024], got -1
   --set model.capacity_factor=-1
 refused ep_dp "[parallel] ep, [parallel] dp, [model] experts: ep 2 must divide both dp (1" \
   --set parallel.ep=2
-refused ep_zero "[parallel] ep, [parallel] zero: ZeRO 1 with expert parallelism is not built yet" \
-  --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1
 DECK="$SOURCE_DIR/inputs/tiny.toml" refused ep_dense "[parallel] ep, [model] experts: ep 2 divides a Mixture of Experts' experts over ranks; this model is dense" \
   --set parallel.dp=2 --set parallel.ep=2
 # A resume whose deck has other experts: refused, the checkpoint untouched.

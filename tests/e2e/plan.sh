@@ -10,7 +10,7 @@
 #    needs and what a rank has (exit 2); bad machine files are named with
 #    their key (exit 2); calibrate on one rank is refused;
 #  - train with [parallel] auto picks plan's first layout, says so, and
-#    trains; without a machine file it is refused, naming [run] machine,
+#    trains (a Mixture of Experts too, its plan trying ep 2); without a machine file it is refused, naming [run] machine,
 #    and where nothing fits with the plan's refusal, before anything is
 #    written.
 # No timing is asserted (benchmarks measure those: bench/plan_accuracy.sh).
@@ -116,19 +116,44 @@ expect_refusal "bf16.toml: [compute] precision: its rates are bf16's, but the de
   "$MPIFORMER" plan "$DECK" "${data[@]}" --machine bf16.toml --ranks 2
 
 # [parallel] auto: the plan's first layout, said and used.
-want=$(/usr/bin/python3 - plan.json <<'PY'
+first_layout() {  # plan.json: its first layout as the log names it
+  /usr/bin/python3 - "$1" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["layouts"][0]
-print("dp {dp} pp {pp} tp {tp} mb {micro_batch} zero {zero} {recompute} {schedule}".format(**r))
+s = "dp {dp} pp {pp} tp {tp} mb {micro_batch} zero {zero} {recompute} {schedule}".format(**r)
+s += f" v{r['virtual_stages']}" if r["virtual_stages"] > 1 else ""
+s += " sp" if r["sequence_parallel"] else ""
+s += f" ep {r['ep']}" if r["ep"] > 1 else ""
+print(s)
 PY
-)
+}
+want=$(first_layout plan.json)
 run_mpi 2 train "$DECK" "${data[@]}" --set parallel.auto=true --set run.machine='"machine.toml"' \
   --set train.steps=3 --set train.eval_every=0 --set run.dir=auto >auto.log 2>&1 ||
   { tail -20 auto.log; fail "train with [parallel] auto"; }
-grep -q "^auto:  $want, the fastest of" auto.log || { grep "^auto" auto.log; fail "auto did not pick '$want'"; }
+grep -qF "auto:  $want, the fastest of" auto.log || { grep "^auto" auto.log; fail "auto did not pick '$want'"; }
 set -- $want
 grep -q "^grid:  dp $2 x pp $4 x tp $6" auto.log || fail "the grid is not the chosen layout"
 grep -q "^step 3/3" auto.log || fail "the auto run did not train"
+# A Mixture of Experts: the plan also tries ep 2 (dp 2 divides the 8
+# experts' group), and auto trains whatever comes first, ep included.
+MOE="$SOURCE_DIR/inputs/llama-moe-tiny.toml"
+"$MPIFORMER" plan "$MOE" "${data[@]}" --machine machine.toml --ranks 2 --top 1000 --json >plan_moe.json
+/usr/bin/python3 - plan_moe.json <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["layouts"]
+eps = {r["ep"] for r in rows}
+assert eps == {1, 2}, eps
+assert all(r["ep"] == 1 or (r["dp"] == 2 and r["ep_comm_s"] > 0) for r in rows), rows
+PY
+want=$(first_layout plan_moe.json)
+run_mpi 2 train "$MOE" "${data[@]}" --set parallel.auto=true --set run.machine='"machine.toml"' \
+  --set train.steps=2 --set train.eval_every=0 --set run.dir=auto_moe >auto_moe.log 2>&1 ||
+  { tail -20 auto_moe.log; fail "train a Mixture of Experts with [parallel] auto"; }
+grep -qF "auto:  $want, the fastest of" auto_moe.log ||
+  { grep "^auto" auto_moe.log; fail "auto did not pick '$want' for the Mixture of Experts"; }
+grep "^auto:" auto_moe.log
+grep -q "^step 2/2" auto_moe.log || fail "the auto run of the Mixture of Experts did not train"
 # A deck micro-batch the plan does not keep (1 here: larger ones are faster
 # to the planner): the data are batched as the chosen layout says (they
 # were sized from the deck's once, and the first step read past them).

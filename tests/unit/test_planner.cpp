@@ -540,6 +540,42 @@ TEST(Plan, SequenceParallelismIsPricedAndSearched) {
   for (const Prediction& p : plan.fitting) EXPECT_TRUE(p.layout.sequence_parallel);
 }
 
+// Expert parallelism: each rank holds experts / ep of each sparse layer
+// (less memory: its experts' weights, gradients and moments, at every
+// ZeRO stage) and pays four all-to-alls per sparse layer; the search
+// tries every ep dividing both dp and the experts, for a Mixture of
+// Experts only.
+TEST(Plan, ExpertParallelismIsPricedAndSearched) {
+  Deck deck = tiny_deck();
+  deck.model.experts = 8;
+  deck.model.top_k = 2;
+  deck.parallel.dp = 4;
+  deck.train.micro_batch = 8;
+  const MachineSpec m = workstation(1);
+  for (int64_t zero : {0, 1, 3}) {
+    deck.parallel.zero = zero;
+    deck.parallel.ep = 1;
+    const Prediction one = predict_step(deck, m, 4);
+    deck.parallel.ep = 4;
+    const Prediction four = predict_step(deck, m, 4);
+    EXPECT_LT(four.memory_max, one.memory_max) << "zero " << zero;
+    EXPECT_LT(four.memory[0].parameters(), one.memory[0].parameters()) << "zero " << zero;
+    EXPECT_EQ(one.ep_comm, 0);
+    EXPECT_GT(four.ep_comm, 0);
+    EXPECT_EQ(four.layout.describe(), one.layout.describe() + " ep 4");
+  }
+  int64_t most = 1;
+  const Plan all = plan_layouts(deck, m, 4, 4);
+  for (const Prediction& p : all.fitting) {
+    EXPECT_EQ(p.layout.dp % p.layout.ep, 0) << p.layout.describe();
+    EXPECT_EQ(deck.model.experts % p.layout.ep, 0) << p.layout.describe();
+    most = std::max(most, p.layout.ep);
+  }
+  EXPECT_EQ(most, 4);
+  for (const Prediction& p : plan_layouts(tiny_deck(), m, 4, 4).fitting)
+    EXPECT_EQ(p.layout.ep, 1) << p.layout.describe();
+}
+
 TEST(Plan, AModelThatFitsNowhereIsRefusedWithWhatItNeeds) {
   Deck deck = tiny_deck();
   deck.model = GptConfig{12, 12, 768, 1024, 50257};
