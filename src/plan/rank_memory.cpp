@@ -115,13 +115,17 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     if (choice.device == Device::kCpu) {
       // Units go in reverse buffer order, at most kInFlight at once: the
       // most any kInFlight consecutive ones hold. At zero >= 2 the blocks
-      // go through their windows one at a time, apart from the rest.
+      // go through their windows one at a time (all of a block's units at
+      // once: its experts' apart under expert parallelism), apart from
+      // the rest.
       std::vector<double> sizes;
       double largest_block = 0;
       for (const ShardUnit& u : plan.units()) {
         const double n = static_cast<double>(u.end - u.begin);
         if (zero >= 2 && u.block >= 0) {
-          largest_block = std::max(largest_block, n);
+          const auto [first, last] = plan.block_units(u.block);
+          largest_block = std::max(largest_block, static_cast<double>(plan.units()[last - 1].end -
+                                                                      plan.units()[first].begin));
         } else {
           sizes.push_back(n);
         }

@@ -144,6 +144,40 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
   }
 }
 
+// Expert parallelism (dp 4, ep 2): each rank holds half of the experts,
+// and under ZeRO shards them over the 2 replicas holding the same ones
+// (the rest over 4). What the stage and its shard allocate, for the rank
+// with the largest shard, is the accounting less MPI's temporaries (the
+// communication category but for zero 2-3's two receive buffers of a
+// block's parts, which are ours).
+TEST(MemoryAccounting, PredictsTheExpertParallelShards) {
+  GptConfig cfg = model();
+  cfg.experts = 4;
+  cfg.top_k = 2;
+  cfg.moe_every = 2;
+  StageRange range = partition_stage(cfg, 0, 1);
+  range.ep = 2;
+  for (int zero : {1, 2, 3}) {
+    double largest = 0, receive = 0;
+    for (int rank = 0; rank < 4; ++rank) {
+      range.ep_rank = rank % 2;
+      host::Context ctx;
+      GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, Recompute::kNone, zero));
+      ZeroShards<host::Ops<float>> shard(stage, zero, 4, rank, OffloadSetup{});
+      largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
+      if (zero >= 2) receive = 2.0 * static_cast<double>(shard.plan().max_block_part()) * 4;
+    }
+    Deck d;
+    d.model = cfg;
+    d.train.micro_batch = 2;
+    d.parallel.dp = 4;
+    d.parallel.ep = 2;
+    d.parallel.zero = zero;
+    const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
+    EXPECT_EQ(m.total() - m.comm + receive, largest) << "zero " << zero;
+  }
+}
+
 // bf16 with [train] offload: the shard's float masters leave with the
 // moments (12 bytes an element), the 16-bit copy stays; what the stage and
 // the shard allocate shrinks by that, and the accounting moves the same

@@ -143,20 +143,25 @@ TEST(StageFootprint, EqualsWhatTheMoeStageAllocates) {
   g.moe_every = 3;  // layers 0 and 3 sparse: chunk 0's position 0, chunk 1's position 1
   expect_exact<float>(g, 1, 2, 3, 1, false, Recompute::kNone, false, 2);
   // Expert parallelism: each rank holds E / ep experts and the rows every
-  // rank of its group may send them.
+  // rank of its group may send them (under split backward their output
+  // gradients too, left for W).
   for (const int64_t ep : {5}) {
     for (const double cf : {1.25, 0.0}) {
       GptConfig p = g;
       p.capacity_factor = cf;
       host::Context ctx;
-      const StageOptions o{3, 2};
-      for (int64_t r = 0; r < ep; r += 2) {
-        StageRange range = partition_stage(p, 0, 1);
-        range.ep = ep;
-        range.ep_rank = r;
-        const GptStage<host::Ops<float>> stage(ctx, p, range, o);
-        EXPECT_EQ(stage_footprint(p, range, o, 4, 4).total(), static_cast<double>(stage.allocated_bytes()))
-            << "ep " << ep << " rank " << r << " capacity factor " << cf;
+      for (const bool split : {false, true}) {
+        StageOptions o{3, 2};
+        o.split_backward = split;
+        for (int64_t r = 0; r < ep; r += 2) {
+          StageRange range = partition_stage(p, 0, 1);
+          range.ep = ep;
+          range.ep_rank = r;
+          const GptStage<host::Ops<float>> stage(ctx, p, range, o);
+          EXPECT_EQ(stage_footprint(p, range, o, 4, 4).total(),
+                    static_cast<double>(stage.allocated_bytes()))
+              << "ep " << ep << " rank " << r << " capacity factor " << cf << " split " << split;
+        }
       }
     }
   }
