@@ -28,9 +28,9 @@ for cf in ${CAPACITIES:-1.25 0}; do
       python3 -c '
 import json, sys
 l = json.load(sys.stdin)["layouts"][0]
-cf, zero = sys.argv[1:3]
-print(f"{cf:>9} {zero:>5} {l[\"ep\"]:>3} {l[\"memory_max\"] / 2**30:>10.2f} {str(l[\"fits\"]):>6} "
-      f"{l[\"tokens_per_s\"]:>10.0f} {l[\"ep_comm_s\"]:>8.3f}")' "$cf" "$zero" <<<"$json"
+print("{:>9} {:>5} {:>3} {:>10.2f} {:>6} {:>10.0f} {:>8.3f}".format(
+    sys.argv[1], sys.argv[2], l["ep"], l["memory_max"] / 2**30, str(l["fits"]),
+    l["tokens_per_s"], l["ep_comm_s"]))' "$cf" "$zero" <<<"$json"
     done
   done
 done
