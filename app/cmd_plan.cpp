@@ -52,7 +52,8 @@ std::string prediction_json(const Prediction& p) {
   std::string j = strprintf(
       "{\"dp\": %lld, \"pp\": %lld, \"tp\": %lld, \"micro_batch\": %lld, \"zero\": %lld, "
       "\"recompute\": \"%s\", \"schedule\": \"%s\", \"virtual_stages\": %lld, "
-      "\"sequence_parallel\": %s, \"ep\": %lld, \"offload\": \"%s\", \"step_s\": %.6g, "
+      "\"sequence_parallel\": %s, \"ep\": %lld, \"expert_imbalance\": %.6g, "
+      "\"offload\": \"%s\", \"step_s\": %.6g, "
       "\"compute_s\": %.6g, \"tp_comm_s\": %.6g, \"ep_comm_s\": %.6g, \"exposed_comm_s\": %.6g, "
       "\"bubble_s\": %.6g, \"optimizer_s\": %.6g, "
       "\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"memory_max\": %.0f, \"runtime\": %.0f, "
@@ -61,7 +62,8 @@ std::string prediction_json(const Prediction& p) {
       static_cast<long long>(l.dp), static_cast<long long>(l.pp), static_cast<long long>(l.tp),
       static_cast<long long>(l.micro_batch), static_cast<long long>(l.zero), name_of(l.recompute),
       name_of(l.schedule), static_cast<long long>(l.virtual_stages),
-      l.sequence_parallel ? "true" : "false", static_cast<long long>(l.ep), name_of(l.offload),
+      l.sequence_parallel ? "true" : "false", static_cast<long long>(l.ep), p.expert_imbalance,
+      name_of(l.offload),
       p.step.step_time, p.compute, p.tp_comm, p.ep_comm, p.exposed_comm, p.bubble, p.optimizer,
       p.tokens_per_s, p.mfu, p.memory_max, p.runtime, p.memory_available, p.memory_planned,
       p.fits ? "true" : "false");

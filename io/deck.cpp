@@ -216,6 +216,7 @@ const std::vector<Key>& schema() {
       bool_key("parallel", "sequence_parallel", MEMBER(parallel.sequence_parallel)),
       bool_key("parallel", "auto", MEMBER(parallel.auto_layout)),
       float_key("parallel", "memory_margin", false, 0, 0.9, MEMBER(parallel.memory_margin)),
+      float_key("parallel", "expert_imbalance", false, 0, 1024, MEMBER(parallel.expert_imbalance)),
       string_key("run", "dir", false, MEMBER(run.dir)),
       choice_key("run", "device", kDeviceNames, MEMBER(run.device)),
       float_key("run", "peak_tflops", false, 0, 1e9, MEMBER(run.peak_tflops)),
@@ -371,6 +372,16 @@ void check_moe_relations(const Deck& d, const std::string& where) {
   const GptConfig& m = d.model;
   const GptConfig dense;
   const int64_t ep = d.parallel.ep;
+  if (!m.moe() && d.parallel.expert_imbalance != 0) {
+    throw InputError(where, "[parallel] expert_imbalance, [model] experts",
+                     "prices a Mixture of Experts' busiest expert-parallel rank; this model is "
+                     "dense ([model] experts = 0)");
+  }
+  if (d.parallel.expert_imbalance != 0 && d.parallel.expert_imbalance < 1) {
+    throw InputError(where, "[parallel] expert_imbalance",
+                     strprintf("the busiest rank's rows over the fair share: at least 1 (or 0, "
+                               "automatic), got %g", d.parallel.expert_imbalance));
+  }
   if (!m.moe() && ep > 1) {
     throw InputError(where, "[parallel] ep, [model] experts",
                      strprintf("ep %lld divides a Mixture of Experts' experts over ranks; this "

@@ -101,11 +101,16 @@ struct ParallelConfig {
   // all-gathers and reduce-scatters instead of the tensor group's
   // all-reduces (model/gpt_stage.hpp's TensorGroup).
   bool sequence_parallel = false;
-  // Let the planner pick dp, pp, tp, zero, schedule, [train] micro_batch
-  // and recompute for the job's ranks, priced by [run] machine (the fastest
-  // layout that fits; plan/layout_search.hpp). The deck's values are
-  // then ignored.
+  // Let the planner pick dp, pp, tp, ep, zero, schedule, [train]
+  // micro_batch and recompute for the job's ranks, priced by [run] machine
+  // (the fastest layout that fits; plan/layout_search.hpp). The deck's
+  // values are then ignored.
   bool auto_layout = false;
+  // What the planner prices a Mixture of Experts' busiest expert-parallel
+  // rank at: its experts' rows over their fair share (>= 1; 0: the
+  // capacity factor, the most any expert takes, or 1 where routing is
+  // dropless). A run's expert_load_max (one expert's) bounds it above.
+  double expert_imbalance = 0;
   // The share of each device's memory the planner (plan, [parallel] auto)
   // leaves free: fragmentation, a library's workspace that grows, a
   // neighbour's process. Its layouts fit in the rest.

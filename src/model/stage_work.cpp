@@ -1,6 +1,9 @@
 #include "model/stage_work.hpp"
 
 #include <algorithm>
+#include <cmath>
+
+#include "model/moe_plan.hpp"
 
 namespace mpiformer {
 
@@ -83,7 +86,7 @@ struct Builder {
 
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
                      Recompute recompute, double act_bytes, bool sequence_parallel,
-                     bool split_backward) {
+                     bool split_backward, double expert_imbalance) {
   StageWork w;
   const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len, C = cfg.n_embd;
   const int64_t ca = C / tp, cqkv = cfg.qkv_dim_per_rank(tp), cm = cfg.ffn() / tp;
@@ -137,22 +140,31 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   // caps them), the combine; backward the same way round, with the gates'
   // gradients summed over the tensor group and the dispatch done again.
   // Under expert parallelism each rank's E / ep experts take every rank's
-  // rows routed to them (ep times a balanced expert's), and four
-  // all-to-alls move each rank's routed rows (out and back, then their
-  // gradients); ep 1 dispatches ln2's rows again in backward instead.
+  // rows routed to them (ep times a balanced expert's, times the
+  // imbalance: this is the group's busiest rank), and four all-to-alls
+  // move them (out and back, then their gradients: the busiest rank's
+  // rows); ep 1 dispatches ln2's rows again in backward instead (there
+  // imbalance moves rows between experts, not between ranks).
   const int64_t E = cfg.experts, K = cfg.top_k, ep = range.ep, local = ep > 0 ? E / ep : E;
   const int64_t cap = cfg.expert_capacity(cfg.seq_len);
   const int64_t per_expert = E > 0 ? (cap > 0 ? std::min(BT * K / E, micro_batch * cap) : BT * K / E) : 0;
   const double routed = static_cast<double>(E * per_expert);  // rows dispatched
-  const double exchanged = routed * static_cast<double>(C) * act_bytes;
+  int64_t expert_rows = ep * per_expert;  // each of this rank's experts
+  if (ep > 1 && expert_imbalance > 1) {
+    const MoePlan moe = moe_plan(cfg, range, micro_batch);
+    expert_rows = std::min(static_cast<int64_t>(std::ceil(static_cast<double>(expert_rows) * expert_imbalance)),
+                           moe.received / local);
+  }
+  const double received = static_cast<double>(expert_rows * local);  // rows this rank's experts take
+  const double exchanged = (ep > 1 ? received : routed) * static_cast<double>(C) * act_bytes;
   auto moe_forward = [&](Builder& x) {
     x.matmul(false, BT, C, E);
     x.stream(Kernel::kGelu, false, static_cast<double>(BT * E));  // softmax, top k, capacity
     x.move(routed * static_cast<double>(C), 2);                   // dispatch
     if (ep > 1) (x.out == &w.forward ? w.ep_forward : w.ep_backward).push_back(exchanged);
-    for (int64_t e = 0; e < local; ++e) x.matmul(false, ep * per_expert, C, cin);
-    x.stream(Kernel::kGelu, false, routed * static_cast<double>(cin));
-    for (int64_t e = 0; e < local; ++e) x.matmul(false, ep * per_expert, cm, C);
+    for (int64_t e = 0; e < local; ++e) x.matmul(false, expert_rows, C, cin);
+    x.stream(Kernel::kGelu, false, received * static_cast<double>(cin));
+    for (int64_t e = 0; e < local; ++e) x.matmul(false, expert_rows, cm, C);
     if (ep > 1) (x.out == &w.forward ? w.ep_forward : w.ep_backward).push_back(exchanged);
     x.move(routed * static_cast<double>(C), 2);  // combine
   };
@@ -164,12 +176,12 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     b.stream(Kernel::kGelu, true, static_cast<double>(BT * E));  // the router's
     if (split) b.move(static_cast<double>(BT * E), 2);
     if (ep > 1) w.ep_backward.push_back(exchanged);
-    for (int64_t e = 0; e < local; ++e) matmul_backward(ep * per_expert, cm, C, false, false);
-    if (split) b.move(routed * static_cast<double>(C), 2);
-    b.stream(Kernel::kGelu, true, routed * static_cast<double>(cin));
+    for (int64_t e = 0; e < local; ++e) matmul_backward(expert_rows, cm, C, false, false);
+    if (split) b.move(received * static_cast<double>(C), 2);
+    b.stream(Kernel::kGelu, true, received * static_cast<double>(cin));
     matmul_backward(BT, C, E, true, false);  // ln2 (the router's)
     if (ep == 1) (split ? wg : b).move(routed * static_cast<double>(C), 2);  // dispatched again
-    for (int64_t e = 0; e < local; ++e) matmul_backward(ep * per_expert, C, cin, false, false);
+    for (int64_t e = 0; e < local; ++e) matmul_backward(expert_rows, C, cin, false, false);
     if (ep > 1) w.ep_backward.push_back(exchanged);
     b.move(routed * static_cast<double>(C), 2);  // the dispatch's backward
   };

@@ -68,9 +68,12 @@ struct StageWork {
 };
 
 // `sequence_parallel`, `split_backward`: StageOptions' (the rows held are
-// a tp-th; backward is B and W).
+// a tp-th; backward is B and W). `expert_imbalance` (>= 1): under expert
+// parallelism, the rows this rank's experts take over their fair share
+// (the busiest rank of the group paces every exchange; bounded by what a
+// rank can be sent, moe_plan's received rows).
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
                      Recompute recompute, double act_bytes, bool sequence_parallel = false,
-                     bool split_backward = false);
+                     bool split_backward = false, double expert_imbalance = 1.0);
 
 }  // namespace mpiformer

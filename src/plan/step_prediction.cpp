@@ -250,11 +250,17 @@ void require_rates_for(const Deck& deck, const MachineSpec& machine) {
   }
 }
 
+double expert_imbalance(const Deck& deck) {
+  if (deck.parallel.expert_imbalance > 0) return deck.parallel.expert_imbalance;
+  return std::max(1.0, deck.model.capacity_factor);
+}
+
 Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node,
                         bool time_if_fits) {
   require_rates_for(deck, machine);
   Prediction out;
   out.layout = layout_of(deck);
+  out.expert_imbalance = expert_imbalance(deck);
   const GptConfig& cfg = deck.model;
   const int64_t dp = deck.parallel.dp, pp = deck.parallel.pp, tp = deck.parallel.tp;
   const int64_t ranks = dp * pp * tp, micro = deck.grad_accum();
@@ -328,7 +334,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     for (int64_t c = 0; c < v; ++c) {
       const StageWork work =
           stage_work(cfg, chunk_range(range, c), deck.train.micro_batch, deck.train.recompute, act,
-                     deck.parallel.sequence_parallel, splits_backward(deck.parallel.schedule));
+                     deck.parallel.sequence_parallel, splits_backward(deck.parallel.schedule),
+                     out.expert_imbalance);
       message_bytes = work.message_bytes;
       double f = 0, b = 0, w_time = 0;
       for (const auto* list : {&work.forward, &work.backward, &work.weights}) {

@@ -62,6 +62,7 @@ struct Prediction {
   double compute = 0;              // the slowest stage's forward + backward (with tp collectives)
   double tp_comm = 0;              // of which: the tensor group's collectives
   double ep_comm = 0;              // and the expert-parallel group's all-to-alls
+  double expert_imbalance = 1;     // the busiest expert-parallel rank priced at (ep > 1)
   double exposed_comm = 0;         // data-parallel reduction, ZeRO transfers, optimizer gathers
   double bubble = 0;               // step_time - compute - exposed_comm - optimizer
   double optimizer = 0;
@@ -80,6 +81,10 @@ std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptCo
 // Throws InputError naming the machine file's [compute] precision when
 // its rates are of another precision than the deck's.
 void require_rates_for(const Deck& deck, const MachineSpec& machine);
+
+// [parallel] expert_imbalance as the planner prices it: the deck's, or
+// (0) the capacity factor where it is at least 1, else 1 (balanced).
+double expert_imbalance(const Deck& deck);
 
 // `ranks_per_node`: ranks on each node (0: the machine's devices_per_node).
 // `time_if_fits`: a layout that does not fit is not timed (the planner's

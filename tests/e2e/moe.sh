@@ -149,6 +149,10 @@ refused capacity "[model] capacity_factor: expected a value in [0, 1024], got -1
   --set model.capacity_factor=-1
 refused ep_dp "[parallel] ep, [parallel] dp, [model] experts: ep 2 must divide both dp (1" \
   --set parallel.ep=2
+refused imbalance "[parallel] expert_imbalance: the busiest rank's rows over the fair share: at least 1 (or 0, automatic), got 0.5" \
+  --set parallel.expert_imbalance=0.5
+DECK="$SOURCE_DIR/inputs/tiny.toml" refused imbalance_dense "[parallel] expert_imbalance, [model] experts: prices a Mixture of Experts' busiest" \
+  --set parallel.expert_imbalance=2
 DECK="$SOURCE_DIR/inputs/tiny.toml" refused ep_dense "[parallel] ep, [model] experts: ep 2 divides a Mixture of Experts' experts over ranks; this model is dense" \
   --set parallel.dp=2 --set parallel.ep=2
 # A resume whose deck has other experts: refused, the checkpoint untouched.

@@ -124,6 +124,25 @@ TEST(StageWork, FlopsOfAMixtureOfExpertsAndItsAllToAlls) {
       for (double bytes : x.ep_forward) EXPECT_EQ(bytes, B * T * K * C * 4);
     }
   }
+  // The busiest rank of an ep 2 group priced at 1.5 x its fair share: its
+  // 2 experts' GEMMs (64 rows each, balanced) and the all-to-alls grow by
+  // half; at 3 x they stop at what the group can send it (its experts'
+  // capacity: 2 ranks x 2 sequences x 32 = 128 rows each, 2 x); at ep 1
+  // imbalance moves rows between experts of the same rank (no change).
+  const double expert_gemms = 2 * 2 * 2 * 64 * (C * 4 * C + 4 * C * C);  // 2 sparse layers
+  StageRange two = all;
+  two.ep = 2;
+  const StageWork even = stage_work(cfg, two, 2, Recompute::kNone, 4);
+  for (const auto& [imbalance, grows] : {std::pair{1.5, 0.5}, std::pair{3.0, 1.0}}) {
+    const StageWork busy = stage_work(cfg, two, 2, Recompute::kNone, 4, false, false, imbalance);
+    EXPECT_EQ(flops(busy.forward) - flops(even.forward), grows * expert_gemms) << imbalance;
+    EXPECT_EQ(flops(busy.backward) - flops(even.backward), 2 * grows * expert_gemms) << imbalance;
+    ASSERT_EQ(busy.ep_forward.size(), even.ep_forward.size());
+    for (size_t i = 0; i < busy.ep_forward.size(); ++i)
+      EXPECT_EQ(busy.ep_forward[i], (1 + grows) * even.ep_forward[i]) << imbalance;
+    EXPECT_EQ(flops(stage_work(cfg, all, 2, Recompute::kNone, 4, false, false, imbalance).forward),
+              want);
+  }
 }
 
 TEST(StageWork, TensorAllReducesAreMegatronsCount) {
@@ -563,7 +582,23 @@ TEST(Plan, ExpertParallelismIsPricedAndSearched) {
     EXPECT_EQ(one.ep_comm, 0);
     EXPECT_GT(four.ep_comm, 0);
     EXPECT_EQ(four.layout.describe(), one.layout.describe() + " ep 4");
+    // Priced at the capacity factor's bound (1.25) unless the deck says;
+    // no rank can be sent more than its experts' capacity.
+    EXPECT_EQ(four.expert_imbalance, 1.25);
+    deck.parallel.expert_imbalance = 2;
+    EXPECT_EQ(predict_step(deck, m, 4).step.step_time, four.step.step_time);
+    deck.parallel.expert_imbalance = 0;
   }
+  // Dropless: balanced unless the deck says (a run's expert_load_max).
+  deck.model.capacity_factor = 0;
+  const Prediction even = predict_step(deck, m, 4);
+  EXPECT_EQ(even.expert_imbalance, 1);
+  deck.parallel.expert_imbalance = 2;
+  const Prediction busy = predict_step(deck, m, 4);
+  EXPECT_GT(busy.ep_comm, even.ep_comm);  // (latency-bound at this size)
+  EXPECT_GT(busy.compute, even.compute);
+  deck.model.capacity_factor = 1.25;
+  deck.parallel.expert_imbalance = 0;
   int64_t most = 1;
   const Plan all = plan_layouts(deck, m, 4, 4);
   for (const Prediction& p : all.fitting) {
