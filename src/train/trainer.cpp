@@ -285,8 +285,12 @@ void Trainer::print_summary() const {
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =
       shards != nullptr
-          ? strprintf("zero %d: %zu units sharded over dp, recompute %s", p.stage->zero(),
-                      shards->units().size(), name_of(deck_.train.recompute))
+          ? strprintf("zero %d: %zu units sharded over dp%s, recompute %s", p.stage->zero(),
+                      shards->units().size(),
+                      g.ep() > 1 ? strprintf(" (the experts' over the %d replicas holding them)",
+                                             g.dp() / g.ep()).c_str()
+                                 : "",
+                      name_of(deck_.train.recompute))
           : strprintf("%d gradient bucket(s), recompute %s", p.stage->num_buckets(),
                       name_of(deck_.train.recompute));
   if (!p.auto_choice.empty()) std::printf("%s\n", p.auto_choice.c_str());

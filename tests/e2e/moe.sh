@@ -69,6 +69,8 @@ for c in "${ep_cases[@]}"; do
 done
 grep -q "model: expert parallel over 2 replicas: each holds 4 experts per sparse layer, its gradients reduced over the 2 replicas holding the same" \
   e_4_1_1_ep2.log || { grep "model:" e_4_1_1_ep2.log; fail "expert parallelism not described"; }
+grep -q "zero 3: [0-9]* units sharded over dp (the experts' over the 2 replicas holding them)" \
+  e_4_1_1_ep2.log || { grep "^grid:" e_4_1_1_ep2.log; fail "the experts' shards not described"; }
 
 # GPT-2's experts (GELU, biases; the row-parallel bias added once) in
 # layers 0 and 2 of 4, the others dense, no capacity.
