@@ -402,6 +402,7 @@ void check_moe_relations(const Deck& d, const std::string& where) {
                          "default, is a dense model)");
     return;
   }
+  check_expert_count(m, where, "[model] experts, [model] n_layer, [model] moe_every");
   if (m.top_k > m.experts) {
     throw InputError(where, "[model] top_k, [model] experts",
                      strprintf("each token picks top_k = %lld different experts of the %lld: "
@@ -648,6 +649,22 @@ void check_model_limits(const GptConfig& cfg, const std::string& file,
                        strprintf("%.0f, outside [%.0f, %.0f] (the limits of [model] %s)", v, k.min,
                                  k.max, k.name));
     }
+  }
+  check_expert_count(cfg, file, field_prefix + "experts, " + field_prefix + "n_layer");
+}
+
+void check_expert_count(const GptConfig& cfg, const std::string& file, const std::string& field) {
+  // Each expert's tensors are rows of the parameter table: the product,
+  // not each factor, sizes it (DeepSeek-V3 has 256 x 58 = 14 848).
+  constexpr int64_t kMostExperts = int64_t{1} << 16;
+  if (cfg.experts > 0 && cfg.moe_every > 0 && cfg.experts * cfg.moe_layers() > kMostExperts) {
+    throw InputError(file, field,
+                     strprintf("%lld experts in each of %lld sparse layers make %lld expert MLPs; "
+                               "at most %lld",
+                               static_cast<long long>(cfg.experts),
+                               static_cast<long long>(cfg.moe_layers()),
+                               static_cast<long long>(cfg.experts * cfg.moe_layers()),
+                               static_cast<long long>(kMostExperts)));
   }
 }
 

@@ -178,10 +178,13 @@ constexpr uint64_t kMaxDeckBytes = 1 << 20;
 // (parse_deck leaves them for here). Call after rebase_relative_paths.
 void resolve_model_init(Deck& d);
 
+// A Mixture of Experts' experts over all its sparse layers: at most 65 536
+// (each is tensors of the parameter table); InputError(file, field).
+void check_expert_count(const GptConfig& cfg, const std::string& file, const std::string& field);
 // A model shape read from a file (weights, a checkpoint's attributes) held
-// to the deck's limits for the same [model] keys, before anything is sized
-// from it: InputError(file, "<field_prefix><key>", ...) otherwise. A value
-// of 0 is "the file does not say" and passes.
+// to the deck's limits for the same [model] keys, and check_expert_count,
+// before anything is sized from it: InputError(file, "<field_prefix><key>",
+// ...) otherwise. A value of 0 is "the file does not say" and passes.
 void check_model_limits(const GptConfig& cfg, const std::string& file,
                         const std::string& field_prefix);
 

@@ -1,6 +1,7 @@
 #include "train/checkpointing.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "core/error.hpp"
 #include "core/format.hpp"
@@ -17,15 +18,12 @@ float* group_base(const StageState& s, int g) {
 
 // Whether this stage writes a tensor: the first stage the embedding
 // tables (wte's copy on the last stage is tied to it), the last stage the
-// final LayerNorm, the stage holding the block (whichever chunk) a
-// block's tensors.
-// Whether this rank's stage holds `spec` (an expert: on some of its ranks).
-bool writes(const ParameterSpec& spec, const ParameterTable& local, const ProcessGrid& grid) {
-  if (spec.layer >= 0) {
-    for (const auto& s : local.specs())
-      if (s.layer == spec.layer) return true;
-    return false;
-  }
+// final LayerNorm, the stage holding the block (whichever chunk, its
+// layer in `held_layers`) a block's tensors; an expert's on some of the
+// stage's ranks.
+bool writes(const ParameterSpec& spec, const std::vector<bool>& held_layers,
+            const ProcessGrid& grid) {
+  if (spec.layer >= 0) return held_layers[static_cast<size_t>(spec.layer)];
   return spec.schema().placement == Placement::kFirstStage ? grid.first_stage() : grid.last_stage();
 }
 
@@ -190,18 +188,26 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
   std::vector<DatasetSlice> out;
   MPI_Comm stage_group = grid.stage_group().get();
   const int stage_size = grid.dp() * grid.tp();
+  // Looked up once per tensor of the whole model (thousands with experts).
+  std::vector<bool> held_layers(static_cast<size_t>(cfg.n_layer), false);
+  std::unordered_map<std::string, const ParameterSpec*> by_name;
+  for (const auto& s : local.specs()) {
+    if (s.layer >= 0) held_layers[static_cast<size_t>(s.layer)] = true;
+    by_name.emplace(s.name, &s);
+  }
   int tensor = 0;  // spreads the checksums' gathers over the stage's ranks
   for (int g = 0; g < 3; ++g) {
     for (const auto& spec : whole.specs()) {
       DatasetSlice d;
       d.name = kGroups[g] + spec.name;
       d.shape = spec.shape;
-      if (writes(spec, local, grid)) {
+      if (writes(spec, held_layers, grid)) {
         // Every rank of the stage holding it writes its share, so no byte
         // is written twice and all of them write. An expert is held by the
         // replicas ep apart (expert parallelism; `held` null on the others,
         // which still join the checksum's gather).
-        const ParameterSpec* held = local.find(spec.name);
+        const auto found = by_name.find(spec.name);
+        const ParameterSpec* held = found == by_name.end() ? nullptr : found->second;
         const bool expert = spec.expert >= 0;
         const int holders = expert ? grid.dp() / grid.ep() : grid.dp();
         const int holder = expert ? grid.dp_rank() / grid.ep() : grid.dp_rank();

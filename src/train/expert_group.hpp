@@ -20,7 +20,7 @@ namespace mpiformer {
 
 // Both must outlive the group; `host` and `rows` are the same ranks in the
 // same order. Each all-to-all is reported to `observer` (where set) as
-// "expert all-to-all" with the bytes this rank sent to the others.
+// kExpertAllToAll with the bytes this rank sent to the others.
 inline ExpertGroup expert_group(MpiCommunicator& host, Communicator& rows,
                                 const TensorOpObserver* observer = nullptr) {
   ExpertGroup g;
@@ -38,7 +38,7 @@ inline ExpertGroup expert_group(MpiCommunicator& host, Communicator& rows,
     double sent = 0;
     for (size_t r = 0; r < send_bytes.size(); ++r)
       if (static_cast<int>(r) != c->rank()) sent += static_cast<double>(send_bytes[r]);
-    (*observer)("expert all-to-all", t0, std::chrono::steady_clock::now(), sent);
+    (*observer)(kExpertAllToAll, t0, std::chrono::steady_clock::now(), sent);
   };
   return g;
 }

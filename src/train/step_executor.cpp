@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -77,7 +78,7 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
         [this](const char* op, Clock::time_point t0, Clock::time_point t1, double bytes) {
           trace_.span(op, t0, t1, step_ + 1, micro_);
           if (times_ == nullptr) return;
-          const bool experts = std::string(op) == "expert all-to-all";
+          const bool experts = std::strcmp(op, kExpertAllToAll) == 0;  // no allocation per op
           (experts ? times_->ep_exchange : times_->tp_reduce) += seconds(t0, t1);
           (experts ? times_->ep_sent_bytes : times_->tp_sent_bytes) += bytes;
         });

@@ -77,6 +77,12 @@ TEST(Deck, MistakesNameFileAndKey) {
   EXPECT_TRUE(has(e, "[train] min_lr")) << e;
   e = error_of(path, {"nodot=1"});
   EXPECT_TRUE(has(e, "section.key=value")) << e;
+  // Each factor within its key's limits, their product (the experts' tensors
+  // in the parameter table) not: 1024 experts in each of 128 layers.
+  e = error_of(path, {"model.n_layer=128", "model.experts=1024"});
+  EXPECT_TRUE(has(e, "[model] experts, [model] n_layer, [model] moe_every") &&
+              has(e, "131072 expert MLPs; at most 65536")) << e;
+  EXPECT_EQ(error_of(path, {"model.n_layer=128", "model.experts=512"}), "(no error)");
   e = error_of(path, {"train.precision=\"fp8\""});
   EXPECT_TRUE(has(e, "[train] precision") && has(e, "\"fp32\", \"bf16\" or \"fp16\"")) << e;
   e = error_of(path, {"run.device=\"tpu\""});
