@@ -83,19 +83,23 @@ LinkCost read_cost(const Section& s, const LinkCost& fallback) {
 Link read_link(const toml::value& v, const std::string& path, const std::string& name) {
   const Section s(v, path, name,
                   {"latency_us", "bandwidth_gbs", "allreduce", "reduce_scatter", "allgather",
-                   "sendrecv"});
+                   "sendrecv", "alltoall"});
   LinkCost base;
   base.latency = s.number("latency_us", kZeroAllowed, 1e9, true, 0) * 1e-6;
   base.bandwidth = s.number("bandwidth_gbs", 0, 1e9, true, 0) * 1e9;
-  Link l{base, base, base, base};
+  Link l{base, base, base, base, base};
   const std::pair<const char*, LinkCost*> ops[] = {{"allreduce", &l.allreduce},
                                                    {"reduce_scatter", &l.reduce_scatter},
                                                    {"allgather", &l.allgather},
-                                                   {"sendrecv", &l.sendrecv}};
+                                                   {"sendrecv", &l.sendrecv},
+                                                   {"alltoall", &l.alltoall}};
   for (const auto& [op, cost] : ops) {
     if (!s.has(op)) continue;
     *cost = read_cost(Section(s.at(op), path, name + "." + op, {"latency_us", "bandwidth_gbs"}), base);
   }
+  // Files from before calibrate measured it: the all-gather's rate, the
+  // collective whose bytes and steps it shares.
+  if (!s.has("alltoall")) l.alltoall = l.allgather;
   return l;
 }
 
@@ -289,7 +293,8 @@ std::string MachineSpec::to_toml() const {
                               l.allreduce.latency * 1e6, l.allreduce.bandwidth / 1e9);
     const std::pair<const char*, const LinkCost*> ops[] = {{"reduce_scatter", &l.reduce_scatter},
                                                            {"allgather", &l.allgather},
-                                                           {"sendrecv", &l.sendrecv}};
+                                                           {"sendrecv", &l.sendrecv},
+                                                           {"alltoall", &l.alltoall}};
     for (const auto& [op, c] : ops)
       s += strprintf("%s = { latency_us = %.6g, bandwidth_gbs = %.6g }\n", op, c->latency * 1e6,
                      c->bandwidth / 1e9);

@@ -23,8 +23,11 @@ struct LinkCost {
   double latency = 0;     // s per step
   double bandwidth = 0;   // bytes/s per rank
 };
+// alltoall: equal blocks, each rank to every other (g - 1 steps, (g - 1) / g
+// of the buffer sent per rank; expert parallelism's exchanges); a file
+// without it prices it as the all-gather.
 struct Link {
-  LinkCost allreduce, reduce_scatter, allgather, sendrecv;
+  LinkCost allreduce, reduce_scatter, allgather, sendrecv, alltoall;
 };
 
 // A measured matmul (Ops::matmul_forward / matmul_backward of m rows, k

@@ -325,9 +325,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // head the last's); the stage's sums below.
     double fwd = 0, bwd = 0, wgt = 0, tp_time = 0, ep_time = 0;
     // An all-to-all within the data-parallel group's links: each rank
-    // sends (ep - 1) / ep of its rows, priced as the all-gather of as many.
+    // sends (ep - 1) / ep of its rows, at the links' measured all-to-all
+    // rate (a machine file without one: the all-gather's).
     const int64_t ep = deck.parallel.ep;
-    auto ep_seconds = [&](double bytes) { return collective(dp_link.allgather, ep, bytes, 1); };
+    auto ep_seconds = [&](double bytes) { return collective(dp_link.alltoall, ep, bytes, 1); };
     std::vector<double> chunk_fwd(v), chunk_bwd(v), chunk_wgt(v);
     std::map<std::string, double> by_kernel;
     double message_bytes = 0;

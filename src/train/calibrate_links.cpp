@@ -41,7 +41,7 @@ Link measure_link(MPI_Comm raw, double max_bytes, double budget, const LinkTrans
   const int g = comm.size();
   std::vector<double> sizes;
   for (double s = 4096; s <= max_bytes; s *= 8) sizes.push_back(s);
-  std::vector<std::pair<double, double>> ar, rs, ag, sr;
+  std::vector<std::pair<double, double>> ar, rs, ag, sr, aa;
   const double part = static_cast<double>(g - 1) / g;
   for (double bytes : sizes) {
     const int64_t n = static_cast<int64_t>(bytes / 4) / g * g;
@@ -54,6 +54,13 @@ Link measure_link(MPI_Comm raw, double max_bytes, double budget, const LinkTrans
                   })});
     ag.push_back({part * 4 * n, time([&] {
                     comm.start_allgather(buf.get() + comm.rank() * (n / g), buf.get(), counts, 4)->wait();
+                  })});
+    // Equal blocks to every rank (expert parallelism's exchange): sent from
+    // the buffer's first half into its second (MPI's buffers must not overlap).
+    const int64_t block = n / 2 / g;
+    const std::vector<int64_t> block_bytes(static_cast<size_t>(g), 4 * block);
+    aa.push_back({part * 4.0 * static_cast<double>(block * g), time([&] {
+                    comm.alltoallv_bytes(buf.get(), block_bytes, buf.get() + block * g, block_bytes);
                   })});
     // Ping-pong between the first two ranks: half the round trip.
     const double rtt = time([&] {
@@ -75,6 +82,7 @@ Link measure_link(MPI_Comm raw, double max_bytes, double budget, const LinkTrans
   l.reduce_scatter = fit(rs, g - 1.0);
   l.allgather = fit(ag, g - 1.0);
   l.sendrecv = fit(sr, 1);
+  l.alltoall = fit(aa, g - 1.0);
   return l;
 }
 

@@ -72,12 +72,13 @@ void measure_links(MPI_Comm node, int node_rank, double max_bytes, double second
   if (nodes > 1) {
     Link inter;
     if (leaders != MPI_COMM_NULL) inter = measure_link(leaders, max_bytes, seconds, transport);
-    double v[8] = {inter.allreduce.latency, inter.allreduce.bandwidth,
-                   inter.reduce_scatter.latency, inter.reduce_scatter.bandwidth,
-                   inter.allgather.latency, inter.allgather.bandwidth,
-                   inter.sendrecv.latency, inter.sendrecv.bandwidth};
-    MPI_CHECK(MPI_Bcast(v, 8, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-    m.inter = {{v[0], v[1]}, {v[2], v[3]}, {v[4], v[5]}, {v[6], v[7]}};
+    double v[10] = {inter.allreduce.latency, inter.allreduce.bandwidth,
+                    inter.reduce_scatter.latency, inter.reduce_scatter.bandwidth,
+                    inter.allgather.latency, inter.allgather.bandwidth,
+                    inter.sendrecv.latency, inter.sendrecv.bandwidth,
+                    inter.alltoall.latency, inter.alltoall.bandwidth};
+    MPI_CHECK(MPI_Bcast(v, 10, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    m.inter = {{v[0], v[1]}, {v[2], v[3]}, {v[4], v[5]}, {v[6], v[7]}, {v[8], v[9]}};
     m.has_inter = true;
   }
   if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);

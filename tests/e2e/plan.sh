@@ -32,6 +32,7 @@ for section in '^\[machine\]' '^\[\[compute.matmul\]\]' '^\[\[compute.attention\
   grep -q "$section" machine.toml || fail "machine.toml has no $section"
 done
 grep -q '^precision = "fp32"' machine.toml || fail "machine.toml does not name the precision of its rates"
+grep -q '^alltoall = { latency_us = ' machine.toml || fail "machine.toml has no measured all-to-all"
 
 "$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --ranks 2 --top 5 >plan.txt ||
   { cat plan.txt; fail "plan"; }

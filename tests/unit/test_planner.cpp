@@ -238,6 +238,9 @@ TEST(MachineFile, AHandWrittenFileReadsAsWritten) {
   EXPECT_FALSE(m.has_inter);
   EXPECT_DOUBLE_EQ(m.inter.allgather.bandwidth, 200e9);  // one node: inter is intra
   EXPECT_FALSE(m.precision.has_value());  // the file does not say
+  // No all-to-all given: the all-gather's (here the link's base rate).
+  EXPECT_DOUBLE_EQ(m.intra.alltoall.latency, m.intra.allgather.latency);
+  EXPECT_DOUBLE_EQ(m.intra.alltoall.bandwidth, m.intra.allgather.bandwidth);
 }
 
 // Every non-GEMM kernel's rate, forward and backward, set to `rate`.
@@ -287,6 +290,7 @@ TEST(MachineFile, ItsTomlReadsBackTheSame) {
   m.kernels.push_back({4096, {{"layernorm", 9e9}, {"adamw", 5e9}}});
   m.inter = m.intra;
   m.inter.reduce_scatter.bandwidth = 25e9;
+  m.inter.alltoall = {7e-6, 40e9};
   m.has_inter = true;
   m.stages.push_back({64, 32, 2, 3, Recompute::kFull, 1.25, 3e6});
   m.runtime = 12e6;
@@ -297,6 +301,8 @@ TEST(MachineFile, ItsTomlReadsBackTheSame) {
   EXPECT_DOUBLE_EQ(r.matmul.at(0).backward, 30e-6);
   EXPECT_DOUBLE_EQ(r.kernels.at(0).bandwidth.at("adamw"), 5e9);
   EXPECT_DOUBLE_EQ(r.inter.reduce_scatter.bandwidth, 25e9);
+  EXPECT_DOUBLE_EQ(r.inter.alltoall.bandwidth, 40e9);
+  EXPECT_DOUBLE_EQ(r.inter.alltoall.latency, 7e-6);
   EXPECT_DOUBLE_EQ(r.stages.at(0).factor, 1.25);
   EXPECT_EQ(r.stages.at(0).layers, 3);
   EXPECT_EQ(r.stages.at(0).recompute, Recompute::kFull);
