@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "core/format.hpp"
@@ -65,10 +66,38 @@ double resident_bytes() {
   return resident * static_cast<double>(::sysconf(_SC_PAGESIZE));
 }
 
-double peak_resident_bytes() {
+double resident_high_water() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  double kb = 0;
+  while (f >> key) {
+    if (key == "VmHWM:") {
+      f >> kb;
+      return kb * 1024;
+    }
+  }
   struct rusage u {};
   ::getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) * 1024.0;  // Linux reports KiB
+}
+
+bool reset_resident_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  return static_cast<bool>(f.flush());
+}
+
+namespace {
+double g_kept_peak = 0;  // the mark before the last excluded probe
+}  // namespace
+
+double peak_resident_bytes() { return std::max(g_kept_peak, resident_high_water()); }
+
+double excluding_from_peak(const std::function<double()>& f) {
+  g_kept_peak = peak_resident_bytes();
+  const double v = f();
+  reset_resident_peak();
+  return v;
 }
 
 }  // namespace mpiformer

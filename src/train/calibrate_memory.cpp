@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -18,24 +17,6 @@
 #include "train/calibration_timing.hpp"
 
 namespace mpiformer::calibration {
-
-bool reset_peak() {
-  std::ofstream f("/proc/self/clear_refs");
-  f << "5";
-  return static_cast<bool>(f.flush());
-}
-double peak_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string key;
-  double kb = 0;
-  while (f >> key) {
-    if (key == "VmHWM:") {
-      f >> kb;
-      return kb * 1024;
-    }
-  }
-  return resident_bytes();
-}
 
 double save_overhead(const std::string& path, double bytes) {
   int rank = 0;
@@ -52,12 +33,12 @@ double save_overhead(const std::string& path, double bytes) {
     slice.checksum = tensor_checksum(data.data(), rows * cols);
   }
   malloc_trim(0);
-  const bool reset = reset_peak();
+  const bool reset = reset_resident_peak();
   const double before = resident_bytes();
   CheckpointMeta meta;
   meta.run_id = "calibration";
   write_checkpoint(MPI_COMM_WORLD, path, meta, {slice});
-  double extra = reset ? std::max(0.0, peak_bytes() - before) : 0.0;
+  double extra = reset ? std::max(0.0, resident_high_water() - before) : 0.0;
   if (rank == 0) std::remove(path.c_str());
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &extra, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return extra;
@@ -83,7 +64,7 @@ StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute re
   }
   const StageRange range{0, cfg.n_layer, true, true};
   malloc_trim(0);  // what earlier probes freed goes back first: not this stage's
-  reset_peak();
+  reset_resident_peak();
   StageSetup setup;
   setup.options = stage_options(micro_batch, 1, recompute, 0);
   auto stage = make_host_backend(cfg, range, setup);
@@ -103,7 +84,7 @@ StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute re
   d.model = cfg;
   const double accounted = rank_memory(d, cpu, 0, 1).total();
   // The run's figure is its peak growth over its baseline.
-  double overhead = std::max(0.0, peak_bytes() - baseline - accounted);
+  double overhead = std::max(0.0, resident_high_water() - baseline - accounted);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &overhead, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return {cfg, micro_batch, recompute, measured, overhead};
 }

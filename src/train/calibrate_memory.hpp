@@ -11,12 +11,6 @@
 
 namespace mpiformer::calibration {
 
-// The high-water mark of this process's resident memory, reset to what it
-// holds now (Linux: /proc/self/clear_refs 5; false where that is refused),
-// and read (VmHWM), so a probe's peak is its own and not an earlier one's.
-bool reset_peak();
-double peak_bytes();
-
 // What a checkpoint save holds beyond the stage (parallel HDF5's and
 // MPI-IO's buffers), from a real collective write of `bytes` of floats
 // into `path` (removed after): the most any rank's peak rose. Collective.

@@ -4,6 +4,7 @@
 
 #include "core/test_hooks.hpp"
 #include "parallel/schedule_timing.hpp"
+#include "plan/memory_report.hpp"
 
 namespace mpiformer {
 
@@ -52,7 +53,8 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   const double gemm_s = stage_.gemm_seconds();
   if (rank_peak_ > 0 && (agg[5] > 0 || intervals_ % kRemeasureEvery == 0)) {
     // Collective: every rank reaches this with the same verdict.
-    rank_peak_ = std::max(rank_peak_, stage_.measure_peak_flops());
+    rank_peak_ = std::max(rank_peak_,
+                          excluding_from_peak([&] { return stage_.measure_peak_flops(); }));
     double sum = rank_peak_;
     grid_.world().allreduce_sum(&sum, 1);
     peak_flops_ = sum;

@@ -202,7 +202,11 @@ void Trainer::connect() {
   p.executor = std::make_unique<StepExecutor>(deck_, g, *p.stage, p.comms, p.actions, *p.trace,
                                               *p.watchdog);
   // Every rank measures its own peak; MFU compares against their sum.
-  p.rank_peak = deck_.run.peak_tflops > 0 ? 0.0 : p.stage->measure_peak_flops();
+  // Its operands are the probe's, not the run's: left out of the measured
+  // memory the run reports against its accounting.
+  p.rank_peak = deck_.run.peak_tflops > 0
+                    ? 0.0
+                    : excluding_from_peak([&] { return p.stage->measure_peak_flops(); });
   double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : p.rank_peak;
   g.world().allreduce_sum(&peak, 1);
   p.peak_flops = peak;
