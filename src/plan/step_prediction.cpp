@@ -380,7 +380,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     if (ep > 1) {
       for (const auto& spec : table.specs())
         if (spec.expert >= 0) experts += static_cast<double>(spec.storage);
-      for (int64_t l = range.first_layer; l < range.last_layer; ++l) sparse_blocks += cfg.moe_layer(l);
+      // (Interleaved, the stage's layers are its chunks'.)
+      for (int64_t i = 0; i < range.num_layers(); ++i) sparse_blocks += cfg.moe_layer(range.layer(i));
     }
     const double block_experts = sparse_blocks > 0 ? experts / static_cast<double>(sparse_blocks) : 0;
     // One pass over `elements` of the stage (of which `of_experts` experts').
