@@ -17,7 +17,7 @@ PACKAGES=(
   libpcre2-dev nlohmann-json3-dev libxxhash-dev
   libsentencepiece-dev sentencepiece  # prep --tokenizer sentencepiece (Llama-style tokens); spm_train/spm_encode in its tests
   slurm-wlm munge
-  file binutils xz-utils util-linux   # bench/make-gpu-bundle.sh, bench/bundle-selftest.sh
+  file binutils xz-utils util-linux patchelf  # bench/make-gpu-bundle.sh (RUNPATHs), bench/bundle-selftest.sh
 )
 
 missing=()

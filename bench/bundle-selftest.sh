@@ -51,9 +51,20 @@ cat >"$U/env.sh" <<ENV
 export OPAL_PREFIX=$P PATH=$P/bin:\$PATH
 export OMPI_MCA_mca_base_component_path=$P/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
 export PMIX_MCA_mca_base_component_path=$P/pmix
-export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64
 ENV
 source "$U/env.sh"
+# No LD_LIBRARY_PATH: the carried binaries find the carried libraries by
+# their RUNPATH, and the machine's own programs never see them.
+unset LD_LIBRARY_PATH
+if ldd "$(readlink -f "$(command -v python3)")" 2>/dev/null | grep -q "$P"; then
+  echo "python3 loads a carried library" >&2
+  exit 1
+fi
+if ldd "$P/build/app/mpiformer" | grep "=>" | grep -v "$P/" |
+   grep -E "libstdc\+\+|libmpi|libhdf5|libopenblas" ; then
+  echo "mpiformer loads a system copy of a carried library (above)" >&2
+  exit 1
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 cd "$U"
 mkdir -p data

@@ -68,6 +68,19 @@ done | sort -u | while read -r name path; do
   [ -e "$P/lib/$name" ] || cp -L "$path" "$P/lib/$name"
 done
 
+# Every carried ELF file finds the carried libraries through its own
+# RUNPATH ($ORIGIN-relative), never through LD_LIBRARY_PATH: the GPU
+# machine's own tools (python3, ctest, compute-sanitizer) must keep loading
+# their own, newer libstdc++, zlib or curl. The CUDA toolkit's usual folders
+# follow, for cuBLASLt and NCCL; gpu-check.sh adds other places (pip's
+# nvidia-* wheels) by LD_LIBRARY_PATH, folders that hold only those.
+find "$P" -type f | while read -r f; do
+  file -b "$f" | grep -q ELF || continue
+  rel=$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' \
+        "$P/lib" "$(dirname "$f")")
+  patchelf --set-rpath "\$ORIGIN/$rel:/usr/local/cuda/lib64:/usr/local/cuda/lib" "$f"
+done
+
 # The newest glibc symbol version anything needs: the GPU machine's glibc
 # must be at least this.
 need=$(find "$P" -type f -exec sh -c 'file -b "$1" | grep -q ELF && objdump -T "$1" 2>/dev/null' _ {} \; |

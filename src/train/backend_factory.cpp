@@ -13,10 +13,7 @@
 #include "core/host_memory.hpp"
 #ifdef MPIFORMER_HAVE_CUDA
 #include "cuda/device.hpp"
-#include "parallel/host_staged_communicator.hpp"
-#endif
-#ifdef MPIFORMER_HAVE_NCCL
-#include "parallel/nccl_communicator.hpp"
+#include "parallel/device_transport.hpp"
 #endif
 
 namespace mpiformer {
@@ -179,34 +176,21 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   // Every rank builds its groups in the same order (tensor, data-parallel,
   // then the two pipeline directions, then the kv heads' sharers, then the
   // tied pair), so the collective initialisations cannot wait on each other.
-  auto transport = [&](MpiCommunicator& group, const char* what) -> Communicator* {
-    c.description += c.description.empty() ? "" : ", ";
-#ifdef MPIFORMER_HAVE_NCCL
-    if (!group_shares_a_gpu(group)) {
-      c.owned.push_back(std::make_unique<NcclCommunicator>(group, stream));
-      c.description += strprintf("%s: NCCL (%d rank%s)", what, group.size(),
-                                 group.size() == 1 ? "" : "s");
-      return c.owned.back().get();
-    }
-    const char* why = "ranks share a GPU";
-#else
-    const char* why = "built without NCCL";
-#endif
-    c.owned.push_back(std::make_unique<HostStagedCommunicator>(group, stream));
-    c.description += strprintf("%s: MPI through host memory (%d rank%s; %s)", what, group.size(),
-                               group.size() == 1 ? "" : "s", why);
-    return c.owned.back().get();
-  };
-  // A group of one rank carries no message, but its collectives still
-  // read and write the stage's buffers (ZeRO's reduce-scatter and gather
-  // at dp = 1 copy a shard in and out): they need a device communicator
-  // too, ordered on the stream. One serves every one-rank group (each is
-  // the rank alone), created with the first one met.
+  // A group of one rank carries no message, but its collectives still read
+  // and write the stage's buffers (ZeRO's reduce-scatter and gather at dp =
+  // 1 copy a shard in and out): a local communicator does that on the
+  // stream, without NCCL. One serves every one-rank group (each is the rank
+  // alone).
   Communicator* alone = nullptr;
   auto device_comm = [&](MpiCommunicator& group, const char* what) -> Communicator* {
-    if (group.size() > 1) return transport(group, what);
-    if (alone == nullptr) alone = transport(group, "one-rank groups");
-    return alone;
+    if (group.size() == 1 && alone != nullptr) return alone;
+    std::string how;
+    c.owned.push_back(device_transport(group, stream, &how));
+    c.description += strprintf("%s%s: %s (%d rank%s)", c.description.empty() ? "" : ", ",
+                               group.size() == 1 ? "one-rank groups" : what, how.c_str(),
+                               group.size(), group.size() == 1 ? "" : "s");
+    if (group.size() == 1) alone = c.owned.back().get();
+    return c.owned.back().get();
   };
   c.tp = device_comm(g.tensor_parallel(), "tensor-parallel");
   c.dp = device_comm(g.data_parallel(), "data-parallel");

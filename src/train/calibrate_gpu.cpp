@@ -21,10 +21,7 @@
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/ops.hpp"
-#include "parallel/host_staged_communicator.hpp"
-#ifdef MPIFORMER_HAVE_NCCL
-#include "parallel/nccl_communicator.hpp"
-#endif
+#include "parallel/device_transport.hpp"
 #include "train/calibrate_kernels.hpp"
 #include "train/calibrate_links.hpp"
 #include "train/calibration.hpp"
@@ -48,16 +45,6 @@ std::shared_ptr<float> device_ones(int64_t n) {
   const std::vector<float> ones(count, 1.0f);
   CUDA_CHECK(cudaMemcpy(p.get(), ones.data(), count * sizeof(float), cudaMemcpyHostToDevice));
   return p;
-}
-
-// The communicator a GPU run gives a group (backend_factory.cpp's choice):
-// NCCL where every rank has its own GPU, MPI through host memory where
-// ranks share one (or without NCCL).
-std::unique_ptr<Communicator> device_communicator(MpiCommunicator& group, cudaStream_t stream) {
-#ifdef MPIFORMER_HAVE_NCCL
-  if (!group_shares_a_gpu(group)) return std::make_unique<NcclCommunicator>(group, stream);
-#endif
-  return std::make_unique<HostStagedCommunicator>(group, stream);
 }
 
 // [offload] host_link_gbs: every rank at once copies 256 MiB between
@@ -140,7 +127,7 @@ MachineSpec calibrate_gpu(const CalibrationRequest& req, MPI_Comm node, int node
   }
   m.host_link_bandwidth = measure_host_link(ctx, node);
   LinkTransport nccl;
-  nccl.connect = [&ctx](MpiCommunicator& group) { return device_communicator(group, ctx.stream()); };
+  nccl.connect = [&ctx](MpiCommunicator& group) { return device_transport(group, ctx.stream()); };
   nccl.allocate = device_ones;
   nccl.fence = [] { CUDA_CHECK(cudaDeviceSynchronize()); };
   measure_links(node, node_rank, shapes.max_link_bytes, req.seconds, nccl, m);
@@ -153,7 +140,7 @@ MachineSpec calibrate_gpu(const CalibrationRequest& req, MPI_Comm node, int node
     MPI_Comm dup;
     MPI_CHECK(MPI_Comm_dup(node, &dup));
     MpiCommunicator group(dup);
-    const auto comm = device_communicator(group, ctx.stream());
+    const auto comm = device_transport(group, ctx.stream());
     ctx.synchronize();
     MPI_CHECK(MPI_Barrier(node));
     CUDA_CHECK(cudaMemGetInfo(&free, &total));

@@ -22,7 +22,7 @@ cat cal.log
 grep -q "^device = \"$device\"" machine.toml || fail "machine.toml does not say $device"
 grep -q "$header" machine.toml || fail "machine.toml does not name its precision ($header)"
 grep -q "^precision = \"$precision\"" machine.toml || fail "machine.toml has no [compute] precision = \"$precision\""
-/usr/bin/python3 - machine.toml "$min_gib" "$min_tflops" <<'PY'
+python3 - machine.toml "$min_gib" "$min_tflops" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 min_gib, min_tflops = float(sys.argv[2]), float(sys.argv[3])
