@@ -6,22 +6,25 @@
 // both read and written in place: no permuted copies. The key kernel runs
 // per kv head and sums its group's query heads in float.
 //
-// Forward (FlashAttention's online softmax): each block of threads takes a
-// tile of query rows of one (batch, head) and walks the key tiles up to the
-// diagonal, keeping the running row maximum and sum; the T x T scores exist
-// only as a tile in shared memory. It keeps each row's log-sum-exp, lse
+// Forward (FlashAttention-2's scheme): each block of threads takes a tile
+// of 64 query rows of one (batch, head) and walks the key tiles up to the
+// diagonal, keeping the running row maximum and sum; the T x T scores
+// exist only as register tiles. It keeps each row's log-sum-exp, lse
 // [B,NH,T] floats, for backward: memory O(B*T*C), not O(B*NH*T^2).
 //
-// Backward recomputes the probabilities of each tile from q, k and lse. It
-// runs as two kernels, so that no two blocks add into the same gradient
-// (no atomics: the bits repeat from run to run): one per key tile (dK, dV:
-// walks the query tiles at and below the diagonal), one per query tile
-// (dQ: walks the key tiles). `delta` [B,NH,T] floats is scratch for each
-// row's dot(dO, O).
+// Backward recomputes each tile's probabilities from q, k and lse, in one
+// kernel of five tile products: a block per key tile (dK, dV in its
+// registers) walks the query tiles at and below the diagonal, and adds
+// its part of dQ into a float sum in key-tile order (turn flags, no
+// atomics: the bits repeat from run to run). `scratch` holds
+// attention_scratch_elements(kRowStatistics, B, NH, T, hs) floats
+// (common/attention_storage.hpp): each row's dot(dO, O), dQ's sum, the
+// flags.
 //
-// Products of tiles run on tensor cores (wmma, bf16 in, float accumulate)
-// for bf16 on sm_80 and newer, and as float FMAs otherwise (fp32, and
-// every build that compiles them for the host). Head sizes up to 128.
+// Tile products run on tensor cores (mma.sync, bf16/fp16 in, float
+// accumulate) on sm_80 and newer, and as float FMAs in fp32 (never
+// TF32) and in every build that compiles them for the host. Head sizes
+// up to 128.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -35,7 +38,7 @@ void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, i
 
 // dqkv is overwritten (=); out and lse are the forward's.
 template <class A>
-void attention_backward(A* dqkv, float* delta, const A* dout, const A* qkv, const A* out,
+void attention_backward(A* dqkv, float* scratch, const A* dout, const A* qkv, const A* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                         int64_t NKV, cudaStream_t stream);
 

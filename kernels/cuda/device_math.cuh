@@ -67,6 +67,17 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return warp_max(v);
 }
 
+// The launch's dynamic shared memory (the third launch parameter), 16
+// bytes aligned. The CPU emulation gives each block a buffer of its own.
+#if defined(MPIFORMER_CUDA_EMULATION)
+__device__ inline unsigned char* dynamic_smem() { return ::emu::dynamic_shared(); }
+#else
+__device__ inline unsigned char* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char mpiformer_dynamic_smem[];
+  return mpiformer_dynamic_smem;
+}
+#endif
+
 inline unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }

@@ -174,17 +174,17 @@ struct Ops {
     cuda::matmul_backward(c.blas(), dinp, dw, db, dout, inp, w, N, C, OC);
   }
   // Fused (cuda/attention.hpp): keeps each row's log-sum-exp, not the
-  // probabilities; its backward's scratch is each row's dot(dO, O).
+  // probabilities; its backward's scratch is attention_scratch_elements.
   static constexpr AttentionStorage kAttention = AttentionStorage::kRowStatistics;
   using AttnState = float;
   static void attention_forward(Context& c, A* out, float* lse, const A* qkv, int64_t B,
                                 int64_t T, int64_t C, int64_t NH, int64_t NKV) {
     cuda::attention_forward(out, lse, qkv, B, T, C, NH, NKV, c.stream());
   }
-  static void attention_backward(Context& c, A* dqkv, float* delta, const A* dout, const A* qkv,
+  static void attention_backward(Context& c, A* dqkv, float* scratch, const A* dout, const A* qkv,
                                  const A* out, const float* lse, int64_t B, int64_t T, int64_t C,
                                  int64_t NH, int64_t NKV) {
-    cuda::attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, C, NH, NKV, c.stream());
+    cuda::attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV, c.stream());
   }
   static void gelu_forward(Context& c, A* out, const A* inp, int64_t n) {
     cuda::gelu_forward(out, inp, n, c.stream());

@@ -160,7 +160,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     dqkv_ = act(BT * cqkv_);
     d4_ = act(BT * cin_);
     if (cfg_.llama()) dact_ = act(BT * cm_);
-    datt_ = attn(attn_state);
+    datt_ = attn(attention_scratch_elements(Ops::kAttention, B_, nh_, T_,
+                                            static_cast<int64_t>(cfg_.head_dim())));
   }
   if (L > 0 && cfg_.llama()) {
     const std::vector<float> table = host::rope_table(T_, cfg_.head_dim(), cfg_.rope_theta);

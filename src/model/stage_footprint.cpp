@@ -25,9 +25,11 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   const double R = o.sequence_parallel ? BT / tp : BT;
   // A slot holds one chunk (the stage's every layer without interleaving).
   const double L = static_cast<double>(range.layers_per_chunk());
-  // Attention's kept state, and as much backward scratch, in bytes.
-  const double attention = attention_state_elements(storage, B, NH, T) *
-                           acc;  // the plan keeps it in the statistics type (float) on every device
+  // Attention's kept state, and its backward's scratch, in bytes (the
+  // plan keeps both in the statistics type, float, on every device).
+  const double attention = attention_state_elements(storage, B, NH, T) * acc;
+  const double attention_scratch =
+      attention_scratch_elements(storage, B, NH, T, static_cast<double>(cfg.head_dim())) * acc;
   // The deck's limits on the model's shapes keep this count in an int64;
   // the batch is not limited so, hence doubles for the activations.
   const ParameterTable table(cfg, range);
@@ -86,7 +88,8 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (o.split_backward) slot += 4 * L * C * acc;
   f.per_slot = slot;
   f.activations = slot * o.slots;
-  // Backward scratch: dres (rows held), dln, datty; dqkv, d4 and datt with
+  // Backward scratch: dres (rows held), dln, datty; dqkv, d4 and attention's
+  // backward scratch with
   // blocks (Llama: SwiGLU's output gradient, and the rotary table); the output gradient's inbox on a non-last stage; the loss sum
   // (a double); the vocabulary-parallel cross-entropy's row statistics (3
   // per row); recomputation's shared probabilities, or one block's
@@ -95,7 +98,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // head buffers where it is shared. Interleaved, the last stage's earlier
   // chunks receive output gradients too.
   f.scratch = R * C * act + (C + Ca) * BT * act +
-              (L > 0 ? (Cqkv + Cin) * BT * act + attention : 0) +
+              (L > 0 ? (Cqkv + Cin) * BT * act + attention_scratch : 0) +
               (range.has_head && range.chunks == 1 ? 0 : R * C * act) + 8;
   if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
   if (L > 0 && cfg.llama())

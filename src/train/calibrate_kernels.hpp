@@ -83,17 +83,18 @@ AttentionPoint measure_attention(const OpBench<Ops>& d, int64_t hs, int64_t T, d
   using S = typename Ops::AttnState;
   const int64_t pairs = 8, C = pairs * hs;
   const int64_t state = attention_state_elements(Ops::kAttention, int64_t{1}, pairs, T);
+  const int64_t scratch = attention_scratch_elements(Ops::kAttention, int64_t{1}, pairs, T, hs);
   struct Set {
     typename OpBench<Ops>::template Buffer<A> qkv, out, dqkv, dout;
     typename OpBench<Ops>::template Buffer<S> att, datt;
   };
   const int K = copies(static_cast<double>(sizeof(A)) * static_cast<double>(8 * T * C) +
-                       2.0 * static_cast<double>(sizeof(S) * state));
+                       static_cast<double>(sizeof(S) * (state + scratch)));
   std::vector<Set> sets;
   for (int i = 0; i < K; ++i)
     sets.push_back({d.template filled<A>(T * 3 * C), d.template filled<A>(T * C),
                     d.template filled<A>(T * 3 * C), d.template filled<A>(T * C),
-                    d.template filled<S>(state), d.template filled<S>(state)});
+                    d.template filled<S>(state), d.template filled<S>(scratch)});
   int next = 0;
   AttentionPoint p{hs, T, 0, 0};
   p.forward = d.seconds(budget, [&] {

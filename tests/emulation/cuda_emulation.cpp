@@ -76,6 +76,8 @@ struct Scheduler {
   // Stacks are taken when a fiber starts and returned when it ends, so a
   // kernel without barriers runs every thread on the same (cache-hot) stack.
   std::vector<std::unique_ptr<char[]>> stacks;
+  unsigned char* dynamic = nullptr;  // the launch's dynamic shared memory
+  size_t dynamic_bytes = 0, dynamic_capacity = 0;
   std::vector<char*> free_stacks;
   Scheduler() : fibers(kMaxThreads) {}
   char* take_stack() {
@@ -235,10 +237,17 @@ void run(const Config& config, const std::function<void()>& kernel) {
     throw std::invalid_argument("emulated launch: block of " + std::to_string(s.count) + " threads");
   s.kernel = &kernel;
   s.error = nullptr;
+  if (config.shared_bytes > s.dynamic_capacity) {
+    std::free(s.dynamic);
+    s.dynamic_capacity = (config.shared_bytes + 127) / 128 * 128;
+    s.dynamic = static_cast<unsigned char*>(std::aligned_alloc(128, s.dynamic_capacity));
+  }
+  s.dynamic_bytes = config.shared_bytes;
   for (unsigned z = 0; z < config.grid.z; ++z)
     for (unsigned y = 0; y < config.grid.y; ++y)
       for (unsigned x = 0; x < config.grid.x; ++x) {
         s.block_index = make_uint3(x, y, z);
+        if (s.dynamic_bytes > 0) std::memset(s.dynamic, 0xff, s.dynamic_bytes);
         try {
           run_block(s);
         } catch (...) {
@@ -254,6 +263,12 @@ const uint3& block_idx() { return sched().block_index; }
 const dim3& block_dim() { return sched().block; }
 const dim3& grid_dim() { return sched().grid; }
 void syncthreads() { wait_at(State::AtBlockBarrier); }
+void syncwarp() { wait_at(State::AtWarpBarrier); }
+unsigned char* dynamic_shared() { return sched().dynamic_bytes > 0 ? sched().dynamic : nullptr; }
+void trap() {
+  throw std::logic_error("emulated kernel: __trap() (a device-side check failed; on a GPU the "
+                         "launch fails with an unspecified launch failure)");
+}
 
 // Exactly `bytes` each way: a 4-byte value's neighbour on the caller's
 // stack is not the exchange's to write (8 bytes there overwrote a saved
@@ -292,6 +307,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
 const char* cudaGetErrorString(cudaError_t) { return "emulated CUDA error"; }
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);

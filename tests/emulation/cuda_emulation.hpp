@@ -14,6 +14,7 @@
 // precision handling); it says nothing about speed, and cuBLASLt is
 // replaced by the host BLAS (gemm_emulated.cpp).
 #pragma once
+#define MPIFORMER_CUDA_EMULATION 1
 #define __shared__ static
 #define __launch_bounds__(...)
 #include <cuda_bf16.h>
@@ -50,6 +51,20 @@ void syncthreads();
 // (at most 8), then reads lane `src`'s.
 void warp_exchange(const void* mine, void* theirs, unsigned src, size_t bytes);
 
+// The launch's dynamic shared memory, filled with 0xff bytes (NaN in every
+// float type) before each block, so a read of what no thread wrote shows.
+unsigned char* dynamic_shared();
+void syncwarp();
+[[noreturn]] void trap();
+
+template <class T>
+T shfl(unsigned /*mask*/, T v, int src) {
+  static_assert(sizeof(T) <= 8, "emulated shuffles move at most 8 bytes");
+  T out{};
+  warp_exchange(&v, &out, static_cast<unsigned>(src) % 32, sizeof(T));
+  return out;
+}
+
 template <class T>
 T shfl_xor(unsigned /*mask*/, T v, int offset) {
   static_assert(sizeof(T) <= 8, "emulated shuffles move at most 8 bytes");
@@ -70,5 +85,10 @@ inline float rsqrt(float x) { return 1.f / std::sqrt(x); }
 #define gridDim (::emu::grid_dim())
 #define __syncthreads() ::emu::syncthreads()
 #define __shfl_xor_sync(mask, v, offset) ::emu::shfl_xor(mask, v, offset)
+#define __shfl_sync(mask, v, src) ::emu::shfl(mask, v, src)
+#define __syncwarp(...) ::emu::syncwarp()
+#define __trap() ::emu::trap()
+// Blocks run one at a time: every write is visible to the next.
+#define __threadfence() ((void)0)
 #define __expf(x) ::emu::fast_exp(x)
 #define rsqrtf(x) ::emu::rsqrt(x)

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/attention_storage.hpp"
 #include "cuda/adamw.hpp"
 #include "cuda/attention.hpp"
 #include "cuda/column_sum_slices.hpp"
@@ -434,9 +435,9 @@ TYPED_TEST(GpuKernels, Matmul) {
 
 // The fused attention against the host kernel in double (the inputs as the
 // device holds them), and each row's log-sum-exp against a naive double
-// loop: head sizes 8, 64 (the tensor cores' tile on bf16) and 96 (the
-// 128-wide tiles), T = 1, T a multiple of no tile, several batches and
-// heads. Tolerances: fp32, 1e-5 (float sums over at most T keys in another
+// loop: head sizes 6 (element loads), 8, 64 and 96 (the 128-wide tiles),
+// T = 1, T a multiple of no tile, several tiles, several batches and
+// heads, grouped and multi-query. Tolerances: fp32, 1e-5 (float sums over at most T keys in another
 // order); bf16, 1e-2 forward and 3e-2 backward (the probabilities and the
 // scores' gradient are rounded to bf16 before their products, 2^-8).
 template <class A>
@@ -471,8 +472,10 @@ void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn, int64_t NK
   EXPECT_TRUE(close(lse.read(), want_lse, 1e-5));
 
   Dev<A> dout(random_vector(n, 21)), dqkv = Dev<A>::poisoned(Bn * Tn * W);
-  Dev<float> delta = Dev<float>::poisoned(rows);
-  cuda::attention_backward(dqkv.get(), delta.get(), dout.get(), qkv.get(), out.get(), lse.get(), Bn,
+  // The scratch poisoned too: nothing may rely on it starting at zero.
+  Dev<float> scratch_dev = Dev<float>::poisoned(static_cast<size_t>(attention_scratch_elements(
+      AttentionStorage::kRowStatistics, Bn, NHn, Tn, hs)));
+  cuda::attention_backward(dqkv.get(), scratch_dev.get(), dout.get(), qkv.get(), out.get(), lse.get(), Bn,
                            Tn, Cn, NHn, NKVn, nullptr);
   std::vector<double> want_dqkv(Bn * Tn * W), scratch(Bn * NHn * Tn * Tn);
   host::attention_backward(want_dqkv.data(), scratch.data(), dout.exact.data(), qkv.exact.data(),
@@ -487,6 +490,13 @@ TYPED_TEST(GpuKernels, Attention) {
   check_attention<TypeParam>(2, 37, 64, 8, 2);  // grouped-query, 4 query heads per kv head
   check_attention<TypeParam>(1, 40, 128, 2, 1);  // multi-query, head size 64
   check_attention<TypeParam>(2, 40, 192, 2);   // head size 96
+  // Several 64-row tiles, the last one short: dQ is summed over the key
+  // tiles' blocks in turn, and blocks hold keys of several query heads.
+  check_attention<TypeParam>(1, 200, 128, 2, 1);  // head size 64, 4 tiles
+  check_attention<TypeParam>(1, 130, 192, 2);     // head size 96, 3 tiles
+  // Head size 6: rows that are no whole number of 16-byte pieces take the
+  // element-at-a-time loads and stores.
+  check_attention<TypeParam>(2, 70, 12, 2);
 }
 
 // Lengths with and without a tail past the last 16-byte pack, and buffers

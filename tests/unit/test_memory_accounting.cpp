@@ -271,7 +271,11 @@ TEST(MemoryAccounting, TheGpuKeepsAttentionsRowStatistics) {
   const RankMemory cuda = rank_memory(d, gpu, 0, 1);
   const double probabilities = 2 * 2 * 4 * 4 * 4, statistics = 2 * 2 * 4 * 4;  // bytes a layer
   EXPECT_EQ(host.stage.per_slot - cuda.stage.per_slot, 3 * (probabilities - statistics));
-  EXPECT_EQ(host.stage.scratch - cuda.stage.scratch, probabilities - statistics);
+  // The fused backward's scratch: each row's dot(dO, O) (B NH T floats),
+  // dQ's float sum (B NH T hs, hs = 4) and a turn flag per 64-row tile
+  // (B NH of them); the host's is the probabilities' gradient.
+  const double fused_scratch = (2 * 2 * 4 + 2 * 2 * 4 * 4 + 2 * 2) * 4;
+  EXPECT_EQ(host.stage.scratch - cuda.stage.scratch, probabilities - fused_scratch);
   EXPECT_EQ(cuda.workspace, 32.0 * (1 << 20));
   EXPECT_EQ(host.workspace, 0);
   d.train.recompute = Recompute::kAttention;  // the state is recomputed, not kept
