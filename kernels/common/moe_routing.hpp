@@ -58,34 +58,65 @@ MPIFORMER_ROUTER_FN void router_token(const T* l, T* p, T& lse, int32_t* x, T* g
   for (int64_t j = 0; j < K; ++j) g[j] = p[x[j]] / picked;
 }
 
-// Sequence s: its assignments taken in order (every token's first choice
-// by position, then every second choice, ...), each given its place in its
-// expert's queue (dest, -1 past capacity), the counts c [E] before
-// dropping; the drops counted; returns aux(s).
+// The i-th assignment of sequence s in capacity order (every token's first
+// choice by position, then every second choice, ...): its index into
+// expert and dest.
+MPIFORMER_ROUTER_FN int64_t router_assignment(const RouterShape& r, int64_t s, int64_t i) {
+  return (s * r.seq_len + i % r.seq_len) * r.top_k + i / r.seq_len;
+}
+
+// An assignment's dest from its place in its expert's queue: -1 past
+// capacity.
+MPIFORMER_ROUTER_FN int32_t router_dest(const RouterShape& r, int64_t place) {
+  return r.capacity > 0 && place >= r.capacity ? -1 : static_cast<int32_t>(place);
+}
+
+// Assignments an expert drops of `count` it was given in one sequence.
+MPIFORMER_ROUTER_FN int64_t router_drops(const RouterShape& r, int64_t count) {
+  return r.capacity > 0 && count > r.capacity ? count - r.capacity : 0;
+}
+
+// Expert e's part of aux(s) / E: the share of the sequence's assignments
+// it was given, times its mean probability (prob_sum: over the sequence's
+// tokens).
+template <class T>
+MPIFORMER_ROUTER_FN T router_aux_term(const RouterShape& r, int64_t count, T prob_sum) {
+  return static_cast<T>(count) / static_cast<T>(r.seq_len * r.top_k) *
+         (prob_sum / static_cast<T>(r.seq_len));
+}
+
+// Sequence s: its assignments taken in capacity order, each given its place
+// in its expert's queue (dest, -1 past capacity), the counts c [E] before
+// dropping; the drops counted; returns aux(s). (The GPU takes the places
+// by a scan per expert, from the same pieces.)
 template <class T>
 MPIFORMER_ROUTER_FN T router_sequence(const RouterShape& r, int64_t s, const T* probs,
                                       const int32_t* expert, int32_t* dest, int32_t* c,
                                       int64_t& dropped) {
   const int64_t L = r.seq_len, E = r.experts, K = r.top_k;
   for (int64_t e = 0; e < E; ++e) c[e] = 0;
-  dropped = 0;
-  for (int64_t j = 0; j < K; ++j) {
-    for (int64_t t = 0; t < L; ++t) {
-      const int64_t a = (s * L + t) * K + j;
-      const int32_t e = expert[a];
-      const bool full = r.capacity > 0 && c[e] >= r.capacity;
-      dest[a] = full ? -1 : c[e];
-      ++c[e];
-      dropped += full ? 1 : 0;
-    }
+  for (int64_t i = 0; i < L * K; ++i) {
+    const int64_t a = router_assignment(r, s, i);
+    const int32_t e = expert[a];
+    dest[a] = router_dest(r, c[e]);
+    ++c[e];
   }
+  dropped = 0;
   T total = 0;
   for (int64_t e = 0; e < E; ++e) {
-    T mean = 0;
-    for (int64_t t = 0; t < L; ++t) mean += probs[(s * L + t) * E + e];
-    total += static_cast<T>(c[e]) / static_cast<T>(L * K) * (mean / static_cast<T>(L));
+    T sum = 0;
+    for (int64_t t = 0; t < L; ++t) sum += probs[(s * L + t) * E + e];
+    total += router_aux_term(r, c[e], sum);
+    dropped += router_drops(r, c[e]);
   }
   return static_cast<T>(E) * total;
+}
+
+// Scratch a call of either back end's router_forward needs, in 8-byte
+// words: three per (sequence, expert) (the rows' starts; on the GPU also
+// each expert's drops and aux term per sequence).
+MPIFORMER_ROUTER_FN int64_t router_scratch_words(const RouterShape& r) {
+  return 3 * (r.tokens / r.seq_len) * r.experts;
 }
 
 // The dispatched rows: start [S E], where expert e's kept places of

@@ -67,6 +67,29 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return warp_max(v);
 }
 
+// How many threads before this one in the block have `flag` set, and (in
+// *total) how many in all. Every thread of the block calls it; `shared`
+// holds 32 ints; the call may be repeated.
+__device__ inline int block_exclusive_count(int flag, int* shared, int* total) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  int inclusive = flag;
+  for (int d = 1; d < kWarp; d <<= 1) {
+    const int v = __shfl_sync(0xffffffffu, inclusive, lane >= d ? lane - d : lane);
+    if (lane >= d) inclusive += v;
+  }
+  __syncthreads();  // a previous call may still be reading `shared`
+  if (lane == kWarp - 1) shared[warp] = inclusive;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < warps; ++w) {
+    before += w < warp ? shared[w] : 0;
+    all += shared[w];
+  }
+  *total = all;
+  return before + inclusive - flag;
+}
+
 // The launch's dynamic shared memory (the third launch parameter), 16
 // bytes aligned. The CPU emulation gives each block a buffer of its own.
 #if defined(MPIFORMER_CUDA_EMULATION)

@@ -20,6 +20,31 @@ struct alignas(16) Pack16 {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// V consecutive elements at p (16 bytes aligned when V > 1), as floats.
+template <class A, int V>
+__device__ __forceinline__ void load_pack(const A* p, float* out) {
+  if constexpr (V == 1) {
+    out[0] = to_float(*p);
+  } else {
+    static_assert(V == Pack16<A>::kCount, "a pack is 16 bytes");
+    const Pack16<A> x = *reinterpret_cast<const Pack16<A>*>(p);
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = to_float(x.v[i]);
+  }
+}
+template <class A, int V>
+__device__ __forceinline__ void store_pack(A* p, const float* in) {
+  if constexpr (V == 1) {
+    *p = from_float<A>(in[0]);
+  } else {
+    Pack16<A> x;
+#pragma unroll
+    for (int i = 0; i < V; ++i) x.v[i] = from_float<A>(in[i]);
+    *reinterpret_cast<Pack16<A>*>(p) = x;
+  }
+}
+
+
 // out[i] = op(a[i], b[i]) (b null: op(a[i], 0)); `vec`: threads below
 // n / kCount take one pack each, the next n mod kCount one element each.
 template <class A, class Op>

@@ -10,8 +10,11 @@ template <class A>
 struct BiasGradTerm {
   const A* dout;
   int64_t OC;
-  __device__ float2 operator()(int64_t n, int64_t o) const {
-    return make_float2(to_float(dout[n * OC + o]), 0.f);
+  template <int V>
+  __device__ void add(int64_t n, int64_t o, float* a, float*) const {
+    float g[V];
+    load_pack<A, V>(dout + n * OC + o, g);
+    for (int i = 0; i < V; ++i) a[i] += g[i];
   }
 };
 
@@ -31,7 +34,7 @@ void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A*
   if (dweight != nullptr) blas.gemm(matmul_dweight_gemm(N, C, OC), 1.f, dout, inp, 1.f, dweight);
   if (dbias != nullptr) {
     launch_column_sums<A>(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
-                          blas.scratch(), blas.stream());
+                          blas.scratch(), blas.stream(), {dout});
     CUDA_CHECK_LAUNCH();
   }
 }

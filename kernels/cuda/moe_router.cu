@@ -1,8 +1,8 @@
 // The router: a thread per token for the softmax, top-k and dispatch rows;
-// a thread per sequence for its capacity pass (sequential by definition:
-// assignments are taken in order) and its aux loss; one thread for the
-// rows' prefix over (expert, sequence) and the totals, each summed in the
-// host's order.
+// a block per (sequence, expert) for the capacity pass (each expert's
+// places by a scan over the sequence's assignments in order) and its aux
+// term; one block for the rows' prefix over (expert, sequence) (E x S
+// steps, on one thread) and the totals, each summed in a fixed order.
 #include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/moe_router.hpp"
@@ -20,25 +20,59 @@ __global__ void softmax_topk_kernel(RouterShape r, const float* logits, float* p
   router_token(logits + n * E, probs + n * E, lse[n], expert + n * K, gate + n * K, E, K);
 }
 
+// A block per (sequence, expert): the expert's places in its queue by a
+// scan over the sequence's assignments in capacity order, its count, drops
+// and aux term (the probabilities summed over the sequence in a fixed
+// order).
 __global__ void capacity_kernel(RouterShape r, const float* probs, const int32_t* expert,
-                                int32_t* dest, int32_t* chose, double* seq_aux,
-                                int64_t* seq_dropped) {
-  const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (s >= r.tokens / r.seq_len) return;
-  seq_aux[s] = static_cast<double>(
-      router_sequence(r, s, probs, expert, dest, chose + s * r.experts, seq_dropped[s]));
+                                int32_t* dest, int32_t* chose, double* terms, int64_t* drops) {
+  __shared__ int counts[kWarp];
+  __shared__ float sums[kWarp];
+  const int64_t s = blockIdx.x, e = blockIdx.y, L = r.seq_len, E = r.experts, LK = L * r.top_k;
+  int64_t placed = 0;
+  for (int64_t i0 = 0; i0 < LK; i0 += blockDim.x) {
+    const int64_t i = i0 + threadIdx.x;
+    const int64_t a = i < LK ? router_assignment(r, s, i) : 0;
+    const int mine = i < LK && expert[a] == e ? 1 : 0;
+    int total = 0;
+    const int before = block_exclusive_count(mine, counts, &total);
+    if (mine) dest[a] = router_dest(r, placed + before);
+    placed += total;
+  }
+  float sum = 0.f;
+  for (int64_t t = threadIdx.x; t < L; t += blockDim.x) sum += probs[(s * L + t) * E + e];
+  sum = block_sum(sum, sums);
+  if (threadIdx.x != 0) return;
+  chose[s * E + e] = static_cast<int32_t>(placed);
+  terms[s * E + e] = static_cast<double>(router_aux_term(r, placed, sum));
+  drops[s * E + e] = router_drops(r, placed);
 }
 
+// One block: the rows' starts (thread 0; E x S steps) and the call's
+// totals, each summed in a fixed order: aux(s) = E x its experts' terms.
 __global__ void rows_kernel(RouterShape r, const int32_t* chose, const float* lse,
-                            const double* seq_aux, const int64_t* seq_dropped, int64_t* start,
+                            const double* terms, const int64_t* drops, int64_t* start,
                             int64_t* kept, double* totals) {
-  router_rows(r, chose, start, kept);
-  for (int64_t s = 0; s < r.tokens / r.seq_len; ++s) {
-    totals[kAuxSum] += seq_aux[s];
-    totals[kDropped] += static_cast<double>(seq_dropped[s]);
+  __shared__ double shared[kWarp];
+  if (threadIdx.x == 0) router_rows(r, chose, start, kept);
+  const int64_t S = r.tokens / r.seq_len, E = r.experts;
+  double aux = 0, dropped = 0, z = 0;
+  for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+    float sum = 0.f;  // in float, as the host's router_sequence sums it
+    for (int64_t e = 0; e < E; ++e) sum += static_cast<float>(terms[s * E + e]);
+    aux += static_cast<double>(static_cast<float>(E) * sum);
+    for (int64_t e = 0; e < E; ++e) dropped += static_cast<double>(drops[s * E + e]);
   }
-  for (int64_t n = 0; n < r.tokens; ++n)
-    totals[kZSum] += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);
+  for (int64_t n = threadIdx.x; n < r.tokens; n += blockDim.x)
+    z += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);
+  aux = block_sum(aux, shared);
+  dropped = block_sum(dropped, shared);
+  z = block_sum(z, shared);
+  if (threadIdx.x == 0) {
+    totals[kAuxSum] += aux;
+    totals[kDropped] += dropped;
+    totals[kZSum] += z;
+  }
 }
 
 __global__ void dest_kernel(RouterShape r, const int32_t* expert, const int64_t* start,
@@ -63,38 +97,39 @@ __global__ void router_backward_kernel(RouterShape r, float* dlogits, const floa
                         gate + n * K, chose + (n / r.seq_len) * E, aux_scale, z_scale);
 }
 
-// The scratch: start [S E] and seq_dropped [S] (int64), seq_aux [S].
+// The scratch (router_scratch_words): start, drops [S E] (int64), and
+// the aux terms [S E] (double).
 struct Scratch {
   int64_t* start;
-  int64_t* seq_dropped;
-  double* seq_aux;
+  int64_t* drops;
+  double* terms;
 };
 Scratch carve(const RouterShape& r, void* scratch) {
-  const int64_t S = r.tokens / r.seq_len;
+  const int64_t SE = r.tokens / r.seq_len * r.experts;
   auto* base = static_cast<int64_t*>(scratch);
-  return {base, base + S * r.experts, reinterpret_cast<double*>(base + S * r.experts + S)};
+  return {base, base + SE, reinterpret_cast<double*>(base + 2 * SE)};
 }
 
 }  // namespace
 
 size_t router_scratch_bytes(const RouterShape& r) {
-  const int64_t S = r.tokens / r.seq_len;
-  return static_cast<size_t>(S * r.experts + S) * sizeof(int64_t) + static_cast<size_t>(S) * sizeof(double);
+  return static_cast<size_t>(router_scratch_words(r)) * sizeof(int64_t);
 }
 
 void router_forward(const RouterShape& r, const float* logits, float* probs, float* lse,
                     int32_t* expert, float* gate, int32_t* dest, int32_t* chose, int64_t* kept,
                     double* totals, void* scratch, cudaStream_t stream) {
   if (r.tokens == 0) return;
+  MPIFORMER_CHECK(r.experts <= 65535, "router: experts above 65535 (the capacity grid's y)");
   const Scratch w = carve(r, scratch);
   const int64_t S = r.tokens / r.seq_len;
   softmax_topk_kernel<<<blocks_for(r.tokens, 128), 128, 0, stream>>>(r, logits, probs, lse, expert,
                                                                      gate);
   CUDA_CHECK_LAUNCH();
-  capacity_kernel<<<blocks_for(S, 64), 64, 0, stream>>>(r, probs, expert, dest, chose, w.seq_aux,
-                                                         w.seq_dropped);
+  capacity_kernel<<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(r.experts)), 256, 0,
+                    stream>>>(r, probs, expert, dest, chose, w.terms, w.drops);
   CUDA_CHECK_LAUNCH();
-  rows_kernel<<<1, 1, 0, stream>>>(r, chose, lse, w.seq_aux, w.seq_dropped, w.start, kept, totals);
+  rows_kernel<<<1, 256, 0, stream>>>(r, chose, lse, w.terms, w.drops, w.start, kept, totals);
   CUDA_CHECK_LAUNCH();
   dest_kernel<<<blocks_for(r.tokens, 128), 128, 0, stream>>>(r, expert, w.start, dest);
   CUDA_CHECK_LAUNCH();

@@ -41,11 +41,10 @@
 
 namespace mpiformer::host {
 
-// Host memory a call needs (each sequence's aux loss, drops and rows'
-// starts), so a caller sizes it once.
+// Host memory a call needs (the rows' starts, each sequence's aux loss and
+// drops: within router_scratch_words), so a caller sizes it once.
 inline size_t router_scratch_bytes(const RouterShape& r) {
-  const int64_t S = r.tokens / r.seq_len;
-  return static_cast<size_t>(S * r.experts + 2 * S) * sizeof(int64_t);
+  return static_cast<size_t>(router_scratch_words(r)) * sizeof(int64_t);
 }
 
 // probs [N, E]: the softmax (kept for backward); lse [N]; expert, gate and

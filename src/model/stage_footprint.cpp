@@ -118,7 +118,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   if (moe.any_sparse) {
     const double S = B;
     f.scratch += BT * E * (act + acc) + BT * K * acc + (2 * M * C + Mr * Cin) * act +
-                 (cfg.llama() ? Mr * Cm * act : 0) + (S * E + 2 * S) * 8 + 2 * kRouterTotals * 8;
+                 (cfg.llama() ? Mr * Cm * act : 0) + 3 * S * E * 8 + 2 * kRouterTotals * 8;
     if (moe.ep > 1) f.scratch += Mr * C * act;
   }
   return f;

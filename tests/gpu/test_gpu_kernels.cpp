@@ -238,14 +238,20 @@ void check_layernorm(int64_t C, int64_t N = B * T) {
   EXPECT_TRUE(close(db.read(), want_db, t));
 }
 
-// 36 channels: not a multiple of the column-sum kernel's 8-column blocks.
+// The norms' paths (norm_rows.cuh): 32 channels, 16-byte packs; 36, a
+// whole number of packs in no type (element by element); both with the
+// parameter gradients fused, and over 4 K rows (the fused sums of 264
+// blocks added in order); 300 and 2056 channels, too wide to fuse (the
+// column sums, element by element and in packs, over row slices).
 TYPED_TEST(GpuKernels, LayerNorm) {
   check_layernorm<TypeParam>(C);
   check_layernorm<TypeParam>(36);
-  // 4 K rows of 36 columns: 3 (bf16) or 5 (float) column blocks, each of
-  // 32 row slices.
-  ASSERT_EQ(cuda::column_sum_slices(4096, 36, 16, size_t{1} << 20), 32);
   check_layernorm<TypeParam>(36, 4096);
+  check_layernorm<TypeParam>(300, 256);
+  check_layernorm<TypeParam>(2056, 64);
+  // 4 K rows of 36 columns by element: 2 column blocks, each of 64 row
+  // slices.
+  ASSERT_EQ(cuda::column_sum_slices(4096, 36, cuda::kSumPacks, size_t{1} << 20), 64);
 }
 
 // Llama's RMSNorm: forward and backward against the host in double.
@@ -274,6 +280,8 @@ void check_rmsnorm(int64_t C, int64_t N = B * T) {
 TYPED_TEST(GpuKernels, RmsNorm) {
   check_rmsnorm<TypeParam>(C);
   check_rmsnorm<TypeParam>(36, 4096);
+  check_rmsnorm<TypeParam>(300, 256);
+  check_rmsnorm<TypeParam>(2056, 64);
 }
 
 // SwiGLU and rotary positions (in place on q and k of a grouped qkv).
@@ -344,10 +352,12 @@ TYPED_TEST(GpuKernels, MoeDispatchAndCombine) {
 
 // The router, in float, against the host's in double on the same logits:
 // every decision (choices, drops, rows, counts) exactly, the values within
-// float rounding (1e-5), with a tie and experts over capacity.
-TEST(GpuRouter, MatchesTheHost) {
-  const int64_t L = 6, S = 3, N = S * L, E = 5, K = 2;
-  const RouterShape r{N, L, E, K, 2};
+// float rounding (1e-5), with a tie and experts over capacity; sequences
+// of 12 assignments and of 400 (the capacity scan over 256-thread chunks).
+void check_router(int64_t L, int64_t S, int64_t E, int64_t capacity) {
+  SCOPED_TRACE("L " + std::to_string(L));
+  const int64_t N = S * L, K = 2;
+  const RouterShape r{N, L, E, K, capacity};
   std::vector<double> lv = random_vector(N * E, 96, 2.0);
   lv[4 * E + 1] = lv[4 * E + 3] = 4.0;  // a tie: expert 1 first
   Dev<float> logits(lv), probs = Dev<float>::poisoned(N * E), lse = Dev<float>::poisoned(N);
@@ -395,6 +405,11 @@ TEST(GpuRouter, MatchesTheHost) {
   host::router_backward(r, want.data(), dgate.exact.data(), hp.data(), hl.data(), he.data(),
                         hg.data(), hc.data(), 0.3, 0.01);
   EXPECT_TRUE(close(dlogits.read(), want, 1e-5));
+}
+
+TEST(GpuRouter, MatchesTheHost) {
+  check_router(6, 3, 5, 2);
+  check_router(200, 2, 5, 70);
 }
 
 TYPED_TEST(GpuKernels, Matmul) {

@@ -17,12 +17,15 @@
 // (p = 0..K-1), so they agree exactly; the values are small integers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cuda/gemm_layout.hpp"
+#include "cuda/plan_cache.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -185,6 +188,44 @@ TEST(GemmLayout, TheReferenceCatchesAWrongDescriptor) {
   const double want = row_major(d, 0, 5, 7);
   const double got = column_major(wrong_ld, 0, 7, 5, 80 * 48, 64 * 80, &f);
   EXPECT_TRUE(!f.what.empty() || got != want);
+}
+
+// The plans' LRU keeps the most recent entries, releases each evicted one
+// exactly once (and the rest at the end), and a found entry counts as used.
+TEST(GemmPlanCache, LruKeepsTheRecentAndReleasesTheRest) {
+  std::vector<int> released;
+  {
+    cuda::LruMap<int, int> lru(3, [&](int& v) { released.push_back(v); });
+    for (int k = 0; k < 3; ++k) lru.insert(k, 10 * k);
+    ASSERT_NE(lru.find(0), nullptr);  // 0 is now the most recent
+    lru.insert(3, 30);                // evicts 1, the least recent
+    EXPECT_EQ(released, std::vector<int>{10});
+    EXPECT_EQ(lru.find(1), nullptr);
+    EXPECT_EQ(*lru.find(0), 0);
+    EXPECT_EQ(lru.size(), 3u);
+  }
+  std::sort(released.begin(), released.end());
+  EXPECT_EQ(released, (std::vector<int>{0, 10, 20, 30}));
+}
+
+// Rows' buckets: every count in a bucket at most its top, the top at most
+// 12.5% above it (the GEMM an algorithm was chosen for is never much
+// larger), powers of two and B x T their own bucket, and the number of
+// buckets up to 2^20 rows small (a plan cache keyed by them stays small).
+TEST(GemmPlanCache, RowBuckets) {
+  std::set<int64_t> tops;
+  for (int64_t m = 1; m <= (int64_t{1} << 20); ++m) {
+    const int64_t top = cuda::gemm_rows_bucket(m);
+    ASSERT_GE(top, m);
+    ASSERT_LE(static_cast<double>(top), 1.125 * static_cast<double>(m)) << m;
+    ASSERT_EQ(cuda::gemm_rows_bucket(top), top) << m;
+    tops.insert(top);
+  }
+  EXPECT_LE(tops.size(), 16u + 8u * 17u);
+  for (const int64_t m : {int64_t{1024}, int64_t{16 * 1024}, int64_t{24576}, int64_t{8 * 2048}})
+    EXPECT_EQ(cuda::gemm_rows_bucket(m), m);
+  EXPECT_EQ(cuda::gemm_rows_bucket(1000), 1024);
+  EXPECT_EQ(cuda::gemm_rows_bucket(1025), 1152);
 }
 
 }  // namespace
