@@ -78,7 +78,7 @@ CMP_SEQ=${CMP_SEQ:-1024}
 CMP_MB=${CMP_MB:-2}
 FP16_STEPS=${FP16_STEPS:-10}
 DEADLINE=${DEADLINE:-400}
-UNIT_TESTS=${UNIT_TESTS:-^gpu\.(kernels|gemm|stage|offload|local_comm|stage_comms|nccl_communicator)$}
+UNIT_TESTS=${UNIT_TESTS:-^gpu\.(kernels|gemm|stage|offload|local_comm|host_staged|stage_comms|nccl_communicator)$}
 E2E_TESTS='^gpu\.(train_tiny|calibrate|layout_equivalence|tensor_parallel)$'
 SANITIZE_FILTER=${SANITIZE_FILTER:--*Matmul*}
 

@@ -23,24 +23,50 @@ Context::~Context() {
   // While unwinding, the stream may wait on a communication that will never
   // complete: do not wait (errors are ignored for the same reason).
   if (std::uncaught_exceptions() == 0) cudaStreamSynchronize(stream_);
+  offload_copies_.reset();
   blas_.reset();
   cudaStreamDestroy(stream_);
 }
+
+namespace {
+
+// Polls `query` (a stream's or an event's) until it is done, calling the
+// wait check between polls, so a failure elsewhere (a communicator's peer
+// gone) surfaces as an exception instead of a hang.
+template <class Query>
+void poll(Query query, const std::function<void()>& check) {
+  for (;;) {
+    const cudaError_t st = query();
+    if (st == cudaSuccess) return;
+    if (st != cudaErrorNotReady) CUDA_CHECK(st);
+    check();
+    // A step's waits are milliseconds long; 20 us between polls costs
+    // nothing measurable and keeps one host core from spinning flat out.
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
 
 void Context::synchronize() {
   if (!wait_check_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     return;
   }
-  for (;;) {
-    const cudaError_t st = cudaStreamQuery(stream_);
-    if (st == cudaSuccess) return;
-    if (st != cudaErrorNotReady) CUDA_CHECK(st);
-    wait_check_();
-    // A step's waits are milliseconds long; 20 us between polls costs
-    // nothing measurable and keeps one host core from spinning flat out.
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  poll([this] { return cudaStreamQuery(stream_); }, wait_check_);
+}
+
+void Context::wait_for(cudaEvent_t event) {
+  if (!wait_check_) {
+    CUDA_CHECK(cudaEventSynchronize(event));
+    return;
   }
+  poll([event] { return cudaEventQuery(event); }, wait_check_);
+}
+
+OffloadCopies& Context::offload_copies() {
+  if (!offload_copies_) offload_copies_ = std::make_unique<OffloadCopies>(*this);
+  return *offload_copies_;
 }
 
 std::string Context::device_name() const {

@@ -13,6 +13,7 @@
 #include "cuda/device.hpp"
 #include "cuda/embedding.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/offload_copies.hpp"
 #include "cuda/reduce.hpp"
 
 namespace mpiformer::cuda {
@@ -36,6 +37,10 @@ class Context {
   // check between polls, so a failure elsewhere (a communicator's peer
   // gone) surfaces as an exception instead of a hang.
   void synchronize();
+  // Waits for an event likewise.
+  void wait_for(cudaEvent_t event);
+  // The offloaded optimizer's copy streams, made at first use.
+  OffloadCopies& offload_copies();
   void set_wait_check(std::function<void()> check) { wait_check_ = std::move(check); }
   // Reads one double of device memory (waits for the stream).
   double read(const double* device_value);
@@ -49,6 +54,7 @@ class Context {
   PinnedBuffer<double> scalar_;
   TokenGroups groups_;  // host-side scratch for the embedding's grouping
   std::function<void()> wait_check_;
+  std::unique_ptr<OffloadCopies> offload_copies_;
 };
 
 // A micro-batch's token ids on the device, and (for the embedding's

@@ -105,6 +105,8 @@ struct Ops {
                                  cudaMemcpyDeviceToHost, c.stream()));
   }
   static void synchronize(Context& c) { c.synchronize(); }
+  // The offloaded optimizer's copy streams (cuda/offload_copies.hpp).
+  static OffloadCopies& offload_copies(Context& c) { return c.offload_copies(); }
   static void load_tokens(Context& c, Tokens& t, const int32_t* src, int64_t n, bool grouped) {
     t.load(c, src, n, grouped);
   }

@@ -3,4 +3,4 @@
 set(MPIFORMER_CUDA_KERNELS embedding layernorm rmsnorm rope swiglu moe_dispatch moe_router matmul attention gelu residual crossentropy adamw
     reduce device fill)   # each NAME.cu
 set(MPIFORMER_CUDA_DEVICE_HEADERS column_sums device_math elementwise norm_rows warp_mma)   # each NAME.cuh
-set(MPIFORMER_CUDA_HOST_SOURCES context)   # each NAME.cpp: host code of the op set
+set(MPIFORMER_CUDA_HOST_SOURCES context offload_copies)   # each NAME.cpp: host code of the op set

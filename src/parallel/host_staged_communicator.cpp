@@ -2,11 +2,58 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <memory>
 
 #include "core/cuda_check.hpp"
 
 namespace mpiformer {
+
+// Page-locked host bytes (cudaMallocHost): copies to and from them run at
+// the link's rate, and a copy to the device returns before it has read them.
+class PinnedBytes {
+ public:
+  explicit PinnedBytes(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) CUDA_CHECK(cudaMallocHost(&data_, bytes));
+  }
+  ~PinnedBytes() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  PinnedBytes(const PinnedBytes&) = delete;
+  PinnedBytes& operator=(const PinnedBytes&) = delete;
+  char* data() const { return static_cast<char*>(data_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_;
+};
+
+// Send buffers are taken for a send and given back when it completes (a
+// pipeline sends the same sizes step after step, so the pool settles at a
+// few buffers).
+class PinnedSendPool {
+ public:
+  std::unique_ptr<PinnedBytes> take(size_t bytes) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if ((*it)->size() >= bytes) {
+        auto b = std::move(*it);
+        free_.erase(it);
+        return b;
+      }
+    }
+    return std::make_unique<PinnedBytes>(bytes);
+  }
+  void give(std::unique_ptr<PinnedBytes> b) {
+    constexpr size_t kKept = 8;  // a send in flight per pipeline direction, and some
+    if (free_.size() < kKept) free_.push_back(std::move(b));
+  }
+
+ private:
+  std::vector<std::unique_ptr<PinnedBytes>> free_;
+};
 
 namespace {
 
@@ -17,19 +64,26 @@ class Done final : public PendingOp {
   bool test() override { return true; }
 };
 
-// A send from a host copy that the operation owns until MPI is done with it.
+// A send from a page-locked copy that the operation owns until MPI is done
+// with it, then gives back to the pool.
 class StagedSend final : public PendingOp {
  public:
-  explicit StagedSend(std::vector<char> copy) : copy_(std::move(copy)) {}
+  StagedSend(std::shared_ptr<PinnedSendPool> pool, std::unique_ptr<PinnedBytes> copy, size_t bytes)
+      : pool_(std::move(pool)), copy_(std::move(copy)), bytes_(bytes) {}
   void start(MpiCommunicator& group, int peer, int tag) {
-    inner_ = group.start_send_bytes(copy_.data(), copy_.size(), peer, tag);
+    inner_ = group.start_send_bytes(copy_->data(), bytes_, peer, tag);
   }
-  ~StagedSend() override { inner_.reset(); }
+  ~StagedSend() override {
+    inner_.reset();  // waits for the send
+    pool_->give(std::move(copy_));
+  }
   void wait() override { inner_->wait(); }
   bool test() override { return inner_->test(); }
 
  private:
-  std::vector<char> copy_;
+  std::shared_ptr<PinnedSendPool> pool_;
+  std::unique_ptr<PinnedBytes> copy_;
+  size_t bytes_;
   Pending inner_;
 };
 
@@ -40,12 +94,6 @@ void to_host(void* dst, const void* src, size_t bytes, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-}
-// To the device: queued before any later kernel; the source may be reused
-// at once (a copy from pageable memory returns once it has been read).
-void to_device(void* dst, const void* src, size_t bytes, void* stream) {
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-                             static_cast<cudaStream_t>(stream)));
 }
 
 // Where rank's part starts among the parts, and their total.
@@ -61,15 +109,41 @@ std::pair<int64_t, int64_t> part_place(const std::vector<int64_t>& counts, int r
 }  // namespace
 
 HostStagedCommunicator::HostStagedCommunicator(MpiCommunicator& group, void* compute_stream)
-    : group_(group), compute_(compute_stream) {}
+    : group_(group), compute_(compute_stream), sends_(std::make_shared<PinnedSendPool>()) {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  uploaded_ = e;
+}
+
+HostStagedCommunicator::~HostStagedCommunicator() {
+  // The staging buffer's last copy to the device must be done before it is
+  // freed (not while unwinding: the stream may never finish).
+  if (std::uncaught_exceptions() == 0) cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(uploaded_));
+}
+
+char* HostStagedCommunicator::staging(size_t bytes) {
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded_)));
+  if (!staging_ || staging_->size() < bytes) {
+    staging_.reset();
+    staging_ = std::make_unique<PinnedBytes>(std::max(bytes, size_t{1}));
+  }
+  return staging_->data();
+}
+
+void HostStagedCommunicator::to_device(void* dst, size_t offset, size_t bytes) {
+  const auto s = static_cast<cudaStream_t>(compute_);
+  CUDA_CHECK(cudaMemcpyAsync(dst, staging_->data() + offset, bytes, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(uploaded_), s));
+}
 
 template <class T>
 void HostStagedCommunicator::allreduce(T* data, int64_t n) {
   const size_t bytes = sizeof(T) * static_cast<size_t>(n);
-  staging_.resize(bytes);
-  to_host(staging_.data(), data, bytes, compute_);
-  group_.allreduce_sum(reinterpret_cast<T*>(staging_.data()), n);
-  to_device(data, staging_.data(), bytes, compute_);
+  char* host = staging(bytes);
+  to_host(host, data, bytes, compute_);
+  group_.allreduce_sum(reinterpret_cast<T*>(host), n);
+  to_device(data, 0, bytes);
 }
 
 void HostStagedCommunicator::allreduce_sum(float* data, int64_t n) { allreduce(data, n); }
@@ -77,10 +151,10 @@ void HostStagedCommunicator::allreduce_sum(double* data, int64_t n) { allreduce(
 
 void HostStagedCommunicator::allreduce(void* data, int64_t n, Element type, Reduction op) {
   const size_t bytes = element_bytes(type) * static_cast<size_t>(n);
-  staging_.resize(bytes);
-  to_host(staging_.data(), data, bytes, compute_);
-  group_.allreduce(staging_.data(), n, type, op);
-  to_device(data, staging_.data(), bytes, compute_);
+  char* host = staging(bytes);
+  to_host(host, data, bytes, compute_);
+  group_.allreduce(host, n, type, op);
+  to_device(data, 0, bytes);
 }
 
 Pending HostStagedCommunicator::start_allreduce_sum(float* data, int64_t n) {
@@ -91,11 +165,15 @@ Pending HostStagedCommunicator::start_allreduce_sum(float* data, int64_t n) {
 Pending HostStagedCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
                                                           const std::vector<int64_t>& counts) {
   const auto [before, total] = part_place(counts, rank());
-  std::vector<float> all(static_cast<size_t>(total));
-  to_host(all.data(), send, sizeof(float) * all.size(), compute_);
-  std::vector<float> mine(static_cast<size_t>(counts[rank()]));  // MPI forbids aliasing
-  group_.start_reduce_scatter_sum(all.data(), mine.data(), counts)->wait();
-  to_device(recv, mine.data(), sizeof(float) * mine.size(), compute_);
+  (void)before;
+  // Every part, then this rank's sum (MPI forbids aliasing).
+  const size_t all = sizeof(float) * static_cast<size_t>(total);
+  const size_t mine = sizeof(float) * static_cast<size_t>(counts[rank()]);
+  char* host = staging(all + mine);
+  to_host(host, send, all, compute_);
+  group_.start_reduce_scatter_sum(reinterpret_cast<float*>(host),
+                                  reinterpret_cast<float*>(host + all), counts)->wait();
+  to_device(recv, all, mine);
   return std::make_unique<Done>();
 }
 
@@ -103,31 +181,33 @@ Pending HostStagedCommunicator::start_allgather(const void* send, void* recv,
                                                 const std::vector<int64_t>& counts,
                                                 size_t elem_bytes) {
   const auto [before, total] = part_place(counts, rank());
-  staging_.resize(elem_bytes * static_cast<size_t>(total));
-  char* mine = staging_.data() + elem_bytes * static_cast<size_t>(before);
+  const size_t bytes = elem_bytes * static_cast<size_t>(total);
+  char* host = staging(bytes);
+  char* mine = host + elem_bytes * static_cast<size_t>(before);
   to_host(mine, send, elem_bytes * static_cast<size_t>(counts[rank()]), compute_);
-  group_.start_allgather(mine, staging_.data(), counts, elem_bytes)->wait();
-  to_device(recv, staging_.data(), staging_.size(), compute_);
+  group_.start_allgather(mine, host, counts, elem_bytes)->wait();
+  to_device(recv, 0, bytes);
   return std::make_unique<Done>();
 }
 
 void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_t part,
                                             Element type) {
   const size_t bytes = element_bytes(type) * static_cast<size_t>(part);
-  staging_.resize(bytes * static_cast<size_t>(size() + 1));  // every part, then the result
-  to_host(staging_.data(), send, bytes * static_cast<size_t>(size()), compute_);
-  char* mine = staging_.data() + bytes * static_cast<size_t>(size());
-  group_.reduce_scatter(staging_.data(), mine, part, type);
-  to_device(recv, mine, bytes, compute_);
+  const size_t parts = bytes * static_cast<size_t>(size());
+  char* host = staging(parts + bytes);  // every part, then the result
+  to_host(host, send, parts, compute_);
+  group_.reduce_scatter(host, host + parts, part, type);
+  to_device(recv, parts, bytes);
 }
 
 void HostStagedCommunicator::allgather(const void* send, void* recv, int64_t part, Element type) {
   const size_t bytes = element_bytes(type) * static_cast<size_t>(part);
-  staging_.resize(bytes * static_cast<size_t>(size()));
-  char* mine = staging_.data() + bytes * static_cast<size_t>(rank());
+  const size_t all = bytes * static_cast<size_t>(size());
+  char* host = staging(all);
+  char* mine = host + bytes * static_cast<size_t>(rank());
   to_host(mine, send, bytes, compute_);
-  group_.allgather(mine, staging_.data(), part, type);
-  to_device(recv, staging_.data(), staging_.size(), compute_);
+  group_.allgather(mine, host, part, type);
+  to_device(recv, 0, all);
 }
 
 void HostStagedCommunicator::alltoallv_bytes(const void* send,
@@ -136,12 +216,10 @@ void HostStagedCommunicator::alltoallv_bytes(const void* send,
   int64_t out = 0, in = 0;
   for (const int64_t b : send_bytes) out += b;
   for (const int64_t b : recv_bytes) in += b;
-  staging_.resize(static_cast<size_t>(out + in));
-  char* host_send = staging_.data();
-  char* host_recv = staging_.data() + out;
-  to_host(host_send, send, static_cast<size_t>(out), compute_);
-  group_.alltoallv_bytes(host_send, send_bytes, host_recv, recv_bytes);
-  to_device(recv, host_recv, static_cast<size_t>(in), compute_);
+  char* host = staging(static_cast<size_t>(out + in));
+  to_host(host, send, static_cast<size_t>(out), compute_);
+  group_.alltoallv_bytes(host, send_bytes, host + out, recv_bytes);
+  to_device(recv, static_cast<size_t>(out), static_cast<size_t>(in));
 }
 
 // Staged through the host, nothing overlaps: done when started.
@@ -158,19 +236,19 @@ Pending HostStagedCommunicator::start_reduce_scatter(const void* send, void* rec
 
 Pending HostStagedCommunicator::start_send_bytes(const void* data, size_t bytes, int peer,
                                                  int tag) {
-  std::vector<char> copy(bytes);
-  to_host(copy.data(), data, bytes, compute_);
-  auto op = std::make_unique<StagedSend>(std::move(copy));
+  std::unique_ptr<PinnedBytes> copy = sends_->take(bytes);
+  to_host(copy->data(), data, bytes, compute_);
+  auto op = std::make_unique<StagedSend>(sends_, std::move(copy), bytes);
   op->start(group_, peer, tag);
   return op;
 }
 
 void HostStagedCommunicator::recv_bytes(void* data, size_t bytes, int peer, int tag) {
-  staging_.resize(bytes);
-  group_.recv_bytes(staging_.data(), bytes, peer, tag);
+  char* host = staging(bytes);
+  group_.recv_bytes(host, bytes, peer, tag);
   // On the compute stream: after the work queued before this receive (which
   // may still read the buffer), before the work queued after it.
-  to_device(data, staging_.data(), bytes, compute_);
+  to_device(data, 0, bytes);
 }
 
 }  // namespace mpiformer

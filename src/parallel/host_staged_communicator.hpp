@@ -4,7 +4,14 @@
 // first waits for the compute stream, copies to the host, runs the MPI
 // operation and copies back, so it is correct and slow; NCCL is used
 // wherever each rank of a group has its own GPU.
+//
+// The host side is page-locked (the copies run at the link's rate and
+// the copy back is truly asynchronous): one staging buffer, grown as
+// needed, whose copy to the device the next operation waits for before
+// writing it again (an event, not a stream wait), and a pool of send
+// buffers, each returned when its send completes.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "parallel/communicator.hpp"
@@ -12,10 +19,16 @@
 
 namespace mpiformer {
 
+class PinnedBytes;     // page-locked host memory (the .cpp's)
+class PinnedSendPool;  // page-locked send buffers, reused
+
 class HostStagedCommunicator final : public Communicator {
  public:
   // `group` must outlive this; `compute_stream` is a cudaStream_t.
   HostStagedCommunicator(MpiCommunicator& group, void* compute_stream);
+  ~HostStagedCommunicator() override;
+  HostStagedCommunicator(const HostStagedCommunicator&) = delete;
+  HostStagedCommunicator& operator=(const HostStagedCommunicator&) = delete;
 
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
@@ -40,9 +53,16 @@ class HostStagedCommunicator final : public Communicator {
  private:
   template <class T>
   void allreduce(T* data, int64_t n);
+  // The staging buffer, at least `bytes`, once its last copy to the device
+  // is done.
+  char* staging(size_t bytes);
+  // Queues staging [offset, offset + bytes) to `dst` on the compute stream.
+  void to_device(void* dst, size_t offset, size_t bytes);
   MpiCommunicator& group_;
   void* compute_;
-  std::vector<char> staging_;
+  std::unique_ptr<PinnedBytes> staging_;
+  void* uploaded_ = nullptr;  // cudaEvent_t: the staging buffer's last copy down
+  std::shared_ptr<PinnedSendPool> sends_;
 };
 
 }  // namespace mpiformer

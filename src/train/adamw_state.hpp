@@ -19,7 +19,11 @@
 // writes the last one behind it; a GPU copies each block's gradients down
 // (the next block's while this one computes, into page-locked buffers)
 // and the updated 16-bit copy up (in fp32, the masters down and up
-// instead). A GPU's link carries 6 bytes an element in bf16 (4 down, 2
+// instead), each way on a copy stream of its own (cuda/offload_copies.hpp:
+// block i + 1 goes down, block i computes on the host and block i - 1
+// goes up at once; events per staging buffer, no whole-stream waits, and
+// the next forward waits on the device for the last upload, not the
+// host). A GPU's link carries 6 bytes an element in bf16 (4 down, 2
 // up), not the 16 a device-side update of host moments would. Each
 // element's arithmetic is the same code on the host and the device
 // (common/adamw_math.hpp) and the 16-bit rounding is the same (round to
@@ -29,6 +33,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <exception>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -119,13 +124,29 @@ class AdamWState {
       if constexpr (!Ops::kHostMemory) {
         for (auto& g : stage_g_) g = HostBuffer<Acc>(static_cast<size_t>(block));
         if (holds_masters()) {
-          stage_w_ = HostBuffer<HostAct>(static_cast<size_t>(block));
+          for (auto& w : stage_w_) w = HostBuffer<HostAct>(static_cast<size_t>(block));
         } else {
           for (auto& p : stage_p_) p = HostBuffer<Acc>(static_cast<size_t>(block));
         }
       }
     }
   }
+
+  ~AdamWState() {
+    // Page-locked buffers a copy may still read or write: wait for the
+    // copies, unless unwinding (a stream may be stuck behind a failed peer).
+    if constexpr (!Ops::kHostMemory) {
+      if (copies_used_ && std::uncaught_exceptions() == 0) {
+        auto& io = Ops::offload_copies(ctx_);
+        for (int b = 0; b < 2; ++b) {
+          io.wait_downloaded(b);
+          io.wait_uploaded(b);
+        }
+      }
+    }
+  }
+  AdamWState(const AdamWState&) = delete;
+  AdamWState& operator=(const AdamWState&) = delete;
 
   Offload where() const { return where_; }
   // The masters are this state's (offloaded in mixed precision): the
@@ -234,6 +255,11 @@ class AdamWState {
     if constexpr (std::is_same_v<Acc, float> && kWeightCopy) {
       if (!holds_masters()) throw std::logic_error("AdamWState::write_weights: masters not held");
       release_views();
+      if constexpr (!Ops::kHostMemory) {
+        if (copies_used_) {  // the last step's uploads read stage_w_
+          for (int w = 0; w < 2; ++w) Ops::offload_copies(ctx_).wait_uploaded(w);
+        }
+      }
       for (const Block& b : blocks_) {
         const float* mst = host_[kMaster].data() + b.first;
         if (where_ == Offload::kNvme) {
@@ -244,8 +270,8 @@ class AdamWState {
         if constexpr (Ops::kHostMemory) {
           host::convert(dest + b.first, mst, b.length);
         } else {
-          host::convert(stage_w_.get(), mst, b.length);
-          Ops::upload(ctx_, dest + b.first, reinterpret_cast<const Act*>(stage_w_.get()), b.length);
+          host::convert(stage_w_[0].get(), mst, b.length);
+          Ops::upload(ctx_, dest + b.first, reinterpret_cast<const Act*>(stage_w_[0].get()), b.length);
           Ops::synchronize(ctx_);  // before stage_w_ is written again
         }
       }
@@ -347,34 +373,43 @@ class AdamWState {
       s.pending.push_back(files_->read(k, blocks_[i].first, blocks_[i].length, s.part[k].get()));
   }
   // A GPU: block i's gradients (and in fp32 its masters) queued for the
-  // host, into buffer i % 2.
+  // host on the down stream, into buffer i % 2.
   void fetch_block(int64_t i, const Acc* master, const Acc* grads) {
     if constexpr (!Ops::kHostMemory) {
+      auto& io = Ops::offload_copies(ctx_);
       const Block& b = blocks_[i];
-      Ops::download_start(ctx_, stage_g_[i % 2].get(), grads + b.first, b.length);
-      if (!holds_masters())
+      const int buf = static_cast<int>(i % 2);
+      io.download(stage_g_[buf].get(), grads + b.first, bytes(b.length));
+      if (!holds_masters()) {
+        io.download_after_upload(buf);  // block i - 2's masters have left the buffer
         for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r)
-          Ops::download_start(ctx_, stage_p_[i % 2].get() + runs_[r].local, master + runs_[r].param,
-                              runs_[r].length);
+          io.download(stage_p_[buf].get() + runs_[r].local, master + runs_[r].param,
+                      bytes(runs_[r].length));
+      }
+      io.downloaded(buf);
     }
   }
-  // A GPU: block i's results queued for the device (the Act copy, or in
-  // fp32 the masters); their buffers stay untouched until the next
-  // synchronize.
+  // A GPU: block i's results queued for the device on the up stream (the
+  // Act copy, or in fp32 the masters); their buffer stays untouched until
+  // wait_uploaded.
   void send_block(int64_t i, Acc* master, Act* weights) {
     if constexpr (!Ops::kHostMemory) {
+      auto& io = Ops::offload_copies(ctx_);
       const Block& b = blocks_[i];
+      const int buf = static_cast<int>(i % 2);
       for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r) {
         const Run& run = runs_[r];
         if (holds_masters()) {
-          Ops::upload(ctx_, weights + b.first + run.local,
-                      reinterpret_cast<const Act*>(stage_w_.get()) + run.local, run.length);
+          io.upload(weights + b.first + run.local, stage_w_[buf].get() + run.local,
+                    sizeof(Act) * static_cast<size_t>(run.length));
         } else {
-          Ops::upload(ctx_, master + run.param, stage_p_[i % 2].get() + run.local, run.length);
+          io.upload(master + run.param, stage_p_[buf].get() + run.local, bytes(run.length));
         }
       }
+      io.uploaded(buf);
     }
   }
+  static size_t bytes(int64_t n) { return sizeof(Acc) * static_cast<size_t>(n); }
 
   void streamed_step(Acc* master, const Acc* grads, const AdamWParams& p, Act* weights) {
     constexpr bool kDevice = !Ops::kHostMemory;
@@ -383,6 +418,10 @@ class AdamWState {
     try {
       if (count > 0) {
         if (nvme) read_block(0);
+        if constexpr (kDevice) {
+          copies_used_ = true;
+          Ops::offload_copies(ctx_).begin();  // after backward's last write of the gradients
+        }
         fetch_block(0, master, grads);
       }
       for (int64_t i = 0; i < count; ++i) {
@@ -398,9 +437,11 @@ class AdamWState {
           for (int k = 0; k < parts_; ++k) state[k] = host_[k].data() + b.first;
         }
         if constexpr (kDevice) {
-          // Block i's copies down, and block i - 1's up, are done.
-          Ops::synchronize(ctx_);
+          auto& io = Ops::offload_copies(ctx_);
+          const int buf = static_cast<int>(i % 2);
+          io.wait_downloaded(buf);  // block i is here
           if (i + 1 < count) fetch_block(i + 1, master, grads);
+          io.wait_uploaded(buf);  // block i - 2's results have left the buffer the host writes
         }
         update_block(i, state, master, grads, p, weights);
         if constexpr (kDevice) send_block(i, master, weights);
@@ -410,7 +451,10 @@ class AdamWState {
             s.pending.push_back(files_->write(k, b.first, b.length, state[k]));
         }
       }
-      if constexpr (kDevice) Ops::synchronize(ctx_);
+      // The next forward waits for the uploads on the device; the host
+      // goes on.
+      if constexpr (kDevice)
+        if (count > 0) Ops::offload_copies(ctx_).end();
       for (Slot& s : slots_) {
         for (auto& f : s.pending) f.get();
         s.pending.clear();
@@ -439,7 +483,7 @@ class AdamWState {
         if (weights != nullptr) copy = weights + b.first;
       } else {
         g = stage_g_[i % 2].get();
-        if (holds_masters()) copy = stage_w_.get();
+        if (holds_masters()) copy = stage_w_[i % 2].get();
         else params = stage_p_[i % 2].get();
       }
       host::adamw_update_chunks(params, g, state[kM], state[kV], chunks, b.chunk_count, p, copy);
@@ -462,11 +506,12 @@ class AdamWState {
   std::vector<Run> runs_;
   int pending_part_ = -1;     // write_range's block in slot 1, not yet written
   int64_t pending_block_ = -1;
-  // A GPU's page-locked buffers: each block's gradients (two: the next
-  // block's arrive while one computes), and the results going up: the
-  // Act copy (held masters) or the fp32 masters (two, as the gradients).
+  // A GPU's page-locked buffers, two of each (one block's in flight while
+  // the next computes): the gradients coming down, and the results going
+  // up: the Act copy (held masters) or the fp32 masters.
   std::array<HostBuffer<Acc>, 2> stage_g_, stage_p_;
-  HostBuffer<HostAct> stage_w_;
+  std::array<HostBuffer<HostAct>, 2> stage_w_;
+  bool copies_used_ = false;  // the copy streams exist and may hold copies
 };
 
 }  // namespace mpiformer
