@@ -13,12 +13,14 @@ Two practical ceilings are shown beside the roofline: GEMMs at GEMM_EFF of
 the peak (cuBLASLt's large bf16 GEMMs reach ~70% on Hopper) and streaming
 kernels at MEM_EFF of the bandwidth (~80%). Attention is priced as the
 fused kernels of kernels/cuda/attention.cu (the default): the causal half
-of the products on tensor cores at --fused-eff of the peak (0.5 is what
-FlashAttention-2 reports; a first wmma kernel without asynchronous copies
-is likely below that), the backward's 7 products (two kernels, no
-atomics), and memory O(B*T*C). `--attention batched` prices the design it
-replaced: batched GEMMs around softmax kernels over the stored T x T
-scores.
+of the products on tensor cores (mma.sync m16n8k16) at --fused-eff of the
+peak (0.5 is what FlashAttention-2 reports for its scheme on Hopper, which
+the kernel follows: register accumulators, cp.async double buffering),
+the backward's 5 products in one kernel, and memory O(B*T*C) (q and dO
+are re-read per key tile from L2, and dQ's float sum goes through L2 in
+turn: neither is counted against HBM). `--attention batched` prices the
+design it replaced: batched GEMMs around softmax kernels over the stored
+T x T scores.
 
   python3 bench/roofline.py [--model gpt2-350m] [--micro-batch 16] [--seq 1024]
                             [--peak-tflops 989] [--bandwidth-gbs 4800]
@@ -79,10 +81,11 @@ def kernels(L, NH, C, T, B, a, fused):
     stream("layernorm bwd (x2)", 2 * (3 * N * C * a + 2 * N * acc))
     stream("residual grad adds (x2)", 2 * 3 * N * C * a)
     if fused:
-        # D = rowsum(dO * O); dK,dV kernel (4 products) and dQ kernel (3).
+        # D = rowsum(dO * O); then one kernel of 5 products (S, dP, dV,
+        # dK, dQ): q, k, v, dO, lse and D read, dq, dk, dv written.
         stream("fused attention bwd: D = rowsum(dO O)", 2 * N * C * a + B * NH * T * acc)
-        k.append(("fused attention bwd (dK dV, dQ)", L, 7 * 2 * S * hs // 2,
-                  2 * (4 * N * C * a + 2 * B * NH * T * acc) + 3 * N * C * a, "fused"))
+        k.append(("fused attention bwd (5 products)", L, 5 * 2 * S * hs // 2,
+                  4 * N * C * a + 2 * B * NH * T * acc + 3 * N * C * a, "fused"))
     else:
         stream("split heads + permute dY (bwd)", 2 * 4 * N * C * a)
         gemm("dA = dY V^T (batched)", B * NH * T, T, hs)
@@ -95,7 +98,9 @@ def kernels(L, NH, C, T, B, a, fused):
     stream("embedding fwd + bwd", 3 * N * C * a + 2 * N * C * acc, 1)
     stream("final layernorm fwd + bwd", 5 * N * C * a, 1)
     gemm("lm head fwd", N, V, C, count=1)
-    stream("cross-entropy (fused fwd + bwd)", 2 * N * V * a, 1)
+    # One read for the log-sum-exp (the online softmax's pair), one read
+    # and one write for the gradient.
+    stream("cross-entropy (fused fwd + bwd)", 3 * N * V * a, 1)
     gemm("lm head dinp", N, C, V, count=1)
     gemm("lm head dW", V, C, N, out_bytes=acc, beta=True, count=1)
     return k
