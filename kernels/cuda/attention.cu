@@ -468,18 +468,23 @@ Shape check_shape(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV, size
                1.f / std::sqrt(static_cast<float>(hs)), hd};
 }
 
-// Dynamic shared memory beyond 48 KiB must be allowed per kernel, once.
-void allow_shared(const void* kernel, size_t bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)));
+// Dynamic shared memory beyond 48 KiB must be allowed per kernel, once
+// (a function-local static per kernel: thread-safe, and one call each).
+template <auto Kernel>
+void allow_shared(size_t bytes) {
+  static const bool allowed = [bytes] {
+    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(Kernel),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)allowed;
 }
 
 template <class A, int HS>
 void forward_tiled(A* out, float* lse, const A* qkv, const Shape& s, cudaStream_t stream) {
   constexpr size_t smem = forward_smem<A, HS>();
-  static const bool allowed = (allow_shared(reinterpret_cast<const void*>(
-                                   &attention_forward_kernel<A, HS>), smem), true);
-  (void)allowed;
+  allow_shared<&attention_forward_kernel<A, HS>>(smem);
   attention_forward_kernel<A, HS><<<dim3(s.tiles, static_cast<unsigned>(s.B * s.NH)), kThreads,
                                     smem, stream>>>(out, lse, qkv, s.hd, s.scale);
 }
@@ -488,9 +493,7 @@ template <class A, int HS>
 void backward_tiled(A* dqkv, float* dq_sum, unsigned* turns, const A* dout, const A* qkv,
                     const float* lse, const float* delta, const Shape& s, cudaStream_t stream) {
   constexpr size_t smem = backward_smem<A, HS>();
-  static const bool allowed = (allow_shared(reinterpret_cast<const void*>(
-                                   &attention_backward_kernel<A, HS>), smem), true);
-  (void)allowed;
+  allow_shared<&attention_backward_kernel<A, HS>>(smem);
   attention_backward_kernel<A, HS><<<dim3(s.tiles, static_cast<unsigned>(s.B * s.NKV)), kThreads,
                                      smem, stream>>>(dqkv, dq_sum, turns, dout, qkv, lse, delta,
                                                      s.hd, s.scale);

@@ -5,6 +5,9 @@
 // gradient written over the logits in place. The vocabulary-parallel
 // passes (a slice of the vocabulary a rank) share the row walks.
 #include "cuda/crossentropy.hpp"
+
+#include <type_traits>
+
 #include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/elementwise.cuh"
@@ -15,40 +18,37 @@ namespace {
 
 constexpr int kThreads = 512;
 
-// f(i, z[i]) for i in [0, n) of a row, the block's threads sharing it:
-// 16-byte packs where the row allows (`vec`), the tail one at a time.
-template <class A, class F>
-__device__ void for_row(const A* z, int64_t n, bool vec, F f) {
-  constexpr int P = Pack16<A>::kCount;
+// f(i, z[i]) for i in [0, n) of a row (z a const A*), or z[i] = f(i, z[i])
+// (z an A*), the block's threads sharing the row: 16-byte packs where the
+// row allows (`vec`), the tail one at a time.
+template <class P, class F>
+__device__ void walk_row(P z, int64_t n, bool vec, F f) {
+  using A = std::remove_const_t<std::remove_pointer_t<P>>;
+  constexpr bool kWrite = !std::is_const_v<std::remove_pointer_t<P>>;
+  constexpr int V = Pack16<A>::kCount;
+  auto take = [&](int64_t i, float x) {
+    if constexpr (kWrite) {
+      return f(i, x);
+    } else {
+      f(i, x);
+      return x;
+    }
+  };
   int64_t i0 = 0;
   if (vec) {
-    const int64_t packs = n / P;
+    const int64_t packs = n / V;
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      float v[P];
-      load_pack<A, P>(z + p * P, v);
-      for (int k = 0; k < P; ++k) f(p * P + k, v[k]);
+      float v[V];
+      load_pack<A, V>(z + p * V, v);
+      for (int k = 0; k < V; ++k) v[k] = take(p * V + k, v[k]);
+      if constexpr (kWrite) store_pack<A, V>(z + p * V, v);
     }
-    i0 = packs * P;
+    i0 = packs * V;
   }
-  for (int64_t i = i0 + threadIdx.x; i < n; i += blockDim.x) f(i, to_float(z[i]));
-}
-
-// z[i] = f(i, z[i]) for i in [0, n), likewise.
-template <class A, class F>
-__device__ void update_row(A* z, int64_t n, bool vec, F f) {
-  constexpr int P = Pack16<A>::kCount;
-  int64_t i0 = 0;
-  if (vec) {
-    const int64_t packs = n / P;
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      float v[P];
-      load_pack<A, P>(z + p * P, v);
-      for (int k = 0; k < P; ++k) v[k] = f(p * P + k, v[k]);
-      store_pack<A, P>(z + p * P, v);
-    }
-    i0 = packs * P;
+  for (int64_t i = i0 + threadIdx.x; i < n; i += blockDim.x) {
+    const float x = take(i, to_float(z[i]));
+    if constexpr (kWrite) z[i] = from_float<A>(x);
   }
-  for (int64_t i = i0 + threadIdx.x; i < n; i += blockDim.x) z[i] = from_float<A>(f(i, to_float(z[i])));
 }
 
 // A running maximum and the sum of exp(x - max) (the online softmax's
@@ -94,7 +94,7 @@ __device__ MaxSum block_max_sum(MaxSum v, float* shared) {
 template <class A>
 __device__ float row_logsumexp(const A* z, int64_t V, bool vec, float* shared) {
   MaxSum ms;
-  for_row(z, V, vec, [&](int64_t, float x) { ms.take(x); });
+  walk_row(z, V, vec, [&](int64_t, float x) { ms.take(x); });
   ms = block_max_sum(ms, shared);
   return logf(ms.s) + ms.m;
 }
@@ -121,7 +121,7 @@ __global__ void crossentropy_forward_backward_kernel(float* losses, A* logits,
   const float zy = to_float(z[y]);
   const float lse = row_logsumexp(z, V, vec, shared);
   if (threadIdx.x == 0) losses[blockIdx.x] = lse - zy;
-  update_row(z, Vp, vec, [&](int64_t i, float x) {
+  walk_row(z, Vp, vec, [&](int64_t i, float x) {
     return i < V ? grad_scale * (__expf(x - lse) - (i == y ? 1.f : 0.f)) : 0.f;
   });
 }
@@ -133,7 +133,7 @@ __global__ void crossentropy_vp_max_kernel(float* rowmax, const A* logits, int64
   __shared__ float shared[kWarp];
   const A* z = logits + blockIdx.x * Vl;
   float mx = -INFINITY;
-  for_row(z, V, vec, [&](int64_t, float x) { mx = fmaxf(mx, x); });
+  walk_row(z, V, vec, [&](int64_t, float x) { mx = fmaxf(mx, x); });
   mx = block_max(mx, shared);
   if (threadIdx.x == 0) rowmax[blockIdx.x] = mx;
 }
@@ -146,7 +146,7 @@ __global__ void crossentropy_vp_sums_kernel(float* stats, const A* logits, const
   const A* z = logits + blockIdx.x * Vl;
   const float mx = rowmax[blockIdx.x];
   float sum = 0.f;
-  for_row(z, V, vec, [&](int64_t, float x) { sum += __expf(x - mx); });
+  walk_row(z, V, vec, [&](int64_t, float x) { sum += __expf(x - mx); });
   sum = block_sum(sum, shared);
   if (threadIdx.x != 0) return;
   const int64_t y = static_cast<int64_t>(targets[blockIdx.x]) - v0;
@@ -165,7 +165,7 @@ __global__ void crossentropy_vp_finish_kernel(float* losses, A* logits, const in
   A* z = logits + blockIdx.x * Vl;
   const int64_t y = static_cast<int64_t>(targets[blockIdx.x]) - v0;
   const float scale = grad_scale / sum;
-  update_row(z, Vl, vec, [&](int64_t i, float x) {
+  walk_row(z, Vl, vec, [&](int64_t i, float x) {
     return i < V ? __expf(x - mx) * scale - (i == y ? grad_scale : 0.f) : 0.f;
   });
 }
