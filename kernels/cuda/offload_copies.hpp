@@ -45,6 +45,9 @@ class OffloadCopies {
   void wait_uploaded(int buffer);
   void download_after_upload(int buffer);
   void end();
+  // The down stream (a cudaStream_t), for work outside that orders it
+  // (a reduction's completion before a gradient bucket's copy).
+  void* down_stream() const { return down_; }
 
  private:
   Context& ctx_;

@@ -23,6 +23,14 @@ class PendingOp {
   virtual void wait() = 0;
   // Drives progress; true once the operation has completed.
   virtual bool test() = 0;
+  // Makes a device stream (a cudaStream_t) wait for the operation, without
+  // the host waiting: work queued on `stream` afterwards sees its result
+  // (the offloaded optimizer's gradient copies start so, bucket by bucket,
+  // during backward). Host operations complete on the host first.
+  virtual void order_stream(void* stream) {
+    (void)stream;
+    wait();
+  }
 };
 using Pending = std::unique_ptr<PendingOp>;
 

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/cuda_check.hpp"
+#include "parallel/compute_ordered.hpp"
 
 namespace mpiformer {
 
@@ -56,13 +57,6 @@ class PinnedSendPool {
 };
 
 namespace {
-
-// An operation that finished before it was returned.
-class Done final : public PendingOp {
- public:
-  void wait() override {}
-  bool test() override { return true; }
-};
 
 // A send from a page-locked copy that the operation owns until MPI is done
 // with it, then gives back to the pool.
@@ -159,7 +153,7 @@ void HostStagedCommunicator::allreduce(void* data, int64_t n, Element type, Redu
 
 Pending HostStagedCommunicator::start_allreduce_sum(float* data, int64_t n) {
   allreduce(data, n);
-  return std::make_unique<Done>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 Pending HostStagedCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
@@ -174,7 +168,7 @@ Pending HostStagedCommunicator::start_reduce_scatter_sum(const float* send, floa
   group_.start_reduce_scatter_sum(reinterpret_cast<float*>(host),
                                   reinterpret_cast<float*>(host + all), counts)->wait();
   to_device(recv, all, mine);
-  return std::make_unique<Done>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 Pending HostStagedCommunicator::start_allgather(const void* send, void* recv,
@@ -187,7 +181,7 @@ Pending HostStagedCommunicator::start_allgather(const void* send, void* recv,
   to_host(mine, send, elem_bytes * static_cast<size_t>(counts[rank()]), compute_);
   group_.start_allgather(mine, host, counts, elem_bytes)->wait();
   to_device(recv, 0, bytes);
-  return std::make_unique<Done>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_t part,
@@ -225,13 +219,13 @@ void HostStagedCommunicator::alltoallv_bytes(const void* send,
 // Staged through the host, nothing overlaps: done when started.
 Pending HostStagedCommunicator::start_allreduce(void* data, int64_t n, Element type) {
   allreduce(data, n, type, Reduction::kSum);
-  return std::make_unique<Done>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 Pending HostStagedCommunicator::start_reduce_scatter(const void* send, void* recv, int64_t part,
                                                      Element type) {
   reduce_scatter(send, recv, part, type);
-  return std::make_unique<Done>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 Pending HostStagedCommunicator::start_send_bytes(const void* data, size_t bytes, int peer,

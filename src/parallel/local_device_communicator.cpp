@@ -6,17 +6,11 @@
 #include <string>
 
 #include "core/cuda_check.hpp"
+#include "parallel/compute_ordered.hpp"
 
 namespace mpiformer {
 
 namespace {
-
-// Queued on the compute stream, so complete for every later kernel.
-class Queued final : public PendingOp {
- public:
-  void wait() override {}
-  bool test() override { return true; }
-};
 
 size_t bytes_of(int64_t n, size_t elem) {
   if (n < 0) throw std::logic_error("LocalDeviceCommunicator: negative message size");
@@ -38,14 +32,14 @@ void LocalDeviceCommunicator::copy(void* dst, const void* src, size_t bytes) {
 }
 
 Pending LocalDeviceCommunicator::start_allreduce_sum(float*, int64_t) {
-  return std::make_unique<Queued>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 Pending LocalDeviceCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
                                                           const std::vector<int64_t>& counts) {
   only_part(counts);
   copy(recv, send, bytes_of(counts[0], sizeof(float)));
-  return std::make_unique<Queued>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 Pending LocalDeviceCommunicator::start_allgather(const void* send, void* recv,
@@ -53,7 +47,7 @@ Pending LocalDeviceCommunicator::start_allgather(const void* send, void* recv,
                                                  size_t elem_bytes) {
   only_part(counts);
   copy(recv, send, bytes_of(counts[0], elem_bytes));
-  return std::make_unique<Queued>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 void LocalDeviceCommunicator::reduce_scatter(const void* send, void* recv, int64_t part,
@@ -66,13 +60,13 @@ void LocalDeviceCommunicator::allgather(const void* send, void* recv, int64_t pa
 }
 
 Pending LocalDeviceCommunicator::start_allreduce(void*, int64_t, Element) {
-  return std::make_unique<Queued>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 Pending LocalDeviceCommunicator::start_reduce_scatter(const void* send, void* recv, int64_t part,
                                                       Element type) {
   reduce_scatter(send, recv, part, type);
-  return std::make_unique<Queued>();
+  return std::make_unique<ComputeOrdered>(compute_);
 }
 
 void LocalDeviceCommunicator::alltoallv_bytes(const void* send,

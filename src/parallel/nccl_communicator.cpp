@@ -41,6 +41,9 @@ class CudaEventPending final : public PendingOp {
     waited_ = true;
   }
   bool test() override { return cudaEventQuery(event_) == cudaSuccess; }
+  void order_stream(void* stream) override {
+    CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0));
+  }
 
  private:
   cudaStream_t compute_;

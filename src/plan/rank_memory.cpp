@@ -149,7 +149,9 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // "host" keeps them in host memory all the same; "nvme" keeps a ring of
   // three blocks of each part there. A GPU keeps nothing of them: its
   // update runs on the host, with page-locked buffers of two blocks of
-  // gradients and one of the 16-bit copy (fp32: two of the masters).
+  // gradients and two of the 16-bit copy (fp32: of the masters); under
+  // "host" at zero 0 with data parallelism, also a page-locked copy of the
+  // whole gradients, filled during backward (adamw_state.hpp).
   if (deck.train.offload != Offload::kNone) {
     const bool held = masters_offloaded(deck.train.offload, types.weight_copy);
     const double elements = m.optimizer / (2 * acc);
@@ -163,8 +165,9 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       if (deck.train.offload == Offload::kHost) m.optimizer = state;
       m.offload_buffers = ring;
     } else {
+      const bool prefetch = deck.train.offload == Offload::kHost && zero == 0 && deck.parallel.dp > 1;
       m.offload_host = (deck.train.offload == Offload::kHost ? state : ring) +
-                       block * (2 * acc + (held ? act : 2 * acc));
+                       block * (2 * acc + 2 * (held ? act : acc)) + (prefetch ? elements * acc : 0);
     }
     if (deck.train.offload == Offload::kNvme) m.offload_disk = state;
   }

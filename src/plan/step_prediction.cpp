@@ -461,12 +461,17 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // at once) and a GPU's link (gradients down; the 16-bit copy up, or in
     // fp32 the masters down and up) each overlap the host's update, whose
     // memory the node's ranks share too: the slowest of the three paces it.
+    // Under "host" at zero 0 with data parallelism the gradients come down
+    // bucket by bucket during backward, on a stream of their own: priced
+    // as hidden behind backward (the link is otherwise idle then), so the
+    // step's link carries only what goes up (fp32: the masters both ways).
     double update = math;
     if (deck.train.offload != Offload::kNone) {
       const bool held = masters_offloaded(deck.train.offload, types.weight_copy);
+      const bool grads_early = deck.train.offload == Offload::kHost && zero == 0 && dp > 1;
       const double stream = offload_seconds(deck, machine, (held ? 3 : 2) * owned * acc, R);
-      const double link =
-          offload_link_seconds(deck, machine, owned * (held ? acc + act : 3 * acc));
+      const double link = offload_link_seconds(
+          deck, machine, owned * ((grads_early ? 0 : acc) + (held ? act : 2 * acc)));
       if (!host) {
         math = owned * 7 * acc * static_cast<double>(R) / machine.host_adamw_bandwidth + zeroing;
       }

@@ -46,6 +46,7 @@
 #include "core/format.hpp"
 #include "core/precision_plan.hpp"
 #include "core/settings.hpp"
+#include "parallel/communicator.hpp"
 #include "host/adamw.hpp"
 #include "host/residual.hpp"
 #include "host/storage_types.hpp"
@@ -147,6 +148,42 @@ class AdamWState {
   }
   AdamWState(const AdamWState&) = delete;
   AdamWState& operator=(const AdamWState&) = delete;
+
+  // Gradients copied during backward (a GPU, offload "host", the
+  // data-parallel reduction in buckets): a page-locked host copy of the
+  // whole gradient buffer, filled bucket by bucket on the down stream as
+  // each bucket's reduction completes on the device, so the step copies
+  // down only what changed after the reduction (the tied embedding's sum,
+  // the shared kv rows). Not for "nvme": that is for hosts whose memory
+  // cannot hold the state, and the copy is a third of it.
+  bool can_prefetch_gradients() const {
+    return !Ops::kHostMemory && where_ == Offload::kHost && std::is_same_v<Acc, float>;
+  }
+  void enable_gradient_prefetch() {
+    if (!can_prefetch_gradients()) throw std::logic_error("AdamWState: no gradient prefetch here");
+    grads_host_ = HostBuffer<Acc>(static_cast<size_t>(n_));
+  }
+  // Before the last micro-batch's backward.
+  void prefetch_begin() {
+    fetched_ = 0;
+    changed_.clear();
+  }
+  // Gradients [begin, end) are final once `op` completes: copied to the
+  // host after it, on the device's order.
+  void prefetch_gradients(const Acc* grads, int64_t begin, int64_t end, PendingOp& op) {
+    if constexpr (!Ops::kHostMemory) {
+      if (grads_host_.get() == nullptr) return;
+      auto& io = Ops::offload_copies(ctx_);
+      copies_used_ = true;
+      op.order_stream(io.down_stream());
+      io.download(grads_host_.get() + begin, grads + begin, bytes(end - begin));
+      fetched_ += end - begin;
+    }
+  }
+  // Gradients [first, first + n) changed on the device after their copy.
+  void gradients_changed(int64_t first, int64_t n) {
+    if (grads_host_.get() != nullptr && n > 0) changed_.push_back({first, n});
+  }
 
   Offload where() const { return where_; }
   // The masters are this state's (offloaded in mixed precision): the
@@ -379,7 +416,7 @@ class AdamWState {
       auto& io = Ops::offload_copies(ctx_);
       const Block& b = blocks_[i];
       const int buf = static_cast<int>(i % 2);
-      io.download(stage_g_[buf].get(), grads + b.first, bytes(b.length));
+      if (!prefetched_) io.download(stage_g_[buf].get(), grads + b.first, bytes(b.length));
       if (!holds_masters()) {
         io.download_after_upload(buf);  // block i - 2's masters have left the buffer
         for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r)
@@ -420,7 +457,15 @@ class AdamWState {
         if (nvme) read_block(0);
         if constexpr (kDevice) {
           copies_used_ = true;
-          Ops::offload_copies(ctx_).begin();  // after backward's last write of the gradients
+          auto& io = Ops::offload_copies(ctx_);
+          io.begin();  // after backward's last write of the gradients
+          // Every bucket came down during backward: only what changed
+          // since comes down now (before block 0's event, so waiting for
+          // block 0 waits for it).
+          prefetched_ = grads_host_.get() != nullptr && fetched_ == n_;
+          if (prefetched_)
+            for (const auto& [first, len] : changed_)
+              io.download(grads_host_.get() + first, grads + first, bytes(len));
         }
         fetch_block(0, master, grads);
       }
@@ -455,6 +500,8 @@ class AdamWState {
       // goes on.
       if constexpr (kDevice)
         if (count > 0) Ops::offload_copies(ctx_).end();
+      prefetch_begin();
+      prefetched_ = false;
       for (Slot& s : slots_) {
         for (auto& f : s.pending) f.get();
         s.pending.clear();
@@ -482,7 +529,7 @@ class AdamWState {
       if constexpr (Ops::kHostMemory) {
         if (weights != nullptr) copy = weights + b.first;
       } else {
-        g = stage_g_[i % 2].get();
+        g = prefetched_ ? grads_host_.get() + b.first : stage_g_[i % 2].get();
         if (holds_masters()) copy = stage_w_[i % 2].get();
         else params = stage_p_[i % 2].get();
       }
@@ -512,6 +559,12 @@ class AdamWState {
   std::array<HostBuffer<Acc>, 2> stage_g_, stage_p_;
   std::array<HostBuffer<HostAct>, 2> stage_w_;
   bool copies_used_ = false;  // the copy streams exist and may hold copies
+  // Gradient prefetch: the host copy, how much of it backward's buckets
+  // filled this step, what changed after, and whether the step uses it.
+  HostBuffer<Acc> grads_host_;
+  int64_t fetched_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> changed_;
+  bool prefetched_ = false;
 };
 
 }  // namespace mpiformer

@@ -26,6 +26,7 @@ void GradReducer::grads_final_from(int64_t offset) {
     }
     Communicator& group = b.experts ? experts_ : dp_;
     pending_.push_back(group.start_allreduce_sum(grads_ + b.begin, b.end - b.begin));
+    if (started_) started_(b.begin, b.end, *pending_.back());
   }
   // MPI progresses non-blocking collectives only inside MPI calls: poke the
   // ones in flight so they advance while backward computes.

@@ -8,6 +8,7 @@
 // holding the same experts (`experts`), the rest over the whole group.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/gradient_buckets.hpp"
@@ -29,6 +30,11 @@ class GradReducer {
   void grads_final_from(int64_t offset);
   // Starts whatever is left, waits for all; returns the seconds spent waiting.
   double finish();
+  // Called as each bucket's reduction starts, with its offsets and its
+  // operation (the offloaded optimizer copies the bucket to the host once
+  // the operation is done on the device).
+  using Started = std::function<void(int64_t begin, int64_t end, PendingOp& op)>;
+  void on_bucket_started(Started started) { started_ = std::move(started); }
 
  private:
   using Bucket = GradientBucket;
@@ -38,6 +44,7 @@ class GradReducer {
   float* grads_ = nullptr;
   size_t next_ = 0;
   std::vector<Pending> pending_;
+  Started started_;
 };
 
 }  // namespace mpiformer

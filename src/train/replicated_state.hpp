@@ -37,6 +37,14 @@ class ReplicatedState final : public StageOptimizer<Ops> {
   void connect(Communicator& dp, Communicator* experts) override {
     dp_ = &dp;
     reducer_ = std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp, experts);
+    // Offloaded from a GPU: each bucket comes down to the host as soon as
+    // its reduction is done, while backward goes on.
+    if (overlaps() && moments_.can_prefetch_gradients()) {
+      moments_.enable_gradient_prefetch();
+      reducer_->on_bucket_started([this](int64_t begin, int64_t end, PendingOp& op) {
+        moments_.prefetch_gradients(stage_.grads(), begin, end, op);
+      });
+    }
   }
   void init(uint64_t seed) override {
     if (!moments_.holds_masters()) {
@@ -78,7 +86,10 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     begun_ = false;
     // The two copies of the tied embedding receive the sum of both
     // stages' gradients, so identical updates keep them identical.
-    if (tied != nullptr && wte_ != nullptr) tied->allreduce_sum(stage_.grads() + wte_->offset, wte_->storage);
+    if (tied != nullptr && wte_ != nullptr) {
+      tied->allreduce_sum(stage_.grads() + wte_->offset, wte_->storage);
+      moments_.gradients_changed(wte_->offset, wte_->storage);
+    }
     return waited;
   }
   int64_t sum_shared_rows(Communicator& kv) override {
@@ -88,6 +99,7 @@ class ReplicatedState final : public StageOptimizer<Ops> {
       const int64_t len = (r.end - r.begin) * spec.row_length();
       if (len == 0) continue;
       kv.allreduce_sum(stage_.grads() + spec.offset + r.begin * spec.row_length(), len);
+      moments_.gradients_changed(spec.offset + r.begin * spec.row_length(), len);
       n += len;
     }
     return n;
@@ -147,7 +159,10 @@ class ReplicatedState final : public StageOptimizer<Ops> {
   bool overlaps() const { return dp_ != nullptr && dp_->size() > 1; }
   GradsFinal hook(bool last) {
     if (!last || !overlaps()) return nullptr;
-    if (!begun_) reducer_->begin(stage_.grads());
+    if (!begun_) {
+      reducer_->begin(stage_.grads());
+      moments_.prefetch_begin();
+    }
     begun_ = true;
     return [this](int64_t offset) { reducer_->grads_final_from(offset); };
   }

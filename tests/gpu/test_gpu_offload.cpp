@@ -4,7 +4,8 @@
 // down and the 16-bit copy (fp32: the masters) copied up. Against the
 // device's own AdamW with everything resident: every bit of the masters,
 // the moments and the 16-bit copy the matmuls read, over three steps, with
-// small blocks that cut AdamW's chunks. Exits 77 without a GPU (its CPU emulation runs
+// small blocks that cut AdamW's chunks; and with the gradients copied to
+// the host bucket by bucket before the step, a range changed after. Exits 77 without a GPU (its CPU emulation runs
 // it everywhere).
 #include <gtest/gtest.h>
 
@@ -37,8 +38,18 @@ std::vector<float> random_floats(int64_t n, unsigned seed, float scale) {
   return x;
 }
 
+// A reduction already done (the buckets' operations on the host and in
+// the emulation: order_stream waits for it on the host).
+struct Done final : PendingOp {
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+// `prefetch`: the gradients come down bucket by bucket before the step
+// (as backward's reductions finish, from the end of the buffer), then a
+// range changes on the device (a tied embedding's sum) and is said so.
 template <class A>
-Result<A> three_steps(const OffloadSetup& where) {
+Result<A> three_steps(const OffloadSetup& where, bool prefetch = false) {
   using Ops = cuda::Ops<A>;
   const int64_t n1 = kAdamWChunkElements + 3001, gap = 500, n2 = 2000, n = n1 + gap + n2;
   // fp32: the masters elsewhere than the moments (fp32 ZeRO's are the
@@ -49,6 +60,7 @@ Result<A> three_steps(const OffloadSetup& where) {
   append_adamw_chunks(chunks, n1 + gap, n2, false, n1 + gap + shift);
   cuda::Context ctx(0);
   AdamWState<Ops> state(ctx, n, chunks, where);
+  if (prefetch) state.enable_gradient_prefetch();
   cuda::DeviceBuffer<float> p(static_cast<size_t>(np)), g(static_cast<size_t>(n));
   cuda::DeviceBuffer<A> copy(static_cast<size_t>(n));
   // The gap is padding, as in a stage: zero, never updated.
@@ -64,8 +76,21 @@ Result<A> three_steps(const OffloadSetup& where) {
     if constexpr (!std::is_same_v<A, float>) Ops::convert(ctx, copy.get(), p.get(), n);
   }
   for (int step = 1; step <= 3; ++step) {
-    const auto gs = random_floats(n, 10 + step, 0.1f);
-    Ops::upload(ctx, g.get(), gs.data(), n);
+    auto gs = random_floats(n, 10 + step, 0.1f);
+    const int64_t changed = n1 / 3, changed_n = 777;
+    const auto late = random_floats(changed_n, 20 + step, 0.1f);
+    if (prefetch) {
+      state.prefetch_begin();
+      Ops::upload(ctx, g.get(), gs.data(), n);
+      Done done;
+      for (int64_t end = n; end > 0; end -= 1000)
+        state.prefetch_gradients(g.get(), std::max<int64_t>(0, end - 1000), end, done);
+      Ops::upload(ctx, g.get() + changed, late.data(), changed_n);
+      state.gradients_changed(changed, changed_n);
+    } else {
+      std::copy(late.begin(), late.end(), gs.begin() + changed);
+      Ops::upload(ctx, g.get(), gs.data(), n);
+    }
     state.step(p.get(), g.get(), AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7},
                std::is_same_v<A, float> ? nullptr : copy.get());
   }
@@ -105,6 +130,9 @@ void check_placements() {
     // 4096-element blocks: chunks of 16384 cut in four and more.
     expect_same(three_steps<A>(OffloadSetup{where, dir, 0, 1, 4096}), want, name_of(where));
   }
+  // The gradients copied during backward, a range changed after.
+  expect_same(three_steps<A>(OffloadSetup{Offload::kHost, dir, 0, 1, 4096}, true), want,
+              "host, gradients prefetched");
   std::filesystem::remove_all(dir);
   // The update did something (the last tensor's last element).
   const auto p0 = random_floats(static_cast<int64_t>(want.p.size()), 1, 1.0f);

@@ -772,9 +772,15 @@ TEST(Plan, OffloadIsPricedAndChosenWhenNothingElseFits) {
   EXPECT_EQ(host.memory[0].stage.parameters, 0.0);        // the masters left too
   EXPECT_NEAR(host.memory[0].stage.weight_copy, 2 * n, 1e-9 * n);  // the bf16 copy stayed
   EXPECT_EQ(host.memory[0].offload_buffers, 0.0);         // nothing of it on the device
-  // The state, and the page-locked blocks: two of gradients, one of the copy.
+  // The state, and the page-locked blocks: two of gradients, two of the copy.
   const double block = static_cast<double>(offload_block_elements(off.train));
-  EXPECT_NEAR(host.memory[0].offload_host, 12 * n + block * (8 + 2), 1e-9 * n);
+  EXPECT_NEAR(host.memory[0].offload_host, 12 * n + block * (8 + 4), 1e-9 * n);
+  // With data parallelism (zero 0) the whole gradients too: they come down
+  // bucket by bucket during backward.
+  Deck dp2 = off;
+  dp2.parallel.dp = 2;
+  EXPECT_NEAR(predict_step(dp2, m, 2, false).memory[0].offload_host,
+              16 * n + block * (8 + 4), 1e-9 * n);
   // The host's update at 80 GB/s (28 bytes an element) paces the step:
   // the link's 6 bytes at 48 GB/s hide behind it.
   EXPECT_NEAR(host.optimizer, 28 * n / 80e9, 0.02 * host.optimizer);
@@ -782,6 +788,9 @@ TEST(Plan, OffloadIsPricedAndChosenWhenNothingElseFits) {
   MachineSpec fast = m;
   fast.host_adamw_bandwidth = 1e15;
   EXPECT_NEAR(predict_step(off, fast, 1, false).optimizer, 6 * n / 48e9, 1e-6 * n / 48e9);
+  // With data parallelism the gradients came down during backward: the
+  // step's link carries the 2 bytes going up.
+  EXPECT_NEAR(predict_step(dp2, fast, 2, false).optimizer, 2 * n / 48e9, 1e-3 * n / 48e9);
   // nvme needs the disk's rates, which this file does not have.
   off.train.offload = Offload::kNvme;
   try {
