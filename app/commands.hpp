@@ -6,10 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace mpiformer {
+#include "core/error.hpp"  // the exit codes
 
-constexpr int kExitInputError = 2;
-constexpr int kExitFailure = 3;
+namespace mpiformer {
 
 // A failure of one rank past set-up: says it, naming the rank, and ends
 // the job: exit 2 for bad input that rank met alone (a damaged shard), 74

@@ -18,16 +18,22 @@ int fail(const std::exception& e, int rank, int world) {
   // read): still bad input, exit 2, which the job scripts never restart.
   const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
   const bool storage = dynamic_cast<const StorageError*>(&e) != nullptr;
+  const bool restart = dynamic_cast<const RestartableError*>(&e) != nullptr;
   if (input) {
     std::fprintf(stderr, "mpiformer: error (met by rank %d): %s\n", rank, e.what());
   } else {
     std::fprintf(stderr, "mpiformer: fatal on rank %d: %s%s\n", rank, e.what(),
                  storage ? " (an output could not be written: free space or fix the file "
                            "system, then run again to resume; exit 74)"
-                         : "");
+                 : restart ? " (the last published checkpoint is intact: a restart resumes "
+                             "from it; exit 75, which the job scripts requeue)"
+                           : "");
   }
   std::fflush(stderr);
-  const int code = input ? kExitInputError : storage ? kExitStorage : kExitFailure;
+  const int code = input     ? kExitInputError
+                   : storage ? kExitStorage
+                   : restart ? kExitRequeue
+                             : kExitFailure;
   if (world > 1) MpiSession::abort(code);
   return code;
 }

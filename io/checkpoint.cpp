@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cerrno>
 #include <climits>
@@ -227,8 +228,52 @@ uint64_t tensor_checksum(const float* data, int64_t n) {
   return XXH64(data, static_cast<size_t>(n) * sizeof(float), 0);
 }
 
-void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
-                      const std::vector<DatasetSlice>& datasets) {
+namespace {
+
+// Test hook (MPIFORMER_FAULT_CORRUPT_CHECKPOINT): one value of the first
+// dataset changed in place, as a failing disk or a stray writer would.
+void corrupt_one_value(const std::string& file_path, const std::string& dataset) {
+  H5Handle file(H5Fopen(file_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+  H5Handle dset(H5Dopen2(file.get(), dataset.c_str(), H5P_DEFAULT), H5Dclose);
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  std::vector<hsize_t> at(static_cast<size_t>(H5Sget_simple_extent_ndims(space.get())), 0);
+  H5Sselect_elements(space.get(), H5S_SELECT_SET, 1, at.data());
+  const hsize_t one = 1;
+  H5Handle memory(H5Screate_simple(1, &one, nullptr), H5Sclose);
+  float v = 0;
+  H5Dread(dset.get(), H5T_NATIVE_FLOAT, memory.get(), space.get(), H5P_DEFAULT, &v);
+  v = v + 1.0f;
+  H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, memory.get(), space.get(), H5P_DEFAULT, &v);
+}
+
+// This rank's blocks of every dataset read back from `file_path` and
+// hashed, against `written` (the hashes of what this rank handed to the
+// write): "" when all agree, else the first difference.
+std::string read_back(const std::string& file_path, const std::vector<DatasetSlice>& datasets,
+                      const std::vector<uint64_t>& written) {
+  try {
+    const CheckpointReader reader(file_path);
+    std::vector<float> buffer;
+    for (size_t i = 0; i < datasets.size(); ++i) {
+      const DatasetSlice& d = datasets[i];
+      int64_t count = 0;
+      for (const DatasetBox& b : d.boxes) count += b.rows * (d.shape.size() > 1 ? b.cols : 1);
+      if (count == 0) continue;
+      buffer.resize(static_cast<size_t>(count));
+      reader.read_boxes(d.name, d.shape, d.boxes, buffer.data());
+      if (tensor_checksum(buffer.data(), count) != written[i])
+        return d.name + " reads back differently from what the run wrote";
+    }
+  } catch (const std::exception& e) {
+    return std::string("it does not read back: ") + e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+double write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                        const std::vector<DatasetSlice>& datasets) {
   const std::string tmp = path + ".tmp";
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
@@ -240,14 +285,14 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
                           MPI_SUM, comm));
   const int64_t fault = test_hooks::checkpoint_fault_after();
+  // The hash of each dataset's part this rank hands to HDF5: what it must
+  // read back before the file is given its name.
+  std::vector<uint64_t> written(datasets.size(), 0);
   // This rank's first failed write; agree() makes it every rank's.
   std::string failure;
   const auto agree = [&] {
-    int mine = failure.empty() ? INT_MAX : rank, first = INT_MAX;
-    MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-    if (first == INT_MAX) return false;
-    broadcast_string(comm, failure, first);
-    return true;
+    failure = lowest_rank_message(comm, failure, false);
+    return !failure.empty();
   };
   const auto failed = [&](const std::string& what) {
     // errno is a hint only: MPI-IO and HDF5 do not always keep it.
@@ -307,6 +352,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
       const hsize_t mcount[1] = {static_cast<hsize_t>(std::max<int64_t>(count, 1))};
       H5Handle mspace(H5Screate_simple(1, mcount, nullptr), H5Sclose);
       if (count == 0) H5_CHECK(H5Sselect_none(mspace.get()), tmp);
+      if (count > 0) written[i] = tensor_checksum(d.data, count);
       errno = 0;
       if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(),
                    count > 0 ? d.data : nullptr) < 0) {
@@ -339,15 +385,23 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
     MPI_CHECK(MPI_Barrier(comm));
     throw CheckpointWriteError(tmp + ": " + failure + " (the partial file was removed)");
   }
-  // Rank 0 gives the finished file its name; every rank learns the outcome.
+  // Rank 0 cuts the reservation's unused tail (HDF5 extends a file, never
+  // shrinks it), writes the file to disk and drops it from the page cache,
+  // so that what the ranks read back next comes from the disk.
   if (rank == 0) {
     try {
-      // The reservation's unused tail (HDF5 extends a file, never shrinks it).
       const uint64_t end = hdf5_end_of_file(tmp);
       if (::truncate(tmp.c_str(), static_cast<off_t>(end)) != 0) {
         throw SystemError("cannot cut " + tmp + " to its HDF5 length: " + std::strerror(errno));
       }
-      durable_rename(tmp, path);
+      if (meta.step == test_hooks::fault_corrupt_checkpoint() && !datasets.empty())
+        corrupt_one_value(tmp, datasets[0].name);
+      const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        ::fsync(fd);
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        ::close(fd);
+      }
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -355,6 +409,36 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMe
   int ok = failure.empty() ? 1 : 0;
   MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
   if (!ok) throw SystemError(rank == 0 ? failure : "cannot publish " + path + " (see rank 0)");
+  // Every rank reads back its own part and checks it against what it
+  // handed over; the file gets its name only if all of it agrees.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string mismatch = lowest_rank_message(comm, read_back(tmp, datasets, written));
+  const double verify_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!mismatch.empty()) {
+    const std::string aside = path + ".unverified";
+    if (rank == 0) {
+      try {
+        durable_rename(tmp, aside);
+      } catch (const std::exception&) {  // the message below says what matters
+      }
+    }
+    MPI_CHECK(MPI_Barrier(comm));
+    throw CheckpointVerifyError(path + ": the checkpoint did not read back as written (" +
+                                mismatch + "); it was kept as " + aside +
+                                " and not published, and no older checkpoint was removed");
+  }
+  if (rank == 0) {
+    try {
+      durable_rename(tmp, path);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  ok = failure.empty() ? 1 : 0;
+  MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
+  if (!ok) throw SystemError(rank == 0 ? failure : "cannot publish " + path + " (see rank 0)");
+  return verify_seconds;
 }
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {

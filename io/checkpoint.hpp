@@ -98,13 +98,25 @@ class CheckpointWriteError : public SystemError {
   using SystemError::SystemError;
 };
 
-// Collective over `comm`: writes `path` + ".tmp", flushes and closes it, then
-// renames it to `path` (rank 0). Nothing named `path` exists until it is
-// complete. The ranks agree after every dataset whether its write worked;
-// if not, every rank stops there, the partial file is removed and every
-// rank throws the same CheckpointWriteError.
-void write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
-                      const std::vector<DatasetSlice>& datasets);
+// The file was written but does not read back as the run wrote it (a
+// failing disk, a stray writer): kept aside, never published.
+class CheckpointVerifyError : public StorageError {
+ public:
+  using StorageError::StorageError;
+};
+
+// Collective over `comm`: writes `path` + ".tmp", flushes and closes it,
+// reads it back, then renames it to `path` (rank 0). Nothing named `path`
+// exists until it is complete and verified. The ranks agree after every
+// dataset whether its write worked; if not, every rank stops there, the
+// partial file is removed and every rank throws the same
+// CheckpointWriteError. Then every rank reads back, from the disk, the
+// blocks it wrote and compares their hashes with those of what it handed
+// over (the live state, never a file opened again); if any differs, the
+// file is kept as `path` + ".unverified" and every rank throws the same
+// CheckpointVerifyError. Returns the seconds the read-back took.
+double write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                        const std::vector<DatasetSlice>& datasets);
 
 // Read-only access from one rank (no MPI): metadata and whole tensors, with
 // shape and checksum checks; every problem is an InputError naming the file

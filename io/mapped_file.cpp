@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/mapped_regions.hpp"
 
 namespace mpiformer {
 
@@ -31,9 +32,15 @@ MappedFile::MappedFile(const std::string& path, const std::string& what) : path_
     ::close(fd_);
     throw InputError(path, "", std::string("cannot map: ") + std::strerror(errno));
   }
+  // A dataset cut under the run ends it as bad input, naming the file, not
+  // with a bus error.
+  guard_mapped_region(map_, static_cast<size_t>(size_), path,
+                      "The " + what + " changed under the run: restore it and run again (exit 2)",
+                      kExitInputError);
 }
 
 MappedFile::~MappedFile() {
+  if (map_ != nullptr) unguard_mapped_region(map_);
   if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
   if (fd_ >= 0) ::close(fd_);
 }

@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -15,6 +17,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/mapped_regions.hpp"
 #include "core/format.hpp"
 #include "core/test_hooks.hpp"
 #include "run_lock.hpp"
@@ -191,6 +194,8 @@ void OffloadFiles::transfer(bool write, int file, int64_t first, int64_t n, floa
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       const int err = r == 0 ? EIO : errno;  // a read past the end: the file was cut
+      const Integrity now = integrity();
+      if (now.kind == Integrity::kCut) throw RestartableError(now.what);
       throw StorageError(strprintf("offloaded optimizer state: %s of %s at byte %lld failed: %s",
                                    write ? "write" : "read", f.path.c_str(),
                                    static_cast<long long>(offset), std::strerror(err)));
@@ -208,21 +213,66 @@ void OffloadFiles::transfer(bool write, int file, int64_t first, int64_t n, floa
 float* OffloadFiles::map(int file) {
   File& f = files_[file];
   if (f.view != nullptr) return f.view;
-  // A buffered descriptor of its own: mappings go through the page cache.
-  const int fd = ::open(f.path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    throw StorageError(strprintf("offloaded optimizer state: cannot open %s: %s", f.path.c_str(),
-                                 std::strerror(errno)));
-  }
-  void* p = ::mmap(nullptr, static_cast<size_t>(4 * padded_), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);
+  // The run's own descriptor, never the name opened again: a file moved
+  // over the name later is someone else's, and the state is behind this
+  // descriptor. (Direct I/O does not apply to a mapping; views are
+  // released before the next direct transfer.)
+  const Integrity now = integrity();
+  if (now.kind == Integrity::kCut) throw RestartableError(now.what);
+  void* p = ::mmap(nullptr, static_cast<size_t>(4 * padded_), PROT_READ | PROT_WRITE, MAP_SHARED,
+                   f.fd, 0);
   if (p == MAP_FAILED) {
     throw StorageError(strprintf("offloaded optimizer state: cannot map %s: %s", f.path.c_str(),
-                                 std::strerror(err)));
+                                 std::strerror(errno)));
   }
   f.view = static_cast<float*>(p);
+  guard_mapped_region(p, static_cast<size_t>(4 * padded_), f.path,
+                      "The offloaded optimizer state is lost; the last published checkpoint is "
+                      "intact and a restart resumes from it (exit 75, which the job scripts "
+                      "requeue)",
+                      kExitRequeue);
   return f.view;
+}
+
+OffloadFiles::Integrity OffloadFiles::integrity() const {
+  for (const File& f : files_) {
+    struct stat own {}, named {};
+    if (::fstat(f.fd, &own) != 0) continue;
+    if (own.st_size < 4 * padded_) {
+      return {Integrity::kCut,
+              strprintf("offloaded optimizer state: %s was cut to %lld bytes under the run (it "
+                        "holds %lld): something outside mpiformer truncated it, and the state "
+                        "in it is lost",
+                        f.path.c_str(), static_cast<long long>(own.st_size),
+                        static_cast<long long>(4 * padded_))};
+    }
+    const bool there = ::stat(f.path.c_str(), &named) == 0;
+    if (!there || named.st_dev != own.st_dev || named.st_ino != own.st_ino) {
+      return {Integrity::kGone,
+              strprintf("offloaded optimizer state: %s was %s under the run (a scratch cleaner, "
+                        "or another job given the same [train] offload_dir?); the run's state "
+                        "is intact behind its own open file",
+                        f.path.c_str(), there ? "replaced by another file" : "removed")};
+    }
+  }
+  return {};
+}
+
+void OffloadFiles::tamper(const std::string& action) const {
+  const std::string& path = files_.at(0).path;
+  if (action == "replace") {
+    const std::string other = path + ".other";
+    const int fd = ::open(other.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      if (::ftruncate(fd, 4 * padded_) != 0) std::perror("tamper: ftruncate");
+      ::close(fd);
+    }
+    if (::rename(other.c_str(), path.c_str()) != 0) std::perror("tamper: rename");
+  } else if (action == "remove") {
+    ::unlink(path.c_str());
+  } else if (action == "cut") {
+    if (::truncate(path.c_str(), 0) != 0) std::perror("tamper: truncate");
+  }
 }
 
 void OffloadFiles::drop_pages(const float* p, int64_t n) {
@@ -243,6 +293,7 @@ void OffloadFiles::unmap_all() {
     const size_t bytes = static_cast<size_t>(4 * padded_);
     const bool synced = ::msync(f.view, bytes, MS_SYNC) == 0;
     const int err = errno;
+    unguard_mapped_region(f.view);
     ::munmap(f.view, bytes);
     f.view = nullptr;
     if (!synced) {

@@ -71,6 +71,22 @@ class OffloadFiles {
   // (a checkpoint's) holds a few pages at a time, not the whole file.
   void drop_pages(const float* p, int64_t n);
   void unmap_all();
+  // Whether the files are still this run's, as something outside the
+  // program could leave them: kCut, a file shorter than the state (its
+  // data is lost: a checkpoint taken now would be wrong); kGone, a name
+  // removed or pointing at another file (the state is intact behind the
+  // run's own descriptors, which every read, write and view uses: a
+  // checkpoint taken now is right, but the directory is no longer the
+  // run's alone). `what` names the file and what happened.
+  struct Integrity {
+    enum Kind { kIntact, kGone, kCut } kind = kIntact;
+    std::string what;
+  };
+  Integrity integrity() const;
+  // Test hook (MPIFORMER_FAULT_OFFLOAD_TAMPER): does to file 0 through its
+  // name what an outside process would: "replace" (another file moved over
+  // it), "remove", "cut" (truncated to nothing).
+  void tamper(const std::string& action) const;
   // Whether `p` is file `file`'s mapped view.
   bool is_view(int file, const float* p) const { return p != nullptr && p == files_[file].view; }
 

@@ -51,8 +51,25 @@ class StorageError : public SystemError {
   using SystemError::SystemError;
 };
 
+// Bad input (every InputError), and any other failure.
+constexpr int kExitInputError = 2;
+constexpr int kExitFailure = 3;
+
 // EX_IOERR from sysexits.h.
 constexpr int kExitStorage = 74;
+
+// The run's own working state was taken from under it by something outside
+// the program (its offloaded optimizer files removed, replaced or cut): the
+// last published checkpoint is intact and a restart from it succeeds, so the
+// job ends with kExitRequeue, which the job scripts requeue.
+class RestartableError : public SystemError {
+ public:
+  using SystemError::SystemError;
+};
+
+// "Stopped to be requeued": the job scripts requeue on this code only.
+// (EX_TEMPFAIL from sysexits.h.)
+constexpr int kExitRequeue = 75;
 
 [[noreturn]] void throw_system_error(const char* call, const char* file, int line,
                                      const std::string& reason);

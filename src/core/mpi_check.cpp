@@ -1,5 +1,7 @@
 #include "core/mpi_check.hpp"
 
+#include <climits>
+
 namespace mpiformer {
 
 std::string mpi_error_string(int code) {
@@ -22,6 +24,18 @@ void broadcast_string(MPI_Comm comm, std::string& text, int root) {
   MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, root, comm));
   text.resize(static_cast<size_t>(len));
   MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, root, comm));
+}
+
+std::string lowest_rank_message(MPI_Comm comm, const std::string& mine, bool label_rank) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  int have = mine.empty() ? INT_MAX : rank, first = INT_MAX;
+  MPI_CHECK(MPI_Allreduce(&have, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == INT_MAX) return {};
+  std::string text = mine;
+  broadcast_string(comm, text, first);
+  if (label_rank && first != 0) text += " (on rank " + std::to_string(first) + ")";
+  return text;
 }
 
 }  // namespace mpiformer

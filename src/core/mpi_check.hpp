@@ -13,6 +13,11 @@ std::string mpi_error_string(int code);
 int world_rank();
 // `text` of rank `root`, on every rank of `comm`.
 void broadcast_string(MPI_Comm comm, std::string& text, int root);
+// Collective: the text of the lowest rank whose `mine` is not empty, on
+// every rank (`label_rank`: with " (on rank R)" past rank 0); empty when
+// no rank has one. For conditions each rank finds alone that all must act
+// on alike.
+std::string lowest_rank_message(MPI_Comm comm, const std::string& mine, bool label_rank = true);
 }  // namespace mpiformer
 
 #define MPI_CHECK(call)                                                                   \

@@ -12,6 +12,14 @@
 //   MPIFORMER_FAULT_OFFLOAD_WRITE=N    world rank 0's N-th write of offloaded
 //       optimizer state (io/offload_files.hpp) fails with EIO, as a failing
 //       disk's would.
+//   MPIFORMER_FAULT_OFFLOAD_TAMPER=N:ACTION  at the save of step N, world
+//       rank 0's first offloaded optimizer file is done to through its
+//       name as an outside process would: "replace" (another file moved
+//       over it), "remove", "cut" (truncated), or "cut-in-save" (truncated
+//       once the save has mapped it).
+//   MPIFORMER_FAULT_CORRUPT_CHECKPOINT=N  world rank 0 changes one value of
+//       the checkpoint of step N once it is written and before it is read
+//       back, as a failing disk or a stray writer would.
 //   MPIFORMER_OFFLOAD_BUFFERED=1       offloaded optimizer state is written
 //       and read as on a file system without direct I/O (buffered, each
 //       block dropped from the page cache), whatever the file system.
@@ -25,6 +33,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace mpiformer::test_hooks {
 
@@ -41,6 +50,20 @@ inline int64_t fault_nonfinite_weights_save() {
 inline int64_t checkpoint_fault_after() { return env_step("MPIFORMER_CHECKPOINT_FAULT_AFTER"); }
 
 inline int64_t fault_offload_write() { return env_step("MPIFORMER_FAULT_OFFLOAD_WRITE"); }
+
+// MPIFORMER_FAULT_OFFLOAD_TAMPER's step and action (-1 and "" when unset).
+struct OffloadTamper {
+  int64_t step = -1;
+  std::string action;
+};
+inline OffloadTamper fault_offload_tamper() {
+  const char* v = std::getenv("MPIFORMER_FAULT_OFFLOAD_TAMPER");
+  if (v == nullptr) return {};
+  const char* colon = std::strchr(v, ':');
+  if (colon == nullptr) return {};
+  return {std::atoll(v), std::string(colon + 1)};
+}
+inline int64_t fault_corrupt_checkpoint() { return env_step("MPIFORMER_FAULT_CORRUPT_CHECKPOINT"); }
 
 inline bool offload_buffered() {
   const char* v = std::getenv("MPIFORMER_OFFLOAD_BUFFERED");

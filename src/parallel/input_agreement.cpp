@@ -22,18 +22,14 @@ void agree_on_input_errors(MPI_Comm comm, const std::function<void()>& local_che
     field = e.field();
     reason = e.reason();
   }
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int mine = failed ? rank : INT_MAX, first = INT_MAX;
-  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return;
   // The lowest failing rank's message, to every rank.
-  std::string text = file + '\0' + field + '\0' + reason;
-  broadcast_string(comm, text, first);
+  const std::string text =
+      lowest_rank_message(comm, failed ? file + '\0' + field + '\0' + reason : std::string());
+  if (text.empty()) return;
   const size_t a = text.find('\0'), b = text.find('\0', a + 1);
-  throw InputError(text.substr(0, a), text.substr(a + 1, b - a - 1),
-                   text.substr(b + 1) + (first != 0 ? " (on rank " + std::to_string(first) + ")" : ""));
+  throw InputError(text.substr(0, a), text.substr(a + 1, b - a - 1), text.substr(b + 1));
 }
+
 
 void agree_on_view(MPI_Comm comm, const std::string& view, const std::string& file,
                    const std::string& field) {

@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "core/mpi_check.hpp"  // broadcast_string
+#include "core/mpi_check.hpp"  // lowest_rank_message
 
 namespace mpiformer {
 

@@ -1,5 +1,7 @@
 #include "train/checkpoint_manager.hpp"
 
+#include "offload_files.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -287,7 +289,28 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
                   static_cast<long long>(step), need / 1e6, free / 1e6, what.c_str()));
   };
   if (free >= 0 && free < need) throw no_space("nothing was written");
+  // The offloaded optimizer files as this run made them? A file cut under
+  // the run has lost the state: nothing is written (a checkpoint of it
+  // would be wrong) and the run stops to restart from the last one. A
+  // name removed or replaced leaves the state intact behind the run's own
+  // descriptors, which the save reads: it is written, and the run stops
+  // after (below).
+  const OffloadFiles* offload = stage_.offload_files();
+  const auto tamper = test_hooks::fault_offload_tamper();
+  const bool tampering = offload != nullptr && grid_.world_rank() == 0 && tamper.step == step;
+  if (tampering && tamper.action != "cut-in-save") offload->tamper(tamper.action);
+  const OffloadFiles::Integrity integrity =
+      offload != nullptr ? offload->integrity() : OffloadFiles::Integrity{};
+  const std::string cut = lowest_rank_message(
+      MPI_COMM_WORLD, integrity.kind == OffloadFiles::Integrity::kCut ? integrity.what : "");
+  if (!cut.empty()) {
+    throw RestartableError(cut + strprintf("; the checkpoint of step %lld was not written",
+                                           static_cast<long long>(step)));
+  }
+  const std::string gone = lowest_rank_message(
+      MPI_COMM_WORLD, integrity.kind == OffloadFiles::Integrity::kGone ? integrity.what : "");
   const StageState state = stage_.host_state();
+  if (tampering && tamper.action == "cut-in-save") offload->tamper("cut");
   if (step == test_hooks::fault_nonfinite_weights_save() && grid_.world_rank() == 0 &&
       !stage_.on_device()) {
     state.params[0] = std::numeric_limits<float>::quiet_NaN();
@@ -309,8 +332,9 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   } release{stage_};
   refuse_nonfinite_state(state, step);
   const auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
+  double verify_seconds = 0;
   try {
-    write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
+    verify_seconds = write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
   } catch (const CheckpointWriteError& e) {
     // Every rank is here with the same message: stop together. (errno
     // does not always survive MPI-IO and HDF5, hence the second test.)
@@ -331,9 +355,24 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   if (grid_.world_rank() == 0) {
     const ParameterTable whole(cfg_, StageRange{0, cfg_.n_layer, true, true});
     const double mb = 3.0 * 4.0 * static_cast<double>(whole.total_numel()) / 1e6;
-    std::printf("checkpoint: wrote %s (%.1f MB in %.2f s, %.0f MB/s)\n", path.c_str(), mb, dt,
-                mb / dt);
+    std::printf("checkpoint: wrote %s (%.1f MB in %.2f s, %.0f MB/s; read back and verified "
+                "in %.2f s of that)\n",
+                path.c_str(), mb, dt, mb / dt, verify_seconds);
     std::fflush(stdout);
+  }
+  if (!gone.empty()) {
+    const std::string done =
+        strprintf("; the checkpoint of step %lld, taken from the run's own open files and "
+                  "verified, is published",
+                  static_cast<long long>(step));
+    if (step < deck_.train.steps) {
+      // The directory is no longer this run's alone: a restart makes its
+      // files and its lock afresh.
+      throw RestartableError(gone + done + ", and a restart resumes from it with fresh files");
+    }
+    if (grid_.world_rank() == 0)
+      std::fprintf(stderr, "mpiformer: warning: %s%s; the run is complete\n", gone.c_str(),
+                   done.c_str());
   }
   return dt;
 }

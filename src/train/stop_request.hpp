@@ -6,11 +6,9 @@
 // checkpoints and exits with kExitRequeue. A second signal during the save changes nothing.
 #pragma once
 
-namespace mpiformer {
+#include "core/error.hpp"  // kExitRequeue
 
-// "Stopped to be requeued": the job scripts requeue on this code only.
-// (EX_TEMPFAIL from sysexits.h.)
-constexpr int kExitRequeue = 75;
+namespace mpiformer {
 
 // Also notes the launcher (the parent process where an MPI launcher or
 // srun started this one): a rank whose launcher vanished (SIGKILLed, its
