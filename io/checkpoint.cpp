@@ -22,6 +22,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/mpi_check.hpp"
+#include "core/output_file.hpp"
 #include "core/test_hooks.hpp"
 #include "core/format.hpp"
 #include "hdf5_attributes.hpp"
@@ -216,7 +217,7 @@ namespace {
 // cannot reserve (EOPNOTSUPP: some network file systems) is not an error:
 // the save goes on as before, unreserved.
 int reserve_space(const std::string& path, int64_t bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return errno;
   const int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
   ::close(fd);
@@ -298,6 +299,16 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
     // errno is a hint only: MPI-IO and HDF5 do not always keep it.
     if (failure.empty()) failure = what + ": " + (errno != 0 ? std::strerror(errno) : "failed");
   };
+  // The .tmp made afresh by rank 0 (a link in its place is removed, never
+  // written through: HDF5 would follow it), then created by all.
+  if (rank == 0) {
+    try {
+      ::close(open_output(tmp, OutputMode::kReplace, "[checkpoint] dir"));
+    } catch (const InputError& e) {
+      failure = e.what();
+    }
+  }
+  if (agree()) throw CheckpointWriteError(failure);
   {
     H5QuietErrors quiet;
     H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);

@@ -119,7 +119,7 @@ OffloadFiles::OffloadFiles(const std::string& dir, int rank, int ranks_here,
     if (std::filesystem::exists(f.path, ec)) replaced_ = true;
     std::filesystem::remove(f.path, ec);
     // O_EXCL: a file of this name now is another process's, never reused.
-    const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+    const int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     f.fd = direct_ ? ::open(f.path.c_str(), flags | O_DIRECT, 0600) : -1;
     if (f.fd < 0 && direct_ && errno == EINVAL) {
       direct_ = false;  // the file system has no direct I/O

@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/format.hpp"
 
 namespace mpiformer {
@@ -41,10 +42,8 @@ std::string read_all(int fd) {
 
 RunLock::RunLock(const std::string& dir, const std::string& key, const std::string& name) {
   const std::string path = dir + "/" + name;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    throw InputError(dir, key, "cannot create " + name + ": " + std::strerror(errno));
-  }
+  // Never written through a link or into a FIFO planted in its place.
+  fd_ = open_output(path, OutputMode::kLock, key);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const std::string holder = err == EWOULDBLOCK ? read_all(fd_) : "";

@@ -13,6 +13,7 @@
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/format.hpp"
 #include "hdf5_attributes.hpp"
 #include "hdf5_handle.hpp"
@@ -293,6 +294,8 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     H5QuietErrors quiet;
     H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     use_checksummed_format(fapl.get(), path);
+    // Afresh: a link planted at the .tmp's name is removed, never followed.
+    ::close(open_output(tmp, OutputMode::kReplace, "--output"));
     H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     if (!file.valid()) throw InputError(path, "", "cannot create (is the directory writable?)");
     // The narrowest unsigned type that holds every id halves or quarters the file.

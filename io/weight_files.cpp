@@ -9,15 +9,14 @@
 
 #include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 
 namespace mpiformer {
 
 size_t dtype_bytes(WeightDtype d) { return d == WeightDtype::kF32 ? 4 : 2; }
 
 WeightStream::WeightStream(const std::string& path, WeightDtype dtype)
-    : path_(path), dtype_(dtype), file_(std::fopen(path.c_str(), "wb")) {
-  if (file_ == nullptr) throw SystemError("cannot write " + path + ": " + std::strerror(errno));
-}
+    : path_(path), dtype_(dtype), file_(open_output_stream(path, OutputMode::kReplace, "--output")) {}
 
 WeightStream::~WeightStream() {
   if (file_ != nullptr) std::fclose(file_);

@@ -30,6 +30,23 @@
 MAX_FAILURE_RESTARTS=${MAX_FAILURE_RESTARTS:-3}
 RESTART_BACKOFF_S=${RESTART_BACKOFF_S:-10}
 
+# run_file FILE MODE TEXT: TEXT as a line into FILE, appended (MODE >>) or
+# replacing it (MODE >, through a temporary name); never through a link or
+# into a FIFO or anything else that is not a regular file planted in its
+# place (said, and nothing written: the run goes on without that record).
+run_file() {
+  local f=$1 mode=$2 text=$3
+  if [ -L "$f" ] || { [ -e "$f" ] && [ ! -f "$f" ]; }; then
+    echo "== $f is not a regular file (a link, a FIFO?): not writing through it; remove it" >&2
+    return 1
+  fi
+  if [ "$mode" = ">>" ]; then
+    printf '%s\n' "$text" >>"$f"
+  else
+    printf '%s\n' "$text" >"$f.tmp.$$" && mv -f "$f.tmp.$$" "$f"
+  fi
+}
+
 # deck_value SECTION KEY DEFAULT DECK [ARGS...]: the value a run will use,
 # "--set SECTION.KEY=V" among ARGS winning over the deck (quotes stripped).
 deck_value() {
@@ -114,9 +131,9 @@ run_until_done() {
     mkdir -p "$dir"
     lost=$(steps_lost "$dir")
     total=$(( $(cat "$dir/failure-restarts" 2>/dev/null || echo 0) + 1 ))
-    echo "$total" >"$dir/failure-restarts"
+    run_file "$dir/failure-restarts" ">" "$total" || true
     line="failure restart $restarts of at most $MAX_FAILURE_RESTARTS ($total in this run directory) after: $why; $lost step(s) since the last checkpoint are redone"
-    echo "$(date -u +%FT%TZ) $line" >>"$dir/restarts.log"
+    run_file "$dir/restarts.log" ">>" "$(date -u +%FT%TZ) $line" || true
     echo "== $line; restarting in $((restarts * RESTART_BACKOFF_S)) s"
     if ! backoff $((restarts * RESTART_BACKOFF_S)); then
       echo "== stop requested while waiting to restart: the last checkpoint stands"

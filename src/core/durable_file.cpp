@@ -1,5 +1,7 @@
 #include "core/durable_file.hpp"
 
+#include "core/output_file.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -47,8 +49,9 @@ void write_file_durably(const std::string& path, const std::string& text) {
 }
 
 DurableWriter::DurableWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-  file_ = std::fopen(tmp_.c_str(), "w");
-  if (file_ == nullptr) throw SystemError("cannot write " + tmp_ + ": " + reason());
+  // The .tmp is ours to replace: a link in its place is removed, never
+  // written through.
+  file_ = open_output_stream(tmp_, OutputMode::kReplace, "");
 }
 
 DurableWriter::~DurableWriter() {

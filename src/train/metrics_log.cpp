@@ -1,5 +1,7 @@
 #include "train/metrics_log.hpp"
 
+#include "core/output_file.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,18 +26,8 @@ std::string duration(double s) {
 MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool append)
     : active_(active), path_(run_dir + "/metrics.jsonl") {
   if (!active_) return;
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
-  if (fd_ < 0) {
-    throw InputError(path_, "[run] dir", std::string("cannot write: ") + std::strerror(errno));
-  }
-  // A FIFO in its place opens without blocking here and would block the
-  // run at the first full pipe.
-  struct stat kind {};
-  if (::fstat(fd_, &kind) != 0 || !S_ISREG(kind.st_mode)) {
-    ::close(fd_);
-    fd_ = -1;
-    throw InputError(path_, "[run] dir", "not a regular file (a FIFO or a device?): the metrics log is a file");
-  }
+  // A link, a FIFO or a device in its place is refused (output_file.hpp).
+  fd_ = open_output(path_, OutputMode::kAppend, "[run] dir", !append);
   // A last line left without its end (an older build killed mid-write)
   // stays a line of its own: this segment's records start on a new one.
   struct stat st {};

@@ -1,5 +1,7 @@
 #include "train/trace_writer.hpp"
 
+#include "core/output_file.hpp"
+
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -16,10 +18,7 @@ TraceWriter::TraceWriter(bool enabled, const std::string& path, int rank, int st
                            std::chrono::system_clock::now().time_since_epoch())
                            .count()) {
   if (!enabled) return;
-  file_ = std::fopen(path.c_str(), "w");
-  if (file_ == nullptr) {
-    throw InputError(path, "[run] trace", std::string("cannot write: ") + std::strerror(errno));
-  }
+  file_ = open_output_stream(path, OutputMode::kReplace, "[run] trace");
   // Track names carry the rank, the stage, the replica and the tensor rank.
   std::fprintf(file_,
                "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
