@@ -653,6 +653,26 @@ void check_model_limits(const GptConfig& cfg, const std::string& file,
   check_expert_count(cfg, file, field_prefix + "experts, " + field_prefix + "n_layer");
 }
 
+void check_imported_model(const GptConfig& cfg, const std::string& file,
+                          const std::vector<std::pair<std::string, std::string>>& fields) {
+  Deck d;
+  d.model = cfg;
+  for (const auto& [key, field] : fields) {
+    for (const auto& k : schema()) {
+      if (std::string(k.section) != "model" || k.name != key) continue;
+      if (k.kind != Kind::Int && k.kind != Kind::Float) break;
+      const std::string shown = k.show(d);
+      const double v = shown == "nan" || shown == "-nan" ? std::nan("") : std::stod(shown);
+      if (!(v >= k.min && v <= k.max)) {
+        throw InputError(file, field,
+                         strprintf("%s, outside [%g, %g] (the limits of [model] %s)", shown.c_str(),
+                                   k.min, k.max, k.name));
+      }
+    }
+  }
+  check_expert_count(cfg, file, fields.empty() ? "experts" : "num_local_experts");
+}
+
 void check_expert_count(const GptConfig& cfg, const std::string& file, const std::string& field) {
   // Each expert's tensors are rows of the parameter table: the product,
   // not each factor, sizes it (DeepSeek-V3 has 256 x 58 = 14 848).

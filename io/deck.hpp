@@ -187,6 +187,12 @@ void check_expert_count(const GptConfig& cfg, const std::string& file, const std
 // ...) otherwise. A value of 0 is "the file does not say" and passes.
 void check_model_limits(const GptConfig& cfg, const std::string& file,
                         const std::string& field_prefix);
+// A model shape another tool's file gives (a Hugging Face config.json), held
+// to every limit the deck holds the same [model] keys to, 0 and NaN
+// included: `fields` pairs each [model] key with the file's name for it,
+// which InputError(file, that name, ...) names.
+void check_imported_model(const GptConfig& cfg, const std::string& file,
+                          const std::vector<std::pair<std::string, std::string>>& fields);
 
 // Reads and validates `path`, then applies `overrides` ("section.key=value",
 // value in TOML syntax; a bare word is taken as a string).

@@ -15,6 +15,7 @@
 #include "core/fp16.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "json_fields.hpp"
 #include "deck.hpp"
 #include "core/format.hpp"
 #include "mapped_file.hpp"
@@ -81,12 +82,7 @@ std::map<std::string, SafetensorsEntry> safetensors_entries(const MappedFile& f)
                      strprintf("%llu bytes, but the file has %lld after it (not safetensors, or truncated)",
                                static_cast<unsigned long long>(n), static_cast<long long>(f.size() - 8)));
   }
-  nlohmann::json h;
-  try {
-    h = nlohmann::json::parse(f.data() + 8, f.data() + 8 + n);
-  } catch (const std::exception& e) {
-    throw InputError(path, "header", std::string("not JSON: ") + e.what());
-  }
+  const nlohmann::json h = parse_json_strict(f.data() + 8, f.data() + 8 + n, path, "header");
   if (!h.is_object()) throw InputError(path, "header", "not a JSON object");
   const int64_t data_begin = 8 + static_cast<int64_t>(n), data_size = f.size() - data_begin;
   std::map<std::string, SafetensorsEntry> out;
@@ -94,15 +90,25 @@ std::map<std::string, SafetensorsEntry> safetensors_entries(const MappedFile& f)
     if (name == "__metadata__") continue;
     try {
       SafetensorsEntry s;
-      const std::string dtype = e.at("dtype").get<std::string>();
+      if (!e.is_object()) throw InputError(path, name, "not an entry (an object) but " + json_kind(e));
+      const auto need = [&](const char* key) -> const nlohmann::json& {
+        if (!e.contains(key)) throw InputError(path, name + "." + key, "missing");
+        return e.at(key);
+      };
+      const std::string dtype = json_string(need("dtype"), path, name + ".dtype");
       if (dtype != "F32" && dtype != "BF16" && dtype != "F16") {
         throw InputError(path, name, "dtype " + dtype + ": mpiformer reads F32, BF16 and F16");
       }
       s.elem = dtype == "F32" ? 4 : 2;
       s.half = dtype == "F16";
-      s.shape = e.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = e.at("data_offsets").get<std::vector<int64_t>>();
-      if (offsets.size() != 2) throw InputError(path, name, "data_offsets must be [begin, end]");
+      const nlohmann::json& shape = need("shape");
+      const nlohmann::json& at = need("data_offsets");
+      if (!shape.is_array()) throw InputError(path, name + ".shape", "must be an array, not " + json_kind(shape));
+      if (!at.is_array() || at.size() != 2)
+        throw InputError(path, name + ".data_offsets", "must be [begin, end]");
+      for (const auto& d : shape) s.shape.push_back(json_integer(d, path, name + ".shape"));
+      const std::vector<int64_t> offsets = {json_integer(at[0], path, name + ".data_offsets"),
+                                            json_integer(at[1], path, name + ".data_offsets")};
       for (int64_t d : s.shape)
         if (d < 0 || d > (int64_t{1} << 40)) throw InputError(path, name, "shape " + show(s.shape));
       if (offsets[0] < 0 || offsets[1] < offsets[0] || offsets[1] > data_size ||
@@ -120,6 +126,51 @@ std::map<std::string, SafetensorsEntry> safetensors_entries(const MappedFile& f)
       throw InputError(path, name, std::string("malformed entry: ") + x.what());
     }
   }
+  // No two tensors share bytes (the format lays them end to end).
+  std::vector<std::pair<int64_t, std::string>> by_begin;
+  for (const auto& [name, e] : out)
+    if (e.end > e.begin) by_begin.emplace_back(e.begin, name);
+  std::sort(by_begin.begin(), by_begin.end());
+  for (size_t i = 1; i < by_begin.size(); ++i) {
+    const SafetensorsEntry& a = out.at(by_begin[i - 1].second);
+    const SafetensorsEntry& b = out.at(by_begin[i].second);
+    if (b.begin < a.end) {
+      throw InputError(path, by_begin[i].second + ".data_offsets",
+                       "overlaps " + by_begin[i - 1].second + "'s bytes (a damaged or crafted header)");
+    }
+  }
+  return out;
+}
+
+// A JSON file written by another tool, read whole (small), duplicate keys
+// refused, or an InputError naming it.
+nlohmann::json read_json(const std::string& path, const char* what) {
+  require_regular_file(path, "", what);
+  std::error_code ec;
+  if (fs::file_size(path, ec) > (16 << 20)) throw InputError(path, "", std::string("over 16 MiB: not ") + what);
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_json_strict(text.data(), text.data() + text.size(), path, "");
+}
+
+// A safetensors index's weight_map: (tensor, file of the directory) pairs,
+// each a string naming a file beside the index; at least one.
+std::vector<std::pair<std::string, std::string>> index_weight_map(const std::string& index) {
+  const nlohmann::json j = read_json(index, "a safetensors index");
+  const nlohmann::json* map = json_field(j, "weight_map");
+  if (map == nullptr || !map->is_object()) throw InputError(index, "weight_map", "missing, or not an object");
+  if (map->empty()) throw InputError(index, "weight_map", "empty: it names no tensor");
+  const std::string dir = fs::path(index).parent_path().string();
+  std::vector<std::pair<std::string, std::string>> out;
+  std::error_code ec;
+  for (const auto& [name, f] : map->items()) {
+    const std::string file = json_string(f, index, "weight_map." + name);
+    if (file.empty() || file.find('/') != std::string::npos)
+      throw InputError(index, "weight_map." + name, "\"" + file + "\": not a file of the directory");
+    if (!fs::exists(dir + "/" + file, ec))
+      throw InputError(index, "weight_map." + name, "names " + file + ", which does not exist");
+    out.emplace_back(name, file);
+  }
   return out;
 }
 
@@ -127,7 +178,11 @@ std::map<std::string, SafetensorsEntry> safetensors_entries(const MappedFile& f)
 // looked up by name in all of them.
 class SafetensorsSource final : public WeightSource {
  public:
-  explicit SafetensorsSource(const std::vector<std::string>& paths) {
+  // `index`: the shard index the paths came from ("" for one file), whose
+  // every entry must name a tensor its shard holds.
+  SafetensorsSource(const std::vector<std::string>& paths, const std::string& index) {
+    if (paths.empty()) throw InputError(index, "weight_map", "names no tensor file");
+    named_ = index.empty() ? paths.front() : index;
     for (const std::string& p : paths) {
       files_.push_back(std::make_unique<MappedFile>(p));
       for (auto& [name, e] : safetensors_entries(*files_.back())) {
@@ -138,6 +193,15 @@ class SafetensorsSource final : public WeightSource {
         entries_[name] = {files_.size() - 1, e};
       }
     }
+    if (index.empty()) return;
+    for (const auto& [name, file] : index_weight_map(index)) {
+      const auto it = entries_.find(name);
+      if (it == entries_.end())
+        throw InputError(index, "weight_map." + name, "names a tensor no shard holds (" + file + ")");
+      const std::string holder = fs::path(files_[it->second.first]->path()).filename().string();
+      if (holder != file)
+        throw InputError(index, "weight_map." + name, "names " + file + ", but the tensor is in " + holder);
+    }
   }
   void read(const ForeignTensor& t, const DatasetBox& box, float* out) const override {
     // GPT2LMHeadModel's names; GPT2Model's (and OpenAI's own upload) lack
@@ -145,7 +209,7 @@ class SafetensorsSource final : public WeightSource {
     auto it = entries_.find(t.name);
     const std::string bare = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
     if (it == entries_.end()) it = entries_.find(bare);
-    if (it == entries_.end()) throw InputError(files_.front()->path(), t.name, "missing");
+    if (it == entries_.end()) throw InputError(named_, t.name, "missing");
     const MappedFile& file = *files_[it->second.first];
     const SafetensorsEntry& e = it->second.second;
     if (e.shape != t.shape) {
@@ -161,6 +225,7 @@ class SafetensorsSource final : public WeightSource {
   }
 
  private:
+  std::string named_;  // the index, or the one file: what a message names
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, std::pair<size_t, SafetensorsEntry>> entries_;  // name -> (file, entry)
 };
@@ -253,38 +318,21 @@ WeightsShape safetensors_shape(const std::string& file, const std::string& confi
   }
   std::error_code ec;
   if (!config.empty() && fs::exists(fs::symlink_status(config, ec))) {
-    require_regular_file(config, "", "a GPT-2 config.json");
-    if (fs::file_size(config, ec) > (1 << 20)) throw InputError(config, "", "over 1 MiB: not a GPT-2 config.json");
-    try {
-      const auto c = nlohmann::json::parse(std::ifstream(config));
-      s.cfg.n_head = c.at("n_head").get<int64_t>();
-      for (const auto& [key, v] : {std::pair{"n_layer", s.cfg.n_layer}, {"n_embd", s.cfg.n_embd},
-                                   {"n_positions", s.cfg.seq_len}, {"vocab_size", s.cfg.vocab_size}}) {
-        if (c.contains(key) && c.at(key).get<int64_t>() != v) {
-          throw InputError(config, key, strprintf("%lld, but the weights say %lld",
-                                                  static_cast<long long>(c.at(key).get<int64_t>()),
-                                                  static_cast<long long>(v)));
-        }
+    const nlohmann::json c = read_json(config, "a GPT-2 config.json");
+    if (json_field(c, "n_head") == nullptr) throw InputError(config, "n_head", "missing (a GPT2Config key)");
+    s.cfg.n_head = json_integer(c, "n_head", config, 0);
+    for (const auto& [key, v] : {std::pair{"n_layer", s.cfg.n_layer}, {"n_embd", s.cfg.n_embd},
+                                 {"n_positions", s.cfg.seq_len}, {"vocab_size", s.cfg.vocab_size}}) {
+      const int64_t given = json_integer(c, key, config, v);
+      if (given != v) {
+        throw InputError(config, key, strprintf("%lld, but the weights say %lld",
+                                                static_cast<long long>(given), static_cast<long long>(v)));
       }
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(config, "", std::string("not a GPT-2 config: ") + e.what());
     }
-    check_model_limits(s.cfg, config, "");
+    check_imported_model(s.cfg, config, {{"n_head", "n_head"}});
   }
   check_model_limits(s.cfg, file, "the weights' ");
   return s;
-}
-
-// A config.json, read whole (small), or an InputError naming it.
-nlohmann::json read_json(const std::string& path, const char* what) {
-  require_regular_file(path, "", what);
-  std::error_code ec;
-  if (fs::file_size(path, ec) > (16 << 20)) throw InputError(path, "", std::string("over 16 MiB: not ") + what);
-  try {
-    return nlohmann::json::parse(std::ifstream(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path, "", std::string("not JSON: ") + e.what());
-  }
 }
 
 // A Hugging Face Llama directory: the shape from config.json (LlamaConfig's
@@ -299,74 +347,75 @@ WeightsShape llama_directory_shape(const std::string& dir, const nlohmann::json&
   s.format = WeightFormat::kHuggingFace;
   GptConfig& m = s.cfg;
   m.family = ModelFamily::kLlama;
-  try {
-    const auto need = [&](const char* key) {
-      if (!c.contains(key)) throw InputError(config, key, "missing (a LlamaConfig key)");
-      return c.at(key).get<int64_t>();
-    };
-    m.n_layer = need("num_hidden_layers");
-    m.n_head = need("num_attention_heads");
-    m.n_embd = need("hidden_size");
-    m.ffn_hidden = need("intermediate_size");
-    m.vocab_size = need("vocab_size");
-    m.seq_len = need("max_position_embeddings");
-    m.n_kv_head = c.contains("num_key_value_heads") && !c.at("num_key_value_heads").is_null()
-                      ? c.at("num_key_value_heads").get<int64_t>()
-                      : m.n_head;
-    m.rope_theta = c.value("rope_theta", 10000.0);
-    m.norm_eps = c.value("rms_norm_eps", 1e-6);
-    m.tie_embeddings = c.value("tie_word_embeddings", false);
-    if (c.contains("rope_scaling") && !c.at("rope_scaling").is_null())
-      throw InputError(config, "rope_scaling", "rotary scaling is not supported (mpiformer's RoPE is unscaled)");
-    if (c.value("attention_bias", false) || c.value("mlp_bias", false))
-      throw InputError(config, "attention_bias", "biases are not part of mpiformer's Llama");
-    if (c.value("hidden_act", std::string("silu")) != "silu")
-      throw InputError(config, "hidden_act", "\"" + c.at("hidden_act").get<std::string>() +
-                                                 "\": mpiformer's Llama MLP is SwiGLU (silu)");
-    if (c.contains("head_dim") && !c.at("head_dim").is_null() && m.n_head > 0 &&
-        c.at("head_dim").get<int64_t>() * m.n_head != m.n_embd)
-      throw InputError(config, "head_dim", "head_dim x num_attention_heads must be hidden_size");
-    if (mixtral) {
-      m.experts = need("num_local_experts");
-      m.top_k = need("num_experts_per_tok");
-      m.moe_every = 1;
-      if (c.contains("sliding_window") && !c.at("sliding_window").is_null())
-        throw InputError(config, "sliding_window",
-                         "sliding-window attention is not supported (mpiformer attends to the "
-                         "whole window)");
-      if (m.experts < 1 || m.top_k < 1 || m.top_k > m.experts)
-        throw InputError(config, "num_experts_per_tok",
-                         "must be between 1 and num_local_experts (at least 1)");
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(config, "", std::string("not a Llama config: ") + e.what());
+  // Every field typed (json_fields.hpp): a fraction, a string or null
+  // where a count belongs is refused by name, never truncated.
+  const auto need = [&](const char* key) {
+    const nlohmann::json* v = json_field(c, key);
+    if (v == nullptr) throw InputError(config, key, "missing (a LlamaConfig key)");
+    return json_integer(*v, config, key);
+  };
+  m.n_layer = need("num_hidden_layers");
+  m.n_head = need("num_attention_heads");
+  m.n_embd = need("hidden_size");
+  m.ffn_hidden = need("intermediate_size");
+  m.vocab_size = need("vocab_size");
+  m.seq_len = need("max_position_embeddings");
+  m.n_kv_head = json_integer(c, "num_key_value_heads", config, m.n_head);
+  m.rope_theta = json_number(c, "rope_theta", config, 10000.0);
+  m.norm_eps = json_number(c, "rms_norm_eps", config, 1e-6);
+  m.tie_embeddings = json_bool(c, "tie_word_embeddings", config, false);
+  if (json_field(c, "rope_scaling") != nullptr)
+    throw InputError(config, "rope_scaling", "rotary scaling is not supported (mpiformer's RoPE is unscaled)");
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (json_bool(c, bias, config, false))
+      throw InputError(config, bias, "biases are not part of mpiformer's Llama");
+  const std::string act = json_string(c, "hidden_act", config, "silu");
+  if (act != "silu")
+    throw InputError(config, "hidden_act", "\"" + act + "\": mpiformer's Llama MLP is SwiGLU (silu)");
+  if (json_field(c, "head_dim") != nullptr && m.n_head > 0 &&
+      json_integer(c, "head_dim", config, 0) * m.n_head != m.n_embd)
+    throw InputError(config, "head_dim", "head_dim x num_attention_heads must be hidden_size");
+  if (mixtral) {
+    m.experts = need("num_local_experts");
+    m.top_k = need("num_experts_per_tok");
+    m.moe_every = 1;
+    if (json_field(c, "sliding_window") != nullptr)
+      throw InputError(config, "sliding_window",
+                       "sliding-window attention is not supported (mpiformer attends to the "
+                       "whole window)");
+    if (m.experts < 1 || m.top_k < 1 || m.top_k > m.experts)
+      throw InputError(config, "num_experts_per_tok",
+                       "must be between 1 and num_local_experts (at least 1)");
   }
-  check_model_limits(m, config, "");
-  if (m.n_kv_head < 1 || m.n_kv_head > m.n_head || m.ffn_hidden < 1)
+  // The deck's limits, every one, under the file's own names: a value the
+  // deck would refuse is refused here (0 included), naming config.json's
+  // field.
+  check_imported_model(m, config,
+                       {{"n_layer", "num_hidden_layers"}, {"n_head", "num_attention_heads"},
+                        {"n_embd", "hidden_size"}, {"ffn_hidden", "intermediate_size"},
+                        {"vocab_size", "vocab_size"}, {"seq_len", "max_position_embeddings"},
+                        {"n_kv_head", "num_key_value_heads"}, {"rope_theta", "rope_theta"},
+                        {"norm_eps", "rms_norm_eps"}, {"experts", "num_local_experts"},
+                        {"top_k", "num_experts_per_tok"}});
+  if (m.n_kv_head > m.n_head)
     throw InputError(config, "num_key_value_heads", "must be between 1 and num_attention_heads");
-  const std::string index = dir + "/model.safetensors.index.json";
+  // As transformers does: model.safetensors when there is one, else the
+  // shard index (said with the init line when both are there).
+  const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
   std::error_code ec;
-  if (fs::exists(fs::symlink_status(index, ec))) {
-    const nlohmann::json j = read_json(index, "a safetensors index");
-    if (!j.contains("weight_map") || !j.at("weight_map").is_object())
-      throw InputError(index, "weight_map", "missing");
+  const bool has_single = fs::exists(fs::symlink_status(single, ec));
+  const bool has_index = fs::exists(fs::symlink_status(index, ec));
+  if (has_single) {
+    s.file = single;
+    s.shards = {single};
+    if (has_index) s.note = "model.safetensors read; model.safetensors.index.json beside it ignored, as transformers does";
+  } else if (has_index) {
     std::set<std::string> files;
-    for (const auto& [name, f] : j.at("weight_map").items()) {
-      if (!f.is_string()) throw InputError(index, "weight_map." + name, "not a file name");
-      const std::string file = f.get<std::string>();
-      if (file.empty() || file.find('/') != std::string::npos)
-        throw InputError(index, "weight_map." + name, "\"" + file + "\": not a file of the directory");
-      if (!fs::exists(dir + "/" + file, ec))
-        throw InputError(index, "weight_map." + name, "names " + file + ", which does not exist");
-      files.insert(file);
-    }
+    for (const auto& [name, file] : index_weight_map(index)) files.insert(file);
     for (const std::string& f : files) s.shards.push_back(dir + "/" + f);
     s.file = index;
   } else {
-    s.file = dir + "/model.safetensors";
-    if (!fs::exists(s.file, ec))
-      throw InputError(dir, "[model] init", "a Llama directory without model.safetensors or its index");
-    s.shards = {s.file};
+    throw InputError(dir, "[model] init", "a Llama directory without model.safetensors or its index");
   }
   return s;
 }
@@ -380,7 +429,7 @@ WeightsShape read_weights_shape(const std::string& path) {
     // A config that is not a regular file is GPT-2's reader's to report.
     if (fs::is_regular_file(config, ec)) {
       const nlohmann::json c = read_json(config, "a config.json");
-      const std::string type = c.is_object() ? c.value("model_type", std::string()) : "";
+      const std::string type = json_string(c, "model_type", config, "");
       if (type == "llama" || type == "mixtral") return llama_directory_shape(path, c, type == "mixtral");
     }
     const std::string file = path + "/model.safetensors";
@@ -408,7 +457,10 @@ WeightsShape read_weights_shape(const std::string& path) {
 
 std::unique_ptr<WeightSource> open_weight_source(const WeightsShape& shape) {
   if (shape.format == WeightFormat::kLlmc) return std::make_unique<LlmcSource>(shape.file);
-  if (shape.format == WeightFormat::kHuggingFace) return std::make_unique<SafetensorsSource>(shape.shards);
+  if (shape.format == WeightFormat::kHuggingFace) {
+    const bool indexed = shape.file.size() > 11 && shape.file.compare(shape.file.size() - 11, 11, ".index.json") == 0;
+    return std::make_unique<SafetensorsSource>(shape.shards, indexed ? shape.file : std::string());
+  }
   throw std::logic_error("open_weight_source: checkpoints are read by CheckpointReader");
 }
 

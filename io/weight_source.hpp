@@ -28,6 +28,8 @@ struct WeightsShape {
   std::string file;  // the file itself (a directory's model.safetensors, or its index)
   // Hugging Face: every safetensors file (one, or an index's shards).
   std::vector<std::string> shards;
+  // Said with the init line: which of two possible files was read.
+  std::string note;
 };
 WeightsShape read_weights_shape(const std::string& path);
 

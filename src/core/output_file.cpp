@@ -19,13 +19,13 @@ std::string kind_of(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISSOCK(m)) return "a socket";
   if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
-  return "not a regular file";
+  return "something else";
 }
 
 [[noreturn]] void refuse(const std::string& path, const std::string& what, const std::string& kind) {
   throw InputError(path, what,
-                   "is " + kind + ", not a regular file: refusing to write through it (remove "
-                   "it, or choose another place)");
+                   "not a regular file (" + kind + "): refusing to write through it (remove it, "
+                   "or choose another place)");
 }
 
 }  // namespace

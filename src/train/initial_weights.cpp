@@ -143,9 +143,9 @@ std::string load_initial_weights(const Deck& deck, StageBackend& stage, ProcessG
   const char* what = w.format == WeightFormat::kHuggingFace ? "Hugging Face safetensors"
                      : w.format == WeightFormat::kLlmc      ? "llm.c parameter file"
                                                             : "mpiformer checkpoint (weights only)";
-  return strprintf("init: weights from %s (%s), each rank reading its own slices; AdamW moments "
-                   "at zero, data from the start",
-                   w.file.c_str(), what);
+  return strprintf("init: weights from %s (%s%s%s), each rank reading its own slices; AdamW "
+                   "moments at zero, data from the start",
+                   w.file.c_str(), what, w.note.empty() ? "" : "; ", w.note.c_str());
 }
 
 }  // namespace mpiformer
