@@ -54,6 +54,9 @@ int run_generate(const GenerateArgs& args, int rank) {
                             {"a tokenizer file", vocab_dir + "/encoder.json"},
                             {"a tokenizer file", vocab_dir + "/vocab.bpe"},
                             {"the tokenizer model", args.tokenizer_model}});
+    // Its folder before any work: a mistake in the command is exit 2 now,
+    // not an error after the whole generation.
+    require_writable_folder(args.logits, "--logits");
   }
   CheckpointReader reader(args.checkpoint);
   const CheckpointMeta& m = reader.meta();
@@ -62,6 +65,11 @@ int run_generate(const GenerateArgs& args, int rank) {
   if (m.tokenizer != "byte" && m.tokenizer != "gpt2" && !sentencepiece) {
     throw InputError(args.checkpoint, "attribute tokenizer",
                      "'" + m.tokenizer + "': generate knows the byte, gpt2 and sentencepiece tokenizers");
+  }
+  if (!sentencepiece && !args.tokenizer_model.empty()) {
+    throw InputError(args.checkpoint, "--tokenizer-model",
+                     "given, but the data was tokenized by " + m.tokenizer +
+                         ", not SentencePiece: leave it out (prep refuses the same)");
   }
   if (sentencepiece && args.tokenizer_model.empty()) {
     throw InputError(args.checkpoint, "--tokenizer-model",

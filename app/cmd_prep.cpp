@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/output_path.hpp"
 #include "core/format.hpp"
 #include "core/host_memory.hpp"
@@ -64,6 +65,8 @@ void check_outputs(const PrepArgs& args) {
 // in all: prep holds a corpus in memory, and an endless input (a device, a
 // pipe that never closes) must end with a message, not bad_alloc.
 void read_text(const std::string& path, std::string& text, double limit) {
+  // Before the open, which blocks on a FIFO without a writer.
+  require_regular_file(path, "", "a text file");
   std::ifstream in(path, std::ios::binary);
   if (!in || std::filesystem::is_directory(path)) {
     throw InputError(path, "", "cannot open the text file");

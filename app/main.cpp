@@ -4,14 +4,38 @@
 // every rank exits non-zero; any other failure aborts the whole job.
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "commands.hpp"
 #include "core/error.hpp"
+#include "core/exit_cleanup.hpp"
 #include "parallel/mpi_session.hpp"
 #include "parallel/nccl_version.hpp"
 
 namespace mpiformer {
+
+// A number option's range: CLI11's Range lets NaN through (every
+// comparison with it is false); NaN and infinities are outside every range.
+CLI::Validator finite_range(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        try {
+          size_t used = 0;
+          v = std::stod(text, &used);
+          if (used != text.size()) return "not a number: " + text;
+        } catch (const std::exception&) {
+          return "not a number: " + text;
+        }
+        if (!std::isfinite(v) || v < lo || v > hi)
+          return "Value " + text + " not in range [" + CLI::detail::to_string(lo) + " - " +
+                 CLI::detail::to_string(hi) + "]";
+        return {};
+      },
+      "FLOAT in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
+}
 
 int fail(const std::exception& e, int rank, int world) {
   // Bad input one rank met alone (a token out of range in the window it
@@ -30,6 +54,7 @@ int fail(const std::exception& e, int rank, int world) {
                            : "");
   }
   std::fflush(stderr);
+  remove_registered_files();  // MPI_Abort runs no destructor
   const int code = input     ? kExitInputError
                    : storage ? kExitStorage
                    : restart ? kExitRequeue
@@ -78,12 +103,12 @@ int main(int argc, char** argv) {
                 "the source tree)");
   p->add_option("--val-fraction", prep.val_fraction,
                 "fraction of tokens (taken from the end) written to OUT_val.h5")
-      ->check(CLI::Range(0.0, 0.5))
+      ->check(finite_range(0.0, 0.5))
       ->capture_default_str();
   p->add_option("--max-text-gb", prep.max_text_gb,
                 "refuse more text than this, in GB (default: available memory / 9, as prep "
                 "holds the corpus in memory)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_range(0.0, 1e9));
   p->add_option("--format", prep.format,
                 "hdf5, or megatron: Megatron-LM's indexed dataset, OUT.bin and OUT.idx, one "
                 "document per text file")
@@ -108,7 +133,7 @@ int main(int argc, char** argv) {
   g->add_option("--prompt", gen.prompt, "text to continue");
   g->add_option("--tokens", gen.tokens, "tokens to generate")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   g->add_option("--temperature", gen.temperature, "0: greedy (argmax)")
-      ->check(CLI::Range(0.0, 100.0))
+      ->check(finite_range(0.0, 100.0))
       ->capture_default_str();
   g->add_option("--top-k", gen.top_k, "sample among the k most likely (0: all)")
       ->check(CLI::Range(0, 1 << 24))
@@ -136,7 +161,7 @@ int main(int argc, char** argv) {
   x->add_option("--max-shard-mb", exp.max_shard_mb,
                 "hf: largest safetensors file; a larger model is written in shards with "
                 "model.safetensors.index.json, as save_pretrained does")
-      ->check(CLI::Range(0.001, 1e9))
+      ->check(finite_range(0.001, 1e9))
       ->capture_default_str();
 
   PlanArgs plan;
@@ -173,14 +198,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ca->add_option("--seconds", cal.seconds,
                  "timing budget per measured point (longer: steadier rates, a longer calibration)")
-      ->check(CLI::Range(0.001, 10.0))
+      ->check(finite_range(0.001, 10.0))
       ->capture_default_str();
   ca->add_option("--probe-tokens", cal.probe_tokens,
                  "largest micro-batch, in tokens, at which a whole stage is run to measure its "
                  "factor and runtime memory (a deck's own is always run; larger: the planner "
                  "measures rather than extrapolates big micro-batches, and calibration takes "
                  "longer, about a minute per 4096 tokens of GPT-2 small on 2 cores)")
-      ->check(CLI::Range(1.0, 1e9))
+      ->check(finite_range(1.0, 1e9))
       ->capture_default_str();
   ca->add_option("--device", cal.device, "what to measure: the GPU (cuda), the host back end "
                                          "(cpu), or a GPU where this node has one (auto)")
@@ -195,7 +220,7 @@ int main(int argc, char** argv) {
                  "disk_read_gbs, disk_write_gbs) and the host's AdamW (host_adamw_gbs; a GPU "
                  "calibration measures it and the GPU's host link always)");
   ca->add_option("--offload-mb", cal.offload_mb, "MB each rank writes and reads under --offload-dir")
-      ->check(CLI::Range(16.0, 1e7))
+      ->check(finite_range(16.0, 1e7))
       ->capture_default_str();
 
   try {

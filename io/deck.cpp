@@ -132,10 +132,15 @@ Key loss_scale_key() {
               return;
             }
             const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
-            if (!(x > 0) || !std::isfinite(x)) {
+            // Outside [2^-8, 2^24] fp16's scaled gradients of a sane model
+            // are all below its smallest number (nothing trains) or above
+            // its largest (every step overflows).
+            if (!(x >= kMinFixedLossScale && x <= kMaxLossScale)) {
               throw InputError("", "[train] loss_scale",
-                               "expected \"dynamic\" or a number > 0 (a fixed scale), got " +
-                                   toml::format(v));
+                               strprintf("expected \"dynamic\" or a fixed scale in [2^-8, 2^24] "
+                                         "(below, fp16's gradients underflow to zero; above, they "
+                                         "overflow), got %s",
+                                         toml::format(v).c_str()));
             }
             d.train.loss_scale = x;
           },
@@ -197,7 +202,7 @@ const std::vector<Key>& schema() {
       choice_key("train", "precision", kPrecisionNames, MEMBER(train.precision)),
       loss_scale_key(),
       int_key("train", "loss_scale_window", false, 1, 1e12, MEMBER(train.loss_scale_window)),
-      float_key("train", "min_loss_scale", false, 0x1p-24, 0x1p16, MEMBER(train.min_loss_scale)),
+      float_key("train", "min_loss_scale", false, kMinFixedLossScale, 0x1p16, MEMBER(train.min_loss_scale)),
       choice_key("train", "nonfinite", kNonfiniteNames, MEMBER(train.nonfinite)),
       float_key("train", "spike_zscore", false, 0, 1e6, MEMBER(train.spike_zscore)),
       int_key("train", "skip_limit", false, 1, 1e9, MEMBER(train.skip_limit)),

@@ -16,6 +16,12 @@
 
 namespace mpiformer {
 
+// fp16's loss scale: a fixed one, or the dynamic one's floor, at least
+// 2^-8; the dynamic one grows to 2^24 at most, and a fixed one is at most
+// that. Outside, a sane model's scaled fp16 gradients are all zero or all
+// infinite.
+constexpr double kMinFixedLossScale = 0x1p-8, kMaxLossScale = 0x1p24;
+
 struct TrainConfig {
   int64_t steps = 0;
   int64_t global_batch = 0;  // sequences per optimizer step, all ranks together

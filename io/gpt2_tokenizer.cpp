@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/format.hpp"
 
 namespace mpiformer {
@@ -41,6 +42,7 @@ void byte_to_codepoint(uint32_t table[256]) {
 }
 
 std::string read_file(const std::string& path) {
+  require_regular_file(path, "", "a GPT-2 tokenizer file");  // a FIFO would block the open
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw InputError(path, "", "cannot open (GPT-2 tokenizer files: pass --vocab-dir DIR "

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/exit_cleanup.hpp"
 #include "core/mapped_regions.hpp"
 #include "core/format.hpp"
 #include "core/test_hooks.hpp"
@@ -131,7 +132,10 @@ OffloadFiles::OffloadFiles(const std::string& dir, int rank, int ranks_here,
       remove_all();
       throw InputError(dir, kKey, strprintf("cannot create %s: %s", f.path.c_str(), std::strerror(err)));
     }
+    struct stat made {};
+    if (::fstat(f.fd, &made) == 0) f.ino = made.st_ino, f.dev = made.st_dev;
     files_.push_back(f);
+    remove_at_abnormal_exit(f.path, f.dev, f.ino);
     // The space now, so a full disk refuses the run here and never fails
     // a step.
     const int err = ::posix_fallocate(f.fd, 0, padded_ * 4);
@@ -160,6 +164,11 @@ void OffloadFiles::remove_all() {
   for (auto& f : files_) {
     if (f.fd >= 0) ::close(f.fd);
     f.fd = -1;
+    forget_at_abnormal_exit(f.path);
+    // Only the run's own file: a name now pointing elsewhere is not ours.
+    struct stat st {};
+    if (f.ino != 0 && (::stat(f.path.c_str(), &st) != 0 || st.st_ino != f.ino || st.st_dev != f.dev))
+      continue;
     std::filesystem::remove(f.path, ec);
   }
 }

@@ -95,6 +95,7 @@ class OffloadFiles {
     std::string path;
     int fd = -1;         // direct where the file system allows it
     float* view = nullptr;
+    unsigned long ino = 0, dev = 0;  // the file this run made (0: not yet)
   };
   void transfer(bool write, int file, int64_t first, int64_t n, float* buffer);
   void remove_all();

@@ -51,11 +51,39 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
+// Where the next piece of at most kEncodePiece bytes from `at` ends: after
+// the last line's end in it, else before its last space, else at the limit
+// on a UTF-8 character's start.
+size_t piece_end(const std::string& text, size_t at) {
+  const size_t limit = at + SentencePieceTokenizer::kEncodePiece;
+  if (limit >= text.size()) return text.size();
+  const size_t newline = text.rfind('\n', limit - 1);
+  if (newline != std::string::npos && newline >= at) return newline + 1;
+  const size_t space = text.rfind(' ', limit - 1);
+  if (space != std::string::npos && space > at) return space;
+  size_t cut = limit;
+  while (cut > at + 1 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
 std::vector<uint32_t> SentencePieceTokenizer::encode(const std::string& text) const {
+  std::vector<uint32_t> out;
   std::vector<int> ids;
-  const auto status = sp_->Encode(text, &ids);
-  if (!status.ok()) throw InputError("", "text", "SentencePiece cannot encode it: " + status.ToString());
-  return std::vector<uint32_t>(ids.begin(), ids.end());
+  const auto encode_piece = [&](size_t at, size_t end) {
+    const auto status = sp_->Encode(text.substr(at, end - at), &ids);
+    if (!status.ok()) throw InputError("", "text", "SentencePiece cannot encode it: " + status.ToString());
+    out.insert(out.end(), ids.begin(), ids.end());
+  };
+  if (text.size() <= kEncodePiece) {
+    encode_piece(0, text.size());
+    return out;
+  }
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = piece_end(text, at);
+    encode_piece(at, end);
+    at = end;
+  }
+  return out;
 }
 
 std::string SentencePieceTokenizer::decode(const std::vector<uint32_t>& ids) const {

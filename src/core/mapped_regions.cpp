@@ -1,5 +1,7 @@
 #include "core/mapped_regions.hpp"
 
+#include "core/exit_cleanup.hpp"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -61,6 +63,7 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
     say(" of it): something outside mpiformer truncated it. ");
     say(r.advice);
     say("\n");
+    remove_registered_files();
     ::_exit(r.exit_code);
   }
   // Not ours: whoever handled SIGBUS before.

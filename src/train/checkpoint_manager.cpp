@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -199,6 +200,18 @@ ResumePoint CheckpointManager::load() {
       std::printf("checkpoint: read %.1f MB of tensors from the file over all ranks (each byte "
                   "once per data-parallel group) in %.2f s\n",
                   bytes_read / 1e6, dt);
+      // A Mixture of Experts' training choices may change on resume (the
+      // tensors and what they compute do not): said, so the change is seen.
+      const GptConfig saved = model_config(meta);
+      for (const auto& [key, was, now] :
+           {std::tuple{"capacity_factor", saved.capacity_factor, cfg_.capacity_factor},
+            std::tuple{"aux_loss", saved.aux_loss, cfg_.aux_loss},
+            std::tuple{"router_z_loss", saved.router_z_loss, cfg_.router_z_loss}}) {
+        if (cfg_.moe() && was != now)
+          std::printf("resume: [model] %s changes from %g (the checkpoint's run) to %g, as the "
+                      "deck says; the training goes on with %g\n",
+                      key, was, now, now);
+      }
       std::fflush(stdout);
     }
     return start;

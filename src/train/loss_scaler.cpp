@@ -1,5 +1,7 @@
 #include "train/loss_scaler.hpp"
 
+#include <algorithm>
+
 #include "core/format.hpp"
 
 namespace mpiformer {
@@ -19,7 +21,7 @@ LossScaler::Verdict LossScaler::after_step(bool grads_finite) {
   if (!dynamic_) return Verdict::kApply;
   if (grads_finite) {
     if (++good_steps_ == window_) {
-      scale_ *= kGrowth;
+      scale_ = std::min(scale_ * kGrowth, kMaxLossScale);  // deck.hpp: fp16's useful range
       good_steps_ = 0;
     }
     return Verdict::kApply;

@@ -5,6 +5,7 @@
 // (grad_reducer.hpp) during the last micro-batch's backward, each bucket
 // as soon as backward has finished it.
 #pragma once
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -125,6 +126,9 @@ class ReplicatedState final : public StageOptimizer<Ops> {
         s -= sum_of_squares(spec.offset + r.begin * spec.row_length(), (r.end - r.begin) * spec.row_length());
     }
     return s;
+  }
+  void make_gradient_nonfinite() override {
+    if constexpr (Ops::kHostMemory) stage_.grads()[0] = std::numeric_limits<Acc>::quiet_NaN();
   }
   double take_sent_bytes() override {
     const double s = sent_;

@@ -107,6 +107,8 @@ class StageBackend {
   // wte's copy on the last stage, without the tensors a tensor group
   // replicates on its ranks other than 0.
   virtual double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
+  // Test hook: StageOptimizer::make_gradient_nonfinite.
+  virtual void make_gradient_nonfinite() = 0;
   // Bytes sent to the data-parallel group by the stage's collectives since
   // the last call (ring model).
   virtual double take_sent_bytes() = 0;

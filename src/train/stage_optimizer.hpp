@@ -50,6 +50,9 @@ class StageOptimizer {
   // tensors a tensor group replicates on its ranks other than 0, without
   // the shared kv heads' rows on their ranks other than the first).
   virtual double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) = 0;
+  // Test hook (MPIFORMER_FAULT_NONFINITE_STEP): one gradient the norm reads
+  // becomes NaN, as a numerical fault would make it (host memory only).
+  virtual void make_gradient_nonfinite() = 0;
   // Bytes sent to the data-parallel group since the last call (ring model).
   virtual double take_sent_bytes() = 0;
   virtual void adamw(const AdamWParams& p) = 0;

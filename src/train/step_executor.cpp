@@ -177,9 +177,7 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         // agreeing on preemption costs no extra collective. On a GPU these
         // are the step's only copies to the host: the loss and the squared
         // norm, which the log shows and clipping needs.
-        if (step + 1 == fault_step_ && g.world_rank() == 0) {
-          stage.grads()[0] = std::numeric_limits<float>::quiet_NaN();
-        }
+        if (step + 1 == fault_step_ && g.world_rank() == 0) stage.make_gradient_nonfinite();
         // Every rank of a tensor group computes the same losses: its rank
         // 0 counts them, and the tensors the group replicates.
         // A Mixture of Experts' routing rides along too (its totals, then
@@ -220,6 +218,17 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         }
         result.skipped_steps = guard_.skipped();
         result.overflows = scaler_.overflows();
+        if (result.verdict == StepVerdict::kApply &&
+            guard_.zero_gradient_steps() == StepGuard::kZeroGradientSteps) {
+          result.note = strprintf(
+              "the gradients have been exactly zero for %lld steps: nothing trains%s",
+              static_cast<long long>(StepGuard::kZeroGradientSteps),
+              scaler_.active()
+                  ? strprintf(" (fp16 with loss scale %g: the scaled gradients underflow to zero; "
+                              "raise [train] loss_scale or use \"dynamic\")",
+                              loss_scale).c_str()
+                  : " (the data, or a model whose output does not depend on its parameters)");
+        }
         if (result.verdict == StepVerdict::kApply) {
           const auto a0 = Clock::now();
           stage.adamw_step(lr, step + 1, clip / loss_scale);

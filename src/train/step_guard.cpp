@@ -37,6 +37,7 @@ StepVerdict StepGuard::judge(double loss, double grad_norm) {
   }
   if (why_.empty()) {
     consecutive_ = 0;
+    zero_run_ = grad_norm == 0 ? zero_run_ + 1 : 0;
     loss_.add(loss);
     norm_.add(grad_norm);
     return StepVerdict::kApply;

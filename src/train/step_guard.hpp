@@ -26,6 +26,10 @@ class StepGuard {
   // z = 7.2", "12 consecutive skips (...)").
   const std::string& why() const { return why_; }
   int64_t skipped() const { return skipped_; }
+  // Applied steps in a row whose gradients were exactly zero (nothing
+  // trains: in fp16, a loss scale too small for the gradients).
+  int64_t zero_gradient_steps() const { return zero_run_; }
+  static constexpr int64_t kZeroGradientSteps = 10;  // when the run says so
 
  private:
   struct Window {
@@ -39,7 +43,7 @@ class StepGuard {
   double spike_zscore_;
   int64_t skip_limit_;
   Window loss_, norm_;
-  int64_t consecutive_ = 0, skipped_ = 0;
+  int64_t consecutive_ = 0, skipped_ = 0, zero_run_ = 0;
   std::string why_;
 };
 

@@ -35,6 +35,22 @@ namespace mpiformer {
 
 namespace {
 
+// What a non-finite step most likely comes from, by what the deck says: a
+// fixed fp16 loss scale out of the gradients' range, a norm epsilon far
+// from the usual, else the learning rate.
+std::string likely_cause_of_nonfinite(const Deck& d) {
+  if (d.train.precision == Precision::kFp16 && d.train.loss_scale > 0)
+    return strprintf(": the likely cause is the fixed [train] loss_scale = %g (fp16's gradients "
+                     "overflow at it): set loss_scale = \"dynamic\" or a smaller scale",
+                     d.train.loss_scale);
+  if (d.model.norm_eps < 1e-8 || d.model.norm_eps > 1e-2)
+    return strprintf(": the likely cause is [model] norm_eps = %g, far from the usual 1e-5 "
+                     "(from the deck or [model] init's config)",
+                     d.model.norm_eps);
+  return ": lower [train] lr, raise [train] grad_clip, or set [train] nonfinite = \"skip\" / "
+         "[train] spike_zscore";
+}
+
 void make_dir(const std::string& dir, const char* key) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -437,6 +453,9 @@ TrainResult Trainer::run() {
     result.losses.push_back(r.loss);
     const int64_t done = step + 1;
     progress.step_done(done, end_step, step_s, r, p.data->cursor());
+    if (!r.note.empty() && p.grid->world_rank() == 0)
+      std::fprintf(stderr, "mpiformer: warning: step %lld: %s\n", static_cast<long long>(done),
+                   r.note.c_str());
     if (r.verdict == StepVerdict::kStop) {
       // Every rank judged the same values: all stop here, before anything
       // of this step is applied or saved.
@@ -446,9 +465,7 @@ TrainResult Trainer::run() {
           strprintf("step %lld: %s; the run stops with nothing of this step applied or saved "
                     "(the last checkpoint is the good one)%s",
                     static_cast<long long>(done), r.why.c_str(),
-                    scale ? ""
-                          : ": lower [train] lr, raise [train] grad_clip, or set [train] "
-                            "nonfinite = \"skip\" / [train] spike_zscore"));
+                    scale ? "" : likely_cause_of_nonfinite(deck_).c_str()));
     }
     const bool eval_due = tc.eval_every > 0 && done % tc.eval_every == 0;
     if (p.data->val() && (eval_due || done == tc.steps)) {

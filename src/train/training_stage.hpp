@@ -100,6 +100,7 @@ class TrainingStage final : public StageBackend {
                 2 * n * sizeof(Acc) * (g - 1) / g);
     return waited;
   }
+  void make_gradient_nonfinite() override { opt_->make_gradient_nonfinite(); }
   double grad_sum_of_squares(bool without_tied_wte, bool without_replicated) override {
     return opt_->grad_sum_of_squares(without_tied_wte, without_replicated);
   }

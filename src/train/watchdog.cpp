@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "core/exit_cleanup.hpp"
 #include "core/output_file.hpp"
 
 #include <unistd.h>
@@ -167,6 +168,7 @@ void Watchdog::fire(const Phase& p, double waited, double limit) {
   }
   std::fflush(stderr);
   // Not exit(): destructors and MPI_Finalize could wait on the stuck peer.
+  remove_registered_files();
   ::_exit(kExitWatchdog);
 }
 

@@ -33,6 +33,7 @@
 // reduce-scatter: the same sums, in the same order, as zero 0.
 #pragma once
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -226,6 +227,10 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // copy counts it; without the tensors replicated over a tensor group:
   // its rank 0 counts them; without the shared kv rows: their first
   // sharer counts them).
+  void make_gradient_nonfinite() override {
+    if constexpr (Ops::kHostMemory)
+      if (n_ > 0) g_.get()[0] = std::numeric_limits<Acc>::quiet_NaN();
+  }
   double grad_sum_of_squares(bool without_wte, bool without_replicated) override {
     double s = Ops::sum_of_squares(ctx_, g_.get(), n_);
     if (without_wte && wte_unit_ != nullptr)

@@ -102,7 +102,7 @@ fi
 # Loss scaling that cannot work: refused, naming the key, on every rank.
 NPS=(1 2)
 turn=0
-rr "[train] loss_scale: expected \"dynamic\" or a number > 0" train "$DECK" \
+rr "[train] loss_scale: expected \"dynamic\" or a fixed scale in [2^-8, 2^24]" train "$DECK" \
   --set train.precision=fp16 --set train.loss_scale=0
 rr "[train] loss_scale_window: expected a value in" train "$DECK" \
   --set train.precision=fp16 --set train.loss_scale_window=-100

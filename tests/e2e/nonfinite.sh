@@ -5,7 +5,7 @@
 # of the step is applied or saved, `latest` still names the last good
 # checkpoint, metrics.jsonl stays valid JSON, and a resume from there runs
 # on. Under "skip" the update is skipped, logged, and the run finishes with
-# finite, verifying weights.
+# finite, verifying weights. Both again under ZeRO 1, 2 and 3.
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
@@ -46,3 +46,25 @@ PY
 "$MPIFORMER" inspect skip/checkpoints/step_00000008.h5 | grep -q "datasets verify" ||
   fail "the checkpoint after a skipped step does not verify"
 echo "ok: nonfinite = skip skips the update and finishes"
+
+# Under ZeRO the norm reads the shards (the hook poisons one of them): the
+# same stop, at the step, and the same skip, at zero 1, 2 and 3 (dp 2).
+for zero in 1 2 3; do
+  rc=0
+  MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" --set train.steps=8 \
+    --set train.eval_every=0 --set checkpoint.every=2 --set parallel.dp=2 \
+    --set parallel.zero=$zero --set run.dir=z${zero}_stop >z${zero}_stop.log 2>z${zero}_stop.err || rc=$?
+  [ "$rc" -eq 2 ] && grep -qF "[train] nonfinite: step 5: grad norm nan" z${zero}_stop.err ||
+    { cat z${zero}_stop.err; fail "zero $zero: the non-finite step did not stop the run (exit $rc)"; }
+  [ "$(head -1 z${zero}_stop/checkpoints/latest)" = step_00000004.h5 ] ||
+    fail "zero $zero: latest moved past the good step"
+  MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" --set train.steps=8 \
+    --set train.eval_every=0 --set parallel.dp=2 --set parallel.zero=$zero \
+    --set train.nonfinite=skip --set run.dir=z${zero}_skip >z${zero}_skip.log 2>&1 ||
+    { cat z${zero}_skip.log; fail "zero $zero: nonfinite = skip failed"; }
+  grep -q "step 5/8 .*update skipped (grad norm nan)" z${zero}_skip.log ||
+    { cat z${zero}_skip.log; fail "zero $zero: skip not logged"; }
+  "$MPIFORMER" inspect z${zero}_skip/checkpoints/step_00000008.h5 | grep -q "datasets verify" ||
+    fail "zero $zero: the checkpoint after a skipped step does not verify"
+done
+echo "ok: a non-finite step stops or is skipped at zero 1, 2 and 3"

@@ -139,4 +139,7 @@ MPIFORMER_FAULT_NONFINITE_STEP=2 run_mpi 2 train "$DECK" "${seg[@]}" --set train
   >fp16_fixed.log 2>fp16_fixed.err || rc=$?
 [ "$rc" -eq 2 ] && grep -qF "[train] nonfinite: step 2: grad norm nan" fp16_fixed.err ||
   { cat fp16_fixed.err; fail "a fixed scale's overflow did not reach the nonfinite policy (exit $rc)"; }
-echo "ok: with a fixed loss scale the nonfinite policy still stops the run"
+# The message blames the likely cause, the fixed scale, not the learning rate.
+grep -qF "the likely cause is the fixed [train] loss_scale = 1" fp16_fixed.err ||
+  { cat fp16_fixed.err; fail "the message does not name the fixed loss scale"; }
+echo "ok: with a fixed loss scale the nonfinite policy still stops the run, naming the scale"

@@ -38,6 +38,40 @@ assert got[1:] == want, f"prep's ids differ from spm_encode's: {len(got) - 1} vs
     f"first at {next(i for i, (a, b) in enumerate(zip(got[1:], want)) if a != b)}"
 print(f"prep: {len(want)} ids equal spm_encode's, after BOS")
 PY
+# A document over 1 MiB is encoded in pieces cut after a line's end
+# (bounded memory): lines of ~600 KB make each piece one line, so the ids
+# are spm_encode's of each line, one after another.
+"$PY" - "$corpus" <<'PY'
+import sys
+words = open(sys.argv[1]).read().split()
+line = " ".join(words)[:600000]
+open("long.txt", "w").write((line + "\n") * 3)
+PY
+"$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --output data/long.h5 \
+  long.txt >prep_long.log 2>&1 || { cat prep_long.log; fail "prep of a long document"; }
+spm_encode --model=shake.model --output_format=id <long.txt >spm_long.txt
+/usr/bin/python3 - data/long.h5 spm_long.txt <<'PY'
+import sys
+import h5py
+with h5py.File(sys.argv[1], "r") as f:
+    got = [int(t) for t in f["tokens"][()]]
+want = [int(t) for t in open(sys.argv[2]).read().split()]
+assert got[1:] == want, f"{len(got) - 1} ids vs spm_encode's {len(want)}"
+print(f"prep in pieces: {len(want)} ids equal spm_encode's line by line")
+PY
+# Memory stays bounded whatever the document: a 12 MB single line (the
+# library alone held about 120 bytes a byte of it: 1.4 GB) prepped in
+# under 700 MB.
+"$PY" - long.txt "$MPIFORMER" shake.model <<'PY'
+import resource, subprocess, sys
+line = open(sys.argv[1]).readline().rstrip("\n")
+open("huge.txt", "w").write(" ".join([line] * 20))
+subprocess.run([sys.argv[2], "prep", "--tokenizer", "sentencepiece", "--tokenizer-model", sys.argv[3],
+                "--output", "data/huge.h5", "huge.txt"], check=True, stdout=subprocess.DEVNULL)
+peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+assert peak_mb < 700, f"prep of a 12 MB line peaked at {peak_mb:.0f} MB"
+print(f"prep of a 12 MB line: peak {peak_mb:.0f} MB")
+PY
 
 # The Llama deck on SentencePiece tokens: the vocabulary (512) from the data.
 "$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --val-fraction 0.1 \

@@ -75,6 +75,14 @@ TEST(Deck, MistakesNameFileAndKey) {
   EXPECT_TRUE(has(e, "[parallel] pp")) << e;
   e = error_of(path, {"train.min_lr=1"});
   EXPECT_TRUE(has(e, "[train] min_lr")) << e;
+  // fp16's loss scale where its gradients can be neither all zero nor all
+  // infinite, NaN outside every range.
+  for (const char* scale : {"1e-300", "1e-45", "1e-30", "1e-7", "1e300", "nan", "inf"}) {
+    e = error_of(path, {"train.precision=\"fp16\"", std::string("train.loss_scale=") + scale});
+    EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "[2^-8, 2^24]")) << scale << ": " << e;
+  }
+  e = error_of(path, {"train.precision=\"fp16\"", "train.min_loss_scale=1e-30"});
+  EXPECT_TRUE(has(e, "[train] min_loss_scale")) << e;
   e = error_of(path, {"nodot=1"});
   EXPECT_TRUE(has(e, "section.key=value")) << e;
   // Each factor within its key's limits, their product (the experts' tensors
@@ -101,9 +109,9 @@ TEST(Deck, MistakesNameFileAndKey) {
     return o;
   };
   e = error_of(path, with("train.loss_scale=0"));
-  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "> 0")) << e;
+  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "[2^-8, 2^24]")) << e;
   e = error_of(path, with("train.loss_scale=-8"));
-  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "> 0")) << e;
+  EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "[2^-8, 2^24]")) << e;
   e = error_of(path, with("train.loss_scale=\"static\""));
   EXPECT_TRUE(has(e, "[train] loss_scale") && has(e, "\"dynamic\"")) << e;
   e = error_of(path, with("train.loss_scale_window=-5"));

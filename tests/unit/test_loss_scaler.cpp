@@ -46,6 +46,17 @@ TEST(LossScaler, GrowsOnlyAfterAWholeWindow) {
   EXPECT_TRUE(t.skipped.empty());
 }
 
+// The scale grows to 2^24 and no further: above, a sane model's fp16
+// gradients overflow anyway (deck.hpp's kMaxLossScale).
+TEST(LossScaler, GrowthStopsAtTheTopOfFp16sUsefulRange) {
+  LossScaler s(true, 0x1p23, 1, 1.0);
+  s.after_step(true);
+  EXPECT_EQ(s.scale(), 0x1p24);
+  s.after_step(true);
+  s.after_step(true);
+  EXPECT_EQ(s.scale(), 0x1p24);
+}
+
 TEST(LossScaler, StopsBelowTheMinimum) {
   LossScaler s(true, 4.0, 100, 1.0);
   EXPECT_EQ(s.after_step(false), LossScaler::Verdict::kOverflow);  // 4 -> 2

@@ -31,6 +31,18 @@ TEST(StepGuard, NonfiniteStopsOrSkips) {
   EXPECT_EQ(skip.skipped(), 4);
 }
 
+// Applied steps whose gradients are exactly zero are counted in a row (the
+// run says so at kZeroGradientSteps): one nonzero norm starts it again.
+TEST(StepGuard, CountsStepsWithZeroGradients) {
+  StepGuard g(NonfinitePolicy::kStop, 0, 10);
+  for (int i = 0; i < 4; ++i) g.judge(2.0, 0.0);
+  EXPECT_EQ(g.zero_gradient_steps(), 4);
+  g.judge(2.0, 1e-30);
+  EXPECT_EQ(g.zero_gradient_steps(), 0);
+  for (int i = 0; i < StepGuard::kZeroGradientSteps; ++i) g.judge(2.0, 0.0);
+  EXPECT_EQ(g.zero_gradient_steps(), StepGuard::kZeroGradientSteps);
+}
+
 TEST(StepGuard, SpikesByZScoreAfterTheWarmup) {
   StepGuard g(NonfinitePolicy::kStop, 3.0, 10);
   // Alternating 1.0 and 3.0: mean 2, standard deviation exactly 1.
