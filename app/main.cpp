@@ -30,8 +30,8 @@ CLI::Validator finite_range(double lo, double hi) {
           return "not a number: " + text;
         }
         if (!std::isfinite(v) || v < lo || v > hi)
-          return "Value " + text + " not in range [" + CLI::detail::to_string(lo) + " - " +
-                 CLI::detail::to_string(hi) + "]";
+          return "expected a number in [" + CLI::detail::to_string(lo) + ", " +
+                 CLI::detail::to_string(hi) + "], got " + text;
         return {};
       },
       "FLOAT in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");

@@ -51,7 +51,11 @@ void write_file_durably(const std::string& path, const std::string& text) {
 DurableWriter::DurableWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
   // The .tmp is ours to replace: a link in its place is removed, never
   // written through.
-  file_ = open_output_stream(tmp_, OutputMode::kReplace, "");
+  try {
+    file_ = open_output_stream(tmp_, OutputMode::kReplace, "");
+  } catch (const InputError& e) {
+    throw SystemError(e.what());  // a durable write's failure, as every other of its steps
+  }
 }
 
 DurableWriter::~DurableWriter() {

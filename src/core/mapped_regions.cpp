@@ -1,32 +1,30 @@
 #include "core/mapped_regions.hpp"
 
-#include "core/exit_cleanup.hpp"
-
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+
+#include "core/exit_cleanup.hpp"
+#include "core/signal_safe_table.hpp"
 
 namespace mpiformer {
 
 namespace {
 
-// A fixed table: the handler reads it without locks or allocation.
-constexpr int kRegions = 64;
+// The handler reads it without locks or allocation.
 constexpr size_t kText = 1024;
 struct Region {
-  std::atomic<bool> used{false};
   uintptr_t begin = 0, end = 0;
   int exit_code = 0;
   char path[kText] = {};
   char advice[kText] = {};
 };
-Region regions[kRegions];
-std::mutex table_mutex;  // registration only; never the handler
+SignalSafeTable<Region, 64> regions;
+std::mutex install_mutex;
 struct sigaction previous {};
 bool installed = false;
 
@@ -54,8 +52,8 @@ void say_number(uint64_t v) {
 
 void on_sigbus(int sig, siginfo_t* info, void* context) {
   const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
-  for (Region& r : regions) {
-    if (!r.used.load(std::memory_order_acquire) || at < r.begin || at >= r.end) continue;
+  regions.for_each([at](const Region& r) {
+    if (at < r.begin || at >= r.end) return;
     say("mpiformer: fatal: ");
     say(r.path);
     say(" was cut short while the run had it mapped (SIGBUS reading byte ");
@@ -65,7 +63,7 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
     say("\n");
     remove_registered_files();
     ::_exit(r.exit_code);
-  }
+  });
   // Not ours: whoever handled SIGBUS before.
   if (previous.sa_flags & SA_SIGINFO) {
     if (previous.sa_sigaction != nullptr) {
@@ -91,36 +89,30 @@ void copy_text(char* dst, const std::string& src) {
 
 void guard_mapped_region(const void* addr, size_t bytes, const std::string& path,
                          const std::string& advice, int exit_code) {
-  const std::lock_guard<std::mutex> lock(table_mutex);
-  if (!installed) {
-    struct sigaction sa {};
-    sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGBUS, &sa, &previous);
-    installed = true;
+  {
+    const std::lock_guard<std::mutex> lock(install_mutex);
+    if (!installed) {
+      struct sigaction sa {};
+      sa.sa_sigaction = on_sigbus;
+      sa.sa_flags = SA_SIGINFO;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(SIGBUS, &sa, &previous);
+      installed = true;
+    }
   }
-  for (Region& r : regions) {
-    if (r.used.load(std::memory_order_relaxed)) continue;
+  // More mappings than slots: the extra ones die of the signal as before.
+  regions.add([&](Region& r) {
     r.begin = reinterpret_cast<uintptr_t>(addr);
     r.end = r.begin + bytes;
     r.exit_code = exit_code;
     copy_text(r.path, path);
     copy_text(r.advice, advice);
-    r.used.store(true, std::memory_order_release);
-    return;
-  }
-  // More mappings than slots: the extra ones die of the signal as before.
+  });
 }
 
 void unguard_mapped_region(const void* addr) {
-  const std::lock_guard<std::mutex> lock(table_mutex);
-  for (Region& r : regions) {
-    if (r.used.load(std::memory_order_relaxed) && r.begin == reinterpret_cast<uintptr_t>(addr)) {
-      r.used.store(false, std::memory_order_release);
-      return;
-    }
-  }
+  regions.remove_if(
+      [addr](const Region& r) { return r.begin == reinterpret_cast<uintptr_t>(addr); });
 }
 
 }  // namespace mpiformer

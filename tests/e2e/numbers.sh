@@ -21,8 +21,8 @@ refused() {  # label expected-text command...
   [ "$rc" = 2 ] || { cat "$label.out" "$label.err"; fail "$label: exit $rc, expected 2"; }
   grep -qF -- "$want" "$label.err" || { cat "$label.err"; fail "$label: the message does not say: $want"; }
 }
-refused temp_nan "--temperature: Value nan not in range" "$MPIFORMER" generate "$ck" --temperature nan
-refused shard_nan "--max-shard-mb: Value nan not in range" \
+refused temp_nan "--temperature: expected a number in [0, 100], got nan" "$MPIFORMER" generate "$ck" --temperature nan
+refused shard_nan "--max-shard-mb: expected a number in [0.001, 1e+09], got nan" \
   "$MPIFORMER" export "$ck" --format hf --max-shard-mb nan --output hfnan
 [ ! -e hfnan ] || fail "export wrote something"
 refused logits_dir "--logits" "$MPIFORMER" generate "$ck" --tokens 50 --logits no/such/dir/x.bin
