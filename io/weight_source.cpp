@@ -445,7 +445,7 @@ WeightsShape read_weights_shape(const std::string& path) {
   if (magic == kLlmcWeightsMagic) return llmc_shape(path);
   if (is_checkpoint(path)) {
     const CheckpointReader r(path);  // checks the model's shape against the limits
-    return WeightsShape{WeightFormat::kCheckpoint, model_config(r.meta()), path, {}};
+    return WeightsShape{WeightFormat::kCheckpoint, model_config(r.meta()), path, {}, {}};
   }
   if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
     return safetensors_shape(path, (fs::path(path).parent_path() / "config.json").string());

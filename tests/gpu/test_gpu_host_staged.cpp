@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../unit/rank0_results.hpp"
 #include "core/cuda_check.hpp"
 #include "cuda/device.hpp"
 #include "device_copy.hpp"
@@ -170,10 +171,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   ::testing::InitGoogleTest(&argc, argv);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  mpiformer::test::print_results_on_rank0_only(rank);
   rc = RUN_ALL_TESTS();
   MPI_Finalize();
   return rc;

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <string>
 
+#include "rank0_results.hpp"
+
 int main(int argc, char** argv) {
   // Started without mpirun (a singleton, as ctest runs the unit tests two
   // at a time), Open MPI creates its session directories under TMPDIR, and
@@ -30,10 +32,7 @@ int main(int argc, char** argv) {
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     ::testing::InitGoogleTest(&argc, argv);
-    if (rank != 0) {
-      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-      delete listeners.Release(listeners.default_result_printer());
-    }
+    mpiformer::test::print_results_on_rank0_only(rank);
     rc = RUN_ALL_TESTS();
   }
   MPI_Finalize();
