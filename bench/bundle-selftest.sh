@@ -56,7 +56,7 @@ source "$U/env.sh"
 # No LD_LIBRARY_PATH: the carried binaries find the carried libraries by
 # their RUNPATH, and the machine's own programs never see them.
 unset LD_LIBRARY_PATH
-if ldd "$(readlink -f "$(command -v python3)")" 2>/dev/null | grep -q "$P"; then
+if ldd "$(readlink -f "$(command -v python3)")" 2>/dev/null | grep "$P" >/dev/null; then  # all read: no SIGPIPE under pipefail
   echo "python3 loads a carried library" >&2
   exit 1
 fi

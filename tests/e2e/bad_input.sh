@@ -95,7 +95,7 @@ expect 2 "at micro_batch 1000000" train "$DECK" --set parallel.pp=2 \
 grep -q "To fit: raise \[parallel\] zero (now 0; .* set \[train\] recompute = \"full\", raise \[parallel\] pp (now 2) or tp" err.txt || { cat err.txt >&2; fail "no advice in the refusal"; }
 
 # The GPU back end asked of a build or a node without one: named, on every rank.
-if ! "$MPIFORMER" --version 2>/dev/null | grep -q cuda; then
+if ! "$MPIFORMER" --version 2>/dev/null | has cuda; then
   expect 1 "[run] device: \"cuda\", but this mpiformer was built without CUDA" train "$DECK" \
     --set run.device=cuda
 fi

@@ -29,7 +29,7 @@ new_id=$(run_id_of $ck/latest)
 aside=$(ls -d $ck/superseded-*)
 [ "$(cd "$aside" && ls | tr '\n' ' ')" = "latest step_00000004.h5 step_00000006.h5 " ] ||
   { ls -R $ck; fail "run A's files were not kept aside"; }
-"$MPIFORMER" inspect "$aside/step_00000006.h5" | grep -q "run:         $old_id, root attributes verify" ||
+"$MPIFORMER" inspect "$aside/step_00000006.h5" | has "run:         $old_id, root attributes verify" ||
   fail "A's checkpoint lost its id"
 echo "ok: a fresh run set the old run's checkpoints aside and kept its own"
 

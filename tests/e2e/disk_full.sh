@@ -45,7 +45,7 @@ try() {
   [ "$(grep -c 'mpiformer: error' "$name.err")" -eq 1 ] || fail "$name: the message should be printed once"
   ! ls small/ck/*.tmp 2>/dev/null || fail "$name: a partial file was left"
   [ "$(head -1 small/ck/latest)" = step_00000001.h5 ] || fail "$name: latest changed"
-  "$MPIFORMER" inspect small/ck/step_00000001.h5 | grep -q "all 156 datasets verify" ||
+  "$MPIFORMER" inspect small/ck/step_00000001.h5 | has "all 156 datasets verify" ||
     fail "$name: step 1's checkpoint is damaged"
   grep "mpiformer: error" "$name.err"
   echo "ok: $name: exit 2, the message once, nothing partial, step 1 intact"

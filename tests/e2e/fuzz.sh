@@ -103,7 +103,7 @@ report() { awk -v f="$1" '$1 == "file:" && $2 == f {on = 1} on && /^$/ {exit} on
 refused=0 accepted=0
 while read -r f; do
   # A refusal names the file (a Megatron pair: either of its two files).
-  if grep -qF "mpiformer: error: ${f%.*}." batch.*.err || report "$f" | grep -qE "^(DAMAGED|MISSING)"; then
+  if grep -qF "mpiformer: error: ${f%.*}." batch.*.err || report "$f" | has -E "^(DAMAGED|MISSING)"; then
     refused=$((refused + 1))
   elif [ -n "$(report "$f")" ]; then
     accepted=$((accepted + 1))

@@ -18,7 +18,7 @@ expect() {
   [ "$rc" -ne 124 ] || fail "hung (timeout) for: $*"
   if [ "$want_rc" = fail ]; then [ "$rc" -ne 0 ] || fail "exit 0 for: $*"
   else [ "$rc" -eq "$want_rc" ] || { cat err.txt >&2; fail "exit $rc, expected $want_rc, for: $*"; }; fi
-  cat out.txt err.txt | grep -qF -- "$want" || { cat err.txt >&2; fail "no '$want' in the output for: $*"; }
+  cat out.txt err.txt | has -F -- "$want" || { cat err.txt >&2; fail "no '$want' in the output for: $*"; }
   echo "ok: $want"
 }
 unchanged() {  # unchanged FILE SUM: the file's checksum is still SUM

@@ -25,6 +25,12 @@ export TMPDIR="$WORK/tmp"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# A pipeline's test for a line: grep's arguments, all of the input read.
+# "producer | grep -q" stops reading at the first match, and a producer that
+# writes after that dies of SIGPIPE, which pipefail reports as the pipeline
+# failing: a flaky "not found" (seen with tar -t's listing).
+has() { grep "$@" >/dev/null; }
+
 # This test's mpiformer processes (their working directory is its $WORK):
 # never another test's, which ctest may be running at the same time.
 ranks_here() {

@@ -19,7 +19,7 @@ rc=0
 wait "$pid" || rc=$?
 [ "$rc" -eq 75 ] || { cat sig.log; fail "SIGTERM: exit $rc, expected 75"; }
 grep -q "stopping after step .* to be requeued (SIGTERM)" sig.log || { cat sig.log; fail "no stop line"; }
-"$MPIFORMER" inspect sig/checkpoints/step_*.h5 | grep -q "all 156 datasets verify" || fail "checkpoint after SIGTERM is damaged"
+"$MPIFORMER" inspect sig/checkpoints/step_*.h5 | has "all 156 datasets verify" || fail "checkpoint after SIGTERM is damaged"
 echo "ok: SIGTERM"
 
 rc=0

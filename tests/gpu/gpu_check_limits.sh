@@ -23,7 +23,7 @@ limits() {
   done
   [ -f "$out/gpu-check-logs.tar.gz" ] || fail "no gpu-check-logs.tar.gz"
   [ "$(du -k "$out/gpu-check-logs.tar.gz" | cut -f1)" -le 16384 ] || fail "the archive is over 16 MiB"
-  tar -tzf "$out/gpu-check-logs.tar.gz" | grep -q "logs/summary.txt" || fail "the archive lacks the summary"
+  tar -tzf "$out/gpu-check-logs.tar.gz" | has "logs/summary.txt" || fail "the archive lacks the summary"
   # The summary, whole, ends the output.
   local lines
   lines=$(wc -l <"$out/summary.txt")

@@ -70,7 +70,7 @@ fi
 echo "val loss after $LONG steps: bf16 $v16, fp32 $v32"
 
 ckpt=gpu16/checkpoints/$(printf 'step_%08d.h5' "$half")
-"$MPIFORMER" inspect "$ckpt" | grep -q "checksums: *all .* datasets verify" || fail "inspect did not verify $ckpt"
+"$MPIFORMER" inspect "$ckpt" | has "checksums: *all .* datasets verify" || fail "inspect did not verify $ckpt"
 run_mpi 1 train "$SOURCE_DIR/inputs/tiny.toml" --set run.device=cpu --set train.stop_at=$((half + 2)) \
   --set checkpoint.resume="$WORK/$ckpt" --set run.dir="$WORK/resumed" "${extra[@]}" \
   --set train.steps="$LONG" >resumed.log 2>&1 ||

@@ -10,8 +10,8 @@ set -- $ids
 for id in "$@"; do
   wait_job "$id" COMPLETED || { show_job "$id"; fail "segment $id did not complete"; }
 done
-job_log "$2" | grep -q "resumed from $WORK/run/checkpoints/step_00000004.h5: step 4" || { show_job "$2"; fail "segment 2 did not resume at 4"; }
-job_log "$3" | grep -q "resumed from $WORK/run/checkpoints/step_00000008.h5: step 8" || { show_job "$3"; fail "segment 3 did not resume at 8"; }
-job_log "$3" | grep -qE "^final val loss [0-9.]+ after 12 steps" || { show_job "$3"; fail "run not completed"; }
+job_log "$2" | has "resumed from $WORK/run/checkpoints/step_00000004.h5: step 4" || { show_job "$2"; fail "segment 2 did not resume at 4"; }
+job_log "$3" | has "resumed from $WORK/run/checkpoints/step_00000008.h5: step 8" || { show_job "$3"; fail "segment 3 did not resume at 8"; }
+job_log "$3" | has -E "^final val loss [0-9.]+ after 12 steps" || { show_job "$3"; fail "run not completed"; }
 [ "$(grep -c '"loss"' run/metrics.jsonl)" -eq 12 ] || fail "expected 12 step lines over the 3 segments"
 echo "chain of 3 segments completed the run"

@@ -27,10 +27,10 @@ job_state "$id" COMPLETED || { show_job "$id"; fail "the job did not recover fro
 for want in "failure restart 1 of at most 3 (1 in this run directory) after: " \
             "healthy nodes: localhost (1 of 1; MIN_NODES 1)" "resumed from killed/checkpoints/step_" \
             "launch ended: finished step 40 of 40" "run finished: finished step 40 of 40"; do
-  job_log "$id" | grep -qF "$want" || { show_job "$id"; fail "no '$want' in the job log"; }
+  job_log "$id" | has -F "$want" || { show_job "$id"; fail "no '$want' in the job log"; }
 done
-scontrol show job "$id" | grep -q "Restarts=0" || { show_job "$id"; fail "recovered by a requeue, not inside the allocation"; }
-head -1 killed/metrics.jsonl | grep -qF '"NCCL_DEBUG": "INFO"' || { head -1 killed/metrics.jsonl; fail "NCCL_DEBUG not recorded"; }
+scontrol show job "$id" | has "Restarts=0" || { show_job "$id"; fail "recovered by a requeue, not inside the allocation"; }
+head -1 killed/metrics.jsonl | has -F '"NCCL_DEBUG": "INFO"' || { head -1 killed/metrics.jsonl; fail "NCCL_DEBUG not recorded"; }
 run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run failed"; }
 python3 - killed/metrics.jsonl straight/metrics.jsonl <<'PY'
 import json, sys
@@ -54,7 +54,7 @@ id=$(MAX_FAILURE_RESTARTS=1 LAUNCHER_ARGS="--cpus-per-task=64" MPIFORMER_ARGS="$
 wait_job "$id" FAILED COMPLETED || { show_job "$id"; fail "job did not end"; }
 job_state "$id" FAILED || { show_job "$id"; fail "a launch that always fails must end FAILED"; }
 [ "$(job_log "$id" | grep -c "launch ended: exit ")" -eq 2 ] || { show_job "$id"; fail "expected 2 launches"; }
-job_log "$id" | grep -q "FAILED after 1 restart(s) (MAX_FAILURE_RESTARTS 1): exit [0-9]*: a rank failed, or the launcher could not start the ranks" ||
+job_log "$id" | has "FAILED after 1 restart(s) (MAX_FAILURE_RESTARTS 1): exit [0-9]*: a rank failed, or the launcher could not start the ranks" ||
   { show_job "$id"; fail "no FAILED line with the reason"; }
 echo "ok: a launch that fails ends FAILED after 1 restart, with the reason"
 
@@ -65,7 +65,7 @@ id=$(MAX_FAILURE_RESTARTS=1 MPIFORMER=/bin/true MPIFORMER_ARGS="$args" RUN_DIR=h
      sbatch --parsable -n 2 "$SBATCH_SCRIPT")
 wait_job "$id" FAILED COMPLETED || { show_job "$id"; fail "job did not end"; }
 job_state "$id" FAILED || { show_job "$id"; fail "exit 0 without finishing must end FAILED"; }
-job_log "$id" | grep -q "FAILED after 1 restart(s) (MAX_FAILURE_RESTARTS 1): exit 0 without reaching the last step" ||
+job_log "$id" | has "FAILED after 1 restart(s) (MAX_FAILURE_RESTARTS 1): exit 0 without reaching the last step" ||
   { show_job "$id"; fail "no FAILED line naming the missing finish"; }
 echo "ok: exit 0 without finishing ends the job FAILED"
 
@@ -79,7 +79,7 @@ kill -KILL "$(pgrep -x mpiformer | tail -1)"
 wait_job "$id" FAILED COMPLETED || { show_job "$id"; fail "job did not end"; }
 scontrol update NodeName=localhost State=RESUME
 job_state "$id" FAILED || { show_job "$id"; fail "a restart without healthy nodes must fail"; }
-job_log "$id" | grep -qE "node localhost: Slurm says (drain|drng)" || { show_job "$id"; fail "the drained node was not noticed"; }
-job_log "$id" | grep -qF "FAILED: cannot restart: only 0 of 1 nodes are healthy, fewer than MIN_NODES 1" ||
+job_log "$id" | has -E "node localhost: Slurm says (drain|drng)" || { show_job "$id"; fail "the drained node was not noticed"; }
+job_log "$id" | has -F "FAILED: cannot restart: only 0 of 1 nodes are healthy, fewer than MIN_NODES 1" ||
   { show_job "$id"; fail "no reason for giving up"; }
 echo "ok: with no healthy node the job ends FAILED, saying why"

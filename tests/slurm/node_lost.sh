@@ -26,21 +26,21 @@ done
 # node2 dies: its slurmd first, then the rank it ran.
 kill -9 "$(cat "$SLURM_TEST_DIR/slurmd-node2.pid")"
 for p in $(pgrep -x mpiformer); do
-  tr '\0' '\n' <"/proc/$p/environ" | grep -qx SLURMD_NODENAME=node2 && kill -9 "$p"
+  tr '\0' '\n' <"/proc/$p/environ" | has -x SLURMD_NODENAME=node2 && kill -9 "$p"
 done
 # The batch script's end is the verdict: Slurm keeps the job COMPLETING
 # until it declares the dead node down (SlurmdTimeout, minutes).
 for _ in $(seq 1 300); do
-  job_log "$id" | grep -q "^== run finished\|^== FAILED" && break
+  job_log "$id" | has "^== run finished\|^== FAILED" && break
   sleep 1
 done
 wait_job "$id" COMPLETED COMPLETING FAILED || { show_job "$id"; fail "job did not end"; }
-scontrol show job "$id" | grep -q " ExitCode=0:0" || { show_job "$id"; fail "the job did not finish on the node left"; }
+scontrol show job "$id" | has " ExitCode=0:0" || { show_job "$id"; fail "the job did not finish on the node left"; }
 for want in "node node2: the probe step failed or took more than 15 s" \
             "healthy nodes: node1 (1 of 2; MIN_NODES 1)" "mpirun -np 1 --host node1:1" \
             "--set parallel.auto=true --set run.machine=$WORK/machine.toml" \
             "auto:  dp 1 pp 1 tp 1 " "launch ended: finished step 30 of 30"; do
-  job_log "$id" | grep -qF -- "$want" || { show_job "$id"; fail "no '$want' in the job log"; }
+  job_log "$id" | has -F -- "$want" || { show_job "$id"; fail "no '$want' in the job log"; }
 done
 run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run failed"; }
 python3 - lost/metrics.jsonl straight/metrics.jsonl <<'PY'

@@ -14,9 +14,9 @@ for i in $(seq 1 600); do
 done
 scancel --signal=USR1 --batch "$id"
 wait_job "$id" PENDING COMPLETED || { show_job "$id"; fail "job was not requeued"; }
-job_log "$id" | grep -q "stopping after step .* to be requeued (SIGUSR1); exit code 75" ||
+job_log "$id" | has "stopping after step .* to be requeued (SIGUSR1); exit code 75" ||
   { show_job "$id"; fail "no checkpoint-and-stop in the log"; }
-job_log "$id" | grep -q "requeuing job $id" || { show_job "$id"; fail "not requeued by the script"; }
+job_log "$id" | has "requeuing job $id" || { show_job "$id"; fail "not requeued by the script"; }
 # Slurm holds a requeued job for a while (BeginTime): release it now, once
 # slurmd has cleaned up the old step (a step launched while the previous one
 # with the same id is still terminating fails to start).
@@ -27,9 +27,9 @@ done
 sleep 3
 scontrol update JobId="$id" StartTime=now
 wait_job "$id" COMPLETED || { show_job "$id"; fail "requeued job did not complete"; }
-job_log "$id" | grep -q "restart count 1" || { show_job "$id"; fail "second run not logged as restart 1"; }
-job_log "$id" | grep -q "resumed from run/checkpoints/step_" || { show_job "$id"; fail "did not resume"; }
-job_log "$id" | grep -qE "^final val loss" || { show_job "$id"; fail "no final val loss"; }
+job_log "$id" | has "restart count 1" || { show_job "$id"; fail "second run not logged as restart 1"; }
+job_log "$id" | has "resumed from run/checkpoints/step_" || { show_job "$id"; fail "did not resume"; }
+job_log "$id" | has -E "^final val loss" || { show_job "$id"; fail "no final val loss"; }
 
 # The same run without interruption, outside Slurm.
 run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || fail "uninterrupted run failed"
