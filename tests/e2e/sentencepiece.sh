@@ -17,14 +17,11 @@ spm_train --input="$corpus" --model_prefix=other --vocab_size=300 --model_type=u
   --input_sentence_size=5000 --shuffle_input_sentence=false --minloglevel=2 >>spm.log 2>&1 ||
   { cat spm.log; fail "spm_train (other)"; }
 
-# prep's ids against spm_encode's, on one line (spm_encode encodes line by
-# line, prep a file as one document).
-head -c 20000 "$corpus" | tr '\n' ' ' >line.txt
-mkdir -p data
-"$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --output data/line.h5 \
-  line.txt >prep.log 2>&1 || { cat prep.log; fail "prep"; }
-spm_encode --model=shake.model --output_format=id <line.txt >spm_ids.txt
-/usr/bin/python3 - data/line.h5 spm_ids.txt <<'PY'
+# same_ids H5 TEXT WHAT: prep's document in H5 is a BOS, then spm_encode's
+# ids of TEXT (the reference: the upstream tool, which encodes line by line).
+same_ids() {
+  spm_encode --model=shake.model --output_format=id <"$2" >"$2.ids"
+  /usr/bin/python3 - "$1" "$2.ids" "$3" <<'PY'
 import sys
 import h5py
 with h5py.File(sys.argv[1], "r") as f:
@@ -34,10 +31,20 @@ with h5py.File(sys.argv[1], "r") as f:
 want = [int(t) for t in open(sys.argv[2]).read().split()]
 assert vocab == 512 and tok.startswith("sentencepiece:"), (vocab, tok)
 assert got[0] == 1, f"the document starts with {got[0]}, not BOS (1)"
-assert got[1:] == want, f"prep's ids differ from spm_encode's: {len(got) - 1} vs {len(want)}, " \
-    f"first at {next(i for i, (a, b) in enumerate(zip(got[1:], want)) if a != b)}"
-print(f"prep: {len(want)} ids equal spm_encode's, after BOS")
+first = next((i for i, (a, b) in enumerate(zip(got[1:], want)) if a != b), min(len(got) - 1, len(want)))
+assert got[1:] == want, \
+    f"{sys.argv[3]}: prep's ids differ from spm_encode's: {len(got) - 1} vs {len(want)}, first at {first}"
+print(f"{sys.argv[3]}: {len(want)} ids equal spm_encode's, after BOS")
 PY
+}
+
+# prep's ids against spm_encode's, on one line (prep encodes a file as one
+# document, so one line keeps the two comparable).
+head -c 20000 "$corpus" | tr '\n' ' ' >line.txt
+mkdir -p data
+"$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --output data/line.h5 \
+  line.txt >prep.log 2>&1 || { cat prep.log; fail "prep"; }
+same_ids data/line.h5 line.txt "one line"
 # A document over 1 MiB is encoded in pieces cut after a line's end
 # (bounded memory): lines of ~600 KB make each piece one line, so the ids
 # are spm_encode's of each line, one after another.
@@ -49,16 +56,7 @@ open("long.txt", "w").write((line + "\n") * 3)
 PY
 "$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --output data/long.h5 \
   long.txt >prep_long.log 2>&1 || { cat prep_long.log; fail "prep of a long document"; }
-spm_encode --model=shake.model --output_format=id <long.txt >spm_long.txt
-/usr/bin/python3 - data/long.h5 spm_long.txt <<'PY'
-import sys
-import h5py
-with h5py.File(sys.argv[1], "r") as f:
-    got = [int(t) for t in f["tokens"][()]]
-want = [int(t) for t in open(sys.argv[2]).read().split()]
-assert got[1:] == want, f"{len(got) - 1} ids vs spm_encode's {len(want)}"
-print(f"prep in pieces: {len(want)} ids equal spm_encode's line by line")
-PY
+same_ids data/long.h5 long.txt "prep in pieces of 1 MiB"
 # Memory stays bounded whatever the document: a 12 MB single line (the
 # library alone held about 120 bytes a byte of it: 1.4 GB) prepped in
 # under 700 MB.
