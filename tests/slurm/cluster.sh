@@ -19,7 +19,7 @@ slurm_skip_reason() {
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-slurm_up() {
+slurm_start() {
   local d=$SLURM_TEST_DIR
   mkdir -p "$d/munge" "$d/state" "$d/spool" "$d/log"
   chmod 755 "$d" "$d/munge"
@@ -80,9 +80,22 @@ CONF
     fi
     sleep 1
   done
-  echo "slurm did not come up; logs:" >&2
-  tail -20 "$d"/log/*.log >&2
+  echo "slurm did not come up in 60 s; logs:" >&2
+  tail -n 20 "$d"/log/*.log >&2
+  sinfo -N 2>&1 | tail -n 5 >&2
   return 1
+}
+
+# The test cluster up, or 1. A start that does not come up (seen once in a
+# CI run, without its logs, and not since in some 15 starts) is followed by one
+# more from nothing: new ports, new state, so a port taken between
+# free_port and the daemon's bind cannot fail a test of our scripts.
+slurm_up() {
+  slurm_start && return 0
+  echo "slurm: starting once more, from nothing" >&2
+  slurm_down
+  rm -rf "${SLURM_TEST_DIR:?}"/{munge,state,spool,log} "$SLURM_TEST_DIR"/*.pid
+  slurm_start
 }
 
 slurm_down() {
