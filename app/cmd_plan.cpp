@@ -22,6 +22,7 @@
 #include "cuda/device.hpp"
 #endif
 #include "plan/layout_search.hpp"
+#include "train/data_summary.hpp"
 
 namespace mpiformer {
 
@@ -31,9 +32,9 @@ Deck load_planning_deck(const std::string& path, const std::vector<std::string>&
   if (deck.model.vocab_size == 0) {
     // As the run does: the vocabulary comes from the data.
     try {
+      const std::string& first = deck.data.sources.empty() ? deck.data.train : deck.data.sources[0].path;
       deck.model.vocab_size =
-          TokenDataset(deck.data.train, DataLabel{deck.data.vocab_size, deck.data.tokenizer})
-              .vocab_size();
+          TokenDataset(first, DataLabel{deck.data.vocab_size, deck.data.tokenizer}).vocab_size();
     } catch (const InputError& e) {
       throw InputError(path, "[model] vocab_size",
                        "not given, and the training data cannot say (" + std::string(e.what()) +
@@ -93,6 +94,22 @@ std::string prediction_row(int i, const Prediction& p) {
       ms * p.ep_comm, memory_split(p).c_str());
 }
 
+// The run's data as the run will show it, with its repeat warnings; a plan
+// needs no data, so data that cannot be read is said, not fatal.
+std::vector<std::string> data_lines(const Deck& deck) {
+  const int64_t samples = deck.train.steps * deck.train.global_batch;
+  try {
+    GptConfig cfg = deck.model;
+    const DataFeeder data(deck, cfg);
+    std::vector<std::string> lines = data_summary(data, samples);
+    for (const std::string& w : repeat_warnings(data, samples, deck.data.warn_repeats))
+      lines.push_back("warning: " + w);
+    return lines;
+  } catch (const InputError& e) {
+    return {std::string("data:  not read (") + e.what() + ")"};
+  }
+}
+
 void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machine, const Plan& plan,
                 const std::vector<Prediction>& shown) {
   if (args.json) {
@@ -109,6 +126,7 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
                 static_cast<long long>(c.n_embd), static_cast<long long>(c.seq_len),
                 static_cast<long long>(c.vocab_size), static_cast<long long>(deck.train.global_batch),
                 plan.ranks, machine.name.c_str(), args.machine.c_str());
+    for (const std::string& line : data_lines(deck)) std::printf("%s\n", line.c_str());
     std::printf("%d layouts considered, %zu fit in %.2f GiB per rank (%.2f GiB less [parallel] "
                 "memory_margin %g); step time = compute (of which the tensor collectives and the "
                 "experts' all-to-alls) + exposed communication + bubble + optimizer\n",

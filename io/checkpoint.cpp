@@ -99,6 +99,7 @@ uint64_t meta_checksum(const CheckpointMeta& meta) {
   for (const auto& a : kDoubleAttrs)
     if (meta.format_version >= a.since) text += strprintf("%s=%.17g\n", a.name, meta.*(a.member));
   text += "tokenizer=" + meta.tokenizer + "\ndeck=" + meta.deck + "\nrun_id=" + meta.run_id + "\n";
+  if (meta.format_version >= 7) text += "data_blend=" + meta.data_blend + "\n";
   return XXH64(text.data(), text.size(), 0);
 }
 
@@ -384,6 +385,7 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
       write_string_attr(file.get(), "tokenizer", meta.tokenizer, tmp);
       write_string_attr(file.get(), "deck", meta.deck, tmp);
       write_string_attr(file.get(), "run_id", meta.run_id, tmp);
+      write_string_attr(file.get(), "data_blend", meta.data_blend, tmp);
       write_u64_attr(file.get(), "meta_xxh64", meta_checksum(meta), tmp);
       errno = 0;
       if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) failed("flushing the file's metadata");
@@ -493,6 +495,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   meta_.deck = read_string_attr(file_, "deck", path);
   if (meta_.format_version >= 2) {
     meta_.run_id = read_string_attr(file_, "run_id", path);
+    if (meta_.format_version >= 7) meta_.data_blend = read_string_attr(file_, "data_blend", path);
     const uint64_t want = read_u64_attr(file_, "meta_xxh64", path);
     if (const uint64_t got = meta_checksum(meta_); got != want) {
       throw InputError(path, "root attributes",

@@ -21,9 +21,10 @@ namespace mpiformer {
 // width that wrote it (the tensors are the same logical ones); 4: fp16's
 // dynamic loss scaler; 5: the model family and Llama's shape (a file
 // before it holds GPT-2); 6: a Mixture of Experts' shape (a file before it
-// holds a dense model). Versions 1 to 5 are still read (without what they
-// lack).
-constexpr int64_t kCheckpointFormatVersion = 6;
+// holds a dense model); 7: the data blend's record (a file before it
+// holds one source at its sample position). Versions 1 to 6 are still read
+// (without what they lack).
+constexpr int64_t kCheckpointFormatVersion = 7;
 
 // The run's state, stored as root attributes.
 struct CheckpointMeta {
@@ -48,6 +49,8 @@ struct CheckpointMeta {
   double capacity_factor = 1.25, aux_loss = 0.01, router_z_loss = 0.0;
   std::string tokenizer;        // of the training data
   std::string deck;             // the resolved input deck, TOML
+  // The training sources and where each stood (train/blend_record.hpp).
+  std::string data_blend;
   // The run that wrote it: a new id for each fresh run, kept across
   // resumes, so a run never prunes or is outranked by another's files.
   std::string run_id;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "data_sources.hpp"
 #include "toml_file.hpp"
 
 #include "core/error.hpp"
@@ -36,18 +37,6 @@ struct Key {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The shortest decimal that reads back as the same double (0.003, not
-// 0.0030000000000000001), always with a '.' or exponent so TOML keeps it a float.
-std::string shortest(double x) {
-  std::string s;
-  for (int digits = 1; digits <= 17; ++digits) {
-    s = strprintf("%.*g", digits, x);
-    if (std::stod(s) == x) break;
-  }
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-
 template <class M>
 Key int_key(const char* sec, const char* name, bool req, double lo, double hi, M member) {
   return {sec, name, Kind::Int, req, lo, hi,
@@ -60,7 +49,7 @@ Key float_key(const char* sec, const char* name, bool req, double lo, double hi,
           [member](Deck& d, const toml::value& v) {
             member(d) = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
           },
-          [member](const Deck& d) { return shortest(member(const_cast<Deck&>(d))); }};
+          [member](const Deck& d) { return shortest_decimal(member(const_cast<Deck&>(d))); }};
 }
 template <class M>
 Key string_key(const char* sec, const char* name, bool req, M member) {
@@ -145,7 +134,7 @@ Key loss_scale_key() {
             d.train.loss_scale = x;
           },
           [](const Deck& d) {
-            return d.train.loss_scale == 0 ? std::string("\"dynamic\"") : shortest(d.train.loss_scale);
+            return d.train.loss_scale == 0 ? std::string("\"dynamic\"") : shortest_decimal(d.train.loss_scale);
           }};
 }
 
@@ -179,10 +168,12 @@ const std::vector<Key>& schema() {
       float_key("model", "aux_loss", false, 0, 1e6, MEMBER(model.aux_loss)),
       float_key("model", "router_z_loss", false, 0, 1e6, MEMBER(model.router_z_loss)),
       string_key("model", "init", false, MEMBER(model_init)),
-      string_key("data", "train", true, MEMBER(data.train)),
+      string_key("data", "train", false, MEMBER(data.train)),
       string_key("data", "val", false, MEMBER(data.val)),
       int_key("data", "vocab_size", false, 1, 1 << 24, MEMBER(data.vocab_size)),
       string_key("data", "tokenizer", false, MEMBER(data.tokenizer)),
+      bool_key("data", "reblend", MEMBER(data.reblend)),
+      int_key("data", "warn_repeats", false, 1, 1e9, MEMBER(data.warn_repeats)),
       int_key("train", "steps", true, 1, 1e12, MEMBER(train.steps)),
       int_key("train", "global_batch", true, 1, 1e9, MEMBER(train.global_batch)),
       int_key("train", "micro_batch", true, 1, 1e6, MEMBER(train.micro_batch)),
@@ -425,7 +416,23 @@ void check_moe_relations(const Deck& d, const std::string& where) {
   }
 }
 
+// One training set: [data] train, or a blend of [[data.source]].
+void check_data_relations(const Deck& d, const std::string& where) {
+  const DataConfig& data = d.data;
+  if (data.train.empty() && data.sources.empty()) {
+    throw InputError(where, "[data] train",
+                     "missing: name a token dataset (a file or a glob), or a blend of "
+                     "[[data.source]] tables");
+  }
+  if (!data.train.empty() && !data.sources.empty()) {
+    throw InputError(where, "[data] train, [[data.source]]",
+                     "give one: [data] train is a single source, [[data.source]] a blend (a "
+                     "blend of one is a [[data.source]] with any weight)");
+  }
+}
+
 void check_relations(const Deck& d, const std::string& where) {
+  check_data_relations(d, where);
   check_moe_relations(d, where);
   if (d.model.n_embd % d.model.n_head != 0) {
     throw InputError(where, "[model] n_embd",
@@ -580,6 +587,10 @@ Deck parse_deck(const std::string& text, const std::string& path,
                        "unknown section (expected [model], [data], [train], [parallel], [run] or [checkpoint])");
     }
     for (const auto& [name, value] : table.as_table()) {
+      if (section == "data" && name == "source") {
+        d.data.sources = parse_data_sources(value, path);
+        continue;
+      }
       const Key* k = find_key(section, name);
       if (k == nullptr) {
         throw InputError(path, "[" + section + "] " + name,
@@ -810,6 +821,8 @@ std::string Deck::to_toml() const {
   std::string out, section;
   for (const auto& k : schema()) {
     if (section != k.section) {
+      // The blend's tables after [data]'s own keys, before the next section.
+      if (section == "data") out += data_sources_toml(data.sources);
       section = k.section;
       out += (out.empty() ? "[" : "\n[") + section + "]\n";
     }
@@ -829,6 +842,10 @@ void rebase_relative_paths(Deck& d, const std::string& base) {
   };
   rebase(d.data.train);
   rebase(d.data.val);
+  for (DataSource& s : d.data.sources) {
+    rebase(s.path);
+    rebase(s.val);
+  }
   rebase(d.run.dir);
   rebase(d.checkpoint.dir);
   rebase(d.checkpoint.resume_path);

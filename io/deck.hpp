@@ -75,8 +75,26 @@ struct CheckpointConfig {
   std::string resume_path;
 };
 
+// One source of a blend ([[data.source]]): a dataset (a file or a glob),
+// its share of the training samples, and optionally its own validation set.
+struct DataSource {
+  std::string name;  // in logs and metrics; default: from the path
+  std::string path;
+  double weight = 1;
+  std::string val;
+};
+
 struct DataConfig {
+  // [data] train alone (one source), or [[data.source]] (a weighted blend);
+  // exactly one of the two.
   std::string train, val;
+  std::vector<DataSource> sources;
+  // A resume whose blend differs from the checkpoint's is refused unless
+  // this is set: then the new blend applies from the checkpoint's position.
+  bool reblend = false;
+  // plan and the run's log warn when a source will be seen more epochs
+  // than this over the run.
+  int64_t warn_repeats = 4;
   // The label of datasets that carry none (Megatron .bin/.idx, llm.c
   // shards): 0 and "" take GPT-2's (token_dataset.hpp's DataLabel).
   int64_t vocab_size = 0;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <xxhash.h>
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
@@ -271,6 +272,27 @@ void TokenDataset::read_tokens(int64_t first, int64_t count, int32_t* out) const
   }
 }
 
+std::string TokenDataset::fingerprint() const {
+  constexpr int64_t kEnd = 4096;
+  std::string text;
+  std::vector<char> bytes(2 * kEnd);
+  for (const auto& f : files_) {
+    std::ifstream in(f->path(), std::ios::binary | std::ios::ate);
+    const int64_t size = in ? static_cast<int64_t>(in.tellg()) : -1;
+    if (size < 0) throw InputError(f->path(), "", "cannot be read again (removed or changed?)");
+    const int64_t head = std::min(size, kEnd), tail = std::min(size - head, kEnd);
+    in.seekg(0);
+    in.read(bytes.data(), head);
+    in.seekg(size - tail);
+    in.read(bytes.data() + head, tail);
+    if (!in) throw InputError(f->path(), "", "cannot be read again (removed or changed?)");
+    text += strprintf("%s|%lld|%lld|%016llx\n", f->format().c_str(),
+                      static_cast<long long>(f->num_tokens()), static_cast<long long>(size),
+                      static_cast<unsigned long long>(XXH64(bytes.data(), head + tail, 0)));
+  }
+  return strprintf("%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+}
+
 int64_t TokenDataset::verify_token_range() const {
   constexpr int64_t kChunk = 1 << 20;
   int64_t max_id = -1;
@@ -313,7 +335,9 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     write_int_attr(file.get(), "vocab_size", vocab_size, path);
     write_string_attr(file.get(), "tokenizer", tokenizer, path);
     const auto max_id = std::max_element(tokens.begin(), tokens.end());
-    write_int_attr(file.get(), "max_token_id", max_id == tokens.end() ? -1 : *max_id, path);
+    // -1 for no tokens (as int64: the uint32 -1 would read as 2^32 - 1).
+    write_int_attr(file.get(), "max_token_id",
+                   max_id == tokens.end() ? int64_t{-1} : static_cast<int64_t>(*max_id), path);
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), path);
   } catch (const std::exception&) {
     std::remove(tmp.c_str());  // a full disk: nothing partial stays behind

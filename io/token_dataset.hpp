@@ -53,6 +53,11 @@ class TokenDataset {
   void read_window(int64_t index, int64_t seq_len, int32_t* out) const;
   // Any `count` consecutive tokens of the whole dataset (for inspection).
   void read_tokens(int64_t first, int64_t count, int32_t* out) const;
+  // A digest of what the files are: each one's format, token count and
+  // its first and last 4 KiB (headers, and the data's ends), in order. Two
+  // ranks, or a run and its checkpoint, that see the same dataset agree on
+  // it; a file rewritten, cut or swapped gives another. 16 hex digits.
+  std::string fingerprint() const;
   // Reads every token and checks it is below vocab_size (inspect's full
   // check, linear in the size); returns the largest id (-1: empty).
   int64_t verify_token_range() const;

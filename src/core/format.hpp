@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace mpiformer {
@@ -34,6 +35,19 @@ inline std::string json_string(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+// The shortest decimal that reads back as the same double (0.003, not
+// 0.0030000000000000001), always with a '.' or exponent so TOML keeps it a
+// float.
+inline std::string shortest_decimal(double x) {
+  std::string s;
+  for (int digits = 1; digits <= 17; ++digits) {
+    s = strprintf("%.*g", digits, x);
+    if (std::strtod(s.c_str(), nullptr) == x) break;
+  }
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
 }
 
 }  // namespace mpiformer

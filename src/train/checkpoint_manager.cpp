@@ -185,6 +185,8 @@ ResumePoint CheckpointManager::load() {
     start.cursor = meta.sample_position;
     start.resumed = true;
     start.run_id = meta.run_id;
+    start.path = path;
+    start.data_blend = meta.data_blend;
     start.has_scaler = meta.loss_scaler == 1;
     start.scaler = {std::ldexp(1.0, static_cast<int>(meta.loss_scale_log2)),
                     meta.loss_scale_good_steps};
@@ -270,6 +272,7 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   meta.sample_position = data.cursor;
   meta.tokens_seen = data.cursor * cfg_.seq_len;
   meta.epoch = data.epoch;
+  meta.data_blend = data.blend;
   meta.seed = deck_.train.seed;
   meta.dp = grid_.dp();
   meta.pp = grid_.pp();

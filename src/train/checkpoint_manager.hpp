@@ -20,6 +20,8 @@ struct ResumePoint {
   int64_t cursor = 0;  // global sample position of the next step
   bool resumed = false;
   std::string run_id;  // a new one, or the resumed checkpoint's
+  std::string path;        // the checkpoint resumed from
+  std::string data_blend;  // its blend record ("": none, one source)
   // fp16's dynamic loss scaler as the checkpoint left it (has_scaler: it
   // recorded one; otherwise a run that scales starts afresh at 2^16).
   bool has_scaler = false;
@@ -30,6 +32,7 @@ struct ResumePoint {
 struct DataPosition {
   int64_t cursor = 0;
   int64_t epoch = 0;
+  std::string blend;  // DataFeeder::record()
 };
 
 class CheckpointManager {

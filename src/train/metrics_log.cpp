@@ -138,13 +138,20 @@ void MetricsLog::step(const StepMetrics& m) {
   write_line(json + "}");
 }
 
-void MetricsLog::eval(int64_t step, int64_t steps, double val_loss) {
+void MetricsLog::eval(int64_t step, int64_t steps, double val_loss,
+                      const std::vector<std::pair<std::string, double>>& per_source) {
   if (!active_) return;
-  std::printf("step %lld/%lld | val loss %.4f\n", static_cast<long long>(step),
-              static_cast<long long>(steps), val_loss);
+  std::string line = strprintf("step %lld/%lld | val loss %.4f", static_cast<long long>(step),
+                               static_cast<long long>(steps), val_loss);
+  std::string json = strprintf("{\"step\": %lld, \"val_loss\": %s", static_cast<long long>(step),
+                               number(val_loss).c_str());
+  for (const auto& [name, loss] : per_source) {
+    line += strprintf(" | %s %.4f", name.c_str(), loss);
+    json += strprintf(", %s: %s", json_string("val_loss/" + name).c_str(), number(loss).c_str());
+  }
+  std::puts(line.c_str());
   std::fflush(stdout);
-  write_line(strprintf("{\"step\": %lld, \"val_loss\": %s}", static_cast<long long>(step),
-                       number(val_loss).c_str()));
+  write_line(json + "}");
 }
 
 void MetricsLog::record(const std::string& json) {

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mpiformer {
 
@@ -63,7 +65,8 @@ class MetricsLog {
   MetricsLog& operator=(const MetricsLog&) = delete;
 
   void step(const StepMetrics& m);
-  void eval(int64_t step, int64_t steps, double val_loss);
+  void eval(int64_t step, int64_t steps, double val_loss,
+            const std::vector<std::pair<std::string, double>>& per_source = {});
   // Any other record, one JSON object (the memory accounting).
   void record(const std::string& json);
   const std::string& path() const { return path_; }

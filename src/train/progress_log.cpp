@@ -113,8 +113,9 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   times_ = StepTimes{};
 }
 
-void ProgressLog::eval_done(int64_t done, double val_loss) {
-  log_.eval(done, deck_.train.steps, val_loss);
+void ProgressLog::eval_done(int64_t done, double val_loss,
+                            const std::vector<std::pair<std::string, double>>& per_source) {
+  log_.eval(done, deck_.train.steps, val_loss, per_source);
 }
 
 }  // namespace mpiformer

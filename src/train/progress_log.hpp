@@ -33,7 +33,9 @@ class ProgressLog {
   // at the steps that log.
   void step_done(int64_t done, int64_t end_step, double step_s, const StepResult& r,
                  int64_t samples);
-  void eval_done(int64_t done, double val_loss);
+  // `per_source`: each blended source's own validation loss, if any.
+  void eval_done(int64_t done, double val_loss,
+                 const std::vector<std::pair<std::string, double>>& per_source = {});
   // metrics.jsonl, for records other than steps and evaluations.
   MetricsLog& metrics() { return log_; }
   // Time spent outside steps (evaluation, saves) is not the interval's.

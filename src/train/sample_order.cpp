@@ -6,7 +6,8 @@
 
 namespace mpiformer {
 
-SampleOrder::SampleOrder(int64_t num_windows, uint64_t seed) : n_(num_windows), seed_(seed) {
+SampleOrder::SampleOrder(int64_t num_windows, uint64_t seed, std::string stream)
+    : n_(num_windows), seed_(seed), stream_(std::move(stream)) {
   while ((uint64_t{1} << (2 * half_bits_)) < static_cast<uint64_t>(n_)) ++half_bits_;
 }
 
@@ -15,7 +16,7 @@ int64_t SampleOrder::window(int64_t pos) {
   if (e != epoch_) {
     // A stream keyed by (seed, epoch): any rank finds any epoch's order
     // without replaying the ones before it.
-    Rng rng(seed_, "sample_order/" + std::to_string(e));
+    Rng rng(seed_, stream_ + "/" + std::to_string(e));
     for (auto& k : keys_) k = rng.next();
     epoch_ = e;
   }

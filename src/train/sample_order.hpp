@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace mpiformer {
 
@@ -16,7 +17,9 @@ namespace mpiformer {
 // building its epoch.
 class SampleOrder {
  public:
-  SampleOrder(int64_t num_windows, uint64_t seed);
+  // `stream` names the order: a blend's sources each have their own
+  // ("sample_order/<name>"); a single source keeps the plain name.
+  SampleOrder(int64_t num_windows, uint64_t seed, std::string stream = "sample_order");
   int64_t num_windows() const { return n_; }
   // The window at global sample position `pos` (epoch = pos / num_windows).
   int64_t window(int64_t pos);
@@ -27,6 +30,7 @@ class SampleOrder {
   uint64_t permute(uint64_t x) const;
   int64_t n_;
   uint64_t seed_;
+  std::string stream_;
   int half_bits_ = 1;
   int64_t epoch_ = -1;
   std::array<uint64_t, kRounds> keys_{};  // this epoch's round keys

@@ -247,7 +247,7 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   // ZeRO's gathers after AdamW belong to this step too.
   if (g.dp() > 1) times.dp_sent_bytes += stage.take_sent_bytes();
   trace_.flush();
-  data.next_step();
+  result.data_notes = data.next_step();
   times_ = nullptr;  // evaluation's reductions are not the step's
   return result;
 }

@@ -27,6 +27,7 @@ struct StepResult {
   StepVerdict verdict = StepVerdict::kApply;  // the update applied, skipped, or the run stops
   std::string why;                            // why not applied
   std::string note;                           // said once by the run (gradients all zero)
+  std::vector<std::string> data_notes;        // sources that began an epoch
   int64_t skipped_steps = 0;                  // skipped so far in this run
   // The deck key a kStop names ([train] nonfinite, or [train] min_loss_scale
   // when fp16's loss scale would fall below its minimum).

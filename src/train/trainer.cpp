@@ -18,6 +18,7 @@
 #include "train/backend_factory.hpp"
 #include "train/checkpoint_manager.hpp"
 #include "train/data_feeder.hpp"
+#include "train/data_summary.hpp"
 #include "train/initial_weights.hpp"
 #include "model/model_flops.hpp"
 #include "train/progress_log.hpp"
@@ -72,6 +73,41 @@ void probe_writable(const std::string& dir, const char* key, int rank) {
 
 // Seconds the watchdog allows a save or a load of this rank's state: 10x
 // its time at the 100 MB/s the stop policy assumes.
+void print_data_summary(const DataFeeder& data, int64_t run_samples, int64_t warn_repeats) {
+  for (const std::string& line : data_summary(data, run_samples)) std::printf("%s\n", line.c_str());
+  for (const std::string& w : repeat_warnings(data, run_samples, warn_repeats))
+    std::fprintf(stderr, "mpiformer: warning: %s\n", w.c_str());
+}
+
+// The validation losses of one evaluation: each set's, and the blended one
+// ([data] val where the deck has it, else the sources' own sets averaged by
+// their weights).
+struct ValLosses {
+  double blended = 0;
+  std::vector<std::pair<std::string, double>> per_set;
+};
+
+ValLosses evaluate_all(StepExecutor& executor, DataFeeder& data) {
+  ValLosses v;
+  double weighted = 0, weights = 0;
+  bool has_val = false;
+  for (size_t i = 0; i < data.eval_sets().size(); ++i) {
+    const EvalSet& e = data.eval_sets()[i];
+    data.select_eval(i);
+    const double loss = executor.evaluate(data);
+    if (e.source.empty()) {
+      v.blended = loss;
+      has_val = true;
+    } else {
+      v.per_set.emplace_back(e.source, loss);
+      weighted += e.weight * loss;
+      weights += e.weight;
+    }
+  }
+  if (!has_val) v.blended = weighted / weights;
+  return v;
+}
+
 double save_allowance(const StageBackend& stage) {
   return 12.0 * static_cast<double>(stage.param_storage()) / 1e7;
 }
@@ -107,14 +143,20 @@ Trainer::Trainer(Deck deck, int rank, int world)
   }
   // Every rank opened the data itself (a node-local copy, a file rewritten
   // between node launches): the same headers on every rank, or an error.
-  for (const TokenDataset* d : {&p_->data->train(), p_->data->val()}) {
-    if (d == nullptr) continue;
+  const auto agree_on_data = [&](const TokenDataset& d, const std::string& key,
+                                 const std::string& fingerprint) {
     agree_on_view(MPI_COMM_WORLD,
-                  strprintf("%s, %lld tokens, vocab_size %lld, tokenizer \"%s\"",
-                            d->format().c_str(), static_cast<long long>(d->num_tokens()),
-                            static_cast<long long>(d->vocab_size()), d->tokenizer().c_str()),
-                  d->path(), d == p_->data->val() ? "[data] val" : "[data] train");
-  }
+                  strprintf("%s, %lld tokens, vocab_size %lld, tokenizer \"%s\"%s%s",
+                            d.format().c_str(), static_cast<long long>(d.num_tokens()),
+                            static_cast<long long>(d.vocab_size()), d.tokenizer().c_str(),
+                            fingerprint.empty() ? "" : ", fingerprint ", fingerprint.c_str()),
+                  d.path(), key);
+  };
+  for (const TrainSource& s : p_->data->sources())
+    agree_on_data(s.data, p_->data->blended() ? "[[data.source]] \"" + s.name + "\"" : "[data] train",
+                  s.fingerprint);
+  for (const EvalSet& e : p_->data->eval_sets())
+    agree_on_data(e.data, e.source.empty() ? "[data] val" : "[[data.source]] \"" + e.source + "\" val", "");
   connect();
 }
 
@@ -227,7 +269,7 @@ void Trainer::connect() {
   g.world().allreduce_sum(&peak, 1);
   p.peak_flops = peak;
   p.checkpoints = std::make_unique<CheckpointManager>(deck_, deck_.model, g, *p.stage,
-                                                      p.data->train().tokenizer());
+                                                      p.data->tokenizer());
   p.start = p.checkpoints->resume();
   if (!deck_.model_init.empty()) {
     // Pretrained weights start a fresh run; a run that resumes has its own.
@@ -238,7 +280,11 @@ void Trainer::connect() {
                                  : load_initial_weights(deck_, *p.stage, g);
     if (rank_ == 0) std::printf("%s\n", said.c_str());
   }
-  p.data->set_cursor(p.start.cursor);
+  std::string reblended;
+  agree_on_input_errors(MPI_COMM_WORLD, [&] {
+    reblended = p.data->start_at(p.start.resumed, p.start.cursor, p.start.data_blend, p.start.path);
+  });
+  if (rank_ == 0 && !reblended.empty()) std::printf("%s\n", reblended.c_str());
   LossScaler& scaler = p.executor->scaler();
   if (scaler.dynamic() && p.start.has_scaler) {
     scaler.restore(p.start.scaler);
@@ -253,19 +299,11 @@ void Trainer::print_summary() const {
   const TrainConfig& tc = deck_.train;
   const GptConfig& cfg = deck_.model;
   const ProcessGrid& g = *p.grid;
-  const TokenDataset& train = p.data->train();
   std::printf("mpiformer %s: resolved deck (%s)\n%s\n", MPIFORMER_VERSION, deck_.path.c_str(),
               deck_.to_toml().c_str());
   std::printf("run:   %s (%s)\n", p.start.run_id.c_str(),
               p.start.resumed ? "resumed" : "a new run");
-  std::printf("train: %s (%s, %lld tokens, %lld windows, tokenizer %s)\n", train.path().c_str(),
-              train.format().c_str(), static_cast<long long>(train.num_tokens()),
-              static_cast<long long>(p.data->order().num_windows()), train.tokenizer().c_str());
-  if (const TokenDataset* val = p.data->val()) {
-    std::printf("val:   %s (%lld tokens, %lld windows evaluated)\n", val->path().c_str(),
-                static_cast<long long>(val->num_tokens()),
-                static_cast<long long>(p.data->eval_windows()));
-  }
+  print_data_summary(*p.data, tc.steps * tc.global_batch, deck_.data.warn_repeats);
   const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
   std::printf("model: %lld parameters, %lld layers, %lld heads, %lld channels, vocab %lld "
               "(padded %lld)\n",
@@ -453,6 +491,9 @@ TrainResult Trainer::run() {
     result.losses.push_back(r.loss);
     const int64_t done = step + 1;
     progress.step_done(done, end_step, step_s, r, p.data->cursor());
+    if (lead)
+      for (const std::string& note : r.data_notes)
+        std::printf("step %lld: %s\n", static_cast<long long>(done), note.c_str());
     if (!r.note.empty() && p.grid->world_rank() == 0)
       std::fprintf(stderr, "mpiformer: warning: step %lld: %s\n", static_cast<long long>(done),
                    r.note.c_str());
@@ -468,19 +509,20 @@ TrainResult Trainer::run() {
                     scale ? "" : likely_cause_of_nonfinite(deck_).c_str()));
     }
     const bool eval_due = tc.eval_every > 0 && done % tc.eval_every == 0;
-    if (p.data->val() && (eval_due || done == tc.steps)) {
+    if (!p.data->eval_sets().empty() && (eval_due || done == tc.steps)) {
       const auto te = Clock::now();
-      result.final_val_loss = p.executor->evaluate(*p.data);
+      const ValLosses v = evaluate_all(*p.executor, *p.data);
+      result.final_val_loss = v.blended;
       stop.eval_took(std::chrono::duration<double>(Clock::now() - te).count());
       progress.exclude_pause();
-      progress.eval_done(done, result.final_val_loss);
+      progress.eval_done(done, v.blended, v.per_set);
     }
     const int64_t every = deck_.checkpoint.every;
     const bool at_end = done == end_step && (deck_.checkpoint.at_end || done < tc.steps);
     if ((every > 0 && done % every == 0) || at_end || r.stop) {
       p.watchdog->enter("checkpoint save", done, "every rank (collective write)",
                         save_allowance(*p.stage));
-      stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch()},
+      stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch(), p.data->record()},
                                          p.executor->scaler()));
       // The job scripts count the steps a failure loses from this.
       progress.metrics().record(strprintf("{\"checkpoint_saved\": %lld}", static_cast<long long>(done)));
@@ -502,7 +544,7 @@ TrainResult Trainer::run() {
                     "the ranks of this tensor group");
   p.checkpoints->check_tensor_replicas();
   report_measured_memory(progress.metrics());
-  if (lead && p.data->val() && end_step == tc.steps && p.start.step < end_step) {
+  if (lead && !p.data->eval_sets().empty() && end_step == tc.steps && p.start.step < end_step) {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,
                 static_cast<long long>(tc.steps));
   }

@@ -38,7 +38,7 @@ rr "[train] micro_batch: expected an integer" train "$DECK" --set train.micro_ba
 rr "[train] lr: expected a value in" train "$DECK" --set train.lr=-1
 rr "[train] global_batch: must be a multiple" train "$DECK" --set train.micro_batch=5
 rr "nothing.h5: no such file" train "$DECK" --set data.train=nothing.h5
-rr "tiny.toml: [data] train: empty" train "$DECK" --set 'data.train=""'
+rr "tiny.toml: [data] train: missing" train "$DECK" --set 'data.train=""'
 # Layouts that do not fit, at rank counts 1, 2 and 4 in turn: each fails
 # fast, once, everywhere.
 NPS=(1 2 4)

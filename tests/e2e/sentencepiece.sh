@@ -96,7 +96,7 @@ mg=(--set data.train=data/shake_mg.bin --set data.val=data/shake_val.h5 --set tr
 rc=0
 run_mpi 1 train "$SOURCE_DIR/inputs/llama-tiny.toml" "${mg[@]}" --set run.dir=mg_unlabelled \
   >mg1.log 2>&1 || rc=$?
-[ "$rc" -eq 2 ] && grep -qF "differs from the training data's 'gpt2'" mg1.log ||
+[ "$rc" -eq 2 ] && grep -qF "differs from data/shake_mg.bin's \"gpt2\"" mg1.log ||
   { cat mg1.log; fail "an unlabelled Megatron set beside a SentencePiece one was not refused (exit $rc)"; }
 run_mpi 1 train "$SOURCE_DIR/inputs/llama-tiny.toml" "${mg[@]}" --set run.dir=mg_labelled \
   --set data.vocab_size=512 --set data.tokenizer="$sp_name" >mg2.log 2>&1 || { cat mg2.log; fail "labelled"; }

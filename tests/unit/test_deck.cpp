@@ -51,6 +51,27 @@ TEST(Deck, ResolvesDefaultsAndOverrides) {
   EXPECT_EQ(again.to_toml(), d.to_toml());
 }
 
+TEST(Deck, ABlendsSourcesResolveAndWriteBack) {
+  TempDir dir;
+  std::string text = kDeck;
+  const std::string plain = "[data]\ntrain = \"t.h5\"\n";
+  text.replace(text.find(plain), plain.size(),
+               "[[data.source]]\npath = \"web/*.h5\"\nweight = 0.7\n"
+               "[[data.source]]\nname = \"books\"\npath = \"b.h5\"\nweight = 3\nval = \"bv.h5\"\n");
+  const Deck d = load_deck(dir.write("d.toml", text), {});
+  ASSERT_EQ(d.data.sources.size(), 2u);
+  EXPECT_EQ(d.data.sources[0].name, "web");  // a glob's folder
+  EXPECT_DOUBLE_EQ(d.data.sources[0].weight, 0.7);
+  EXPECT_EQ(d.data.sources[1].name, "books");
+  EXPECT_EQ(d.data.sources[1].val, "bv.h5");
+  EXPECT_TRUE(d.data.train.empty());
+  // The resolved text holds the tables and resolves to the same deck.
+  const Deck again = load_deck(dir.write("r.toml", d.to_toml()), {});
+  ASSERT_EQ(again.data.sources.size(), 2u);
+  EXPECT_EQ(again.data.sources[0].path, "web/*.h5");
+  EXPECT_EQ(again.to_toml(), d.to_toml());
+}
+
 TEST(Deck, MistakesNameFileAndKey) {
   TempDir dir;
   const auto path = dir.write("d.toml", kDeck);
