@@ -19,6 +19,14 @@ int inspect_dataset(const std::string& file, int tokens) {
   std::printf("tokens:    %lld\n", static_cast<long long>(d.num_tokens()));
   std::printf("vocab:     %lld\n", static_cast<long long>(d.vocab_size()));
   std::printf("tokenizer: %s\n", d.tokenizer().c_str());
+  if (const int64_t docs = d.num_documents(); docs > 0) {
+    std::printf("documents: %lld recorded, %.1f tokens each on average\n", static_cast<long long>(docs),
+                static_cast<double>(d.num_tokens()) / static_cast<double>(docs));
+  } else {
+    std::printf("documents: none recorded (%s)\n", d.document_source() == "none"
+                                                       ? "one per file under [data] document_mask"
+                                                       : d.document_source().c_str());
+  }
   // Training checks ids as it reads them; inspect reads every one.
   const int64_t max_id = d.verify_token_range();
   std::printf("ids:       all below vocab_size (largest %lld)\n", static_cast<long long>(max_id));

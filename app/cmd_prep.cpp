@@ -94,14 +94,18 @@ void write_split(const PrepArgs& args, const std::string& path, const std::vecto
                  const Tokenizer& tok) {
   const std::vector<uint32_t> part(tokens.begin() + static_cast<long>(begin),
                                    tokens.begin() + static_cast<long>(end));
-  if (args.format != "megatron") return write_token_file(path, part, tok.vocab_size(), tok.name());
+  // Each document's first token in the part, increasing (an empty input
+  // file starts no document of its own).
   std::vector<int64_t> docs;
+  if (!part.empty()) docs.push_back(0);
   for (int64_t s : starts) {
     const auto b = static_cast<int64_t>(begin), e = static_cast<int64_t>(end);
     if (s >= e) break;
-    if (s > b || docs.empty()) docs.push_back(std::max<int64_t>(s - b, 0));
+    if (s - b > docs.back()) docs.push_back(s - b);
   }
-  if (docs.empty() || docs.front() != 0) docs.insert(docs.begin(), 0);
+  if (args.format != "megatron")
+    return write_token_file(path, part, tok.vocab_size(), tok.name(), docs);
+  if (docs.empty()) docs.push_back(0);
   write_megatron_dataset(path, part, docs, tok.vocab_size());
 }
 

@@ -174,6 +174,7 @@ const std::vector<Key>& schema() {
       string_key("data", "tokenizer", false, MEMBER(data.tokenizer)),
       bool_key("data", "reblend", MEMBER(data.reblend)),
       int_key("data", "warn_repeats", false, 1, 1e9, MEMBER(data.warn_repeats)),
+      bool_key("data", "document_mask", MEMBER(data.document_mask)),
       int_key("train", "steps", true, 1, 1e12, MEMBER(train.steps)),
       int_key("train", "global_batch", true, 1, 1e9, MEMBER(train.global_batch)),
       int_key("train", "micro_batch", true, 1, 1e6, MEMBER(train.micro_batch)),

@@ -95,6 +95,10 @@ struct DataConfig {
   // plan and the run's log warn when a source will be seen more epochs
   // than this over the run.
   int64_t warn_repeats = 4;
+  // Attention causal within each document only, and positions (learned or
+  // rotary) restarting at each document's start (Llama 3's training);
+  // false: windows are plain sequences (GPT-2's, Megatron's default).
+  bool document_mask = false;
   // The label of datasets that carry none (Megatron .bin/.idx, llm.c
   // shards): 0 and "" take GPT-2's (token_dataset.hpp's DataLabel).
   int64_t vocab_size = 0;

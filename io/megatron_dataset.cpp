@@ -112,6 +112,33 @@ class MegatronTokenSource final : public TokenSource {
     count_ = offset / static_cast<int64_t>(elem_);
   }
   int64_t num_tokens() const override { return count_; }
+  int64_t num_documents() const override { return documents_; }
+  // Document d's first token: its first sequence's byte offset (the index
+  // was checked when opened).
+  int64_t document_start(int64_t d) const {
+    const char* p = idx_.data();
+    const auto sequences = at<uint64_t>(p + 18);
+    const char* pointers = p + kFixedBytes + 4 * sequences;
+    const char* docs = pointers + 8 * sequences;
+    const auto seq = at<int64_t>(docs + 8 * d);
+    if (seq >= static_cast<int64_t>(sequences)) return count_;
+    return at<int64_t>(pointers + 8 * seq) / static_cast<int64_t>(elem_);
+  }
+  void document_starts(int64_t first, int64_t count, const int32_t*,
+                       std::vector<int64_t>* out) const override {
+    int64_t lo = 0, hi = documents_;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (document_start(mid) <= first) lo = mid + 1;
+      else hi = mid;
+    }
+    for (int64_t d = lo; d < documents_; ++d) {
+      const int64_t at = document_start(d);
+      if (at >= first + count) break;
+      // An empty document starts where the next does: one start.
+      if (out->empty() || out->back() != at) out->push_back(at);
+    }
+  }
   void read(int64_t first, int64_t count, int32_t* out) const override {
     const char* p = bin_.data() + first * static_cast<int64_t>(elem_);
     for (int64_t i = 0; i < count; ++i, p += elem_) {

@@ -30,6 +30,7 @@ namespace {
 constexpr int32_t kBinMagic = 20240520;
 constexpr int64_t kBinHeaderInts = 256;
 constexpr int64_t kScanChunk = 1 << 20;
+constexpr int32_t kGpt2EndOfText = 50256;
 
 // Throws unless out[0..n) are ids below vocab; `first` is out[0]'s index in
 // the file, for the message.
@@ -123,8 +124,30 @@ class H5TokenSource final : public TokenSource {
                                    static_cast<long long>(max_id), static_cast<long long>(*vocab)));
       }
     }
+    open_documents();
   }
   int64_t num_tokens() const override { return count_; }
+  int64_t num_documents() const override { return docs_.valid() ? documents_ : -1; }
+  void document_starts(int64_t first, int64_t count, const int32_t* tokens,
+                       std::vector<int64_t>* out) const override {
+    if (!docs_.valid()) {
+      TokenSource::document_starts(first, count, tokens, out);
+      return;
+    }
+    // The first start past `first` (binary search, a read per probe; the
+    // offsets were checked when opened), then the starts while inside.
+    int64_t lo = 0, hi = documents_;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (offset_at(mid) <= first) lo = mid + 1;
+      else hi = mid;
+    }
+    for (int64_t k = lo; k < documents_; ++k) {
+      const int64_t at = offset_at(k);
+      if (at >= first + count) break;
+      out->push_back(at);
+    }
+  }
   void read(int64_t first, int64_t count, int32_t* out) const override {
     H5Handle fspace(H5Dget_space(dset_.get()), H5Sclose);
     const hsize_t start[1] = {static_cast<hsize_t>(first)}, n[1] = {static_cast<hsize_t>(count)};
@@ -136,11 +159,85 @@ class H5TokenSource final : public TokenSource {
       throw InputError(path_, "/tokens", "read failed (damaged or truncated file?)");
     }
   }
-  std::string format() const override { return "HDF5"; }
+  std::string format() const override {
+    return docs_.valid() ? strprintf("HDF5, %lld documents", static_cast<long long>(documents_))
+                         : "HDF5";
+  }
 
  private:
-  H5Handle file_, dset_;
-  int64_t count_ = 0;
+  // /documents: each document's first token, 0 first, increasing, below
+  // the token count.
+  void open_documents() {
+    if (H5Lexists(file_.get(), "documents", H5P_DEFAULT) <= 0) return;
+    docs_ = open_own_dataset(file_.get(), path_, "/documents");
+    H5Handle type(H5Dget_type(docs_.get()), H5Tclose);
+    H5Handle space(H5Dget_space(docs_.get()), H5Sclose);
+    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Sget_simple_extent_ndims(space.get()) != 1) {
+      throw InputError(path_, "/documents", "expected a 1-D dataset of integers (document offsets)");
+    }
+    hsize_t dims[1] = {0};
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    require_stored(docs_.get(), path_, "/documents");
+    documents_ = static_cast<int64_t>(dims[0]);
+    if (documents_ > count_ || (count_ > 0 && documents_ == 0)) {
+      throw InputError(path_, "/documents",
+                       strprintf("%lld documents for %lld tokens: expected 1 to %lld (every "
+                                 "document holds a token)",
+                                 static_cast<long long>(documents_), static_cast<long long>(count_),
+                                 static_cast<long long>(count_)));
+    }
+    // Every offset, a chunk at a time (as a Megatron index is checked:
+    // linear in the documents, not the tokens, in constant memory), so a
+    // damaged record is refused when the run starts, on every rank.
+    constexpr int64_t kChunk = 1 << 20;
+    std::vector<int64_t> chunk;
+    int64_t before = -1;
+    for (int64_t k0 = 0; k0 < documents_; k0 += kChunk) {
+      const int64_t n = std::min(kChunk, documents_ - k0);
+      chunk.resize(static_cast<size_t>(n));
+      read_offsets(k0, n, chunk.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t k = k0 + i, at = chunk[static_cast<size_t>(i)];
+        const std::string field = strprintf("/documents[%lld]", static_cast<long long>(k));
+        if (k == 0 && at != 0) {
+          throw InputError(path_, field,
+                           strprintf("%lld: the first document starts at token 0",
+                                     static_cast<long long>(at)));
+        }
+        if (at < 0 || at >= count_) {
+          throw InputError(path_, field,
+                           strprintf("%lld points past the %lld tokens", static_cast<long long>(at),
+                                     static_cast<long long>(count_)));
+        }
+        if (at <= before) {
+          throw InputError(path_, field,
+                           strprintf("%lld is not above the offset before it (%lld): document "
+                                     "offsets increase",
+                                     static_cast<long long>(at), static_cast<long long>(before)));
+        }
+        before = at;
+      }
+    }
+  }
+  // /documents[k0, k0 + n) as signed 64-bit integers (an offset of 2^63 or
+  // more reads negative and is refused).
+  void read_offsets(int64_t k0, int64_t n, int64_t* out) const {
+    H5Handle fspace(H5Dget_space(docs_.get()), H5Sclose);
+    const hsize_t start[1] = {static_cast<hsize_t>(k0)}, count[1] = {static_cast<hsize_t>(n)};
+    H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), path_);
+    H5Handle mspace(H5Screate_simple(1, count, nullptr), H5Sclose);
+    if (H5Dread(docs_.get(), H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+      throw InputError(path_, "/documents", "read failed (damaged or truncated file?)");
+    }
+  }
+  int64_t offset_at(int64_t k) const {
+    int64_t v = 0;
+    read_offsets(k, 1, &v);
+    return v;
+  }
+
+  H5Handle file_, dset_, docs_;
+  int64_t count_ = 0, documents_ = 0;
 };
 
 bool looks_like_hdf5(const std::string& path) {
@@ -218,6 +315,9 @@ TokenDataset::TokenDataset(const std::string& path_or_glob, const DataLabel& giv
     }
     vocab_size_ = vocab;
     tokenizer_ = tokenizer;
+    // Where a file records no documents: GPT-2's pipelines (prep's, llm.c's)
+    // put <|endoftext|> before each one.
+    if (tokenizer == "gpt2") src->set_separator(kGpt2EndOfText);
     files_.push_back(std::move(src));
   }
 }
@@ -254,6 +354,38 @@ void TokenDataset::read_window(int64_t index, int64_t seq_len, int32_t* out) con
     index -= w;
   }
   throw std::out_of_range("TokenDataset::read_window: window index past the end");
+}
+
+void TokenDataset::window_document_starts(int64_t index, int64_t seq_len, const int32_t* tokens,
+                                          std::vector<int32_t>* starts) const {
+  starts->clear();
+  for (const auto& f : files_) {
+    const int64_t w = std::max<int64_t>(0, (f->num_tokens() - 1) / seq_len);
+    if (index < w) {
+      std::vector<int64_t> at;
+      f->document_starts(index * seq_len, seq_len, tokens, &at);
+      for (const int64_t a : at) starts->push_back(static_cast<int32_t>(a - index * seq_len));
+      return;
+    }
+    index -= w;
+  }
+  throw std::out_of_range("TokenDataset::window_document_starts: window index past the end");
+}
+
+int64_t TokenDataset::num_documents() const {
+  int64_t n = 0;
+  for (const auto& f : files_) {
+    if (f->num_documents() < 0) return -1;
+    n += f->num_documents();
+  }
+  return n;
+}
+
+std::string TokenDataset::document_source() const {
+  const auto& f = *files_.front();
+  if (f.num_documents() >= 0) return "recorded";
+  if (f.separator() >= 0) return strprintf("token %d starts each", f.separator());
+  return "none";
 }
 
 void TokenDataset::read_tokens(int64_t first, int64_t count, int32_t* out) const {
@@ -310,7 +442,8 @@ int64_t TokenDataset::verify_token_range() const {
 }
 
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
-                      int64_t vocab_size, const std::string& tokenizer) {
+                      int64_t vocab_size, const std::string& tokenizer,
+                      const std::vector<int64_t>& documents) {
   const std::string tmp = path + ".tmp";
   try {
     H5QuietErrors quiet;
@@ -332,6 +465,17 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     H5_CHECK(dset.get(), path);
     H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()),
              path);
+    if (!documents.empty()) {
+      const hsize_t ddims[1] = {documents.size()};
+      H5Handle dspace(H5Screate_simple(1, ddims, nullptr), H5Sclose);
+      H5Handle docs(H5Dcreate2(file.get(), "documents", H5T_STD_I64LE, dspace.get(), H5P_DEFAULT,
+                               H5P_DEFAULT, H5P_DEFAULT),
+                    H5Dclose);
+      H5_CHECK(docs.get(), path);
+      H5_CHECK(H5Dwrite(docs.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                        documents.data()),
+               path);
+    }
     write_int_attr(file.get(), "vocab_size", vocab_size, path);
     write_string_attr(file.get(), "tokenizer", tokenizer, path);
     const auto max_id = std::max_element(tokens.begin(), tokens.end());

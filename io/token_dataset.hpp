@@ -1,7 +1,8 @@
 // A token dataset, read-only, in either of two formats detected by content:
 //  - HDF5: a 1-D unsigned integer dataset /tokens, root attributes
 //    vocab_size (integer) and tokenizer (string), and max_token_id
-//    (integer, optional: prep writes it);
+//    (integer, optional: prep writes it); optionally /documents, each
+//    document's first token (prep writes it);
 //  - llm.c .bin shards: a 256 x int32 header (magic 20240520, version 1,
 //    token count) then uint16 tokens; one file or a glob of several;
 //  - Megatron-LM's indexed datasets: a .bin of raw tokens beside its .idx
@@ -51,6 +52,16 @@ class TokenDataset {
   int64_t num_windows(int64_t seq_len) const;
   // Window `index` (0 <= index < num_windows) into out[seq_len + 1].
   void read_window(int64_t index, int64_t seq_len, int32_t* out) const;
+  // The documents starting inside window `index` (whose tokens are
+  // `tokens`, as read_window gave them): offsets i in (0, seq_len) into the
+  // window, increasing. From the file's record (HDF5 /documents, a Megatron
+  // index) or, where it has none, GPT-2's <|endoftext|>; none otherwise.
+  void window_document_starts(int64_t index, int64_t seq_len, const int32_t* tokens,
+                              std::vector<int32_t>* starts) const;
+  // Documents the files record (-1: some file records none), and how the
+  // dataset knows its documents ("recorded", "token N starts each", "none").
+  int64_t num_documents() const;
+  std::string document_source() const;
   // Any `count` consecutive tokens of the whole dataset (for inspection).
   void read_tokens(int64_t first, int64_t count, int32_t* out) const;
   // A digest of what the files are: each one's format, token count and
@@ -71,7 +82,10 @@ class TokenDataset {
 
 // Writes `tokens` as an HDF5 token dataset (the format above); the file is
 // written under a temporary name and renamed, so a failure leaves no half file.
+// `documents`: each document's first token (0 first, increasing), written
+// as /documents; empty: none recorded.
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
-                      int64_t vocab_size, const std::string& tokenizer);
+                      int64_t vocab_size, const std::string& tokenizer,
+                      const std::vector<int64_t>& documents = {});
 
 }  // namespace mpiformer

@@ -27,6 +27,11 @@
 //    CUDA error instead of hanging it.
 //  - Causal blocks: only tiles at or below the diagonal run; only the
 //    diagonal tile (and the tiles holding T) apply the mask.
+//  - Documents ([data] document_mask; `positions` given): row t sees keys
+//    t - positions[t] .. t. Document starts never decrease along a window,
+//    so a query tile's first row has the earliest: the forward starts at
+//    its key tile; the backward computes nothing for a (key, query) tile
+//    pair the mask hides entirely (it still takes its turn at dQ).
 #include <cmath>
 #include <type_traits>
 
@@ -129,7 +134,8 @@ constexpr size_t forward_smem() {
 // One block per tile of 64 query rows of one (batch, head).
 template <class A, int HS>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(A* out, float* lse, const A* qkv, Heads hd, float scale) {
+    attention_forward_kernel(A* out, float* lse, const A* qkv, Heads hd, float scale,
+                             const int32_t* positions) {
   constexpr int ld = HS + kPad, NS = kTile / 8, NO = HS / 8;
   A* sq = reinterpret_cast<A*>(dynamic_smem());
   A* sk = sq + kTile * ld;      // [2][kTile][ld]
@@ -144,15 +150,21 @@ __global__ void __launch_bounds__(kThreads)
   const A* values_at = qkv + hd.value(b, h / hd.g);
   const int keys = q0 + kTile < T ? q0 + kTile : T;  // causal: up to the tile's last row
   const int nk = (keys + kTile - 1) / kTile;
+  // Documents: this lane's rows' first keys, and the tile's first key tile.
+  const int32_t* pos = positions != nullptr ? positions + static_cast<int64_t>(b) * T : nullptr;
+  int first_key[2] = {0, 0};
+  for (int r = 0; r < 2; ++r)
+    if (pos != nullptr && row + 8 * r < T) first_key[r] = row + 8 * r - pos[row + 8 * r];
+  const int kt0 = pos != nullptr ? (q0 - pos[q0]) / kTile : 0;
   load_rows<A, HS>(sq, ld, qkv + hd.query(b, h), stride, q0, T, hs, hd.vec);
-  load_rows<A, HS>(sk, ld, keys_at, stride, 0, T, hs, hd.vec);
-  load_rows<A, HS>(sv, ld, values_at, stride, 0, T, hs, hd.vec);
+  load_rows<A, HS>(sk, ld, keys_at, stride, kt0 * kTile, T, hs, hd.vec);
+  load_rows<A, HS>(sv, ld, values_at, stride, kt0 * kTile, T, hs, hd.vec);
   async_commit();
   FragC o[NO];
   float m[2] = {-INFINITY, -INFINITY};  // running row maxima of the scaled scores
   float l[2] = {0.f, 0.f};              // this lane's part of the running row sums
-  for (int kt = 0; kt < nk; ++kt) {
-    const int k0 = kt * kTile, buf = kt & 1;
+  for (int kt = kt0; kt < nk; ++kt) {
+    const int k0 = kt * kTile, buf = (kt - kt0) & 1;
     if (kt + 1 < nk) {
       // The other buffer was last read before the previous __syncthreads.
       load_rows<A, HS>(sk + (buf ^ 1) * kTile * ld, ld, keys_at, stride, k0 + kTile, T, hs, hd.vec);
@@ -186,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, key = k0 + n * 8 + 2 * qd + e % 2;
         float x = s[n].x[e] * scale;
-        if (edge && key > row + 8 * r) x = -INFINITY;
+        if ((edge && key > row + 8 * r) || key < first_key[r]) x = -INFINITY;
         s[n].x[e] = x;
         mx[r] = fmaxf(mx[r], x);
       }
@@ -288,7 +300,8 @@ constexpr size_t backward_smem() {
 template <class A, int HS>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel(A* dqkv, float* dq_sum, unsigned* turns, const A* dout, const A* qkv,
-                              const float* lse, const float* delta, Heads hd, float scale) {
+                              const float* lse, const float* delta, Heads hd, float scale,
+                              const int32_t* positions) {
   constexpr int ld = HS + kPad, lds = kTile + kPad, NO = HS / 8, S = kStages<A>;
   constexpr int kHalf = kTile / 2;  // queries a pass of the score products covers
   A* sk = reinterpret_cast<A*>(dynamic_smem());
@@ -344,7 +357,10 @@ __global__ void __launch_bounds__(kThreads)
     const float* tl = slse + buf * kTile;
     const float* td = sdelta + buf * kTile;
     const bool edge = i == j || i == nq - 1;  // the diagonal, or rows past T
-    for (int half = 0; half < 2; ++half) {
+    const int32_t* pos = positions != nullptr ? positions + static_cast<int64_t>(b) * T : nullptr;
+    // Every row of the query tile starts its document after this key tile.
+    const bool hidden_tile = pos != nullptr && q0 - pos[q0] >= k0 + kTile;
+    for (int half = 0; half < 2 && !hidden_tile; ++half) {
       const int c0 = half * kHalf;  // this pass's first query within the tile
       // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys by 32 queries.
       FragC st[kHalf / 8], dpt[kHalf / 8];
@@ -367,7 +383,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int n = 0; n < kHalf / 8; ++n)
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, c = c0 + n * 8 + 2 * qd + e % 2, t = q0 + c, kr = key + 8 * r;
-          const bool hidden = edge && (t < kr || t >= T);  // keys past T: past every t < T
+          const bool hidden = (edge && (t < kr || t >= T)) ||  // keys past T: past every t < T
+                              (pos != nullptr && t < T && kr < t - pos[t]);
           const float p = hidden ? 0.f : __expf(st[n].x[e] * scale - tl[c]);
           const float ds = p * (dpt[n].x[e] - td[c]) * scale;
           st[n].x[e] = p;
@@ -398,7 +415,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     for (int c = 0; c < NO; c += 4) {
       FragC dq[4];
-      for (int kk = 0; kk < kTile / 16; ++kk) {
+      for (int kk = 0; kk < kTile / 16 && !hidden_tile; ++kk) {
         FragA<A> dsa;
         load_a_trans(dsa, sds + kk * 16 * lds + warp * 16, lds);
         for (int n = 0; n < 4; n += 2) {
@@ -482,33 +499,35 @@ void allow_shared(size_t bytes) {
 }
 
 template <class A, int HS>
-void forward_tiled(A* out, float* lse, const A* qkv, const Shape& s, cudaStream_t stream) {
+void forward_tiled(A* out, float* lse, const A* qkv, const Shape& s, cudaStream_t stream,
+                   const int32_t* positions) {
   constexpr size_t smem = forward_smem<A, HS>();
   allow_shared<&attention_forward_kernel<A, HS>>(smem);
   attention_forward_kernel<A, HS><<<dim3(s.tiles, static_cast<unsigned>(s.B * s.NH)), kThreads,
-                                    smem, stream>>>(out, lse, qkv, s.hd, s.scale);
+                                    smem, stream>>>(out, lse, qkv, s.hd, s.scale, positions);
 }
 
 template <class A, int HS>
 void backward_tiled(A* dqkv, float* dq_sum, unsigned* turns, const A* dout, const A* qkv,
-                    const float* lse, const float* delta, const Shape& s, cudaStream_t stream) {
+                    const float* lse, const float* delta, const Shape& s, cudaStream_t stream,
+                    const int32_t* positions) {
   constexpr size_t smem = backward_smem<A, HS>();
   allow_shared<&attention_backward_kernel<A, HS>>(smem);
   attention_backward_kernel<A, HS><<<dim3(s.tiles, static_cast<unsigned>(s.B * s.NKV)), kThreads,
                                      smem, stream>>>(dqkv, dq_sum, turns, dout, qkv, lse, delta,
-                                                     s.hd, s.scale);
+                                                     s.hd, s.scale, positions);
 }
 
 }  // namespace
 
 template <class A>
 void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, int64_t NKV, cudaStream_t stream) {
+                       int64_t NH, int64_t NKV, cudaStream_t stream, const int32_t* positions) {
   const Shape s = check_shape(B, T, C, NH, NKV, sizeof(A), {out, qkv});
   if (s.hd.hs <= 64) {
-    forward_tiled<A, 64>(out, lse, qkv, s, stream);
+    forward_tiled<A, 64>(out, lse, qkv, s, stream, positions);
   } else {
-    forward_tiled<A, 128>(out, lse, qkv, s, stream);
+    forward_tiled<A, 128>(out, lse, qkv, s, stream, positions);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -516,7 +535,7 @@ void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, i
 template <class A>
 void attention_backward(A* dqkv, float* scratch, const A* dout, const A* qkv, const A* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        int64_t NKV, cudaStream_t stream) {
+                        int64_t NKV, cudaStream_t stream, const int32_t* positions) {
   const Shape s = check_shape(B, T, C, NH, NKV, sizeof(A), {dqkv, dout, qkv, out});
   const AttentionScratch at = attention_scratch_layout(B, NH, T, static_cast<int64_t>(s.hd.hs));
   float* delta = scratch + at.delta;
@@ -529,18 +548,19 @@ void attention_backward(A* dqkv, float* scratch, const A* dout, const A* qkv, co
       rows);
   CUDA_CHECK_LAUNCH();
   if (s.hd.hs <= 64) {
-    backward_tiled<A, 64>(dqkv, dq_sum, turns, dout, qkv, lse, delta, s, stream);
+    backward_tiled<A, 64>(dqkv, dq_sum, turns, dout, qkv, lse, delta, s, stream, positions);
   } else {
-    backward_tiled<A, 128>(dqkv, dq_sum, turns, dout, qkv, lse, delta, s, stream);
+    backward_tiled<A, 128>(dqkv, dq_sum, turns, dout, qkv, lse, delta, s, stream, positions);
   }
   CUDA_CHECK_LAUNCH();
 }
 
 #define MPIFORMER_INSTANTIATE(A)                                                              \
   template void attention_forward<A>(A*, float*, const A*, int64_t, int64_t, int64_t, int64_t, \
-                                     int64_t, cudaStream_t);                                   \
+                                     int64_t, cudaStream_t, const int32_t*);                   \
   template void attention_backward<A>(A*, float*, const A*, const A*, const A*, const float*,  \
-                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t, \
+                                      const int32_t*);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
 MPIFORMER_INSTANTIATE(fp16)

@@ -32,14 +32,18 @@
 
 namespace mpiformer::cuda {
 
+// `positions` [B*T] (device; nullptr: none): each token's position in its
+// document; row t then attends to keys t - positions[t] .. t only
+// ([data] document_mask). The backward takes the forward's.
 template <class A>
 void attention_forward(A* out, float* lse, const A* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, int64_t NKV, cudaStream_t stream);
+                       int64_t NH, int64_t NKV, cudaStream_t stream,
+                       const int32_t* positions = nullptr);
 
 // dqkv is overwritten (=); out and lse are the forward's.
 template <class A>
 void attention_backward(A* dqkv, float* scratch, const A* dout, const A* qkv, const A* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        int64_t NKV, cudaStream_t stream);
+                        int64_t NKV, cudaStream_t stream, const int32_t* positions = nullptr);
 
 }  // namespace mpiformer::cuda

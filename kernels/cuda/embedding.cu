@@ -33,7 +33,8 @@ namespace {
 template <class A>
 __global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A* wte,
                                          const A* wpe, int64_t BT, int64_t T, int64_t C,
-                                         int64_t vocab_begin, int64_t vocab_rows) {
+                                         int64_t vocab_begin, int64_t vocab_rows,
+                                         const int32_t* positions) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= BT * C) return;
   const int64_t bt = i / C, c = i % C;
@@ -43,21 +44,22 @@ __global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A*
     return;
   }
   const float e = to_float(wte[row * C + c]);
-  out[i] = wpe == nullptr ? wte[row * C + c] : from_float<A>(e + to_float(wpe[(bt % T) * C + c]));
+  const int64_t t = positions != nullptr ? positions[bt] : bt % T;
+  out[i] = wpe == nullptr ? wte[row * C + c] : from_float<A>(e + to_float(wpe[t * C + c]));
 }
 
 template <class A>
 __global__ void embedding_forward_rows_kernel(A* rows, const int32_t* tokens, const int32_t* order,
                                               int64_t first, int64_t count, const A* wte,
                                               const A* wpe, int64_t T, int64_t C,
-                                              int64_t vocab_begin) {
+                                              int64_t vocab_begin, const int32_t* positions) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count * C) return;
   const int64_t k = i / C, c = i % C;
-  const int64_t p = order[first + k];
+  const int64_t p = order[first + k], t = positions != nullptr ? positions[p] : p % T;
   const float e = to_float(wte[(static_cast<int64_t>(tokens[p]) - vocab_begin) * C + c]);
   rows[i] = wpe == nullptr ? wte[(static_cast<int64_t>(tokens[p]) - vocab_begin) * C + c]
-                          : from_float<A>(e + to_float(wpe[(p % T) * C + c]));
+                          : from_float<A>(e + to_float(wpe[t * C + c]));
 }
 
 template <class A>
@@ -101,21 +103,22 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const A* dout, int64_
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
                        int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const int32_t* positions) {
   const int threads = 256;
   embedding_forward_kernel<<<blocks_for(B * T * C, threads), threads, 0, stream>>>(
-      out, tokens, wte, wpe, B * T, T, C, vocab_begin, vocab_rows);
+      out, tokens, wte, wpe, B * T, T, C, vocab_begin, vocab_rows, positions);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class A>
 void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
                             int64_t count, const A* wte, const A* wpe, int64_t T, int64_t C,
-                            int64_t vocab_begin, cudaStream_t stream) {
+                            int64_t vocab_begin, cudaStream_t stream,
+                            const int32_t* positions) {
   if (count == 0) return;
   const int threads = 256;
   embedding_forward_rows_kernel<<<blocks_for(count * C, threads), threads, 0, stream>>>(
-      rows, tokens, order, first, count, wte, wpe, T, C, vocab_begin);
+      rows, tokens, order, first, count, wte, wpe, T, C, vocab_begin, positions);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -132,7 +135,7 @@ void scatter_rows(A* out, const A* gathered, const int32_t* order, int64_t n, in
 template <class A>
 void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,
                         int64_t B, int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const DeviceTokenGroups* position_groups) {
   const int threads = 256;
   MPIFORMER_CHECK(groups.count > 0 && groups.count <= B * T,
                   "embedding_backward: token groups do not match the batch");
@@ -141,6 +144,15 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
                                                               vocab_rows);
   CUDA_CHECK_LAUNCH();
   if (dwpe == nullptr) return;  // no position table (Llama)
+  if (position_groups != nullptr) {
+    // Positions restart at each document: rows grouped by position, as
+    // tokens are for dwte (a position's "vocabulary" is [0, T)).
+    const dim3 pgrid(static_cast<unsigned>(position_groups->count), blocks_for(C, threads));
+    embedding_backward_wte_kernel<<<pgrid, threads, 0, stream>>>(dwpe, dout, *position_groups, C,
+                                                                 0, T);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   embedding_backward_wpe_kernel<<<blocks_for(T * C, threads), threads, 0, stream>>>(dwpe, dout, B,
                                                                                     T, C);
   CUDA_CHECK_LAUNCH();
@@ -148,12 +160,13 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
 
 #define MPIFORMER_INSTANTIATE(A)                                                              \
   template void embedding_forward<A>(A*, const int32_t*, const A*, const A*, int64_t, int64_t, \
-                                     int64_t, int64_t, int64_t, cudaStream_t);                 \
+                                     int64_t, int64_t, int64_t, cudaStream_t, const int32_t*); \
   template void embedding_backward<A>(float*, float*, const A*, const DeviceTokenGroups&,      \
-                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t, \
+                                      const DeviceTokenGroups*);                               \
   template void embedding_forward_rows<A>(A*, const int32_t*, const int32_t*, int64_t, int64_t, \
                                           const A*, const A*, int64_t, int64_t, int64_t,       \
-                                          cudaStream_t);                                       \
+                                          cudaStream_t, const int32_t*);                       \
   template void scatter_rows<A>(A*, const A*, const int32_t*, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)

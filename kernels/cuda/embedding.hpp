@@ -31,25 +31,31 @@ struct DeviceTokenGroups {
   int64_t count;  // number of distinct tokens
 };
 
+// `positions` [B*T] (device; nullptr: t): each token's position in its
+// document, which wpe's row is ([data] document_mask).
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
                        int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
-                       cudaStream_t stream);
+                       cudaStream_t stream, const int32_t* positions = nullptr);
 
 // The vocabulary-parallel embedding as rows to gather (host twin and
 // semantics: host/embedding.hpp's embedding_forward_rows, scatter_rows).
 template <class A>
 void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
                             int64_t count, const A* wte, const A* wpe, int64_t T, int64_t C,
-                            int64_t vocab_begin, cudaStream_t stream);
+                            int64_t vocab_begin, cudaStream_t stream,
+                            const int32_t* positions = nullptr);
 template <class A>
 void scatter_rows(A* out, const A* gathered, const int32_t* order, int64_t n, int64_t C,
                   cudaStream_t stream);
 
 // Parameter gradients accumulate (+=) in float.
+// `position_groups`: the rows grouped by their position (the positions'
+// Tokens loaded grouped), so dwpe sums each position's rows in order as
+// dwte sums each token's; nullptr: position t of every sequence.
 template <class A>
 void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTokenGroups& groups,
                         int64_t B, int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const DeviceTokenGroups* position_groups = nullptr);
 
 }  // namespace mpiformer::cuda

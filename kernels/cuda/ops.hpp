@@ -37,6 +37,11 @@
 
 namespace mpiformer::cuda {
 
+// A micro-batch's positions where documents are masked apart, or none.
+inline const int32_t* data_of(const Tokens* positions) {
+  return positions != nullptr ? positions->data() : nullptr;
+}
+
 template <class A>
 struct Ops {
   using Act = A;
@@ -118,15 +123,16 @@ struct Ops {
   // ---- the model's ops -------------------------------------------------------
   static void embedding_forward(Context& c, A* out, const Tokens& tok, const A* wte, const A* wpe,
                                 int64_t B, int64_t T, int64_t C, int64_t vocab_begin,
-                                int64_t vocab_rows) {
+                                int64_t vocab_rows, const Tokens* positions = nullptr) {
     cuda::embedding_forward(out, tok.data(), wte, wpe, B, T, C, vocab_begin, vocab_rows,
-                            c.stream());
+                            c.stream(), data_of(positions));
   }
   static void embedding_forward_rows(Context& c, A* rows, const Tokens& tok, const Tokens& order,
                                      int64_t first, int64_t count, const A* wte, const A* wpe,
-                                     int64_t T, int64_t C, int64_t vocab_begin) {
+                                     int64_t T, int64_t C, int64_t vocab_begin,
+                                     const Tokens* positions = nullptr) {
     cuda::embedding_forward_rows(rows, tok.data(), order.data(), first, count, wte, wpe, T, C,
-                                 vocab_begin, c.stream());
+                                 vocab_begin, c.stream(), data_of(positions));
   }
   static void scatter_rows(Context& c, A* out, const A* gathered, const Tokens& order, int64_t n,
                            int64_t C) {
@@ -134,9 +140,14 @@ struct Ops {
   }
   static void embedding_backward(Context& c, float* dwte, float* dwpe, const A* dout,
                                  const Tokens& tok, int64_t B, int64_t T, int64_t C,
-                                 int64_t vocab_begin, int64_t vocab_rows) {
+                                 int64_t vocab_begin, int64_t vocab_rows,
+                                 const Tokens* positions = nullptr) {
+    // The positions were loaded grouped where the stage has a wpe.
+    const DeviceTokenGroups by_position = positions != nullptr && dwpe != nullptr
+                                              ? positions->groups()
+                                              : DeviceTokenGroups{};
     cuda::embedding_backward(dwte, dwpe, dout, tok.groups(), B, T, C, vocab_begin, vocab_rows,
-                             c.stream());
+                             c.stream(), positions != nullptr && dwpe != nullptr ? &by_position : nullptr);
   }
   static void layernorm_forward(Context& c, A* out, float* mean, float* rstd, const A* inp,
                                 const A* w, const A* b, int64_t N, int64_t C) {
@@ -157,8 +168,9 @@ struct Ops {
     cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, c.blas().scratch(), c.stream());
   }
   static void rope_rotate(Context& c, A* qkv, const float* table, int64_t N, int64_t T,
-                          int64_t C, int64_t K, int64_t hs, float sign) {
-    cuda::rope_rotate(qkv, table, N, T, C, K, hs, sign, c.stream());
+                          int64_t C, int64_t K, int64_t hs, float sign,
+                          const Tokens* positions = nullptr) {
+    cuda::rope_rotate(qkv, table, N, T, C, K, hs, sign, c.stream(), data_of(positions));
   }
   static void swiglu_forward(Context& c, A* out, const A* inp, int64_t N, int64_t F) {
     cuda::swiglu_forward(out, inp, N, F, c.stream());
@@ -180,13 +192,15 @@ struct Ops {
   static constexpr AttentionStorage kAttention = AttentionStorage::kRowStatistics;
   using AttnState = float;
   static void attention_forward(Context& c, A* out, float* lse, const A* qkv, int64_t B,
-                                int64_t T, int64_t C, int64_t NH, int64_t NKV) {
-    cuda::attention_forward(out, lse, qkv, B, T, C, NH, NKV, c.stream());
+                                int64_t T, int64_t C, int64_t NH, int64_t NKV,
+                                const Tokens* positions = nullptr) {
+    cuda::attention_forward(out, lse, qkv, B, T, C, NH, NKV, c.stream(), data_of(positions));
   }
   static void attention_backward(Context& c, A* dqkv, float* scratch, const A* dout, const A* qkv,
                                  const A* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                                 int64_t NH, int64_t NKV) {
-    cuda::attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV, c.stream());
+                                 int64_t NH, int64_t NKV, const Tokens* positions = nullptr) {
+    cuda::attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV, c.stream(),
+                             data_of(positions));
   }
   static void gelu_forward(Context& c, A* out, const A* inp, int64_t n) {
     cuda::gelu_forward(out, inp, n, c.stream());

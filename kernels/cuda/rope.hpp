@@ -10,8 +10,10 @@
 
 namespace mpiformer::cuda {
 
+// `positions` [N] (device; nullptr: row n is position n % T): each row's
+// position in its document ([data] document_mask).
 template <class A>
 void rope_rotate(A* qkv, const float* table, int64_t N, int64_t T, int64_t C, int64_t K,
-                 int64_t hs, float sign, cudaStream_t stream);
+                 int64_t hs, float sign, cudaStream_t stream, const int32_t* positions = nullptr);
 
 }  // namespace mpiformer::cuda

@@ -69,9 +69,13 @@ struct GroupStrides {
 };
 }  // namespace detail
 
+// `positions` [B*T] (nullptr: none): each token's position in its
+// document; row t then attends to keys t - positions[t] .. t only (the
+// document's), its other probabilities zero, which backward then keeps
+// zero (dS = P * (...)).
 template <class A, class S = compute_t<A>>
 void attention_forward(A* out, S* att, const A* qkv, int64_t B, int64_t Tn, int64_t C,
-                       int64_t NH, int64_t NKV) {
+                       int64_t NH, int64_t NKV, const int32_t* positions = nullptr) {
   const detail::GroupStrides st(Tn, C, NH, NKV);
   const int64_t hs = st.hs, rows = B * NH * Tn;
   const S scale = S(1) / std::sqrt(static_cast<S>(hs));
@@ -81,11 +85,13 @@ void attention_forward(A* out, S* att, const A* qkv, int64_t B, int64_t Tn, int6
   const A* p = detail::operand_rows<A>(att, rows, Tn);
   A* rounded = const_cast<A*>(p);
   parallel_for("attention_softmax", rows, [=](const int64_t r) {
-    const int64_t t = r % Tn;
+    const int64_t t = r % Tn, b = r / (NH * Tn);
+    const int64_t lo = positions != nullptr ? t - positions[b * Tn + t] : 0;
     S* row = att + r * Tn;
-    const S sum = exp_shift_sum(row, t + 1, max_of(row, t + 1));
+    const S sum = exp_shift_sum(row + lo, t + 1 - lo, max_of(row + lo, t + 1 - lo));
     const S inv = S(1) / sum;
-    for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
+    for (int64_t j = 0; j < lo; ++j) row[j] = S(0);
+    for (int64_t j = lo; j <= t; ++j) row[j] *= inv;
     for (int64_t j = t + 1; j < Tn; ++j) row[j] = S(0);
     if constexpr (kNarrow<A>) narrow_n(rounded + r * Tn, row, Tn);
   });

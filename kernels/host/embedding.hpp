@@ -18,12 +18,19 @@ namespace mpiformer::host {
 
 inline constexpr int64_t kWholeVocabulary = std::numeric_limits<int64_t>::max();
 
+// `positions` [B*T]: each token's position in its document, where
+// documents are masked apart ([data] document_mask); nullptr: position
+// t = bt % T, the window's.
+inline int64_t position_of(const int32_t* positions, int64_t bt, int64_t Tn) {
+  return positions != nullptr ? positions[bt] : bt % Tn;
+}
+
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
                        int64_t Tn, int64_t C, int64_t vocab_begin = 0,
-                       int64_t vocab_rows = kWholeVocabulary) {
+                       int64_t vocab_rows = kWholeVocabulary, const int32_t* positions = nullptr) {
   parallel_for("embedding_forward", B * Tn, [=](const int64_t bt) {
-    const int64_t t = bt % Tn, row = static_cast<int64_t>(tokens[bt]) - vocab_begin;
+    const int64_t t = position_of(positions, bt, Tn), row = static_cast<int64_t>(tokens[bt]) - vocab_begin;
     A* o = out + bt * C;
     if (row < 0 || row >= vocab_rows) {
       for (int64_t c = 0; c < C; ++c) o[c] = st<A>(0.0f);
@@ -45,13 +52,13 @@ void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe
 // positions. `order` lists positions [0, B*T) by the rank holding their
 // token (each rank's in increasing position); this rank's are
 // order[first, first + count), all of whose tokens are in its rows:
-//   rows[k, :] = wte[tok[p] - vocab_begin, :] + wpe[p % T, :], p = order[first + k];
+//   rows[k, :] = wte[tok[p] - vocab_begin, :] + wpe[position p, :], p = order[first + k];
 //   out[order[k], :] = gathered[k, :] for k < n.
 // The bits are those of embedding_forward on the holding rank.
 template <class A>
 void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
                             int64_t count, const A* wte, const A* wpe, int64_t Tn, int64_t C,
-                            int64_t vocab_begin) {
+                            int64_t vocab_begin, const int32_t* positions = nullptr) {
   parallel_for("embedding_forward_rows", count, [=](const int64_t k) {
     const int64_t p = order[first + k];
     const A* e = wte + (static_cast<int64_t>(tokens[p]) - vocab_begin) * C;
@@ -60,7 +67,7 @@ void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order
       for (int64_t c = 0; c < C; ++c) o[c] = e[c];
       return;
     }
-    const A* w = wpe + (p % Tn) * C;
+    const A* w = wpe + position_of(positions, p, Tn) * C;
     for (int64_t c = 0; c < C; ++c) o[c] = st<A>(ld(e[c]) + ld(w[c]));
   });
 }
@@ -81,13 +88,13 @@ void scatter_rows(A* out, const A* gathered, const int32_t* order, int64_t n, in
 template <class A, class F = compute_t<A>>
 void embedding_backward(F* dwte, F* dwpe, const A* dout, const int32_t* tokens, int64_t B,
                         int64_t Tn, int64_t C, int64_t vocab_begin = 0,
-                        int64_t vocab_rows = kWholeVocabulary) {
+                        int64_t vocab_rows = kWholeVocabulary, const int32_t* positions = nullptr) {
   parallel_for("embedding_backward", C, [=](const int64_t c) {
     for (int64_t bt = 0; bt < B * Tn; ++bt) {
       const F g = ld(dout[bt * C + c]);
       const int64_t row = static_cast<int64_t>(tokens[bt]) - vocab_begin;
       if (row >= 0 && row < vocab_rows) dwte[row * C + c] += g;
-      if (dwpe != nullptr) dwpe[(bt % Tn) * C + c] += g;
+      if (dwpe != nullptr) dwpe[position_of(positions, bt, Tn) * C + c] += g;
     }
   });
 }

@@ -62,6 +62,11 @@ struct Tokens {
   const int32_t* data() const { return ids.get(); }
 };
 
+// A micro-batch's positions where documents are masked apart, or none.
+inline const int32_t* data_of(const Tokens* positions) {
+  return positions != nullptr ? positions->data() : nullptr;
+}
+
 template <class T>
 struct Ops {
   using Act = T;                // activations and what the matmuls read
@@ -128,15 +133,17 @@ struct Ops {
   // wte holds rows [vocab_begin, vocab_begin + vocab_rows) of the vocabulary.
   static void embedding_forward(Context&, Act* out, const Tokens& tok, const Act* wte, const Act* wpe,
                                 int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
-                                int64_t vocab_rows) {
-    host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C, vocab_begin, vocab_rows);
+                                int64_t vocab_rows, const Tokens* positions = nullptr) {
+    host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C, vocab_begin, vocab_rows,
+                            data_of(positions));
   }
   // `order`: positions by the rank holding their token (host/embedding.hpp).
   static void embedding_forward_rows(Context&, Act* rows, const Tokens& tok, const Tokens& order,
                                      int64_t first, int64_t count, const Act* wte, const Act* wpe,
-                                     int64_t Tn, int64_t C, int64_t vocab_begin) {
+                                     int64_t Tn, int64_t C, int64_t vocab_begin,
+                                     const Tokens* positions = nullptr) {
     host::embedding_forward_rows(rows, tok.data(), order.data(), first, count, wte, wpe, Tn, C,
-                                 vocab_begin);
+                                 vocab_begin, data_of(positions));
   }
   static void scatter_rows(Context&, Act* out, const Act* gathered, const Tokens& order, int64_t n,
                            int64_t C) {
@@ -144,8 +151,9 @@ struct Ops {
   }
   static void embedding_backward(Context&, Acc* dwte, Acc* dwpe, const Act* dout, const Tokens& tok,
                                  int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
-                                 int64_t vocab_rows) {
-    host::embedding_backward(dwte, dwpe, dout, tok.data(), B, Tn, C, vocab_begin, vocab_rows);
+                                 int64_t vocab_rows, const Tokens* positions = nullptr) {
+    host::embedding_backward(dwte, dwpe, dout, tok.data(), B, Tn, C, vocab_begin, vocab_rows,
+                             data_of(positions));
   }
   static void layernorm_forward(Context&, Act* out, Acc* mean, Acc* rstd, const Act* inp,
                                 const Act* w, const Act* b, int64_t N, int64_t C) {
@@ -165,8 +173,9 @@ struct Ops {
     host::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
   static void rope_rotate(Context&, Act* qkv, const float* table, int64_t N, int64_t Tn,
-                          int64_t C, int64_t K, int64_t hs, float sign) {
-    host::rope_rotate(qkv, table, N, Tn, C, K, hs, sign);
+                          int64_t C, int64_t K, int64_t hs, float sign,
+                          const Tokens* positions = nullptr) {
+    host::rope_rotate(qkv, table, N, Tn, C, K, hs, sign, data_of(positions));
   }
   static void swiglu_forward(Context&, Act* out, const Act* inp, int64_t N, int64_t F) {
     host::swiglu_forward(out, inp, N, F);
@@ -188,13 +197,15 @@ struct Ops {
   using AttnState = Acc;
   // C: the query channels (NH heads); NKV kv heads (host/attention.hpp).
   static void attention_forward(Context&, Act* out, Acc* att, const Act* qkv, int64_t B,
-                                int64_t Tn, int64_t C, int64_t NH, int64_t NKV) {
-    host::attention_forward(out, att, qkv, B, Tn, C, NH, NKV);
+                                int64_t Tn, int64_t C, int64_t NH, int64_t NKV,
+                                const Tokens* positions = nullptr) {
+    host::attention_forward(out, att, qkv, B, Tn, C, NH, NKV, data_of(positions));
   }
   // `out` (the forward's output) is not needed here: the probabilities are kept.
   static void attention_backward(Context&, Act* dqkv, Acc* datt, const Act* dout, const Act* qkv,
                                  const Act* /*out*/, const Acc* att, int64_t B, int64_t Tn,
-                                 int64_t C, int64_t NH, int64_t NKV) {
+                                 int64_t C, int64_t NH, int64_t NKV,
+                                 const Tokens* /*positions: the kept probabilities hold the mask*/ = nullptr) {
     host::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH, NKV);
   }
   static void gelu_forward(Context&, Act* out, const Act* inp, int64_t n) {

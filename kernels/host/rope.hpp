@@ -31,14 +31,15 @@ inline std::vector<float> rope_table(int64_t T, int64_t hs, double theta) {
   return t;
 }
 
-// sign +1: forward; -1: backward (rotation by -angle).
+// sign +1: forward; -1: backward (rotation by -angle). `positions` [N]:
+// each row's position in its document (nullptr: n % T).
 template <class A>
 void rope_rotate(A* qkv, const float* table, int64_t N, int64_t Tn, int64_t C, int64_t K,
-                 int64_t hs, float sign) {
+                 int64_t hs, float sign, const int32_t* positions = nullptr) {
   using T = compute_t<A>;
   const int64_t width = C + 2 * K, heads = (C + K) / hs, half = hs / 2;
   parallel_for("rope", N, [=](const int64_t n) {
-    const float* cs = table + (n % Tn) * half * 2;
+    const float* cs = table + (positions != nullptr ? positions[n] : n % Tn) * half * 2;
     A* row = qkv + n * width;
     for (int64_t h = 0; h < heads; ++h) {
       A* x = row + h * hs;

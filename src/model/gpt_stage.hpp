@@ -180,8 +180,10 @@ class GptStage {
   // 1) forward, backward and weight_gradients run one chunk of the stage's
   // layers, the slot holding that chunk's activations; only chunk 0
   // embeds, only the last chunk ends in the head.
+  // `positions` [B,T] (host): with StageOptions::document_mask, each
+  // token's position in its document (required then; nullptr otherwise).
   void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
-               Acc grad_scale, int chunk = 0);
+               Acc grad_scale, int chunk = 0, const int32_t* positions = nullptr);
   // The residual stream leaving this stage (activation_size(); non-last
   // stages).
   const Act* output(int slot) const { return slots_[slot].residual.back().get(); }
@@ -261,6 +263,7 @@ class GptStage {
     // 4 C per block.
     Buffer<Acc> ln_grads;
     typename Ops::Tokens tokens, targets;
+    typename Ops::Tokens positions;  // document_mask only
     Acc grad_scale = 0;  // the forward's: the router's losses' weight in backward
   };
   // The group's in-place sum (no-op at tp = 1).
@@ -334,6 +337,10 @@ class GptStage {
   void expert_exchange(const LayerActs& a, const Act* from, Act* to, bool to_experts);
   // Llama's rotary positions on qkv's q and k heads (sign -1: backward).
   void rotate(Act* qkv, float sign);
+  // The positions of the micro-batch the stage is working on (its slot's,
+  // set by forward, backward and weight_gradients), or nullptr.
+  const typename Ops::Tokens* positions_ = nullptr;
+  void use_positions(Slot& s) { positions_ = opt_.document_mask ? &s.positions : nullptr; }
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
   bool split() const { return opt_.split_backward; }
   // The slot holding `s`'s head buffers (lnf, logits, losses, targets):

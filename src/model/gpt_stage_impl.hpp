@@ -136,6 +136,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
         keep(s.layers[j], opt_.recompute == Recompute::kNone, moe_.dense_at[j], moe_.sparse_at[j]);
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
+    if (opt_.document_mask) s.positions = tokens(BT);
     // Split backward, interleaving: the head's buffers once, for every
     // slot (head_of).
     if (range_.has_head && (!shared_head() || &s == &slots_[0])) {
@@ -255,8 +256,12 @@ BlockView<typename Ops::Acc> GptStage<Ops>::block_grads(int64_t i) {
 
 template <class Ops>
 void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targets,
-                            bool for_backward, Acc grad_scale, int chunk) {
+                            bool for_backward, Acc grad_scale, int chunk,
+                            const int32_t* positions) {
   Slot& s = slots_[slot];
+  if (opt_.document_mask != (positions != nullptr))
+    throw std::logic_error("GptStage::forward: positions are given exactly with document_mask");
+  use_positions(s);
   const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
   s.grad_scale = grad_scale;
   // Every host-to-device copy first, before any op of this micro-batch is
@@ -264,6 +269,9 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   if (embeds(chunk)) Ops::load_tokens(ctx_, s.tokens, tokens, BT, true);
   Slot& h = head_of(s);
   if (heads(chunk)) Ops::load_tokens(ctx_, h.targets, targets, BT, false);
+  // Grouped where the embedding's backward sums wpe's rows by position.
+  if (positions != nullptr)
+    Ops::load_tokens(ctx_, s.positions, positions, BT, embeds(chunk) && !cfg_.llama());
   if (embeds(chunk)) embed(s, tokens);
   for (int64_t j = 0; j < L; ++j) {
     const int64_t i = first + j;
@@ -291,7 +299,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
     // scattered, is the embedding (one rank: the embedding itself).
     Act* partial = sum_target(s.residual[0].get());
     Ops::embedding_forward(ctx_, partial, s.tokens, w_outer(outer::wte), w_outer(outer::wpe), B_,
-                           T_, C, v0_, vl_);
+                           T_, C, v0_, vl_, positions_);
     summed(partial, s.residual[0].get());
     return;
   }
@@ -319,7 +327,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   const int64_t mine = row_counts_[static_cast<size_t>(range_.tp_rank)];
   Act* whole = full_.get();
   Ops::embedding_forward_rows(ctx_, whole + first * C, s.tokens, row_order_, first, mine,
-                              w_outer(outer::wte), w_outer(outer::wpe), T_, C, v0_);
+                              w_outer(outer::wte), w_outer(outer::wpe), T_, C, v0_, positions_);
   for (int64_t& n : row_counts_) n *= C;  // elements, as the gather counts them
   tp_.gather_parts(whole + first * C, whole, row_counts_, Ops::kActElement);
   Ops::scatter_rows(ctx_, s.residual[0].get(), whole, row_order_, BT, C);
@@ -363,7 +371,7 @@ void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t 
                       BT, C, cqkv_);
   rotate(a.qkv.get(), 1.f);
   Ops::attention_forward(ctx_, a.atty.get(), attention_state(a), a.qkv.get(), B_, T_, ca_, nh_,
-                         nkv_);
+                         nkv_, positions_);
   Act* proj = sum_target(a.res2.get());
   Ops::matmul_forward(ctx_, proj, a.atty.get(), w[block::attn_proj_w],
                       adds_bias ? w[block::attn_proj_b] : nullptr, BT, ca_, C);
@@ -454,6 +462,7 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
     if (grads_final) grads_final(offset);
   };
   Slot& s = slots_[slot];
+  use_positions(s);
   const int64_t R = rows_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
   // Split (B): no weight gradient here, so no gradient is final and no
   // gradient window is needed; the GEMMs' inputs need not be gathered.
@@ -505,7 +514,7 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
     // Every rank's vocabulary rows may appear anywhere in the micro-batch:
     // the embedding's backward reads the whole gradient.
     Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe), gathered(dres),
-                            s.tokens, B_, T_, C, v0_, vl_);
+                            s.tokens, B_, T_, C, v0_, vl_, positions_);
   }
   final_from(0);
 }
@@ -517,6 +526,7 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
     if (grads_final) grads_final(offset);
   };
   Slot& s = slots_[slot];
+  use_positions(s);
   const int64_t C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
   if (heads(chunk)) final_from(at_.at(outer::lnf_w));  // B computed the head's
   for (int64_t i = first + L - 1; i >= first; --i) {
@@ -531,7 +541,8 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
   if (chunk > 0) return;
   if (range_.has_embedding)
     Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe),
-                            gathered(s.residual[0].get()), s.tokens, B_, T_, C, v0_, vl_);
+                            gathered(s.residual[0].get()), s.tokens, B_, T_, C, v0_, vl_,
+                            positions_);
   final_from(0);
 }
 
@@ -617,9 +628,9 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
   // forward also rewrites atty, with the bits it already holds.
   if (opt_.recompute == Recompute::kAttention)
     Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_,
-                           nkv_);
+                           nkv_, positions_);
   Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
-                          attention_state(a), B_, T_, ca_, nh_, nkv_);
+                          attention_state(a), B_, T_, ca_, nh_, nkv_, positions_);
   // The gradient of the projection's output: through the rotation back.
   rotate(dqkv_.get(), -1.f);
   if (!whole) Ops::copy(ctx_, a.qkv.get(), static_cast<const Act*>(dqkv_.get()), BT * cqkv_);
@@ -857,7 +868,8 @@ void GptStage<Ops>::take_router_stats(double* totals, double* load) {
 template <class Ops>
 void GptStage<Ops>::rotate(Act* qkv, float sign) {
   if (cfg_.llama())
-    Ops::rope_rotate(ctx_, qkv, rope_.get(), B_ * T_, T_, ca_, kv_, cfg_.head_dim(), sign);
+    Ops::rope_rotate(ctx_, qkv, rope_.get(), B_ * T_, T_, ca_, kv_, cfg_.head_dim(), sign,
+                     positions_);
 }
 
 template <class Ops>

@@ -79,6 +79,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
     if (o.recompute == Recompute::kAttention) slot += kept;
   }
   if (range.has_embedding) slot += BT * 4;  // token ids
+  if (o.document_mask) slot += BT * 4;     // their positions in their documents
   // The head's: lnf, logits; lnf's statistics, the losses; targets (split
   // backward, interleaving: one set for every slot).
   const double head = range.has_head ? (R * C + BT * V) * act + (stats * R + BT) * acc + BT * 4 : 0;

@@ -34,6 +34,10 @@ struct StageOptions {
   // gradients later from what B left in the slot's buffers it no longer
   // needs. Not with full recomputation, which keeps nothing for W to read.
   bool split_backward = false;
+  // [data] document_mask: each micro-batch comes with its tokens' positions
+  // in their documents (forward's `positions`), which the embedding, RoPE
+  // and attention read instead of the window's.
+  bool document_mask = false;
 };
 
 // The options a deck asks for, with `slots` from the schedule: ZeRO's

@@ -37,6 +37,7 @@ StageOptions stage_options_of(const Deck& deck, int slots) {
   // Offloaded masters live with the moments (train/adamw_state.hpp).
   if (masters_offloaded(deck.train.offload, precision_plan(deck.train.precision).weight_copy))
     o.external_master = true;
+  o.document_mask = deck.data.document_mask;
   return o;
 }
 

@@ -57,7 +57,8 @@ DataFeeder::DataFeeder(const Deck& deck, GptConfig& cfg)
       micro_batch_(deck.train.micro_batch),
       seq_len_(cfg.seq_len),
       global_batch_(deck.train.global_batch),
-      eval_batches_(deck.train.eval_batches) {
+      eval_batches_(deck.train.eval_batches),
+      document_mask_(deck.data.document_mask) {
   const DataLabel label{deck.data.vocab_size, deck.data.tokenizer};
   const uint64_t seed = static_cast<uint64_t>(deck.train.seed);
   std::vector<double> weights;
@@ -99,6 +100,8 @@ void DataFeeder::plan(int slots, int dp, int dp_rank) {
   const int64_t BT = micro_batch_ * seq_len_;
   inputs_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
   targets_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
+  if (document_mask_)
+    positions_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
   window_.resize(static_cast<size_t>(seq_len_ + 1));
   // Each set fixed: eval_batches global batches of windows spread evenly
   // over its data, in whole micro-batches on every replica.
@@ -122,6 +125,15 @@ void DataFeeder::load(const TokenDataset& d, int64_t window, int slot, int64_t b
   d.read_window(window, seq_len_, window_.data());
   std::copy(window_.begin(), window_.end() - 1, inputs_[slot].begin() + b * seq_len_);
   std::copy(window_.begin() + 1, window_.end(), targets_[slot].begin() + b * seq_len_);
+  if (!document_mask_) return;
+  d.window_document_starts(window, seq_len_, window_.data(), &starts_);
+  int32_t* pos = positions_[slot].data() + b * seq_len_;
+  size_t next = 0;
+  int32_t start = 0;
+  for (int32_t i = 0; i < static_cast<int32_t>(seq_len_); ++i) {
+    if (next < starts_.size() && starts_[next] == i) start = starts_[next++];
+    pos[i] = i - start;
+  }
 }
 
 void DataFeeder::draw_step() {

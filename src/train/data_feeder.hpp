@@ -63,6 +63,13 @@ class DataFeeder {
   void load_eval(int micro, int slot);
   const int32_t* inputs(int slot) const { return inputs_[slot].data(); }
   const int32_t* targets(int slot) const { return targets_[slot].data(); }
+  // [data] document_mask: each input token's position in its document
+  // (restarting at the window's start and at each document's); nullptr
+  // without the mask.
+  const int32_t* positions(int slot) const {
+    return document_mask_ ? positions_[slot].data() : nullptr;
+  }
+  bool document_mask() const { return document_mask_; }
   // Evaluation micro-batches this replica runs of the selected set, and
   // its windows over all replicas.
   int eval_micro_batches() const;
@@ -103,7 +110,9 @@ class DataFeeder {
   int64_t micro_batch_, seq_len_, global_batch_, eval_batches_;
   int dp_ = 1, dp_rank_ = 0;
   std::vector<std::vector<int32_t>> inputs_, targets_;  // one per slot
-  std::vector<int32_t> window_;
+  bool document_mask_ = false;
+  std::vector<std::vector<int32_t>> positions_;  // one per slot (document_mask)
+  std::vector<int32_t> window_, starts_;
   int64_t cursor_ = 0;
 };
 

@@ -121,8 +121,11 @@ class StageBackend {
   // tokens/targets [B,T] are host memory (the first stage reads tokens, the
   // last targets). The loss sum accumulates inside until take_loss_sum().
   // `chunk`: which of an interleaved stage's chunks (GptStage::forward).
+  // `positions` [B,T] (host): [data] document_mask's positions of the
+  // tokens in their documents, which every stage reads (nullptr without).
   virtual void forward(int slot, const int32_t* tokens, const int32_t* targets,
-                       bool for_backward, float grad_scale, int chunk) = 0;
+                       bool for_backward, float grad_scale, int chunk,
+                       const int32_t* positions = nullptr) = 0;
   // `last_micro_batch`: the step's last, whose backward finishes the
   // gradients (the data-parallel reduction starts from it).
   virtual void backward(int slot, bool last_micro_batch, int chunk) = 0;

@@ -129,10 +129,13 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
       case Op::Forward:
         act_sends_[slot].reset();
         // Only the ends of the model touch tokens: inputs where it embeds,
-        // targets where it ends in the head.
-        if (first_virtual(g.stage(), a.chunk) || last_virtual(pp, g.stage(), a.chunk, v))
+        // targets where it ends in the head; under the document mask every
+        // stage reads the positions (its attention and rotations do).
+        if (data.document_mask() || first_virtual(g.stage(), a.chunk) ||
+            last_virtual(pp, g.stage(), a.chunk, v))
           data.load_train(a.micro, slot);
-        stage.forward(slot, data.inputs(slot), data.targets(slot), true, grad_scale, a.chunk);
+        stage.forward(slot, data.inputs(slot), data.targets(slot), true, grad_scale, a.chunk,
+                      data.positions(slot));
         break;
       case Op::SendActivation: {
         const PipePeer to = activation_to(pp, g.stage(), a.chunk);
@@ -292,9 +295,10 @@ double StepExecutor::evaluate(DataFeeder& data) {
                                     activation_tag(a.micro, a.chunk, v));
         break;
       case Op::Forward:
-        if (first_virtual(g.stage(), a.chunk) || last_virtual(pp, g.stage(), a.chunk, v))
+        if (data.document_mask() || first_virtual(g.stage(), a.chunk) ||
+            last_virtual(pp, g.stage(), a.chunk, v))
           data.load_eval(a.micro, 0);
-        stage.forward(0, data.inputs(0), data.targets(0), false, 0.0f, a.chunk);
+        stage.forward(0, data.inputs(0), data.targets(0), false, 0.0f, a.chunk, data.positions(0));
         break;
       case Op::SendActivation: {
         // Waited at once: slot 0 is overwritten by the next forward.

@@ -109,8 +109,9 @@ class TrainingStage final : public StageBackend {
   const void* output(int slot) const override { return stage_.output(slot); }
   void* output_grad_buffer() override { return stage_.output_grad_buffer(); }
   void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
-               float grad_scale, int chunk) override {
-    stage_.forward(slot, tokens, targets, for_backward, static_cast<Acc>(grad_scale), chunk);
+               float grad_scale, int chunk, const int32_t* positions = nullptr) override {
+    stage_.forward(slot, tokens, targets, for_backward, static_cast<Acc>(grad_scale), chunk,
+                   positions);
   }
   void backward(int slot, bool last_micro_batch, int chunk) override {
     opt_->backward(slot, last_micro_batch, chunk);

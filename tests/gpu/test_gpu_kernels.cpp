@@ -132,6 +132,21 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, unsigned seed) {
   return t;
 }
 
+// Positions of documents packed into B windows of T ([data]
+// document_mask): starts at varying strides per window, a one-token
+// document, and one at a 64-row tile boundary where T allows.
+std::vector<int32_t> document_positions(int64_t Bn, int64_t Tn) {
+  std::vector<int32_t> pos(static_cast<size_t>(Bn * Tn));
+  for (int64_t b = 0; b < Bn; ++b) {
+    int64_t start = 0;
+    for (int64_t t = 0; t < Tn; ++t) {
+      if (t > 0 && (t % (23 + 18 * b) == 0 || t == 64 || t == 65)) start = t;
+      pos[static_cast<size_t>(b * Tn + t)] = static_cast<int32_t>(t - start);
+    }
+  }
+  return pos;
+}
+
 struct DevTokens {
   cuda::DeviceBuffer<int32_t> buf;
   explicit DevTokens(const std::vector<int32_t>& t) : buf(t.size()) {
@@ -172,6 +187,30 @@ TYPED_TEST(GpuKernels, Embedding) {
                            v0, rows);
   EXPECT_TRUE(close(dwte.read(), want_wte, 1e-5));
   EXPECT_TRUE(close(dwpe.read(), want_wpe, 1e-5));
+
+  // Documents: positions restart, wpe's rows summed by position.
+  const auto pos = document_positions(B, T);
+  DevTokens dpos(pos);
+  cuda::embedding_forward(out.get(), dtok.buf.get(), wte.get(), wpe.get(), B, T, C, 0, Vp, nullptr,
+                          dpos.buf.get());
+  host::embedding_forward(want.data(), tok.data(), wte.exact.data(), wpe.exact.data(), B, T, C, 0,
+                          host::kWholeVocabulary, pos.data());
+  EXPECT_TRUE(close(out.read(), want, tol<A>(1e-6, 1e-2))) << "positions";
+  cuda::TokenGroups by_position;
+  by_position.build(pos.data(), B * T);
+  DevTokens pt(by_position.tokens), ps(by_position.starts), pp(by_position.positions);
+  const cuda::DeviceTokenGroups pgroups{pt.buf.get(), ps.buf.get(), pp.buf.get(),
+                                        static_cast<int64_t>(by_position.tokens.size())};
+  want_wte = dwte.read();  // the gradients so far, accumulated into
+  want_wpe = dwpe.read();
+  cuda::embedding_backward(dwte.get(), dwpe.get(), dout.get(),
+                           cuda::DeviceTokenGroups{gt.buf.get(), gs.buf.get(), gp.buf.get(),
+                                                   static_cast<int64_t>(groups.tokens.size())},
+                           B, T, C, 0, Vp, nullptr, &pgroups);
+  host::embedding_backward(want_wte.data(), want_wpe.data(), dout.exact.data(), tok.data(), B, T, C,
+                           0, host::kWholeVocabulary, pos.data());
+  EXPECT_TRUE(close(dwte.read(), want_wte, 1e-5)) << "positions";
+  EXPECT_TRUE(close(dwpe.read(), want_wpe, 1e-5)) << "positions";
 }
 
 // The embedding by token rows (a tensor group's gather): the device's rows
@@ -307,6 +346,14 @@ TYPED_TEST(GpuKernels, SwiGluAndRope) {
     cuda::rope_rotate(qkv.get(), dtable.get(), N, T, Cq, K, hs, sign, nullptr);
     host::rope_rotate(ref.data(), table.data(), N, T, Cq, K, hs, sign);
     EXPECT_TRUE(close(qkv.read(), ref, tol<A>(1e-6, 1e-2))) << "sign " << sign;
+    // Documents: each row rotated by its position in its document.
+    const auto pos = document_positions(N / T, T);
+    DevTokens dpos(pos);
+    Dev<A> qkv2(random_vector(N * (Cq + 2 * K), 44));
+    auto ref2 = qkv2.exact;
+    cuda::rope_rotate(qkv2.get(), dtable.get(), N, T, Cq, K, hs, sign, nullptr, dpos.buf.get());
+    host::rope_rotate(ref2.data(), table.data(), N, T, Cq, K, hs, sign, pos.data());
+    EXPECT_TRUE(close(qkv2.read(), ref2, tol<A>(1e-6, 1e-2))) << "positions, sign " << sign;
   }
 }
 
@@ -456,18 +503,24 @@ TYPED_TEST(GpuKernels, Matmul) {
 // order); bf16, 1e-2 forward and 3e-2 backward (the probabilities and the
 // scores' gradient are rounded to bf16 before their products, 2^-8).
 template <class A>
-void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn, int64_t NKVn = 0) {
+void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn, int64_t NKVn = 0,
+                     bool documents = false) {
   if (NKVn == 0) NKVn = NHn;
   SCOPED_TRACE("B " + std::to_string(Bn) + ", T " + std::to_string(Tn) + ", C " +
-               std::to_string(Cn) + ", NH " + std::to_string(NHn) + ", NKV " + std::to_string(NKVn));
+               std::to_string(Cn) + ", NH " + std::to_string(NHn) + ", NKV " + std::to_string(NKVn) +
+               (documents ? ", documents" : ""));
+  const std::vector<int32_t> pos = documents ? document_positions(Bn, Tn) : std::vector<int32_t>{};
+  DevTokens dpos(documents ? pos : std::vector<int32_t>{0});
+  const int32_t* dp = documents ? dpos.buf.get() : nullptr;
+  const int32_t* hp = documents ? pos.data() : nullptr;
   const int64_t n = Bn * Tn * Cn, hs = Cn / NHn, rows = Bn * NHn * Tn;
   const int64_t K = NKVn * hs, W = Cn + 2 * K, g = NHn / NKVn;
   Dev<A> qkv(random_vector(Bn * Tn * W, 20));
   Dev<A> out = Dev<A>::poisoned(n);
   Dev<float> lse = Dev<float>::poisoned(rows);
-  cuda::attention_forward(out.get(), lse.get(), qkv.get(), Bn, Tn, Cn, NHn, NKVn, nullptr);
+  cuda::attention_forward(out.get(), lse.get(), qkv.get(), Bn, Tn, Cn, NHn, NKVn, nullptr, dp);
   std::vector<double> want(n), probs(Bn * NHn * Tn * Tn);
-  host::attention_forward(want.data(), probs.data(), qkv.exact.data(), Bn, Tn, Cn, NHn, NKVn);
+  host::attention_forward(want.data(), probs.data(), qkv.exact.data(), Bn, Tn, Cn, NHn, NKVn, hp);
   EXPECT_TRUE(close(out.read(), want, tol<A>(1e-5, 1e-2)));
   std::vector<double> want_lse(rows);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -475,7 +528,7 @@ void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn, int64_t NK
     for (int64_t h = 0; h < NHn; ++h)
       for (int64_t t = 0; t < Tn; ++t) {
         double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = documents ? t - pos[b * Tn + t] : 0; j <= t; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < hs; ++d)
             dot += qkv.exact[(b * Tn + t) * W + h * hs + d] *
@@ -491,7 +544,7 @@ void check_attention(int64_t Bn, int64_t Tn, int64_t Cn, int64_t NHn, int64_t NK
   Dev<float> scratch_dev = Dev<float>::poisoned(static_cast<size_t>(attention_scratch_elements(
       AttentionStorage::kRowStatistics, Bn, NHn, Tn, hs)));
   cuda::attention_backward(dqkv.get(), scratch_dev.get(), dout.get(), qkv.get(), out.get(), lse.get(), Bn,
-                           Tn, Cn, NHn, NKVn, nullptr);
+                           Tn, Cn, NHn, NKVn, nullptr, dp);
   std::vector<double> want_dqkv(Bn * Tn * W), scratch(Bn * NHn * Tn * Tn);
   host::attention_backward(want_dqkv.data(), scratch.data(), dout.exact.data(), qkv.exact.data(),
                            probs.data(), Bn, Tn, Cn, NHn, NKVn);
@@ -512,6 +565,10 @@ TYPED_TEST(GpuKernels, Attention) {
   // Head size 6: rows that are no whole number of 16-byte pieces take the
   // element-at-a-time loads and stores.
   check_attention<TypeParam>(2, 70, 12, 2);
+  // Documents: keys of other documents masked, whole tiles skipped (a
+  // query tile past a key tile's documents), a one-token document.
+  check_attention<TypeParam>(2, 200, 128, 2, 1, true);
+  check_attention<TypeParam>(2, 70, 12, 2, 0, true);
 }
 
 // Lengths with and without a tail past the last 16-byte pack, and buffers

@@ -61,20 +61,39 @@ std::vector<T> download(cuda::Context& ctx, const T* dev, int64_t n) {
   return h;
 }
 
+// kB sequences a micro-batch, `slots` in flight, documents masked apart or not.
+StageOptions masked(bool document_mask, int slots = 1) {
+  StageOptions o{kB, slots};
+  o.document_mask = document_mask;
+  return o;
+}
+
+// Documents packed in the kB windows of 16: [0, 5), [5, 6), [6, 16); then
+// [0, 9), [9, 16).
+std::vector<int32_t> document_positions() {
+  const std::vector<std::vector<int>> starts = {{0, 5, 6, 16}, {0, 9, 16}};
+  std::vector<int32_t> pos;
+  for (const auto& w : starts)
+    for (size_t d = 0; d + 1 < w.size(); ++d)
+      for (int t = w[d]; t < w[d + 1]; ++t) pos.push_back(t - w[d]);
+  return pos;
+}
+
 // The reference: the whole model in double on the host, from `params`.
 struct Reference {
   double loss = 0;
   std::vector<double> grads;
   host::Context ctx;
   HostGptStage<double> stage;
+  // `positions`: the document mask's, for every micro-batch (nullptr: none).
   Reference(const GptConfig& cfg, const std::vector<float>& params,
             const std::vector<std::vector<int32_t>>& in, const std::vector<std::vector<int32_t>>& tg,
-            double scale)
-      : stage(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, kB, 1) {
+            double scale, const int32_t* positions = nullptr)
+      : stage(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, masked(positions != nullptr)) {
     std::copy(params.begin(), params.end(), stage.params());
     stage.zero_grads();
     for (size_t m = 0; m < in.size(); ++m) {
-      stage.forward(0, in[m].data(), tg[m].data(), true, scale);
+      stage.forward(0, in[m].data(), tg[m].data(), true, scale, 0, positions);
       stage.backward(0);
     }
     loss = stage.take_loss_sum();
@@ -135,24 +154,31 @@ class GpuStage : public ::testing::Test {};
 using Types = ::testing::Types<float, cuda::bf16, cuda::fp16>;
 TYPED_TEST_SUITE(GpuStage, Types);
 
+// `documents`: with the document mask (the same positions for both
+// micro-batches), against the host's masked stage.
 template <class A>
-void check_whole_model(const GptConfig& config) {
+void check_whole_model(const GptConfig& config, bool documents = false) {
   const TwoMicroBatches mb(1, config);
   const GptConfig& cfg = mb.cfg;
   cuda::Context ctx(0);
-  CudaGptStage<A> gpu(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2);
+  CudaGptStage<A> gpu(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, masked(documents, 2));
   // The accounting counts what the GPU stage allocates, attention's row
   // statistics (not the host's probabilities) included.
-  EXPECT_EQ(static_cast<double>(gpu.allocated_bytes()),
-            stage_footprint(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2, sizeof(A),
-                            sizeof(float), AttentionStorage::kRowStatistics)
-                .total());
+  if (!documents) {
+    EXPECT_EQ(static_cast<double>(gpu.allocated_bytes()),
+              stage_footprint(cfg, StageRange{0, cfg.n_layer, true, true}, kB, 2, sizeof(A),
+                              sizeof(float), AttentionStorage::kRowStatistics)
+                  .total());
+  }
   gpu.init_parameters(7);
   const auto params = download(ctx, gpu.params(), gpu.param_storage());
-  const Reference ref(cfg, params, mb.in, mb.tg, mb.scale);
+  const std::vector<int32_t> pos = document_positions();
+  const int32_t* positions = documents ? pos.data() : nullptr;
+  const Reference ref(cfg, params, mb.in, mb.tg, mb.scale, positions);
 
   gpu.zero_grads();
-  for (int m = 0; m < 2; ++m) gpu.forward(m, mb.in[m].data(), mb.tg[m].data(), true, mb.scale);
+  for (int m = 0; m < 2; ++m)
+    gpu.forward(m, mb.in[m].data(), mb.tg[m].data(), true, mb.scale, 0, positions);
   for (int m = 1; m >= 0; --m) gpu.backward(m);  // slots keep each micro-batch
   const double loss = gpu.take_loss_sum();
   EXPECT_NEAR(loss, ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
@@ -164,6 +190,13 @@ TYPED_TEST(GpuStage, WholeModelMatchesHostDouble) { check_whole_model<TypeParam>
 
 TYPED_TEST(GpuStage, LlamaWholeModelMatchesHostDouble) {
   check_whole_model<TypeParam>(llama_tiny_config());
+}
+
+// [data] document_mask: positions restart (wpe's rows, RoPE's angles) and
+// attention stays inside each document, on the device as on the host.
+TYPED_TEST(GpuStage, DocumentMaskMatchesHostDouble) {
+  check_whole_model<TypeParam>(tiny_config(), true);
+  check_whole_model<TypeParam>(llama_tiny_config(), true);
 }
 
 // A Mixture of Experts (4 experts, top 2, some assignments dropped; GPT-2's

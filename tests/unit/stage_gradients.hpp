@@ -23,7 +23,8 @@ inline void randomise_parameters(HostGptStage<double>& stage, unsigned seed) {
 }
 
 // Runs one forward and backward of (tok, tgt) with the loss scaled by
-// `scale`, then checks each tensor; returns the elements checked. h = 1e-5
+// `scale` (and `positions`, for a stage with the document mask), then
+// checks each tensor; returns the elements checked. h = 1e-5
 // in double: truncation ~h^2 * |third derivative| ~ 1e-10, rounding
 // ~1e-16 * |L| / h ~ 1e-11; 1e-7 absolute leaves a wide margin while a
 // wrong term (typically >= 1e-3 here) still fails.
@@ -43,9 +44,10 @@ inline double router_losses(HostGptStage<double>& stage, double scale) {
 inline int64_t expect_gradients_match_finite_differences(HostGptStage<double>& stage,
                                                          const std::vector<int32_t>& tok,
                                                          const std::vector<int32_t>& tgt,
-                                                         double scale, const std::string& label) {
+                                                         double scale, const std::string& label,
+                                                         const int32_t* positions = nullptr) {
   stage.zero_grads();
-  stage.forward(0, tok.data(), tgt.data(), true, scale);
+  stage.forward(0, tok.data(), tgt.data(), true, scale, 0, positions);
   stage.backward(0);
   stage.take_loss_sum();
   router_losses(stage, scale);
@@ -54,7 +56,7 @@ inline int64_t expect_gradients_match_finite_differences(HostGptStage<double>& s
     std::vector<double> x(stage.params() + s.offset, stage.params() + s.offset + s.numel());
     auto loss = [&] {
       std::memcpy(stage.params() + s.offset, x.data(), sizeof(double) * x.size());
-      stage.forward(0, tok.data(), tgt.data(), false, 0.0);
+      stage.forward(0, tok.data(), tgt.data(), false, 0.0, 0, positions);
       return scale * stage.take_loss_sum() + router_losses(stage, scale);
     };
     const auto want = finite_difference(x, loss, 1e-5);
