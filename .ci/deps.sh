@@ -15,6 +15,7 @@ PACKAGES=(
   libtoml11-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libxxhash-dev
+  zlib1g-dev libzstd-dev zstd  # prep reads gzip and zstd text (zstd: its tests compress with the tool)
   libsentencepiece-dev sentencepiece  # prep --tokenizer sentencepiece (Llama-style tokens); spm_train/spm_encode in its tests
   slurm-wlm munge
   file binutils xz-utils util-linux patchelf  # bench/make-gpu-bundle.sh (RUNPATHs), bench/bundle-selftest.sh

@@ -31,7 +31,8 @@ struct PrepArgs {
   std::string format = "hdf5";  // hdf5 | megatron (OUT.bin + OUT.idx)
   std::string vocab_dir;
   double val_fraction = 0.0;
-  double max_text_gb = 0;  // 0: what this node's memory allows
+  std::string jsonl_field = "text";  // JSON lines: the field holding each document's text
+  bool skip_bad_lines = false;       // JSON lines that are not documents: counted, not fatal
   std::string output;
   std::vector<std::string> inputs;
 };

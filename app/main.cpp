@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
                 "override a deck key: section.key=value (TOML value; repeatable)");
 
   PrepArgs prep;
-  auto* p = app.add_subcommand("prep", "tokenize text files into an HDF5 token dataset");
+  auto* p = app.add_subcommand("prep", "tokenize text into an HDF5 token dataset (every rank of "
+                                       "an mpirun takes a share)");
   p->add_option("--tokenizer", prep.tokenizer,
                 "byte, gpt2, or sentencepiece (a SentencePiece model, Llama 2's kind: "
                 "--tokenizer-model)")
@@ -105,17 +106,23 @@ int main(int argc, char** argv) {
                 "fraction of tokens (taken from the end) written to OUT_val.h5")
       ->check(finite_range(0.0, 0.5))
       ->capture_default_str();
-  p->add_option("--max-text-gb", prep.max_text_gb,
-                "refuse more text than this, in GB (default: available memory / 9, as prep "
-                "holds the corpus in memory)")
-      ->check(finite_range(0.0, 1e9));
+  p->add_option("--jsonl-field", prep.jsonl_field,
+                "JSON lines inputs (.jsonl, .ndjson, compressed or not): the field holding "
+                "each line's document text")
+      ->capture_default_str();
+  p->add_flag("--skip-bad-lines", prep.skip_bad_lines,
+              "JSON lines that are not an object with that string field: count them and go on "
+              "(default: stop, naming the file and line)");
   p->add_option("--format", prep.format,
                 "hdf5, or megatron: Megatron-LM's indexed dataset, OUT.bin and OUT.idx, one "
                 "document per text file")
       ->check(CLI::IsMember({"hdf5", "megatron"}))
       ->capture_default_str();
   p->add_option("--output,-o", prep.output, "output file (.h5; .bin for megatron)")->required();
-  p->add_option("text", prep.inputs, "text files, one document each")->required();
+  p->add_option("text", prep.inputs,
+                "inputs: text files (one document each) or JSON lines (one document a line), "
+                "plain or gzip/zstd-compressed")
+      ->required();
 
   InspectArgs inspect;
   auto* i = app.add_subcommand("inspect", "summarise a token dataset or a checkpoint");

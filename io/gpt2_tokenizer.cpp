@@ -159,6 +159,8 @@ void Gpt2Tokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out) co
   std::vector<uint32_t> ids;
   for (const auto& s : word) ids.push_back(encoder_.at(s));
   out.insert(out.end(), ids.begin(), ids.end());
+  // Bounded: a corpus of any size has too many distinct rare words to keep.
+  if (cache_.size() >= kCacheEntries) cache_.clear();
   cache_.emplace(piece, std::move(ids));
 }
 

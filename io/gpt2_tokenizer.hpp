@@ -27,6 +27,9 @@ class Gpt2Tokenizer final : public Tokenizer {
   int64_t end_of_text() const override { return eot_; }
   // Text must be valid UTF-8 (GPT-2 encodes decoded text); InputError otherwise.
   std::vector<uint32_t> encode(const std::string& text) const override;
+  size_t last_cut(std::string_view text, int64_t) const override {
+    return last_word_boundary(text);
+  }
   std::string decode(const std::vector<uint32_t>& ids) const override;
 
  private:
@@ -39,6 +42,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   int64_t eot_ = -1;
   pcre2_code* regex_ = nullptr;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;
+  static constexpr size_t kCacheEntries = size_t{1} << 20;  // about 100 MB at most
 };
 
 }  // namespace mpiformer

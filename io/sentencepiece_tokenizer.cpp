@@ -51,39 +51,69 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-// Where the next piece of at most kEncodePiece bytes from `at` ends: after
-// the last line's end in it, else before its last space, else at the limit
-// on a UTF-8 character's start.
-size_t piece_end(const std::string& text, size_t at) {
-  const size_t limit = at + SentencePieceTokenizer::kEncodePiece;
-  if (limit >= text.size()) return text.size();
-  const size_t newline = text.rfind('\n', limit - 1);
-  if (newline != std::string::npos && newline >= at) return newline + 1;
-  const size_t space = text.rfind(' ', limit - 1);
-  if (space != std::string::npos && space > at) return space;
-  size_t cut = limit;
-  while (cut > at + 1 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return cut;
+namespace {
+
+// The cut in document bytes [lo, lo + P), given as `window` (all of it):
+// its offset from lo, in (0, P].
+size_t cut_in(std::string_view window) {
+  const size_t newline = window.rfind('\n');
+  if (newline != std::string_view::npos) return newline + 1;
+  const size_t space = window.rfind(' ');
+  if (space != std::string_view::npos && space > 0) return space;
+  // At the window's end if its last character ends there, else before it.
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(window[i]); };
+  size_t last = window.size() - 1;
+  while (last > 0 && (byte(last) & 0xC0) == 0x80) --last;
+  const unsigned char lead = byte(last);
+  const size_t len = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 1;
+  return last + len == window.size() || last == 0 ? window.size() : last;
 }
 
-std::vector<uint32_t> SentencePieceTokenizer::encode(const std::string& text) const {
+}  // namespace
+
+size_t SentencePieceTokenizer::last_cut(std::string_view text, int64_t doc_offset) const {
+  // The windows [(k-1) P, k P) that lie inside text decide their cuts.
+  const auto P = static_cast<int64_t>(kEncodePiece);
+  const int64_t end = doc_offset + static_cast<int64_t>(text.size());
+  int64_t k = end / P;  // the last window ending inside text
+  while (k >= 1 && (k - 1) * P >= doc_offset) {
+    const int64_t lo = (k - 1) * P;
+    const size_t cut = cut_in(text.substr(static_cast<size_t>(lo - doc_offset), kEncodePiece));
+    const int64_t at = lo + static_cast<int64_t>(cut);
+    if (at > doc_offset) return static_cast<size_t>(at - doc_offset);
+    --k;
+  }
+  return 0;
+}
+
+std::vector<uint32_t> SentencePieceTokenizer::encode_part(std::string_view text,
+                                                          int64_t doc_offset) const {
   std::vector<uint32_t> out;
   std::vector<int> ids;
-  const auto encode_piece = [&](size_t at, size_t end) {
-    const auto status = sp_->Encode(text.substr(at, end - at), &ids);
+  const auto encode_piece = [&](std::string_view piece) {
+    const auto status = sp_->Encode(std::string(piece), &ids);
     if (!status.ok()) throw InputError("", "text", "SentencePiece cannot encode it: " + status.ToString());
     out.insert(out.end(), ids.begin(), ids.end());
   };
-  if (text.size() <= kEncodePiece) {
-    encode_piece(0, text.size());
-    return out;
+  // The cuts inside the part, in order: each window's that falls in it.
+  const auto P = static_cast<int64_t>(kEncodePiece);
+  const int64_t end = doc_offset + static_cast<int64_t>(text.size());
+  int64_t at = doc_offset;
+  for (int64_t k = doc_offset / P + 1; k * P <= end; ++k) {
+    const int64_t lo = (k - 1) * P;
+    if (lo < doc_offset) continue;  // a window the part starts inside: its cut is before
+    const int64_t cut = lo + static_cast<int64_t>(cut_in(
+                                 text.substr(static_cast<size_t>(lo - doc_offset), kEncodePiece)));
+    if (cut <= at || cut >= end) continue;
+    encode_piece(text.substr(static_cast<size_t>(at - doc_offset), static_cast<size_t>(cut - at)));
+    at = cut;
   }
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = piece_end(text, at);
-    encode_piece(at, end);
-    at = end;
-  }
+  if (at < end) encode_piece(text.substr(static_cast<size_t>(at - doc_offset)));
   return out;
+}
+
+std::vector<uint32_t> SentencePieceTokenizer::encode(const std::string& text) const {
+  return encode_part(text, 0);
 }
 
 std::string SentencePieceTokenizer::decode(const std::vector<uint32_t>& ids) const {

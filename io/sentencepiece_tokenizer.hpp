@@ -26,16 +26,20 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string name() const override { return name_; }
   int64_t vocab_size() const override { return vocab_; }
   int64_t end_of_text() const override { return bos_; }
-  // Text longer than kEncodePiece bytes is encoded in pieces of at most
-  // that many, cut after a line's end (a longer line: before its last
-  // space), each piece as the library encodes a string on its own: the
-  // library holds about 120 bytes per byte of what it encodes, so a
-  // document of any size takes about 120 MB. The ids of a piece's start
+  // A document is encoded in pieces, each as the library encodes a string
+  // on its own (it holds about 120 bytes per byte it encodes, so a
+  // document of any size takes about 120 MB). The cuts are a function of
+  // the document's bytes alone, so parts of it (prep's ranks) give the
+  // whole's ids: the k-th cut lies in bytes [(k-1) P, k P), P =
+  // kEncodePiece, after the last line end there, else before the last
+  // space, else at k P (on a UTF-8 character's start). The ids at a cut
   // may differ from one encoding of the whole (the model's dummy prefix);
-  // a document under kEncodePiece is encoded whole, as spm_encode encodes
-  // a line.
+  // a document under P has no cut and is encoded whole, as spm_encode
+  // encodes a line.
   static constexpr size_t kEncodePiece = size_t{1} << 20;
   std::vector<uint32_t> encode(const std::string& text) const override;
+  size_t last_cut(std::string_view text, int64_t doc_offset) const override;
+  std::vector<uint32_t> encode_part(std::string_view text, int64_t doc_offset) const override;
   std::string decode(const std::vector<uint32_t>& ids) const override;
 
  private:

@@ -26,4 +26,16 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::st
 
 std::string default_gpt2_vocab_dir() { return MPIFORMER_GPT2_VOCAB_DIR; }
 
+size_t last_word_boundary(std::string_view text) {
+  const auto printable = [](char c) { return c > ' ' && c < 0x7f; };
+  for (size_t p = text.size() >= 2 ? text.size() - 1 : 0; p >= 2; --p) {
+    // Before a space between printable characters, or after a line end
+    // between printable characters.
+    if (text[p] == ' ' && printable(text[p - 1]) && p + 1 < text.size() && printable(text[p + 1]))
+      return p;
+    if (text[p - 1] == '\n' && printable(text[p - 2]) && printable(text[p])) return p;
+  }
+  return 0;
+}
+
 }  // namespace mpiformer

@@ -206,7 +206,7 @@ expect 1 "own_val.txt: is both an input and the validation split" \
 [ "$(cat own.txt)" = "just text" ] && [ "$(cat own_val.txt)" = "just text" ] ||
   fail "prep changed its own input"
 # A device (an endless input) is refused before it is opened, as a FIFO is.
-expect 1 "/dev/zero: not a regular file" prep --max-text-gb 0.01 --output z.h5 /dev/zero
+expect 1 "/dev/zero: not a regular file" prep --output z.h5 /dev/zero
 expect 1 "--val-fraction: expected a number in [0, 0.5], got nan" \
   prep --val-fraction nan --output x.h5 plain.txt
 # Help is ours alone: Kokkos never sees the program's arguments.

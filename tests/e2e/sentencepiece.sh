@@ -57,6 +57,14 @@ PY
 "$MPIFORMER" prep --tokenizer sentencepiece --tokenizer-model shake.model --output data/long.h5 \
   long.txt >prep_long.log 2>&1 || { cat prep_long.log; fail "prep of a long document"; }
 same_ids data/long.h5 long.txt "prep in pieces of 1 MiB"
+# Ranks that split the document at the tokenizer's cuts write the same ids.
+for np in 2 3; do
+  run_mpi "$np" prep --tokenizer sentencepiece --tokenizer-model shake.model \
+    --output "data/long$np.h5" long.txt >"prep_long$np.log" 2>&1 ||
+    { cat "prep_long$np.log"; fail "prep of a long document on $np ranks"; }
+  h5diff data/long.h5 "data/long$np.h5" >/dev/null || fail "prep on $np ranks wrote other ids"
+done
+echo "prep of the long document on 2 and 3 ranks: the same dataset"
 # Memory stays bounded whatever the document: a 12 MB single line (the
 # library alone held about 120 bytes a byte of it: 1.4 GB) prepped in
 # under 700 MB.

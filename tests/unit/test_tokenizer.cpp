@@ -2,6 +2,7 @@
 // (the js-tiktoken package's "gpt2" encoding, run once by hand); the whole
 // Tiny Shakespeare corpus is compared through its token count and an FNV-1a
 // hash of the id sequence computed by the same reference.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -64,6 +65,49 @@ TEST(Gpt2Tokenizer, CorpusMatchesReferenceAndRoundTrips) {
   EXPECT_EQ(ids.size(), 338025u);
   EXPECT_EQ(h, 0xb547ad363c19676eULL);
   EXPECT_EQ(tok->decode(ids), text);
+}
+
+// prep streams a document in parts cut where the tokenizer says
+// (last_cut): the parts' ids must be the whole's. Fed in pieces of
+// pseudo-random sizes, the corpus gives the reference hash above, and text
+// of nothing but whitespace runs, letters, digits, punctuation and a
+// two-byte letter gives encode()'s ids for the whole.
+std::vector<uint32_t> streamed(const Tokenizer& tok, const std::string& text, unsigned seed) {
+  std::vector<uint32_t> ids;
+  std::string carry;
+  int64_t offset = 0;
+  for (size_t at = 0; at < text.size();) {
+    seed = seed * 1103515245u + 12345u;
+    const size_t n = std::min<size_t>(1 + (seed >> 8) % 3000, text.size() - at);
+    carry.append(text, at, n);
+    at += n;
+    const size_t cut = at == text.size() ? carry.size() : tok.last_cut(carry, offset);
+    if (cut == 0) continue;
+    const auto part = tok.encode_part(std::string_view(carry).substr(0, cut), offset);
+    ids.insert(ids.end(), part.begin(), part.end());
+    carry.erase(0, cut);
+    offset += static_cast<int64_t>(cut);
+  }
+  return ids;
+}
+
+TEST(Gpt2Tokenizer, PartsAtItsCutsGiveTheWholesIds) {
+  const auto tok = make_tokenizer("gpt2", kVocabDir);
+  const auto ids = streamed(*tok, corpus(), 1);
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (uint32_t id : ids) h = (h ^ id) * 0x100000001b3ULL;
+  EXPECT_EQ(ids.size(), 338025u);
+  EXPECT_EQ(h, 0xb547ad363c19676eULL);
+  const char* bits[] = {"a", "b", " ", "  ", "\n", "\n\n", "\t", ".", "7", "'s", "\xc3\xa9", "\r\n"};
+  std::string mixed;
+  unsigned seed = 9;
+  for (int i = 0; i < 40000; ++i) {
+    seed = seed * 1103515245u + 12345u;
+    mixed += bits[(seed >> 16) % (sizeof bits / sizeof bits[0])];
+  }
+  for (unsigned s : {2u, 3u, 4u}) EXPECT_EQ(streamed(*tok, mixed, s), tok->encode(mixed)) << s;
+  const auto bytes = make_tokenizer("byte", "");
+  EXPECT_EQ(streamed(*bytes, mixed, 5), bytes->encode(mixed));
 }
 
 TEST(Gpt2Tokenizer, InvalidUtf8IsAnInputError) {
