@@ -41,6 +41,15 @@ Deck load_planning_deck(const std::string& path, const std::vector<std::string>&
                            "); give [model] vocab_size to plan without the data");
     }
   }
+  if (deck.data.document_mask) {
+    // What the mask leaves of a GPU's attention, from the data (a plan
+    // needs none: without it, all of it).
+    try {
+      GptConfig cfg = deck.model;
+      deck.data.attention_kept = DataFeeder(deck, cfg).attention_kept();
+    } catch (const InputError&) {
+    }
+  }
   return deck;
 }
 
@@ -104,6 +113,10 @@ std::vector<std::string> data_lines(const Deck& deck) {
     std::vector<std::string> lines = data_summary(data, samples);
     for (const std::string& w : repeat_warnings(data, samples, deck.data.warn_repeats))
       lines.push_back("warning: " + w);
+    if (deck.data.document_mask)
+      lines.push_back(strprintf("documents: the mask keeps %.1f%% of causal attention's key-query "
+                                "pairs in the first windows (a GPU's attention priced at that share)",
+                                100 * deck.data.attention_kept));
     return lines;
   } catch (const InputError& e) {
     return {std::string("data:  not read (") + e.what() + ")"};

@@ -99,6 +99,10 @@ struct DataConfig {
   // rotary) restarting at each document's start (Llama 3's training);
   // false: windows are plain sequences (GPT-2's, Megatron's default).
   bool document_mask = false;
+  // Not a key: the share of causal attention's key-query pairs the mask
+  // keeps, measured from the data (DataFeeder::attention_kept) where the
+  // planner prices a GPU's attention, which skips what the mask hides.
+  double attention_kept = 1;
   // The label of datasets that carry none (Megatron .bin/.idx, llm.c
   // shards): 0 and "" take GPT-2's (token_dataset.hpp's DataLabel).
   int64_t vocab_size = 0;

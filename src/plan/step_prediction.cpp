@@ -341,7 +341,13 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       double f = 0, b = 0, w_time = 0;
       for (const auto* list : {&work.forward, &work.backward, &work.weights}) {
         for (const WorkItem& w : *list) {
-          const double t = item_seconds(machine, w) * share * factor;
+          // A GPU's attention computes only the tiles the document mask
+          // keeps (the host's computes every causal one).
+          const double masked = w.kernel == Kernel::kAttention && deck.data.document_mask &&
+                                        machine.device == Device::kCuda
+                                    ? deck.data.attention_kept
+                                    : 1.0;
+          const double t = item_seconds(machine, w) * share * factor * masked;
           (list == &work.forward ? f : list == &work.backward ? b : w_time) += t;
           const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
           by_kernel[gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")

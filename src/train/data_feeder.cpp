@@ -261,6 +261,34 @@ std::vector<std::string> DataFeeder::next_step() {
   return notes;
 }
 
+double DataFeeder::attention_kept(int64_t windows) const {
+  double kept = 0, weights = 0;
+  std::vector<int32_t> tokens(static_cast<size_t>(seq_len_ + 1)), starts;
+  const double T = static_cast<double>(seq_len_), all = T * (T + 1) / 2;
+  for (const TrainSource& s : sources_) {
+    const int64_t n = std::min(windows, s.data.num_windows(seq_len_));
+    double share = 0;
+    for (int64_t w = 0; w < n; ++w) {
+      s.data.read_window(w, seq_len_, tokens.data());
+      s.data.window_document_starts(w, seq_len_, tokens.data(), &starts);
+      starts.push_back(static_cast<int32_t>(seq_len_));
+      double pairs = 0;
+      int32_t from = 0;
+      for (const int32_t to : starts) {
+        const double l = to - from;
+        pairs += l * (l + 1) / 2;
+        from = to;
+      }
+      share += pairs / all;
+    }
+    if (n > 0) {
+      kept += s.weight * share / static_cast<double>(n);
+      weights += s.weight;
+    }
+  }
+  return weights > 0 ? kept / weights : 1.0;
+}
+
 int64_t DataFeeder::epoch() const {
   const BlendRecord r = describe();
   int64_t e = 0;

@@ -70,6 +70,10 @@ class DataFeeder {
     return document_mask_ ? positions_[slot].data() : nullptr;
   }
   bool document_mask() const { return document_mask_; }
+  // Of causal attention's key-query pairs, the share within one document:
+  // over the first `windows` windows of each source, weighted as blended
+  // (1 without documents in them).
+  double attention_kept(int64_t windows = 64) const;
   // Evaluation micro-batches this replica runs of the selected set, and
   // its windows over all replicas.
   int eval_micro_batches() const;

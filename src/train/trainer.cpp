@@ -170,6 +170,7 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
     // computes the same from the same deck and machine file; the
     // constructor checks they agree).
     int fitting = 0;
+    if (deck_.data.document_mask) deck_.data.attention_kept = p.data->attention_kept();
     const Prediction best = choose_layout(deck_, world, node.size, &fitting);
     deck_ = with_layout(deck_, best.layout);
     // The feeder sized its batches from the deck's micro-batch; the plan's

@@ -91,6 +91,32 @@ print(f"{sys.argv[3]} under the mask: within {worst:.2e} of fp32")
 PY
 done
 
+# The planner prices a GPU's attention at the share of causal pairs the
+# mask keeps, measured over the first 64 windows: the same share computed
+# here from /documents (h5dump) and the window arithmetic alone.
+"$MPIFORMER" plan "$SOURCE_DIR/inputs/tiny.toml" "${common[@]}" "${mask[@]}" \
+  --machine "$SOURCE_DIR/inputs/machines/h200-single.toml" --ranks 1 --set train.precision='"bf16"' \
+  >plan.log 2>&1 || { cat plan.log; fail "plan"; }
+h5dump -d /documents -y -w 0 docs.h5 >offsets.txt
+python3 - plan.log offsets.txt <<'PY'
+import re, sys
+got = float(re.search(r"the mask keeps ([0-9.]+)% of causal", open(sys.argv[1]).read())[1]) / 100
+data = open(sys.argv[2]).read().split("DATA {", 1)[1].split("}", 1)[0]
+starts = [int(x) for x in re.findall(r"[0-9]+", data)]
+T, share = 64, 0.0
+for w in range(64):
+    cut = [s - w * T for s in starts if w * T < s < w * T + T] + [T]
+    pairs, frm = 0, 0
+    for to in cut:
+        pairs += (to - frm) * (to - frm + 1) / 2
+        frm = to
+    share += pairs / (T * (T + 1) / 2)
+want = share / 64
+assert abs(got - want) < 0.0006, (got, want)  # the log's 0.1% rounding
+assert want < 0.9, want
+print(f"plan: the mask keeps {100 * got:.1f}% of attention's causal pairs (computed here: {100 * want:.2f}%)")
+PY
+
 # (3) Offsets that decrease, or point past the tokens.
 bad() {  # INDEX VALUE "message part"
   cp docs.h5 bad.h5

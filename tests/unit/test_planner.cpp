@@ -721,6 +721,39 @@ TEST(Plan, RatesOfAnotherPrecisionAreRefused) {
   EXPECT_FALSE(plan_layouts(deck, m, 2, 2).fitting.empty());
 }
 
+// [data] document_mask: a GPU's attention priced at the share of the
+// causal pairs the mask keeps (its kernels skip the rest); the host's
+// attention computes every causal tile, so its price stays.
+TEST(Plan, TheDocumentMaskPricesAGpusAttentionAtWhatItKeeps) {
+  Deck deck = tiny_deck();
+  deck.model = GptConfig{4, 16, 2048, 2048, 51200};
+  deck.train.global_batch = 64;
+  deck.train.micro_batch = 1;
+  deck.train.precision = Precision::kBf16;
+  const auto attention = [](const Prediction& p) {
+    double t = 0;
+    for (const auto& [name, s] : p.kernels)
+      if (name.rfind("attention", 0) == 0) t += s;
+    return t;
+  };
+  const MachineSpec gpu = load_machine(std::string(MPIFORMER_SOURCE_DIR) + "/inputs/machines/dgx-h100.toml");
+  deck.parallel.dp = 8;
+  deck.parallel.auto_layout = false;
+  const Prediction plain = predict_step(deck, gpu, 8);
+  deck.data.document_mask = true;
+  deck.data.attention_kept = 0.25;
+  const Prediction masked = predict_step(deck, gpu, 8);
+  ASSERT_GT(attention(plain), 0);
+  EXPECT_NEAR(attention(masked), 0.25 * attention(plain), 1e-9 * attention(plain));
+  EXPECT_GT(masked.tokens_per_s, plain.tokens_per_s);
+  deck = tiny_deck();
+  const MachineSpec host = workstation(8);
+  const Prediction host_plain = predict_step(deck, host, 1);
+  deck.data.document_mask = true;
+  deck.data.attention_kept = 0.25;
+  EXPECT_EQ(attention(predict_step(deck, host, 1)), attention(host_plain));
+}
+
 // The shipped machine files read, and plan a GPT-3 XL-sized model (the
 // rates are bf16's) on one node of each.
 TEST(Plan, TheShippedMachineFilesPlan) {
