@@ -2,10 +2,12 @@
 # Documents. (1) prep records each input file as a document (/documents),
 # and inspect reports them. (2) [data] document_mask = true trains the same
 # numbers at every layout as on one rank (the layout-equivalence tolerance,
-# 1e-5 relative: layout_equivalence.sh), for GPT-2 and Llama, with data
-# and pipeline parallelism, interleaving, zb-h1, tensor and sequence
-# parallelism, ZeRO and recomputation; and the mask is in effect (the
-# masked run's losses differ from the unmasked one's). Each token's loss
+# 1e-5 relative: layout_equivalence.sh), for GPT-2, Llama and a Mixture of
+# Experts, with data and pipeline parallelism, interleaving, zb-h1, tensor
+# and sequence parallelism, experts over ranks, ZeRO and recomputation;
+# bf16 and fp16 follow fp32; the mask is in effect (the masked run's losses
+# differ from the unmasked one's); the planner's share of attention kept
+# is the data's. Each token's loss
 # equalling its document's alone is tests/unit/test_document_mask.cpp's.
 # (3) Damaged document offsets: exit 2, naming the file and the field.
 source "$(dirname "$0")/lib.sh"
@@ -74,6 +76,10 @@ run l_pp2 2 llama-tiny.toml "${mask[@]}" "${llama[@]}" --set parallel.pp=2
 compare l1 l_pp2
 run l_tp2 2 llama-tiny.toml "${mask[@]}" "${llama[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare l1 l_tp2
+# A Mixture of Experts, its experts over 2 ranks.
+run m1 1 llama-moe-tiny.toml "${mask[@]}" --set model.n_layer=2
+run m_ep2 2 llama-moe-tiny.toml "${mask[@]}" --set model.n_layer=2 --set parallel.dp=2 --set parallel.ep=2
+compare m1 m_ep2
 
 # 16-bit precisions under the mask: the fp32 run's losses within 1e-3
 # relative (5e-5 seen over these 4 steps: the rounding of activations
