@@ -126,18 +126,7 @@ class MegatronTokenSource final : public TokenSource {
   }
   void document_starts(int64_t first, int64_t count, const int32_t*,
                        std::vector<int64_t>* out) const override {
-    int64_t lo = 0, hi = documents_;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (document_start(mid) <= first) lo = mid + 1;
-      else hi = mid;
-    }
-    for (int64_t d = lo; d < documents_; ++d) {
-      const int64_t at = document_start(d);
-      if (at >= first + count) break;
-      // An empty document starts where the next does: one start.
-      if (out->empty() || out->back() != at) out->push_back(at);
-    }
+    starts_inside(documents_, [this](int64_t d) { return document_start(d); }, first, count, out);
   }
   void read(int64_t first, int64_t count, int32_t* out) const override {
     const char* p = bin_.data() + first * static_cast<int64_t>(elem_);

@@ -46,6 +46,18 @@ void check_ids(const int32_t* out, int64_t n, int64_t first, int64_t vocab,
   }
 }
 
+// Rows [first, first + n) of a 1-D dataset, as `memtype`, into out.
+void read_rows(hid_t dset, hid_t memtype, int64_t first, int64_t n, void* out,
+               const std::string& path, const char* name) {
+  H5Handle fspace(H5Dget_space(dset), H5Sclose);
+  const hsize_t start[1] = {static_cast<hsize_t>(first)}, count[1] = {static_cast<hsize_t>(n)};
+  H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), path);
+  H5Handle mspace(H5Screate_simple(1, count, nullptr), H5Sclose);
+  if (H5Dread(dset, memtype, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+    throw InputError(path, name, "read failed (damaged or truncated file?)");
+  }
+}
+
 // llm.c shard: mapped read-only; the page cache does the buffering.
 class BinTokenSource final : public TokenSource {
  public:
@@ -134,30 +146,13 @@ class H5TokenSource final : public TokenSource {
       TokenSource::document_starts(first, count, tokens, out);
       return;
     }
-    // The first start past `first` (binary search, a read per probe; the
-    // offsets were checked when opened), then the starts while inside.
-    int64_t lo = 0, hi = documents_;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (offset_at(mid) <= first) lo = mid + 1;
-      else hi = mid;
-    }
-    for (int64_t k = lo; k < documents_; ++k) {
-      const int64_t at = offset_at(k);
-      if (at >= first + count) break;
-      out->push_back(at);
-    }
+    // A read per probe (the offsets were checked when opened).
+    starts_inside(documents_, [this](int64_t k) { return offset_at(k); }, first, count, out);
   }
   void read(int64_t first, int64_t count, int32_t* out) const override {
-    H5Handle fspace(H5Dget_space(dset_.get()), H5Sclose);
-    const hsize_t start[1] = {static_cast<hsize_t>(first)}, n[1] = {static_cast<hsize_t>(count)};
-    H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, n, nullptr), path_);
-    H5Handle mspace(H5Screate_simple(1, n, nullptr), H5Sclose);
     // Stored unsigned; read as uint32 (HDF5 converts) into int32 storage:
     // an id of 2^31 or more reads negative and fails the range check.
-    if (H5Dread(dset_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
-      throw InputError(path_, "/tokens", "read failed (damaged or truncated file?)");
-    }
+    read_rows(dset_.get(), H5T_NATIVE_UINT32, first, count, out, path_, "/tokens");
   }
   std::string format() const override {
     return docs_.valid() ? strprintf("HDF5, %lld documents", static_cast<long long>(documents_))
@@ -222,13 +217,7 @@ class H5TokenSource final : public TokenSource {
   // /documents[k0, k0 + n) as signed 64-bit integers (an offset of 2^63 or
   // more reads negative and is refused).
   void read_offsets(int64_t k0, int64_t n, int64_t* out) const {
-    H5Handle fspace(H5Dget_space(docs_.get()), H5Sclose);
-    const hsize_t start[1] = {static_cast<hsize_t>(k0)}, count[1] = {static_cast<hsize_t>(n)};
-    H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), path_);
-    H5Handle mspace(H5Screate_simple(1, count, nullptr), H5Sclose);
-    if (H5Dread(docs_.get(), H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
-      throw InputError(path_, "/documents", "read failed (damaged or truncated file?)");
-    }
+    read_rows(docs_.get(), H5T_NATIVE_INT64, k0, n, out, path_, "/documents");
   }
   int64_t offset_at(int64_t k) const {
     int64_t v = 0;

@@ -36,4 +36,24 @@ class TokenSource {
   int32_t separator_ = -1;
 };
 
+// The starts in (first, first + count) among n non-decreasing document
+// starts start(k), appended once each to `out`: a binary search for the
+// first past `first`, then in order while inside (a repeated start, an
+// empty document's, is one).
+template <class Start>
+void starts_inside(int64_t n, const Start& start, int64_t first, int64_t count,
+                   std::vector<int64_t>* out) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (start(mid) <= first) lo = mid + 1;
+    else hi = mid;
+  }
+  for (int64_t k = lo; k < n; ++k) {
+    const int64_t at = start(k);
+    if (at >= first + count) break;
+    if (out->empty() || out->back() != at) out->push_back(at);
+  }
+}
+
 }  // namespace mpiformer

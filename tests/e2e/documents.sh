@@ -76,6 +76,12 @@ run l_pp2 2 llama-tiny.toml "${mask[@]}" "${llama[@]}" --set parallel.pp=2
 compare l1 l_pp2
 run l_tp2 2 llama-tiny.toml "${mask[@]}" "${llama[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare l1 l_tp2
+# A Megatron dataset's document index gives the same boundaries as
+# /documents: the same run, the same numbers.
+"$MPIFORMER" prep --tokenizer byte --val-fraction 0.1 --format megatron --output mg.bin \
+  speeches/*.txt >/dev/null 2>&1 || fail "prep --format megatron"
+run g_megatron 1 tiny.toml "${mask[@]}" --set data.train=mg.bin --set data.val=mg_val.bin
+compare g1 g_megatron
 # A Mixture of Experts, its experts over 2 ranks.
 run m1 1 llama-moe-tiny.toml "${mask[@]}" --set model.n_layer=2
 run m_ep2 2 llama-moe-tiny.toml "${mask[@]}" --set model.n_layer=2 --set parallel.dp=2 --set parallel.ep=2
