@@ -37,6 +37,28 @@ CLI::Validator finite_range(double lo, double hi) {
       "FLOAT in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
 }
 
+// A whole number in [lo, hi]; the message says what was given ("abc",
+// "2.5", "-1"), where CLI11's own range check calls any of them "not in
+// range".
+CLI::Validator whole_range(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        long long v = 0;
+        try {
+          size_t used = 0;
+          v = std::stoll(text, &used);
+          if (used != text.size()) return "expected a whole number, got " + text;
+        } catch (const std::exception&) {
+          return "expected a whole number, got " + text;
+        }
+        if (v < lo || v > hi)
+          return "expected a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                 "], got " + text;
+        return {};
+      },
+      "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]");
+}
+
 int fail(const std::exception& e, int rank, int world) {
   // Bad input one rank met alone (a token out of range in the window it
   // read): still bad input, exit 2, which the job scripts never restart.
@@ -131,19 +153,19 @@ int main(int argc, char** argv) {
                 "exit 2 if any fails")
       ->required();
   i->add_option("--tokens", inspect.tokens, "how many leading tokens to show")
-      ->check(CLI::Range(0, 1 << 30))
+      ->check(whole_range(0, 1 << 30))
       ->capture_default_str();
 
   GenerateArgs gen;
   auto* g = app.add_subcommand("generate", "sample text from a checkpoint");
   g->add_option("checkpoint", gen.checkpoint, "checkpoint file (step_*.h5)")->required();
   g->add_option("--prompt", gen.prompt, "text to continue");
-  g->add_option("--tokens", gen.tokens, "tokens to generate")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  g->add_option("--tokens", gen.tokens, "tokens to generate")->check(whole_range(0, 1 << 20))->capture_default_str();
   g->add_option("--temperature", gen.temperature, "0: greedy (argmax)")
       ->check(finite_range(0.0, 100.0))
       ->capture_default_str();
   g->add_option("--top-k", gen.top_k, "sample among the k most likely (0: all)")
-      ->check(CLI::Range(0, 1 << 24))
+      ->check(whole_range(0, 1 << 24))
       ->capture_default_str();
   g->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
   g->add_option("--vocab-dir", gen.vocab_dir, "GPT-2 tokenizer files (default: inputs/gpt2)");
@@ -179,14 +201,15 @@ int main(int argc, char** argv) {
   pl->add_option("--machine", plan.machine,
                  "machine file (mpiformer calibrate writes one; inputs/machines/ has others)")
       ->required();
-  pl->add_option("--ranks", plan.ranks, "ranks to plan for")->check(CLI::Range(1, 1 << 24));
+  pl->add_option("--ranks", plan.ranks, "ranks to plan for")->check(whole_range(1, 1 << 24));
   pl->add_option("--ranks-per-node", plan.ranks_per_node,
                  "ranks on each node (default: the machine's devices per node; more share them)")
-      ->check(CLI::Range(1, 1 << 20));
-  pl->add_option("--top", plan.top, "layouts shown")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(whole_range(1, 1 << 20));
+  pl->add_option("--top", plan.top, "layouts shown")->check(whole_range(1, 1 << 20))->capture_default_str();
   pl->add_option("--memory-margin", plan.memory_margin,
                  "share of each device's memory to leave free (the deck's [parallel] "
-                 "memory_margin, 0.1 by default; 0 to 0.9)");
+                 "memory_margin, 0.1 by default; 0 to 0.9)")
+      ->check(finite_range(0.0, 0.9));
   pl->add_flag("--as-given", plan.as_given, "price the deck's own layout only");
   pl->add_flag("--json", plan.json, "print JSON instead of the table");
   pl->add_option("--explain", plan.explain,
@@ -201,7 +224,7 @@ int main(int argc, char** argv) {
   ca->add_option("--output,-o", cal.output, "machine file to write")->capture_default_str();
   ca->add_option("--name", cal.name, "the machine's name in the file")->capture_default_str();
   ca->add_option("--max-tp", cal.max_tp, "measure matmul shapes for tensor-parallel widths up to this")
-      ->check(CLI::Range(1, 1024))
+      ->check(whole_range(1, 1024))
       ->capture_default_str();
   ca->add_option("--seconds", cal.seconds,
                  "timing budget per measured point (longer: steadier rates, a longer calibration)")

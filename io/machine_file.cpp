@@ -18,6 +18,10 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // The lower bound of a value that may be zero (latencies, runtime bytes).
 constexpr double kZeroAllowed = -1;
+// The least a rate or a time may be (exclusive): a GFLOP/s, a MB/s, a
+// nanosecond, a MiB. Anything below is a typo or a unit slip, and would
+// price a step at centuries (or, for a time, a kernel at infinite speed).
+constexpr double kLeastTflops = 1e-3, kLeastGbs = 1e-3, kLeastMicros = 1e-3, kLeastGib = 1.0 / 1024;
 
 // One table of the file, its keys checked against what it may hold.
 class Section {
@@ -74,7 +78,7 @@ const std::set<std::string> kKernels = {"layernorm", "layernorm_backward", "gelu
 LinkCost read_cost(const Section& s, const LinkCost& fallback) {
   LinkCost c;
   c.latency = s.number("latency_us", kZeroAllowed, 1e9, false, fallback.latency * 1e6) * 1e-6;
-  c.bandwidth = s.number("bandwidth_gbs", 0, 1e9, fallback.bandwidth <= 0, fallback.bandwidth / 1e9) * 1e9;
+  c.bandwidth = s.number("bandwidth_gbs", kLeastGbs, 1e9, fallback.bandwidth <= 0, fallback.bandwidth / 1e9) * 1e9;
   return c;
 }
 
@@ -86,7 +90,7 @@ Link read_link(const toml::value& v, const std::string& path, const std::string&
                    "sendrecv", "alltoall"});
   LinkCost base;
   base.latency = s.number("latency_us", kZeroAllowed, 1e9, true, 0) * 1e-6;
-  base.bandwidth = s.number("bandwidth_gbs", 0, 1e9, true, 0) * 1e9;
+  base.bandwidth = s.number("bandwidth_gbs", kLeastGbs, 1e9, true, 0) * 1e9;
   Link l{base, base, base, base, base};
   const std::pair<const char*, LinkCost*> ops[] = {{"allreduce", &l.allreduce},
                                                    {"reduce_scatter", &l.reduce_scatter},
@@ -137,7 +141,7 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
   m.devices_per_node = static_cast<int>(mach.number("devices_per_node", 0, 1 << 20, true, 0));
   if (m.devices_per_node != mach.number("devices_per_node", 0, 1 << 20, true, 0))
     throw InputError(path, "[machine] devices_per_node", "expected a whole number");
-  m.memory = mach.number("memory_gib", 0, 1e9, true, 0) * kGiB;
+  m.memory = mach.number("memory_gib", kLeastGib, 1e9, true, 0) * kGiB;
   m.runtime = mach.number("runtime_mb", kZeroAllowed, 1e9, false, 0) * 1e6;
   require_room(m.runtime, m.memory, path, "[machine] runtime_mb");
   if (!root.contains("compute")) throw InputError(path, "[compute]", "missing");
@@ -152,14 +156,24 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
                        "expected \"fp32\", \"bf16\" or \"fp16\", got \"" + p + "\"");
     m.precision = x;
   }
-  m.matmul_flops = comp.number("matmul_tflops", 0, 1e9, true, 0) * 1e12;
-  m.attention_flops = comp.number("attention_tflops", 0, 1e9, false, m.matmul_flops / 1e12) * 1e12;
-  m.memory_bandwidth = comp.number("memory_gbs", 0, 1e9, true, 0) * 1e9;
-  m.peak_flops = mach.number("peak_tflops", 0, 1e9, false, m.matmul_flops / 1e12) * 1e12;
+  m.matmul_flops = comp.number("matmul_tflops", kLeastTflops, 1e9, true, 0) * 1e12;
+  m.attention_flops = comp.number("attention_tflops", kLeastTflops, 1e9, false, m.matmul_flops / 1e12) * 1e12;
+  m.memory_bandwidth = comp.number("memory_gbs", kLeastGbs, 1e9, true, 0) * 1e9;
+  m.peak_flops = mach.number("peak_tflops", kLeastTflops, 1e9, false, m.matmul_flops / 1e12) * 1e12;
+  // No kernel outruns the device's peak: MFU would read above 100% and
+  // every layout's time would be too short.
+  for (const auto& [key, rate] : {std::pair<const char*, double>{"matmul_tflops", m.matmul_flops},
+                                  {"attention_tflops", m.attention_flops}}) {
+    if (rate > m.peak_flops) {
+      throw InputError(path, std::string("[compute] ") + key,
+                       strprintf("%g TFLOP/s, above [machine] peak_tflops %g: no kernel outruns the "
+                                 "device's peak", rate / 1e12, m.peak_flops / 1e12));
+    }
+  }
   if (comp.has("kernel_gbs")) {
     const Section k(comp.at("kernel_gbs"), path, "compute.kernel_gbs", kKernels);
     for (const auto& name : kKernels)
-      if (k.has(name)) m.kernel_bandwidth[name] = k.number(name, 0, 1e9, true, 0) * 1e9;
+      if (k.has(name)) m.kernel_bandwidth[name] = k.number(name, kLeastGbs, 1e9, true, 0) * 1e9;
   }
   auto rows = [&](const char* key) -> const toml::array* {
     if (!comp.has(key)) return nullptr;
@@ -175,8 +189,8 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
       p.m = static_cast<int64_t>(r.number("m", 0, 1e12, true, 0));
       p.k = static_cast<int64_t>(r.number("k", 0, 1e12, true, 0));
       p.n = static_cast<int64_t>(r.number("n", 0, 1e12, true, 0));
-      p.forward = r.number("forward_us", 0, 1e15, true, 0) * 1e-6;
-      p.backward = r.number("backward_us", 0, 1e15, true, 0) * 1e-6;
+      p.forward = r.number("forward_us", kLeastMicros, 1e15, true, 0) * 1e-6;
+      p.backward = r.number("backward_us", kLeastMicros, 1e15, true, 0) * 1e-6;
       m.matmul.push_back(p);
     }
   }
@@ -188,7 +202,7 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
       KernelRow row;
       row.elements = r.number("elements", 0, 1e15, true, 0);
       for (const auto& name : kKernels)
-        if (r.has(name)) row.bandwidth[name] = r.number(name, 0, 1e9, true, 0) * 1e9;
+        if (r.has(name)) row.bandwidth[name] = r.number(name, kLeastGbs, 1e9, true, 0) * 1e9;
       m.kernels.push_back(row);
     }
   }
@@ -218,18 +232,18 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
       AttentionPoint p;
       p.head_size = static_cast<int64_t>(r.number("head_size", 0, 1e9, true, 0));
       p.seq_len = static_cast<int64_t>(r.number("seq_len", 0, 1e9, true, 0));
-      p.forward = r.number("forward_us", 0, 1e15, true, 0) * 1e-6;
-      p.backward = r.number("backward_us", 0, 1e15, true, 0) * 1e-6;
+      p.forward = r.number("forward_us", kLeastMicros, 1e15, true, 0) * 1e-6;
+      p.backward = r.number("backward_us", kLeastMicros, 1e15, true, 0) * 1e-6;
       m.attention.push_back(p);
     }
   }
   if (root.contains("offload")) {
     const Section off(root.at("offload"), path, "offload",
                       {"host_link_gbs", "host_adamw_gbs", "disk_read_gbs", "disk_write_gbs"});
-    m.host_link_bandwidth = off.number("host_link_gbs", 0, 1e9, false, 0) * 1e9;
-    m.host_adamw_bandwidth = off.number("host_adamw_gbs", 0, 1e9, false, 0) * 1e9;
-    m.disk_read_bandwidth = off.number("disk_read_gbs", 0, 1e9, false, 0) * 1e9;
-    m.disk_write_bandwidth = off.number("disk_write_gbs", 0, 1e9, false, 0) * 1e9;
+    m.host_link_bandwidth = off.number("host_link_gbs", kLeastGbs, 1e9, false, 0) * 1e9;
+    m.host_adamw_bandwidth = off.number("host_adamw_gbs", kLeastGbs, 1e9, false, 0) * 1e9;
+    m.disk_read_bandwidth = off.number("disk_read_gbs", kLeastGbs, 1e9, false, 0) * 1e9;
+    m.disk_write_bandwidth = off.number("disk_write_gbs", kLeastGbs, 1e9, false, 0) * 1e9;
   }
   if (!root.contains("intra")) throw InputError(path, "[intra]", "missing (the links within a node)");
   m.intra = read_link(root.at("intra"), path, "intra");

@@ -197,6 +197,11 @@ expect 1 "bad_utf8.txt: byte 3: text is not valid UTF-8" prep --tokenizer gpt2 -
 [ "$sum_before" = "$(md5sum keep.h5)" ] || fail "a failed prep changed the existing output"
 expect 1 "--tokenizer" prep --tokenizer nope --output x.h5 plain.txt
 expect 1 "--tokens" inspect data/tinyshakespeare_byte.h5 --tokens -1
+# A flag's refusal names the flag and what was given.
+M="$SOURCE_DIR/inputs/machines/h200-single.toml"
+expect 1 "--ranks: expected a whole number, got abc" plan "$DECK" --machine "$M" --ranks abc
+expect 1 "--memory-margin: expected a number in [0, 0.9], got 1.5" \
+  plan "$DECK" --machine "$M" --ranks 1 --memory-margin 1.5
 # prep never overwrites its own input, as the output or as the validation split.
 cp plain.txt own.txt
 expect 1 "own.txt: is both an input and --output" prep --output own.txt own.txt

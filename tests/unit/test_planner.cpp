@@ -337,6 +337,11 @@ TEST(MachineFile, BadFilesAreNamedWithTheirKey) {
       {with("peak_tflops = 312", "peak_tflops = 312\nruntime_mb = 90000"),
        "[machine] runtime_mb: 90000 MB is as much as a device's whole memory"},
       {"[machine\n", "not valid TOML"},
+      // Rates faster than the device's peak, or too small to be real.
+      {with("peak_tflops = 312", "peak_tflops = 0.312"),
+       "[compute] matmul_tflops: 250 TFLOP/s, above [machine] peak_tflops 0.312"},
+      {with("matmul_tflops = 250", "matmul_tflops = 1e-300"), "[compute] matmul_tflops"},
+      {with("bandwidth_gbs = 200", "bandwidth_gbs = 1e-300"), "[intra] bandwidth_gbs"},
   };
   for (const auto& [text, key] : cases) {
     const std::string e = error_of(text);
