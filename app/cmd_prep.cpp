@@ -37,9 +37,16 @@ std::string val_output_path(const std::string& out) {
 
 namespace {
 
+// Rank `rank`'s scratch file of `what` ("tokens", "documents") beside the
+// output.
+std::string scratch_path(const std::string& output, int rank, const char* what) {
+  return output + strprintf(".rank%d.%s.tmp", rank, what);
+}
+
 // Checked before anything is read or written: prep must never replace its
-// own input, and a fraction that is not a number passes a range check.
-void check_outputs(const PrepArgs& args) {
+// own input (with an output, its temporary name, or a rank's scratch file),
+// and a fraction that is not a number passes a range check.
+void check_outputs(const PrepArgs& args, int world) {
   if (!(args.val_fraction >= 0.0 && args.val_fraction <= 0.5)) {
     throw InputError("--val-fraction", "",
                      "expected a number in [0, 0.5], got " + std::to_string(args.val_fraction));
@@ -56,6 +63,11 @@ void check_outputs(const PrepArgs& args) {
       outputs.emplace_back(outputs[i].first, (bin ? out.substr(0, out.size() - 4) : out) + ".idx");
     }
   }
+  for (size_t i = 0, n = outputs.size(); i < n; ++i)
+    outputs.emplace_back(outputs[i].first + "'s temporary name", outputs[i].second + ".tmp");
+  for (int r = 0; r < world; ++r)
+    for (const char* what : {"tokens", "documents"})
+      outputs.emplace_back("a rank's scratch file", scratch_path(args.output, r, what));
   std::vector<std::string> inputs = args.inputs;
   if (!args.tokenizer_model.empty()) inputs.push_back(args.tokenizer_model);
   for (const auto& [what, out] : outputs) {
@@ -221,7 +233,7 @@ int run_prep(const PrepArgs& args, int rank) {
   std::unique_ptr<Tokenizer> tok;
   std::vector<PrepInput> inputs;
   agree_on_input_errors(MPI_COMM_WORLD, [&] {
-    check_outputs(args);
+    check_outputs(args, world);
     if (!args.tokenizer_model.empty() && args.tokenizer != "sentencepiece")
       throw InputError(args.tokenizer_model, "--tokenizer-model",
                        "applies to --tokenizer sentencepiece only (this is " + args.tokenizer + ")");
@@ -234,6 +246,16 @@ int run_prep(const PrepArgs& args, int rank) {
                          args.tokenizer_model);
     for (const auto& path : args.inputs) inputs.push_back(describe_input(path));
   });
+  // Ranks split the inputs by their sizes: every rank must see the same
+  // files (a node-local copy rewritten between launches would lose or
+  // repeat text).
+  for (const PrepInput& in : inputs)
+    agree_on_view(MPI_COMM_WORLD,
+                  strprintf("%lld bytes, %s", static_cast<long long>(in.bytes),
+                            in.compression == Compression::kGzip   ? "gzip"
+                            : in.compression == Compression::kZstd ? "zstd"
+                                                                   : "plain"),
+                  in.path, "size");
   // The units: rank 0 reads around the cuts, every rank gets its list.
   double total_bytes = 0;
   for (const PrepInput& in : inputs) total_bytes += static_cast<double>(in.bytes);
@@ -261,10 +283,10 @@ int run_prep(const PrepArgs& args, int rank) {
   int64_t my_tokens = 0, my_docs = 0, last_doc = -1, max_id = -1;
   UnitStats stats;
   PrepProgress progress(rank, share, total_bytes);
-  const std::string scratch = args.output + strprintf(".rank%d", rank);
   agree_on_input_errors(MPI_COMM_WORLD, [&] {
-    tokens_file = std::make_unique<TokenScratch>(scratch + ".tokens.tmp", tok->vocab_size());
-    docs_file = std::make_unique<Scratch>(scratch + ".documents.tmp");
+    tokens_file = std::make_unique<TokenScratch>(scratch_path(args.output, rank, "tokens"),
+                                                 tok->vocab_size());
+    docs_file = std::make_unique<Scratch>(scratch_path(args.output, rank, "documents"));
     const PrepOptions options{args.jsonl_field, args.skip_bad_lines};
     const TokenSink sink{
         [&] {

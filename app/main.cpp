@@ -18,45 +18,34 @@ namespace mpiformer {
 
 // A number option's range: CLI11's Range lets NaN through (every
 // comparison with it is false); NaN and infinities are outside every range.
-CLI::Validator finite_range(double lo, double hi) {
+// A number in [lo, hi] (`whole`: a whole one); the message says what was
+// given ("abc", "2.5", "nan"), where CLI11's own range check calls any of
+// them "not in range".
+CLI::Validator number_in(double lo, double hi, bool whole) {
+  const std::string kind = whole ? "a whole number" : "a number";
+  const auto show = [whole](double x) {
+    return whole ? std::to_string(static_cast<long long>(x)) : CLI::detail::to_string(x);
+  };
   return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
+      [=](std::string& text) -> std::string {
         double v = 0;
         try {
           size_t used = 0;
           v = std::stod(text, &used);
-          if (used != text.size()) return "not a number: " + text;
+          if (used != text.size() || (whole && v != std::floor(v)))
+            return "expected " + kind + ", got " + text;
         } catch (const std::exception&) {
-          return "not a number: " + text;
+          return "expected " + kind + ", got " + text;
         }
         if (!std::isfinite(v) || v < lo || v > hi)
-          return "expected a number in [" + CLI::detail::to_string(lo) + ", " +
-                 CLI::detail::to_string(hi) + "], got " + text;
+          return "expected " + kind + " in [" + show(lo) + ", " + show(hi) + "], got " + text;
         return {};
       },
-      "FLOAT in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
+      std::string(whole ? "INT" : "FLOAT") + " in [" + show(lo) + " - " + show(hi) + "]");
 }
-
-// A whole number in [lo, hi]; the message says what was given ("abc",
-// "2.5", "-1"), where CLI11's own range check calls any of them "not in
-// range".
+CLI::Validator finite_range(double lo, double hi) { return number_in(lo, hi, false); }
 CLI::Validator whole_range(long long lo, long long hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        long long v = 0;
-        try {
-          size_t used = 0;
-          v = std::stoll(text, &used);
-          if (used != text.size()) return "expected a whole number, got " + text;
-        } catch (const std::exception&) {
-          return "expected a whole number, got " + text;
-        }
-        if (v < lo || v > hi)
-          return "expected a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                 "], got " + text;
-        return {};
-      },
-      "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]");
+  return number_in(static_cast<double>(lo), static_cast<double>(hi), true);
 }
 
 int fail(const std::exception& e, int rank, int world) {

@@ -112,7 +112,6 @@ UnitStats tokenize_json_lines(const PrepInput& input, const PrepUnit& unit, cons
   UnitStats st;
   auto in = open_text(input.path, unit.begin, unit.end);
   std::string carry;
-  int64_t line_start = unit.begin;  // the file byte of carry[0] (plain files)
   int64_t line_base = -1;           // line number of the unit's first line, when needed
   int64_t lines = 0;                // complete lines of this unit so far
   std::vector<char> buf(kChunk);
@@ -157,7 +156,6 @@ UnitStats tokenize_json_lines(const PrepInput& input, const PrepUnit& unit, cons
       ++lines;
     }
     carry.erase(0, from);
-    line_start += static_cast<int64_t>(from);
     if (got == 0) break;
     if (static_cast<int64_t>(carry.size()) > kMaxCarry) {
       throw InputError(input.path, strprintf("line %lld", static_cast<long long>(line_number())),

@@ -351,7 +351,9 @@ void TokenDataset::window_document_starts(int64_t index, int64_t seq_len, const 
   for (const auto& f : files_) {
     const int64_t w = std::max<int64_t>(0, (f->num_tokens() - 1) / seq_len);
     if (index < w) {
-      std::vector<int64_t> at;
+      // Per thread, kept: no allocation per window read in a step.
+      thread_local std::vector<int64_t> at;
+      at.clear();
       f->document_starts(index * seq_len, seq_len, tokens, &at);
       for (const int64_t a : at) starts->push_back(static_cast<int32_t>(a - index * seq_len));
       return;

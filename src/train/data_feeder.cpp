@@ -137,6 +137,7 @@ void DataFeeder::load(const TokenDataset& d, int64_t window, int slot, int64_t b
 }
 
 void DataFeeder::draw_step() {
+  at_cursor_ = blend_->counts();  // same size each step: no allocation
   step_.resize(static_cast<size_t>(global_batch_));
   for (auto& d : step_) d = blend_->next();
 }
@@ -165,8 +166,7 @@ BlendRecord DataFeeder::describe() const {
   BlendRecord r;
   r.start = blend_->start();
   // The counts at the cursor: the blend has already drawn the step there.
-  std::vector<int64_t> at = blend_->counts();
-  for (const BlendOrder::Draw& d : step_) --at[static_cast<size_t>(d.source)];
+  const std::vector<int64_t>& at = at_cursor_;
   for (size_t i = 0; i < sources_.size(); ++i) {
     const TrainSource& s = sources_[i];
     r.sources.push_back({s.name, s.weight, s.order->num_windows(), s.fingerprint,
@@ -242,8 +242,7 @@ std::string DataFeeder::start_at(bool resumed, int64_t cursor, const std::string
 }
 
 std::vector<std::string> DataFeeder::next_step() {
-  std::vector<int64_t> before = blend_->counts();
-  for (const BlendOrder::Draw& d : step_) --before[static_cast<size_t>(d.source)];
+  const std::vector<int64_t>& before = at_cursor_;
   cursor_ += global_batch_;
   std::vector<std::string> notes;
   for (size_t i = 0; i < sources_.size(); ++i) {

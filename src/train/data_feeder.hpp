@@ -111,6 +111,7 @@ class DataFeeder {
   std::vector<double> weights_;  // the sources', as the deck gives them
   std::unique_ptr<BlendOrder> blend_;
   std::vector<BlendOrder::Draw> step_;  // the global batch at the cursor
+  std::vector<int64_t> at_cursor_;      // each source's samples before it
   int64_t micro_batch_, seq_len_, global_batch_, eval_batches_;
   int dp_ = 1, dp_rank_ = 0;
   std::vector<std::vector<int32_t>> inputs_, targets_;  // one per slot

@@ -208,8 +208,11 @@ expect 1 "own.txt: is both an input and --output" prep --output own.txt own.txt
 cp plain.txt own_val.txt
 expect 1 "own_val.txt: is both an input and the validation split" \
   prep --val-fraction 0.1 --output own.txt own_val.txt
-[ "$(cat own.txt)" = "just text" ] && [ "$(cat own_val.txt)" = "just text" ] ||
-  fail "prep changed its own input"
+cp plain.txt own.txt.rank0.tokens.tmp
+expect 1 "own.txt.rank0.tokens.tmp: is both an input and a rank's scratch file" \
+  prep --output own.txt own.txt.rank0.tokens.tmp
+[ "$(cat own.txt)" = "just text" ] && [ "$(cat own_val.txt)" = "just text" ] &&
+  [ "$(cat own.txt.rank0.tokens.tmp)" = "just text" ] || fail "prep changed its own input"
 # A device (an endless input) is refused before it is opened, as a FIFO is.
 expect 1 "/dev/zero: not a regular file" prep --output z.h5 /dev/zero
 expect 1 "--val-fraction: expected a number in [0, 0.5], got nan" \
