@@ -505,7 +505,9 @@ ctest_phase() {
   run_limited "$LIMIT" "$log" ctest --test-dir "$BUILD" -R "$regex" --output-on-failure
   local rc=$?
   local total passed skipped
-  total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+  # "100% tests passed, 0 tests failed out of 8" (CMake 3.25), "100% tests passed
+  # out of 8" (newer, when none failed).
+  total=$(sed -n 's/.*tests \(passed\|failed\) out of \([0-9]*\).*/\2/p' "$log" | tail -1)
   skipped=$(grep -c "\*\*\*Skipped\|(Skipped)" "$log")
   passed=$(grep -c "Passed" "$log")
   if [ $rc = 124 ]; then
