@@ -14,14 +14,14 @@ namespace {
 template <class A>
 __device__ __forceinline__ void adamw_element(float* __restrict__ p, const float* __restrict__ g,
                                               float* __restrict__ m, float* __restrict__ v,
-                                              int64_t i, const AdamWConstants<float>& k, float wd,
+                                              const AdamWConstants<float>& k, float wd,
                                               A* copy) {
-  float pi = p[i], mi = m[i], vi = v[i];
-  mpiformer::adamw_element(pi, g[i], mi, vi, k, wd);
-  m[i] = mi;
-  v[i] = vi;
-  p[i] = pi;
-  if (copy != nullptr) copy[i] = from_float<A>(pi);
+  float pi = *p, mi = *m, vi = *v;
+  mpiformer::adamw_element(pi, *g, mi, vi, k, wd);
+  *m = mi;
+  *v = vi;
+  *p = pi;
+  if (copy != nullptr) *copy = from_float<A>(pi);
 }
 
 template <class A>
@@ -29,20 +29,19 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
                              float* __restrict__ m, float* __restrict__ v, int64_t n,
                              AdamWConstants<float> k, A* copy) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) adamw_element(p, g, m, v, i, k, k.wd, copy);
+  if (i < n) adamw_element(p + i, g + i, m + i, v + i, k, k.wd, copy != nullptr ? copy + i : nullptr);
 }
 
-// One block per chunk.
+// One block per chunk; each array at the chunk's own offset (AdamWChunk).
 template <class A>
 __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restrict__ g,
                                     float* __restrict__ m, float* __restrict__ v,
                                     const AdamWChunk* chunks, AdamWConstants<float> k, A* copy) {
   const AdamWChunk c = chunks[blockIdx.x];
-  // The parameters may live apart from the rest (AdamWChunk::param_offset);
-  // the copy follows the gradients' order.
+  const float wd = c.decay ? k.wd : 0.f;
   for (int32_t j = threadIdx.x; j < c.length; j += blockDim.x)
-    adamw_element(p + (c.param_offset - c.offset), g, m, v, c.offset + j, k,
-                  c.decay ? k.wd : 0.f, copy);
+    adamw_element(p + c.param_offset + j, g + c.grad_offset + j, m + c.offset + j,
+                  v + c.offset + j, k, wd, copy != nullptr ? copy + c.copy_offset + j : nullptr);
 }
 
 template <class A>

@@ -39,7 +39,8 @@ void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWP
 // A whole stage from its optimizer description (the same chunk list the GPU
 // kernel consumes); p.weight_decay applies to the chunks flagged `decay`.
 // With `weights` (mixed precision) each updated chunk is also rounded into
-// the copy the matmuls read, while it is still in cache.
+// the copy the matmuls read, while it is still in cache. Each array at its
+// chunk's own offset (AdamWChunk).
 template <class T, class A = T>
 void adamw_update_chunks(T* params, const T* grads, T* m, T* v, const AdamWChunk* chunks,
                          int64_t count, const AdamWParams& p, A* weights = nullptr) {
@@ -48,9 +49,11 @@ void adamw_update_chunks(T* params, const T* grads, T* m, T* v, const AdamWChunk
     const AdamWChunk ch = chunks[c];
     const int64_t o = ch.offset;
     T* p = params + ch.param_offset;
-    detail::adamw_chunk(p, grads + o, m + o, v + o, ch.length, k, ch.decay ? k.wd : T(0));
-    if (weights != nullptr)
-      for (int64_t i = 0; i < ch.length; ++i) weights[o + i] = st<A>(p[i]);
+    detail::adamw_chunk(p, grads + ch.grad_offset, m + o, v + o, ch.length, k, ch.decay ? k.wd : T(0));
+    if (weights != nullptr) {
+      A* copy = weights + ch.copy_offset;
+      for (int64_t i = 0; i < ch.length; ++i) copy[i] = st<A>(p[i]);
+    }
   });
 }
 

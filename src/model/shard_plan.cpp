@@ -109,14 +109,16 @@ TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {
   return p;
 }
 
-std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table,
-                                                bool params_in_stage) const {
+std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table, ShardInStage where) const {
   std::vector<AdamWChunk> chunks;
   for (const auto& s : table.specs()) {
     const TensorPart p = part_of(s);
     const int64_t rl = s.row_length();
-    append_adamw_chunks(chunks, p.shard_offset, (p.row_end - p.row_begin) * rl, s.decay,
-                        params_in_stage ? s.offset + p.row_begin * rl : p.shard_offset);
+    const int64_t shard = p.shard_offset, stage = s.offset + p.row_begin * rl;
+    append_adamw_chunks(chunks,
+                        AdamWPlaces{shard, where.params ? stage : shard, where.grads ? stage : shard,
+                                    where.copy ? stage : shard},
+                        (p.row_end - p.row_begin) * rl, s.decay);
   }
   return chunks;
 }

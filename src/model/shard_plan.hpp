@@ -46,6 +46,15 @@ struct TensorPart {
   int64_t shard_offset = 0;
 };
 
+// Which of AdamW's arrays over a shard are the owned rows of the stage's
+// whole buffers rather than shard-ordered arrays of their own
+// (train/zero_shards.hpp says when).
+struct ShardInStage {
+  bool params = false;  // fp32 masters that are the stage's weights
+  bool grads = false;   // gradients reduced in place in the stage's
+  bool copy = false;    // the 16-bit copy written into the stage's weights
+};
+
 class ShardPlan {
  public:
   // `ep`: the table's (StageRange::ep); it must divide dp.
@@ -78,11 +87,12 @@ class ShardPlan {
   // buffer for a block's sums).
   int64_t max_block_part() const { return max_block_part_; }
   TensorPart part_of(const ParameterSpec& spec) const;
-  // AdamW over the shard: every owned logical element, at shard offsets;
-  // with `params_in_stage` the parameters at their place in the stage's
-  // buffer instead (fp32 masters that are the stage's weights).
+  // AdamW over the shard: every owned logical element, the moments at
+  // shard offsets; each array flagged in `where` at the element's place in
+  // the stage's whole buffer instead (its table offset), else at its shard
+  // offset too.
   std::vector<AdamWChunk> adamw_chunks(const ParameterTable& table,
-                                       bool params_in_stage = false) const;
+                                       ShardInStage where = ShardInStage{}) const;
 
  private:
   int dp_, rank_, ep_;

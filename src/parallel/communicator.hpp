@@ -58,7 +58,9 @@ class Communicator {
   virtual void allreduce(void* data, int64_t n, Element type, Reduction op) = 0;
   // ZeRO's pair. Parts are in rank order, rank r's of counts[r] elements.
   // Reduce-scatter: `send` holds every part (sum of counts); the sum over
-  // the group of this rank's part lands in `recv` (counts[rank()]).
+  // the group of this rank's part lands in `recv` (counts[rank()]). `recv`
+  // may be this rank's own part of `send` (in place: ZeRO 1 reduces into
+  // the stage's gradients); the other parts are undefined afterwards.
   virtual Pending start_reduce_scatter_sum(const float* send, float* recv,
                                            const std::vector<int64_t>& counts) = 0;
   // All-gather: this rank's part, at `send` (elements of elem_bytes, 2 or

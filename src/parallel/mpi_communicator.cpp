@@ -4,6 +4,7 @@
 #include "core/fp16.hpp"
 
 #include <climits>
+#include <cstring>
 #include <list>
 #include <stdexcept>
 #include <vector>
@@ -38,16 +39,36 @@ class MpiPending final : public PendingOp {
     }
     return arrays_.back();
   }
-  void wait() override { MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE)); }
+  // On completion, `n` floats move from `from` to `to` (an in-place
+  // reduce-scatter's sum, which MPI puts at the buffer's start).
+  void move_when_done(const float* from, float* to, int64_t n) {
+    move_ = {from, to, n};
+  }
+  void wait() override {
+    MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    done();
+  }
   bool test() override {
-    int done = 0;
-    MPI_CHECK(MPI_Test(&req_, &done, MPI_STATUS_IGNORE));
-    return done != 0;
+    int flag = 0;
+    MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    if (flag != 0) done();
+    return flag != 0;
   }
 
  private:
+  void done() {
+    if (move_.n > 0 && move_.from != move_.to)
+      std::memmove(move_.to, move_.from, sizeof(float) * static_cast<size_t>(move_.n));
+    move_.n = 0;
+  }
+  struct Move {
+    const float* from = nullptr;
+    float* to = nullptr;
+    int64_t n = 0;
+  };
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::list<std::vector<int>> arrays_;  // stable addresses
+  Move move_;
 };
 
 }  // namespace
@@ -236,6 +257,17 @@ Pending MpiCommunicator::start_reduce_scatter_sum(const float* send, float* recv
   // Non-blocking collectives may keep the count array: it lives in the op.
   auto p = std::make_unique<MpiPending>();
   auto& c = p->ints(counts, false);
+  int64_t mine = 0;
+  for (int r = 0; r < rank_; ++r) mine += counts[r];
+  if (recv == send + mine) {
+    // In place: MPI forbids aliased buffers, so the whole buffer is the
+    // input and the sum lands at its start, then moves to this rank's part.
+    float* all = recv - mine;
+    MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, all, c.data(), MPI_FLOAT, MPI_SUM, comm_,
+                                  p->request()));
+    p->move_when_done(all, recv, counts[rank_]);
+    return p;
+  }
   MPI_CHECK(MPI_Ireduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_, p->request()));
   return p;
 }

@@ -102,11 +102,15 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0,
                          static_cast<int>(deck.parallel.ep));
     const double shard = static_cast<double>(plan.max_shard_size());
-    // fp32 at zero 1-2: the masters are the stage's own weights (already
-    // counted there); else float masters, and the 16-bit copy published.
+    // Where the stage holds a buffer whole, the shard's share is its owned
+    // rows, counted there (train/zero_shards.hpp): the masters in fp32 at
+    // zero 1-2, the 16-bit copy at zero 1-2, the reduced gradients at
+    // zero 1. Else the shard keeps its own: float masters, the 16-bit copy
+    // it gathers from (zero 3), the reduced gradients (zero 2-3).
     const bool masters_are_weights = !types.weight_copy && zero < 3;
-    m.shard_master = masters_are_weights ? 0 : shard * (acc + (types.weight_copy ? act : 0));
-    m.shard_gradients = shard * acc;
+    m.shard_master = (masters_are_weights ? 0 : shard * acc) +
+                     (types.weight_copy && zero >= 3 ? shard * act : 0);
+    m.shard_gradients = zero >= 2 ? shard * acc : 0;
     m.optimizer = 2 * shard * acc;
     if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
     // On the host, MPI's non-blocking reduce-scatter keeps a temporary of

@@ -160,7 +160,9 @@ class AdamWState {
     return !Ops::kHostMemory && where_ == Offload::kHost && std::is_same_v<Acc, float>;
   }
   void enable_gradient_prefetch() {
-    if (!can_prefetch_gradients()) throw std::logic_error("AdamWState: no gradient prefetch here");
+    // The copy is in the state's order, where the update then reads it.
+    if (!can_prefetch_gradients() || !grads_in_state_order_)
+      throw std::logic_error("AdamWState: no gradient prefetch here");
     grads_host_ = HostBuffer<Acc>(static_cast<size_t>(n_));
   }
   // Before the last micro-batch's backward.
@@ -286,8 +288,8 @@ class AdamWState {
     }
     release_views();
   }
-  // The held masters rounded into `dest` (the back end's Act copy, n
-  // elements in the state's order): after init and restore.
+  // The held masters rounded into `dest` (the back end's Act copy, each
+  // element at its chunk's copy offset): after init and restore.
   void write_weights(Act* dest) {
     if constexpr (std::is_same_v<Acc, float> && kWeightCopy) {
       if (!holds_masters()) throw std::logic_error("AdamWState::write_weights: masters not held");
@@ -304,11 +306,16 @@ class AdamWState {
           files_->read(kMaster, b.first, b.length, buf).get();
           mst = buf;
         }
+        // Each run to its place in the copy (the chunks' copy offsets).
         if constexpr (Ops::kHostMemory) {
-          host::convert(dest + b.first, mst, b.length);
+          for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r)
+            host::convert(dest + runs_[r].copy, mst + runs_[r].local, runs_[r].length);
         } else {
           host::convert(stage_w_[0].get(), mst, b.length);
-          Ops::upload(ctx_, dest + b.first, reinterpret_cast<const Act*>(stage_w_[0].get()), b.length);
+          for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r)
+            Ops::upload(ctx_, dest + runs_[r].copy,
+                        reinterpret_cast<const Act*>(stage_w_[0].get()) + runs_[r].local,
+                        runs_[r].length);
           Ops::synchronize(ctx_);  // before stage_w_ is written again
         }
       }
@@ -325,10 +332,14 @@ class AdamWState {
     int64_t chunk_begin = 0, chunk_count = 0;  // in host_chunks_
     int64_t run_begin = 0, run_count = 0;      // in runs_
   };
-  // Elements [local, local + length) of a block, whose masters are at
-  // param (the back end's memory).
+  // Elements [local, local + length) of a block, whose masters, gradients
+  // and 16-bit copy are at param, grad and copy (the back end's memory).
   struct Run {
-    int64_t local, param, length;
+    int64_t local, param, grad, copy, length;
+    bool continues(const Run& r) const {
+      return local + length == r.local && param + length == r.param && grad + length == r.grad &&
+             copy + length == r.copy;
+    }
   };
   // One block's state in host memory, and its transfers in flight.
   struct Slot {
@@ -372,8 +383,11 @@ class AdamWState {
   void split_into_blocks(const std::vector<AdamWChunk>& chunks) {
     // The host's kernel reads the masters from a copy in block order when
     // they are held here, or copied from a GPU; on the host it updates
-    // the caller's in place.
+    // the caller's in place. Likewise the gradients and the 16-bit copy:
+    // a GPU's come and go through buffers in block order, the host's are
+    // read and written where they are.
     const bool local_params = holds_masters() || !Ops::kHostMemory;
+    const bool local_rest = !Ops::kHostMemory;
     for (int64_t first = 0; first < n_; first += block_) {
       Block b;
       b.first = first;
@@ -386,14 +400,19 @@ class AdamWState {
         if (lo >= hi) continue;
         if (holds_masters() && c.param_offset != c.offset)
           throw std::logic_error("AdamWState: held masters are in the state's order");
-        const int64_t local = lo - first, param = c.param_offset + (lo - c.offset);
-        host_chunks_.push_back(AdamWChunk{local, local_params ? local : param,
+        if (c.grad_offset != c.offset) grads_in_state_order_ = false;
+        const int64_t local = lo - first, shift = lo - c.offset;
+        const Run run{local, c.param_offset + shift, c.grad_offset + shift, c.copy_offset + shift,
+                      hi - lo};
+        host_chunks_.push_back(AdamWChunk{local, local_params ? local : run.param,
+                                          local_rest ? local : run.grad,
+                                          local_rest ? local : run.copy,
                                           static_cast<int32_t>(hi - lo), c.decay});
         Run* last = runs_.size() > static_cast<size_t>(b.run_begin) ? &runs_.back() : nullptr;
-        if (last != nullptr && last->local + last->length == local && last->param + last->length == param)
-          last->length += hi - lo;
+        if (last != nullptr && last->continues(run))
+          last->length += run.length;
         else
-          runs_.push_back(Run{local, param, hi - lo});
+          runs_.push_back(run);
       }
       b.chunk_count = static_cast<int64_t>(host_chunks_.size()) - b.chunk_begin;
       b.run_count = static_cast<int64_t>(runs_.size()) - b.run_begin;
@@ -416,7 +435,10 @@ class AdamWState {
       auto& io = Ops::offload_copies(ctx_);
       const Block& b = blocks_[i];
       const int buf = static_cast<int>(i % 2);
-      if (!prefetched_) io.download(stage_g_[buf].get(), grads + b.first, bytes(b.length));
+      if (!prefetched_)
+        for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r)
+          io.download(stage_g_[buf].get() + runs_[r].local, grads + runs_[r].grad,
+                      bytes(runs_[r].length));
       if (!holds_masters()) {
         io.download_after_upload(buf);  // block i - 2's masters have left the buffer
         for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r)
@@ -437,7 +459,7 @@ class AdamWState {
       for (int64_t r = b.run_begin; r < b.run_begin + b.run_count; ++r) {
         const Run& run = runs_[r];
         if (holds_masters()) {
-          io.upload(weights + b.first + run.local, stage_w_[buf].get() + run.local,
+          io.upload(weights + run.copy, stage_w_[buf].get() + run.local,
                     sizeof(Act) * static_cast<size_t>(run.length));
         } else {
           io.upload(master + run.param, stage_p_[buf].get() + run.local, bytes(run.length));
@@ -524,10 +546,10 @@ class AdamWState {
       const Block& b = blocks_[i];
       const AdamWChunk* chunks = host_chunks_.data() + b.chunk_begin;
       float* params = holds_masters() ? state[kMaster] : master;
-      const float* g = grads + b.first;
+      const float* g = grads;
       HostAct* copy = nullptr;
       if constexpr (Ops::kHostMemory) {
-        if (weights != nullptr) copy = weights + b.first;
+        copy = weights;
       } else {
         g = prefetched_ ? grads_host_.get() + b.first : stage_g_[i % 2].get();
         if (holds_masters()) copy = stage_w_[i % 2].get();
@@ -551,6 +573,7 @@ class AdamWState {
   std::vector<Block> blocks_;
   std::vector<AdamWChunk> host_chunks_;  // offloaded: the host kernel's list, by block
   std::vector<Run> runs_;
+  bool grads_in_state_order_ = true;  // every chunk's gradients at its state offset
   int pending_part_ = -1;     // write_range's block in slot 1, not yet written
   int64_t pending_block_ = -1;
   // A GPU's page-locked buffers, two of each (one block's in flight while

@@ -1,11 +1,18 @@
 // ZeRO stages 1-3 for one pipeline stage, over its data-parallel group, on
 // any device (the stage's op set and the group's communicator do the work).
 // The rank owns its part of every unit (model/shard_plan.hpp) and keeps,
-// for its shard only: the Acc master weights, both AdamW moments and the
-// reduced gradients (plus, in mixed precision, the Act copy it gathers
-// from). In fp32 at zero 1 and 2 the stage's own weights hold every unit
-// whole, so the shard's masters are the owned parts of them, updated in
-// place (no copy: precision plan, "the weights are the masters").
+// for its shard only: the Acc master weights and both AdamW moments, and
+// at zero 2-3 the reduced gradients (at zero 3 in mixed precision also the
+// Act copy it gathers from). Where the stage holds a whole buffer, the
+// shard's share of it is the owned rows of that buffer, not a copy
+// (Megatron's distributed optimizer keeps 6 + 12/dp bytes a parameter in
+// bf16 this way; so does zero 1 here):
+//   - the masters in fp32 at zero 1-2: the stage's weights (precision
+//     plan, "the weights are the masters");
+//   - the reduced gradients at zero 1: reduce-scattered in place into the
+//     stage's whole gradients, each rank's sum landing on its own rows;
+//   - the Act copy at zero 1-2: AdamW rounds into the owned rows of the
+//     stage's whole weights, and the all-gather publishes them in place.
 // Offloaded in mixed precision, the masters and moments are held by
 // adamw_state.hpp, outside the back end's memory.
 //   zero 1: the stage keeps whole gradients, accumulated locally over the
@@ -61,7 +68,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
         plan_(stage.table(), stage.layout(), dp, dp_rank, static_cast<int>(stage.range().ep)),
         n_(plan_.shard_size()),
         alias_(masters_are_weights(zero)),
-        moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), alias_), offload) {
+        in_stage_(in_stage(zero)),
+        moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), in_stage_), offload) {
     // Counted as allocated, as the stage counts its own: the accounting
     // (rank_memory) must predict the sum (test_memory_accounting.cpp).
     auto acc = [&](int64_t count) {
@@ -72,10 +80,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
     };
     if (!alias_ && !moments_.holds_masters()) master_ = acc(n_);
     if (moments_.where() == Offload::kNone) allocated_ += 2.0 * static_cast<double>(n_) * sizeof(Acc);
-    g_ = acc(n_);
+    if (!in_stage_.grads) g_ = acc(n_);
     if constexpr (!std::is_same_v<Act, Acc>) {
-      wshard_ = Buffer<Act>(static_cast<size_t>(n_));
-      allocated_ += static_cast<double>(n_) * sizeof(Act);
+      if (!in_stage_.copy) {
+        wshard_ = Buffer<Act>(static_cast<size_t>(n_));
+        allocated_ += static_cast<double>(n_) * sizeof(Act);
+      }
     }
     if (zero_ >= 2)
       for (auto& r : recv_) r = acc(plan_.max_block_part());
@@ -94,6 +104,16 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // float masters beside 16-bit weights.
   static constexpr bool masters_are_weights(int zero) {
     return std::is_same_v<Act, Acc> && zero < 3;
+  }
+  // Which of the update's arrays are the owned rows of the stage's whole
+  // buffers (the header's list): whole gradients exist at zero 1 only,
+  // whole weights at zero 1-2.
+  static constexpr ShardInStage in_stage(int zero) {
+    ShardInStage w;
+    w.params = masters_are_weights(zero);
+    w.grads = zero == 1;
+    w.copy = !std::is_same_v<Act, Acc> && zero < 3;
+    return w;
   }
   const ShardPlan& plan() const { return plan_; }
   const ShardPlan* shard_plan() const override { return &plan_; }
@@ -180,7 +200,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // finishes its units over several backwards, one per chunk).
   void zero_grads() override {
     stage_.zero_grads();
-    Ops::fill_zero(ctx_, g_.get(), n_);
+    if (!in_stage_.grads) Ops::fill_zero(ctx_, g_.get(), n_);
     next_unit_ = plan_.units().size();
   }
 
@@ -204,7 +224,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     pending_.clear();
     next_unit_ = plan_.units().size();  // the next step starts from the end again
     if (tied != nullptr && wte_unit_ != nullptr)
-      tied->allreduce_sum(g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
+      tied->allreduce_sum(grads_of(*wte_unit_), plan_.part_size(*wte_unit_));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -217,7 +237,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
       const int64_t len = (r.end - r.begin) * spec.row_length();
       if (len == 0) continue;
-      kv.allreduce_sum(g_.get() + p.shard_offset + (r.begin - p.row_begin) * spec.row_length(), len);
+      kv.allreduce_sum(grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length(), len);
       n += len;
     }
     return n;
@@ -228,22 +248,26 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // its rank 0 counts them; without the shared kv rows: their first
   // sharer counts them).
   void make_gradient_nonfinite() override {
-    if constexpr (Ops::kHostMemory)
-      if (n_ > 0) g_.get()[0] = std::numeric_limits<Acc>::quiet_NaN();
+    if constexpr (Ops::kHostMemory) {
+      for (const ShardUnit& u : plan_.units()) {
+        if (plan_.part_size(u) == 0) continue;
+        grads_of(u)[0] = std::numeric_limits<Acc>::quiet_NaN();
+        return;
+      }
+    }
   }
   double grad_sum_of_squares(bool without_wte, bool without_replicated) override {
-    double s = Ops::sum_of_squares(ctx_, g_.get(), n_);
-    if (without_wte && wte_unit_ != nullptr)
-      s -= Ops::sum_of_squares(ctx_, g_.get() + wte_unit_->shard_offset, plan_.part_size(*wte_unit_));
+    double s = 0;
+    for (const ShardUnit& u : plan_.units())
+      if (&u != wte_unit_ || !without_wte) s += Ops::sum_of_squares(ctx_, grads_of(u), plan_.part_size(u));
     for (const auto& spec : stage_.table().specs()) {
       const TensorPart p = plan_.part_of(spec);
       if (without_replicated && spec.whole()) {
-        s -= Ops::sum_of_squares(ctx_, g_.get() + p.shard_offset,
-                                 (p.row_end - p.row_begin) * spec.row_length());
+        s -= Ops::sum_of_squares(ctx_, grads_of(spec, p), (p.row_end - p.row_begin) * spec.row_length());
       }
       const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
       if (r.end > r.begin && !spec.owns_shared()) {
-        s -= Ops::sum_of_squares(ctx_, g_.get() + p.shard_offset + (r.begin - p.row_begin) * spec.row_length(),
+        s -= Ops::sum_of_squares(ctx_, grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length(),
                                  (r.end - r.begin) * spec.row_length());
       }
     }
@@ -261,7 +285,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
 
   void adamw(const AdamWParams& p) override {
     // Held masters stay where they are (master() would map their file).
-    moments_.step(moments_.holds_masters() ? nullptr : master(), g_.get(), p, wshard());
+    moments_.step(moments_.holds_masters() ? nullptr : master(),
+                  in_stage_.grads ? stage_.grads() : g_.get(), p, copy_base());
     publish();
   }
 
@@ -272,11 +297,26 @@ class ZeroShards final : public StageOptimizer<Ops> {
       for (auto& p : pending_) p->test();  // MPI progresses inside MPI calls only
     };
   }
-  // The weights this rank publishes, in shard order (null with
-  // masters_are_weights: they are already in place).
+  // The weights this rank publishes, in shard order (null where they are
+  // already in place: masters_are_weights, or the Act copy in the stage).
   Act* wshard() {
     if constexpr (std::is_same_v<Act, Acc>) return master_.get();
     else return wshard_.get();
+  }
+  // Where AdamW writes the Act copy (the chunks' copy offsets index it);
+  // null in fp32, whose masters are what the matmuls read.
+  Act* copy_base() {
+    if constexpr (std::is_same_v<Act, Acc>) return nullptr;
+    else return in_stage_.copy ? stage_.weights() : wshard_.get();
+  }
+  // The owned reduced gradients of unit u (of one tensor's part p): in the
+  // stage's whole gradients (zero 1), else in the shard.
+  Acc* grads_of(const ShardUnit& u) {
+    return in_stage_.grads ? stage_.grads() + plan_.part_begin(u) : g_.get() + u.shard_offset;
+  }
+  Acc* grads_of(const ParameterSpec& spec, const TensorPart& p) {
+    return in_stage_.grads ? stage_.grads() + spec.offset + p.row_begin * spec.row_length()
+                           : g_.get() + p.shard_offset;
   }
   // With masters_are_weights (fp32 only), the masters of the elements at
   // stage offset `at`: the stage's weights there (every unit resident).
@@ -286,8 +326,15 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
   void refresh_wshard() {
     if constexpr (!std::is_same_v<Act, Acc>) {
-      if (moments_.holds_masters()) moments_.write_weights(wshard_.get());
-      else Ops::convert(ctx_, wshard_.get(), master_.get(), n_);
+      if (moments_.holds_masters()) {
+        moments_.write_weights(copy_base());
+      } else if (!in_stage_.copy) {
+        Ops::convert(ctx_, wshard_.get(), master_.get(), n_);
+      } else {
+        for (const ShardUnit& u : plan_.units())
+          Ops::convert(ctx_, stage_.weights() + plan_.part_begin(u), master_.get() + u.shard_offset,
+                       plan_.part_size(u));
+      }
     }
   }
   bool windowed(const ShardUnit& u, int min_zero) const { return u.block >= 0 && zero_ >= min_zero; }
@@ -307,7 +354,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       if (windowed(u, 3)) continue;
       Act* whole = stage_.weights() + stage_.resident_offset(u.begin, zero_ >= 3);
       Act* mine = whole + (plan_.part_begin(u) - u.begin);
-      if (!alias_)
+      if (!alias_ && !in_stage_.copy)
         Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
       if (gathers.size() >= kInFlight) {
         gathers.front()->wait();
@@ -361,8 +408,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         pending_.front()->wait();
         pending_.erase(pending_.begin());
       }
-      pending_.push_back(
-          group(u).start_reduce_scatter_sum(g, g_.get() + u.shard_offset, plan_.counts(u)));
+      pending_.push_back(group(u).start_reduce_scatter_sum(g, grads_of(u), plan_.counts(u)));
       count_sent(u, sizeof(Acc));
     }
   }
@@ -402,6 +448,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   ShardPlan plan_;
   int64_t n_;
   bool alias_;  // masters_are_weights
+  ShardInStage in_stage_;
   AdamWState<Ops> moments_;
   Buffer<Acc> master_, g_;
   Buffer<Act> wshard_;  // mixed precision only

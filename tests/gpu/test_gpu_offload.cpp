@@ -49,20 +49,27 @@ struct Done final : PendingOp {
 // (as backward's reductions finish, from the end of the buffer), then a
 // range changes on the device (a tied embedding's sum) and is said so.
 template <class A>
-Result<A> three_steps(const OffloadSetup& where, bool prefetch = false) {
+// `gshift`: where the gradients start (AdamWChunk::grad_offset).
+Result<A> three_steps(const OffloadSetup& where, bool prefetch = false, int64_t gshift = 77) {
   using Ops = cuda::Ops<A>;
   const int64_t n1 = kAdamWChunkElements + 3001, gap = 500, n2 = 2000, n = n1 + gap + n2;
   // fp32: the masters elsewhere than the moments (fp32 ZeRO's are the
   // stage's weights, at other offsets), copied down and up run by run.
   const int64_t shift = std::is_same_v<A, float> ? 333 : 0, np = n + shift;
+  // The gradients and the 16-bit copy at offsets of their own too (ZeRO 1
+  // keeps them in the stage's whole buffers); a prefetch needs the
+  // gradients in the state's order (gshift 0).
+  const int64_t cshift = std::is_same_v<A, float> ? 0 : 55;
   std::vector<AdamWChunk> chunks;
-  append_adamw_chunks(chunks, 0, n1, true, shift);
-  append_adamw_chunks(chunks, n1 + gap, n2, false, n1 + gap + shift);
+  append_adamw_chunks(chunks, AdamWPlaces{0, shift, gshift, cshift}, n1, true);
+  append_adamw_chunks(chunks,
+                      AdamWPlaces{n1 + gap, n1 + gap + shift, n1 + gap + gshift, n1 + gap + cshift},
+                      n2, false);
   cuda::Context ctx(0);
   AdamWState<Ops> state(ctx, n, chunks, where);
   if (prefetch) state.enable_gradient_prefetch();
-  cuda::DeviceBuffer<float> p(static_cast<size_t>(np)), g(static_cast<size_t>(n));
-  cuda::DeviceBuffer<A> copy(static_cast<size_t>(n));
+  cuda::DeviceBuffer<float> p(static_cast<size_t>(np)), g(static_cast<size_t>(n + gshift));
+  cuda::DeviceBuffer<A> copy(static_cast<size_t>(n + cshift));
   // The gap is padding, as in a stage: zero, never updated.
   auto p0 = random_floats(np, 1, 1.0f);
   std::fill(p0.begin() + shift + n1, p0.begin() + shift + n1 + gap, 0.0f);
@@ -70,13 +77,17 @@ Result<A> three_steps(const OffloadSetup& where, bool prefetch = false) {
   // or a file), and the 16-bit copy is all the device holds.
   if (state.holds_masters()) {
     state.load(p0.data(), nullptr, nullptr);
+    // write_weights writes the listed elements only: the gap stays the
+    // zeros a stage's buffers start with.
+    Ops::fill_zero(ctx, copy.get(), n + cshift);
     state.write_weights(copy.get());
   } else {
     Ops::upload(ctx, p.get(), p0.data(), np);
-    if constexpr (!std::is_same_v<A, float>) Ops::convert(ctx, copy.get(), p.get(), n);
+    Ops::fill_zero(ctx, copy.get(), n + cshift);
+    if constexpr (!std::is_same_v<A, float>) Ops::convert(ctx, copy.get() + cshift, p.get(), n);
   }
   for (int step = 1; step <= 3; ++step) {
-    auto gs = random_floats(n, 10 + step, 0.1f);
+    auto gs = random_floats(n + gshift, 10 + step, 0.1f);
     const int64_t changed = n1 / 3, changed_n = 777;
     const auto late = random_floats(changed_n, 20 + step, 0.1f);
     if (prefetch) {
@@ -89,17 +100,17 @@ Result<A> three_steps(const OffloadSetup& where, bool prefetch = false) {
       state.gradients_changed(changed, changed_n);
     } else {
       std::copy(late.begin(), late.end(), gs.begin() + changed);
-      Ops::upload(ctx, g.get(), gs.data(), n);
+      Ops::upload(ctx, g.get(), gs.data(), n + gshift);
     }
     state.step(p.get(), g.get(), AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7},
                std::is_same_v<A, float> ? nullptr : copy.get());
   }
   Result<A> r;
   r.p.resize(static_cast<size_t>(np));
-  r.copy.resize(static_cast<size_t>(n));
+  r.copy.resize(static_cast<size_t>(n + cshift));
   if (state.holds_masters()) std::memcpy(r.p.data(), state.master(), sizeof(float) * r.p.size());
   else Ops::download(ctx, r.p.data(), p.get(), np);
-  if constexpr (!std::is_same_v<A, float>) Ops::download(ctx, r.copy.data(), copy.get(), n);
+  if constexpr (!std::is_same_v<A, float>) Ops::download(ctx, r.copy.data(), copy.get(), n + cshift);
   for (int k = 0; k < 2; ++k) {
     auto& out = k == 0 ? r.m : r.v;
     out.resize(static_cast<size_t>(n));
@@ -131,8 +142,8 @@ void check_placements() {
     expect_same(three_steps<A>(OffloadSetup{where, dir, 0, 1, 4096}), want, name_of(where));
   }
   // The gradients copied during backward, a range changed after.
-  expect_same(three_steps<A>(OffloadSetup{Offload::kHost, dir, 0, 1, 4096}, true), want,
-              "host, gradients prefetched");
+  expect_same(three_steps<A>(OffloadSetup{Offload::kHost, dir, 0, 1, 4096}, true, 0),
+              three_steps<A>(OffloadSetup{}, false, 0), "host, gradients prefetched");
   std::filesystem::remove_all(dir);
   // The update did something (the last tensor's last element).
   const auto p0 = random_floats(static_cast<int64_t>(want.p.size()), 1, 1.0f);

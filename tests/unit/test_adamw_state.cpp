@@ -84,13 +84,17 @@ TEST(AdamWState, OffloadedUpdatesAreBitIdenticalToResident) {
 // bf16: offloaded, the float masters go with the moments (the back end
 // keeps only the 16-bit copy), the copy is written from them at the start
 // and by each update. Against the resident update: every bit of the
-// masters, the moments and the copy, gap (padding) included.
+// masters, the moments and the copy, gap (padding) included. The
+// gradients and the copy at offsets of their own (ZeRO 1 keeps them in
+// the stage's whole buffers, AdamWChunk).
 TEST(AdamWState, OffloadedMastersInMixedPrecisionAreBitIdentical) {
   using Ops16 = host::Ops<host::Bf16>;
   const int64_t n1 = kAdamWChunkElements + 777, gap = 300, n2 = 3000, n = n1 + gap + n2;
+  const int64_t gshift = 111, cshift = 222;
   std::vector<AdamWChunk> chunks;
-  append_adamw_chunks(chunks, 0, n1, true);
-  append_adamw_chunks(chunks, n1 + gap, n2, false);
+  append_adamw_chunks(chunks, AdamWPlaces{0, 0, gshift, cshift}, n1, true);
+  append_adamw_chunks(chunks, AdamWPlaces{n1 + gap, n1 + gap, n1 + gap + gshift, n1 + gap + cshift},
+                      n2, false);
   struct Out {
     std::vector<float> p, m, v;
     std::vector<uint16_t> copy;
@@ -103,15 +107,15 @@ TEST(AdamWState, OffloadedMastersInMixedPrecisionAreBitIdentical) {
     const auto init = random_vector(n, 5);
     std::vector<float> p(init.begin(), init.end());
     std::fill(p.begin() + n1, p.begin() + n1 + gap, 0.0f);
-    std::vector<host::Bf16> copy(static_cast<size_t>(n));
+    std::vector<host::Bf16> copy(static_cast<size_t>(n + cshift));
     if (state.holds_masters()) {
       state.load(p.data(), nullptr, nullptr);
       state.write_weights(copy.data());
     } else {
-      Ops16::convert(ctx, copy.data(), p.data(), n);
+      Ops16::convert(ctx, copy.data() + cshift, p.data(), n);
     }
     for (int step = 1; step <= 3; ++step) {
-      const auto gd = random_vector(n, 20 + step);
+      const auto gd = random_vector(n + gshift, 20 + step);
       std::vector<float> g(gd.begin(), gd.end());
       state.step(state.holds_masters() ? nullptr : p.data(), g.data(),
                  AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7}, copy.data());
@@ -139,7 +143,8 @@ TEST(AdamWState, OffloadedMastersInMixedPrecisionAreBitIdentical) {
     EXPECT_EQ(got.offloaded, 12.0 * static_cast<double>(n)) << name_of(where);
   }
   EXPECT_NE(want.p[0], static_cast<float>(random_vector(n, 5)[0]));
-  EXPECT_EQ(want.copy[n1 + 5], 0);  // padding stays zero
+  EXPECT_EQ(want.copy[cshift + n1 + 5], 0);  // padding stays zero
+  EXPECT_NE(want.copy[cshift], 0);           // the copy is where its offsets say
 }
 
 TEST(OffloadFiles, LockedReservedReplacedAndRemoved) {

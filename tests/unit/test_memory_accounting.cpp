@@ -76,12 +76,12 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   EXPECT_EQ(z0.total(), 15488 * 4 + 18208 + 2824 + 2 * 15488);
   EXPECT_EQ(memory(0, Recompute::kNone, 1).comm, 0);  // one replica: no collective
 
-  // zero 1: whole weights and gradients, shard of the gradients and
-  // moments; in fp32 the shard's master weights are the whole weights' own
-  // rows (no copy).
+  // zero 1: whole weights and gradients, shard of the moments; the
+  // shard's reduced gradients are the whole gradients' own rows (reduced
+  // in place), and in fp32 its master weights the whole weights' (no copy).
   const RankMemory z1 = memory(1, Recompute::kNone);
   EXPECT_EQ(z1.parameters(), 15488);
-  EXPECT_EQ(z1.gradients(), 15488 + 7808);
+  EXPECT_EQ(z1.gradients(), 15488);
   EXPECT_EQ(z1.optimizer, 2 * 7808);
   EXPECT_EQ(z1.comm, 7424);
   // zero 2: the blocks' gradients in two windows of 928 floats, and two
@@ -122,13 +122,20 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
     const StageRange range = partition_stage(cfg, 0, 1, tp, 0);
     for (int zero : {1, 2, 3}) {
       for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
-        double largest = 0;
-        for (int rank = 0; rank < 3; ++rank) {
-          host::Context ctx;
-          GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, r, zero));
-          ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank, OffloadSetup{});
-          largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
-        }
+        // What the stage and its shard allocate (`shard_only`: the shard's
+        // alone), for the rank with the most.
+        auto allocated = [&](auto ops, bool shard_only) {
+          using Ops = decltype(ops);
+          double largest = 0;
+          for (int rank = 0; rank < 3; ++rank) {
+            host::Context ctx;
+            GptStage<Ops> stage(ctx, cfg, range, stage_options(2, 1, r, zero));
+            ZeroShards<Ops> shard(stage, zero, 3, rank, OffloadSetup{});
+            largest = std::max(largest, (shard_only ? 0.0 : static_cast<double>(stage.allocated_bytes())) +
+                                            shard.allocated_bytes());
+          }
+          return largest;
+        };
         Deck d;
         d.model = cfg;
         d.train.micro_batch = 2;
@@ -137,8 +144,23 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
         d.parallel.tp = tp;
         d.parallel.zero = zero;
         const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
-        EXPECT_EQ(m.total() - temporaries, largest)
+        EXPECT_EQ(m.total() - temporaries, allocated(host::Ops<float>{}, false))
             << "tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
+        // bf16: the shard keeps no 16-bit copy at zero 1-2 and no reduced
+        // gradients at zero 1 (rows of the stage's whole buffers); its
+        // zero 2-3 receive buffers are the accounting's communication.
+        BackendChoice bf16;
+        bf16.precision = Precision::kBf16;
+        d.train.precision = Precision::kBf16;
+        const RankMemory h = rank_memory(d, bf16, 0, 1);
+        const ParameterTable table(cfg, range);
+        const double receive =
+            zero >= 2 ? 2.0 * 4 * static_cast<double>(
+                                      ShardPlan(table, StageLayout(table, range), 3, 0).max_block_part())
+                      : 0;
+        EXPECT_EQ(h.shard_master + h.shard_gradients + h.optimizer + receive,
+                  allocated(host::Ops<host::Bf16>{}, true))
+            << "bf16, tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
       }
     }
   }
@@ -221,6 +243,41 @@ TEST(MemoryAccounting, OffloadedMastersLeaveTheShardInMixedPrecision) {
     EXPECT_EQ(none.optimizer - nvme.optimizer, 8 * shard) << "zero " << zero;
     EXPECT_EQ(nvme.offload_disk, 12 * shard) << "zero " << zero;
     EXPECT_EQ(nvme.offload_buffers, 3 * 3 * block * 4) << "zero " << zero;
+  }
+}
+
+// Megatron-LM's distributed optimizer keeps, per parameter in bf16, the
+// 16-bit weights (2 bytes) and the fp32 gradient buffer (4) whole, and the
+// fp32 masters and two moments (12) sharded: 6 + 12/dp. Zero 1 keeps the
+// same (its shard's gradients and 16-bit copy are rows of the whole
+// buffers), zero 2 less. Model state only (weights, gradients, optimizer),
+// GPT-2 124M's shape; within 0.2% (shards end at rows, the rank with the
+// largest is counted, and the tensors' alignment padding counts too).
+TEST(MemoryAccounting, ZeroOneCostsMegatronsBytesAParameterInBf16) {
+  GptConfig cfg;
+  cfg.n_layer = 12;
+  cfg.n_head = 12;
+  cfg.n_embd = 768;
+  cfg.seq_len = 1024;
+  cfg.vocab_size = 50257;
+  BackendChoice bf16;
+  bf16.precision = Precision::kBf16;
+  for (int64_t dp : {2, 4, 8}) {
+    Deck d;
+    d.model = cfg;
+    d.train.micro_batch = 1;
+    d.train.precision = Precision::kBf16;
+    d.parallel.dp = dp;
+    const double n = static_cast<double>(
+        ParameterTable(cfg, stage_range_of(d, 0, 0)).total_storage());
+    auto state = [&](int zero) {
+      d.parallel.zero = zero;
+      const RankMemory m = rank_memory(d, bf16, 0, 1);
+      return (m.parameters() + m.gradients() + m.optimizer) / n;
+    };
+    const double megatron = 6 + 12.0 / static_cast<double>(dp);
+    EXPECT_NEAR(state(1), megatron, 2e-3 * megatron) << "dp " << dp;
+    EXPECT_LT(state(2), state(1)) << "dp " << dp;
   }
 }
 
