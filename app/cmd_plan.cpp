@@ -22,6 +22,7 @@
 #include "cuda/device.hpp"
 #endif
 #include "plan/layout_search.hpp"
+#include "plan/plan_explain.hpp"
 #include "train/data_summary.hpp"
 
 namespace mpiformer {
@@ -156,8 +157,12 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
       k.back() = '\n';
       std::printf("%s", k.c_str());
     }
-    if (!args.explain.empty() && !shown.empty())
+    if (!args.explain.empty() && !shown.empty()) {
       std::printf("timeline of #1 (predicted, Chrome trace): %s\n", args.explain.c_str());
+      for (const std::string& line : explain_lines(with_layout(deck, shown.front().layout), machine,
+                                                   shown.front()))
+        std::printf("%s\n", line.c_str());
+    }
   }
 }
 

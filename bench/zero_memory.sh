@@ -13,6 +13,7 @@
 # Micro-batches per step: 2, so zero 2's reduce-scatter per micro-batch
 # (against zero 1's once per step) shows in the bytes.
 #   MODEL=inputs/gpt2-350m.toml SEQ=256 DP=2 STEPS=3 OUT=bench-out PRESET=cpu
+#   EXTRA="--set train.precision=bf16"  more settings for every run
 source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-bench-out}/zero
 MODEL=${MODEL:-inputs/gpt2-350m.toml}
@@ -25,6 +26,8 @@ common=(--set model.seq_len="$SEQ" --set train.micro_batch=1 --set train.global_
         --set train.steps="$STEPS" --set train.log_every=1 --set train.eval_every=0
         --set data.val='""' --set run.peak_tflops=1 --set parallel.dp="$DP"
         --set checkpoint.resume=never)
+read -r -a extra <<<"${EXTRA:-}"
+common+=("${extra[@]}")
 
 
 run() {  # dir zero recompute [extra...]

@@ -26,6 +26,7 @@
 #include "model/stage_work.hpp"
 #include "plan/layout_search.hpp"
 #include "plan/memory_report.hpp"
+#include "plan/plan_explain.hpp"
 #include "plan/rank_memory.hpp"
 
 namespace mpiformer::test {
@@ -367,6 +368,30 @@ MachineSpec workstation(double gib) {
   m.memory = gib * 1024 * 1024 * 1024;
   m.runtime = 10e6;
   return m;
+}
+
+// --explain's bytes per parameter, GPT-2 124M's shape at dp 4: in bf16
+// 2 (weights) + 4 (master) + 4 (gradients) + 8 (moments) replicated;
+// zero 1 Megatron's 6 + 12/4 = 9 (the shard's rows are ends of rounding:
+// within 0.2%); each further stage less; fp32 at zero 0 16 (its master is
+// the weights). Per parameter of the stored table, alignment included.
+TEST(Plan, ExplainGivesTheModelStateBytesPerParameterOfEachZeroStage) {
+  Deck deck = tiny_deck();
+  deck.model.n_layer = 12;
+  deck.model.n_head = 12;
+  deck.model.n_embd = 768;
+  deck.model.seq_len = 1024;
+  deck.model.vocab_size = 50257;
+  deck.parallel.dp = 4;
+  deck.train.precision = Precision::kBf16;
+  const std::vector<double> b = state_bytes_per_parameter(deck, Device::kCuda);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_DOUBLE_EQ(b[0], 18.0);
+  EXPECT_NEAR(b[1], 9.0, 0.02);
+  EXPECT_LT(b[2], b[1]);
+  EXPECT_LT(b[3], b[2]);
+  deck.train.precision = Precision::kFp32;
+  EXPECT_DOUBLE_EQ(state_bytes_per_parameter(deck, Device::kCuda)[0], 16.0);
 }
 
 TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {

@@ -1,0 +1,82 @@
+#include "plan/plan_explain.hpp"
+
+#include <algorithm>
+
+#include "core/format.hpp"
+#include "core/precision_plan.hpp"
+#include "model/parameter_table.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "plan/memory_report.hpp"
+#include "plan/rank_memory.hpp"
+
+namespace mpiformer {
+
+std::vector<double> state_bytes_per_parameter(const Deck& deck, Device device) {
+  BackendChoice choice;
+  choice.device = device;
+  choice.precision = deck.train.precision;
+  std::vector<double> out;
+  for (int zero = 0; zero <= 3; ++zero) {
+    Deck d = deck;
+    d.parallel.zero = zero;
+    double most = 0;
+    for (int s = 0; s < static_cast<int>(d.parallel.pp); ++s) {
+      // Model state does not depend on the slots: one will do.
+      const RankMemory m = rank_memory(d, choice, s, 1);
+      const double n = static_cast<double>(
+          ParameterTable(d.model, stage_range_of(d, s, 0)).total_storage());
+      if (n > 0) most = std::max(most, (m.parameters() + m.gradients() + m.optimizer) / n);
+    }
+    out.push_back(most);
+  }
+  return out;
+}
+
+std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& machine,
+                                       const Prediction& p) {
+  std::vector<std::string> lines;
+  const std::vector<double> bytes = state_bytes_per_parameter(deck, machine.device);
+  std::string line = "model state of #1's fullest stage, device bytes per parameter (weights + "
+                     "gradients + AdamW):";
+  for (size_t z = 0; z < bytes.size(); ++z)
+    line += strprintf("%s zero %zu %.2f%s", z ? "," : "", z, bytes[z],
+                      static_cast<int64_t>(z) == deck.parallel.zero ? " (this layout's)" : "");
+  const double dp = static_cast<double>(deck.parallel.dp);
+  if (precision_plan(deck.train.precision).weight_copy)
+    line += strprintf("; Megatron-LM's distributed optimizer: 6 + 12/dp = %.2f", 6 + 12 / dp);
+  lines.push_back(line);
+
+  // The step time's main terms, then what nothing measured.
+  lines.push_back(strprintf(
+      "step time of #1: %.2f ms = compute %.2f (of which tensor collectives %.2f, expert "
+      "all-to-alls %.2f) + exposed data-parallel communication %.2f + bubble %.2f + optimizer %.2f",
+      1e3 * p.step.step_time, 1e3 * p.compute, 1e3 * p.tp_comm, 1e3 * p.ep_comm,
+      1e3 * p.exposed_comm, 1e3 * p.bubble, 1e3 * p.optimizer));
+  std::vector<std::string> assumed;
+  if (machine.matmul.empty())
+    assumed.push_back("every GEMM at the flat matmul_tflops of the machine file, whatever its "
+                      "shape (no measured shapes: `mpiformer calibrate` on the machine measures them)");
+  if (machine.attention.empty())
+    assumed.push_back("attention at the flat attention_tflops (no measured shapes)");
+  if (machine.stages.empty())
+    assumed.push_back("no glue between kernels (no measured stage factor: 1.0)");
+  if (deck.parallel.schedule == ScheduleKind::kZbH1)
+    assumed.push_back("zb-h1's W pass at the same efficiency as the B pass it is split from");
+  if (machine.device == Device::kCuda && deck.parallel.dp > 1)
+    assumed.push_back("the data-parallel reduction hidden behind backward up to backward's "
+                      "length (the overlap is not measured)");
+  if (deck.parallel.pp > 1)
+    assumed.push_back("pipeline sends at the link's idle send-receive rate, not slowed by the "
+                      "data-parallel traffic sharing it");
+  if (deck.parallel.tp > 1 && machine.device == Device::kCuda)
+    assumed.push_back("tensor collectives never hidden behind the GEMMs (errs slow)");
+  if (assumed.empty()) {
+    lines.push_back("assumed, not measured: nothing listed");
+  } else {
+    lines.push_back("assumed, not measured:");
+    for (const std::string& a : assumed) lines.push_back("  - " + a);
+  }
+  return lines;
+}
+
+}  // namespace mpiformer
