@@ -1,9 +1,12 @@
 #include "parallel/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 namespace mpiformer {
 
@@ -163,6 +166,113 @@ int max_live_activations(const std::vector<Action>& actions) {
     if (a.op == closes) --live;
   }
   return std::max(most, 1);
+}
+
+namespace {
+
+// One step of every stage as the trainer runs it, where a send completes
+// only once its receive is posted (the worst a large message gets):
+// receives block; a gradient send with all `buffers` of its stage held
+// waits for the oldest; a slot's forward (and its receive, and split
+// backward's halves) waits for the slot's previous activation send; the
+// step ends once every send completed. Messages of each direction
+// between two stages pair up in order (PipelineSchedule tests), so a
+// channel is two counters. Whether it runs to the end: a Kahn network's
+// outcome does not depend on the interleaving, so one greedy run says.
+bool runs_to_the_end(const std::vector<std::vector<Action>>& stages, int buffers) {
+  const int pp = static_cast<int>(stages.size());
+  struct Channel {
+    int64_t posted = 0, received = 0;
+  };
+  std::vector<Channel> act(pp), grad(pp);  // out of each stage
+  struct Stage {
+    size_t pc = 0;
+    std::vector<int> slot_of;
+    std::vector<int64_t> act_sent;      // per slot: its last activation message, or -1
+    std::deque<int64_t> grads;          // gradient messages in flight, oldest first
+    int limit = 0;
+    bool split = false;                 // zb-h1: B and W each wait for the slot's send too
+  };
+  std::vector<Stage> st(pp);
+  for (int s = 0; s < pp; ++s) {
+    st[s].slot_of = activation_slots(stages[s]);
+    st[s].act_sent.assign(static_cast<size_t>(max_live_activations(stages[s])), -1);
+    st[s].limit = std::min(buffers, max_live_activations(stages[s]));
+    st[s].split = closing_op(stages[s]) == Op::WeightGradients;
+  }
+  auto slot_free = [&](int s, int slot) {
+    const int64_t m = st[s].act_sent[static_cast<size_t>(slot)];
+    return m < 0 || act[s].received > m;
+  };
+  for (;;) {
+    bool moved = false, done = true;
+    for (int s = 0; s < pp; ++s) {
+      Stage& me = st[s];
+      while (me.pc < stages[s].size()) {
+        const Action& a = stages[s][me.pc];
+        const int slot = std::max(me.slot_of[me.pc], 0);
+        const bool backward = a.op == Op::Backward || a.op == Op::WeightGradients;
+        if ((a.op == Op::RecvActivation || a.op == Op::Forward || (backward && me.split)) &&
+            !slot_free(s, slot))
+          break;
+        if (a.op == Op::RecvActivation) {
+          Channel& c = act[activation_from(pp, s)];
+          if (c.posted <= c.received) break;
+          ++c.received;
+        } else if (a.op == Op::RecvGradient) {
+          Channel& c = grad[gradient_from(pp, s)];
+          if (c.posted <= c.received) break;
+          ++c.received;
+        } else if (a.op == Op::SendActivation) {
+          me.act_sent[static_cast<size_t>(slot)] = act[s].posted++;
+        } else if (a.op == Op::SendGradient) {
+          while (!me.grads.empty() && grad[s].received > me.grads.front()) me.grads.pop_front();
+          if (static_cast<int>(me.grads.size()) >= me.limit) break;
+          me.grads.push_back(grad[s].posted++);
+        }
+        ++me.pc;
+        moved = true;
+      }
+      done &= me.pc == stages[s].size();
+    }
+    if (done) return true;
+    if (!moved) return false;
+  }
+}
+
+}  // namespace
+
+int gradient_send_buffers(ScheduleKind kind, int num_stages, int stage, int num_micro,
+                          int chunks) {
+  const std::vector<Action> mine = pipeline_schedule(kind, num_stages, stage, num_micro, chunks);
+  if (std::none_of(mine.begin(), mine.end(), [](const Action& a) { return a.op == Op::SendGradient; }))
+    return 0;
+  const int slots = max_live_activations(mine);
+  // The same answer for every stage of a pipeline (the search asks often).
+  static std::mutex lock;
+  static std::map<std::tuple<ScheduleKind, int, int, int>, int> known;
+  const auto key = std::make_tuple(kind, num_stages, num_micro, chunks);
+  int buffers = 0;
+  {
+    std::lock_guard<std::mutex> hold(lock);
+    if (auto it = known.find(key); it != known.end()) buffers = it->second;
+  }
+  if (buffers == 0) {
+    std::vector<std::vector<Action>> stages;
+    int most = 1;
+    for (int s = 0; s < num_stages; ++s) {
+      stages.push_back(pipeline_schedule(kind, num_stages, s, num_micro, chunks));
+      most = std::max(most, max_live_activations(stages.back()));
+    }
+    // Two at least: one send may wait for its receive while the next
+    // backward's result is ready to go. Doubled until the step runs to the
+    // end; a buffer per slot always does (the trainer's waits before).
+    buffers = 2;
+    while (buffers < most && !runs_to_the_end(stages, buffers)) buffers *= 2;
+    std::lock_guard<std::mutex> hold(lock);
+    known[key] = buffers;
+  }
+  return std::min(buffers, slots);
 }
 
 }  // namespace mpiformer

@@ -55,6 +55,12 @@ std::vector<Action> stage_schedule(const Deck& deck, int stage_index) {
                            static_cast<int>(deck.parallel.virtual_stages));
 }
 
+int stage_grad_send_buffers(const Deck& deck, int stage_index) {
+  return gradient_send_buffers(deck.parallel.schedule, static_cast<int>(deck.parallel.pp),
+                               stage_index, static_cast<int>(deck.grad_accum()),
+                               static_cast<int>(deck.parallel.virtual_stages));
+}
+
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
   const GptConfig& cfg = deck.model;
   // Tensor rank 0: every rank stores as much, and it holds the most real
@@ -176,13 +182,13 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     }
     if (deck.train.offload == Offload::kNvme) m.offload_disk = state;
   }
-  // Each slot's input gradient, kept until its send to the previous stage
-  // completes (TrainingStage's send buffers): on every stage that sends
-  // gradients, the first too when interleaved (its later chunks send).
-  if (!range.has_embedding || range.chunks > 1) {
+  // The input-gradient send buffers, each held while a send to the
+  // previous stage is in flight (TrainingStage's): on every stage that
+  // sends gradients, the first too when interleaved (its later chunks send).
+  if (const int buffers = stage_grad_send_buffers(deck, stage_index); buffers > 0) {
     const double rows = static_cast<double>(deck.train.micro_batch * cfg.seq_len) /
                         (deck.parallel.sequence_parallel ? static_cast<double>(deck.parallel.tp) : 1.0);
-    m.comm += static_cast<double>(slots) * rows * static_cast<double>(cfg.n_embd) * act;
+    m.comm += static_cast<double>(buffers) * rows * static_cast<double>(cfg.n_embd) * act;
   }
   // The device context's workspace (cuBLASLt's, the column sums').
   if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);

@@ -66,5 +66,9 @@ StageOptions stage_options_of(const Deck& deck, int slots);
 // holds as many experts: the accounting uses 0).
 StageRange stage_range_of(const Deck& deck, int stage_index, int64_t tp_rank, int64_t ep_rank = 0);
 std::vector<Action> stage_schedule(const Deck& deck, int stage_index);
+// The buffers stage `stage_index`'s input-gradient sends take turns in
+// (pipeline_schedule.hpp's gradient_send_buffers): what the trainer
+// allocates and the accounting counts.
+int stage_grad_send_buffers(const Deck& deck, int stage_index);
 
 }  // namespace mpiformer

@@ -38,6 +38,9 @@ struct StageSetup {
   AdamWSettings adam;
   int zero = 0;          // [parallel] zero
   int dp = 1, dp_rank = 0;
+  // Buffers the input-gradient sends take turns in (pipeline_schedule.hpp's
+  // gradient_send_buffers; 0 where the stage sends none).
+  int grad_send_buffers = 0;
   double bucket_bytes = 25.0 * (1 << 20);  // zero 0's reduction buckets ([parallel] bucket_mb)
   Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
   OffloadSetup offload;  // where the optimizer's moments live ([train] offload)
@@ -129,9 +132,11 @@ class StageBackend {
   // `last_micro_batch`: the step's last, whose backward finishes the
   // gradients (the data-parallel reduction starts from it).
   virtual void backward(int slot, bool last_micro_batch, int chunk) = 0;
-  // The input gradient of the last backward, copied into a buffer owned by
-  // `slot` that stays untouched until the slot's next backward.
-  virtual const void* input_grad_for_send(int slot) = 0;
+  // The input gradient of the last backward, copied into send buffer
+  // `buffer` (of grad_send_buffers()), which stays untouched until the
+  // caller hands it out again (once the send from it completed).
+  virtual int grad_send_buffers() const = 0;
+  virtual const void* input_grad_for_send(int buffer) = 0;
   // Sum of the per-token losses since the last call (waits for the device).
   virtual double take_loss_sum() = 0;
   // A Mixture of Experts' routing since the last call, added into totals

@@ -66,11 +66,11 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       guard_(deck.train.nonfinite, deck.train.spike_zscore, deck.train.skip_limit),
       scaler_(LossScaler::from_deck(deck.train)),
       act_sends_(static_cast<size_t>(stage.num_slots())),
-      grad_sends_(static_cast<size_t>(stage.num_slots())),
       slot_of_(activation_slots(actions_)),
       chunks_(static_cast<int>(stage.range().chunks)),
       step_sums_(static_cast<size_t>(3 + kRouterTotals + deck.model.n_layer * deck.model.experts)),
       router_discard_(static_cast<size_t>(kRouterTotals + deck.model.n_layer * deck.model.experts)) {
+  for (int b = stage.grad_send_buffers() - 1; b >= 0; --b) free_grad_buffers_.push_back(b);
   // core/test_hooks.hpp (host back end: the gradients are host memory there).
   fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
   if (grid.tp() > 1 || grid.ep() > 1) {
@@ -87,6 +87,13 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
 
 StepExecutor::~StepExecutor() = default;
 
+void StepExecutor::finish_grad_send() {
+  if (grad_sends_.empty()) throw std::logic_error("train_step: a gradient send without a buffer");
+  grad_sends_.front().op.reset();  // waits
+  free_grad_buffers_.push_back(grad_sends_.front().buffer);
+  grad_sends_.pop_front();
+}
+
 StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_time,
                                     StepTimes& times) {
   ProcessGrid& g = grid_;
@@ -102,6 +109,7 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
   const float grad_scale =
       static_cast<float>(loss_scale / static_cast<double>(tc.global_batch * T));
 
+  while (!grad_sends_.empty()) finish_grad_send();  // an earlier step's, cut short
   stage.zero_grads();
   StepResult result;
   times_ = &times;
@@ -162,10 +170,16 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         break;
       }
       case Op::SendGradient: {
-        grad_sends_[slot].reset();
+        // None free: the oldest send's receive is posted (the buffers are
+        // counted for that), so waiting for it never waits on a peer.
+        if (free_grad_buffers_.empty()) finish_grad_send();
+        const int buffer = free_grad_buffers_.back();
+        free_grad_buffers_.pop_back();
         const PipePeer to = gradient_to(pp, g.stage(), a.chunk);
-        grad_sends_[slot] = comms_.pipe_grad->start_send_bytes(
-            stage.input_grad_for_send(slot), bytes, to.stage, gradient_tag(a.micro, to.chunk, v));
+        grad_sends_.push_back(GradSend{
+            comms_.pipe_grad->start_send_bytes(stage.input_grad_for_send(buffer), bytes, to.stage,
+                                               gradient_tag(a.micro, to.chunk, v)),
+            buffer});
         break;
       }
       case Op::ReduceGradients:
@@ -246,7 +260,7 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
                 v > 1 && a.micro >= 0 ? a.chunk : -1);
   }
   for (auto& p : act_sends_) p.reset();
-  for (auto& p : grad_sends_) p.reset();
+  while (!grad_sends_.empty()) finish_grad_send();
   // ZeRO's gathers after AdamW belong to this step too.
   if (g.dp() > 1) times.dp_sent_bytes += stage.take_sent_bytes();
   trace_.flush();

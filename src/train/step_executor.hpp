@@ -5,6 +5,7 @@
 // forward-only walk of evaluation. Every span goes to the trace.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -84,7 +85,16 @@ class StepExecutor {
   StepGuard guard_;
   LossScaler scaler_;
   int64_t fault_step_;  // test hook (see the constructor)
-  std::vector<Pending> act_sends_, grad_sends_;  // one per activation slot
+  std::vector<Pending> act_sends_;  // one per activation slot
+  // Input-gradient sends in flight, oldest first, each with its buffer;
+  // the buffers free now.
+  struct GradSend {
+    Pending op;
+    int buffer;
+  };
+  std::deque<GradSend> grad_sends_;
+  std::vector<int> free_grad_buffers_;
+  void finish_grad_send();
   std::vector<int> slot_of_;  // each action's activation slot (activation_slots)
   int chunks_;                // model chunks per stage (interleaved; else 1)
   // Where the stage's tensor all-reduces are reported: the step's times and

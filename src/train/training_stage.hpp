@@ -35,9 +35,8 @@ class TrainingStage final : public StageBackend {
       : ctx_(std::forward<ContextArgs>(context_args)...),
         stage_(ctx_, cfg, range, setup.options),
         adam_(setup.adam) {
-    if (!range.has_embedding || range.chunks > 1)
-      for (int s = 0; s < setup.options.slots; ++s)
-        grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
+    for (int b = 0; b < setup.grad_send_buffers; ++b)
+      grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
     if (setup.zero > 0) {
       opt_ = std::make_unique<ZeroShards<Ops>>(stage_, setup.zero, setup.dp, setup.dp_rank,
                                                setup.offload);
@@ -116,8 +115,9 @@ class TrainingStage final : public StageBackend {
   void backward(int slot, bool last_micro_batch, int chunk) override {
     opt_->backward(slot, last_micro_batch, chunk);
   }
-  const void* input_grad_for_send(int slot) override {
-    Act* dst = grad_out_[slot].get();
+  int grad_send_buffers() const override { return static_cast<int>(grad_out_.size()); }
+  const void* input_grad_for_send(int buffer) override {
+    Act* dst = grad_out_.at(static_cast<size_t>(buffer)).get();
     Ops::copy(ctx_, dst, stage_.input_grad(), stage_.activation_size());
     return dst;
   }

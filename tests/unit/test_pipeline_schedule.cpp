@@ -6,10 +6,13 @@
 // together (non-blocking sends, blocking receives, as the trainer runs
 // them) always completes, with every pair of stages posting its messages
 // in the same order on both sides (NCCL matches them in order).
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include "core/rng.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "reference.hpp"
 
@@ -200,6 +203,105 @@ TEST(PipelineSchedule, SimulatedRunNeverDeadlocks) {
                          &why))
         << "forward only, v " << v << ": " << why;
   }
+}
+
+// Runs every stage's list in a random interleaving as the trainer runs
+// it when a send completes only once its receive is posted (the worst a
+// large message gets): receives block; a gradient send with all
+// `buffers[s]` held waits for the oldest in flight; a slot's receive and
+// forward (zb-h1: its B and W too) wait for the slot's previous
+// activation send. Written from the model's order (virtual stages), not
+// the library's channels. Returns whether every stage reached its end.
+bool completes_with_send_buffers(const Schedules& stages, const std::vector<int>& buffers,
+                                 uint64_t seed) {
+  const int pp = static_cast<int>(stages.size());
+  Rng rng(seed, 0);
+  using Message = std::tuple<int, int, int, int>;  // (from, to virtual stage, micro, gradient)
+  std::set<Message> posted, received;
+  std::vector<size_t> pc(pp, 0);
+  std::vector<std::vector<int>> slots(pp);
+  std::vector<std::map<int, Message>> act_in_slot(pp);
+  std::vector<std::deque<Message>> grads(pp);
+  for (int s = 0; s < pp; ++s) slots[s] = activation_slots(stages[s]);
+  auto can_move = [&](int s) {
+    if (pc[s] == stages[s].size()) return false;
+    const Action& a = stages[s][pc[s]];
+    const int vs = a.chunk * pp + s;
+    const bool split = a.op == Op::WeightGradients ||
+                       (a.op == Op::Backward &&
+                        std::any_of(stages[s].begin(), stages[s].end(),
+                                    [](const Action& x) { return x.op == Op::WeightGradients; }));
+    if (a.op == Op::RecvActivation || a.op == Op::Forward || split) {
+      const auto it = act_in_slot[s].find(slots[s][pc[s]]);
+      if (it != act_in_slot[s].end() && !received.count(it->second)) return false;
+    }
+    if (a.op == Op::RecvActivation) return posted.count({vs - 1, vs, a.micro, 0}) > 0;
+    if (a.op == Op::RecvGradient) return posted.count({vs + 1, vs, a.micro, 1}) > 0;
+    if (a.op == Op::SendGradient) {
+      auto& q = grads[s];
+      while (!q.empty() && received.count(q.front())) q.pop_front();
+      return static_cast<int>(q.size()) < buffers[s];
+    }
+    return true;
+  };
+  for (;;) {
+    std::vector<int> movable;
+    for (int s = 0; s < pp; ++s)
+      if (can_move(s)) movable.push_back(s);
+    if (movable.empty()) break;
+    const int s = movable[rng.below(movable.size())];
+    const Action& a = stages[s][pc[s]];
+    const int vs = a.chunk * pp + s;
+    if (a.op == Op::RecvActivation) received.insert({vs - 1, vs, a.micro, 0});
+    if (a.op == Op::RecvGradient) received.insert({vs + 1, vs, a.micro, 1});
+    if (a.op == Op::SendActivation) {
+      posted.insert({vs, vs + 1, a.micro, 0});
+      act_in_slot[s][slots[s][pc[s]]] = {vs, vs + 1, a.micro, 0};
+    }
+    if (a.op == Op::SendGradient) {
+      posted.insert({vs, vs - 1, a.micro, 1});
+      grads[s].push_back({vs, vs - 1, a.micro, 1});
+    }
+    ++pc[s];
+  }
+  for (int s = 0; s < pp; ++s)
+    if (pc[s] < stages[s].size()) return false;
+  return true;
+}
+
+// Input-gradient send buffers (gradient_send_buffers): with that many a
+// stage, every step completes in random interleavings of every layout;
+// never more than the activation slots (a buffer per slot before), far
+// fewer under interleaving. And the check can fail: with none, a stage
+// that sends gradients never gets past its first.
+TEST(PipelineSchedule, GradientSendBuffersLetEveryInterleavingComplete) {
+  for_each_layout([&](ScheduleKind kind, int pp, int m, int v) {
+    const Schedules stages = all_stages(kind, pp, m, v);
+    std::vector<int> buffers(pp);
+    bool sends = false;
+    for (int s = 0; s < pp; ++s) {
+      buffers[s] = gradient_send_buffers(kind, pp, s, m, v);
+      const int slots = max_live_activations(stages[s]);
+      EXPECT_LE(buffers[s], slots) << where(kind, pp, m, v) << " stage " << s;
+      EXPECT_LE(buffers[s], 2) << where(kind, pp, m, v) << " stage " << s;
+      int n = 0;
+      for (const Action& a : stages[s]) n += a.op == Op::SendGradient;
+      EXPECT_EQ(buffers[s] == 0, n == 0) << where(kind, pp, m, v) << " stage " << s;
+      sends |= n > 0;
+    }
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      EXPECT_TRUE(completes_with_send_buffers(stages, buffers, seed)) << where(kind, pp, m, v);
+    }
+    if (sends) {
+      EXPECT_FALSE(completes_with_send_buffers(stages, std::vector<int>(pp, 0), 1))
+          << where(kind, pp, m, v);
+    }
+  });
+  // Megatron's Table 1 trillion-parameter layout, interleaved: 191 slots
+  // on the first stage, two buffers.
+  const auto first = pipeline_schedule(ScheduleKind::kInterleaved, 64, 0, 512, 2);
+  EXPECT_EQ(max_live_activations(first), 191);
+  EXPECT_EQ(gradient_send_buffers(ScheduleKind::kInterleaved, 64, 0, 512, 2), 2);
 }
 
 // The trainer's routing (activation_to, gradient_to, the receive's peer,
