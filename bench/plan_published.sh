@@ -16,7 +16,8 @@
 # For each: the published layout priced as given (micro-batch 1; the
 # published runs' recomputation: full for Megatron's, attention (as NeMo's
 # selective) and the distributed optimizer (zero 1) for NeMo's; NeMo's
-# interleaved schedule with its 6 chunks a stage; 1F1B for Megatron's,
+# interleaved schedule with its 6 chunks a stage and its sequence
+# parallelism (Megatron's 2021 runs predate it); 1F1B for Megatron's,
 # whose chunk counts Table 1 does not give), and the plan's own best
 # layout on the same GPUs (interleaving with 2 and 4 chunks searched). TFLOP/s are counted as the
 # published figure counts them ("recompute": with the extra forward;
@@ -51,8 +52,8 @@ TOML
 echo
 echo "| model | GPUs | machine | published: layout (t, p, dp), batch | published TFLOP/s/GPU (count) | predicted for that layout | difference | plan's best layout | its tokens/s/GPU | vs published tokens/s | its GiB/GPU |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-# name layers hidden heads batch GPUs t p published_tflops count zero recompute machine chunks
-while read -r name l h a batch n t p pub count zero rc machine v; do
+# name layers hidden heads batch GPUs t p published_tflops count zero recompute machine chunks sp
+while read -r name l h a batch n t p pub count zero rc machine v sp; do
   deck "$name" "$l" "$h" "$a" "$batch"
   dp=$((n / (t * p)))
   m="inputs/machines/$machine.toml"
@@ -60,6 +61,7 @@ while read -r name l h a batch n t p pub count zero rc machine v; do
   "$BIN" plan "$OUT/$name.toml" --machine "$m" --as-given --json --set parallel.tp="$t" \
     --set parallel.pp="$p" --set parallel.dp="$dp" --set parallel.zero="$zero" \
     --set train.recompute="$rc" --set parallel.virtual_stages="$v" \
+    --set parallel.sequence_parallel="$sp" \
     --set parallel.schedule="$([ "$v" -gt 1 ] && echo interleaved || echo 1f1b)" \
     >"$OUT/$tag.given.json" 2>"$OUT/$tag.given.err" </dev/null || true
   "$BIN" plan "$OUT/$name.toml" --machine "$m" --ranks "$n" --top 1 --json \
@@ -102,14 +104,14 @@ else:
     print(f"| {name} | {n} | {machine} | {lay}, {B} | {pub} ({count}) | {gtxt} | {dtxt} | nothing fits | | | |")
 PY
 done <<'ROWS'
-gpt-1.7b 24 2304 24 512 32 1 1 137 recompute 0 full dgx-a100-80gb 1
-gpt-3.6b 30 3072 32 512 64 2 1 138 recompute 0 full dgx-a100-80gb 1
-gpt-7.5b 36 4096 32 512 128 4 1 142 recompute 0 full dgx-a100-80gb 1
-gpt-18.4b 40 6144 48 1024 256 8 1 135 recompute 0 full dgx-a100-80gb 1
-gpt-39.1b 48 8192 64 1536 512 8 2 138 recompute 0 full dgx-a100-80gb 1
-gpt-76.1b 60 10240 80 1792 1024 8 4 140 recompute 0 full dgx-a100-80gb 1
-gpt-145.6b 80 12288 96 2304 1536 8 8 148 recompute 0 full dgx-a100-80gb 1
-gpt3-175b 96 12288 96 1536 1024 8 8 - recompute 0 full dgx-a100-80gb 1
-gpt3-175b 96 12288 96 256 128 4 8 771 model 1 attention dgx-h100 6
-gpt-1.3b 24 2048 16 512 8 1 1 - model 0 none dgx-h100 1
+gpt-1.7b 24 2304 24 512 32 1 1 137 recompute 0 full dgx-a100-80gb 1 false
+gpt-3.6b 30 3072 32 512 64 2 1 138 recompute 0 full dgx-a100-80gb 1 false
+gpt-7.5b 36 4096 32 512 128 4 1 142 recompute 0 full dgx-a100-80gb 1 false
+gpt-18.4b 40 6144 48 1024 256 8 1 135 recompute 0 full dgx-a100-80gb 1 false
+gpt-39.1b 48 8192 64 1536 512 8 2 138 recompute 0 full dgx-a100-80gb 1 false
+gpt-76.1b 60 10240 80 1792 1024 8 4 140 recompute 0 full dgx-a100-80gb 1 false
+gpt-145.6b 80 12288 96 2304 1536 8 8 148 recompute 0 full dgx-a100-80gb 1 false
+gpt3-175b 96 12288 96 1536 1024 8 8 - recompute 0 full dgx-a100-80gb 1 false
+gpt3-175b 96 12288 96 256 128 4 8 771 model 1 attention dgx-h100 6 true
+gpt-1.3b 24 2048 16 512 8 1 1 - model 0 none dgx-h100 1 false
 ROWS

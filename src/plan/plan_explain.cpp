@@ -5,6 +5,7 @@
 #include "core/format.hpp"
 #include "core/precision_plan.hpp"
 #include "model/parameter_table.hpp"
+#include "model/stage_layout.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "plan/memory_report.hpp"
 #include "plan/rank_memory.hpp"
@@ -45,6 +46,29 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
   if (precision_plan(deck.train.precision).weight_copy)
     line += strprintf("; Megatron-LM's distributed optimizer: 6 + 12/dp = %.2f", 6 + 12 / dp);
   lines.push_back(line);
+  // What zero 3 keeps whole beside its shard (FSDP's root unit and its
+  // prefetch): the tensors outside the blocks, and two blocks' windows,
+  // each as weights (16-bit, or fp32) and float gradients; the fullest stage.
+  const PrecisionPlan types = precision_plan(deck.train.precision);
+  double outside = 0, windows = 0;
+  for (int s = 0; s < static_cast<int>(deck.parallel.pp); ++s) {
+    const StageRange range = stage_range_of(deck, s, 0);
+    const ParameterTable table(deck.model, range);
+    const StageLayout layout(table, range);
+    const double n = static_cast<double>(table.total_storage());
+    const double blocks = static_cast<double>(layout.block_end - layout.block_begin());
+    const double w = range.num_layers() > 0 ? 2 * static_cast<double>(layout.block_storage()) : 0;
+    if ((n - blocks) + w > outside + windows) {
+      outside = n - blocks;
+      windows = w;
+    }
+  }
+  const double each = static_cast<double>(element_bytes(types.activations) + element_bytes(types.master));
+  lines.push_back(strprintf(
+      "zero 3 keeps whole beside its shard: the tensors outside the blocks (%.1f M parameters, the "
+      "embedding among them: %.2f GiB of weights and gradients) and two blocks' windows (%.1f M: "
+      "%.2f GiB)",
+      outside / 1e6, outside * each / (1 << 30), windows / 1e6, windows * each / (1 << 30)));
 
   // The step time's main terms, then what nothing measured.
   lines.push_back(strprintf(
