@@ -8,6 +8,7 @@
 
 #include "train/backend_factory.hpp"
 #include "temp_dir.hpp"
+#include "tiny_deck.hpp"
 #include "train/zero_shards.hpp"
 
 namespace mpiformer::test {
@@ -254,12 +255,7 @@ TEST(MemoryAccounting, OffloadedMastersLeaveTheShardInMixedPrecision) {
 // GPT-2 124M's shape; within 0.2% (shards end at rows, the rank with the
 // largest is counted, and the tensors' alignment padding counts too).
 TEST(MemoryAccounting, ZeroOneCostsMegatronsBytesAParameterInBf16) {
-  GptConfig cfg;
-  cfg.n_layer = 12;
-  cfg.n_head = 12;
-  cfg.n_embd = 768;
-  cfg.seq_len = 1024;
-  cfg.vocab_size = 50257;
+  const GptConfig cfg = gpt2_124m_shape();
   BackendChoice bf16;
   bf16.precision = Precision::kBf16;
   for (int64_t dp : {2, 4, 8}) {
@@ -282,12 +278,7 @@ TEST(MemoryAccounting, ZeroOneCostsMegatronsBytesAParameterInBf16) {
 }
 
 TEST(MemoryAccounting, ZeroShrinksEachCategoryByTheDataParallelWidth) {
-  GptConfig cfg;  // GPT-2 124M's shape
-  cfg.n_layer = 12;
-  cfg.n_head = 12;
-  cfg.n_embd = 768;
-  cfg.seq_len = 1024;
-  cfg.vocab_size = 50257;
+  const GptConfig cfg = gpt2_124m_shape();
   const double block = 12.0 * 768 * 768 * 4 + 13 * 768 * 4;  // a block's bytes, about
   for (int64_t dp : {2, 4, 8}) {
     const RankMemory z0 = memory(0, Recompute::kNone, dp, cfg);

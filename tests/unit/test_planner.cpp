@@ -28,6 +28,7 @@
 #include "plan/memory_report.hpp"
 #include "plan/plan_explain.hpp"
 #include "plan/rank_memory.hpp"
+#include "tiny_deck.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -377,11 +378,7 @@ MachineSpec workstation(double gib) {
 // the weights). Per parameter of the stored table, alignment included.
 TEST(Plan, ExplainGivesTheModelStateBytesPerParameterOfEachZeroStage) {
   Deck deck = tiny_deck();
-  deck.model.n_layer = 12;
-  deck.model.n_head = 12;
-  deck.model.n_embd = 768;
-  deck.model.seq_len = 1024;
-  deck.model.vocab_size = 50257;
+  deck.model = gpt2_124m_shape();
   deck.parallel.dp = 4;
   deck.train.precision = Precision::kBf16;
   const std::vector<double> b = state_bytes_per_parameter(deck, Device::kCuda);

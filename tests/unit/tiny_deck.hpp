@@ -18,4 +18,16 @@ inline Deck tiny_stage_deck(int zero = 0) {
   return d;
 }
 
+// GPT-2 124M's shape (12 x 768, 12 heads, seq 1024, vocab 50257): for
+// tests of accounting and planning at a real model's size.
+inline GptConfig gpt2_124m_shape() {
+  GptConfig c;
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.n_embd = 768;
+  c.seq_len = 1024;
+  c.vocab_size = 50257;
+  return c;
+}
+
 }  // namespace mpiformer::test
