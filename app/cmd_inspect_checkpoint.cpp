@@ -78,12 +78,30 @@ int inspect_checkpoint(const std::string& path) {
       std::printf("DAMAGED:     %s: %s\n", d.name.c_str(), why.c_str());
     }
   }
+  // [train] grad_compression's residuals, one dataset per rank: verified,
+  // counted apart (not tensors of the model).
+  for (auto it = present.begin(); it != present.end();) {
+    if (it->first.rfind("/grad_compression/", 0) != 0) {
+      ++it;
+      continue;
+    }
+    Group& g = groups["/grad_compression (error feedback's residuals, a dataset per rank)"];
+    ++g.tensors;
+    g.elements += it->second.empty() ? 0 : it->second[0];
+    if (const std::string why = r.verify(it->first, it->second); !why.empty()) {
+      ++damaged;
+      std::printf("DAMAGED:     %s: %s\n", it->first.c_str(), why.c_str());
+    }
+    it = present.erase(it);
+  }
   for (const auto& [name, shape] : present) {
     std::printf("UNEXPECTED:  %s (not part of this model)\n", name.c_str());
   }
   for (const auto& [name, g] : groups) {
-    std::printf("%-12s %lld tensors, %lld parameters, %.1f MB\n", (name + ":").c_str(),
-                static_cast<long long>(g.tensors), static_cast<long long>(g.elements),
+    const bool residuals = name.rfind("/grad_compression", 0) == 0;
+    std::printf("%-12s %lld %s, %lld %s, %.1f MB\n", (name + ":").c_str(),
+                static_cast<long long>(g.tensors), residuals ? "datasets" : "tensors",
+                static_cast<long long>(g.elements), residuals ? "values" : "parameters",
                 4.0 * static_cast<double>(g.elements) / 1e6);
   }
   const auto total = static_cast<long long>(expected.size());

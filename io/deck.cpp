@@ -202,6 +202,7 @@ const std::vector<Key>& schema() {
       choice_key("train", "offload", kOffloadNames, MEMBER(train.offload)),
       string_key("train", "offload_dir", false, MEMBER(train.offload_dir)),
       float_key("train", "offload_block_mb", false, 0.004, 65536, MEMBER(train.offload_block_mb)),
+      choice_key("train", "grad_compression", kGradCompressionNames, MEMBER(train.grad_compression)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
@@ -498,6 +499,19 @@ void check_relations(const Deck& d, const std::string& where) {
                                static_cast<long long>(d.parallel.pp)));
   }
   if (!d.parallel.auto_layout) check_virtual_stages(d, where);
+  if (d.train.grad_compression != GradCompression::kNone && d.train.precision == Precision::kFp16) {
+    throw InputError(where, "[train] grad_compression",
+                     "not with [train] precision = \"fp16\": its loss scale changes the units of "
+                     "what error feedback keeps from step to step; use bf16 or fp32");
+  }
+  if (d.train.grad_compression != GradCompression::kNone && d.parallel.zero != 0) {
+    throw InputError(where, "[train] grad_compression",
+                     strprintf("\"%s\" compresses zero 0's all-reduce; [parallel] zero is %lld "
+                               "(its reduce-scatters go uncompressed): use zero = 0 or "
+                               "grad_compression = \"none\"",
+                               name_of(d.train.grad_compression),
+                               static_cast<long long>(d.parallel.zero)));
+  }
   if (d.train.offload == Offload::kNvme && d.train.offload_dir.empty()) {
     throw InputError(where, "[train] offload_dir",
                      "needed with [train] offload = \"nvme\": a node-local directory that exists "

@@ -61,6 +61,9 @@ struct TrainConfig {
   // written behind, three blocks in host memory per moment): 16 is large
   // enough for a disk's full rate and little beside the state.
   double offload_block_mb = 16;
+  // The data-parallel reduction's gradients on the wire, with error
+  // feedback (core/settings.hpp); zero 0 only.
+  GradCompression grad_compression = GradCompression::kNone;
 };
 
 struct CheckpointConfig {

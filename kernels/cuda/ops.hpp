@@ -18,6 +18,7 @@
 
 #include "common/attention_storage.hpp"
 #include "cuda/adamw.hpp"
+#include "cuda/grad_compression.hpp"
 #include "cuda/attention.hpp"
 #include "cuda/context.hpp"
 #include "cuda/crossentropy.hpp"
@@ -292,6 +293,19 @@ struct Ops {
                     const AdamWChunk* chunks, int64_t count, const AdamWParams& p, A* weights) {
     A* copy = std::is_same_v<A, float> ? nullptr : weights;
     adamw_update_chunks(params, grads, m, v, chunks, count, p, copy, c.stream());
+  }
+  // The compressed all-reduce's kernels (cuda/grad_compression.hpp).
+  static void compress_with_feedback(Context& c, bool int8, const float* g, float* residual,
+                                     int64_t n, int parts, uint8_t* wire) {
+    cuda::compress_with_feedback(int8, g, residual, n, parts, wire, c.stream());
+  }
+  static void sum_compressed(Context& c, bool int8, const uint8_t* wire, int parts, int64_t cn,
+                             int64_t valid, float* residual, uint8_t* out) {
+    cuda::sum_compressed(int8, wire, parts, cn, valid, residual, out, c.stream());
+  }
+  static void expand_compressed(Context& c, bool int8, const uint8_t* wire, int parts, int64_t n,
+                                float* out) {
+    cuda::expand_compressed(int8, wire, parts, n, out, c.stream());
   }
 
 };

@@ -30,6 +30,7 @@
 #include "rope.hpp"
 #include "swiglu.hpp"
 #include "adamw.hpp"
+#include "grad_compression.hpp"
 #include "storage_types.hpp"
 
 namespace mpiformer::host {
@@ -300,6 +301,19 @@ struct Ops {
                     const AdamWChunk* chunks, int64_t count, const AdamWParams& p, Act* weights) {
     host::adamw_update_chunks(params, grads, m, v, chunks, count, p,
                               std::is_same_v<Act, Acc> ? nullptr : weights);
+  }
+  // The compressed all-reduce's kernels (host/grad_compression.hpp).
+  static void compress_with_feedback(Context&, bool int8, const float* g, float* residual,
+                                     int64_t n, int parts, uint8_t* wire) {
+    host::compress_with_feedback(int8, g, residual, n, parts, wire);
+  }
+  static void sum_compressed(Context&, bool int8, const uint8_t* wire, int parts, int64_t c,
+                             int64_t valid, float* residual, uint8_t* out) {
+    host::sum_compressed(int8, wire, parts, c, valid, residual, out);
+  }
+  static void expand_compressed(Context&, bool int8, const uint8_t* wire, int parts, int64_t n,
+                                float* out) {
+    host::expand_compressed(int8, wire, parts, n, out);
   }
 };
 

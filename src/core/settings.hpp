@@ -32,6 +32,10 @@ enum class Recompute { kNone, kAttention, kFull };
 // beside the weights, in host memory (a GPU run's), or in files under
 // [train] offload_dir, streamed through each step (train/adamw_state.hpp).
 enum class Offload { kNone, kHost, kNvme };
+// [train] grad_compression: what the data-parallel reduction sends of each
+// gradient (train/compressed_allreduce.hpp): float, bf16, or int8 with a
+// scale per block, the part not sent kept and added back the next step.
+enum class GradCompression { kNone, kBf16, kInt8 };
 
 template <class E>
 struct SettingName {
@@ -49,6 +53,9 @@ inline constexpr SettingName<Recompute> kRecomputeNames[] = {
     {Recompute::kNone, "none"}, {Recompute::kAttention, "attention"}, {Recompute::kFull, "full"}};
 inline constexpr SettingName<Offload> kOffloadNames[] = {
     {Offload::kNone, "none"}, {Offload::kHost, "host"}, {Offload::kNvme, "nvme"}};
+inline constexpr SettingName<GradCompression> kGradCompressionNames[] = {
+    {GradCompression::kNone, "none"}, {GradCompression::kBf16, "bf16"},
+    {GradCompression::kInt8, "int8"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
     {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"},
     {ScheduleKind::kInterleaved, "interleaved"}};
@@ -88,6 +95,7 @@ inline const char* name_of(ScheduleKind s) { return setting_name(kScheduleNames,
 inline const char* name_of(NonfinitePolicy p) { return setting_name(kNonfiniteNames, p); }
 inline const char* name_of(Recompute r) { return setting_name(kRecomputeNames, r); }
 inline const char* name_of(Offload o) { return setting_name(kOffloadNames, o); }
+inline const char* name_of(GradCompression c) { return setting_name(kGradCompressionNames, c); }
 inline const char* name_of(ModelFamily f) { return setting_name(kFamilyNames, f); }
 
 }  // namespace mpiformer

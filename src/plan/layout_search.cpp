@@ -58,7 +58,9 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
       for (int64_t ep : divisors(dp)) {
         if (ep > 1 && (!cfg.moe() || cfg.experts % ep != 0)) continue;
         for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
-          for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+          // Compressed gradients are zero 0's (deck rule).
+          const bool compressed = deck.train.grad_compression != GradCompression::kNone;
+          for (int64_t zero = 0; zero <= (dp > 1 && !compressed ? 3 : 0); ++zero) {
             for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
               for (ScheduleKind sk :
                    {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe, ScheduleKind::kZbH1}) {

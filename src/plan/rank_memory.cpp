@@ -83,12 +83,14 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   if (zero == 0) {
     // AdamW's two moments, each the size of the stage's master weights.
     m.optimizer = 2 * static_cast<double>(ParameterTable(cfg, range).total_storage()) * acc;
+    const bool compressed = deck.train.grad_compression != GradCompression::kNone && deck.parallel.dp > 1;
     // On the host, MPI's non-blocking all-reduce keeps a temporary of its
-    // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp).
+    // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp); the
+    // compressed exchange blocks, in buffers of its own (below).
     if (choice.device == Device::kCpu) {
       const ParameterTable table(cfg, range);
       double largest = 0;
-      if (deck.parallel.dp > 1) {
+      if (deck.parallel.dp > 1 && !compressed) {
         for (const GradientBucket& b : gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)))
           largest = std::max(largest, static_cast<double>(b.end - b.begin));
       }
@@ -101,6 +103,16 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
         m.comm = std::max(m.comm, static_cast<double>(tied->storage) * acc);
       for (const auto& spec : table.specs())
         if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec, deck.parallel.dp));
+    }
+    // [train] grad_compression: error feedback's residuals and the wire
+    // buffers (train/compressed_allreduce.hpp).
+    if (compressed) {
+      const ParameterTable table(cfg, range);
+      m.comm += compression_buffers(deck.train.grad_compression,
+                                    gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)),
+                                    table.total_storage(), static_cast<int>(deck.parallel.dp),
+                                    static_cast<int>(deck.parallel.dp / deck.parallel.ep))
+                    .bytes();
     }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "common/grad_compression.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "core/precision_plan.hpp"
@@ -397,7 +398,18 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
              collective(link, dp / ep, of_experts * bytes, rounds);
     };
     double reduce = 0, opt_comm = 0, per_micro_comm = 0, gathers_comm = 0;
-    if (zero == 0) {
+    if (zero == 0 && deck.train.grad_compression != GradCompression::kNone) {
+      // train/compressed_allreduce.hpp: an all-to-all and an all-gather of
+      // the compressed chunks (bf16 2 bytes an element; int8 1, and a float
+      // per block), and its kernels' passes over the gradients (read the
+      // gradients and residuals, write both back, the wire twice).
+      const bool int8 = deck.train.grad_compression == GradCompression::kInt8;
+      const double wire = int8 ? 1.0 + 4.0 / static_cast<double>(kQuantBlock) : 2.0;
+      const double kernels = share * n * (16 + 2 * wire) / bandwidth(machine, "residual", n);
+      reduce = exposed(groups(dp_link.alltoall, n, experts, wire, 1) +
+                           groups(dp_link.allgather, n, experts, wire, 1) + kernels,
+                       bwd + wgt);
+    } else if (zero == 0) {
       reduce = exposed(groups(dp_link.allreduce, n, experts, acc, 2), bwd + wgt);
     } else {
       const double rs_all = zero == 1 ? n : outside;

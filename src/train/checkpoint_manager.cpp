@@ -153,6 +153,9 @@ ResumePoint CheckpointManager::load() {
       scratch.done_with = [this](const float* p, int64_t k) { stage_.drop_state_pages(p, k); };
     CheckpointMeta meta;
     double bytes_read = 0;
+    const bool compressed = deck_.train.grad_compression != GradCompression::kNone;
+    std::vector<float> residual;
+    bool residual_read = false;
     try {
       // Never half-loaded: every rank opens the file, all agree; then each
       // reads its rows into scratch (collective over its group, errors
@@ -169,6 +172,13 @@ ResumePoint CheckpointManager::load() {
                 : restore_whole_stage(*reader, cfg_, stage_.table(), stage_.range(), scratch,
                                       groups));
       });
+      if (compressed) {
+        residual = stage_.compression_state();  // sized as this run holds them
+        agree_on_input_errors(MPI_COMM_WORLD, [&] {
+          residual_read = restore_compression(*reader, grid_.dp(), grid_.pp(), grid_.tp(),
+                                              MPI_COMM_WORLD, residual);
+        });
+      }
     } catch (const InputError& e) {
       if (!automatic) throw;
       last_error = e.what();
@@ -179,6 +189,14 @@ ResumePoint CheckpointManager::load() {
       continue;
     }
     stage_.load_state(scratch.params, scratch.adam_m, scratch.adam_v);
+    if (compressed && residual_read) {
+      stage_.load_compression_state(residual);
+    } else if (compressed) {
+      stage_.forget_compression_state();
+      if (rank == 0)
+        std::printf("resume: [train] grad_compression's residuals start at zero (the checkpoint "
+                    "was written by another layout, or without them)\n");
+    }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bytes_read, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     start.step = meta.step;
@@ -347,7 +365,10 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     }
   } release{stage_};
   refuse_nonfinite_state(state, step);
-  const auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
+  auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
+  // Error feedback's residuals, so a resume on this layout goes on exactly.
+  const std::vector<float> residual = stage_.compression_state();
+  for (DatasetSlice& d : compression_slices(residual, MPI_COMM_WORLD)) slices.push_back(std::move(d));
   double verify_seconds = 0;
   try {
     verify_seconds = write_checkpoint(MPI_COMM_WORLD, path, meta, slices);

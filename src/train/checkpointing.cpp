@@ -397,4 +397,52 @@ void gather_shards(const ShardPlan& plan, const float* shard, float* whole,
   }
 }
 
+namespace {
+std::string compression_dataset(int rank) { return "/grad_compression/rank" + std::to_string(rank); }
+}  // namespace
+
+std::vector<DatasetSlice> compression_slices(const std::vector<float>& residual, MPI_Comm world) {
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  MPI_CHECK(MPI_Comm_size(world, &size));
+  int64_t mine = static_cast<int64_t>(residual.size());
+  std::vector<int64_t> sizes(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, world));
+  std::vector<DatasetSlice> out;
+  for (int r = 0; r < size; ++r) {
+    if (sizes[static_cast<size_t>(r)] == 0) continue;
+    DatasetSlice d;
+    d.name = compression_dataset(r);
+    d.shape = {sizes[static_cast<size_t>(r)]};
+    if (r == rank) {
+      d.boxes = {DatasetBox{0, mine, 0, 1}};
+      d.data = residual.data();
+      d.reports_checksum = true;
+      d.checksum = tensor_checksum(residual.data(), mine);
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+bool restore_compression(const CheckpointReader& reader, int dp, int pp, int tp, MPI_Comm world,
+                         std::vector<float>& residual) {
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  MPI_CHECK(MPI_Comm_size(world, &size));
+  const CheckpointMeta& m = reader.meta();
+  int here = m.dp == dp && m.pp == pp && m.tp == tp && m.world_size == size ? 1 : 0;
+  const std::string name = compression_dataset(rank);
+  const std::vector<int64_t> shape{static_cast<int64_t>(residual.size())};
+  if (here != 0 && !residual.empty()) {
+    here = 0;
+    for (const auto& [n, dims] : reader.datasets())
+      if (n == name && dims == shape) here = 1;
+  }
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &here, 1, MPI_INT, MPI_MIN, world));
+  if (here == 0) return false;
+  if (!residual.empty()) reader.read(name, shape, residual.data());
+  return true;
+}
+
 }  // namespace mpiformer

@@ -90,4 +90,18 @@ int64_t restore_whole_stage(const CheckpointReader& reader, const GptConfig& cfg
                             const ParameterTable& local, const StageRange& range,
                             const StageState& whole, const ReadGroups& groups);
 
+// [train] grad_compression's residuals (train/compressed_allreduce.hpp):
+// per rank, not logical tensors, so one dataset per rank that holds some,
+// /grad_compression/rank<R> (R its world rank), written and checksummed by
+// that rank. Collective over `world` (every rank lists every dataset).
+// `residual` must outlive the write.
+std::vector<DatasetSlice> compression_slices(const std::vector<float>& residual, MPI_Comm world);
+// This rank's residuals from `reader` into `residual` (its size: what the
+// run holds) where the checkpoint was written by this layout (dp, pp, tp,
+// ranks) and holds them, on every rank: true; false on every rank where
+// any rank's are absent or of another size (the run then starts them at
+// zero). A dataset that fails its checksum is an InputError.
+bool restore_compression(const CheckpointReader& reader, int dp, int pp, int tp, MPI_Comm world,
+                         std::vector<float>& residual);
+
 }  // namespace mpiformer

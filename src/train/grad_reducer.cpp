@@ -20,6 +20,10 @@ void GradReducer::begin(float* grads) {
 void GradReducer::grads_final_from(int64_t offset) {
   while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
     const Bucket& b = buckets_[next_++];
+    if (reduction_ != nullptr) {
+      reduction_->reduce(grads_, b.begin, b.end, next_ - 1, b.experts ? experts_ : dp_);
+      continue;
+    }
     if (pending_.size() >= kReductionsInFlight) {
       pending_.front()->wait();
       pending_.erase(pending_.begin());

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "model/gradient_buckets.hpp"
@@ -17,6 +18,22 @@
 
 namespace mpiformer {
 
+// A bucket's reduction done otherwise than by the float all-reduce
+// (compressed_allreduce.hpp), in the bucket's turn: the sum over `group`
+// lands in grads[begin, end) on every rank, ordered before what follows
+// on the device (a GPU) or done on return (the host).
+class BucketReduction {
+ public:
+  virtual ~BucketReduction() = default;
+  virtual void reduce(float* grads, int64_t begin, int64_t end, size_t bucket,
+                      Communicator& group) = 0;
+  // Bytes this rank sent since the last call.
+  virtual double take_sent_bytes() = 0;
+  // State carried from step to step (error feedback's residuals): back
+  // to zero, and where it lives (device memory on a GPU), for checkpoints.
+  virtual void forget() = 0;
+  virtual std::vector<std::pair<float*, int64_t>> residuals() = 0;
+};
 
 class GradReducer {
  public:
@@ -24,6 +41,9 @@ class GradReducer {
               Communicator* experts = nullptr);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  // Every bucket through `r` instead of the float all-reduce (null: back).
+  void reduce_with(BucketReduction* r) { reduction_ = r; }
   // Before the last micro-batch's backward.
   void begin(float* grads);
   // Every gradient at offsets >= offset is final: start the buckets it completes.
@@ -45,6 +65,7 @@ class GradReducer {
   size_t next_ = 0;
   std::vector<Pending> pending_;
   Started started_;
+  BucketReduction* reduction_ = nullptr;
 };
 
 }  // namespace mpiformer

@@ -11,6 +11,7 @@
 
 #include "model/gpt_stage.hpp"
 #include "model/stage_layout.hpp"
+#include "train/compressed_allreduce.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/stage_optimizer.hpp"
 
@@ -26,21 +27,30 @@ class ReplicatedState final : public StageOptimizer<Ops> {
   // `bucket_bytes`: the reduction's bucket size; `dp_rank`: the replica
   // (replica 0 counts the gradient norm: the others hold the same sums).
   // `offload`: where the moments live (adamw_state.hpp).
+  // `compression`: what the all-reduce sends (compressed_allreduce.hpp).
   ReplicatedState(GptStage<Ops>& stage, double bucket_bytes, int dp_rank,
-                  const OffloadSetup& offload)
+                  const OffloadSetup& offload, GradCompression compression = GradCompression::kNone)
       : stage_(stage),
         ctx_(stage.context()),
         bucket_bytes_(bucket_bytes),
         dp_rank_(dp_rank),
         wte_(stage.table().tied_embedding()),
-        moments_(stage.context(), stage.param_storage(), adamw_chunks(stage.table()), offload) {}
+        moments_(stage.context(), stage.param_storage(), adamw_chunks(stage.table()), offload),
+        compression_(compression) {}
 
   void connect(Communicator& dp, Communicator* experts) override {
     dp_ = &dp;
     reducer_ = std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp, experts);
+    if (overlaps() && compression_ != GradCompression::kNone) {
+      compressed_ = std::make_unique<CompressedAllReduce<Ops>>(
+          ctx_, compression_, reducer_->buckets(), stage_.param_storage(), dp.size(),
+          experts != nullptr ? experts->size() : dp.size());
+      reducer_->reduce_with(compressed_.get());
+    }
     // Offloaded from a GPU: each bucket comes down to the host as soon as
-    // its reduction is done, while backward goes on.
-    if (overlaps() && moments_.can_prefetch_gradients()) {
+    // its reduction is done, while backward goes on (not compressed: a
+    // bucket's floats exist only once its exchange is through).
+    if (overlaps() && !compressed_ && moments_.can_prefetch_gradients()) {
       moments_.enable_gradient_prefetch();
       reducer_->on_bucket_started([this](int64_t begin, int64_t end, PendingOp& op) {
         moments_.prefetch_gradients(stage_.grads(), begin, end, op);
@@ -82,7 +92,9 @@ class ReplicatedState final : public StageOptimizer<Ops> {
       waited = reducer_->finish();
       // A ring all-reduce of n bytes sends 2 n (dp - 1) / dp per rank.
       const double dp = dp_->size();
-      sent_ += 2.0 * sizeof(Acc) * static_cast<double>(stage_.param_storage()) * (dp - 1) / dp;
+      sent_ += compressed_ ? compressed_->take_sent_bytes()
+                           : 2.0 * sizeof(Acc) * static_cast<double>(stage_.param_storage()) *
+                                 (dp - 1) / dp;
     }
     begun_ = false;
     // The two copies of the tied embedding receive the sum of both
@@ -157,6 +169,7 @@ class ReplicatedState final : public StageOptimizer<Ops> {
     stage_.refresh_weights();
   }
   int zero() const override { return 0; }
+  BucketReduction* compression() override { return compressed_.get(); }
   int num_buckets() const override { return reducer_ ? reducer_->num_buckets() : 0; }
 
  private:
@@ -181,7 +194,9 @@ class ReplicatedState final : public StageOptimizer<Ops> {
   const ParameterSpec* wte_;  // the tied embedding, where the stage holds a copy
   AdamWState<Ops> moments_;
   Communicator* dp_ = nullptr;
+  GradCompression compression_;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<CompressedAllReduce<Ops>> compressed_;
   bool begun_ = false;  // the step's reduction has begun
   double sent_ = 0;
 };

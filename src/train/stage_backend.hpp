@@ -44,6 +44,7 @@ struct StageSetup {
   double bucket_bytes = 25.0 * (1 << 20);  // zero 0's reduction buckets ([parallel] bucket_mb)
   Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
   OffloadSetup offload;  // where the optimizer's moments live ([train] offload)
+  GradCompression grad_compression = GradCompression::kNone;  // zero 0's all-reduce
 };
 
 
@@ -136,6 +137,12 @@ class StageBackend {
   // `buffer` (of grad_send_buffers()), which stays untouched until the
   // caller hands it out again (once the send from it completed).
   virtual int grad_send_buffers() const = 0;
+  // [train] grad_compression's residuals, carried from step to step: a
+  // host copy (empty where none), loaded back, or forgotten (a skipped
+  // update, a restore under another layout).
+  virtual std::vector<float> compression_state() { return {}; }
+  virtual void load_compression_state(const std::vector<float>&) {}
+  virtual void forget_compression_state() {}
   virtual const void* input_grad_for_send(int buffer) = 0;
   // Sum of the per-token losses since the last call (waits for the device).
   virtual double take_loss_sum() = 0;

@@ -14,6 +14,7 @@
 #include "model/shard_plan.hpp"
 #include "parallel/communicator.hpp"
 #include "train/adamw_state.hpp"
+#include "train/grad_reducer.hpp"
 
 namespace mpiformer {
 
@@ -73,6 +74,8 @@ class StageOptimizer {
   // What the summary says of the reduction ("3 gradient bucket(s)").
   virtual int zero() const = 0;
   virtual int num_buckets() const { return 0; }
+  // [train] grad_compression's state carried over steps (null: none).
+  virtual BucketReduction* compression() { return nullptr; }
 };
 
 }  // namespace mpiformer

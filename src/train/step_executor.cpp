@@ -250,6 +250,10 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
           const auto a0 = Clock::now();
           stage.adamw_step(lr, step + 1, clip / loss_scale);
           times.optimizer += std::chrono::duration<double>(Clock::now() - a0).count();
+        } else {
+          // What compression kept of a gradient that is not applied (a
+          // non-finite one, perhaps) is not carried into the next.
+          stage.forget_compression_state();
         }
         result.grad_norm = norm;
         result.lr = lr;

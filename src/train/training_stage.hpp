@@ -42,7 +42,7 @@ class TrainingStage final : public StageBackend {
                                                setup.offload);
     } else {
       opt_ = std::make_unique<ReplicatedState<Ops>>(stage_, setup.bucket_bytes, setup.dp_rank,
-                                                    setup.offload);
+                                                    setup.offload, setup.grad_compression);
     }
   }
 
@@ -116,6 +116,30 @@ class TrainingStage final : public StageBackend {
     opt_->backward(slot, last_micro_batch, chunk);
   }
   int grad_send_buffers() const override { return static_cast<int>(grad_out_.size()); }
+  std::vector<float> compression_state() override {
+    std::vector<float> out;
+    if (BucketReduction* c = opt_->compression()) {
+      for (const auto& [p, n] : c->residuals()) {
+        out.resize(out.size() + static_cast<size_t>(n));
+        Ops::download(ctx_, out.data() + out.size() - n, p, n);
+      }
+    }
+    return out;
+  }
+  void load_compression_state(const std::vector<float>& state) override {
+    BucketReduction* c = opt_->compression();
+    if (c == nullptr) return;
+    int64_t at = 0;
+    for (const auto& [p, n] : c->residuals()) {
+      if (at + n > static_cast<int64_t>(state.size()))
+        throw std::logic_error("load_compression_state: fewer residuals than the stage holds");
+      Ops::upload(ctx_, p, state.data() + at, n);
+      at += n;
+    }
+  }
+  void forget_compression_state() override {
+    if (BucketReduction* c = opt_->compression()) c->forget();
+  }
   const void* input_grad_for_send(int buffer) override {
     Act* dst = grad_out_.at(static_cast<size_t>(buffer)).get();
     Ops::copy(ctx_, dst, stage_.input_grad(), stage_.activation_size());

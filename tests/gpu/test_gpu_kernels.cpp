@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -34,6 +35,7 @@
 #include "device_copy.hpp"
 #include "cuda/embedding.hpp"
 #include "cuda/gelu.hpp"
+#include "cuda/grad_compression.hpp"
 #include "cuda/layernorm.hpp"
 #include "cuda/matmul.hpp"
 #include "cuda/moe_dispatch.hpp"
@@ -47,6 +49,7 @@
 #include "host/attention.hpp"
 #include "host/crossentropy.hpp"
 #include "host/embedding.hpp"
+#include "host/grad_compression.hpp"
 #include "host/gelu.hpp"
 #include "host/layernorm.hpp"
 #include "host/matmul.hpp"
@@ -708,6 +711,61 @@ TEST(GpuKernelsFloat, AdamWChunksMatchPerTensorUpdates) {
   EXPECT_EQ(p.read(), doubles(wp));  // bit for bit; the gap is unchanged in wp too
   EXPECT_EQ(m.read(), doubles(wm));
   EXPECT_EQ(v.read(), doubles(wv));
+}
+
+// [train] grad_compression's three kernels against their host twins, bit
+// for bit (the wire, the residuals, the expanded sums), in bf16 and int8:
+// 3 parts of a bucket of 1000 (chunks of 334, the last short: two blocks
+// of 256 each, the second partial), values of mixed sizes, and a NaN in
+// one int8 block (its scale reads back NaN, so the whole block does).
+TEST(GpuKernelsFloat, GradientCompressionMatchesTheHost) {
+  const int parts = 3;
+  const int64_t n = 1000, c = chunk_elements(n, parts);
+  for (bool int8 : {false, true}) {
+    const int64_t bytes = compressed_chunk_bytes(int8, c);
+    std::vector<float> g(n), r(n), s(c);
+    auto gd = random_vector(n, 61), rd = random_vector(n, 62, 0.01), sd = random_vector(c, 63, 0.01);
+    for (int64_t i = 0; i < n; ++i) {
+      g[i] = static_cast<float>(gd[i] * (i % 5 == 0 ? 100.0 : 1.0));
+      r[i] = static_cast<float>(rd[i]);
+    }
+    for (int64_t i = 0; i < c; ++i) s[i] = static_cast<float>(sd[i]);
+    if (int8) g[700] = std::nanf("");
+    std::vector<uint8_t> wire(parts * bytes), out(bytes);
+    std::vector<float> hr = r, hs = s, expanded(n);
+    host::compress_with_feedback(int8, g.data(), hr.data(), n, parts, wire.data());
+    host::sum_compressed(int8, wire.data(), parts, c, c - 1, hs.data(), out.data());
+    host::expand_compressed(int8, wire.data(), parts, n, expanded.data());
+
+    cuda::DeviceBuffer<float> dg(n), dr(n), ds(c), dexp(n);
+    cuda::DeviceBuffer<uint8_t> dwire(wire.size()), dout(bytes);
+    cuda::copy_to_device(dg.get(), g.data(), 4 * n);
+    cuda::copy_to_device(dr.get(), r.data(), 4 * n);
+    cuda::copy_to_device(ds.get(), s.data(), 4 * c);
+    cuda::compress_with_feedback(int8, dg.get(), dr.get(), n, parts, dwire.get(), nullptr);
+    cuda::sum_compressed(int8, dwire.get(), parts, c, c - 1, ds.get(), dout.get(), nullptr);
+    cuda::expand_compressed(int8, dwire.get(), parts, n, dexp.get(), nullptr);
+    std::vector<uint8_t> got_wire(wire.size()), got_out(bytes);
+    std::vector<float> got_r(n), got_s(c), got_exp(n);
+    cuda::copy_to_host(got_wire.data(), dwire.get(), got_wire.size());
+    cuda::copy_to_host(got_out.data(), dout.get(), got_out.size());
+    cuda::copy_to_host(got_r.data(), dr.get(), 4 * n);
+    cuda::copy_to_host(got_s.data(), ds.get(), 4 * c);
+    cuda::copy_to_host(got_exp.data(), dexp.get(), 4 * n);
+    EXPECT_EQ(got_wire, wire) << (int8 ? "int8" : "bf16");
+    EXPECT_EQ(got_out, out) << (int8 ? "int8" : "bf16");
+    EXPECT_EQ(0, std::memcmp(got_r.data(), hr.data(), 4 * n)) << (int8 ? "int8" : "bf16");
+    EXPECT_EQ(0, std::memcmp(got_s.data(), hs.data(), 4 * c)) << (int8 ? "int8" : "bf16");
+    EXPECT_EQ(0, std::memcmp(got_exp.data(), expanded.data(), 4 * n)) << (int8 ? "int8" : "bf16");
+    // The host's own sense: what goes out and what is kept make the input.
+    if (!int8) {
+      EXPECT_EQ(expanded[3] + hr[3], g[3] + r[3]);
+    } else {
+      EXPECT_TRUE(std::isnan(expanded[700]) && std::isnan(expanded[690]));
+      EXPECT_FALSE(std::isnan(expanded[3]));
+      EXPECT_NEAR(expanded[3] + hr[3], g[3] + r[3], 1e-4);
+    }
+  }
 }
 
 TEST(GpuKernelsFloat, Reductions) {

@@ -9,6 +9,7 @@
 #include "train/backend_factory.hpp"
 #include "temp_dir.hpp"
 #include "tiny_deck.hpp"
+#include "train/compressed_allreduce.hpp"
 #include "train/zero_shards.hpp"
 
 namespace mpiformer::test {
@@ -274,6 +275,33 @@ TEST(MemoryAccounting, ZeroOneCostsMegatronsBytesAParameterInBf16) {
     const double megatron = 6 + 12.0 / static_cast<double>(dp);
     EXPECT_NEAR(state(1), megatron, 2e-3 * megatron) << "dp " << dp;
     EXPECT_LT(state(2), state(1)) << "dp " << dp;
+  }
+}
+
+// [train] grad_compression: what the compressed all-reduce allocates (its
+// residuals and wire buffers, counted as it allocates) is what the
+// accounting adds (a GPU's: no host MPI temporaries in the way).
+TEST(MemoryAccounting, CompressedGradientsAddTheirBuffers) {
+  const GptConfig cfg = model();
+  const StageRange range = partition_stage(cfg, 0, 1, 1, 0);
+  const ParameterTable table(cfg, range);
+  for (GradCompression c : {GradCompression::kBf16, GradCompression::kInt8}) {
+    Deck d;
+    d.model = cfg;
+    d.train.micro_batch = 2;
+    d.parallel.dp = 3;
+    d.parallel.bucket_mb = 0.004;  // several buckets of the tiny stage
+    BackendChoice gpu;
+    gpu.device = Device::kCuda;
+    const RankMemory plain = rank_memory(d, gpu, 0, 1);
+    d.train.grad_compression = c;
+    const RankMemory compressed = rank_memory(d, gpu, 0, 1);
+    host::Context ctx;
+    const auto buckets = gradient_buckets(table, d.parallel.bucket_mb * (1 << 20));
+    ASSERT_GT(buckets.size(), 2u);
+    CompressedAllReduce<host::Ops<float>> reduce(ctx, c, buckets, table.total_storage(), 3, 3);
+    EXPECT_EQ(compressed.total() - plain.total(), reduce.allocated_bytes()) << name_of(c);
+    EXPECT_GT(reduce.allocated_bytes(), 4.0 * static_cast<double>(table.total_storage()));
   }
 }
 

@@ -391,6 +391,33 @@ TEST(Plan, ExplainGivesTheModelStateBytesPerParameterOfEachZeroStage) {
   EXPECT_DOUBLE_EQ(state_bytes_per_parameter(deck, Device::kCuda)[0], 16.0);
 }
 
+// [train] grad_compression: the data-parallel reduction priced at its
+// wire width (bf16 half of float, int8 about a quarter) on the deck's
+// layout, its buffers in the memory; and the search keeps to zero 0.
+TEST(Plan, CompressedGradientsArePricedAndKeepToZeroZero) {
+  Deck deck = tiny_deck();
+  deck.parallel.dp = 4;
+  const MachineSpec m = workstation(1);
+  double sent[3] = {0, 0, 0}, memory[3] = {0, 0, 0};
+  int i = 0;
+  for (GradCompression c : {GradCompression::kNone, GradCompression::kBf16, GradCompression::kInt8}) {
+    deck.train.grad_compression = c;
+    const Prediction p = predict_step(deck, m);
+    sent[i] = p.exposed_comm;
+    memory[i] = p.memory_max;
+    ++i;
+    const Plan plan = plan_layouts(deck, m, 4, 4);
+    for (const Prediction& q : plan.fitting)
+      if (c != GradCompression::kNone) {
+        EXPECT_EQ(q.layout.zero, 0) << q.layout.describe();
+      }
+  }
+  EXPECT_LT(sent[1], sent[0]);
+  EXPECT_LT(sent[2], sent[1]);
+  // The residuals (4 bytes a parameter) and the wire buffers.
+  EXPECT_GT(memory[1], memory[0]);
+}
+
 TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
   const Deck deck = tiny_deck();
   const MachineSpec m = workstation(1);
