@@ -3,7 +3,9 @@
 # loss every LOG steps of runs with float, bf16 and int8 gradients on the
 # wire (the same seed and data), the largest relative difference of the
 # loss from float's over the run and over its last 10%, and the bytes each
-# rank sends a step (the run's own dp_sent_mb). A table in Markdown.
+# rank sends a step (the run's own dp_sent_mb), and each run's mean loss
+# over its last 10% (one step's loss is one batch's: the runs' batches
+# differ by their trajectories). A table in Markdown.
 #   MODEL=inputs/tiny.toml DP=2 STEPS=300 SEQ= MB=4 GB=16 LOG=50 OUT=bench-out PRESET=cpu
 source "$(dirname "$0")/lib.sh"
 MODEL=${MODEL:-inputs/tiny.toml}
@@ -42,14 +44,15 @@ for i, s in enumerate(steps):
     if s == 1 or s % every == 0 or s == steps[-1]:
         print(f"| {s} | " + " | ".join(f"{runs[c][i]['loss']:.4f}" for c in ("none", "bf16", "int8")) + " |")
 print()
-print("| gradients on the wire | MB sent a step per rank | vs float | largest loss difference | over the last 10% |")
-print("| --- | --- | --- | --- | --- |")
+print("| gradients on the wire | MB sent a step per rank | vs float | largest loss difference | over the last 10% | mean loss, last 10% |")
+print("| --- | --- | --- | --- | --- | --- |")
 def sent(c):
     v = [j["dp_sent_mb"] for j in runs[c] if "dp_sent_mb" in j]
     return sum(v) / len(v)
 tail = max(1, len(steps) // 10)
 for c in ("none", "bf16", "int8"):
     d = [abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(runs[c], runs["none"])]
+    mean = sum(j["loss"] for j in runs[c][-tail:]) / tail
     print(f"| {'float' if c == 'none' else c} | {sent(c):.3f} | {sent(c) / sent('none'):.3f} | "
-          f"{max(d):.2e} | {max(d[-tail:]):.2e} |")
+          f"{max(d):.2e} | {max(d[-tail:]):.2e} | {mean:.4f} |")
 PY

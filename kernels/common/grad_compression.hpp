@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/bf16.hpp"
+
 #ifndef MPIFORMER_HOST_DEVICE
 #if defined(__CUDACC__)
 #define MPIFORMER_HOST_DEVICE __host__ __device__ __forceinline__
@@ -44,32 +46,12 @@ MPIFORMER_HOST_DEVICE int64_t chunk_padding(bool int8, int64_t c) {
 // Elements of each chunk when n go out as `parts`.
 inline int64_t chunk_elements(int64_t n, int parts) { return (n + parts - 1) / parts; }
 
-MPIFORMER_HOST_DEVICE uint32_t gc_float_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-MPIFORMER_HOST_DEVICE float gc_bits_float(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-// Round to nearest even, NaN staying NaN (core/bf16.hpp's rule).
-MPIFORMER_HOST_DEVICE uint16_t gc_to_bf16(float f) {
-  const uint32_t bits = gc_float_bits(f);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-MPIFORMER_HOST_DEVICE float gc_from_bf16(uint16_t b) {
-  return gc_bits_float(static_cast<uint32_t>(b) << 16);
-}
 // int8: a block's scale from its largest magnitude; an element's code and
 // value under it (a zero block: scale 0, codes 0). A block with a value
 // that is not finite gets a NaN scale: every value of it reads back NaN,
 // so the step's guard sees the fault as it would uncompressed.
 MPIFORMER_HOST_DEVICE float gc_scale(float amax, bool finite) {
-  return finite ? amax / 127.0f : gc_bits_float(0x7fc00000u);
+  return finite ? amax / 127.0f : bf16_to_float(0x7fc0);
 }
 MPIFORMER_HOST_DEVICE int8_t gc_to_int8(float x, float scale) {
   if (!(scale > 0.0f)) return 0;

@@ -13,7 +13,7 @@ constexpr int kThreads = static_cast<int>(kQuantBlock);
 
 // Element i of a compressed chunk (host/grad_compression.hpp's expand_element).
 __device__ float expand_element(bool int8, const uint8_t* chunk, int64_t c, int64_t i) {
-  if (!int8) return gc_from_bf16(reinterpret_cast<const uint16_t*>(chunk)[i]);
+  if (!int8) return bf16_to_float(reinterpret_cast<const uint16_t*>(chunk)[i]);
   const int64_t blocks = (c + kQuantBlock - 1) / kQuantBlock;
   const float scale = reinterpret_cast<const float*>(chunk)[i / kQuantBlock];
   return gc_int8_add(0.0f, reinterpret_cast<const int8_t*>(chunk + 4 * blocks)[i], scale);
@@ -24,9 +24,9 @@ __device__ float expand_element(bool int8, const uint8_t* chunk, int64_t c, int6
 __device__ float compress_element(bool int8, uint8_t* chunk, int64_t c, int64_t b, int64_t i,
                                   bool valid, float v, float* shared) {
   if (!int8) {
-    const uint16_t q = gc_to_bf16(valid ? v : 0.0f);
+    const uint16_t q = float_to_bf16(valid ? v : 0.0f);
     if (i < c + chunk_padding(false, c)) reinterpret_cast<uint16_t*>(chunk)[i] = i < c ? q : 0;
-    return v - gc_from_bf16(q);
+    return v - bf16_to_float(q);
   }
   const float amax = block_max(valid ? fabsf(v) : 0.0f, shared);
   const float bad = block_max(valid && !isfinite(v) ? 1.0f : 0.0f, shared);

@@ -30,8 +30,8 @@ void compress_block(bool int8, uint8_t* chunk, int64_t c, int64_t b, int64_t len
     auto* q = reinterpret_cast<uint16_t*>(chunk) + first;
     for (int64_t i = first; i < end; ++i) {
       const float v = i < len ? x(i) : 0.0f;
-      q[i - first] = gc_to_bf16(v);
-      if (i < len) left(i, v - gc_from_bf16(q[i - first]));
+      q[i - first] = float_to_bf16(v);
+      if (i < len) left(i, v - bf16_to_float(q[i - first]));
     }
     if (end == c)
       for (int64_t i = c; i < c + chunk_padding(false, c); ++i) q[i - first] = 0;
@@ -59,7 +59,7 @@ void compress_block(bool int8, uint8_t* chunk, int64_t c, int64_t b, int64_t len
 
 // Element i of a compressed chunk.
 inline float expand_element(bool int8, const uint8_t* chunk, int64_t c, int64_t i) {
-  if (!int8) return gc_from_bf16(reinterpret_cast<const uint16_t*>(chunk)[i]);
+  if (!int8) return bf16_to_float(reinterpret_cast<const uint16_t*>(chunk)[i]);
   const int64_t blocks = (c + kQuantBlock - 1) / kQuantBlock;
   const float scale = reinterpret_cast<const float*>(chunk)[i / kQuantBlock];
   return gc_int8_add(0.0f, reinterpret_cast<const int8_t*>(chunk + 4 * blocks)[i], scale);

@@ -6,9 +6,17 @@
 #include <cstdint>
 #include <cstring>
 
+// Callable on the device too (the compressed all-reduce's kernels share
+// it, kernels/common/grad_compression.hpp).
+#if defined(__CUDACC__)
+#define MPIFORMER_BF16_FN __host__ __device__ __forceinline__
+#else
+#define MPIFORMER_BF16_FN inline
+#endif
+
 namespace mpiformer {
 
-inline float bf16_to_float(uint16_t b) {
+MPIFORMER_BF16_FN float bf16_to_float(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float f;
   std::memcpy(&f, &bits, sizeof f);
@@ -16,7 +24,7 @@ inline float bf16_to_float(uint16_t b) {
 }
 
 // Branch-free (a select, not a jump), so loops of it vectorise.
-inline uint16_t float_to_bf16(float f) {
+MPIFORMER_BF16_FN uint16_t float_to_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
   const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;

@@ -89,6 +89,9 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
   if (machine.device == Device::kCuda && deck.parallel.dp > 1)
     assumed.push_back("the data-parallel reduction hidden behind backward up to backward's "
                       "length (the overlap is not measured)");
+  if (deck.train.grad_compression != GradCompression::kNone && deck.parallel.dp > 1)
+    assumed.push_back("the compressed all-reduce's kernels at the elementwise kernels' bandwidth, "
+                      "and its all-to-all at the link's all-to-all rate");
   if (deck.parallel.pp > 1)
     assumed.push_back("pipeline sends at the link's idle send-receive rate, not slowed by the "
                       "data-parallel traffic sharing it");

@@ -350,7 +350,11 @@ void Trainer::print_summary() const {
                                              g.dp() / g.ep()).c_str()
                                  : "",
                       name_of(deck_.train.recompute))
-          : strprintf("%d gradient bucket(s), recompute %s", p.stage->num_buckets(),
+          : strprintf("%d gradient bucket(s)%s, recompute %s", p.stage->num_buckets(),
+                      deck_.train.grad_compression != GradCompression::kNone && g.dp() > 1
+                          ? strprintf(" sent as %s with error feedback",
+                                      name_of(deck_.train.grad_compression)).c_str()
+                          : "",
                       name_of(deck_.train.recompute));
   if (!p.auto_choice.empty()) std::printf("%s\n", p.auto_choice.c_str());
   // Interleaved, stage 0's chunks: "[0, 1) and [2, 3)".
