@@ -102,16 +102,15 @@ std::vector<int> activation_slots(const std::vector<Action>& actions);
 // of the activation pool.
 int max_live_activations(const std::vector<Action>& actions);
 
-// The buffers stage `stage`'s input-gradient sends need under `kind`: each
-// send holds one until it completes, and a send that finds none free waits
-// for the oldest in flight (the receiver takes them in order). Enough
-// that the wait never blocks on a peer: the most sends whose receives the
-// stage cannot know posted (it knows its receiver, the previous stage, got
-// as far as the last activation it received from it sent), an upper bound
-// over every timing. Never more than the activation slots: a buffer per
-// slot is what the trainer held before, waiting for a slot's previous send
-// before its next, which the oldest's completion always precedes. 0 where
-// the stage sends no gradient.
+// The buffers stage `stage`'s input-gradient sends take turns in under
+// `kind`: each send holds one until it completes, and a send that finds
+// none free waits for the oldest in flight (the receiver takes them in
+// order). How many: the smallest power of two from 2 with which a run of
+// every stage reaches the step's end when a send completes only once its
+// receive is posted (the worst a large message gets), with the trainer's
+// other waits; cached per (kind, stages, micro-batches, chunks). Never
+// more than the activation slots (a buffer per slot is what the trainer
+// held before). 0 where the stage sends no gradient.
 int gradient_send_buffers(ScheduleKind kind, int num_stages, int stage, int num_micro,
                                  int chunks = 1);
 

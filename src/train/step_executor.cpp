@@ -170,8 +170,9 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         break;
       }
       case Op::SendGradient: {
-        // None free: the oldest send's receive is posted (the buffers are
-        // counted for that), so waiting for it never waits on a peer.
+        // None free: wait for the oldest (the receiver takes them in
+        // order); gradient_send_buffers counted enough that every stage's
+        // step still runs to its end.
         if (free_grad_buffers_.empty()) finish_grad_send();
         const int buffer = free_grad_buffers_.back();
         free_grad_buffers_.pop_back();
