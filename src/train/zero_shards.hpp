@@ -257,9 +257,18 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
   double grad_sum_of_squares(bool without_wte, bool without_replicated) override {
+    // The shard's own gradients in one pass (a GPU reads each sum back:
+    // one wait, not one a unit); in the stage's buffer (zero 1) unit by unit.
     double s = 0;
-    for (const ShardUnit& u : plan_.units())
-      if (&u != wte_unit_ || !without_wte) s += Ops::sum_of_squares(ctx_, grads_of(u), plan_.part_size(u));
+    if (!in_stage_.grads) {
+      s = Ops::sum_of_squares(ctx_, g_.get(), n_);
+      if (without_wte && wte_unit_ != nullptr)
+        s -= Ops::sum_of_squares(ctx_, grads_of(*wte_unit_), plan_.part_size(*wte_unit_));
+    } else {
+      for (const ShardUnit& u : plan_.units())
+        if (&u != wte_unit_ || !without_wte)
+          s += Ops::sum_of_squares(ctx_, grads_of(u), plan_.part_size(u));
+    }
     for (const auto& spec : stage_.table().specs()) {
       const TensorPart p = plan_.part_of(spec);
       if (without_replicated && spec.whole()) {
