@@ -147,7 +147,8 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
   if (!root.contains("compute")) throw InputError(path, "[compute]", "missing");
   const Section comp(root.at("compute"), path, "compute",
                      {"precision", "matmul_tflops", "attention_tflops", "memory_gbs", "kernel_gbs",
-                      "matmul", "attention", "kernels", "stage"});
+                      "matmul", "attention", "kernels", "stage", "multiprocessors",
+                      "matmul_tiles"});
   if (comp.has("precision")) {
     const std::string p = comp.text("precision", "");
     Precision x;
@@ -193,6 +194,30 @@ MachineSpec parse_machine(const std::string& text, const std::string& path) {
       p.backward = r.number("backward_us", kLeastMicros, 1e15, true, 0) * 1e-6;
       m.matmul.push_back(p);
     }
+  }
+  if (const toml::array* a = rows("matmul_tiles")) {
+    for (size_t i = 0; i < a->size(); ++i) {
+      const Section r((*a)[i], path, strprintf("compute.matmul_tiles %zu", i + 1), {"rows", "cols", "rate"});
+      MatmulTile tile;
+      for (auto [key, to] : {std::pair<const char*, int64_t*>{"rows", &tile.rows}, {"cols", &tile.cols}}) {
+        const double v = r.number(key, 0, 1 << 16, true, 0);
+        if (v != std::floor(v)) throw InputError(path, r.field(key), "expected a whole number");
+        *to = static_cast<int64_t>(v);
+      }
+      // A tile's rate is a share of the large-GEMM rate, which no tile beats.
+      tile.rate = r.number("rate", 0, 1, false, 1);
+      m.matmul_tiles.push_back(tile);
+    }
+  }
+  if (comp.has("multiprocessors")) {
+    const double v = comp.number("multiprocessors", 0, 1 << 20, true, 0);
+    if (v != std::floor(v)) throw InputError(path, comp.field("multiprocessors"), "expected a whole number");
+    m.multiprocessors = static_cast<int>(v);
+  }
+  // The tiles mean nothing without the multiprocessors they fill, and back.
+  if (m.matmul_tiles.empty() != (m.multiprocessors == 0)) {
+    throw InputError(path, comp.field(m.matmul_tiles.empty() ? "matmul_tiles" : "multiprocessors"),
+                     "missing: multiprocessors and matmul_tiles price a GEMM's shape together");
   }
   if (const toml::array* a = rows("kernels")) {
     std::set<std::string> keys = kKernels;
@@ -275,6 +300,15 @@ std::string MachineSpec::to_toml() const {
       first = false;
     }
     t += " }\n";
+  }
+  if (multiprocessors > 0) {
+    t += strprintf("multiprocessors = %d\nmatmul_tiles = [", multiprocessors);
+    for (size_t i = 0; i < matmul_tiles.size(); ++i) {
+      t += strprintf("%s{ rows = %lld, cols = %lld, rate = %.6g }", i ? ", " : " ",
+                     static_cast<long long>(matmul_tiles[i].rows),
+                     static_cast<long long>(matmul_tiles[i].cols), matmul_tiles[i].rate);
+    }
+    t += " ]\n";
   }
   for (const MatmulPoint& p : matmul) {
     t += strprintf("\n[[compute.matmul]]\nm = %lld\nk = %lld\nn = %lld\nforward_us = %.6g\n"

@@ -36,6 +36,15 @@ struct MatmulPoint {
   int64_t m = 0, k = 0, n = 0;
   double forward = 0, backward = 0;
 };
+// One of the output tiles a GPU's GEMM library computes a product in:
+// each multiprocessor computes one tile of rows x cols of the output at a
+// time, at `rate` of [compute] matmul_tflops (the largest tile's 1: a
+// large product's rate). What the planner prices a GEMM's shape with
+// where no measured shape is near (plan/gemm_tiles.hpp).
+struct MatmulTile {
+  int64_t rows = 0, cols = 0;
+  double rate = 1;
+};
 // A measured stage (up to 4 blocks with the embedding and head).
 struct StagePoint {
   int64_t n_embd = 0, seq_len = 0, micro_batch = 0;
@@ -83,6 +92,10 @@ struct MachineSpec {
   // applies; 1 where none is near.
   std::vector<StagePoint> stages;
   std::vector<MatmulPoint> matmul;
+  // [compute] multiprocessors and matmul_tiles (a hand-written GPU file;
+  // 0 and empty where it does not say: every shape at matmul_flops).
+  int multiprocessors = 0;
+  std::vector<MatmulTile> matmul_tiles;
   std::vector<AttentionPoint> attention;
   // [offload] (optional; 0 where the file does not say): a device's link
   // to page-locked host memory (a GPU's PCIe or NVLink-C2C, each

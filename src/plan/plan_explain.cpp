@@ -77,9 +77,13 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
       1e3 * p.step.step_time, 1e3 * p.compute, 1e3 * p.tp_comm, 1e3 * p.ep_comm,
       1e3 * p.exposed_comm, 1e3 * p.bubble, 1e3 * p.optimizer));
   std::vector<std::string> assumed;
-  if (machine.matmul.empty())
+  if (machine.matmul.empty() && machine.matmul_tiles.empty())
     assumed.push_back("every GEMM at the flat matmul_tflops of the machine file, whatever its "
                       "shape (no measured shapes: `mpiformer calibrate` on the machine measures them)");
+  else if (machine.matmul.empty())
+    assumed.push_back("GEMMs by shape from the machine file's tiles and waves, the smaller tiles' "
+                      "rates as the file states them (no measured shapes: `mpiformer calibrate` on "
+                      "the machine measures them)");
   if (machine.attention.empty())
     assumed.push_back("attention at the flat attention_tflops (no measured shapes)");
   if (machine.stages.empty())

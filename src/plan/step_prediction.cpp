@@ -12,6 +12,7 @@
 #include "model/shard_plan.hpp"
 #include "model/stage_layout.hpp"
 #include "model/stage_work.hpp"
+#include "plan/gemm_tiles.hpp"
 #include "plan/memory_report.hpp"
 
 namespace mpiformer {
@@ -81,11 +82,16 @@ double matmul_seconds(const MachineSpec& m, const WorkItem& w) {
   }
   if (lo || hi) near = lo ? lo : hi;
   if (near) return w.flops * at(*near) / flops(*near);
-  // No measured shape near (a hand-written file): the large-GEMM rate, or
-  // the memory's, whichever bounds this shape (a roofline: a thin product
-  // is limited by its operands' bytes, not by the FLOPs).
-  return std::max(w.flops / m.matmul_flops,
-                  m.memory_bandwidth > 0 ? w.bytes / m.memory_bandwidth : 0.0);
+  // No measured shape near (a hand-written file): the large-GEMM rate at
+  // the share of it the output's tiles reach (plan/gemm_tiles.hpp), or the
+  // memory's, whichever bounds this shape (a roofline: a thin product is
+  // limited by its operands' bytes, not by the FLOPs). Backward is two
+  // products of half its FLOPs each: dinp [m x k] and dW [k x n].
+  const double compute =
+      w.backward ? w.flops / 2 / m.matmul_flops *
+                       (1 / tile_efficiency(m, w.m, w.k) + 1 / tile_efficiency(m, w.k, w.n))
+                 : w.flops / (m.matmul_flops * tile_efficiency(m, w.m, w.n));
+  return std::max(compute, m.memory_bandwidth > 0 ? w.bytes / m.memory_bandwidth : 0.0);
 }
 
 double attention_seconds(const MachineSpec& m, const WorkItem& w) {
@@ -122,11 +128,15 @@ double bandwidth(const MachineSpec& m, const std::string& kernel, double element
   return it != m.kernel_bandwidth.end() ? it->second : m.memory_bandwidth;
 }
 
+}  // namespace
+
 double item_seconds(const MachineSpec& m, const WorkItem& w) {
   if (w.kernel == Kernel::kMatmul) return matmul_seconds(m, w);
   if (w.kernel == Kernel::kAttention) return attention_seconds(m, w);
   return w.bytes / bandwidth(m, kernel_rate_name(w.kernel, w.backward), w.elements);
 }
+
+namespace {
 
 // Linear in log key between the rows nearest below and above `key`
 // (clamped at the ends); `rows` non-empty.

@@ -29,6 +29,7 @@
 
 #include "deck.hpp"
 #include "machine_file.hpp"
+#include "model/stage_work.hpp"
 #include "parallel/schedule_timing.hpp"
 #include "plan/rank_memory.hpp"
 
@@ -70,6 +71,11 @@ struct Prediction {
   // The busiest stage's compute per step by kernel ("matmul", "gelu_backward", ...), seconds.
   std::vector<std::pair<std::string, double>> kernels;
 };
+
+// Seconds one kernel call takes on `machine` (the matmul table, or the
+// file's rate at the share its tiles reach; the attention rows; the
+// kernels' bandwidths).
+double item_seconds(const MachineSpec& machine, const WorkItem& w);
 
 // The sum of a stage's kernels for one micro-batch (forward, backward), at
 // the machine's rates, before its stage_factor: what calibrate measures

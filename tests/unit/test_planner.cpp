@@ -24,6 +24,7 @@
 #include "model/shard_plan.hpp"
 #include "model/stage_layout.hpp"
 #include "model/stage_work.hpp"
+#include "plan/gemm_tiles.hpp"
 #include "plan/layout_search.hpp"
 #include "plan/memory_report.hpp"
 #include "plan/plan_explain.hpp"
@@ -285,6 +286,60 @@ TEST(MachineFile, GemmsAreBoundByTheirBytesWhereNoShapeIsMeasured) {
   EXPECT_DOUBLE_EQ(at_file_rate.second, at_infinite.second);
 }
 
+// The tile model against a schedule played out: every tile of the padded
+// grid handed to the next free multiprocessor, each tile taking its area
+// over its rate; the efficiency is the output's area over the
+// multiprocessors' time. The best tile and orientation wins.
+double scheduled_efficiency(const MachineSpec& m, int64_t rows, int64_t cols) {
+  double best = 0;
+  for (const MatmulTile& t : m.matmul_tiles) {
+    for (int flip = 0; flip < 2; ++flip) {
+      const int64_t r = flip ? t.cols : t.rows, c = flip ? t.rows : t.cols;
+      std::vector<double> busy(static_cast<size_t>(m.multiprocessors), 0.0);
+      for (int64_t i = 0; i < rows; i += r) {
+        for (int64_t j = 0; j < cols; j += c) {
+          *std::min_element(busy.begin(), busy.end()) += static_cast<double>(r * c) / t.rate;
+        }
+      }
+      const double makespan = *std::max_element(busy.begin(), busy.end());
+      best = std::max(best, static_cast<double>(rows * cols) / (makespan * m.multiprocessors));
+    }
+  }
+  return best;
+}
+
+TEST(MachineFile, GemmTilesPriceAShapesWavesAndPadding) {
+  std::string text = kHandWritten;
+  text.replace(text.find("memory_gbs"), 0,
+               "multiprocessors = 4\nmatmul_tiles = [{ rows = 128, cols = 256 }, "
+               "{ rows = 64, cols = 64, rate = 0.5 }]\n");
+  const MachineSpec m = parse_machine(text, "tiles.toml");
+  ASSERT_EQ(m.multiprocessors, 4);
+  ASSERT_EQ(m.matmul_tiles.size(), 2u);
+  EXPECT_EQ(m.matmul_tiles[0].rate, 1.0);  // the default
+  // Whole waves of the large tile: the file's rate.
+  EXPECT_DOUBLE_EQ(tile_efficiency(m, 256, 512), 1.0);
+  EXPECT_DOUBLE_EQ(tile_efficiency(m, 512, 256), 1.0);  // transposed
+  // Five large tiles: two waves, the second one-quarter full.
+  EXPECT_DOUBLE_EQ(tile_efficiency(m, 640, 256), 5.0 / 8.0);
+  for (const auto& [r, c] : {std::pair<int64_t, int64_t>{640, 256}, {130, 256}, {64, 64},
+                             {2048, 2304}, {1, 50257}, {1000, 3000}, {96, 200}}) {
+    EXPECT_NEAR(tile_efficiency(m, r, c), scheduled_efficiency(m, r, c), 1e-12) << r << "x" << c;
+  }
+  // A file without tiles: every shape at the file's rate.
+  EXPECT_EQ(tile_efficiency(parse_machine(kHandWritten, "two.toml"), 130, 256), 1.0);
+  // A GEMM's time: forward at its output's share; backward's two products,
+  // dinp [m x k] and dW [k x n], each half its FLOPs at its own share.
+  WorkItem w{Kernel::kMatmul, false, 640, 128, 256};
+  w.flops = 2.0 * 640 * 128 * 256;
+  EXPECT_DOUBLE_EQ(item_seconds(m, w), w.flops / (m.matmul_flops * tile_efficiency(m, 640, 256)));
+  w.backward = true;
+  w.flops *= 2;
+  EXPECT_DOUBLE_EQ(item_seconds(m, w), w.flops / 2 / m.matmul_flops *
+                                           (1 / tile_efficiency(m, 640, 128) +
+                                            1 / tile_efficiency(m, 128, 256)));
+}
+
 TEST(MachineFile, ItsTomlReadsBackTheSame) {
   MachineSpec m = parse_machine(kHandWritten, "two.toml");
   m.matmul.push_back({256, 64, 192, 12.5e-6, 30e-6});
@@ -297,7 +352,12 @@ TEST(MachineFile, ItsTomlReadsBackTheSame) {
   m.stages.push_back({64, 32, 2, 3, Recompute::kFull, 1.25, 3e6});
   m.runtime = 12e6;
   m.precision = Precision::kFp16;
+  m.multiprocessors = 132;
+  m.matmul_tiles = {{128, 256, 1}, {64, 128, 0.625}};
   const MachineSpec r = parse_machine(m.to_toml(), "again.toml");
+  EXPECT_EQ(r.multiprocessors, 132);
+  EXPECT_EQ(r.matmul_tiles.at(1).cols, 128);
+  EXPECT_DOUBLE_EQ(r.matmul_tiles.at(1).rate, 0.625);
   EXPECT_EQ(r.precision, Precision::kFp16);
   EXPECT_EQ(r.to_toml(), m.to_toml());
   EXPECT_DOUBLE_EQ(r.matmul.at(0).backward, 30e-6);
@@ -344,6 +404,19 @@ TEST(MachineFile, BadFilesAreNamedWithTheirKey) {
        "[compute] matmul_tflops: 250 TFLOP/s, above [machine] peak_tflops 0.312"},
       {with("matmul_tflops = 250", "matmul_tflops = 1e-300"), "[compute] matmul_tflops"},
       {with("bandwidth_gbs = 200", "bandwidth_gbs = 1e-300"), "[intra] bandwidth_gbs"},
+      // GEMM tiles: whole sizes, a share of the large-GEMM rate, and the
+      // multiprocessors they fill (each needs the other).
+      {with("memory_gbs", "multiprocessors = 4\nmatmul_tiles = [{ rows = 128, cols = 128, rate = 1.5 }]\nmemory_gbs"),
+       "[compute.matmul_tiles 1] rate"},
+      {with("memory_gbs", "multiprocessors = 4\nmatmul_tiles = [{ rows = 64.5, cols = 128 }]\nmemory_gbs"),
+       "[compute.matmul_tiles 1] rows: expected a whole number"},
+      {with("memory_gbs", "multiprocessors = 4\nmatmul_tiles = [{ rows = 0, cols = 128 }]\nmemory_gbs"),
+       "[compute.matmul_tiles 1] rows"},
+      {with("memory_gbs", "multiprocessors = 4\nmemory_gbs"), "[compute] matmul_tiles: missing"},
+      {with("memory_gbs", "matmul_tiles = [{ rows = 64, cols = 128 }]\nmemory_gbs"),
+       "[compute] multiprocessors: missing"},
+      {with("memory_gbs", "multiprocessors = 2.5\nmatmul_tiles = [{ rows = 64, cols = 128 }]\nmemory_gbs"),
+       "[compute] multiprocessors: expected a whole number"},
   };
   for (const auto& [text, key] : cases) {
     const std::string e = error_of(text);
