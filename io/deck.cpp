@@ -227,6 +227,7 @@ const std::vector<Key>& schema() {
       int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),
       bool_key("checkpoint", "at_end", MEMBER(checkpoint.at_end)),
+      float_key("checkpoint", "mtbf_hours", false, 0, 1e7, MEMBER(checkpoint.mtbf_hours)),
       resume_key(),
   };
   return keys;

@@ -73,6 +73,10 @@ struct CheckpointConfig {
   // A checkpoint when the run reaches its last step (false: benchmarks,
   // whose state nobody resumes; a stop for a requeue still writes one).
   bool at_end = true;
+  // The mean time between failures the user expects of the job's nodes
+  // (hours; 0: not given): the run prints the checkpoint interval its own
+  // save cost suggests for it (Young and Daly).
+  double mtbf_hours = 0;
   // "auto" | "never" | a checkpoint path (resume_path).
   ResumeMode resume = ResumeMode::kAuto;
   std::string resume_path;

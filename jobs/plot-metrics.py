@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Plots one or more mpiformer runs from their metrics.jsonl: training and
-validation loss, learning rate, tokens/s and MFU against the step. Several
+validation loss, learning rate, tokens/s and MFU against the step, and the
+run's goodput (the share of its launches' wall time in steps it kept, from
+its last "goodput" record: the picture's foot, and printed). Several
 run directories are overlaid, each in its own colour. A run resumed after a
 preemption (or any restart in the same run directory) shows a dotted
 vertical line where each new segment starts.
@@ -26,6 +28,7 @@ def read_run(run_dir):
     if not os.path.isfile(path):
         fail(f"{run_dir}: no metrics.jsonl (give the run directory, [run] dir of its deck)")
     steps, evals, restarts = [], [], []
+    goodput = None
     segment_started = False
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -50,9 +53,18 @@ def read_run(run_dir):
                 steps.append(rec)
             elif "val_loss" in rec:
                 evals.append(rec)
+            elif "goodput" in rec:
+                goodput = rec["goodput"]
     if not steps:
         fail(f"{path}: no step lines (did the run train a step?)")
-    return steps, evals, restarts
+    return steps, evals, restarts, goodput
+
+
+def goodput_text(label, g):
+    return (f"{label}: goodput {100 * g['goodput']:.1f}% ({g['productive_s']:.1f} s of kept steps in "
+            f"{g['wall_s']:.1f} s over {g['launches']} launch(es); saves {g['save_s']:.1f} s, "
+            f"start-up {g['startup_s']:.1f} s, redone steps {g['lost_s']:.1f} s "
+            f"({g['steps_redone']}))")
 
 
 def main():
@@ -72,7 +84,8 @@ def main():
     out = args.output or (os.path.join(args.runs[0], "metrics.png") if len(runs) == 1 else "metrics.png")
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     (loss_ax, lr_ax), (tps_ax, mfu_ax) = axes
-    for i, (run_dir, steps, evals, restarts) in enumerate(runs):
+    notes = []
+    for i, (run_dir, steps, evals, restarts, goodput) in enumerate(runs):
         colour = f"C{i}"
         label = os.path.basename(os.path.normpath(run_dir)) or run_dir
         x = [s["step"] for s in steps]
@@ -89,6 +102,8 @@ def main():
         for r in restarts:
             for ax in axes.flat:
                 ax.axvline(r, color=colour, linestyle=":", linewidth=1)
+        if goodput:
+            notes.append(goodput_text(label, goodput))
     loss_ax.set_ylabel("loss (nats/token)")
     lr_ax.set_ylabel("learning rate")
     tps_ax.set_ylabel("tokens/s")
@@ -98,9 +113,12 @@ def main():
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     loss_ax.legend(fontsize=8)
-    if any(r for *_, r in runs):
+    if any(r[3] for r in runs):
         fig.suptitle("dotted lines: a run restarted (resumed from a checkpoint)", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 * len(notes), 1, 1))
+    for i, note in enumerate(notes):
+        fig.text(0.01, 0.01 + 0.03 * i, note, fontsize=8)
+        print(f"plot-metrics: {note}")
     fig.savefig(out + ".tmp.png", dpi=100)
     os.replace(out + ".tmp.png", out)  # whole or absent
     print(f"plot-metrics: wrote {out}")

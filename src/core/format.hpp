@@ -20,6 +20,13 @@ __attribute__((format(printf, 1, 2))) inline std::string strprintf(const char* f
   return out;
 }
 
+// Seconds as a clock reads: "m:ss", or "h:mm:ss" from an hour.
+inline std::string clock_duration(double s) {
+  const auto t = static_cast<long long>(s + 0.5);
+  return t >= 3600 ? strprintf("%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60)
+                   : strprintf("%lld:%02lld", t / 60, t % 60);
+}
+
 // `s` as a JSON string: quotes, backslashes and control characters escaped
 // (environment values and error reasons may hold any of them).
 inline std::string json_string(const std::string& s) {

@@ -15,14 +15,6 @@
 
 namespace mpiformer {
 
-namespace {
-std::string duration(double s) {
-  const auto t = static_cast<long long>(s + 0.5);
-  return t >= 3600 ? strprintf("%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60)
-                   : strprintf("%lld:%02lld", t / 60, t % 60);
-}
-}  // namespace
-
 MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool append)
     : active_(active), path_(run_dir + "/metrics.jsonl") {
   if (!active_) return;
@@ -76,7 +68,7 @@ void MetricsLog::step(const StepMetrics& m) {
       "step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | "
       "%.1f ms | ETA %s",
       w, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr,
-      m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, duration(m.eta_s).c_str());
+      m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, clock_duration(m.eta_s).c_str());
   std::string json = strprintf(
       "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, "
       "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.6g, \"samples\": %lld",

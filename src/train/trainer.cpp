@@ -22,6 +22,7 @@
 #include "train/initial_weights.hpp"
 #include "model/model_flops.hpp"
 #include "train/progress_log.hpp"
+#include "train/goodput.hpp"
 #include "train/run_record.hpp"
 #include "train/step_executor.hpp"
 #include "train/stop_policy.hpp"
@@ -131,6 +132,7 @@ struct Trainer::Parts {
   double rank_peak = 0;  // this rank's measured peak (0: [run] peak_tflops)
   double baseline_resident = 0;  // before the trainer allocated anything
   std::string auto_choice;       // [parallel] auto: what it picked, for the log
+  double restore_seconds = 0;    // reading the checkpoint resumed from
 };
 
 Trainer::Trainer(Deck deck, int rank, int world)
@@ -271,7 +273,9 @@ void Trainer::connect() {
   p.peak_flops = peak;
   p.checkpoints = std::make_unique<CheckpointManager>(deck_, deck_.model, g, *p.stage,
                                                       p.data->tokenizer());
+  const auto restore_begin = std::chrono::steady_clock::now();
   p.start = p.checkpoints->resume();
+  p.restore_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_begin).count();
   if (!deck_.model_init.empty()) {
     // Pretrained weights start a fresh run; a run that resumes has its own.
     p.watchdog->enter("reading [model] init", 0, "every rank",
@@ -468,6 +472,26 @@ void Trainer::report_measured_memory(MetricsLog& metrics) const {
   metrics.record(json + "]}");
 }
 
+void Trainer::end_of_launch_goodput(const GoodputLedger& goodput) const {
+  if (rank_ != 0) return;
+  std::printf("%s\n", goodput.line().c_str());
+  const double mtbf = deck_.checkpoint.mtbf_hours * 3600;
+  const GoodputTotals t = goodput.totals();
+  if (mtbf > 0 && t.save_count > 0 && t.step_count > 0) {
+    // Young and Daly's interval from this run's own costs: the mean
+    // blocking save and the mean step.
+    const double interval = young_daly_interval(goodput.mean_save(), mtbf);
+    const double step = t.steps / static_cast<double>(t.step_count);
+    std::printf("checkpoint interval for a mean time between failures of %g h: every %.0f steps "
+                "(%s; Young/Daly: sqrt(2 x %.3g s a save x the MTBF), at %.3g s a step); "
+                "[checkpoint] every = %lld now\n",
+                deck_.checkpoint.mtbf_hours, std::max(1.0, std::round(interval / step)),
+                clock_duration(interval).c_str(), goodput.mean_save(), step,
+                static_cast<long long>(deck_.checkpoint.every));
+  }
+  std::fflush(stdout);
+}
+
 TrainResult Trainer::run() {
   using Clock = std::chrono::steady_clock;
   Parts& p = *p_;
@@ -485,6 +509,20 @@ TrainResult Trainer::run() {
     std::printf("nothing to do: the checkpoint is at step %lld, this run ends at step %lld\n",
                 static_cast<long long>(p.start.step), static_cast<long long>(end_step));
   }
+  // Only rank 0 keeps the time ledger: every rank's steps and saves end
+  // together (their collectives), so its figures are the run's.
+  GoodputLedger goodput(deck_.run.dir, lead, p.start.resumed, p.start.step);
+  if (!goodput.warning().empty())
+    std::fprintf(stderr, "mpiformer: warning: %s\n", goodput.warning().c_str());
+  goodput.restored(p.restore_seconds);
+  goodput.steps_begin();
+  // A launch's figures reach the ledger and metrics.jsonl with each save
+  // and at its end; the ledger alone also with each logged step, so a
+  // launch that dies leaves its time since its last save on record.
+  const auto report_goodput = [&] {
+    goodput.write();
+    progress.metrics().record(goodput.json());
+  };
   TrainResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   for (int64_t step = p.start.step; step < end_step; ++step) {
@@ -495,6 +533,8 @@ TrainResult Trainer::run() {
     p.watchdog->step_took(step_s);
     result.losses.push_back(r.loss);
     const int64_t done = step + 1;
+    goodput.step_done(done, step_s);
+    if (done % tc.log_every == 0) goodput.write();
     progress.step_done(done, end_step, step_s, r, p.data->cursor());
     if (lead)
       for (const std::string& note : r.data_notes)
@@ -519,6 +559,7 @@ TrainResult Trainer::run() {
       const ValLosses v = evaluate_all(*p.executor, *p.data);
       result.final_val_loss = v.blended;
       stop.eval_took(std::chrono::duration<double>(Clock::now() - te).count());
+      goodput.eval_done(std::chrono::duration<double>(Clock::now() - te).count());
       progress.exclude_pause();
       progress.eval_done(done, v.blended, v.per_set);
     }
@@ -527,10 +568,13 @@ TrainResult Trainer::run() {
     if ((every > 0 && done % every == 0) || at_end || r.stop) {
       p.watchdog->enter("checkpoint save", done, "every rank (collective write)",
                         save_allowance(*p.stage));
-      stop.save_took(p.checkpoints->save(done, DataPosition{p.data->cursor(), p.data->epoch(), p.data->record()},
-                                         p.executor->scaler()));
+      const double save_s = p.checkpoints->save(
+          done, DataPosition{p.data->cursor(), p.data->epoch(), p.data->record()}, p.executor->scaler());
+      stop.save_took(save_s);
+      goodput.save_done(done, save_s);
       // The job scripts count the steps a failure loses from this.
       progress.metrics().record(strprintf("{\"checkpoint_saved\": %lld}", static_cast<long long>(done)));
+      report_goodput();
     }
     if (r.stop && done < end_step) {
       result.stopped_to_requeue = true;
@@ -540,6 +584,8 @@ TrainResult Trainer::run() {
         std::fflush(stdout);
       }
       report_measured_memory(progress.metrics());
+      end_of_launch_goodput(goodput);
+      report_goodput();
       return result;
     }
   }
@@ -553,6 +599,8 @@ TrainResult Trainer::run() {
     std::printf("final val loss %.4f after %lld steps\n", result.final_val_loss,
                 static_cast<long long>(tc.steps));
   }
+  end_of_launch_goodput(goodput);
+  report_goodput();
   // Last: every rank has passed the collective checks above.
   if (lead) mark_finished(deck_.run.dir, end_step, tc.steps, p.start.run_id);
   return result;

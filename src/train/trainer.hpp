@@ -15,6 +15,7 @@ namespace mpiformer {
 
 struct NodePlace;
 class MetricsLog;
+class GoodputLedger;
 
 struct TrainResult {
   std::vector<double> losses;  // per step, the same on every rank
@@ -41,6 +42,9 @@ class Trainer {
   // Collective: each rank's resident-memory growth against its stage's
   // prediction, printed by rank 0 and recorded (host back end).
   void report_measured_memory(MetricsLog& metrics) const;
+  // Rank 0: the run's goodput so far, and (with [checkpoint] mtbf_hours)
+  // the checkpoint interval its own costs suggest.
+  void end_of_launch_goodput(const GoodputLedger& goodput) const;
 
   Deck deck_;
   int rank_;

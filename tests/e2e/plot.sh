@@ -15,6 +15,9 @@ run_mpi 1 train "$SOURCE_DIR/inputs/tiny.toml" "${common[@]}" --set run.dir=a >a
 run_mpi 1 train "$SOURCE_DIR/inputs/tiny.toml" "${common[@]}" --set run.dir=b --set train.lr=1e-3 >b.log 2>&1
 "$PY" "$PLOT" a >plot1.txt || fail "plot of one run"
 grep -q "wrote a/metrics.png" plot1.txt || fail "no output named"
+# The run's goodput over its two launches, from its last record.
+grep -qE "^plot-metrics: a: goodput [0-9.]+% \(.* over 2 launch\(es\)" plot1.txt ||
+  { cat plot1.txt; fail "no goodput of the two launches"; }
 "$PY" "$PLOT" a b --output both.png >/dev/null || fail "plot of two runs"
 "$PY" - a/metrics.png both.png <<'PY'
 import sys

@@ -82,6 +82,58 @@ print(f"killed and restarted: final loss {got['40']} equals the uninterrupted ru
 PY
 echo "ok: a SIGKILLed rank restarted and finished with the same losses"
 
+# Goodput across the two launches, against the step times metrics.jsonl
+# logged (every step: log_every 1), split into launches at each launch's
+# first record (its environment). The killed launch's steps after the
+# checkpoint at 8 were redone: their time is lost, the rest is
+# productive. Tolerances: the log rounds each step's milliseconds to 6
+# digits (1e-4 relative over the sum); the ledger may hold one step more
+# of the killed launch than its log (written just before the step's log
+# line), which the lost time's bound allows.
+goodput_check() {  # RUN_DIR LAUNCHES
+  python3 - "$1/metrics.jsonl" "$2" <<'PY'
+import json, sys
+launches, cur, goodput = [], None, None
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    if "environment" in j:
+        cur = []
+        launches.append(cur)
+    elif "loss" in j and "step_ms" in j:
+        cur.append((j["step"], j["step_ms"] / 1e3))
+    elif "goodput" in j:
+        goodput = j["goodput"]
+assert len(launches) == int(sys.argv[2]), len(launches)
+g = goodput
+assert g["launches"] == len(launches), g
+kept, lost, redone = {}, 0.0, 0
+for i, steps in enumerate(launches):
+    resume = launches[i + 1][0][0] - 1 if i + 1 < len(launches) else None
+    for step, s in steps:
+        if resume is not None and step > resume:
+            lost, redone = lost + s, redone + 1
+        else:
+            kept[step] = s
+productive = sum(kept.values())
+assert abs(g["productive_s"] - productive) <= 1e-4 * productive, (g, productive)
+if len(launches) == 1:
+    assert g["steps_redone"] == 0 and g["lost_s"] <= 1e-4 * productive, g
+else:
+    assert redone >= 1 and g["steps_redone"] in (redone, redone + 1), (g, redone)
+    assert g["lost_s"] >= lost * (1 - 1e-4) and g["lost_s"] > 0, (g, lost)
+    assert g["between_launches_s"] >= 1, g  # RESTART_BACKOFF_S
+parts = g["productive_s"] + g["lost_s"] + g["save_s"] + g["startup_s"] + g["eval_s"]
+assert parts <= g["wall_s"] * 1.01 + 0.05, g
+assert 0 < g["goodput"] < 1 and abs(g["goodput"] - g["productive_s"] / g["wall_s"]) < 1e-5, g
+print(f"goodput {g['goodput']:.3f} over {len(launches)} launch(es), {g['steps_redone']} step(s) redone")
+PY
+}
+goodput_check straight 1 || fail "goodput of the uninterrupted run"
+goodput_check killed 2 || fail "goodput of the killed and restarted run"
+grep -qE "^goodput [0-9.]+%: .*\(2 launches\).*redone steps .* \([1-9][0-9]*\); .* between launches" killed.log ||
+  { grep "^goodput" killed.log; fail "no goodput line over both launches"; }
+echo "ok: goodput over launches matches the logged step times"
+
 # A launch that exits 0 without running the program (no finished marker):
 # FAILED after exactly MAX_FAILURE_RESTARTS restarts, with the reason.
 rc=0
