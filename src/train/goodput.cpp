@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -219,7 +220,14 @@ void GoodputLedger::write() {
                  static_cast<long long>(cur_.step_count));
   for (const auto& [at, through] : kept_)
     t += strprintf("kept %lld %.6f\n", static_cast<long long>(at), through);
-  write_file_durably(path_, t);
+  // Bookkeeping never stops a run: a write that fails (a full disk) is
+  // said once, and the run's own outputs then report the disk.
+  try {
+    write_file_durably(path_, t);
+  } catch (const std::exception& e) {
+    if (!write_failed_) std::fprintf(stderr, "mpiformer: warning: goodput figures not recorded: %s\n", e.what());
+    write_failed_ = true;
+  }
 }
 
 GoodputTotals GoodputLedger::totals() const {

@@ -51,7 +51,8 @@ class GoodputLedger {
   void step_done(int64_t step, double seconds);
   void save_done(int64_t step, double seconds);
   void eval_done(double seconds);
-  // Writes the ledger (durably) with this launch's figures so far.
+  // Writes the ledger (durably) with this launch's figures so far; a
+  // failure (a full disk) is a warning, once.
   void write();
   // The run's figures through now, this launch included.
   GoodputTotals totals() const;
@@ -85,6 +86,7 @@ class GoodputLedger {
   double base_ = 0;  // productive step seconds through this launch's resume step
   Launch cur_;
   bool stepping_ = false;
+  bool write_failed_ = false;
 };
 
 // Young and Daly's first-order optimum checkpoint interval, in seconds:
