@@ -1,6 +1,7 @@
 #include "checkpoint.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -18,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
@@ -274,18 +276,123 @@ std::string read_back(const std::string& file_path, const std::vector<DatasetSli
 
 }  // namespace
 
-double write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
-                        const std::vector<DatasetSlice>& datasets) {
-  const std::string tmp = path + ".tmp";
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  // Checksums come from one rank per dataset; everyone needs them all
-  // because attribute writes are collective.
+namespace {
+
+// Collective: `tmp` created for parallel writes over `comm` (rank 0 made
+// it afresh first, so a link in its place is never written through).
+H5Handle create_parallel_file(MPI_Comm comm, const std::string& tmp) {
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), tmp);
+  use_checksummed_format(fapl.get(), tmp);
+  H5_CHECK(H5Pset_all_coll_metadata_ops(fapl.get(), 1), tmp);
+  H5_CHECK(H5Pset_coll_metadata_write(fapl.get(), 1), tmp);
+  H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.valid()) throw InputError(tmp, "[checkpoint] dir", "cannot create (is it writable?)");
+  return file;
+}
+
+// The bytes reserved for a file of `datasets`: the tensors, and generous
+// slack for HDF5's headers (cut off once the file is closed).
+int64_t reserved_bytes(const CheckpointMeta& meta, const std::vector<DatasetSlice>& datasets) {
+  int64_t bytes = (1 << 20) + static_cast<int64_t>(meta.deck.size());
+  for (const auto& d : datasets) bytes += 4 * numel(d.shape) + (16 << 10);
+  return bytes;
+}
+
+// Collective: the groups of `datasets` (/model, /optim/adam_m, ...), in
+// one order on every rank, keeping their links compact.
+void create_groups(hid_t file, const std::vector<DatasetSlice>& datasets, hid_t lcpl,
+                   const std::string& tmp) {
+  H5Handle gcpl = compact_group_properties(tmp);
+  std::vector<std::string> groups;
+  for (const auto& d : datasets) {
+    const std::string g = d.name.substr(0, d.name.rfind('/'));
+    if (!g.empty() && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  }
+  for (const auto& g : groups) {
+    H5Handle made(H5Gcreate2(file, g.c_str(), lcpl, gcpl.get(), H5P_DEFAULT), H5Gclose);
+    H5_CHECK(made.get(), tmp + ": " + g);
+  }
+}
+
+// Collective: the root attributes, and their checksum.
+void write_root_attributes(hid_t file, const CheckpointMeta& meta, const std::string& tmp) {
+  for (const auto& a : kIntAttrs) write_int_attr(file, a.name, meta.*(a.member), tmp);
+  for (const auto& a : kDoubleAttrs) write_double_attr(file, a.name, meta.*(a.member), tmp);
+  write_string_attr(file, "tokenizer", meta.tokenizer, tmp);
+  write_string_attr(file, "deck", meta.deck, tmp);
+  write_string_attr(file, "run_id", meta.run_id, tmp);
+  write_string_attr(file, "data_blend", meta.data_blend, tmp);
+  write_u64_attr(file, "meta_xxh64", meta_checksum(meta), tmp);
+}
+
+// Every dataset's checksum, from the one rank that holds it: attribute
+// writes are collective, so every rank needs them all.
+std::vector<uint64_t> agreed_checksums(MPI_Comm comm, const std::vector<DatasetSlice>& datasets) {
   std::vector<uint64_t> sums(datasets.size(), 0);
   for (size_t i = 0; i < datasets.size(); ++i)
     if (datasets[i].reports_checksum) sums[i] = datasets[i].checksum;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
                           MPI_SUM, comm));
+  return sums;
+}
+
+// Rank 0, once the file is closed: the reservation's unused tail cut
+// (HDF5 extends a file, never shrinks it). "" or what failed.
+std::string cut_to_hdf5_length(const std::string& tmp) {
+  try {
+    const uint64_t end = hdf5_end_of_file(tmp);
+    if (::truncate(tmp.c_str(), static_cast<off_t>(end)) != 0)
+      return "cannot cut " + tmp + " to its HDF5 length: " + std::strerror(errno);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Collective, once every rank read its part back (`mismatch`: this rank's
+// first difference, or ""): the file gets its name only if all of it
+// agrees; otherwise it is kept as path.unverified and every rank throws
+// the same CheckpointVerifyError.
+void name_if_verified(MPI_Comm comm, const std::string& path, const std::string& mine) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  const std::string tmp = path + ".tmp";
+  const std::string mismatch = lowest_rank_message(comm, mine);
+  if (!mismatch.empty()) {
+    const std::string aside = path + ".unverified";
+    if (rank == 0) {
+      try {
+        durable_rename(tmp, aside);
+      } catch (const std::exception&) {  // the message below says what matters
+      }
+    }
+    MPI_CHECK(MPI_Barrier(comm));
+    throw CheckpointVerifyError(path + ": the checkpoint did not read back as written (" +
+                                mismatch + "); it was kept as " + aside +
+                                " and not published, and no older checkpoint was removed");
+  }
+  std::string failure;
+  if (rank == 0) {
+    try {
+      durable_rename(tmp, path);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  int ok = failure.empty() ? 1 : 0;
+  MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
+  if (!ok) throw SystemError(rank == 0 ? failure : "cannot publish " + path + " (see rank 0)");
+}
+
+}  // namespace
+
+double write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                        const std::vector<DatasetSlice>& datasets) {
+  const std::string tmp = path + ".tmp";
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  const std::vector<uint64_t> sums = agreed_checksums(comm, datasets);
   const int64_t fault = test_hooks::checkpoint_fault_after();
   // The hash of each dataset's part this rank hands to HDF5: what it must
   // read back before the file is given its name.
@@ -312,13 +419,7 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
   if (agree()) throw CheckpointWriteError(failure);
   {
     H5QuietErrors quiet;
-    H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-    H5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), tmp);
-    use_checksummed_format(fapl.get(), tmp);
-    H5_CHECK(H5Pset_all_coll_metadata_ops(fapl.get(), 1), tmp);
-    H5_CHECK(H5Pset_coll_metadata_write(fapl.get(), 1), tmp);
-    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-    if (!file.valid()) throw InputError(tmp, "[checkpoint] dir", "cannot create (is it writable?)");
+    H5Handle file = create_parallel_file(comm, tmp);
     // The whole file's space is reserved before the first byte: a disk that
     // cannot hold it fails here, on rank 0, where every rank agrees on it,
     // and never inside HDF5's collective metadata flush, where the rank
@@ -326,8 +427,7 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
     // with 2 ranks at the final flush). The slack past the tensors is
     // generous for HDF5's headers; what is left over is cut off below.
     if (rank == 0) {
-      int64_t bytes = (1 << 20) + static_cast<int64_t>(meta.deck.size());
-      for (const auto& d : datasets) bytes += 4 * numel(d.shape) + (16 << 10);
+      const int64_t bytes = reserved_bytes(meta, datasets);
       errno = reserve_space(tmp, bytes);
       if (errno != 0) failed(strprintf("reserving %.1f MB for the file", static_cast<double>(bytes) / 1e6));
     }
@@ -335,18 +435,7 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
     H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
     H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
     H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
-    // The groups first (/model, /optim/adam_m, ...), in one order on every
-    // rank (creation is collective), keeping their links compact.
-    H5Handle gcpl = compact_group_properties(tmp);
-    std::vector<std::string> groups;
-    for (const auto& d : datasets) {
-      const std::string g = d.name.substr(0, d.name.rfind('/'));
-      if (!g.empty() && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
-    }
-    for (const auto& g : groups) {
-      H5Handle made(H5Gcreate2(file.get(), g.c_str(), lcpl.get(), gcpl.get(), H5P_DEFAULT), H5Gclose);
-      H5_CHECK(made.get(), tmp + ": " + g);
-    }
+    create_groups(file.get(), datasets, lcpl.get(), tmp);
 
     agree();
     for (size_t i = 0; i < datasets.size() && failure.empty(); ++i) {
@@ -380,13 +469,7 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
       }
     }
     if (failure.empty()) {
-      for (const auto& a : kIntAttrs) write_int_attr(file.get(), a.name, meta.*(a.member), tmp);
-      for (const auto& a : kDoubleAttrs) write_double_attr(file.get(), a.name, meta.*(a.member), tmp);
-      write_string_attr(file.get(), "tokenizer", meta.tokenizer, tmp);
-      write_string_attr(file.get(), "deck", meta.deck, tmp);
-      write_string_attr(file.get(), "run_id", meta.run_id, tmp);
-      write_string_attr(file.get(), "data_blend", meta.data_blend, tmp);
-      write_u64_attr(file.get(), "meta_xxh64", meta_checksum(meta), tmp);
+      write_root_attributes(file.get(), meta, tmp);
       errno = 0;
       if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) failed("flushing the file's metadata");
       agree();
@@ -402,11 +485,9 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
   // shrinks it), writes the file to disk and drops it from the page cache,
   // so that what the ranks read back next comes from the disk.
   if (rank == 0) {
+    failure = cut_to_hdf5_length(tmp);
     try {
-      const uint64_t end = hdf5_end_of_file(tmp);
-      if (::truncate(tmp.c_str(), static_cast<off_t>(end)) != 0) {
-        throw SystemError("cannot cut " + tmp + " to its HDF5 length: " + std::strerror(errno));
-      }
+      if (!failure.empty()) throw SystemError(failure);
       if (meta.step == test_hooks::fault_corrupt_checkpoint() && !datasets.empty())
         corrupt_one_value(tmp, datasets[0].name);
       const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
@@ -425,33 +506,198 @@ double write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint
   // Every rank reads back its own part and checks it against what it
   // handed over; the file gets its name only if all of it agrees.
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string mismatch = lowest_rank_message(comm, read_back(tmp, datasets, written));
+  const std::string mismatch = read_back(tmp, datasets, written);
   const double verify_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!mismatch.empty()) {
-    const std::string aside = path + ".unverified";
-    if (rank == 0) {
-      try {
-        durable_rename(tmp, aside);
-      } catch (const std::exception&) {  // the message below says what matters
-      }
-    }
-    MPI_CHECK(MPI_Barrier(comm));
-    throw CheckpointVerifyError(path + ": the checkpoint did not read back as written (" +
-                                mismatch + "); it was kept as " + aside +
-                                " and not published, and no older checkpoint was removed");
-  }
-  if (rank == 0) {
+  name_if_verified(comm, path, mismatch);
+  return verify_seconds;
+}
+
+
+CheckpointLayout lay_out_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                                    const std::vector<DatasetSlice>& datasets) {
+  CheckpointLayout layout;
+  layout.path = path;
+  layout.tmp = path + ".tmp";
+  layout.step = meta.step;
+  layout.offsets.assign(datasets.size(), 0);
+  MPI_CHECK(MPI_Comm_rank(comm, &layout.rank));
+  const std::string& tmp = layout.tmp;
+  const std::vector<uint64_t> sums = agreed_checksums(comm, datasets);
+  std::string failure;
+  const auto agree = [&] {
+    failure = lowest_rank_message(comm, failure, false);
+    return !failure.empty();
+  };
+  if (layout.rank == 0) {
     try {
-      durable_rename(tmp, path);
-    } catch (const std::exception& e) {
+      ::close(open_output(tmp, OutputMode::kReplace, "[checkpoint] dir"));
+    } catch (const InputError& e) {
       failure = e.what();
     }
   }
-  ok = failure.empty() ? 1 : 0;
-  MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
-  if (!ok) throw SystemError(rank == 0 ? failure : "cannot publish " + path + " (see rank 0)");
-  return verify_seconds;
+  if (agree()) throw CheckpointWriteError(failure);
+  {
+    H5QuietErrors quiet;
+    H5Handle file = create_parallel_file(comm, tmp);
+    if (layout.rank == 0) {
+      const int64_t bytes = reserved_bytes(meta, datasets);
+      if (const int e = reserve_space(tmp, bytes); e != 0)
+        failure = strprintf("reserving %.1f MB for the file: %s", static_cast<double>(bytes) / 1e6,
+                            std::strerror(e));
+    }
+    H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
+    create_groups(file.get(), datasets, lcpl.get(), tmp);
+    // One extent per dataset, allocated now and never filled: its bytes
+    // are written later, outside HDF5, where the offset says.
+    H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5_CHECK(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), tmp);
+    H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), tmp);
+    H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), tmp);
+    if (!agree()) {
+      for (size_t i = 0; i < datasets.size(); ++i) {
+        const DatasetSlice& d = datasets[i];
+        const auto dims = dims_of(d.shape);
+        H5Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+        H5Handle dset(H5Dcreate2(file.get(), d.name.c_str(), H5T_IEEE_F32LE, fspace.get(), lcpl.get(),
+                                 dcpl.get(), H5P_DEFAULT),
+                      H5Dclose);
+        H5_CHECK(dset.get(), tmp + ": " + d.name);
+        const haddr_t at = H5Dget_offset(dset.get());
+        if (at == HADDR_UNDEF) throw SystemError(tmp + ": " + d.name + ": no contiguous extent");
+        layout.offsets[i] = static_cast<int64_t>(at);
+        write_u64_attr(dset.get(), "xxh64", sums[i], tmp);
+      }
+      write_root_attributes(file.get(), meta, tmp);
+      errno = 0;
+      if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0)
+        failure = std::string("flushing the file's metadata: ") + std::strerror(errno);
+      agree();
+    }
+  }  // closed, collectively, here
+  MPI_CHECK(MPI_Barrier(comm));
+  if (failure.empty() && layout.rank == 0) failure = cut_to_hdf5_length(tmp);
+  if (agree()) {
+    if (layout.rank == 0) std::remove(tmp.c_str());
+    MPI_CHECK(MPI_Barrier(comm));
+    throw CheckpointWriteError(tmp + ": " + failure + " (the partial file was removed)");
+  }
+  return layout;
+}
+
+namespace {
+
+// n bytes at `offset` of `fd`, whole (pwrite and pread may do less).
+template <class Io, class Buf>
+bool whole(Io io, int fd, Buf* data, size_t n, int64_t offset) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t k = io(fd, data + done, n - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    done += static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// Each run of contiguous bytes of this rank's blocks of `d` (a dataset at
+// `base`): f(file offset, elements, index of its first element in d.data).
+template <class F>
+void for_each_run(const DatasetSlice& d, int64_t base, F f) {
+  const int64_t width = d.shape.size() > 1 ? d.shape[1] : 1;
+  int64_t at = 0;
+  for (const DatasetBox& b : d.boxes) {
+    if (b.rows <= 0) continue;
+    const int64_t cols = d.shape.size() > 1 ? b.cols : 1, col = d.shape.size() > 1 ? b.col : 0;
+    if (cols == width) {  // whole rows: one run
+      f(base + 4 * b.row * width, b.rows * width, at);
+      at += b.rows * width;
+      continue;
+    }
+    for (int64_t r = b.row; r < b.row + b.rows; ++r, at += cols) f(base + 4 * (r * width + col), cols, at);
+  }
+}
+
+}  // namespace
+
+BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets) {
+  static_assert(sizeof(float) == 4, "HDF5's H5T_IEEE_F32LE");
+  const auto t0 = std::chrono::steady_clock::now();
+  BlockWrite out;
+  const auto finish = [&] {
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  };
+  const int fd = ::open(layout.tmp.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    out.failure = "opening " + layout.tmp + ": " + std::strerror(errno);
+    return finish();
+  }
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_it{fd};
+  const int64_t fault = test_hooks::checkpoint_fault_after();
+  if (const int64_t slow = test_hooks::slow_background_write_ms(); slow > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(slow));
+  for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
+    const DatasetSlice& d = datasets[i];
+    for_each_run(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
+      if (!out.failure.empty()) return;
+      errno = 0;
+      if (!whole(::pwrite, fd, reinterpret_cast<const char*>(d.data + first), static_cast<size_t>(4 * n), offset))
+        out.failure = "writing " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "failed");
+    });
+    if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {
+      // The node dies in the middle of a background write.
+      std::fprintf(stderr, "mpiformer: fault injected after %lld datasets of %s (background write)\n",
+                   static_cast<long long>(i + 1), layout.tmp.c_str());
+      std::fflush(stderr);
+      ::kill(::getpid(), SIGKILL);
+    }
+  }
+  if (out.failure.empty() && ::fsync(fd) != 0)
+    out.failure = std::string("flushing ") + layout.tmp + ": " + std::strerror(errno);
+  if (!out.failure.empty()) return finish();
+  if (layout.rank == 0 && layout.step == test_hooks::fault_corrupt_checkpoint() && !datasets.empty()) {
+    float v = 0;  // one value changed in place, as a stray writer would
+    if (whole(::pread, fd, reinterpret_cast<char*>(&v), 4, layout.offsets[0])) {
+      v += 1.0f;
+      whole(::pwrite, fd, reinterpret_cast<const char*>(&v), 4, layout.offsets[0]);
+      ::fsync(fd);
+    }
+  }
+  // What reads back next comes from the disk, not the page cache.
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  std::vector<float> back;
+  for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
+    const DatasetSlice& d = datasets[i];
+    int64_t count = 0;
+    for_each_run(d, 0, [&](int64_t, int64_t n, int64_t) { count += n; });
+    if (count == 0) continue;
+    back.resize(static_cast<size_t>(count));
+    for_each_run(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
+      if (out.failure.empty() &&
+          !whole(::pread, fd, reinterpret_cast<char*>(back.data() + first), static_cast<size_t>(4 * n), offset))
+        out.failure = "reading back " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "short");
+    });
+    if (out.failure.empty() && tensor_checksum(back.data(), count) != tensor_checksum(d.data, count)) {
+      out.failure = d.name + " reads back differently from what the run wrote";
+      out.mismatch = true;
+    }
+  }
+  return finish();
+}
+
+void finish_checkpoint(MPI_Comm comm, const CheckpointLayout& layout, const BlockWrite& mine) {
+  const std::string failure = lowest_rank_message(comm, mine.mismatch ? "" : mine.failure, false);
+  if (!failure.empty()) {
+    if (layout.rank == 0) std::remove(layout.tmp.c_str());
+    MPI_CHECK(MPI_Barrier(comm));
+    throw CheckpointWriteError(layout.tmp + ": " + failure + " (the partial file was removed)");
+  }
+  name_if_verified(comm, layout.path, mine.mismatch ? mine.failure : "");
 }
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {

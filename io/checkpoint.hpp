@@ -121,6 +121,38 @@ class CheckpointVerifyError : public StorageError {
 double write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
                         const std::vector<DatasetSlice>& datasets);
 
+// The same file written in three parts, so that the tensors' bytes can go
+// to disk while training goes on ([checkpoint] async):
+//  1. lay_out_checkpoint (collective, HDF5): path.tmp made as
+//     write_checkpoint makes it, every dataset allocated in one contiguous
+//     extent (never filled) with its checksum, the root attributes written,
+//     the file flushed, closed and cut to length. Nothing of the tensors is
+//     written; the layout says where each dataset's bytes go.
+//  2. write_blocks (one rank, neither MPI nor HDF5, so a thread may run
+//     it beside training): this rank's blocks written at those offsets as
+//     HDF5 stores them (little-endian float32, row-major), flushed to disk,
+//     dropped from the page cache and read back against their hashes.
+//  3. finish_checkpoint (collective): a failed write anywhere removes the
+//     .tmp and every rank throws the same CheckpointWriteError; a read-back
+//     that differs anywhere keeps it aside as path.unverified
+//     (CheckpointVerifyError); otherwise it is renamed to `path`.
+// A job killed before 3 leaves only path.tmp, which no resume takes.
+struct CheckpointLayout {
+  std::string path, tmp;
+  int64_t step = 0;
+  int rank = 0;
+  std::vector<int64_t> offsets;  // each dataset's first byte in tmp
+};
+CheckpointLayout lay_out_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                                    const std::vector<DatasetSlice>& datasets);
+struct BlockWrite {
+  std::string failure;    // "" or the first thing that failed
+  bool mismatch = false;  // written, but read back differently
+  double seconds = 0;     // writing, flushing and reading back
+};
+BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets);
+void finish_checkpoint(MPI_Comm comm, const CheckpointLayout& layout, const BlockWrite& mine);
+
 // Read-only access from one rank (no MPI): metadata and whole tensors, with
 // shape and checksum checks; every problem is an InputError naming the file
 // and the dataset.

@@ -227,6 +227,7 @@ const std::vector<Key>& schema() {
       int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),
       bool_key("checkpoint", "at_end", MEMBER(checkpoint.at_end)),
+      bool_key("checkpoint", "async", MEMBER(checkpoint.async)),
       float_key("checkpoint", "mtbf_hours", false, 0, 1e7, MEMBER(checkpoint.mtbf_hours)),
       resume_key(),
   };
@@ -512,6 +513,13 @@ void check_relations(const Deck& d, const std::string& where) {
                                "grad_compression = \"none\"",
                                name_of(d.train.grad_compression),
                                static_cast<long long>(d.parallel.zero)));
+  }
+  if (d.checkpoint.async && d.train.offload != Offload::kNone) {
+    throw InputError(where, "[checkpoint] async",
+                     strprintf("not with [train] offload = \"%s\": the save's snapshot would hold "
+                               "in memory the optimizer state that offload keeps out of it; use "
+                               "async = false",
+                               name_of(d.train.offload)));
   }
   if (d.train.offload == Offload::kNvme && d.train.offload_dir.empty()) {
     throw InputError(where, "[train] offload_dir",

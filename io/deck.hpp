@@ -73,6 +73,10 @@ struct CheckpointConfig {
   // A checkpoint when the run reaches its last step (false: benchmarks,
   // whose state nobody resumes; a stop for a requeue still writes one).
   bool at_end = true;
+  // Saves on the way (every) write their tensors from a snapshot in a
+  // thread while training goes on; the last save, and one before a stop,
+  // are synchronous.
+  bool async = false;
   // The mean time between failures the user expects of the job's nodes
   // (hours; 0: not given): the run prints the checkpoint interval its own
   // save cost suggests for it (Young and Daly).

@@ -20,6 +20,10 @@
 //   MPIFORMER_FAULT_CORRUPT_CHECKPOINT=N  world rank 0 changes one value of
 //       the checkpoint of step N once it is written and before it is read
 //       back, as a failing disk or a stray writer would.
+//   MPIFORMER_SLOW_BACKGROUND_WRITE_MS=N  a background checkpoint write
+//       ([checkpoint] async) waits N ms before its first byte, as a slow
+//       or busy file system would make it last: the next save, and a stop,
+//       then find it still in flight.
 //   MPIFORMER_OFFLOAD_BUFFERED=1       offloaded optimizer state is written
 //       and read as on a file system without direct I/O (buffered, each
 //       block dropped from the page cache), whatever the file system.
@@ -64,6 +68,8 @@ inline OffloadTamper fault_offload_tamper() {
   return {std::atoll(v), std::string(colon + 1)};
 }
 inline int64_t fault_corrupt_checkpoint() { return env_step("MPIFORMER_FAULT_CORRUPT_CHECKPOINT"); }
+
+inline int64_t slow_background_write_ms() { return env_step("MPIFORMER_SLOW_BACKGROUND_WRITE_MS"); }
 
 inline bool offload_buffered() {
   const char* v = std::getenv("MPIFORMER_OFFLOAD_BUFFERED");

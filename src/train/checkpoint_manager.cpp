@@ -5,6 +5,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
 #include <cerrno>
 #include <chrono>
 #include <exception>
@@ -26,9 +29,28 @@
 
 namespace mpiformer {
 
+// A save whose tensors a thread writes while training goes on: the
+// snapshot it writes from (owned: training changes the live state), the
+// file's layout, and what the thread found.
+struct CheckpointManager::Background {
+  std::vector<std::vector<float>> snapshot;
+  std::vector<DatasetSlice> slices;
+  CheckpointLayout layout;
+  double need = 0, free = 0;  // for the no-space message
+  std::thread writer;
+  std::atomic<bool> done{false};
+  BlockWrite result;
+};
+
 CheckpointManager::CheckpointManager(const Deck& deck, const GptConfig& cfg, ProcessGrid& grid,
                                      StageBackend& stage, std::string tokenizer)
     : deck_(deck), cfg_(cfg), grid_(grid), stage_(stage), tokenizer_(std::move(tokenizer)) {}
+
+CheckpointManager::~CheckpointManager() {
+  // A run that ends by an error with a write in flight: its file stays a
+  // .tmp (never published, never resumed from); the thread is waited for.
+  if (background_ && background_->writer.joinable()) background_->writer.join();
+}
 
 namespace {
 
@@ -281,7 +303,74 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
                 store_latest.empty() ? "no checkpoint" : store_latest.c_str()));
 }
 
-double CheckpointManager::save(int64_t step, const DataPosition& data, const LossScaler& scaler) {
+AgreedInputError CheckpointManager::no_space(int64_t step, double need, double free,
+                                             const std::string& what) const {
+  return AgreedInputError(
+      deck_.checkpoint.dir, "[checkpoint] dir",
+      strprintf("no space left on its file system: the checkpoint of step %lld needs %.2f MB "
+                "(and HDF5's metadata), %.2f MB were free; %s. The checkpoints already there "
+                "are intact: free space "
+                "(or set [checkpoint] dir elsewhere) and run again to resume",
+                static_cast<long long>(step), need / 1e6, free / 1e6, what.c_str()));
+}
+
+AgreedInputError CheckpointManager::write_refused(const CheckpointWriteError& e, int64_t step,
+                                                  double need, double free) const {
+  // Every rank is here with the same message: stop together. (errno does
+  // not always survive MPI-IO and HDF5, hence the second test.)
+  const std::string why = e.what();
+  if (why.find(std::strerror(ENOSPC)) != std::string::npos || (free >= 0 && free < 1.5 * need))
+    return no_space(step, need, free, why);
+  return AgreedInputError(deck_.checkpoint.dir, "[checkpoint] dir",
+                          "the checkpoint could not be written: " + why +
+                              ". The checkpoints already there are intact");
+}
+
+double CheckpointManager::checkpoint_mb() const {
+  const ParameterTable whole(cfg_, StageRange{0, cfg_.n_layer, true, true});
+  return 3.0 * 4.0 * static_cast<double>(whole.total_numel()) / 1e6;
+}
+
+void CheckpointManager::publish(const std::string& path) {
+  if (grid_.world_rank() == 0) {
+    const CheckpointStore store(deck_.checkpoint.dir);
+    store.publish_latest(path, run_id_);
+    store.prune(deck_.checkpoint.keep);
+  }
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
+
+double CheckpointManager::finish_background(bool wait) {
+  if (!background_) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  Background& b = *background_;
+  if (!wait) {
+    int done = b.done.load(std::memory_order_acquire) ? 1 : 0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (done == 0) return 0;
+  }
+  b.writer.join();
+  const std::unique_ptr<Background> finished = std::move(background_);
+  try {
+    finish_checkpoint(MPI_COMM_WORLD, b.layout, b.result);
+  } catch (const CheckpointWriteError& e) {
+    throw write_refused(e, b.layout.step, b.need, b.free);
+  }
+  publish(b.layout.path);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (grid_.world_rank() == 0) {
+    const double mb = checkpoint_mb();
+    std::printf("checkpoint: wrote %s in the background (%.1f MB; rank 0 wrote, flushed and read "
+                "back its part in %.2f s beside training)\n",
+                b.layout.path.c_str(), mb, b.result.seconds);
+    std::fflush(stdout);
+  }
+  return dt;
+}
+
+double CheckpointManager::save(int64_t step, const DataPosition& data, const LossScaler& scaler,
+                               bool background) {
+  if (background_) throw std::logic_error("a save while a background write is in flight");
   const auto t0 = std::chrono::steady_clock::now();
   const CheckpointStore store(deck_.checkpoint.dir);
   store.create_dir();
@@ -313,16 +402,7 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   const double need = 3.0 * 4.0 * static_cast<double>(whole.total_numel());
   double free = grid_.world_rank() == 0 ? static_cast<double>(store.free_bytes()) : 0;
   MPI_CHECK(MPI_Bcast(&free, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-  const auto no_space = [&](const std::string& what) {
-    return AgreedInputError(
-        deck_.checkpoint.dir, "[checkpoint] dir",
-        strprintf("no space left on its file system: the checkpoint of step %lld needs %.2f MB "
-                  "(and HDF5's metadata), %.2f MB were free; %s. The checkpoints already there "
-                  "are intact: free space "
-                  "(or set [checkpoint] dir elsewhere) and run again to resume",
-                  static_cast<long long>(step), need / 1e6, free / 1e6, what.c_str()));
-  };
-  if (free >= 0 && free < need) throw no_space("nothing was written");
+  if (free >= 0 && free < need) throw no_space(step, need, free, "nothing was written");
   // The offloaded optimizer files as this run made them? A file cut under
   // the run has lost the state: nothing is written (a checkpoint of it
   // would be wrong) and the run stops to restart from the last one. A
@@ -369,29 +449,51 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   // Error feedback's residuals, so a resume on this layout goes on exactly.
   const std::vector<float> residual = stage_.compression_state();
   for (DatasetSlice& d : compression_slices(residual, MPI_COMM_WORLD)) slices.push_back(std::move(d));
+  if (background) {
+    // The snapshot: what this rank writes, copied out of the live state
+    // (the next step changes it); then the file laid out, collectively,
+    // and a thread writes the bytes.
+    auto bg = std::make_unique<Background>();
+    bg->need = need;
+    bg->free = free;
+    bg->snapshot.reserve(slices.size());
+    for (DatasetSlice& d : slices) {
+      int64_t count = 0;
+      for (const DatasetBox& b : d.boxes) count += b.rows * (d.shape.size() > 1 ? b.cols : 1);
+      bg->snapshot.emplace_back(d.data, d.data + (d.data != nullptr ? count : 0));
+      d.data = bg->snapshot.back().data();
+      d.written = nullptr;
+    }
+    bg->slices = std::move(slices);
+    try {
+      bg->layout = lay_out_checkpoint(MPI_COMM_WORLD, path, meta, bg->slices);
+    } catch (const CheckpointWriteError& e) {
+      throw write_refused(e, step, need, free);
+    }
+    Background* b = bg.get();
+    b->writer = std::thread([b] {
+      b->result = write_blocks(b->layout, b->slices);
+      b->done.store(true, std::memory_order_release);
+    });
+    background_ = std::move(bg);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (grid_.world_rank() == 0) {
+      std::printf("checkpoint: step %lld taken in %.2f s; %s is written in the background\n",
+                  static_cast<long long>(step), dt, path.c_str());
+      std::fflush(stdout);
+    }
+    return dt;
+  }
   double verify_seconds = 0;
   try {
     verify_seconds = write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
   } catch (const CheckpointWriteError& e) {
-    // Every rank is here with the same message: stop together. (errno
-    // does not always survive MPI-IO and HDF5, hence the second test.)
-    const std::string why = e.what();
-    if (why.find(std::strerror(ENOSPC)) != std::string::npos || (free >= 0 && free < 1.5 * need)) {
-      throw no_space(why);
-    }
-    throw AgreedInputError(deck_.checkpoint.dir, "[checkpoint] dir",
-                           std::string("the checkpoint could not be written: ") + e.what() +
-                               ". The checkpoints already there are intact");
+    throw write_refused(e, step, need, free);
   }
-  if (grid_.world_rank() == 0) {
-    store.publish_latest(path, run_id_);
-    store.prune(deck_.checkpoint.keep);
-  }
-  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  publish(path);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (grid_.world_rank() == 0) {
-    const ParameterTable whole(cfg_, StageRange{0, cfg_.n_layer, true, true});
-    const double mb = 3.0 * 4.0 * static_cast<double>(whole.total_numel()) / 1e6;
+    const double mb = checkpoint_mb();
     std::printf("checkpoint: wrote %s (%.1f MB in %.2f s, %.0f MB/s; read back and verified "
                 "in %.2f s of that)\n",
                 path.c_str(), mb, dt, mb / dt, verify_seconds);

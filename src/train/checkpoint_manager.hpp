@@ -4,9 +4,12 @@
 // are identical.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "checkpoint.hpp"
 #include "deck.hpp"
+#include "core/error.hpp"
 #include "core/gpt_config.hpp"
 #include "parallel/process_grid.hpp"
 #include "train/loss_scaler.hpp"
@@ -50,7 +53,18 @@ class CheckpointManager {
   // Collective: writes the checkpoint of `step`, publishes it as `latest`
   // and prunes old ones. Returns the seconds it took.
   // `scaler`: the run's loss scaler (its state is saved when dynamic).
-  double save(int64_t step, const DataPosition& data, const LossScaler& scaler);
+  // `background` ([checkpoint] async): returns once each rank has copied
+  // what it writes and the file is laid out (io/checkpoint.hpp); a thread
+  // writes the tensors, and finish_background publishes the file. No save
+  // while one is in flight.
+  double save(int64_t step, const DataPosition& data, const LossScaler& scaler,
+              bool background = false);
+  // Collective: a background save whose writes are done on every rank is
+  // checked and published (`wait`: waits for them first; otherwise one
+  // still writing anywhere is left for later). Returns the seconds spent.
+  double finish_background(bool wait);
+  bool background_pending() const { return background_ != nullptr; }
+  ~CheckpointManager();
   // Collective: throws SystemError if the tied embedding's copies differ.
   // The end of a run: every rank of each tensor group holds the same bits
   // of the tensors the group replicates (SystemError naming one otherwise).
@@ -70,8 +84,18 @@ class CheckpointManager {
   // Collective: an AgreedInputError when any rank's state is not finite.
   void refuse_nonfinite_state(const StageState& state, int64_t step);
 
+  AgreedInputError no_space(int64_t step, double need, double free, const std::string& what) const;
+  AgreedInputError write_refused(const CheckpointWriteError& e, int64_t step, double need,
+                                 double free) const;
+  double checkpoint_mb() const;  // the whole model's params, m and v
+  // Collective: `latest` moves to `path`, and older checkpoints beyond
+  // [checkpoint] keep go.
+  void publish(const std::string& path);
+
   std::string tokenizer_;
   std::string run_id_;
+  struct Background;
+  std::unique_ptr<Background> background_;
 };
 
 }  // namespace mpiformer

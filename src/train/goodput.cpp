@@ -188,11 +188,17 @@ void GoodputLedger::step_done(int64_t step, double seconds) {
 }
 
 void GoodputLedger::save_done(int64_t step, double seconds) {
-  cur_.saves += seconds;
+  save_waited(seconds);
+  checkpoint_kept(step, productive());
+}
+
+void GoodputLedger::save_waited(double seconds) { cur_.saves += seconds; }
+
+void GoodputLedger::checkpoint_kept(int64_t step, double productive_through) {
   cur_.save_count += 1;
   kept_.erase(std::remove_if(kept_.begin(), kept_.end(), [&](const auto& k) { return k.first >= step; }),
               kept_.end());
-  kept_.emplace_back(step, base_ + cur_.steps);
+  kept_.emplace_back(step, productive_through);
   // A run resumes from one of its newest checkpoints; the ledger keeps the
   // last many thousand, far more than any run keeps on disk.
   constexpr size_t kMostKept = 10000;

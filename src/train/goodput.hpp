@@ -49,7 +49,16 @@ class GoodputLedger {
   // The first step begins: start-up ends.
   void steps_begin();
   void step_done(int64_t step, double seconds);
+  // A synchronous save: training waited `seconds`; the checkpoint of
+  // `step` holds the steps through it.
   void save_done(int64_t step, double seconds);
+  // A background save's parts: the time training waited for it (the
+  // snapshot, a wait for its write), and, once it is published, the
+  // checkpoint of `step` with the productive step time through that step
+  // (productive() when its snapshot was taken).
+  void save_waited(double seconds);
+  void checkpoint_kept(int64_t step, double productive_through);
+  double productive() const { return base_ + cur_.steps; }
   void eval_done(double seconds);
   // Writes the ledger (durably) with this launch's figures so far; a
   // failure (a full disk) is a warning, once.

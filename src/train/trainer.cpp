@@ -523,6 +523,26 @@ TrainResult Trainer::run() {
     goodput.write();
     progress.metrics().record(goodput.json());
   };
+  // [checkpoint] async: the save in flight (its step, and the productive
+  // step time when its snapshot was taken); finish_background publishes it
+  // once every rank's write is done (wait: waits for them). Collective.
+  int64_t background_step = 0;
+  double background_productive = 0;
+  const auto finish_background = [&](bool wait, int64_t at) {
+    if (!p.checkpoints->background_pending()) return 0.0;
+    if (wait) {
+      p.watchdog->enter("waiting for the background checkpoint write", at, "every rank",
+                        save_allowance(*p.stage));
+    }
+    const double s = p.checkpoints->finish_background(wait);
+    if (p.checkpoints->background_pending()) return s;
+    goodput.save_waited(s);
+    goodput.checkpoint_kept(background_step, background_productive);
+    progress.metrics().record(
+        strprintf("{\"checkpoint_saved\": %lld}", static_cast<long long>(background_step)));
+    report_goodput();
+    return s;
+  };
   TrainResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   for (int64_t step = p.start.step; step < end_step; ++step) {
@@ -563,18 +583,41 @@ TrainResult Trainer::run() {
       progress.exclude_pause();
       progress.eval_done(done, v.blended, v.per_set);
     }
+    // A background write done on every rank is published between steps.
+    finish_background(false, done);
     const int64_t every = deck_.checkpoint.every;
     const bool at_end = done == end_step && (deck_.checkpoint.at_end || done < tc.steps);
     if ((every > 0 && done % every == 0) || at_end || r.stop) {
+      // On the way, in the background where the deck asks; the last save
+      // and one before a stop are synchronous (the run ends with it).
+      const bool background = deck_.checkpoint.async && !at_end && !r.stop;
+      if (p.checkpoints->background_pending()) {
+        const int64_t was = background_step;
+        const double waited = finish_background(true, done);
+        if (lead) {
+          std::printf("checkpoint: training waited %.2f s for the background write of step %lld "
+                      "to finish%s\n",
+                      waited, static_cast<long long>(was),
+                      r.stop ? " before the stop's synchronous save" : "");
+          std::fflush(stdout);
+        }
+      }
       p.watchdog->enter("checkpoint save", done, "every rank (collective write)",
                         save_allowance(*p.stage));
       const double save_s = p.checkpoints->save(
-          done, DataPosition{p.data->cursor(), p.data->epoch(), p.data->record()}, p.executor->scaler());
-      stop.save_took(save_s);
-      goodput.save_done(done, save_s);
-      // The job scripts count the steps a failure loses from this.
-      progress.metrics().record(strprintf("{\"checkpoint_saved\": %lld}", static_cast<long long>(done)));
-      report_goodput();
+          done, DataPosition{p.data->cursor(), p.data->epoch(), p.data->record()}, p.executor->scaler(),
+          background);
+      if (background) {
+        goodput.save_waited(save_s);
+        background_step = done;
+        background_productive = goodput.productive();
+      } else {
+        stop.save_took(save_s);
+        goodput.save_done(done, save_s);
+        // The job scripts count the steps a failure loses from this.
+        progress.metrics().record(strprintf("{\"checkpoint_saved\": %lld}", static_cast<long long>(done)));
+        report_goodput();
+      }
     }
     if (r.stop && done < end_step) {
       result.stopped_to_requeue = true;
@@ -589,6 +632,7 @@ TrainResult Trainer::run() {
       return result;
     }
   }
+  finish_background(true, end_step);  // a run without a last save ([checkpoint] at_end = false)
   p.watchdog->enter("comparing the tied embedding's copies", end_step, "the first and last stage");
   p.checkpoints->check_tied_embedding();
   p.watchdog->enter("comparing the tensor groups' replicated tensors", end_step,
