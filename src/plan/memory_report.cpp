@@ -40,6 +40,13 @@ std::string memory_table(const std::vector<RankMemory>& stages) {
                    "outside the device's; %.1f MB of streaming blocks (in scratch)\n",
                    s, m.offload_disk / 1e6, m.offload_host / 1e6, m.offload_buffers / 1e6);
   }
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const RankMemory& m = stages[s];
+    if (m.checkpoint_snapshot == 0) continue;
+    t += strprintf("  %zu | [checkpoint] async's snapshot: %.1f MB of host memory while a save is "
+                   "written%s\n",
+                   s, m.checkpoint_snapshot / 1e6, m.snapshot_in_total ? " (in the total)" : ", outside the device's");
+  }
   return t;
 }
 
@@ -51,10 +58,11 @@ std::string memory_json(const std::vector<RankMemory>& stages) {
                    "\"optimizer\": %.0f, \"activations\": %.0f, \"slots\": %d, "
                    "\"per_slot\": %.0f, \"comm\": %.0f, \"scratch\": %.0f, "
                    "\"workspace\": %.0f, \"offload_buffers\": %.0f, \"offload_host\": %.0f, "
-                   "\"offload_disk\": %.0f, \"total\": %.0f}",
+                   "\"offload_disk\": %.0f, \"checkpoint_snapshot\": %.0f, \"total\": %.0f}",
                    s == 0 ? "" : ", ", s, m.parameters(), m.gradients(), m.optimizer,
                    m.stage.activations, m.slots, m.stage.per_slot, m.comm, m.stage.scratch,
-                   m.workspace, m.offload_buffers, m.offload_host, m.offload_disk, m.total());
+                   m.workspace, m.offload_buffers, m.offload_host, m.offload_disk,
+                   m.checkpoint_snapshot, m.total());
   }
   return j + "]}";
 }

@@ -70,6 +70,20 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
       "%.2f GiB)",
       outside / 1e6, outside * each / (1 << 30), windows / 1e6, windows * each / (1 << 30)));
 
+  if (deck.checkpoint.async) {
+    BackendChoice choice;
+    choice.device = machine.device;
+    choice.precision = deck.train.precision;
+    double most = 0;
+    for (int s = 0; s < static_cast<int>(deck.parallel.pp); ++s)
+      most = std::max(most, rank_memory(deck, choice, s, 1).checkpoint_snapshot);
+    lines.push_back(strprintf(
+        "[checkpoint] async: each save's snapshot holds up to %.2f GiB of host memory a rank while "
+        "its write is in flight (%s)",
+        most / (1 << 30),
+        machine.device == Device::kCpu ? "in the memory above" : "beside the device's, not in it"));
+  }
+
   // The step time's main terms, then what nothing measured.
   lines.push_back(strprintf(
       "step time of #1: %.2f ms = compute %.2f (of which tensor collectives %.2f, expert "

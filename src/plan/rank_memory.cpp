@@ -202,6 +202,16 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
                         (deck.parallel.sequence_parallel ? static_cast<double>(deck.parallel.tp) : 1.0);
     m.comm += static_cast<double>(buffers) * rows * static_cast<double>(cfg.n_embd) * act;
   }
+  // [checkpoint] async: the snapshot a save writes from, held until its
+  // write is published: this rank's share of its stage's weights and two
+  // moments in fp32 (the ranks of a stage split its tensors' rows). Host
+  // memory: the rank's own on the host back end, beside the device's on a
+  // GPU.
+  if (deck.checkpoint.async) {
+    m.checkpoint_snapshot = 3.0 * 4.0 * static_cast<double>(ParameterTable(cfg, range).total_storage()) /
+                            static_cast<double>(deck.parallel.dp);
+    m.snapshot_in_total = choice.device == Device::kCpu;
+  }
   // The device context's workspace (cuBLASLt's, the column sums').
   if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);
   // The host's fp16 products are widened to float (gemm_narrow.cpp): its
