@@ -234,46 +234,6 @@ uint64_t tensor_checksum(const float* data, int64_t n) {
 
 namespace {
 
-// Test hook (MPIFORMER_FAULT_CORRUPT_CHECKPOINT): one value of the first
-// dataset changed in place, as a failing disk or a stray writer would.
-void corrupt_one_value(const std::string& file_path, const std::string& dataset) {
-  H5Handle file(H5Fopen(file_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
-  H5Handle dset(H5Dopen2(file.get(), dataset.c_str(), H5P_DEFAULT), H5Dclose);
-  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
-  std::vector<hsize_t> at(static_cast<size_t>(H5Sget_simple_extent_ndims(space.get())), 0);
-  H5Sselect_elements(space.get(), H5S_SELECT_SET, 1, at.data());
-  const hsize_t one = 1;
-  H5Handle memory(H5Screate_simple(1, &one, nullptr), H5Sclose);
-  float v = 0;
-  H5Dread(dset.get(), H5T_NATIVE_FLOAT, memory.get(), space.get(), H5P_DEFAULT, &v);
-  v = v + 1.0f;
-  H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, memory.get(), space.get(), H5P_DEFAULT, &v);
-}
-
-// This rank's blocks of every dataset read back from `file_path` and
-// hashed, against `written` (the hashes of what this rank handed to the
-// write): "" when all agree, else the first difference.
-std::string read_back(const std::string& file_path, const std::vector<DatasetSlice>& datasets,
-                      const std::vector<uint64_t>& written) {
-  try {
-    const CheckpointReader reader(file_path);
-    std::vector<float> buffer;
-    for (size_t i = 0; i < datasets.size(); ++i) {
-      const DatasetSlice& d = datasets[i];
-      int64_t count = 0;
-      for (const DatasetBox& b : d.boxes) count += b.rows * (d.shape.size() > 1 ? b.cols : 1);
-      if (count == 0) continue;
-      buffer.resize(static_cast<size_t>(count));
-      reader.read_boxes(d.name, d.shape, d.boxes, buffer.data());
-      if (tensor_checksum(buffer.data(), count) != written[i])
-        return d.name + " reads back differently from what the run wrote";
-    }
-  } catch (const std::exception& e) {
-    return std::string("it does not read back: ") + e.what();
-  }
-  return {};
-}
-
 }  // namespace
 
 namespace {
@@ -387,131 +347,6 @@ void name_if_verified(MPI_Comm comm, const std::string& path, const std::string&
 
 }  // namespace
 
-double write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
-                        const std::vector<DatasetSlice>& datasets) {
-  const std::string tmp = path + ".tmp";
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  const std::vector<uint64_t> sums = agreed_checksums(comm, datasets);
-  const int64_t fault = test_hooks::checkpoint_fault_after();
-  // The hash of each dataset's part this rank hands to HDF5: what it must
-  // read back before the file is given its name.
-  std::vector<uint64_t> written(datasets.size(), 0);
-  // This rank's first failed write; agree() makes it every rank's.
-  std::string failure;
-  const auto agree = [&] {
-    failure = lowest_rank_message(comm, failure, false);
-    return !failure.empty();
-  };
-  const auto failed = [&](const std::string& what) {
-    // errno is a hint only: MPI-IO and HDF5 do not always keep it.
-    if (failure.empty()) failure = what + ": " + (errno != 0 ? std::strerror(errno) : "failed");
-  };
-  // The .tmp made afresh by rank 0 (a link in its place is removed, never
-  // written through: HDF5 would follow it), then created by all.
-  if (rank == 0) {
-    try {
-      ::close(open_output(tmp, OutputMode::kReplace, "[checkpoint] dir"));
-    } catch (const InputError& e) {
-      failure = e.what();
-    }
-  }
-  if (agree()) throw CheckpointWriteError(failure);
-  {
-    H5QuietErrors quiet;
-    H5Handle file = create_parallel_file(comm, tmp);
-    // The whole file's space is reserved before the first byte: a disk that
-    // cannot hold it fails here, on rank 0, where every rank agrees on it,
-    // and never inside HDF5's collective metadata flush, where the rank
-    // that fails returns and leaves the others waiting in a broadcast (seen
-    // with 2 ranks at the final flush). The slack past the tensors is
-    // generous for HDF5's headers; what is left over is cut off below.
-    if (rank == 0) {
-      const int64_t bytes = reserved_bytes(meta, datasets);
-      errno = reserve_space(tmp, bytes);
-      if (errno != 0) failed(strprintf("reserving %.1f MB for the file", static_cast<double>(bytes) / 1e6));
-    }
-    H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-    H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
-    H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-    H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
-    create_groups(file.get(), datasets, lcpl.get(), tmp);
-
-    agree();
-    for (size_t i = 0; i < datasets.size() && failure.empty(); ++i) {
-      const DatasetSlice& d = datasets[i];
-      const auto dims = dims_of(d.shape);
-      H5Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-      H5Handle dset(H5Dcreate2(file.get(), d.name.c_str(), H5T_IEEE_F32LE, fspace.get(), lcpl.get(),
-                               H5P_DEFAULT, H5P_DEFAULT),
-                    H5Dclose);
-      H5_CHECK(dset.get(), tmp + ": " + d.name);
-      // This rank's blocks as a union of hyperslabs (HDF5 walks it in the
-      // file's order, which is the blocks' order: increasing rows); an empty
-      // selection still joins the collective transfer.
-      const int64_t count = select_boxes(fspace.get(), d.shape, d.boxes, tmp + ": " + d.name);
-      const hsize_t mcount[1] = {static_cast<hsize_t>(std::max<int64_t>(count, 1))};
-      H5Handle mspace(H5Screate_simple(1, mcount, nullptr), H5Sclose);
-      if (count == 0) H5_CHECK(H5Sselect_none(mspace.get()), tmp);
-      if (count > 0) written[i] = tensor_checksum(d.data, count);
-      errno = 0;
-      if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(),
-                   count > 0 ? d.data : nullptr) < 0) {
-        failed("writing " + d.name);
-      }
-      if (d.written) d.written();
-      if (agree()) break;
-      write_u64_attr(dset.get(), "xxh64", sums[i], tmp);
-      if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {
-        std::fprintf(stderr, "mpiformer: fault injected after %lld datasets of %s\n",
-                     static_cast<long long>(i + 1), tmp.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 9);
-      }
-    }
-    if (failure.empty()) {
-      write_root_attributes(file.get(), meta, tmp);
-      errno = 0;
-      if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) failed("flushing the file's metadata");
-      agree();
-    }
-  }  // closed, collectively, here
-  MPI_CHECK(MPI_Barrier(comm));
-  if (!failure.empty()) {
-    if (rank == 0) std::remove(tmp.c_str());  // its space is given back at once
-    MPI_CHECK(MPI_Barrier(comm));
-    throw CheckpointWriteError(tmp + ": " + failure + " (the partial file was removed)");
-  }
-  // Rank 0 cuts the reservation's unused tail (HDF5 extends a file, never
-  // shrinks it), writes the file to disk and drops it from the page cache,
-  // so that what the ranks read back next comes from the disk.
-  if (rank == 0) {
-    failure = cut_to_hdf5_length(tmp);
-    try {
-      if (!failure.empty()) throw SystemError(failure);
-      if (meta.step == test_hooks::fault_corrupt_checkpoint() && !datasets.empty())
-        corrupt_one_value(tmp, datasets[0].name);
-      const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd >= 0) {
-        ::fsync(fd);
-        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        ::close(fd);
-      }
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
-  int ok = failure.empty() ? 1 : 0;
-  MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
-  if (!ok) throw SystemError(rank == 0 ? failure : "cannot publish " + path + " (see rank 0)");
-  // Every rank reads back its own part and checks it against what it
-  // handed over; the file gets its name only if all of it agrees.
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string mismatch = read_back(tmp, datasets, written);
-  const double verify_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  name_if_verified(comm, path, mismatch);
-  return verify_seconds;
-}
 
 
 CheckpointLayout lay_out_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
@@ -649,9 +484,10 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
       if (!whole(::pwrite, fd, reinterpret_cast<const char*>(d.data + first), static_cast<size_t>(4 * n), offset))
         out.failure = "writing " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "failed");
     });
+    if (d.written) d.written();
     if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {
       // The node dies in the middle of a background write.
-      std::fprintf(stderr, "mpiformer: fault injected after %lld datasets of %s (background write)\n",
+      std::fprintf(stderr, "mpiformer: fault injected after %lld datasets of %s\n",
                    static_cast<long long>(i + 1), layout.tmp.c_str());
       std::fflush(stderr);
       ::kill(::getpid(), SIGKILL);
@@ -670,6 +506,7 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
   }
   // What reads back next comes from the disk, not the page cache.
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  const auto verify_begin = std::chrono::steady_clock::now();
   std::vector<float> back;
   for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
     const DatasetSlice& d = datasets[i];
@@ -687,6 +524,7 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
       out.mismatch = true;
     }
   }
+  out.verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - verify_begin).count();
   return finish();
 }
 
@@ -697,7 +535,25 @@ void finish_checkpoint(MPI_Comm comm, const CheckpointLayout& layout, const Bloc
     MPI_CHECK(MPI_Barrier(comm));
     throw CheckpointWriteError(layout.tmp + ": " + failure + " (the partial file was removed)");
   }
-  name_if_verified(comm, layout.path, mine.mismatch ? mine.failure : "");
+  // Every rank's bytes are on disk: rank 0 also opens the file as a resume
+  // would (its root attributes and their checksum, through HDF5).
+  std::string mismatch = mine.mismatch ? mine.failure : "";
+  if (layout.rank == 0 && mismatch.empty()) {
+    try {
+      const CheckpointReader reader(layout.tmp);
+    } catch (const std::exception& e) {
+      mismatch = std::string("it does not read back: ") + e.what();
+    }
+  }
+  name_if_verified(comm, layout.path, mismatch);
+}
+
+double write_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                        const std::vector<DatasetSlice>& datasets) {
+  const CheckpointLayout layout = lay_out_checkpoint(comm, path, meta, datasets);
+  const BlockWrite mine = write_blocks(layout, datasets);
+  finish_checkpoint(comm, layout, mine);
+  return mine.verify_seconds;
 }
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {

@@ -149,6 +149,7 @@ struct BlockWrite {
   std::string failure;    // "" or the first thing that failed
   bool mismatch = false;  // written, but read back differently
   double seconds = 0;     // writing, flushing and reading back
+  double verify_seconds = 0;  // of which reading back
 };
 BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets);
 void finish_checkpoint(MPI_Comm comm, const CheckpointLayout& layout, const BlockWrite& mine);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "checkpoint.hpp"
 #include "deck.hpp"
@@ -96,6 +97,8 @@ class CheckpointManager {
   std::string run_id_;
   struct Background;
   std::unique_ptr<Background> background_;
+  // A published background save's snapshot buffers, for the next one.
+  std::vector<std::vector<float>> spare_snapshot_;
 };
 
 }  // namespace mpiformer

@@ -27,7 +27,7 @@ run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=async --set checkpoint.async=
   { cat async.log; fail "asynchronous run"; }
 [ "$(losses sync/metrics.jsonl)" = "$(losses async/metrics.jsonl)" ] || fail "async saves changed the losses"
 for s in 3 6 9; do
-  grep -q "checkpoint: step $s taken in .* s; async/checkpoints/step_0000000$s.h5 is written in the background" async.log ||
+  grep -q "checkpoint: step $s taken in .*; async/checkpoints/step_0000000$s.h5 is written in the background" async.log ||
     { cat async.log; fail "step $s was not saved in the background"; }
   grep -q "checkpoint: wrote async/checkpoints/step_0000000$s.h5 in the background" async.log ||
     { cat async.log; fail "step $s was not published"; }
@@ -79,7 +79,7 @@ rc=0
 MPIFORMER_CHECKPOINT_FAULT_AFTER=20 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=killed \
   --set checkpoint.async=true >k2.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] || { cat k2.log; fail "the fault did not end the job"; }
-grep -q "fault injected after 20 datasets of killed/checkpoints/step_00000006.h5.tmp (background write)" k2.log ||
+grep -q "fault injected after 20 datasets of killed/checkpoints/step_00000006.h5.tmp" k2.log ||
   { cat k2.log; fail "no fault in the background write"; }
 [ ! -e killed/checkpoints/step_00000006.h5 ] || fail "a half-written checkpoint was published"
 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=killed --set checkpoint.async=true >k3.log 2>&1 ||
