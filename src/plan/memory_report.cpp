@@ -43,8 +43,8 @@ std::string memory_table(const std::vector<RankMemory>& stages) {
   for (size_t s = 0; s < stages.size(); ++s) {
     const RankMemory& m = stages[s];
     if (m.checkpoint_snapshot == 0) continue;
-    t += strprintf("  %zu | [checkpoint] async's snapshot: %.1f MB of host memory while a save is "
-                   "written%s\n",
+    t += strprintf("  %zu | [checkpoint] async's snapshot: %.1f MB of host memory from the first "
+                   "save on%s\n",
                    s, m.checkpoint_snapshot / 1e6, m.snapshot_in_total ? " (in the total)" : ", outside the device's");
   }
   return t;

@@ -78,8 +78,8 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     for (int s = 0; s < static_cast<int>(deck.parallel.pp); ++s)
       most = std::max(most, rank_memory(deck, choice, s, 1).checkpoint_snapshot);
     lines.push_back(strprintf(
-        "[checkpoint] async: each save's snapshot holds up to %.2f GiB of host memory a rank while "
-        "its write is in flight (%s)",
+        "[checkpoint] async: the saves' snapshot holds up to %.2f GiB of host memory a rank from the "
+        "first save on (%s)",
         most / (1 << 30),
         machine.device == Device::kCpu ? "in the memory above" : "beside the device's, not in it"));
   }

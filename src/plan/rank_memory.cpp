@@ -202,8 +202,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
                         (deck.parallel.sequence_parallel ? static_cast<double>(deck.parallel.tp) : 1.0);
     m.comm += static_cast<double>(buffers) * rows * static_cast<double>(cfg.n_embd) * act;
   }
-  // [checkpoint] async: the snapshot a save writes from, held until its
-  // write is published: this rank's share of its stage's weights and two
+  // [checkpoint] async: the snapshot a save writes from, allocated at the
+  // first background save and kept for the next: this rank's share of its stage's weights and two
   // moments in fp32 (the ranks of a stage split its tensors' rows). Host
   // memory: the rank's own on the host back end, beside the device's on a
   // GPU.
