@@ -174,6 +174,12 @@ struct RunSection {
   double watchdog_s = 0;
   // A machine file (mpiformer calibrate) for [parallel] auto.
   std::string machine;
+  // The start's probe of every rank (train/health_check.hpp): a rank whose
+  // GEMM rate or link is below health_fraction of the median is named;
+  // health_action says whether the run goes on.
+  HealthCheck health_check = HealthCheck::kAuto;
+  double health_fraction = 0.8;
+  HealthAction health_action = HealthAction::kWarn;
 };
 
 struct Deck {

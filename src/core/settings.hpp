@@ -36,6 +36,11 @@ enum class Offload { kNone, kHost, kNvme };
 // gradient (train/compressed_allreduce.hpp): float, bf16, or int8 with a
 // scale per block, the part not sent kept and added back the next step.
 enum class GradCompression { kNone, kBf16, kInt8 };
+// [run] health_check: the probe of each rank's GEMM rate and link at the
+// start (train/health_check.hpp): on more than one node, always, never.
+enum class HealthCheck { kAuto, kOn, kOff };
+// [run] health_action: what a rank below the fraction of the median does.
+enum class HealthAction { kWarn, kStop };
 
 template <class E>
 struct SettingName {
@@ -56,6 +61,10 @@ inline constexpr SettingName<Offload> kOffloadNames[] = {
 inline constexpr SettingName<GradCompression> kGradCompressionNames[] = {
     {GradCompression::kNone, "none"}, {GradCompression::kBf16, "bf16"},
     {GradCompression::kInt8, "int8"}};
+inline constexpr SettingName<HealthCheck> kHealthCheckNames[] = {
+    {HealthCheck::kAuto, "auto"}, {HealthCheck::kOn, "on"}, {HealthCheck::kOff, "off"}};
+inline constexpr SettingName<HealthAction> kHealthActionNames[] = {
+    {HealthAction::kWarn, "warn"}, {HealthAction::kStop, "stop"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
     {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"},
     {ScheduleKind::kInterleaved, "interleaved"}};
@@ -96,6 +105,8 @@ inline const char* name_of(NonfinitePolicy p) { return setting_name(kNonfiniteNa
 inline const char* name_of(Recompute r) { return setting_name(kRecomputeNames, r); }
 inline const char* name_of(Offload o) { return setting_name(kOffloadNames, o); }
 inline const char* name_of(GradCompression c) { return setting_name(kGradCompressionNames, c); }
+inline const char* name_of(HealthCheck h) { return setting_name(kHealthCheckNames, h); }
+inline const char* name_of(HealthAction a) { return setting_name(kHealthActionNames, a); }
 inline const char* name_of(ModelFamily f) { return setting_name(kFamilyNames, f); }
 
 }  // namespace mpiformer

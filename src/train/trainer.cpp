@@ -2,7 +2,10 @@
 
 #include "plan/layout_search.hpp"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +14,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/output_file.hpp"
 #include "core/precision_plan.hpp"
 #include "parallel/input_agreement.hpp"
 #include "run_lock.hpp"
@@ -23,6 +27,7 @@
 #include "model/model_flops.hpp"
 #include "train/progress_log.hpp"
 #include "train/goodput.hpp"
+#include "train/health_check.hpp"
 #include "train/run_record.hpp"
 #include "train/step_executor.hpp"
 #include "train/stop_policy.hpp"
@@ -133,12 +138,24 @@ struct Trainer::Parts {
   double baseline_resident = 0;  // before the trainer allocated anything
   std::string auto_choice;       // [parallel] auto: what it picked, for the log
   double restore_seconds = 0;    // reading the checkpoint resumed from
+  bool multi_node = false;       // the ranks span more than one node
+  HealthVerdict health;          // [run] health_check's, when it ran
+  bool health_ran = false;
 };
+
+namespace {
+std::string join_hosts(const std::vector<std::string>& hosts) {
+  std::string out;
+  for (const std::string& h : hosts) out += (out.empty() ? "" : ", ") + h;
+  return out;
+}
+}  // namespace
 
 Trainer::Trainer(Deck deck, int rank, int world)
     : deck_(std::move(deck)), rank_(rank), p_(std::make_unique<Parts>()) {
   p_->baseline_resident = resident_bytes();
   const NodePlace node = node_place(MPI_COMM_WORLD);
+  p_->multi_node = node.size < world;
   agree_on_input_errors(MPI_COMM_WORLD, [&] { prepare_local(world, node); });
   if (deck_.parallel.auto_layout) {
     agree_on_view(MPI_COMM_WORLD, layout_of(deck_).describe(), deck_.run.machine, "[parallel] auto");
@@ -268,6 +285,38 @@ void Trainer::connect() {
   p.rank_peak = deck_.run.peak_tflops > 0
                     ? 0.0
                     : excluding_from_peak([&] { return p.stage->measure_peak_flops(); });
+  // [run] health_check: every rank's GEMM rate (the probe above, or one
+  // made for it where [run] peak_tflops is given) and link, against the
+  // median, before the first step.
+  const HealthCheck hc = deck_.run.health_check;
+  if (hc == HealthCheck::kOn || (hc == HealthCheck::kAuto && p.multi_node)) {
+    const double gemm = p.rank_peak > 0 ? p.rank_peak
+                                        : excluding_from_peak([&] { return p.stage->measure_peak_flops(); });
+    p.health = check_health(MPI_COMM_WORLD, gemm, deck_.run.health_fraction);
+    p.health_ran = true;
+    // For the job scripts and the next launch: the hosts named, one line
+    // each ("host unix-time what"), kept across launches.
+    if (rank_ == 0 && !p.health.below.empty()) {
+      const std::string path = deck_.run.dir + "/unhealthy-hosts";
+      const int fd = open_output(path, OutputMode::kAppend, "[run] dir");
+      std::string text;
+      for (size_t i = 0; i < p.health.below.size(); ++i)
+        text += strprintf("%s %lld %s\n", p.health.below_host[i].c_str(),
+                          static_cast<long long>(std::time(nullptr)), p.health.below[i].c_str());
+      const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      ::close(fd);
+      if (!ok) std::fprintf(stderr, "mpiformer: warning: cannot write %s\n", path.c_str());
+    }
+    if (!p.health.below.empty() && deck_.run.health_action == HealthAction::kStop) {
+      std::string who;
+      for (const std::string& b : p.health.below) who += (who.empty() ? "" : "; ") + b;
+      throw RestartableError(strprintf(
+          "the health check found rank(s) below %.2f of the median ([run] health_action = "
+          "\"stop\"): %s. Hosts: %s (recorded in %s/unhealthy-hosts); nothing was trained",
+          deck_.run.health_fraction, who.c_str(), join_hosts(p.health.hosts).c_str(),
+          deck_.run.dir.c_str()));
+    }
+  }
   double peak = deck_.run.peak_tflops > 0 ? deck_.run.peak_tflops * 1e12 : p.rank_peak;
   g.world().allreduce_sum(&peak, 1);
   p.peak_flops = peak;
@@ -472,6 +521,18 @@ void Trainer::report_measured_memory(MetricsLog& metrics) const {
   metrics.record(json + "]}");
 }
 
+void Trainer::report_health(MetricsLog& metrics) const {
+  const HealthVerdict& v = p_->health;
+  metrics.record(v.json);
+  if (rank_ != 0) return;
+  std::printf("%s\n", v.line.c_str());
+  for (const std::string& b : v.below)
+    std::fprintf(stderr, "mpiformer: warning: health: %s (below [run] health_fraction %.2f; "
+                 "[run] health_action = \"warn\": the run goes on)\n",
+                 b.c_str(), deck_.run.health_fraction);
+  std::fflush(stdout);
+}
+
 void Trainer::end_of_launch_goodput(const GoodputLedger& goodput) const {
   if (rank_ != 0) return;
   std::printf("%s\n", goodput.line().c_str());
@@ -503,6 +564,7 @@ TrainResult Trainer::run() {
   // The first line each launch writes: what tuned its transports.
   progress.metrics().record(environment_json(launch_environment(p.stage->on_device())));
   progress.metrics().record(memory_json(predicted_memory(deck_, p.backend)));
+  if (p.health_ran) report_health(progress.metrics());
   StopPolicy stop(deck_.run.time_limit, 12 * p.stage->param_storage());
   const int64_t end_step = tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
   if (lead && p.start.step >= end_step) {

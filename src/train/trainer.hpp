@@ -45,6 +45,9 @@ class Trainer {
   // Rank 0: the run's goodput so far, and (with [checkpoint] mtbf_hours)
   // the checkpoint interval its own costs suggest.
   void end_of_launch_goodput(const GoodputLedger& goodput) const;
+  // Rank 0: the health check's summary and the ranks below the fraction
+  // (the record goes to metrics.jsonl).
+  void report_health(MetricsLog& metrics) const;
 
   Deck deck_;
   int rank_;

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# [run] health_check: a rank made slow for real (pinned to a core that a
+# busy loop shares, its neighbour alone on the other) is named with its
+# host before the first step; "warn" goes on, "stop" ends the launch with
+# exit 75 and nothing trained; the host goes to <run.dir>/unhealthy-hosts.
+# Two ranks on their own cores pass. One node under "auto": no check.
+source "$(dirname "$0")/lib.sh"
+prep_sample_data
+DECK="$SOURCE_DIR/inputs/tiny.toml"
+[ "$(nproc)" -ge 2 ] || { echo "skipped: needs 2 cores"; exit 0; }
+args=(--set parallel.dp=2 --set train.steps=2 --set train.log_every=1 --set train.eval_every=0 --set run.peak_tflops=1)
+# Each rank on the core of its own rank number.
+pinned() {  # RUN_DIR ARGS...
+  local dir=$1
+  shift
+  mpirun -np 2 --bind-to none bash -c 'exec taskset -c "$OMPI_COMM_WORLD_RANK" "$0" "$@"' \
+    "$MPIFORMER" train "$DECK" "${args[@]}" --set run.dir="$dir" "$@"
+}
+host=$(hostname)
+
+pinned fair --set run.health_check=on >fair.log 2>&1 || { cat fair.log; fail "two ranks on their own cores"; }
+grep -q "^health: 2 rank(s): GEMM .* GFLOP/s (median .*), links .* GB/s (median .*); every rank within 0.80 of the median" fair.log ||
+  { cat fair.log; fail "no health line, or a rank below on its own core"; }
+[ ! -e fair/unhealthy-hosts ] || fail "a healthy run recorded a host"
+
+taskset -c 1 bash -c 'while :; do :; done' &
+hog=$!
+trap 'kill $hog 2>/dev/null || true' EXIT
+pinned slow --set run.health_check=on >slow.log 2>&1 || { cat slow.log; fail "warn: the run did not go on"; }
+grep -q "warning: health: rank 1 on $host: GEMM [0-9.]* GFLOP/s, 0\.[0-7][0-9] of the median" slow.log ||
+  { cat slow.log; fail "the slowed rank was not named"; }
+grep -q "1 rank(s) below 0.80 of the median" slow.log || { cat slow.log; fail "summary"; }
+grep -q "^$host [0-9]* rank 1 on $host: GEMM" slow/unhealthy-hosts || { cat slow/unhealthy-hosts; fail "unhealthy-hosts"; }
+python3 - slow/metrics.jsonl <<'PY'
+import json, sys
+h = [json.loads(l)["health"] for l in open(sys.argv[1]) if '"health"' in l][0]
+assert h["ranks"] == 2 and [b["rank"] for b in h["below"]] == [1], h
+assert sum(1 for l in open(sys.argv[1]) if '"loss"' in l) == 2, "warn: the run trained"
+PY
+rc=0
+pinned stop --set run.health_check=on --set run.health_action=stop >stop.log 2>&1 || rc=$?
+kill $hog
+[ "$rc" -eq 75 ] || { cat stop.log; fail "stop: exit $rc, expected 75"; }
+grep -q "the health check found rank(s) below 0.80 of the median (\[run\] health_action = \"stop\"): rank 1 on $host" stop.log ||
+  { cat stop.log; fail "stop: no message naming the rank"; }
+! grep -q '"loss"' stop/metrics.jsonl 2>/dev/null || fail "stop: a step was trained"
+echo "ok: a slowed rank is named; warn goes on, stop exits 75"
+
+run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=auto >auto.log 2>&1 || { cat auto.log; fail "auto"; }
+! grep -q "^health:" auto.log || fail "auto on one node ran the check"
+echo "ok: auto skips one node"
