@@ -226,6 +226,7 @@ const std::vector<Key>& schema() {
       choice_key("run", "health_check", kHealthCheckNames, MEMBER(run.health_check)),
       float_key("run", "health_fraction", false, 0, 1, MEMBER(run.health_fraction)),
       choice_key("run", "health_action", kHealthActionNames, MEMBER(run.health_action)),
+      int_key("run", "straggler_every", false, 0, 1e9, MEMBER(run.straggler_every)),
       string_key("checkpoint", "dir", false, MEMBER(checkpoint.dir)),
       int_key("checkpoint", "every", false, 0, 1e12, MEMBER(checkpoint.every)),
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),

@@ -180,6 +180,9 @@ struct RunSection {
   HealthCheck health_check = HealthCheck::kAuto;
   double health_fraction = 0.8;
   HealthAction health_action = HealthAction::kWarn;
+  // Every this many steps the ranks' compute times are compared
+  // (train/straggler_watch.hpp; 0: never).
+  int64_t straggler_every = 50;
 };
 
 struct Deck {

@@ -14,6 +14,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/test_hooks.hpp"
 #include "core/output_file.hpp"
 #include "core/precision_plan.hpp"
 #include "parallel/input_agreement.hpp"
@@ -28,6 +29,7 @@
 #include "train/progress_log.hpp"
 #include "train/goodput.hpp"
 #include "train/health_check.hpp"
+#include "train/straggler_watch.hpp"
 #include "train/run_record.hpp"
 #include "train/step_executor.hpp"
 #include "train/stop_policy.hpp"
@@ -607,10 +609,14 @@ TrainResult Trainer::run() {
   };
   TrainResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  StragglerWatch stragglers(MPI_COMM_WORLD, deck_.run.straggler_every, deck_.run.health_fraction,
+                            !p.stage->on_device() && !test_hooks::rehearse_gpu(), p.grid->stage());
   for (int64_t step = p.start.step; step < end_step; ++step) {
     const auto t0 = Clock::now();
+    const StepTimes waits_before = progress.times();
     const StepResult r = p.executor->train_step(step, *p.data, stop.out_of_time(t0), progress.times());
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    stragglers.step_done(step_s, waits_before, progress.times());
     stop.step_took(step_s);
     p.watchdog->step_took(step_s);
     result.losses.push_back(r.loss);
@@ -645,6 +651,11 @@ TrainResult Trainer::run() {
       progress.exclude_pause();
       progress.eval_done(done, v.blended, v.per_set);
     }
+    // Every rank reaches the end of a window together (collective).
+    const StragglerWatch::Finding slow = stragglers.window_end(done);
+    for (const std::string& rec : slow.records) progress.metrics().record(rec);
+    if (lead)
+      for (const std::string& line : slow.lines) std::fprintf(stderr, "mpiformer: warning: %s\n", line.c_str());
     // A background write done on every rank is published between steps.
     finish_background(false, done);
     const int64_t every = deck_.checkpoint.every;

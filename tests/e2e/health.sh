@@ -2,7 +2,8 @@
 # [run] health_check: a rank made slow for real (pinned to a core that a
 # busy loop shares, its neighbour alone on the other) is named with its
 # host before the first step; "warn" goes on, "stop" ends the launch with
-# exit 75 and nothing trained; the host goes to <run.dir>/unhealthy-hosts.
+# exit 75 and nothing trained; the host goes to <run.dir>/unhealthy-hosts;
+# during the run, the same rank is named a straggler ([run] straggler_every).
 # Two ranks on their own cores pass. One node under "auto": no check.
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
@@ -36,6 +37,18 @@ import json, sys
 h = [json.loads(l)["health"] for l in open(sys.argv[1]) if '"health"' in l][0]
 assert h["ranks"] == 2 and [b["rank"] for b in h["below"]] == [1], h
 assert sum(1 for l in open(sys.argv[1]) if '"loss"' in l) == 2, "warn: the run trained"
+PY
+# During the run: the same rank's compute time per step, twice running
+# above the median by more than 1 / 0.8, is named every window after.
+pinned straggle --set train.steps=12 --set run.straggler_every=3 >straggle.log 2>&1 ||
+  { cat straggle.log; fail "straggler run"; }
+grep -q "warning: straggler: rank 1 on $host computes .* ms a step against the median .* ms (.*x) over the last 3 steps, 2 windows running" straggle.log ||
+  { cat straggle.log; fail "the straggler was not named"; }
+python3 - straggle/metrics.jsonl <<'PY'
+import json, sys
+found = [json.loads(l)["straggler"] for l in open(sys.argv[1]) if '"straggler"' in l]
+assert found and all(f["rank"] == 1 for f in found), found
+assert [f["step"] for f in found][0] == 6 and found[0]["compute_ms"] > 1.25 * found[0]["median_ms"], found
 PY
 rc=0
 pinned stop --set run.health_check=on --set run.health_action=stop >stop.log 2>&1 || rc=$?
