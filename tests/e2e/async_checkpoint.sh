@@ -12,20 +12,10 @@ prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
 args=(--set parallel.dp=2 --set train.steps=12 --set train.log_every=1 --set train.eval_every=0
       --set checkpoint.every=3 --set checkpoint.keep=0 --set run.peak_tflops=1)
-losses() {
-  python3 - "$1" <<'PY'
-import json, sys
-out = {}
-for line in open(sys.argv[1]):
-    j = json.loads(line)
-    if "loss" in j: out[j["step"]] = j["loss"]
-print(json.dumps(out, sort_keys=True))
-PY
-}
 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=sync >sync.log 2>&1 || { cat sync.log; fail "synchronous run"; }
 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=async --set checkpoint.async=true >async.log 2>&1 ||
   { cat async.log; fail "asynchronous run"; }
-[ "$(losses sync/metrics.jsonl)" = "$(losses async/metrics.jsonl)" ] || fail "async saves changed the losses"
+[ "$(last_losses sync/metrics.jsonl)" = "$(last_losses async/metrics.jsonl)" ] || fail "async saves changed the losses"
 for s in 3 6 9; do
   grep -q "checkpoint: step $s taken in .*; async/checkpoints/step_0000000$s.h5 is written in the background" async.log ||
     { cat async.log; fail "step $s was not saved in the background"; }
@@ -45,7 +35,7 @@ MPIFORMER_SLOW_BACKGROUND_WRITE_MS=1500 run_mpi 2 train "$DECK" "${args[@]}" --s
   --set checkpoint.async=true >slow.log 2>&1 || { cat slow.log; fail "slow run"; }
 grep -q "checkpoint: training waited [0-9.]* s for the background write of step 3 to finish" slow.log ||
   { cat slow.log; fail "the next save did not wait for the write in flight"; }
-[ "$(losses sync/metrics.jsonl)" = "$(losses slow/metrics.jsonl)" ] || fail "a slow write changed the losses"
+[ "$(last_losses sync/metrics.jsonl)" = "$(last_losses slow/metrics.jsonl)" ] || fail "a slow write changed the losses"
 echo "ok: the next save waits for a write in flight"
 
 # SIGTERM with a write in flight: the stop waits for it, then saves
@@ -85,7 +75,7 @@ grep -q "fault injected after 20 datasets of killed/checkpoints/step_00000006.h5
 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=killed --set checkpoint.async=true >k3.log 2>&1 ||
   { cat k3.log; fail "restart"; }
 grep -q "resumed from killed/checkpoints/step_00000004.h5" k3.log || { cat k3.log; fail "did not resume from step 4"; }
-python3 - "$(losses sync/metrics.jsonl)" "$(losses killed/metrics.jsonl)" <<'PY'
+python3 - "$(last_losses sync/metrics.jsonl)" "$(last_losses killed/metrics.jsonl)" <<'PY'
 import json, sys
 ref, got = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 # Bitwise: the same layout resumed from the same state.

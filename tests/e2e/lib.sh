@@ -75,6 +75,18 @@ train_layout() {
 
 # The losses of a metrics file, one per line (timings stripped).
 losses_of() { grep -o '"loss": [^,]*' "$1"; }
+# The loss of every step of a metrics.jsonl as JSON ({"1": 5.54, ...}),
+# the last time it was logged (a restart redoes some), keys sorted.
+last_losses() {
+  python3 - "$1" <<'PY'
+import json, sys
+out = {}
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    if "loss" in j: out[j["step"]] = j["loss"]
+print(json.dumps(out, sort_keys=True))
+PY
+}
 
 # compare REF.jsonl GOT.jsonl TOLERANCE LABEL: the loss, grad norm and
 # validation loss of every step within TOLERANCE relative (0: exactly), and

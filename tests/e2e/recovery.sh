@@ -22,17 +22,6 @@ wait_steps() {  # wait_steps METRICS N: until N losses are logged
   done
   return 1
 }
-# The loss of every step, the last time it was logged (a restart redoes some).
-last_losses() {
-  python3 - "$1" <<'PY'
-import json, sys
-out = {}
-for line in open(sys.argv[1]):
-    j = json.loads(line)
-    if "loss" in j: out[j["step"]] = j["loss"]
-print(json.dumps(out))
-PY
-}
 
 # The reference: one launch, no fault. The transport tuning it runs under
 # is recorded: the log header and the first line of metrics.jsonl name the
