@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/format.hpp"
@@ -42,13 +44,24 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+void rank_host(char* out, size_t size) {
+  if (size == 0) return;
+  const char* slurm = std::getenv("SLURMD_NODENAME");
+  if (slurm != nullptr && *slurm != '\0') {
+    std::snprintf(out, size, "%s", slurm);
+    return;
+  }
+  if (::gethostname(out, size - 1) != 0) std::snprintf(out, size, "unknown");
+  out[size - 1] = '\0';
+}
+
 HealthVerdict check_health(MPI_Comm world, double gemm_flops, double fraction) {
   int rank = 0, size = 1;
   MPI_CHECK(MPI_Comm_rank(world, &rank));
   MPI_CHECK(MPI_Comm_size(world, &size));
   const double link = link_rate(world, rank, size);
   char host[HOST_NAME_MAX + 1] = {};
-  ::gethostname(host, sizeof host - 1);
+  rank_host(host, sizeof host);
   // Every rank's figures and host, on every rank (a few bytes each).
   double mine[2] = {gemm_flops, link};
   std::vector<double> all(2 * static_cast<size_t>(size));

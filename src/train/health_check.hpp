@@ -8,6 +8,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ struct HealthVerdict {
   std::string line;                // the log's summary
   std::string json;                // {"health": {...}}
 };
+
+// The name this rank's node goes by in reports: Slurm's node name where
+// the rank runs under Slurm (what --exclude takes; test clusters run
+// several nodes on one host), else the host name. Written into
+// out[size], cut to fit.
+void rank_host(char* out, size_t size);
 
 // Collective over `world`: measures this rank's link, gathers
 // `gemm_flops` (this rank's measured rate) and the link from every rank;

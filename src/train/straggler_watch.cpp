@@ -7,6 +7,7 @@
 
 #include "core/format.hpp"
 #include "core/mpi_check.hpp"
+#include "train/health_check.hpp"
 
 namespace mpiformer {
 
@@ -16,7 +17,7 @@ StragglerWatch::StragglerWatch(MPI_Comm world, int64_t every, double fraction, b
   MPI_CHECK(MPI_Comm_rank(world_, &rank_));
   MPI_CHECK(MPI_Comm_size(world_, &size_));
   char host[HOST_NAME_MAX + 1] = {};
-  ::gethostname(host, sizeof host - 1);
+  rank_host(host, sizeof host);
   std::vector<char> all(static_cast<size_t>(size_) * (HOST_NAME_MAX + 1));
   MPI_CHECK(MPI_Allgather(host, HOST_NAME_MAX + 1, MPI_CHAR, all.data(), HOST_NAME_MAX + 1, MPI_CHAR, world_));
   for (int r = 0; r < size_; ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * (HOST_NAME_MAX + 1)]);
