@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -13,6 +15,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/output_file.hpp"
 
 namespace mpiformer {
 
@@ -84,12 +87,10 @@ GoodputLedger::GoodputLedger(std::string run_dir, bool active, bool resumed, int
   cur_.started = unix_now() - process_age();
   cur_.updated = cur_.started;
   cur_.resumed_from = cur_.step = resume_step;
-  if (active_ && resumed) read_previous(resumed, resume_step);
+  if (active_ && resumed) read_previous(resume_step);
 }
 
-double GoodputLedger::now_unix() const { return unix_now(); }
-
-void GoodputLedger::read_previous(bool, int64_t s) {
+void GoodputLedger::read_previous(int64_t s) {
   struct stat st {};
   if (::lstat(path_.c_str(), &st) != 0) return;  // none: the run predates it
   auto refuse = [&](const std::string& why) {
@@ -178,7 +179,7 @@ void GoodputLedger::read_previous(bool, int64_t s) {
 void GoodputLedger::steps_begin() {
   if (stepping_) return;
   stepping_ = true;
-  cur_.startup = std::max(0.0, now_unix() - cur_.started);
+  cur_.startup = std::max(0.0, unix_now() - cur_.started);
 }
 
 void GoodputLedger::step_done(int64_t step, double seconds) {
@@ -207,9 +208,9 @@ void GoodputLedger::checkpoint_kept(int64_t step, double productive_through) {
 
 void GoodputLedger::eval_done(double seconds) { cur_.evals += seconds; }
 
-void GoodputLedger::write() {
+void GoodputLedger::write(bool durable) {
   if (!active_) return;
-  cur_.updated = now_unix();
+  cur_.updated = unix_now();
   std::string t = std::string(kHeader) + "\n";
   const GoodputTotals& s = settled_;
   t += strprintf("settled launches %lld steps_redone %lld wall %.6f startup %.6f restore %.6f "
@@ -229,7 +230,19 @@ void GoodputLedger::write() {
   // Bookkeeping never stops a run: a write that fails (a full disk) is
   // said once, and the run's own outputs then report the disk.
   try {
-    write_file_durably(path_, t);
+    if (durable) {
+      write_file_durably(path_, t);
+    } else {
+      // Between saves, whole but not flushed: a training step does not
+      // wait for the disk (a crash of the node loses at most these lines).
+      const std::string tmp = path_ + ".tmp";
+      std::FILE* f = open_output_stream(tmp, OutputMode::kReplace, "[run] dir");
+      const bool ok = std::fwrite(t.data(), 1, t.size(), f) == t.size();
+      if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path_.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw StorageError("cannot write " + path_ + ": " + std::strerror(errno));
+      }
+    }
   } catch (const std::exception& e) {
     if (!write_failed_) std::fprintf(stderr, "mpiformer: warning: goodput figures not recorded: %s\n", e.what());
     write_failed_ = true;
@@ -239,8 +252,8 @@ void GoodputLedger::write() {
 GoodputTotals GoodputLedger::totals() const {
   GoodputTotals t = settled_;
   t.launches += 1;
-  t.wall += std::max(0.0, now_unix() - cur_.started);
-  t.startup += stepping_ ? cur_.startup : std::max(0.0, now_unix() - cur_.started);
+  t.wall += std::max(0.0, unix_now() - cur_.started);
+  t.startup += stepping_ ? cur_.startup : std::max(0.0, unix_now() - cur_.started);
   t.restore += cur_.restore;
   t.steps += cur_.steps;
   t.productive = base_ + cur_.steps;

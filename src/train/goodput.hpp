@@ -60,9 +60,10 @@ class GoodputLedger {
   void checkpoint_kept(int64_t step, double productive_through);
   double productive() const { return base_ + cur_.steps; }
   void eval_done(double seconds);
-  // Writes the ledger (durably) with this launch's figures so far; a
-  // failure (a full disk) is a warning, once.
-  void write();
+  // Writes the ledger with this launch's figures so far: whole always,
+  // `durable` (flushed to disk) at saves and the end; a failure (a full
+  // disk) is a warning, once.
+  void write(bool durable = true);
   // The run's figures through now, this launch included.
   GoodputTotals totals() const;
   // Seconds the average save made training wait (0: none yet).
@@ -82,8 +83,7 @@ class GoodputLedger {
     double startup = 0, restore = 0, steps = 0, saves = 0, evals = 0;
     int64_t save_count = 0, step_count = 0;
   };
-  void read_previous(bool resumed, int64_t resume_step);
-  double now_unix() const;
+  void read_previous(int64_t resume_step);
   std::string path_;
   bool active_;
   std::string warning_;

@@ -622,7 +622,7 @@ TrainResult Trainer::run() {
     result.losses.push_back(r.loss);
     const int64_t done = step + 1;
     goodput.step_done(done, step_s);
-    if (done % tc.log_every == 0) goodput.write();
+    if (done % tc.log_every == 0) goodput.write(false);
     progress.step_done(done, end_step, step_s, r, p.data->cursor());
     if (lead)
       for (const std::string& note : r.data_notes)
