@@ -16,11 +16,12 @@ namespace mpiformer {
 
 namespace {
 
-// The link's rate: the best of a few exchanges of 8 MB with the ring's
-// next rank (sent) and previous rank (received), after one to warm up.
+// The link's rate: the best of six exchanges of 8 MB with the ring's
+// next rank (sent) and previous rank (received), after one to warm up
+// (the best, so a moment's noise on a shared node is not a slow link).
 double link_rate(MPI_Comm world, int rank, int size) {
   if (size < 2) return 0;
-  constexpr int kBytes = 8 << 20, kTries = 3;
+  constexpr int kBytes = 8 << 20, kTries = 6;
   std::vector<char> out(kBytes, 1), in(kBytes);
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   double best = 0;
