@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/ops.hpp"
+#include "parallel/compute_ordered.hpp"
 #include "train/adamw_state.hpp"
 
 namespace mpiformer::test {
@@ -37,13 +38,6 @@ std::vector<float> random_floats(int64_t n, unsigned seed, float scale) {
   for (auto& e : x) e = d(gen);
   return x;
 }
-
-// A reduction already done (the buckets' operations on the host and in
-// the emulation: order_stream waits for it on the host).
-struct Done final : PendingOp {
-  void wait() override {}
-  bool test() override { return true; }
-};
 
 // `prefetch`: the gradients come down bucket by bucket before the step
 // (as backward's reductions finish, from the end of the buffer), then a
@@ -93,7 +87,10 @@ Result<A> three_steps(const OffloadSetup& where, bool prefetch = false, int64_t 
     if (prefetch) {
       state.prefetch_begin();
       Ops::upload(ctx, g.get(), gs.data(), n);
-      Done done;
+      // The reduction as a one-rank communicator's: queued on the compute
+      // stream, behind the upload, so each bucket's copy down waits for
+      // it (a pageable upload returns before the device has the bytes).
+      ComputeOrdered done(ctx.stream());
       for (int64_t end = n; end > 0; end -= 1000)
         state.prefetch_gradients(g.get(), std::max<int64_t>(0, end - 1000), end, done);
       Ops::upload(ctx, g.get() + changed, late.data(), changed_n);
