@@ -23,6 +23,7 @@
 #include "core/test_hooks.hpp"
 #include "checkpoint_store.hpp"
 #include "core/error.hpp"
+#include "host/parallel.hpp"
 #include "core/format.hpp"
 #include "parallel/input_agreement.hpp"
 #include "core/mpi_check.hpp"
@@ -271,23 +272,35 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
   // A checkpoint is what a run falls back on: one holding NaN or infinity
   // (weights from a damaged init, a hardware fault) must never be published
   // as `latest`. Every rank judges its own state; all agree.
+  // In pieces: offloaded state's views drop each one's pages after it, one
+  // piece at a time; state in memory is scanned by the rank's threads.
+  constexpr int64_t kPiece = int64_t{1} << 22;
+  const auto piece_finite = [](const float* x, int64_t len) {
+    // The exponent's bits all set (NaN or infinity), counted without a
+    // branch so the loop runs in vector registers (a save waits for it).
+    uint32_t nonfinite = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, x + i, sizeof bits);
+      nonfinite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    return nonfinite == 0;
+  };
   const auto finite = [&](const float* x, int64_t n) {
     if (x == nullptr) return true;
-    // In pieces: offloaded state's views drop each one's pages after it.
-    constexpr int64_t kPiece = int64_t{1} << 22;
-    bool ok = true;
+    const int64_t pieces = (n + kPiece - 1) / kPiece;
+    if (!state.done_with) {
+      std::vector<uint8_t> ok(static_cast<size_t>(pieces));
+      uint8_t* o = ok.data();
+      host::parallel_for("checkpoint_finite_scan", pieces, [=](const int64_t p) {
+        o[p] = piece_finite(x + p * kPiece, std::min(kPiece, n - p * kPiece)) ? 1 : 0;
+      });
+      return std::find(ok.begin(), ok.end(), 0) == ok.end();
+    }
     for (int64_t at = 0; at < n; at += kPiece) {
       const int64_t len = std::min(kPiece, n - at);
-      // The exponent's bits all set (NaN or infinity), counted without a
-      // branch so the loop runs in vector registers (a save waits for it).
-      uint32_t nonfinite = 0;
-      for (int64_t i = at; i < at + len; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, x + i, sizeof bits);
-        nonfinite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-      }
-      ok = ok && nonfinite == 0;
-      if (state.done_with) state.done_with(x + at, len);
+      const bool ok = piece_finite(x + at, len);
+      state.done_with(x + at, len);
       if (!ok) return false;
     }
     return true;
@@ -433,7 +446,9 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   }
   const std::string gone = lowest_rank_message(
       MPI_COMM_WORLD, integrity.kind == OffloadFiles::Integrity::kGone ? integrity.what : "");
+  const auto before_state = std::chrono::steady_clock::now();
   const StageState state = stage_.host_state();
+  const auto got_state = std::chrono::steady_clock::now();
   if (tampering && tamper.action == "cut-in-save") offload->tamper("cut");
   if (step == test_hooks::fault_nonfinite_weights_save() && grid_.world_rank() == 0 &&
       !stage_.on_device()) {
@@ -455,10 +470,15 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     }
   } release{stage_};
   refuse_nonfinite_state(state, step);
+  const auto scanned = std::chrono::steady_clock::now();
   auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
+  // The slices of a detached state (a GPU's, downloaded) are written from
+  // where they are; the rest are copied.
+  const size_t detached = state.detached ? slices.size() : 0;
   // Error feedback's residuals, so a resume on this layout goes on exactly.
   const std::vector<float> residual = stage_.compression_state();
   for (DatasetSlice& d : compression_slices(residual, MPI_COMM_WORLD)) slices.push_back(std::move(d));
+  const auto summed = std::chrono::steady_clock::now();
   if (background) {
     // The snapshot: what this rank writes, copied out of the live state
     // (the next step changes it); then the file laid out, collectively,
@@ -470,14 +490,29 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     // at memory's rate; fresh pages would fault in one by one.
     bg->snapshot = std::move(spare_snapshot_);
     bg->snapshot.resize(slices.size());
-    for (size_t i = 0; i < slices.size(); ++i) {
+    // Copied in pieces by the rank's threads.
+    struct Piece {
+      float* to;
+      const float* from;
+      int64_t n;
+    };
+    std::vector<Piece> pieces;
+    constexpr int64_t kPiece = int64_t{1} << 20;
+    for (size_t i = detached; i < slices.size(); ++i) {
       DatasetSlice& d = slices[i];
       int64_t count = 0;
       for (const DatasetBox& b : d.boxes) count += b.rows * (d.shape.size() > 1 ? b.cols : 1);
-      bg->snapshot[i].assign(d.data, d.data + (d.data != nullptr ? count : 0));
+      if (d.data == nullptr) count = 0;
+      bg->snapshot[i].resize(static_cast<size_t>(count));
+      for (int64_t at = 0; at < count; at += kPiece)
+        pieces.push_back({bg->snapshot[i].data() + at, d.data + at, std::min(kPiece, count - at)});
       d.data = bg->snapshot[i].data();
       d.written = nullptr;
     }
+    const Piece* p = pieces.data();
+    host::parallel_for("checkpoint_snapshot", static_cast<int64_t>(pieces.size()), [=](int64_t i) {
+      std::memcpy(p[i].to, p[i].from, sizeof(float) * static_cast<size_t>(p[i].n));
+    });
     bg->slices = std::move(slices);
     const auto laid = std::chrono::steady_clock::now();
     try {
@@ -493,11 +528,12 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     background_ = std::move(bg);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (grid_.world_rank() == 0) {
-      std::printf("checkpoint: step %lld taken in %.2f s (state, checks and snapshot %.2f s, the "
-                  "file's layout %.2f s); %s is written in the background\n",
-                  static_cast<long long>(step), dt,
-                  std::chrono::duration<double>(laid - t0).count(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - laid).count(),
+      const auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+      std::printf("checkpoint: step %lld taken in %.2f s (state %.2f s, finite scan %.2f s, "
+                  "checksums %.2f s, snapshot %.2f s, the file's layout %.2f s); %s is written in "
+                  "the background\n",
+                  static_cast<long long>(step), dt, s(before_state, got_state), s(got_state, scanned),
+                  s(scanned, summed), s(summed, laid), s(laid, std::chrono::steady_clock::now()),
                   path.c_str());
       std::fflush(stdout);
     }

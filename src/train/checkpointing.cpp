@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "core/mpi_check.hpp"
+#include "host/parallel.hpp"
 
 namespace mpiformer {
 namespace {
@@ -196,6 +197,12 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
     by_name.emplace(s.name, &s);
   }
   int tensor = 0;  // spreads the checksums' gathers over the stage's ranks
+  struct LocalSum {
+    size_t slice;
+    const float* data;
+    int64_t n;
+  };
+  std::vector<LocalSum> local_sums;
   for (int g = 0; g < 3; ++g) {
     for (const auto& spec : whole.specs()) {
       DatasetSlice d;
@@ -229,8 +236,12 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
           if (held != nullptr && holder == 0 && grid.tp_rank() == 0) {
             d.reports_checksum = true;
             const float* whole = group_base(state, g) + held->offset;
-            d.checksum = tensor_checksum(whole, spec.numel());
-            if (state.done_with) state.done_with(whole, spec.numel());
+            if (state.done_with) {
+              d.checksum = tensor_checksum(whole, spec.numel());
+              state.done_with(whole, spec.numel());
+            } else {
+              local_sums.push_back({out.size(), whole, spec.numel()});
+            }
           }
         } else {
           const int root = tensor++ % stage_size;
@@ -247,6 +258,14 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
       out.push_back(std::move(d));
     }
   }
+  // State in memory: the whole tensors' checksums by the rank's threads
+  // (offloaded views were summed one at a time above, each dropped after).
+  const LocalSum* jobs = local_sums.data();
+  DatasetSlice* slices = out.data();
+  host::parallel_for("checkpoint_checksums", static_cast<int64_t>(local_sums.size()),
+                     [=](const int64_t i) {
+                       slices[jobs[i].slice].checksum = tensor_checksum(jobs[i].data, jobs[i].n);
+                     });
   return out;
 }
 

@@ -32,6 +32,9 @@ struct StageState {
   // on each range once a pass of the save is done with it, so the save
   // holds a tensor's pages at a time, never the whole state.
   std::function<void(const float*, int64_t)> done_with = {};
+  // A copy (a GPU's state downloaded) that training does not change: a
+  // background save needs no snapshot of its own of these arrays.
+  bool detached = false;
 };
 // How group g (0 params, 1 and 2 the moments) of `state` is laid out: its
 // own shard plan, or none for whole buffers.

@@ -173,17 +173,16 @@ class TrainingStage final : public StageBackend {
     } else {
       const int64_t n = state_size(), np = whole ? stage_.param_storage() : n;
       if (!opt_->moments().holds_masters()) {
-        host_params_.resize(static_cast<size_t>(np));
-        Ops::download(ctx_, host_params_.data(), params, np);
-        params = host_params_.data();
+        params = download_state(host_params_, params, np);
       }
       if (opt_->moments().in_host_memory()) {
         return StageState{params, m, v, shards, whole, done_with};  // offloaded
       }
-      for (auto* h : {&host_m_, &host_v_}) h->resize(static_cast<size_t>(n));
-      Ops::download(ctx_, host_m_.data(), m, n);
-      Ops::download(ctx_, host_v_.data(), v, n);
-      return StageState{host_params_.data(), host_m_.data(), host_v_.data(), shards, whole};
+      m = download_state(host_m_, m, n);
+      v = download_state(host_v_, v, n);
+      // Copies that no step writes: a background save writes from them
+      // as they are (the next host_state() comes after it is done).
+      return StageState{params, m, v, shards, whole, {}, /*detached=*/true};
     }
   }
   void release_host_state() override { opt_->moments().release_views(); }
@@ -212,7 +211,16 @@ class TrainingStage final : public StageBackend {
   std::vector<Buffer<Act>> grad_out_;
   std::unique_ptr<StageOptimizer<Ops>> opt_;
   TensorOpObserver observer_;  // the tensor group keeps its address
-  std::vector<float> host_params_, host_m_, host_v_;  // device runs only
+  // Device runs only: the state copied down for a save, in page-locked
+  // memory (a pageable copy is staged through the driver's own buffer at
+  // a fraction of the link's rate), kept for the next save.
+  using HostFloats = typename Ops::template HostBuffer<float>;
+  HostFloats host_params_, host_m_, host_v_;
+  float* download_state(HostFloats& to, const float* from, int64_t n) {
+    if (to.size() != static_cast<size_t>(n)) to = HostFloats(static_cast<size_t>(n));
+    Ops::download(ctx_, to.get(), from, n);
+    return to.get();
+  }
 };
 
 }  // namespace mpiformer
