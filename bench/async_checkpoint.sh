@@ -31,26 +31,7 @@ for precision in $PRECISIONS; do
       --set checkpoint.every="$EVERY" --set checkpoint.async="$mode" \
       --set checkpoint.keep=1 --set run.dir="$run" --set run.peak_tflops=1 \
       >"$out/log" 2>&1 || { tail -20 "$out/log"; exit 1; }
-    read -r saves first rest step mb <<<"$(python3 - "$out/log" "$run/metrics.jsonl" "$STEPS" <<'PY'
-import json, re, sys
-log, metrics, steps = open(sys.argv[1]).read(), sys.argv[2], int(sys.argv[3])
-stalls = {}
-for step, t in re.findall(r"checkpoint: step (\d+) taken in ([0-9.]+) s", log):
-    stalls[int(step)] = float(t)
-for step, t in re.findall(r"checkpoint: wrote \S+step_0*(\d+)\.h5 \([0-9.]+ MB in ([0-9.]+) s", log):
-    stalls[int(step)] = float(t)
-on_way = sorted(s for s in stalls if s < steps)
-# A wait for step M's write belongs to the save after M that made it.
-for t, m in re.findall(r"training waited ([0-9.]+) s for the background write of step (\d+)", log):
-    later = [s for s in on_way if s > int(m)]
-    if later: stalls[later[0]] += float(t)
-first = stalls[on_way[0]]
-rest = sum(stalls[s] for s in on_way[1:]) / max(1, len(on_way) - 1)
-ms = [json.loads(l)["step_ms"] for l in open(metrics) if '"step_ms"' in l]
-mb = re.findall(r"\(([0-9.]+) MB", log)[-1]
-print(len(on_way), first, rest, sum(ms) / len(ms), mb)
-PY
-)"
+    read -r saves first rest step mb <<<"$(python3 bench/checkpoint_stalls.py "$out/log" "$run/metrics.jsonl" "$STEPS")"
     [ "$mode" = false ] && sync_stall=$rest
     ratio=$(python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.3f}')" "$rest" "$sync_stall")
     printf "| %s %s | %s | %.2f | %.2f | %s | %.0f | %s |\n" "$precision" \

@@ -2,7 +2,7 @@
 # The GPU check, made for the one short window on a lent GPU (15 minutes of
 # device time in all, start-up included; at most 10 minutes a command; at
 # most 8 files back from $OUT). One command, no network, phases in order of
-# value, each with a time budget, the whole run under DEADLINE (400 s) so
+# value, each with a time budget, the whole run under DEADLINE (430 s) so
 # that a fix and a second run still fit:
 #   0. preflight (20 s): the GPU seen by the driver and by CUDA, every
 #      binary's libraries resolved, `mpirun -np 1 true`, NCCL's start; each
@@ -14,6 +14,9 @@
 #      host back end (step losses within 1e-4 relative); then fp16 with
 #      dynamic loss scaling, and [train] offload = "host" against the
 #      benchmark run's losses;
+#   2d. checkpoints in the background against synchronous ones: the same
+#      losses, every file verified, the stall per save (with the start-up
+#      health check on the device);
 #   3. the same device-against-host comparison on llama-160m with
 #      grouped-query attention, and on it as a Mixture of Experts;
 #   4. the kernel, stage and communicator tests (ctest, gpu label);
@@ -38,12 +41,13 @@
 # makes (.bundle/mpiformer-gpu.tar.xz) on a machine without our
 # dependencies; the bundle's binaries find its libraries by their own
 # RUNPATH, so the machine's own tools keep theirs.
-#   OUT=bench-out/gpu  FROM=auto|build|bundle  BUILD_DIR=build/cuda  DEADLINE=400
+#   OUT=bench-out/gpu  FROM=auto|build|bundle  BUILD_DIR=build/cuda  DEADLINE=430
 #   MODELS="gpt2-124m:16 gpt2-350m:16" (deck:micro_batch)  SEQ=1024  STEPS=15
 #   LOG_EVERY=5  PRECISION=bf16  DEVICE=cuda  CMP_SEQ=1024  CMP_MB=2  FP16_STEPS=10
-#   BENCH=1 COMPARE=1 FP16=1 OFFLOAD=1 LLAMA=1 MOE=1 TESTS=1 SANITIZE=1 E2E=1: phases on/off
+#   ASYNC_MODEL=(the first of MODELS)  ASYNC_STEPS=150  ASYNC_EVERY=50
+#   BENCH=1 COMPARE=1 FP16=1 OFFLOAD=1 ASYNC=1 LLAMA=1 MOE=1 TESTS=1 SANITIZE=1 E2E=1: phases on/off
 #   BUDGET_<phase>=seconds: a phase's budget (preflight bench compare fp16
-#     offload llama moe tests sanitize e2e; bench, sanitize per run)
+#     offload async llama moe tests sanitize e2e; bench, sanitize per run)
 #   UNIT_TESTS=regex: ctest -R for phase 4 (default: the gpu label's unit tests)
 #   SANITIZE_FILTER=gtest filter for phase 5 (default: all but cuBLASLt's GEMMs)
 #   TRAIN_EXTRA="": words added to every run (the rehearsal shrinks the model)
@@ -60,6 +64,7 @@ REHEARSE=${MPIFORMER_REHEARSE_GPU:-0}
 if [ "$REHEARSE" = 1 ]; then
   : "${DEVICE:=cpu}" "${PRECISION:=fp32}" "${SEQ:=64}" "${MODELS:=gpt2-124m:1}" "${STEPS:=3}"
   : "${LOG_EVERY:=1}" "${CMP_SEQ:=32}" "${CMP_MB:=1}" "${FROM:=build}" "${FP16_STEPS:=4}"
+  : "${ASYNC_STEPS:=6}" "${ASYNC_EVERY:=2}"
   : "${BUILD_DIR:=build/cpu}" "${E2E:=0}" "${UNIT_TESTS:=^emulated\.(emulator|local_comm)$}"
   # gpt2-124m cut to two narrow layers: the phases, keys and checks are the
   # same at any shape.
@@ -77,7 +82,10 @@ DEVICE=${DEVICE:-cuda}
 CMP_SEQ=${CMP_SEQ:-1024}
 CMP_MB=${CMP_MB:-2}
 FP16_STEPS=${FP16_STEPS:-10}
-DEADLINE=${DEADLINE:-400}
+ASYNC_MODEL=${ASYNC_MODEL:-${MODELS%% *}}
+ASYNC_STEPS=${ASYNC_STEPS:-150}
+ASYNC_EVERY=${ASYNC_EVERY:-50}
+DEADLINE=${DEADLINE:-430}
 UNIT_TESTS=${UNIT_TESTS:-^gpu\.(kernels|gemm|stage|offload|local_comm|host_staged|stage_comms|nccl_communicator)$}
 E2E_TESTS='^gpu\.(train_tiny|calibrate|layout_equivalence|tensor_parallel)$'
 SANITIZE_FILTER=${SANITIZE_FILTER:--*Matmul*}
@@ -156,8 +164,8 @@ run_limited() {
 }
 
 # Budgets add up to DEADLINE; a phase may use what earlier ones left.
-declare -A BUDGET=([preflight]=20 [bench]=40 [compare]=50 [fp16]=20 [offload]=30 [llama]=40
-                   [moe]=40 [tests]=45 [sanitize]=25 [e2e]=50)
+declare -A BUDGET=([preflight]=20 [bench]=40 [compare]=50 [fp16]=20 [offload]=30 [async]=70
+                   [llama]=40 [moe]=40 [tests]=45 [sanitize]=25 [e2e]=50)
 for k in "${!BUDGET[@]}"; do
   v=BUDGET_$k
   [ -n "${!v:-}" ] && BUDGET[$k]=${!v}
@@ -477,6 +485,66 @@ PY
     grep -E "^offload:|^  rank 0 " "$LOGS/offload.log" >>"$SUMMARY"
   else
     record "2c. offload host ($model)" FAIL $((SECONDS - t0)) "$(tail -1 <<<"$out")"
+  fi
+fi
+
+# 2d. Checkpoints in the background on the device (issue 50): the same
+# run saving every ASYNC_EVERY steps, synchronously and with
+# [checkpoint] async = true. Losses within 1e-5 relative (the GPU's
+# run-to-run reproducibility: a save changes nothing that trains); every
+# background file verifies as a resume would read it; the stall per save
+# (what training stopped for) is reported, the synchronous one beside it.
+# The first run also runs the start-up health check on the device.
+if [ "${ASYNC:-1}" = 1 ] && phase async "2d. async checkpoints (${ASYNC_MODEL%%:*})"; then
+  t0=$SECONDS
+  amodel=${ASYNC_MODEL%%:*} amb=${ASYNC_MODEL##*:}
+  acfg=(--set run.device="$DEVICE" --set train.precision="$PRECISION" --set model.seq_len="$SEQ"
+        --set train.micro_batch="$amb" --set train.global_batch="$amb" --set train.steps="$ASYNC_STEPS"
+        --set train.warmup_steps=2 --set train.log_every=1 --set checkpoint.every="$ASYNC_EVERY"
+        --set checkpoint.keep=0)
+  train async-sync "$amodel" $((LIMIT / 2)) "${acfg[@]}" --set checkpoint.async=false \
+    --set run.health_check=on
+  rc=$?
+  if [ $rc = 0 ]; then
+    train async-bg "$amodel" $((LIMIT - (SECONDS - t0))) "${acfg[@]}" --set checkpoint.async=true
+    rc=$?
+    [ $rc = 0 ] || rc_log=async-bg
+  else
+    rc_log=async-sync
+  fi
+  if [ $rc != 0 ]; then
+    record "2d. async checkpoints (${ASYNC_MODEL%%:*})" "$(why $rc)" $((SECONDS - t0)) "$rc_log: $(tail -1 "$LOGS/$rc_log.log")"
+  else
+    bad=
+    for f in "$W"/async-bg/ckpt/step_*.h5; do
+      "$MPIFORMER" inspect "$f" >"$LOGS/async-inspect.log" 2>&1 && grep -q "datasets verify" "$LOGS/async-inspect.log" ||
+        bad="$bad $(basename "$f")"
+    done
+    stalls=()
+    for m in sync bg; do
+      stalls+=("$(python3 bench/checkpoint_stalls.py "$LOGS/async-$m.log" "$W/async-$m/metrics.jsonl" "$ASYNC_STEPS" 2>&1)")
+    done
+    if [ -n "$bad" ]; then
+      record "2d. async checkpoints (${ASYNC_MODEL%%:*})" FAIL $((SECONDS - t0)) "do not verify:$bad"
+    elif out=$(python3 - "$W/async-sync/metrics.jsonl" "$W/async-bg/metrics.jsonl" "${stalls[@]}" 2>&1 <<'PY'
+import json, sys
+def rows(p):
+    return [json.loads(l) for l in open(p) if '"tokens_per_s"' in l]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert [r["step"] for r in a] == [r["step"] for r in b] and b, (len(a), len(b))
+worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+assert worst <= 1e-5, f"async: losses differ from the synchronous run's by {worst:.2e} relative"
+(ns, fs, rs, ss, mb), (nb, fb, rb, sb, _) = (x.split() for x in sys.argv[3:5])
+print(f"{nb} saves of {mb} MB on the way; stall sync {float(rs):.2f} s, async {float(rb):.2f} s "
+      f"(first {float(fb):.2f} s), ratio {float(rb) / float(rs):.3f}; mean step {float(ss):.1f} / "
+      f"{float(sb):.1f} ms; losses within {worst:.1e}")
+PY
+    ); then
+      record "2d. async checkpoints (${ASYNC_MODEL%%:*})" pass $((SECONDS - t0)) "$out"
+      grep -hE "^health:|checkpoint: (step|wrote)|training waited" "$LOGS/async-sync.log" "$LOGS/async-bg.log" >>"$SUMMARY"
+    else
+      record "2d. async checkpoints (${ASYNC_MODEL%%:*})" FAIL $((SECONDS - t0)) "$(tail -1 <<<"$out")"
+    fi
   fi
 fi
 
