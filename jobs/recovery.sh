@@ -118,7 +118,13 @@ run_until_done() {
   local dir=$1 restart_on=" $2 " restarts=0 lost total line
   while :; do
     rm -f "$dir/finished"
-    run_forwarding "${cmd[@]}"
+    if [ -n "${launch_log:-}" ]; then
+      # The launch's stderr also into launch_log (the caller's, for laying
+      # a failure to a node); exec keeps the launcher's pid for the signals.
+      run_forwarding bash -c 'exec "$@" 2> >(tee "$0" >&2)' "$launch_log" "${cmd[@]}"
+    else
+      run_forwarding "${cmd[@]}"
+    fi
     launch_outcome "$rc" "$dir"
     echo "== mpiformer launch ended: $why"
     case $restart_on in *" $outcome "*) ;; *) return 0 ;; esac
