@@ -1,4 +1,5 @@
 #include "checkpoint.hpp"
+#include "block_io.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -423,19 +424,6 @@ CheckpointLayout lay_out_checkpoint(MPI_Comm comm, const std::string& path, cons
 
 namespace {
 
-// n bytes at `offset` of `fd`, whole (pwrite and pread may do less).
-template <class Io, class Buf>
-bool whole(Io io, int fd, Buf* data, size_t n, int64_t offset) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t k = io(fd, data + done, n - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    done += static_cast<size_t>(k);
-  }
-  return true;
-}
-
 // Each run of contiguous bytes of this rank's blocks of `d` (a dataset at
 // `base`): f(file offset, elements, index of its first element in d.data).
 template <class F>
@@ -473,6 +461,7 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
     int fd;
     ~Close() { ::close(fd); }
   } close_it{fd};
+  BlockIo io(layout.tmp, fd);
   const int64_t fault = test_hooks::checkpoint_fault_after();
   if (const int64_t slow = test_hooks::slow_background_write_ms(); slow > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(slow));
@@ -481,7 +470,7 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
     for_each_run(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
       if (!out.failure.empty()) return;
       errno = 0;
-      if (!whole(::pwrite, fd, reinterpret_cast<const char*>(d.data + first), static_cast<size_t>(4 * n), offset))
+      if (!io.write(reinterpret_cast<const char*>(d.data + first), static_cast<size_t>(4 * n), offset))
         out.failure = "writing " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "failed");
     });
     if (d.written) d.written();
@@ -498,13 +487,14 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
   if (!out.failure.empty()) return finish();
   if (layout.rank == 0 && layout.step == test_hooks::fault_corrupt_checkpoint() && !datasets.empty()) {
     float v = 0;  // one value changed in place, as a stray writer would
-    if (whole(::pread, fd, reinterpret_cast<char*>(&v), 4, layout.offsets[0])) {
+    if (pread_whole(fd, reinterpret_cast<char*>(&v), 4, layout.offsets[0])) {
       v += 1.0f;
-      whole(::pwrite, fd, reinterpret_cast<const char*>(&v), 4, layout.offsets[0]);
+      pwrite_whole(fd, reinterpret_cast<const char*>(&v), 4, layout.offsets[0]);
       ::fsync(fd);
     }
   }
-  // What reads back next comes from the disk, not the page cache.
+  // What reads back next comes from the disk, not the page cache (the
+  // direct reads by construction; the partial blocks once dropped).
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   const auto verify_begin = std::chrono::steady_clock::now();
   std::vector<float> back;
@@ -516,7 +506,7 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
     back.resize(static_cast<size_t>(count));
     for_each_run(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
       if (out.failure.empty() &&
-          !whole(::pread, fd, reinterpret_cast<char*>(back.data() + first), static_cast<size_t>(4 * n), offset))
+          !io.read(reinterpret_cast<char*>(back.data() + first), static_cast<size_t>(4 * n), offset))
         out.failure = "reading back " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "short");
     });
     if (out.failure.empty() && tensor_checksum(back.data(), count) != tensor_checksum(d.data, count)) {
