@@ -7,13 +7,17 @@
 # (src/train/goodput.hpp) at the end and the interval Young/Daly's formula
 # suggests from the run's save cost and the failure rate it saw
 # ([checkpoint] mtbf_hours set to the measured mean time between kills).
-# Saves are synchronous: asynchronous ones are not built yet.
-#   DECK=inputs/tiny.toml STEPS=120 KILL_EVERY=33 CKPTS="5 20" RESTART_BACKOFF_S=1
+# MODES: "sync" and/or "async" ([checkpoint] async); EXTRA: more words for
+# every run (later --set win), e.g. a bigger model's shape.
+#   DECK=inputs/tiny.toml STEPS=120 KILL_EVERY=33 CKPTS="5 20" MODES=sync
+#   RESTART_BACKOFF_S=1 EXTRA=""
 source "$(dirname "$0")/lib.sh"
 DECK=${DECK:-inputs/tiny.toml}
 STEPS=${STEPS:-120}
 KILL_EVERY=${KILL_EVERY:-33}
 CKPTS=${CKPTS:-5 20}
+MODES=${MODES:-sync}
+read -r -a extra <<<"${EXTRA:-}"
 export RESTART_BACKOFF_S=${RESTART_BACKOFF_S:-1} MPIFORMER=$BIN OMPI_MCA_rmaps_base_oversubscribe=1
 export MAX_FAILURE_RESTARTS=$((STEPS / KILL_EVERY + 2))
 prep_corpus byte
@@ -34,11 +38,13 @@ print(step)
 PY
 }
 echo "mpiformer $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F), $DECK, $STEPS steps, a rank killed every $KILL_EVERY new steps"
+for mode in $MODES; do
 for ckpt in $CKPTS; do
-  run="$out/ckpt$ckpt"
+  run="$out/$mode$ckpt"
   args=(--set parallel.dp=2 --set train.steps="$STEPS" --set train.global_batch=64
         --set train.micro_batch=16 --set train.log_every=1 --set train.eval_every=0
-        --set checkpoint.every="$ckpt" --set run.dir="$run" --set run.peak_tflops=1)
+        --set checkpoint.every="$ckpt" --set run.dir="$run" --set run.peak_tflops=1
+        --set checkpoint.async="$([ "$mode" = async ] && echo true || echo false)" "${extra[@]}")
   start=$(date +%s.%N)
   jobs/local.sh "$DECK" "${args[@]}" >"$out/log$ckpt" 2>&1 &
   pid=$!
@@ -56,9 +62,9 @@ for ckpt in $CKPTS; do
   done
   wait "$pid" || { cat "$out/log$ckpt"; echo "goodput bench: the run did not finish" >&2; exit 1; }
   elapsed=$(python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$start" "$(date +%s.%N)")
-  python3 - "$run/metrics.jsonl" "$ckpt" "$kills" "$elapsed" <<'PY'
+  python3 - "$run/metrics.jsonl" "$ckpt" "$kills" "$elapsed" "$mode" <<'PY'
 import json, math, sys
-path, ckpt, kills, elapsed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+path, ckpt, kills, elapsed, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 g = None
 for line in open(path):
     j = json.loads(line)
@@ -68,7 +74,7 @@ mtbf = g["wall_s"] / max(kills, 1)
 save = g["save_s"] / max(g["saves"], 1)
 
 
-print(f"every {ckpt:3d} steps: goodput {100 * g['goodput']:.1f}% of {g['wall_s']:.1f} s over "
+print(f"{mode:5s} every {ckpt:3d} steps: goodput {100 * g['goodput']:.1f}% of {g['wall_s']:.1f} s over "
       f"{g['launches']} launches ({kills} kills; {elapsed:.1f} s by the clock, between launches "
       f"{g['between_launches_s']:.1f} s); kept steps {g['productive_s']:.1f} s, redone "
       f"{g['lost_s']:.1f} s ({g['steps_redone']} steps), saves {g['save_s']:.1f} s "
@@ -76,4 +82,5 @@ print(f"every {ckpt:3d} steps: goodput {100 * g['goodput']:.1f}% of {g['wall_s']
       f"(restore {g['restore_s']:.1f} s); Young/Daly for a failure every {mtbf:.1f} s: "
       f"a save every {math.sqrt(2 * save * mtbf):.1f} s")
 PY
+done
 done

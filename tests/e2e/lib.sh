@@ -88,6 +88,27 @@ print(json.dumps(out, sort_keys=True))
 PY
 }
 
+# same_losses GOT.jsonl REF.jsonl STEPS TOLERANCE LABEL: the last loss
+# logged for each of steps 1..STEPS in GOT (a step redone after a restart
+# counts once) within TOLERANCE relative of REF's.
+same_losses() {
+  python3 - "$@" <<'PY'
+import json, sys
+def last_per_step(path):
+    out = {}
+    for j in map(json.loads, open(path)):
+        if "loss" in j: out[j["step"]] = j["loss"]
+    return out
+got, ref = last_per_step(sys.argv[1]), last_per_step(sys.argv[2])
+steps, tol, label = int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+assert sorted(got) == list(range(1, steps + 1)), sorted(got)
+bad = [s for s in ref if abs(got[s] - ref[s]) > tol * abs(ref[s])]
+worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
+assert not bad, f"steps {bad[:5]} differ: {[(got[s], ref[s]) for s in bad[:3]]}"
+print(f"{label}: final loss {got[steps]} vs {ref[steps]} uninterrupted, worst step rel {worst:.1e}")
+PY
+}
+
 # compare REF.jsonl GOT.jsonl TOLERANCE LABEL: the loss, grad norm and
 # validation loss of every step within TOLERANCE relative (0: exactly), and
 # a Mixture of Experts' routing metrics where the reference has them.

@@ -32,20 +32,8 @@ done
 scontrol show job "$id" | has "Restarts=0" || { show_job "$id"; fail "recovered by a requeue, not inside the allocation"; }
 head -1 killed/metrics.jsonl | has -F '"NCCL_DEBUG": "INFO"' || { head -1 killed/metrics.jsonl; fail "NCCL_DEBUG not recorded"; }
 run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run failed"; }
-python3 - killed/metrics.jsonl straight/metrics.jsonl <<'PY'
-import json, sys
-def last_per_step(path):
-    out = {}
-    for j in map(json.loads, open(path)):
-        if "loss" in j: out[j["step"]] = j["loss"]  # a step redone after the restart counts once
-    return out
-got, ref = last_per_step(sys.argv[1]), last_per_step(sys.argv[2])
-assert sorted(got) == list(range(1, 41)), sorted(got)
 # 1e-5 relative, the issue's bound for an exact resume (bitwise here: same layout).
-bad = [s for s in ref if abs(got[s] - ref[s]) > 1e-5 * abs(ref[s])]
-assert not bad, f"steps {bad[:5]} differ: {[(got[s], ref[s]) for s in bad[:3]]}"
-print(f"restarted in the allocation: final loss {got[40]} equals the uninterrupted run's")
-PY
+same_losses killed/metrics.jsonl straight/metrics.jsonl 40 1e-5 "restarted in the allocation"
 
 # 2. A launch that fails every time (srun cannot create the step: more CPUs
 # per task than the allocation has): FAILED after MAX_FAILURE_RESTARTS=1.

@@ -62,19 +62,7 @@ for want in "== node node2: a rank there ended by a signal (failed launch 1 laid
 done
 [ "$(awk '$1 == "node2"' flaky/node-failures | wc -l)" -eq 2 ] || { cat flaky/node-failures; fail "node-failures does not hold node2 twice"; }
 run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run failed"; }
-python3 - flaky/metrics.jsonl straight/metrics.jsonl <<'PY'
-import json, sys
-def last_per_step(path):
-    out = {}
-    for j in map(json.loads, open(path)):
-        if "loss" in j: out[j["step"]] = j["loss"]
-    return out
-got, ref = last_per_step(sys.argv[1]), last_per_step(sys.argv[2])
-assert sorted(got) == list(range(1, 31)), sorted(got)
-worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
-assert worst <= 1e-4, f"worst step rel {worst:.1e}"
-print(f"node2 excluded after two failures: final loss {got[30]} vs {ref[30]}, worst step rel {worst:.1e}")
-PY
+same_losses flaky/metrics.jsonl straight/metrics.jsonl 30 1e-4 "node2 excluded after two failures"
 
 # 2. node2 named by the health check: left out from the first launch, and
 # the next job of a chain kept off it.

@@ -43,18 +43,5 @@ for want in "node node2: the probe step failed or took more than 15 s" \
   job_log "$id" | has -F -- "$want" || { show_job "$id"; fail "no '$want' in the job log"; }
 done
 run_mpi 2 train "$DECK" $args --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run failed"; }
-python3 - lost/metrics.jsonl straight/metrics.jsonl <<'PY'
-import json, sys
-def last_per_step(path):
-    out = {}
-    for j in map(json.loads, open(path)):
-        if "loss" in j: out[j["step"]] = j["loss"]
-    return out
-got, ref = last_per_step(sys.argv[1]), last_per_step(sys.argv[2])
-assert sorted(got) == list(range(1, 31)), sorted(got)
-bad = [s for s in ref if abs(got[s] - ref[s]) > 1e-4 * abs(ref[s])]
-worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
-assert not bad, f"steps {bad[:5]} differ: {[(got[s], ref[s]) for s in bad[:3]]}"
-print(f"lost a node, finished on the other: final loss {got[30]} vs {ref[30]} uninterrupted, worst step rel {worst:.1e}")
-PY
+same_losses lost/metrics.jsonl straight/metrics.jsonl 30 1e-4 "lost a node, finished on the other"
 echo "ok: a lost node is left out and the run finishes on the node left"
