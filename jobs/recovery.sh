@@ -47,6 +47,20 @@ run_file() {
   fi
 }
 
+# run_count FILE: the count a run directory's FILE holds (0 when absent).
+# Anything but digits (a damaged or planted file) reads as 0, said so:
+# shell arithmetic on a file's text would run what it names.
+run_count() {
+  local v
+  [ -f "$1" ] && [ ! -L "$1" ] || { echo 0; return; }
+  v=$(head -c 32 "$1" 2>/dev/null | tr -d '[:space:]')
+  if [[ ! $v =~ ^[0-9]{1,9}$ ]]; then
+    echo "== $1 does not hold a count ('${v:0:20}'): taken as 0" >&2
+    v=0
+  fi
+  echo $((10#$v))
+}
+
 # deck_value SECTION KEY DEFAULT DECK [ARGS...]: the value a run will use,
 # "--set SECTION.KEY=V" among ARGS winning over the deck (quotes stripped).
 deck_value() {
@@ -119,6 +133,8 @@ run_until_done() {
   while :; do
     rm -f "$dir/finished"
     if [ -n "${launch_log:-}" ]; then
+      # A new file each launch, never through a link left in its place.
+      rm -f "$launch_log"
       # The launch's stderr also into launch_log (the caller's, for laying
       # a failure to a node); exec keeps the launcher's pid for the signals.
       run_forwarding bash -c 'exec "$@" 2> >(tee "$0" >&2)' "$launch_log" "${cmd[@]}"
@@ -136,7 +152,7 @@ run_until_done() {
     restarts=$((restarts + 1))
     mkdir -p "$dir"
     lost=$(steps_lost "$dir")
-    total=$(( $(cat "$dir/failure-restarts" 2>/dev/null || echo 0) + 1 ))
+    total=$(( $(run_count "$dir/failure-restarts") + 1 ))
     run_file "$dir/failure-restarts" ">" "$total" || true
     line="failure restart $restarts of at most $MAX_FAILURE_RESTARTS ($total in this run directory) after: $why; $lost step(s) since the last checkpoint are redone"
     run_file "$dir/restarts.log" ">>" "$(date -u +%FT%TZ) $line" || true

@@ -60,3 +60,14 @@ run_file r6/failure-restarts ">" 1 2>>err.txt && fail "run_file replaced through
 grep -q "not a regular file" err.txt || fail "run_file did not say why"
 victim_intact "restarts.log / failure-restarts"
 echo "ok: the job scripts' restarts.log and failure-restarts refuse a planted link"
+# A count file holding shell code (arithmetic on its text would run it),
+# and one through a link: read as 0, nothing run.
+mkdir -p r7 && printf 'a[$(touch %s/ran)]\n' "$WORK" >r7/failure-restarts
+ln -s "$WORK/victim.txt" r7/watchdog-requeues
+[ "$(run_count r7/failure-restarts 2>err.txt)" = 0 ] || fail "a count file of shell code did not read as 0"
+grep -q "does not hold a count" err.txt || fail "run_count did not say why"
+[ "$(run_count r7/watchdog-requeues)" = 0 ] || fail "a count read through a link"
+[ ! -e "$WORK/ran" ] || fail "a count file's text was run"
+echo 4 >r7/exclusion-requeues
+[ "$(run_count r7/exclusion-requeues)" = 4 ] || fail "a count of 4 did not read as 4"
+echo "ok: the job scripts' counts read digits only, never through a link"
