@@ -532,6 +532,10 @@ void Trainer::report_health(MetricsLog& metrics) const {
     std::fprintf(stderr, "mpiformer: warning: health: %s (below [run] health_fraction %.2f; "
                  "[run] health_action = \"warn\": the run goes on)\n",
                  b.c_str(), deck_.run.health_fraction);
+  for (const std::string& l : v.slow_links)
+    std::fprintf(stderr, "mpiformer: warning: health: %s (below [run] health_fraction %.2f; one slow "
+                 "link names neither of its ranks, and no host is recorded for it)\n",
+                 l.c_str(), deck_.run.health_fraction);
   std::fflush(stdout);
 }
 

@@ -20,7 +20,7 @@ pinned() {  # RUN_DIR ARGS...
 host=$(hostname)
 
 pinned fair --set run.health_check=on >fair.log 2>&1 || { cat fair.log; fail "two ranks on their own cores"; }
-grep -q "^health: 2 rank(s): GEMM .* GFLOP/s (median .*), links .* GB/s (median .*); every rank within 0.80 of the median" fair.log ||
+grep -q "^health: 2 rank(s): GEMM .* GFLOP/s (median .*), 1 link(s) .* GB/s (median .*); every rank within 0.80 of the median" fair.log ||
   { cat fair.log; fail "no health line, or a rank below on its own core"; }
 [ ! -e fair/unhealthy-hosts ] || fail "a healthy run recorded a host"
 
