@@ -72,6 +72,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   const int zero = static_cast<int>(deck.parallel.zero);
   RankMemory m;
   m.slots = slots;
+  bool host_gradients = false;  // ZeRO's shard gradients offloaded (below)
   // What attention keeps: the GPU's fused kernels each row's statistics,
   // the host the probabilities (each op set's kAttention).
   const AttentionStorage attention = choice.device == Device::kCuda
@@ -131,6 +132,19 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     m.shard_gradients = zero >= 2 ? shard * acc : 0;
     m.optimizer = 2 * shard * acc;
     if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
+    // Offloaded at zero 2-3 on a GPU, the shard's gradients go to host
+    // memory (zero_shards.hpp): the device keeps the parts of the units
+    // outside the blocks (the largest of the group's, unit by unit); the
+    // host the shard and two staging buffers of a block's parts.
+    if (zero >= 2 && deck.train.offload != Offload::kNone && choice.device == Device::kCuda &&
+        types.master == Element::kF32) {
+      double resident = 0;
+      for (const ShardUnit& u : plan.units())
+        if (u.block < 0) resident += static_cast<double>(*std::max_element(u.counts.begin(), u.counts.end()));
+      m.shard_gradients = resident * acc;
+      m.offload_host += (shard + 2 * static_cast<double>(plan.max_block_part())) * acc;
+      host_gradients = true;
+    }
     // On the host, MPI's non-blocking reduce-scatter keeps a temporary of
     // its whole input (kInFlight units at most), and a save gathers each
     // tensor whole on one rank for its checksum (checkpointing.cpp; on a
@@ -189,8 +203,11 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       m.offload_buffers = ring;
     } else {
       const bool prefetch = deck.train.offload == Offload::kHost && zero == 0 && deck.parallel.dp > 1;
-      m.offload_host = (deck.train.offload == Offload::kHost ? state : ring) +
-                       block * (2 * acc + 2 * (held ? act : acc)) + (prefetch ? elements * acc : 0);
+      // (The gradients' page-locked blocks go where the gradients are
+      // in host memory already.)
+      m.offload_host += (deck.train.offload == Offload::kHost ? state : ring) +
+                        block * ((host_gradients ? 0 : 2 * acc) + 2 * (held ? act : acc)) +
+                        (prefetch ? elements * acc : 0);
     }
     if (deck.train.offload == Offload::kNvme) m.offload_disk = state;
   }

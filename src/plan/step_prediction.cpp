@@ -493,10 +493,14 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // bucket by bucket during backward, on a stream of their own: priced
     // as hidden behind backward (the link is otherwise idle then), so the
     // step's link carries only what goes up (fp32: the masters both ways).
+    // So at zero 2-3 on a GPU, where the shard's gradients live in host
+    // memory and each block's sums come down as backward makes them
+    // (train/zero_shards.hpp): once per micro-batch, also priced hidden.
     double update = math;
     if (deck.train.offload != Offload::kNone) {
       const bool held = masters_offloaded(deck.train.offload, types.weight_copy);
-      const bool grads_early = deck.train.offload == Offload::kHost && zero == 0 && dp > 1;
+      const bool grads_early = (deck.train.offload == Offload::kHost && zero == 0 && dp > 1) ||
+                               (zero >= 2 && machine.device == Device::kCuda && types.master == Element::kF32);
       const double stream = offload_seconds(deck, machine, (held ? 3 : 2) * owned * acc, R);
       const double link = offload_link_seconds(
           deck, machine, owned * ((grads_early ? 0 : acc) + (held ? act : 2 * acc)));

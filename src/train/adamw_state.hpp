@@ -165,6 +165,15 @@ class AdamWState {
       throw std::logic_error("AdamWState: no gradient prefetch here");
     grads_host_ = HostBuffer<Acc>(static_cast<size_t>(n_));
   }
+  // The gradients step() is given are in host memory (ZeRO's offloaded
+  // shard, zero_shards.hpp), in the state's order: read there, never
+  // copied down; the page-locked blocks they would come through go.
+  void enable_host_gradients() {
+    if (Ops::kHostMemory || where_ == Offload::kNone || !grads_in_state_order_)
+      throw std::logic_error("AdamWState: host gradients need a GPU's offloaded state in its order");
+    grads_on_host_ = true;
+    for (auto& g : stage_g_) g = HostBuffer<Acc>();
+  }
   // Before the last micro-batch's backward.
   void prefetch_begin() {
     fetched_ = 0;
@@ -484,7 +493,7 @@ class AdamWState {
           // Every bucket came down during backward: only what changed
           // since comes down now (before block 0's event, so waiting for
           // block 0 waits for it).
-          prefetched_ = grads_host_.get() != nullptr && fetched_ == n_;
+          prefetched_ = grads_on_host_ || (grads_host_.get() != nullptr && fetched_ == n_);
           if (prefetched_)
             for (const auto& [first, len] : changed_)
               io.download(grads_host_.get() + first, grads + first, bytes(len));
@@ -551,7 +560,9 @@ class AdamWState {
       if constexpr (Ops::kHostMemory) {
         copy = weights;
       } else {
-        g = prefetched_ ? grads_host_.get() + b.first : stage_g_[i % 2].get();
+        g = grads_on_host_ ? grads + b.first
+            : prefetched_  ? grads_host_.get() + b.first
+                           : stage_g_[i % 2].get();
         if (holds_masters()) copy = stage_w_[i % 2].get();
         else params = stage_p_[i % 2].get();
       }
@@ -588,6 +599,7 @@ class AdamWState {
   int64_t fetched_ = 0;
   std::vector<std::pair<int64_t, int64_t>> changed_;
   bool prefetched_ = false;
+  bool grads_on_host_ = false;  // enable_host_gradients
 };
 
 }  // namespace mpiformer

@@ -459,9 +459,14 @@ void Trainer::print_summary() const {
                                                   "page cache: the file system has no direct I/O",
                                 4.0 * static_cast<double>(offload_block_elements(tc)) / 1e6)
                           .c_str(),
-                gpu ? (masters ? ", gradients down and the 16-bit copy up by block"
-                               : ", gradients and masters down and up by block")
-                    : "",
+                !gpu ? ""
+                : deck_.parallel.zero >= 2
+                    ? (masters ? ", the shard's gradients in host memory too (each block's sums down "
+                                 "as backward makes them), the 16-bit copy up by block"
+                               : ", the shard's gradients in host memory too (each block's sums down "
+                                 "as backward makes them), the masters down and up by block")
+                : masters ? ", gradients down and the 16-bit copy up by block"
+                          : ", gradients and masters down and up by block",
                 files != nullptr && files->replaced_stale()
                     ? "; files an earlier run left there were replaced"
                     : "");

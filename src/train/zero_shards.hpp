@@ -38,8 +38,23 @@
 // The tied embedding's two copies (first and last stage, pp > 1) are cut
 // alike, so their owned parts are summed across the pair after the
 // reduce-scatter: the same sums, in the same order, as zero 0.
+// Offloaded at zero 2-3 on a GPU ([train] offload "host" or "nvme"), the
+// shard's reduced gradients leave the device too, as ZeRO-Offload's do:
+// they accumulate in page-locked host memory, where the host's AdamW reads
+// them. Each block's reduce-scattered parts come down on the offload
+// copies' down stream (ordered after the reduce-scatter, not the host)
+// into one of two staging buffers, and the host adds them into the shard
+// when the window comes round again (the first micro-batch of a step
+// copies instead: no pass to zero the shard). The units outside the
+// blocks are reduce-scattered into a device buffer of their parts only,
+// the tied pair summed there, and come down once a step. The device keeps
+// those parts and the two block receive buffers instead of the shard:
+// at bf16 zero 3 the shard's gradients were most of what remained. On the
+// host back end the shard is host memory already; nothing changes.
 #pragma once
+#include <algorithm>
 #include <chrono>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -59,6 +74,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
   using Acc = typename Ops::Acc;
   template <class U>
   using Buffer = typename Ops::template Buffer<U>;
+  template <class U>
+  using HostBuffer = typename Ops::template HostBuffer<U>;
 
   // `offload`: where the shard's moments live (adamw_state.hpp).
   ZeroShards(GptStage<Ops>& stage, int zero, int dp, int dp_rank, const OffloadSetup& offload)
@@ -69,6 +86,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         n_(plan_.shard_size()),
         alias_(masters_are_weights(zero)),
         in_stage_(in_stage(zero)),
+        grads_on_host_(gradients_offloaded(zero, offload.where)),
         moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), in_stage_), offload) {
     // Counted as allocated, as the stage counts its own: the accounting
     // (rank_memory) must predict the sum (test_memory_accounting.cpp).
@@ -80,10 +98,31 @@ class ZeroShards final : public StageOptimizer<Ops> {
     };
     if (!alias_ && !moments_.holds_masters()) master_ = acc(n_);
     if (moments_.where() == Offload::kNone) allocated_ += 2.0 * static_cast<double>(n_) * sizeof(Acc);
-    if (!in_stage_.grads) g_ = acc(n_);
+    if (grads_on_host_) {
+      host_grads_ = HostBuffer<Acc>(static_cast<size_t>(n_));
+      for (auto& h : recv_host_) h = HostBuffer<Acc>(static_cast<size_t>(plan_.max_block_part()));
+      fresh_.assign(static_cast<size_t>(plan_.units().size()), 1);
+      // The units outside the blocks: their parts, one after another.
+      resident_at_.assign(plan_.units().size(), -1);
+      int64_t at = 0;
+      for (size_t k = 0; k < plan_.units().size(); ++k) {
+        if (windowed(plan_.units()[k], 2)) continue;
+        resident_at_[k] = at;
+        at += plan_.part_size(plan_.units()[k]);
+      }
+      resident_ = acc(at);
+      moments_.enable_host_gradients();
+    } else if (!in_stage_.grads) {
+      g_ = acc(n_);
+    }
     if constexpr (!std::is_same_v<Act, Acc>) {
       if (!in_stage_.copy) {
+        // Zeroed: held masters (offloaded) write the chunks' runs only,
+        // and the padding between them (wte's padded rows) is gathered
+        // into the weights the head multiplies with, where uninitialised
+        // device memory made NaN gradients (seen under the emulation).
         wshard_ = Buffer<Act>(static_cast<size_t>(n_));
+        Ops::fill_zero(ctx_, wshard_.get(), n_);
         allocated_ += static_cast<double>(n_) * sizeof(Act);
       }
     }
@@ -97,6 +136,22 @@ class ZeroShards final : public StageOptimizer<Ops> {
     hooks.need_grad_window = [this](int64_t i) { drain(static_cast<int>(i % 2)); };
     hooks.grads_ready = [this](int64_t i) { reduce_block(i); };
     stage.set_hooks(std::move(hooks));
+  }
+
+  ~ZeroShards() override {
+    // The window downloads write page-locked buffers freed here: waited
+    // for, unless unwinding (a stream may be stuck behind a failed peer).
+    if constexpr (!Ops::kHostMemory) {
+      if (grads_on_host_ && std::uncaught_exceptions() == 0)
+        for (int w = 0; w < 2; ++w) Ops::offload_copies(ctx_).wait_downloaded(w);
+    }
+  }
+  ZeroShards(const ZeroShards&) = delete;
+  ZeroShards& operator=(const ZeroShards&) = delete;
+
+  // Whether the shard's gradients live in host memory (header).
+  static constexpr bool gradients_offloaded(int zero, Offload where) {
+    return !Ops::kHostMemory && std::is_same_v<Acc, float> && zero >= 2 && where != Offload::kNone;
   }
 
   // fp32 at zero 1-2: the masters are the stage's whole weights (every
@@ -200,7 +255,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // finishes its units over several backwards, one per chunk).
   void zero_grads() override {
     stage_.zero_grads();
-    if (!in_stage_.grads) Ops::fill_zero(ctx_, g_.get(), n_);
+    if (grads_on_host_) std::fill(fresh_.begin(), fresh_.end(), 1);
+    else if (!in_stage_.grads) Ops::fill_zero(ctx_, g_.get(), n_);
     next_unit_ = plan_.units().size();
   }
 
@@ -224,7 +280,14 @@ class ZeroShards final : public StageOptimizer<Ops> {
     pending_.clear();
     next_unit_ = plan_.units().size();  // the next step starts from the end again
     if (tied != nullptr && wte_unit_ != nullptr)
-      tied->allreduce_sum(grads_of(*wte_unit_), plan_.part_size(*wte_unit_));
+      tied->allreduce_sum(reduced_into(*wte_unit_), plan_.part_size(*wte_unit_));
+    if (grads_on_host_) {
+      // The units outside the blocks, summed: down into the shard.
+      for (size_t k = 0; k < plan_.units().size(); ++k)
+        if (resident_at_[k] >= 0)
+          Ops::download(ctx_, host_grads_.get() + plan_.units()[k].shard_offset,
+                        resident_.get() + resident_at_[k], plan_.part_size(plan_.units()[k]));
+    }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -237,7 +300,19 @@ class ZeroShards final : public StageOptimizer<Ops> {
       const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
       const int64_t len = (r.end - r.begin) * spec.row_length();
       if (len == 0) continue;
-      kv.allreduce_sum(grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length(), len);
+      Acc* rows = grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length();
+      if (grads_on_host_) {
+        // Host memory: up into a receive buffer (free after finish), summed
+        // there, down again; a block's rows fit one.
+        for (int64_t at = 0; at < len; at += plan_.max_block_part()) {
+          const int64_t m = std::min(len - at, plan_.max_block_part());
+          Ops::upload(ctx_, recv_[0].get(), rows + at, m);
+          kv.allreduce_sum(recv_[0].get(), m);
+          Ops::download(ctx_, rows + at, recv_[0].get(), m);
+        }
+      } else {
+        kv.allreduce_sum(rows, len);
+      }
       n += len;
     }
     return n;
@@ -261,9 +336,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
     // one wait, not one a unit); in the stage's buffer (zero 1) unit by unit.
     double s = 0;
     if (!in_stage_.grads) {
-      s = Ops::sum_of_squares(ctx_, g_.get(), n_);
-      if (without_wte && wte_unit_ != nullptr)
-        s -= Ops::sum_of_squares(ctx_, grads_of(*wte_unit_), plan_.part_size(*wte_unit_));
+      s = squares(shard_grads(), n_);
+      if (without_wte && wte_unit_ != nullptr) s -= squares(grads_of(*wte_unit_), plan_.part_size(*wte_unit_));
     } else {
       for (const ShardUnit& u : plan_.units())
         if (&u != wte_unit_ || !without_wte)
@@ -272,12 +346,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
     for (const auto& spec : stage_.table().specs()) {
       const TensorPart p = plan_.part_of(spec);
       if (without_replicated && spec.whole()) {
-        s -= Ops::sum_of_squares(ctx_, grads_of(spec, p), (p.row_end - p.row_begin) * spec.row_length());
+        s -= squares(grads_of(spec, p), (p.row_end - p.row_begin) * spec.row_length());
       }
       const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
       if (r.end > r.begin && !spec.owns_shared()) {
-        s -= Ops::sum_of_squares(ctx_, grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length(),
-                                 (r.end - r.begin) * spec.row_length());
+        s -= squares(grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length(),
+                     (r.end - r.begin) * spec.row_length());
       }
     }
     return s;
@@ -295,7 +369,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   void adamw(const AdamWParams& p) override {
     // Held masters stay where they are (master() would map their file).
     moments_.step(moments_.holds_masters() ? nullptr : master(),
-                  in_stage_.grads ? stage_.grads() : g_.get(), p, copy_base());
+                  in_stage_.grads ? stage_.grads() : shard_grads(), p, copy_base());
     publish();
   }
 
@@ -320,12 +394,27 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
   // The owned reduced gradients of unit u (of one tensor's part p): in the
   // stage's whole gradients (zero 1), else in the shard.
+  // The shard's reduced gradients (zero 2-3): in the back end's memory,
+  // or offloaded in host memory (grads_on_host_).
+  Acc* shard_grads() { return grads_on_host_ ? host_grads_.get() : g_.get(); }
   Acc* grads_of(const ShardUnit& u) {
-    return in_stage_.grads ? stage_.grads() + plan_.part_begin(u) : g_.get() + u.shard_offset;
+    return in_stage_.grads ? stage_.grads() + plan_.part_begin(u) : shard_grads() + u.shard_offset;
   }
   Acc* grads_of(const ParameterSpec& spec, const TensorPart& p) {
     return in_stage_.grads ? stage_.grads() + spec.offset + p.row_begin * spec.row_length()
-                           : g_.get() + p.shard_offset;
+                           : shard_grads() + p.shard_offset;
+  }
+  // Where unit u's reduce-scatter (outside the blocks) lands: its owned
+  // gradients, or offloaded, its place in the device's resident parts.
+  Acc* reduced_into(const ShardUnit& u) {
+    if (!grads_on_host_) return grads_of(u);
+    return resident_.get() + resident_at_[static_cast<size_t>(&u - plan_.units().data())];
+  }
+  // A sum of squares of the shard's gradients, where they live.
+  double squares(const Acc* x, int64_t n) {
+    if constexpr (std::is_same_v<Acc, float>)
+      if (grads_on_host_) return host::sum_of_squares(x, n);
+    return Ops::sum_of_squares(ctx_, x, n);
   }
   // With masters_are_weights (fp32 only), the masters of the elements at
   // stage offset `at`: the stage's weights there (every unit resident).
@@ -417,7 +506,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         pending_.front()->wait();
         pending_.erase(pending_.begin());
       }
-      pending_.push_back(group(u).start_reduce_scatter_sum(g, grads_of(u), plan_.counts(u)));
+      pending_.push_back(group(u).start_reduce_scatter_sum(g, reduced_into(u), plan_.counts(u)));
       count_sent(u, sizeof(Acc));
     }
   }
@@ -438,15 +527,39 @@ class ZeroShards final : public StageOptimizer<Ops> {
       at += plan_.part_size(u);
     }
     gblock_[w] = i;
+    if constexpr (!Ops::kHostMemory) {
+      if (grads_on_host_) {
+        // Down once the sums are made, on the copy stream: the host waits
+        // for them at drain, when block i + 2 needs the window.
+        auto& io = Ops::offload_copies(ctx_);
+        for (auto& op : gpend_[w]) op->order_stream(io.down_stream());
+        // And after the compute stream's work so far: a group of one, or a
+        // host-staged sum (whose order_stream completes it, its result
+        // uploaded on the compute stream), writes recv_ there.
+        io.begin();
+        io.download(recv_host_[w].get(), recv_[w].get(), sizeof(Acc) * static_cast<size_t>(at));
+        io.downloaded(w);
+      }
+    }
   }
   void drain(int w) {
     if (gpend_[w].empty()) return;
     wait_all(gpend_[w]);
     const auto [first, last] = plan_.block_units(gblock_[w]);
+    if constexpr (!Ops::kHostMemory)
+      if (grads_on_host_) Ops::offload_copies(ctx_).wait_downloaded(w);
     int64_t at = 0;
     for (size_t k = first; k < last; ++k) {
       const ShardUnit& u = plan_.units()[k];
-      Ops::add_into(ctx_, g_.get() + u.shard_offset, recv_[w].get() + at, plan_.part_size(u));
+      if (grads_on_host_) {
+        Acc* dst = host_grads_.get() + u.shard_offset;
+        const Acc* src = recv_host_[w].get() + at;
+        if (fresh_[k]) std::copy(src, src + plan_.part_size(u), dst);
+        else host::residual_forward(dst, dst, src, plan_.part_size(u));
+        fresh_[k] = 0;
+      } else {
+        Ops::add_into(ctx_, g_.get() + u.shard_offset, recv_[w].get() + at, plan_.part_size(u));
+      }
       at += plan_.part_size(u);
     }
   }
@@ -458,10 +571,19 @@ class ZeroShards final : public StageOptimizer<Ops> {
   int64_t n_;
   bool alias_;  // masters_are_weights
   ShardInStage in_stage_;
+  bool grads_on_host_;  // gradients_offloaded (the header)
   AdamWState<Ops> moments_;
   Buffer<Acc> master_, g_;
   Buffer<Act> wshard_;  // mixed precision only
   Buffer<Acc> recv_[2];
+  // Offloaded gradients: the shard in host memory, the two windows'
+  // staging, which units had no sum yet this step, and on the device the
+  // units outside the blocks (each one's place there, -1 for blocks).
+  HostBuffer<Acc> host_grads_;
+  HostBuffer<Acc> recv_host_[2];
+  std::vector<char> fresh_;
+  Buffer<Acc> resident_;
+  std::vector<int64_t> resident_at_;
   const ShardUnit* wte_unit_ = nullptr;
   Communicator* dp_ = nullptr;
   Communicator* experts_ = nullptr;  // dp_ unless expert parallel

@@ -87,6 +87,11 @@ PY
 if [ "${LAYOUT_CASES:-all}" = all ]; then
 NAME=2_2_interleaved_zero3 run 2 2 interleaved --set parallel.virtual_stages=2 \
   --set parallel.zero=3 --set train.recompute=attention
+# The optimizer offloaded at zero 3: on a GPU the shard's gradients live
+# in host memory, each block's sums coming down during backward and the
+# tied embedding's pair summed on the device before (zero_shards.hpp).
+NAME=2_2_interleaved_zero3_offload run 2 2 interleaved --set parallel.virtual_stages=2 \
+  --set parallel.zero=3 --set train.offload='"host"'
 
 # Checkpoints across schedules and chunk counts: an interleaved run's
 # step 3 continued under 1F1B on another layout, and a 1F1B run's under

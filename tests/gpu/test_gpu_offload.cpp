@@ -5,8 +5,11 @@
 // device's own AdamW with everything resident: every bit of the masters,
 // the moments and the 16-bit copy the matmuls read, over three steps, with
 // small blocks that cut AdamW's chunks; and with the gradients copied to
-// the host bucket by bucket before the step, a range changed after. Exits 77 without a GPU (its CPU emulation runs
-// it everywhere).
+// the host bucket by bucket before the step, a range changed after. And
+// ZeRO 2-3 with the shard's gradients in host memory
+// (train/zero_shards.hpp) against the same shards on the device: every bit
+// of the masters after two steps of two micro-batches. Exits 77 without a
+// GPU (its CPU emulation runs it everywhere).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -19,8 +22,11 @@
 #include <vector>
 
 #include "cuda/ops.hpp"
+#include "model/stage_options.hpp"
 #include "parallel/compute_ordered.hpp"
+#include "parallel/local_device_communicator.hpp"
 #include "train/adamw_state.hpp"
+#include "train/zero_shards.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -149,6 +155,84 @@ void check_placements() {
 
 TEST(GpuOffload, MomentsAnywhereGiveTheSameBitsFp32) { check_placements<float>(); }
 TEST(GpuOffload, MomentsAnywhereGiveTheSameBitsBf16) { check_placements<cuda::bf16>(); }
+
+// ZeRO 2-3 on a group of one (the windows, the block receive buffers and
+// the units outside the blocks go the same way as on many ranks), the
+// optimizer offloaded or not: the losses, the masters after each step and
+// the gradient norm's sum of squares.
+struct ZeroRun {
+  std::vector<double> losses, squares;
+  std::vector<float> masters;
+};
+
+template <class A>
+ZeroRun zero_steps(int zero, Offload where) {
+  using Ops = cuda::Ops<A>;
+  GptConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  cfg.seq_len = 8;
+  cfg.vocab_size = 100;
+  constexpr int64_t kB = 2;
+  const int64_t BT = kB * cfg.seq_len;
+  std::mt19937 gen(3);
+  std::uniform_int_distribution<int32_t> tok(0, 99);
+  std::vector<std::vector<int32_t>> in(2, std::vector<int32_t>(BT)), tg(in);
+  for (int m = 0; m < 2; ++m)
+    for (int64_t i = 0; i < BT; ++i) in[m][i] = tok(gen), tg[m][i] = tok(gen);
+  cuda::Context ctx(0);
+  GptStage<Ops> stage(ctx, cfg, StageRange{0, cfg.n_layer, true, true},
+                      stage_options(kB, 2, Recompute::kNone, zero));
+  OffloadSetup setup;
+  setup.where = where;
+  setup.block_elements = 4096;
+  ZeroShards<Ops> shards(stage, zero, 1, 0, setup);
+  LocalDeviceCommunicator comm(ctx.stream());
+  shards.connect(comm, nullptr);
+  shards.init(7);
+  ZeroRun r;
+  for (int step = 1; step <= 2; ++step) {
+    shards.zero_grads();
+    for (int m = 0; m < 2; ++m) stage.forward(m, in[m].data(), tg[m].data(), true, 1.f / (2 * BT));
+    for (int m = 1; m >= 0; --m) shards.backward(m, m == 0, 0);
+    r.losses.push_back(stage.take_loss_sum());
+    shards.finish(nullptr);
+    r.squares.push_back(shards.grad_sum_of_squares(false, false));
+    shards.adamw(AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.7});
+  }
+  r.masters.resize(static_cast<size_t>(shards.state_size()));
+  if (shards.moments().holds_masters()) {
+    std::memcpy(r.masters.data(), shards.master(), sizeof(float) * r.masters.size());
+  } else {
+    Ops::download(ctx, r.masters.data(), shards.master(), shards.state_size());
+  }
+  shards.moments().release_views();
+  return r;
+}
+
+template <class A>
+void check_zero_gradients_offloaded() {
+  for (const int zero : {2, 3}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const ZeroRun want = zero_steps<A>(zero, Offload::kNone);
+    const ZeroRun got = zero_steps<A>(zero, Offload::kHost);
+    EXPECT_EQ(got.losses, want.losses);
+    ASSERT_EQ(got.masters.size(), want.masters.size());
+    EXPECT_EQ(0, std::memcmp(got.masters.data(), want.masters.data(), 4 * want.masters.size()));
+    // The host's double sum against the device's: another order.
+    for (size_t i = 0; i < want.squares.size(); ++i)
+      EXPECT_NEAR(got.squares[i], want.squares[i], 1e-9 * want.squares[i]);
+    EXPECT_NE(want.losses[0], want.losses[1]) << "the step changed nothing";
+  }
+}
+
+TEST(GpuOffload, ZeroShardGradientsOnTheHostGiveTheSameBitsFp32) {
+  check_zero_gradients_offloaded<float>();
+}
+TEST(GpuOffload, ZeroShardGradientsOnTheHostGiveTheSameBitsBf16) {
+  check_zero_gradients_offloaded<cuda::bf16>();
+}
 
 }  // namespace
 }  // namespace mpiformer::test
