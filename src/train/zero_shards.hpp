@@ -392,11 +392,11 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if constexpr (std::is_same_v<Act, Acc>) return nullptr;
     else return in_stage_.copy ? stage_.weights() : wshard_.get();
   }
-  // The owned reduced gradients of unit u (of one tensor's part p): in the
-  // stage's whole gradients (zero 1), else in the shard.
   // The shard's reduced gradients (zero 2-3): in the back end's memory,
   // or offloaded in host memory (grads_on_host_).
   Acc* shard_grads() { return grads_on_host_ ? host_grads_.get() : g_.get(); }
+  // The owned reduced gradients of unit u (of one tensor's part p): in the
+  // stage's whole gradients (zero 1), else in the shard.
   Acc* grads_of(const ShardUnit& u) {
     return in_stage_.grads ? stage_.grads() + plan_.part_begin(u) : shard_grads() + u.shard_offset;
   }
