@@ -1,0 +1,138 @@
+// Causal attention one (query block, key/value block) pair at a time, with
+// the softmax carried across key/value blocks in running accumulators
+// (the "online softmax" of blockwise and ring attention): the arithmetic a
+// context-parallel rank does as key/value blocks pass it around a ring
+// (issue 49), written once for any order of the blocks.
+//
+// One head's rows, row-major with leading dimensions: q [nq, hs] at global
+// positions q0.., k and v [nk, hs] at global positions k0... A key attends
+// where its position is at most the query's. Per query row the forward
+// keeps m (the running maximum score), l (the sum of exp(score - m)) and o
+// (the unnormalised output, sum of exp(score - m) v): a block raises m
+// where it holds a larger score and rescales what came before. After every
+// block, finish() divides o by l and leaves lse = m + log l, what backward
+// needs. Backward takes each pair again with the output's gradient dout,
+// lse and delta = rowsum(dout * out): P = exp(S - lse), dV += P^T dout,
+// dS = P * (dout V^T - delta), dQ += scale dS K, dK += scale dS^T Q; the
+// dK and dV partial sums are what a ring passes back to the block's owner.
+// A pair whose keys all follow its queries is skipped without work.
+// Compute type T (float, or double for checks): the products through the
+// BLAS, the softmax row by row.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "fast_math.hpp"
+#include "gemm.hpp"
+
+namespace mpiformer::host {
+
+// Which key positions of a block a query at position `pos` sees: the first
+// `count` keys (all, some, or none).
+inline int64_t visible_keys(int64_t pos, int64_t k0, int64_t nk) {
+  return std::clamp<int64_t>(pos - k0 + 1, 0, nk);
+}
+// Whether any query of [q0, q0 + nq) sees any key of [k0, k0 + nk).
+inline bool block_visible(int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+  return nq > 0 && nk > 0 && k0 <= q0 + nq - 1;
+}
+
+// The accumulators of nq rows before the first block: m = -inf, l = 0, o = 0.
+template <class T>
+void block_attention_start(T* m, T* l, T* o, int64_t ldo, int64_t nq, int64_t hs) {
+  for (int64_t i = 0; i < nq; ++i) {
+    m[i] = -std::numeric_limits<T>::infinity();
+    l[i] = T(0);
+    std::fill(o + i * ldo, o + i * ldo + hs, T(0));
+  }
+}
+
+// One pair into the accumulators. `scores`: scratch of nq * nk.
+template <class T>
+void block_attention_forward(const T* q, int64_t ldq, int64_t q0, int64_t nq, const T* k,
+                             const T* v, int64_t ldkv, int64_t k0, int64_t nk, int64_t hs, T* m,
+                             T* l, T* o, int64_t ldo, T* scores) {
+  if (!block_visible(q0, nq, k0, nk)) return;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  gemm(false, true, nq, nk, hs, scale, q, ldq, k, ldkv, T(0), scores, nk);  // S = scale Q K^T
+  for (int64_t i = 0; i < nq; ++i) {
+    T* s = scores + i * nk;
+    const int64_t seen = visible_keys(q0 + i, k0, nk);
+    if (seen == 0) {
+      std::fill(s, s + nk, T(0));
+      continue;
+    }
+    const T peak = std::max(m[i], *std::max_element(s, s + seen));
+    // What came before, in units of the new maximum (exp(-inf) = 0 the
+    // first time).
+    const T keep = m[i] == -std::numeric_limits<T>::infinity() ? T(0) : exp_fast(m[i] - peak);
+    T sum = T(0);
+    for (int64_t j = 0; j < seen; ++j) {
+      s[j] = exp_fast(s[j] - peak);
+      sum += s[j];
+    }
+    std::fill(s + seen, s + nk, T(0));
+    l[i] = l[i] * keep + sum;
+    m[i] = peak;
+    T* oi = o + i * ldo;
+    for (int64_t c = 0; c < hs; ++c) oi[c] *= keep;
+  }
+  gemm(false, false, nq, hs, nk, T(1), scores, nk, v, ldkv, T(1), o, ldo);  // O += P V
+}
+
+// After the last pair: out = o / l in place, lse = m + log l.
+template <class T>
+void block_attention_finish(T* o, int64_t ldo, const T* m, const T* l, int64_t nq, int64_t hs,
+                            T* lse) {
+  for (int64_t i = 0; i < nq; ++i) {
+    const T inv = T(1) / l[i];
+    for (int64_t c = 0; c < hs; ++c) o[i * ldo + c] *= inv;
+    lse[i] = m[i] + std::log(l[i]);
+  }
+}
+
+// delta[i] = dout_i . out_i, once per query row before backward's pairs.
+template <class T>
+void block_attention_delta(const T* dout, int64_t lddo, const T* out, int64_t ldo, int64_t nq,
+                           int64_t hs, T* delta) {
+  for (int64_t i = 0; i < nq; ++i) delta[i] = dot_of(dout + i * lddo, out + i * ldo, hs);
+}
+
+// One pair's gradients, added into dq [nq, hs] and dk, dv [nk, hs].
+// `scores`, `dscores`: scratch of nq * nk each.
+template <class T>
+void block_attention_backward(const T* q, int64_t ldq, int64_t q0, int64_t nq, const T* k,
+                              const T* v, int64_t ldkv, int64_t k0, int64_t nk, int64_t hs,
+                              const T* dout, int64_t lddo, const T* lse, const T* delta, T* dq,
+                              int64_t lddq, T* dk, T* dv, int64_t lddkv, T* scores, T* dscores) {
+  if (!block_visible(q0, nq, k0, nk)) return;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  gemm(false, true, nq, nk, hs, scale, q, ldq, k, ldkv, T(0), scores, nk);      // S
+  gemm(false, true, nq, nk, hs, T(1), dout, lddo, v, ldkv, T(0), dscores, nk);  // dP = dO V^T
+  for (int64_t i = 0; i < nq; ++i) {
+    T* p = scores + i * nk;
+    T* ds = dscores + i * nk;
+    const int64_t seen = visible_keys(q0 + i, k0, nk);
+    for (int64_t j = 0; j < seen; ++j) {
+      p[j] = exp_fast(p[j] - lse[i]);
+      ds[j] = scale * p[j] * (ds[j] - delta[i]);
+    }
+    std::fill(p + seen, p + nk, T(0));
+    std::fill(ds + seen, ds + nk, T(0));
+  }
+  gemm(true, false, nk, hs, nq, T(1), scores, nk, dout, lddo, T(1), dv, lddkv);  // dV += P^T dO
+  gemm(false, false, nq, hs, nk, T(1), dscores, nk, k, ldkv, T(1), dq, lddq);    // dQ += dS K
+  gemm(true, false, nk, hs, nq, T(1), dscores, nk, q, ldq, T(1), dk, lddkv);     // dK += dS^T Q
+}
+
+// Context parallelism's causal balance: the sequence cut into 2 cp chunks,
+// rank r holding chunks r and 2 cp - 1 - r (one from the front, one from
+// the back), so every rank's queries see as many keys.
+struct HeadTailChunks {
+  int64_t first, second;
+};
+inline HeadTailChunks head_tail_chunks(int64_t rank, int64_t cp) { return {rank, 2 * cp - 1 - rank}; }
+
+}  // namespace mpiformer::host
