@@ -45,6 +45,7 @@
 #   MODELS="gpt2-124m:16 gpt2-350m:16" (deck:micro_batch)  SEQ=1024  STEPS=15
 #   LOG_EVERY=5  PRECISION=bf16  DEVICE=cuda  CMP_SEQ=1024  CMP_MB=2  FP16_STEPS=10
 #   ASYNC_MODEL=(the first of MODELS)  ASYNC_STEPS=150  ASYNC_EVERY=50
+#   OFFLOAD_ZERO=3: phase 2c's [parallel] zero (3: the shard's gradients offloaded too)
 #   BENCH=1 COMPARE=1 FP16=1 OFFLOAD=1 ASYNC=1 LLAMA=1 MOE=1 TESTS=1 SANITIZE=1 E2E=1: phases on/off
 #   BUDGET_<phase>=seconds: a phase's budget (preflight bench compare fp16
 #     offload async llama moe tests sanitize e2e; bench, sanitize per run)
@@ -453,10 +454,15 @@ PY
 fi
 
 # 2c. Offload on the device: the host's AdamW over the state in host
-# memory, gradients down and weights up by block. The update is bit for
-# bit the device's; the rest of the step is the same kernels on the same
+# memory, gradients down and weights up by block; at [parallel] zero
+# OFFLOAD_ZERO (3 by default: ZeRO on a group of one) the shard's
+# gradients live in host memory too, each block's sums coming down during
+# backward (train/zero_shards.hpp), and the summary gets the run's
+# measured memory against the accounting's. The update is bit for bit
+# the device's; the rest of the step is the same kernels on the same
 # data, so the losses match to the GPU's run-to-run reproducibility
-# (1e-5 relative: far below what a wrong update moves in 15 steps).
+# (1e-5 relative: far below what a wrong update moves in 15 steps; the
+# gradient norm is summed on the host there, another order in double).
 spec=${MODELS##* }
 model=${spec%%:*} mb=${spec##*:}
 if [ "${OFFLOAD:-1}" = 1 ] && [ -f "$LOGS/$model.metrics.jsonl" ] && phase offload "2c. offload host ($model)"; then
@@ -464,7 +470,8 @@ if [ "${OFFLOAD:-1}" = 1 ] && [ -f "$LOGS/$model.metrics.jsonl" ] && phase offlo
   train offload "$model" "$LIMIT" --set run.device="$DEVICE" \
     --set train.precision="$PRECISION" --set model.seq_len="$SEQ" --set train.micro_batch="$mb" \
     --set train.global_batch="$mb" --set train.steps="$STEPS" --set train.warmup_steps=2 \
-    --set train.log_every="$LOG_EVERY" --set checkpoint.at_end=false --set train.offload=host
+    --set train.log_every="$LOG_EVERY" --set checkpoint.at_end=false --set train.offload=host \
+    --set parallel.zero="${OFFLOAD_ZERO:-3}"
   rc=$?
   if [ $rc != 0 ]; then
     record "2c. offload host ($model)" "$(why $rc)" $((SECONDS - t0)) "$(tail -1 "$LOGS/offload.log")"
