@@ -24,8 +24,10 @@
 #include <cstdint>
 #include <limits>
 
+#include "attention.hpp"
 #include "fast_math.hpp"
 #include "gemm.hpp"
+#include "parallel.hpp"
 
 namespace mpiformer::host {
 
@@ -125,6 +127,84 @@ void block_attention_backward(const T* q, int64_t ldq, int64_t q0, int64_t nq, c
   gemm(true, false, nk, hs, nq, T(1), scores, nk, dout, lddo, T(1), dv, lddkv);  // dV += P^T dO
   gemm(false, false, nq, hs, nk, T(1), dscores, nk, k, ldkv, T(1), dq, lddq);    // dQ += dS K
   gemm(true, false, nk, hs, nq, T(1), dscores, nk, q, ldq, T(1), dk, lddkv);     // dK += dS^T Q
+}
+
+// Every head of a micro-batch at once, in the model's layouts (GQA as in
+// host/attention.hpp: query head h reads kv head h / (NH / NKV)):
+//   q rows of qkv [B, nq, C + 2K] (the query block's own fused rows, q part),
+//   a key/value block kv [B, nk, 2K] (each row's keys then values: what a
+//     ring passes from rank to rank),
+//   accumulators m, l [B, NH, nq] and o [B, nq, C] (heads side by side, as
+//     attention's output), dkv [B, nk, 2K] (the block's partial gradients,
+//     passed back to its owner), dqkv [B, nq, C + 2K] (q part).
+// A (batch, kv head) pair per task: its query heads add into the same dk
+// and dv one after another, so no two tasks write the same element and
+// the sums' order does not depend on the threads.
+struct AttentionShape {
+  int64_t B, C, NH, NKV;
+  int64_t hs() const { return C / NH; }
+  int64_t K() const { return NKV * hs(); }
+  int64_t group() const { return NH / NKV; }
+};
+
+template <class T>
+void ring_attention_start(const AttentionShape& a, int64_t nq, T* m, T* l, T* o) {
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.NH; ++h)
+      block_attention_start(m + (b * a.NH + h) * nq, l + (b * a.NH + h) * nq, o + b * nq * a.C + h * a.hs(),
+                            a.C, nq, a.hs());
+}
+
+template <class T>
+void ring_attention_forward(const AttentionShape& a, const T* qkv, int64_t q0, int64_t nq, const T* kv,
+                            int64_t k0, int64_t nk, T* m, T* l, T* o) {
+  if (!block_visible(q0, nq, k0, nk)) return;
+  const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K;
+  task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
+    const int64_t b = task / a.NKV, kvh = task % a.NKV;
+    T* scores = detail::attention_scratch<T>(nq * nk);
+    const T* k = kv + b * nk * 2 * K + kvh * hs;
+    for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
+      const int64_t row = (b * a.NH + h) * nq;
+      block_attention_forward(qkv + b * nq * ld + h * hs, ld, q0, nq, k, k + K, 2 * K, k0, nk, hs, m + row,
+                              l + row, o + b * nq * a.C + h * hs, a.C, scores);
+    }
+  });
+}
+
+// After the last block: o becomes the output, lse [B, NH, nq]; delta
+// [B, NH, nq] from the output's gradient dout [B, nq, C].
+template <class T>
+void ring_attention_finish(const AttentionShape& a, int64_t nq, T* o, const T* m, const T* l, T* lse,
+                           const T* dout, T* delta) {
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.NH; ++h) {
+      const int64_t row = (b * a.NH + h) * nq;
+      T* oh = o + b * nq * a.C + h * a.hs();
+      block_attention_finish(oh, a.C, m + row, l + row, nq, a.hs(), lse + row);
+      if (dout != nullptr)
+        block_attention_delta(dout + b * nq * a.C + h * a.hs(), a.C, oh, a.C, nq, a.hs(), delta + row);
+    }
+}
+
+template <class T>
+void ring_attention_backward(const AttentionShape& a, const T* qkv, int64_t q0, int64_t nq, const T* kv,
+                             int64_t k0, int64_t nk, const T* dout, const T* lse, const T* delta, T* dqkv,
+                             T* dkv) {
+  if (!block_visible(q0, nq, k0, nk)) return;
+  const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K;
+  task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
+    const int64_t b = task / a.NKV, kvh = task % a.NKV;
+    T* scores = detail::attention_scratch<T>(2 * nq * nk);
+    const T* k = kv + b * nk * 2 * K + kvh * hs;
+    T* dk = dkv + b * nk * 2 * K + kvh * hs;
+    for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
+      const int64_t row = (b * a.NH + h) * nq;
+      block_attention_backward(qkv + b * nq * ld + h * hs, ld, q0, nq, k, k + K, 2 * K, k0, nk, hs,
+                               dout + b * nq * a.C + h * hs, a.C, lse + row, delta + row,
+                               dqkv + b * nq * ld + h * hs, ld, dk, dk + K, 2 * K, scores, scores + nq * nk);
+    }
+  });
 }
 
 // Context parallelism's causal balance: the sequence cut into 2 cp chunks,

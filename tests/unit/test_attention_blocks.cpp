@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "host/attention.hpp"
 #include "host/attention_blocks.hpp"
 
 namespace mpiformer::test {
@@ -220,6 +221,76 @@ TEST(AttentionBlocks, HeadTailChunksBalanceTheCausalWork) {
         << "cp " << cp;
     EXPECT_GT(plain.back(), (2 * cp - 2) * plain.front()) << "cp " << cp;
   }
+}
+
+// Every head at once in the model's layouts (grouped-query: 4 query heads
+// on 2 kv heads), each rank's chunk of rows as a ring rank holds it, its
+// query rows against every key/value block in ring order, against the
+// trainer's own host attention over the whole sequence (float both: 2e-5
+// of the largest value, another order of the same sums).
+TEST(AttentionBlocks, EveryHeadInTheModelsLayoutsMatchesHostAttention) {
+  const host::AttentionShape a{2, 16, 4, 2};
+  const int64_t T = 37, K = a.K(), ld = a.C + 2 * K, block = 8;
+  const std::vector<Span> spans = cut(T, block);
+  const auto qkv_d = random_values(a.B * T * ld, 5), dout_d = random_values(a.B * T * a.C, 6);
+  const std::vector<float> qkv(qkv_d.begin(), qkv_d.end()), dout(dout_d.begin(), dout_d.end());
+  // The reference: host/attention.hpp over the whole sequence.
+  std::vector<float> out(a.B * T * a.C), att(a.B * a.NH * T * T), dqkv(a.B * T * ld),
+      datt(att.size());
+  host::attention_forward(out.data(), att.data(), qkv.data(), a.B, T, a.C, a.NH, a.NKV);
+  host::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), a.B, T, a.C,
+                           a.NH, a.NKV);
+  // Each block's rows as a rank holds them: qkv [B, n, ld], kv [B, n, 2K],
+  // dout [B, n, C].
+  auto rows = [&](const std::vector<float>& x, int64_t width, int64_t from, int64_t w, const Span& s) {
+    std::vector<float> r(a.B * s.rows * w);
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t t = 0; t < s.rows; ++t)
+        std::copy_n(x.data() + (b * T + s.begin + t) * width + from, w, r.data() + (b * s.rows + t) * w);
+    return r;
+  };
+  const size_t n = spans.size();
+  std::vector<std::vector<float>> q(n), kv(n), dq(n), dkv(n), o(n), d(n);
+  for (size_t i = 0; i < n; ++i) {
+    q[i] = rows(qkv, ld, 0, ld, spans[i]);
+    kv[i] = rows(qkv, ld, a.C, 2 * K, spans[i]);
+    d[i] = rows(dout, a.C, 0, a.C, spans[i]);
+    dq[i].assign(q[i].size(), 0.f);
+    dkv[i].assign(kv[i].size(), 0.f);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Span qs = spans[i];
+    std::vector<float> m(a.B * a.NH * qs.rows), l(m.size()), lse(m.size()), delta(m.size());
+    o[i].assign(a.B * qs.rows * a.C, 0.f);
+    host::ring_attention_start(a, qs.rows, m.data(), l.data(), o[i].data());
+    for (size_t s = 0; s < n; ++s) {
+      const size_t j = (i + s) % n;
+      host::ring_attention_forward(a, q[i].data(), qs.begin, qs.rows, kv[j].data(), spans[j].begin,
+                                   spans[j].rows, m.data(), l.data(), o[i].data());
+    }
+    host::ring_attention_finish(a, qs.rows, o[i].data(), m.data(), l.data(), lse.data(), d[i].data(),
+                                delta.data());
+    for (size_t s = 0; s < n; ++s) {
+      const size_t j = (i + s) % n;
+      host::ring_attention_backward(a, q[i].data(), qs.begin, qs.rows, kv[j].data(), spans[j].begin,
+                                    spans[j].rows, d[i].data(), lse.data(), delta.data(), dq[i].data(),
+                                    dkv[j].data());
+    }
+  }
+  // Laid back over the sequence: out, and dqkv from the q parts and the
+  // kv blocks' sums.
+  std::vector<double> want_out(out.begin(), out.end()), want_d(dqkv.begin(), dqkv.end());
+  std::vector<float> got_out(out.size()), got_d(dqkv.size());
+  for (size_t i = 0; i < n; ++i)
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t t = 0; t < spans[i].rows; ++t) {
+        const int64_t at = b * T + spans[i].begin + t, here = b * spans[i].rows + t;
+        std::copy_n(o[i].data() + here * a.C, a.C, got_out.data() + at * a.C);
+        std::copy_n(dq[i].data() + here * ld, a.C, got_d.data() + at * ld);
+        std::copy_n(dkv[i].data() + here * 2 * K, 2 * K, got_d.data() + at * ld + a.C);
+      }
+  expect_close(got_out, want_out, "out");
+  expect_close(got_d, want_d, "dqkv");
 }
 
 TEST(AttentionBlocks, AFullyMaskedPairIsSkipped) {
