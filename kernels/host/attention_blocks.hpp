@@ -172,19 +172,23 @@ void ring_attention_forward(const AttentionShape& a, const T* qkv, int64_t q0, i
   });
 }
 
-// After the last block: o becomes the output, lse [B, NH, nq]; delta
-// [B, NH, nq] from the output's gradient dout [B, nq, C].
+// After the last block: o becomes the output, lse [B, NH, nq].
 template <class T>
-void ring_attention_finish(const AttentionShape& a, int64_t nq, T* o, const T* m, const T* l, T* lse,
-                           const T* dout, T* delta) {
+void ring_attention_finish(const AttentionShape& a, int64_t nq, T* o, const T* m, const T* l, T* lse) {
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < a.NH; ++h) {
       const int64_t row = (b * a.NH + h) * nq;
-      T* oh = o + b * nq * a.C + h * a.hs();
-      block_attention_finish(oh, a.C, m + row, l + row, nq, a.hs(), lse + row);
-      if (dout != nullptr)
-        block_attention_delta(dout + b * nq * a.C + h * a.hs(), a.C, oh, a.C, nq, a.hs(), delta + row);
+      block_attention_finish(o + b * nq * a.C + h * a.hs(), a.C, m + row, l + row, nq, a.hs(), lse + row);
     }
+}
+// Before backward's blocks: delta [B, NH, nq] from the output and its
+// gradient dout [B, nq, C].
+template <class T>
+void ring_attention_delta(const AttentionShape& a, int64_t nq, const T* out, const T* dout, T* delta) {
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.NH; ++h)
+      block_attention_delta(dout + b * nq * a.C + h * a.hs(), a.C, out + b * nq * a.C + h * a.hs(), a.C, nq,
+                            a.hs(), delta + (b * a.NH + h) * nq);
 }
 
 template <class T>

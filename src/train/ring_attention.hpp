@@ -1,0 +1,146 @@
+// Attention across a context-parallel group (issue 49): each of the
+// group's c ranks holds 2 of the sequence's 2c chunks of n tokens, chunk r
+// and chunk 2c - 1 - r (head-tail: every rank's queries see as many keys,
+// host/attention_blocks.hpp's head_tail_chunks), laid out chunk-major as
+// [2, B, n, ...] (each chunk a contiguous micro-batch of B sequences of n
+// rows: the rest of the model treats the rank's rows as 2B short
+// sequences). The key/value blocks go round the ring: at step s rank r
+// holds rank (r - s) mod c's and, while it attends to them, sends them on
+// to rank r + 1. Backward sends the blocks round again with their
+// gradients' partial sums, which after c steps are complete and go back to
+// their owner. Pairs whose keys all follow their queries are skipped.
+//
+// The ring's order is the same for any layout of the other axes; the
+// softmax is summed across blocks in that order, so cp changes the result
+// by rounding only (another order of the same sums), not by its content.
+// Host memory and the host's kernels (the CUDA kernels' turn comes with
+// the trainer's [parallel] cp); the messages go through the group's
+// Communicator.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "host/attention_blocks.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mpiformer {
+
+template <class T>
+class RingAttention {
+ public:
+  // `ring`: the context-parallel group (rank r holds chunks r and
+  // 2 size - 1 - r); `n`: tokens per chunk.
+  RingAttention(Communicator& ring, const host::AttentionShape& shape, int64_t n)
+      : ring_(ring), a_(shape), n_(n) {
+    const size_t kv = static_cast<size_t>(2 * a_.B * n_ * 2 * a_.K());
+    for (auto& b : kv_) b.resize(kv);
+    for (auto& b : dkv_) b.resize(kv);
+  }
+
+  // The global position of local chunk j's first token on rank `rank`.
+  int64_t chunk_start(int rank, int j) const {
+    const host::HeadTailChunks c = host::head_tail_chunks(rank, ring_.size());
+    return (j == 0 ? c.first : c.second) * n_;
+  }
+
+  // qkv [2, B, n, C + 2K] -> out [2, B, n, C], lse [2, B, NH, n] (kept
+  // for backward).
+  void forward(const T* qkv, T* out, T* lse) {
+    const int64_t rows = a_.B * a_.NH * n_;
+    std::vector<T> m(2 * rows), l(2 * rows);
+    for (int j = 0; j < 2; ++j)
+      host::ring_attention_start(a_, n_, m.data() + j * rows, l.data() + j * rows, out + j * out_block());
+    take_kv(qkv, kv_[0].data());
+    circulate(kv_, nullptr, kForwardTag, [&](int owner, const T* kv, T*) {
+      for (int qa = 0; qa < 2; ++qa)
+        for (int kb = 0; kb < 2; ++kb)
+          host::ring_attention_forward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
+                                       kv + kb * kv_block(), chunk_start(owner, kb), n_, m.data() + qa * rows,
+                                       l.data() + qa * rows, out + qa * out_block());
+    });
+    for (int j = 0; j < 2; ++j)
+      host::ring_attention_finish(a_, n_, out + j * out_block(), m.data() + j * rows, l.data() + j * rows,
+                                  lse + j * rows);
+  }
+
+  // dqkv [2, B, n, C + 2K] is overwritten: the queries' gradients from
+  // every block, the keys' and values' summed over every rank's queries.
+  void backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv) {
+    const int64_t rows = a_.B * a_.NH * n_, ld = a_.C + 2 * a_.K();
+    std::vector<T> delta(2 * rows);
+    for (int j = 0; j < 2; ++j)
+      host::ring_attention_delta(a_, n_, out + j * out_block(), dout + j * out_block(), delta.data() + j * rows);
+    std::fill(dqkv, dqkv + 2 * qkv_block(), T(0));
+    take_kv(qkv, kv_[0].data());
+    std::fill(dkv_[0].begin(), dkv_[0].end(), T(0));
+    circulate(kv_, &dkv_, kBackwardTag, [&](int owner, const T* kv, T* dkv) {
+      for (int qa = 0; qa < 2; ++qa)
+        for (int kb = 0; kb < 2; ++kb)
+          host::ring_attention_backward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
+                                        kv + kb * kv_block(), chunk_start(owner, kb), n_, dout + qa * out_block(),
+                                        lse + qa * rows, delta.data() + qa * rows, dqkv + qa * qkv_block(),
+                                        dkv + kb * kv_block());
+    });
+    // The block now held is the next rank's, its sums complete: home to
+    // it; this rank's own comes from the previous.
+    const int c = ring_.size(), r = ring_.rank();
+    const T* mine = dkv_[cur_].data();
+    if (c > 1) {
+      Pending sent = ring_.start_send_bytes(dkv_[cur_].data(), bytes(), (r + 1) % c, kHomeTag);
+      ring_.recv_bytes(dkv_[1 - cur_].data(), bytes(), (r + c - 1) % c, kHomeTag);
+      sent->wait();
+      mine = dkv_[1 - cur_].data();
+    }
+    const int64_t K2 = 2 * a_.K();
+    for (int64_t row = 0; row < 2 * a_.B * n_; ++row)
+      std::copy_n(mine + row * K2, K2, dqkv + row * ld + a_.C);
+  }
+
+ private:
+  static constexpr int kForwardTag = 4900, kBackwardTag = 4910, kHomeTag = 4920;
+  int64_t qkv_block() const { return a_.B * n_ * (a_.C + 2 * a_.K()); }
+  int64_t kv_block() const { return a_.B * n_ * 2 * a_.K(); }
+  int64_t out_block() const { return a_.B * n_ * a_.C; }
+  size_t bytes() const { return sizeof(T) * kv_[0].size(); }
+
+  // This rank's keys and values, [2, B, n, 2K], from its fused rows.
+  void take_kv(const T* qkv, T* kv) const {
+    const int64_t ld = a_.C + 2 * a_.K(), K2 = 2 * a_.K();
+    for (int64_t row = 0; row < 2 * a_.B * n_; ++row) std::copy_n(qkv + row * ld + a_.C, K2, kv + row * K2);
+  }
+
+  // c steps: `work(owner, kv, dkv)` on the blocks held, each sent on to
+  // the next rank (with its gradients' sums when `dkv` is given) while
+  // the work runs, the previous rank's received after it.
+  template <class F>
+  void circulate(std::vector<T> (&kv)[2], std::vector<T> (*dkv)[2], int tag, const F& work) {
+    const int c = ring_.size(), r = ring_.rank(), next = (r + 1) % c, prev = (r + c - 1) % c;
+    cur_ = 0;
+    for (int s = 0; s < c; ++s) {
+      const int owner = (r - s + c) % c;
+      Pending sent;
+      // The block goes on before the work (its bytes do not change); the
+      // gradients' sums only after it (the work adds to them).
+      if (s + 1 < c) sent = ring_.start_send_bytes(kv[cur_].data(), bytes(), next, tag + 2 * (s % 2));
+      work(owner, kv[cur_].data(), dkv != nullptr ? (*dkv)[cur_].data() : nullptr);
+      if (s + 1 == c) break;
+      Pending sent_sums;
+      if (dkv != nullptr)
+        sent_sums = ring_.start_send_bytes((*dkv)[cur_].data(), bytes(), next, tag + 1 + 2 * (s % 2));
+      ring_.recv_bytes(kv[1 - cur_].data(), bytes(), prev, tag + 2 * (s % 2));
+      if (dkv != nullptr) ring_.recv_bytes((*dkv)[1 - cur_].data(), bytes(), prev, tag + 1 + 2 * (s % 2));
+      sent->wait();
+      if (sent_sums) sent_sums->wait();
+      cur_ = 1 - cur_;
+    }
+  }
+
+  Communicator& ring_;
+  host::AttentionShape a_;
+  int64_t n_;
+  std::vector<T> kv_[2], dkv_[2];  // the block held and the one arriving
+  int cur_ = 0;
+};
+
+}  // namespace mpiformer

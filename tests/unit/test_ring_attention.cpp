@@ -1,0 +1,72 @@
+// Ring attention over MPI (train/ring_attention.hpp) at 1, 2 and 4 ranks
+// (mpi.ring_attention.npN): every rank holds its two head-tail chunks of
+// the same sequences; its output and its rows of dqkv against host
+// attention over the whole sequence, computed on every rank alike
+// (host/attention.hpp: the trainer's own kernel, sharing no code with the
+// ring's blockwise arithmetic). Grouped-query heads, two sequences, chunks
+// of 5 tokens. Tolerance: float both, 2e-5 of each result's largest value
+// (another order of the same sums).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "host/attention.hpp"
+#include "train/ring_attention.hpp"
+#include "parallel/mpi_communicator.hpp"
+
+namespace mpiformer::test {
+namespace {
+
+std::vector<float> random_floats(int64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& e : x) e = d(gen);
+  return x;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  float largest = 0, worst = 0;
+  for (float w : want) largest = std::max(largest, std::abs(w));
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  EXPECT_LE(worst, 2e-5f * largest) << what << ": worst difference " << worst << " of " << largest;
+}
+
+TEST(RingAttention, HeadTailChunksAroundTheRanksMatchWholeSequenceAttention) {
+  MPI_Comm c;
+  MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  MpiCommunicator ring(c);
+  const int cp = ring.size(), r = ring.rank();
+  const host::AttentionShape a{2, 16, 4, 2};
+  const int64_t n = 5, T = 2 * cp * n, K = a.K(), ld = a.C + 2 * K;
+  // The whole sequences, the same on every rank.
+  const std::vector<float> qkv = random_floats(a.B * T * ld, 11), dout = random_floats(a.B * T * a.C, 12);
+  std::vector<float> out(a.B * T * a.C), att(a.B * a.NH * T * T), dqkv(a.B * T * ld), datt(att.size());
+  host::attention_forward(out.data(), att.data(), qkv.data(), a.B, T, a.C, a.NH, a.NKV);
+  host::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), a.B, T, a.C, a.NH,
+                           a.NKV);
+  RingAttention<float> ring_attention(ring, a, n);
+  // This rank's rows, chunk-major [2, B, n, width], from [B, T, width].
+  auto mine = [&](const std::vector<float>& x, int64_t width) {
+    std::vector<float> y(2 * a.B * n * width);
+    for (int j = 0; j < 2; ++j)
+      for (int64_t b = 0; b < a.B; ++b)
+        std::copy_n(x.data() + (b * T + ring_attention.chunk_start(r, j)) * width, n * width,
+                    y.data() + ((j * a.B + b) * n) * width);
+    return y;
+  };
+  const std::vector<float> my_qkv = mine(qkv, ld), my_dout = mine(dout, a.C);
+  std::vector<float> my_out(2 * a.B * n * a.C), lse(2 * a.B * a.NH * n), my_dqkv(my_qkv.size());
+  ring_attention.forward(my_qkv.data(), my_out.data(), lse.data());
+  ring_attention.backward(my_qkv.data(), my_out.data(), lse.data(), my_dout.data(), my_dqkv.data());
+  const std::string where = "cp " + std::to_string(cp) + " rank " + std::to_string(r);
+  expect_close(my_out, mine(out, a.C), (where + ": out").c_str());
+  expect_close(my_dqkv, mine(dqkv, ld), (where + ": dqkv").c_str());
+}
+
+}  // namespace
+}  // namespace mpiformer::test
