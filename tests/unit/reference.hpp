@@ -4,6 +4,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -49,6 +50,16 @@ template <class A, class B>
 }
 
 // d loss / d x[i] by central differences, for every i.
+// all_close with an absolute tolerance of `fraction` of want's largest
+// magnitude: for results whose elements near zero carry the large ones'
+// rounding (sums of products of many terms).
+template <class A, class B>
+::testing::AssertionResult close_to_largest(const A& got, const B& want, double fraction) {
+  double largest = 0;
+  for (const auto& w : want) largest = std::max(largest, std::fabs(static_cast<double>(w)));
+  return all_close(got, want, fraction * largest, 0.0);
+}
+
 inline std::vector<double> finite_difference(std::vector<double>& x,
                                              const std::function<double()>& loss, double h) {
   std::vector<double> g(x.size());
