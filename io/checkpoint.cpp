@@ -444,7 +444,8 @@ void for_each_run(const DatasetSlice& d, int64_t base, F f) {
 
 }  // namespace
 
-BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets) {
+BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets,
+                        bool read_back) {
   static_assert(sizeof(float) == 4, "HDF5's H5T_IEEE_F32LE");
   const auto t0 = std::chrono::steady_clock::now();
   BlockWrite out;
@@ -465,14 +466,21 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
   const int64_t fault = test_hooks::checkpoint_fault_after();
   if (const int64_t slow = test_hooks::slow_background_write_ms(); slow > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(slow));
+  // Each dataset's hash of what this rank hands over, taken as it goes to
+  // disk: the read-back compares against these, never the live state
+  // again (which a read-back behind training would find changed).
+  out.sums.assign(datasets.size(), 0);
   for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
     const DatasetSlice& d = datasets[i];
+    int64_t count = 0;
     for_each_run(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
+      count += n;
       if (!out.failure.empty()) return;
       errno = 0;
       if (!io.write(reinterpret_cast<const char*>(d.data + first), static_cast<size_t>(4 * n), offset))
         out.failure = "writing " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "failed");
     });
+    if (count > 0) out.sums[i] = tensor_checksum(d.data, count);
     if (d.written) d.written();
     if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {
       // The node dies in the middle of a background write.
@@ -493,10 +501,36 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
       ::fsync(fd);
     }
   }
+  finish();
+  if (read_back) read_back_blocks(layout, datasets, out);
+  return out;
+}
+
+void read_back_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets,
+                      BlockWrite& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Account {
+    BlockWrite& out;
+    std::chrono::steady_clock::time_point t0;
+    ~Account() {
+      out.verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      out.seconds += out.verify_seconds;
+    }
+  } account{out, t0};
+  if (!out.failure.empty()) return;
+  const int fd = ::open(layout.tmp.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    out.failure = "opening " + layout.tmp + " to read it back: " + std::strerror(errno);
+    return;
+  }
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_it{fd};
+  BlockIo io(layout.tmp, fd);
   // What reads back next comes from the disk, not the page cache (the
   // direct reads by construction; the partial blocks once dropped).
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  const auto verify_begin = std::chrono::steady_clock::now();
   std::vector<float> back;
   for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
     const DatasetSlice& d = datasets[i];
@@ -509,13 +543,11 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
           !io.read(reinterpret_cast<char*>(back.data() + first), static_cast<size_t>(4 * n), offset))
         out.failure = "reading back " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "short");
     });
-    if (out.failure.empty() && tensor_checksum(back.data(), count) != tensor_checksum(d.data, count)) {
+    if (out.failure.empty() && tensor_checksum(back.data(), count) != out.sums[i]) {
       out.failure = d.name + " reads back differently from what the run wrote";
       out.mismatch = true;
     }
   }
-  out.verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - verify_begin).count();
-  return finish();
 }
 
 void finish_checkpoint(MPI_Comm comm, const CheckpointLayout& layout, const BlockWrite& mine) {

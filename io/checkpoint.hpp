@@ -150,8 +150,16 @@ struct BlockWrite {
   bool mismatch = false;  // written, but read back differently
   double seconds = 0;     // writing, flushing and reading back
   double verify_seconds = 0;  // of which reading back
+  std::vector<uint64_t> sums;  // each dataset's hash of this rank's blocks, as written
 };
-BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets);
+// `read_back` false: written and flushed only; read_back_blocks (on any
+// thread, after) reads them back against the hashes taken as they were
+// written, so the datasets' data may change meanwhile (their shapes and
+// boxes may not).
+BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets,
+                        bool read_back = true);
+void read_back_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets,
+                      BlockWrite& out);
 void finish_checkpoint(MPI_Comm comm, const CheckpointLayout& layout, const BlockWrite& mine);
 
 // Read-only access from one rank (no MPI): metadata and whole tensors, with

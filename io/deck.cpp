@@ -232,6 +232,7 @@ const std::vector<Key>& schema() {
       int_key("checkpoint", "keep", false, 0, 1e6, MEMBER(checkpoint.keep)),
       bool_key("checkpoint", "at_end", MEMBER(checkpoint.at_end)),
       bool_key("checkpoint", "async", MEMBER(checkpoint.async)),
+      choice_key("checkpoint", "read_back", kReadBackNames, MEMBER(checkpoint.read_back)),
       float_key("checkpoint", "mtbf_hours", false, 0, 1e7, MEMBER(checkpoint.mtbf_hours)),
       resume_key(),
   };

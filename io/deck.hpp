@@ -77,6 +77,11 @@ struct CheckpointConfig {
   // thread while training goes on; the last save, and one before a stop,
   // are synchronous.
   bool async = false;
+  // A synchronous save's read-back: while training waits, or beside it
+  // ("background": the file is published once every rank's read-back
+  // matches, as a background save's is; the last save and a stop's read
+  // back inline).
+  ReadBack read_back = ReadBack::kInline;
   // The mean time between failures the user expects of the job's nodes
   // (hours; 0: not given): the run prints the checkpoint interval its own
   // save cost suggests for it (Young and Daly).

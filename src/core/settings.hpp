@@ -41,6 +41,9 @@ enum class GradCompression { kNone, kBf16, kInt8 };
 enum class HealthCheck { kAuto, kOn, kOff };
 // [run] health_action: what a rank below the fraction of the median does.
 enum class HealthAction { kWarn, kStop };
+// [checkpoint] read_back: a synchronous save's read-back check while
+// training waits, or on a thread beside it (latest moves once it passes).
+enum class ReadBack { kInline, kBackground };
 
 template <class E>
 struct SettingName {
@@ -65,6 +68,8 @@ inline constexpr SettingName<HealthCheck> kHealthCheckNames[] = {
     {HealthCheck::kAuto, "auto"}, {HealthCheck::kOn, "on"}, {HealthCheck::kOff, "off"}};
 inline constexpr SettingName<HealthAction> kHealthActionNames[] = {
     {HealthAction::kWarn, "warn"}, {HealthAction::kStop, "stop"}};
+inline constexpr SettingName<ReadBack> kReadBackNames[] = {
+    {ReadBack::kInline, "inline"}, {ReadBack::kBackground, "background"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
     {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"},
     {ScheduleKind::kInterleaved, "interleaved"}};
@@ -107,6 +112,7 @@ inline const char* name_of(Offload o) { return setting_name(kOffloadNames, o); }
 inline const char* name_of(GradCompression c) { return setting_name(kGradCompressionNames, c); }
 inline const char* name_of(HealthCheck h) { return setting_name(kHealthCheckNames, h); }
 inline const char* name_of(HealthAction a) { return setting_name(kHealthActionNames, a); }
+inline const char* name_of(ReadBack r) { return setting_name(kReadBackNames, r); }
 inline const char* name_of(ModelFamily f) { return setting_name(kFamilyNames, f); }
 
 }  // namespace mpiformer

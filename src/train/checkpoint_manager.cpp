@@ -35,6 +35,7 @@ namespace mpiformer {
 // snapshot it writes from (owned: training changes the live state), the
 // file's layout, and what the thread found.
 struct CheckpointManager::Background {
+  bool read_back_only = false;  // kReadBackBehind: written already, read back by the thread
   std::vector<std::vector<float>> snapshot;
   std::vector<DatasetSlice> slices;
   CheckpointLayout layout;
@@ -379,20 +380,28 @@ double CheckpointManager::finish_background(bool wait) {
     throw write_refused(e, b.layout.step, b.need, b.free);
   }
   publish(b.layout.path);
-  spare_snapshot_ = std::move(b.snapshot);
+  if (!b.read_back_only) spare_snapshot_ = std::move(b.snapshot);
+  last_read_back_ = b.result.verify_seconds;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (grid_.world_rank() == 0) {
     const double mb = checkpoint_mb();
-    std::printf("checkpoint: wrote %s in the background (%.1f MB; rank 0 wrote, flushed and read "
-                "back its part in %.2f s beside training)\n",
-                b.layout.path.c_str(), mb, b.result.seconds);
+    if (b.read_back_only) {
+      std::printf("checkpoint: read back and verified %s beside training (%.1f MB; rank 0's part in "
+                  "%.2f s); published\n",
+                  b.layout.path.c_str(), mb, b.result.verify_seconds);
+    } else {
+      std::printf("checkpoint: wrote %s in the background (%.1f MB; rank 0 wrote, flushed and read "
+                  "back its part in %.2f s beside training)\n",
+                  b.layout.path.c_str(), mb, b.result.seconds);
+    }
     std::fflush(stdout);
   }
   return dt;
 }
 
 double CheckpointManager::save(int64_t step, const DataPosition& data, const LossScaler& scaler,
-                               bool background) {
+                               Mode mode) {
+  const bool background = mode == Mode::kBackground;
   if (background_) throw std::logic_error("a save while a background write is in flight");
   const auto t0 = std::chrono::steady_clock::now();
   const CheckpointStore store(deck_.checkpoint.dir);
@@ -539,6 +548,44 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     }
     return dt;
   }
+  // Read back beside training: the bytes written and flushed here, the
+  // file laid out first (collective) as a background save's is; a thread
+  // reads them back against the hashes taken as they went, and
+  // finish_background publishes. Not when the offloaded files went away
+  // (below: the run stops once this checkpoint is published).
+  if (mode == Mode::kReadBackBehind && gone.empty()) {
+    auto bg = std::make_unique<Background>();
+    bg->read_back_only = true;
+    bg->need = need;
+    bg->free = free;
+    try {
+      bg->layout = lay_out_checkpoint(MPI_COMM_WORLD, path, meta, slices);
+    } catch (const CheckpointWriteError& e) {
+      throw write_refused(e, step, need, free);
+    }
+    bg->result = write_blocks(bg->layout, slices, false);
+    // The thread reads the blocks' places, never the data (the live state).
+    for (DatasetSlice& d : slices) {
+      d.data = nullptr;
+      d.written = nullptr;
+    }
+    bg->slices = std::move(slices);
+    Background* b = bg.get();
+    b->writer = std::thread([b] {
+      read_back_blocks(b->layout, b->slices, b->result);
+      b->done.store(true, std::memory_order_release);
+    });
+    background_ = std::move(bg);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (grid_.world_rank() == 0) {
+      const double mb = checkpoint_mb();
+      std::printf("checkpoint: wrote %s (%.1f MB in %.2f s, %.0f MB/s; rank 0 wrote and flushed its "
+                  "part in %.2f s); read back beside training, published once it matches\n",
+                  path.c_str(), mb, dt, mb / dt, background_->result.seconds);
+      std::fflush(stdout);
+    }
+    return dt;
+  }
   double verify_seconds = 0;
   try {
     verify_seconds = write_checkpoint(MPI_COMM_WORLD, path, meta, slices);
@@ -546,6 +593,7 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     throw write_refused(e, step, need, free);
   }
   publish(path);
+  last_read_back_ = verify_seconds;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (grid_.world_rank() == 0) {
     const double mb = checkpoint_mb();

@@ -54,17 +54,25 @@ class CheckpointManager {
   // Collective: writes the checkpoint of `step`, publishes it as `latest`
   // and prunes old ones. Returns the seconds it took.
   // `scaler`: the run's loss scaler (its state is saved when dynamic).
-  // `background` ([checkpoint] async): returns once each rank has copied
+  // kBackground ([checkpoint] async): returns once each rank has copied
   // what it writes and the file is laid out (io/checkpoint.hpp); a thread
   // writes the tensors, and finish_background publishes the file. No save
   // while one is in flight.
-  double save(int64_t step, const DataPosition& data, const LossScaler& scaler,
-              bool background = false);
+  // `mode`: kInline writes, reads back and publishes before returning;
+  // kReadBackBehind ([checkpoint] read_back = "background") returns once
+  // every rank's bytes are written and flushed, a thread reads them back,
+  // and finish_background publishes the file; kBackground ([checkpoint]
+  // async) is described above.
+  enum class Mode { kInline, kReadBackBehind, kBackground };
+  double save(int64_t step, const DataPosition& data, const LossScaler& scaler, Mode mode = Mode::kInline);
   // Collective: a background save whose writes are done on every rank is
   // checked and published (`wait`: waits for them first; otherwise one
   // still writing anywhere is left for later). Returns the seconds spent.
   double finish_background(bool wait);
   bool background_pending() const { return background_ != nullptr; }
+  // The last published save's read-back seconds on rank 0 (what a
+  // kReadBackBehind save's inline twin would also have waited).
+  double last_read_back_seconds() const { return last_read_back_; }
   ~CheckpointManager();
   // Collective: throws SystemError if the tied embedding's copies differ.
   // The end of a run: every rank of each tensor group holds the same bits
@@ -99,6 +107,7 @@ class CheckpointManager {
   std::unique_ptr<Background> background_;
   // A published background save's snapshot buffers, for the next one.
   std::vector<std::vector<float>> spare_snapshot_;
+  double last_read_back_ = 0;
 };
 
 }  // namespace mpiformer

@@ -671,8 +671,13 @@ TrainResult Trainer::run() {
     const bool at_end = done == end_step && (deck_.checkpoint.at_end || done < tc.steps);
     if ((every > 0 && done % every == 0) || at_end || r.stop) {
       // On the way, in the background where the deck asks; the last save
-      // and one before a stop are synchronous (the run ends with it).
-      const bool background = deck_.checkpoint.async && !at_end && !r.stop;
+      // and one before a stop are synchronous, read back inline (the run
+      // ends with it).
+      const bool on_the_way = !at_end && !r.stop;
+      const bool background = deck_.checkpoint.async && on_the_way;
+      const bool read_back_behind =
+          !background && on_the_way && deck_.checkpoint.read_back == ReadBack::kBackground;
+      using Mode = CheckpointManager::Mode;
       if (p.checkpoints->background_pending()) {
         const int64_t was = background_step;
         const double waited = finish_background(true, done);
@@ -688,8 +693,11 @@ TrainResult Trainer::run() {
                         save_allowance(*p.stage));
       const double save_s = p.checkpoints->save(
           done, DataPosition{p.data->cursor(), p.data->epoch(), p.data->record()}, p.executor->scaler(),
-          background);
-      if (background) {
+          background ? Mode::kBackground : read_back_behind ? Mode::kReadBackBehind : Mode::kInline);
+      if (background || p.checkpoints->background_pending()) {
+        // Published later (finish_background): what training waited now.
+        // A stop's save reads back inline: the policy plans for the whole.
+        if (!background) stop.save_took(save_s + p.checkpoints->last_read_back_seconds());
         goodput.save_waited(save_s);
         background_step = done;
         background_productive = goodput.productive();

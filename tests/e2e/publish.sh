@@ -6,7 +6,8 @@
 # (1) a checkpoint changed on disk after it is written: kept as
 #     .unverified, not published, nothing older pruned, exit 74, and
 #     resume = "auto" continues from the last good one to the straight
-#     run's numbers exactly;
+#     run's numbers exactly; likewise when it is read back beside
+#     training ([checkpoint] read_back = "background");
 # (2) the offload file replaced under the run (a scratch cleaner, a
 #     second job): the save reads the run's own open file, so the
 #     checkpoint is right (its tensors those of the straight run at that
@@ -59,6 +60,31 @@ grep -q "did not read back as written" corrupt.log || { cat corrupt.log; fail "(
 train corrupt 0  # resume = "auto": from step 2
 same_tensors "$(ckpt corrupt 6)" "$(ckpt straight 6)" "(1) resumed"
 echo "ok (1): a checkpoint that does not read back is kept aside, nothing lost"
+
+# (1b) [checkpoint] read_back = "background": training goes on while the
+# read-back runs; latest moves only once it matches. Clean: the straight
+# run's losses and tensors, every save said to be read back beside
+# training and published, the last one read back inline. Damaged at step
+# 4: found beside training, kept aside as in (1), exit 74, latest at 2.
+behind=(--set checkpoint.read_back='"background"')
+train behind 0 -- "${behind[@]}"
+[ "$(last_losses behind/metrics.jsonl)" = "$(last_losses straight/metrics.jsonl)" ] || fail "(1b) losses"
+same_tensors "$(ckpt behind 6)" "$(ckpt straight 6)" "(1b)"
+for s in 2 4; do
+  grep -q "checkpoint: wrote $(ckpt behind $s) (.*); read back beside training, published once it matches" \
+    behind.log || { cat behind.log; fail "(1b) step $s was not written for a read-back beside training"; }
+  grep -q "checkpoint: read back and verified $(ckpt behind $s) beside training (.*); published" behind.log ||
+    { cat behind.log; fail "(1b) step $s was not published after its read-back"; }
+done
+grep -q "checkpoint: wrote $(ckpt behind 6) (.*read back and verified in" behind.log ||
+  { cat behind.log; fail "(1b) the last save was not read back inline"; }
+[ "$(grep -c '"checkpoint_saved"' behind/metrics.jsonl)" -eq 3 ] || fail "(1b) checkpoint_saved records"
+train behind_bad 74 MPIFORMER_FAULT_CORRUPT_CHECKPOINT=4 -- "${behind[@]}"
+grep -q "did not read back as written" behind_bad.log || { cat behind_bad.log; fail "(1b) no message"; }
+[ -f "$(ckpt behind_bad 4).unverified" ] || fail "(1b) the bad checkpoint was not kept aside"
+[ "$(latest_step behind_bad)" = 2 ] || fail "(1b) latest moved past the last good checkpoint"
+[ -f "$(ckpt behind_bad 2)" ] || fail "(1b) the last good checkpoint was pruned"
+echo "ok (1b): read back beside training: the same checkpoints, a bad one found and kept aside"
 
 # (2), (3) The offload file replaced or removed under the run.
 for action in replace remove; do
