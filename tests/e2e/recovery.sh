@@ -108,8 +108,11 @@ assert abs(g["productive_s"] - productive) <= 1e-4 * productive, (g, productive)
 if len(launches) == 1:
     assert g["steps_redone"] == 0 and g["lost_s"] <= 1e-4 * productive, g
 else:
-    assert redone >= 1 and g["steps_redone"] in (redone, redone + 1), (g, redone)
-    assert g["lost_s"] >= lost * (1 - 1e-4) and g["lost_s"] > 0, (g, lost)
+    # Usually steps after the last checkpoint are redone; a kill that lands
+    # right after a save (the steps are ~30 ms, the kill follows a 0.25 s
+    # poll) redoes none, and loses only the step in flight, if any.
+    assert g["steps_redone"] in (redone, redone + 1), (g, redone)
+    assert g["lost_s"] >= lost * (1 - 1e-4) and (redone == 0 or g["lost_s"] > 0), (g, lost)
     assert g["between_launches_s"] >= 1, g  # RESTART_BACKOFF_S
 parts = g["productive_s"] + g["lost_s"] + g["save_s"] + g["startup_s"] + g["eval_s"]
 assert parts <= g["wall_s"] * 1.01 + 0.05, g
