@@ -1,6 +1,7 @@
 #include "block_io.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +48,14 @@ BlockIo::BlockIo(const std::string& path, int fd, bool try_direct) : fd_(fd) {
   if (::posix_memalign(&p, kAlign, kBounce) != 0) return;
   bounce_ = static_cast<char*>(p);
   direct_ = ::open(path.c_str(), O_RDWR | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
+  // The name opened again must still be the caller's file: one swapped in
+  // between (another process in the directory) would be written instead.
+  struct stat mine {}, again {};
+  if (direct_ >= 0 && (::fstat(fd_, &mine) != 0 || ::fstat(direct_, &again) != 0 ||
+                       mine.st_dev != again.st_dev || mine.st_ino != again.st_ino)) {
+    ::close(direct_);
+    direct_ = -1;
+  }
 }
 
 BlockIo::~BlockIo() {

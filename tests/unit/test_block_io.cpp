@@ -1,8 +1,9 @@
 // io/block_io.hpp: runs at every alignment write and read back the bytes
 // given, and leave every byte outside them as it was; with O_DIRECT (where
 // the temporary directory's file system takes it) and without it (where a
-// file system refuses it: every byte through the page cache). The
-// reference is the file read whole with an ifstream.
+// file system refuses it: every byte through the page cache); and never
+// into a file swapped in under the name. The reference is the file read
+// whole with an ifstream.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -76,6 +77,30 @@ TEST(BlockIo, RunsAtEveryAlignmentBypassingThePageCache) {
 TEST(BlockIo, EveryByteThroughThePageCacheWithoutODirect) {
   TempDir dir;
   check_runs(dir.file("blocks"), false, false);
+}
+
+// Another file renamed over the name between the caller's open and the
+// second (O_DIRECT) one: every byte goes to the caller's file, none to the
+// one now under the name.
+TEST(BlockIo, AFileSwappedInUnderTheNameIsNeverWritten) {
+  TempDir dir;
+  const std::string path = dir.file("blocks"), other = dir.file("other");
+  { std::ofstream(path, std::ios::binary).write(std::string(1 << 16, 'a').data(), 1 << 16); }
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  { std::ofstream(other, std::ios::binary).write(std::string(1 << 16, 'b').data(), 1 << 16); }
+  std::filesystem::rename(other, path);  // the caller's file is now nameless
+  {
+    BlockIo io(path, fd, true);
+    EXPECT_FALSE(io.direct());
+    const std::string data(3 * 4096, 'c');
+    ASSERT_TRUE(io.write(data.data(), data.size(), 4096));
+  }
+  EXPECT_TRUE(read_all(path) == std::vector<char>(1 << 16, 'b')) << "the file under the name was written";
+  std::vector<char> mine(3 * 4096);
+  ASSERT_EQ(::pread(fd, mine.data(), mine.size(), 4096), static_cast<ssize_t>(mine.size()));
+  EXPECT_TRUE(mine == std::vector<char>(3 * 4096, 'c')) << "the caller's file did not get the bytes";
+  ::close(fd);
 }
 
 }  // namespace
