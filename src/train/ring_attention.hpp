@@ -36,6 +36,11 @@ class RingAttention {
     const size_t kv = static_cast<size_t>(2 * a_.B * n_ * 2 * a_.K());
     for (auto& b : kv_) b.resize(kv);
     for (auto& b : dkv_) b.resize(kv);
+    // The accumulators, sized once: a step allocates nothing.
+    const size_t rows = static_cast<size_t>(2 * a_.B * a_.NH * n_);
+    m_.resize(rows);
+    l_.resize(rows);
+    delta_.resize(rows);
   }
 
   // The global position of local chunk j's first token on rank `rank`.
@@ -48,19 +53,20 @@ class RingAttention {
   // for backward).
   void forward(const T* qkv, T* out, T* lse) {
     const int64_t rows = a_.B * a_.NH * n_;
-    std::vector<T> m(2 * rows), l(2 * rows);
+    T* m = m_.data();
+    T* l = l_.data();
     for (int j = 0; j < 2; ++j)
-      host::ring_attention_start(a_, n_, m.data() + j * rows, l.data() + j * rows, out + j * out_block());
+      host::ring_attention_start(a_, n_, m + j * rows, l + j * rows, out + j * out_block());
     take_kv(qkv, kv_[0].data());
     circulate(kv_, nullptr, kForwardTag, [&](int owner, const T* kv, T*) {
       for (int qa = 0; qa < 2; ++qa)
         for (int kb = 0; kb < 2; ++kb)
           host::ring_attention_forward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
-                                       kv + kb * kv_block(), chunk_start(owner, kb), n_, m.data() + qa * rows,
-                                       l.data() + qa * rows, out + qa * out_block());
+                                       kv + kb * kv_block(), chunk_start(owner, kb), n_, m + qa * rows,
+                                       l + qa * rows, out + qa * out_block());
     });
     for (int j = 0; j < 2; ++j)
-      host::ring_attention_finish(a_, n_, out + j * out_block(), m.data() + j * rows, l.data() + j * rows,
+      host::ring_attention_finish(a_, n_, out + j * out_block(), m + j * rows, l + j * rows,
                                   lse + j * rows);
   }
 
@@ -68,9 +74,9 @@ class RingAttention {
   // every block, the keys' and values' summed over every rank's queries.
   void backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv) {
     const int64_t rows = a_.B * a_.NH * n_, ld = a_.C + 2 * a_.K();
-    std::vector<T> delta(2 * rows);
+    T* delta = delta_.data();
     for (int j = 0; j < 2; ++j)
-      host::ring_attention_delta(a_, n_, out + j * out_block(), dout + j * out_block(), delta.data() + j * rows);
+      host::ring_attention_delta(a_, n_, out + j * out_block(), dout + j * out_block(), delta + j * rows);
     std::fill(dqkv, dqkv + 2 * qkv_block(), T(0));
     take_kv(qkv, kv_[0].data());
     std::fill(dkv_[0].begin(), dkv_[0].end(), T(0));
@@ -79,7 +85,7 @@ class RingAttention {
         for (int kb = 0; kb < 2; ++kb)
           host::ring_attention_backward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
                                         kv + kb * kv_block(), chunk_start(owner, kb), n_, dout + qa * out_block(),
-                                        lse + qa * rows, delta.data() + qa * rows, dqkv + qa * qkv_block(),
+                                        lse + qa * rows, delta + qa * rows, dqkv + qa * qkv_block(),
                                         dkv + kb * kv_block());
     });
     // The block now held is the next rank's, its sums complete: home to
@@ -140,6 +146,7 @@ class RingAttention {
   host::AttentionShape a_;
   int64_t n_;
   std::vector<T> kv_[2], dkv_[2];  // the block held and the one arriving
+  std::vector<T> m_, l_, delta_;   // per query row of both chunks: the running max and sum; delta
   int cur_ = 0;
 };
 
