@@ -207,6 +207,7 @@ const std::vector<Key>& schema() {
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
       int_key("parallel", "ep", false, 1, 1 << 20, MEMBER(parallel.ep)),
+      int_key("parallel", "cp", false, 1, 1 << 20, MEMBER(parallel.cp)),
       choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
       int_key("parallel", "virtual_stages", false, 1, 1024, MEMBER(parallel.virtual_stages)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),
@@ -440,9 +441,40 @@ void check_data_relations(const Deck& d, const std::string& where) {
   }
 }
 
+// Context parallelism: two chunks of every sequence per rank.
+void check_context_relations(const Deck& d, const std::string& where) {
+  const long long cp = d.parallel.cp;
+  if (cp == 1) return;
+  if (d.model.seq_len % (2 * cp) != 0) {
+    throw InputError(where, "[parallel] cp",
+                     strprintf("needs [model] seq_len (%lld) to be a multiple of 2 cp = %lld: "
+                               "each of the cp ranks holds two equal chunks of every sequence, "
+                               "one from the front and one from the back",
+                               static_cast<long long>(d.model.seq_len), 2 * cp));
+  }
+  if (d.parallel.auto_layout) {
+    throw InputError(where, "[parallel] cp, [parallel] auto",
+                     "the planner does not choose context parallelism yet: set cp = 1 with "
+                     "auto, or give the layout (dp, pp, tp, cp)");
+  }
+  if (d.data.document_mask) {
+    throw InputError(where, "[parallel] cp, [data] document_mask",
+                     "the ring attention masks by position in the sequence only; the document "
+                     "mask's blocks are not skipped across the ring yet: use cp = 1 or "
+                     "document_mask = false");
+  }
+  if (d.model.moe()) {
+    throw InputError(where, "[parallel] cp, [model] experts",
+                     "a Mixture of Experts routes with per-sequence capacity and a load-balancing "
+                     "loss over each micro-batch, which a context rank holds only part of; not "
+                     "summed across the context group yet: use cp = 1");
+  }
+}
+
 void check_relations(const Deck& d, const std::string& where) {
   check_data_relations(d, where);
   check_moe_relations(d, where);
+  check_context_relations(d, where);
   if (d.model.n_embd % d.model.n_head != 0) {
     throw InputError(where, "[model] n_embd",
                      strprintf("must be a multiple of [model] n_head (%lld), got %lld",

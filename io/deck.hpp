@@ -134,6 +134,12 @@ struct ParallelConfig {
   // experts' ranks and back (model/gpt_stage.hpp's ExpertGroup); each
   // expert's gradients reduced over the dp / ep ranks holding it.
   int64_t ep = 1;
+  // Context parallelism: each data-parallel replica's sequences split over
+  // cp ranks, two chunks each (head and tail, for the causal mask's
+  // balance), attention a ring across them (train/ring_attention.hpp).
+  // The cp ranks hold the same parameters: their gradients are summed,
+  // and ZeRO shards, over all dp x cp replicas. Ranks: dp x pp x tp x cp.
+  int64_t cp = 1;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   // Model chunks per pipeline rank (schedule "interleaved": v >= 2 chunks
   // of n_layer / (pp v) layers each, rank s holding chunks s, s + pp, ...;
@@ -209,6 +215,11 @@ struct Deck {
   RunSection run;
   CheckpointConfig checkpoint;
 
+  // The ranks holding each stage's parameters (dp x cp): the gradients'
+  // reduction and ZeRO's shards span them.
+  int64_t replicas() const { return parallel.dp * parallel.cp; }
+  // Every rank of the job.
+  int64_t ranks() const { return replicas() * parallel.pp * parallel.tp; }
   // Micro-batches each rank runs per optimizer step (gradient accumulation).
   int64_t grad_accum() const { return train.global_batch / (parallel.dp * train.micro_batch); }
   // The resolved deck as TOML, every key with its final value.

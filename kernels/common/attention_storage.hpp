@@ -17,6 +17,14 @@ namespace mpiformer {
 
 enum class AttentionStorage { kProbabilities, kRowStatistics };
 
+// What a stage keeps with its op set's attention `kernel` under context
+// parallelism of `cp`: the ring (train/ring_attention.hpp) keeps each
+// query row's log-sum-exp whatever the device, and needs no scratch of
+// the stage's (its buffers are its own).
+inline AttentionStorage stage_attention_storage(AttentionStorage kernel, int64_t cp) {
+  return cp > 1 ? AttentionStorage::kRowStatistics : kernel;
+}
+
 // Elements of the kept state, and of the backward's scratch: an int64_t
 // count for the stage's allocation, a double for the accounting (a deck's
 // batch is not bounded so that every product fits an integer).

@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "attention.hpp"
+#include "common/context_chunks.hpp"
 #include "fast_math.hpp"
 #include "gemm.hpp"
 #include "parallel.hpp"
@@ -210,13 +211,5 @@ void ring_attention_backward(const AttentionShape& a, const T* qkv, int64_t q0, 
     }
   });
 }
-
-// Context parallelism's causal balance: the sequence cut into 2 cp chunks,
-// rank r holding chunks r and 2 cp - 1 - r (one from the front, one from
-// the back), so every rank's queries see as many keys.
-struct HeadTailChunks {
-  int64_t first, second;
-};
-inline HeadTailChunks head_tail_chunks(int64_t rank, int64_t cp) { return {rank, 2 * cp - 1 - rank}; }
 
 }  // namespace mpiformer::host

@@ -107,6 +107,22 @@ struct ExpertGroup {
       alltoallv;
 };
 
+// Context parallelism (StageOptions::cp > 1): the ranks holding the other
+// chunks of the micro-batch's sequences. forward: attention of this rank's
+// queries over every rank's keys, qkv [B*T, qkv width] (T: this rank's
+// tokens per sequence, chunk-major) into out [B*T, C / tp] and each query
+// row's log-sum-exp into lse [B, heads, T] (the attention state, kept
+// for backward); backward: dqkv [B*T, qkv width], overwritten, its keys'
+// and values' rows summed over every rank's queries. The trainer provides
+// them (train/context_attention.hpp); the element types are the stage's
+// Act and AttnState.
+struct ContextGroup {
+  std::function<void(const void* qkv, void* out, void* lse)> forward;
+  std::function<void(const void* qkv, const void* out, const void* lse, const void* dout,
+                     void* dqkv)>
+      backward;
+};
+
 template <class Ops>
 class GptStage {
  public:
@@ -163,6 +179,10 @@ class GptStage {
   void set_tensor_group(TensorGroup group) { tp_ = std::move(group); }
   // Needed before the first forward when range().ep > 1.
   void set_expert_group(ExpertGroup group) { ep_ = std::move(group); }
+  // Needed before the first forward when options().cp > 1.
+  void set_context_group(ContextGroup group) { cp_ = std::move(group); }
+  // Tokens per sequence this rank holds: seq_len, or its cp-th.
+  int64_t tokens_per_sequence() const { return T_; }
 
   // GPT-2 initialisation; each tensor's values depend only on (seed, name),
   // so every layout and device initialises the same model.
@@ -181,7 +201,9 @@ class GptStage {
   // layers, the slot holding that chunk's activations; only chunk 0
   // embeds, only the last chunk ends in the head.
   // `positions` [B,T] (host): with StageOptions::document_mask, each
-  // token's position in its document (required then; nullptr otherwise).
+  // token's position in its document; under context parallelism its
+  // position in the sequence (required then; nullptr otherwise). T is
+  // tokens_per_sequence().
   void forward(int slot, const int32_t* tokens, const int32_t* targets, bool for_backward,
                Acc grad_scale, int chunk = 0, const int32_t* positions = nullptr);
   // The residual stream leaving this stage (activation_size(); non-last
@@ -340,7 +362,11 @@ class GptStage {
   // The positions of the micro-batch the stage is working on (its slot's,
   // set by forward, backward and weight_gradients), or nullptr.
   const typename Ops::Tokens* positions_ = nullptr;
-  void use_positions(Slot& s) { positions_ = opt_.document_mask ? &s.positions : nullptr; }
+  void use_positions(Slot& s) { positions_ = opt_.positions_given() ? &s.positions : nullptr; }
+  // Attention of block activations `a` (state: attention_state(a) or the
+  // recomputation's): the op set's kernel, or across the context group.
+  void attend(LayerActs& a, AttnState* state);
+  void attend_backward(LayerActs& a, AttnState* state);
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
   bool split() const { return opt_.split_backward; }
   // The slot holding `s`'s head buffers (lnf, logits, losses, targets):
@@ -398,6 +424,7 @@ class GptStage {
   StageLayout at_;
   BlockHooks hooks_;
   TensorGroup tp_;
+  ContextGroup cp_;
   // This rank's widths under tensor parallelism: query heads, kv heads,
   // query channels (C / tp), key (= value) channels, the fused qkv's
   // outputs, the MLP's hidden channels (ffn / tp) and its first

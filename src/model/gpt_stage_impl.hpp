@@ -17,10 +17,14 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       opt_(options),
       table_(cfg, range),
       B_(options.micro_batch),
-      T_(cfg.seq_len),
+      T_(cfg.seq_len / std::max<int64_t>(options.cp, 1)),
       rows_(B_ * T_),
       at_(table_, range) {
   const int64_t tp = range_.tp;
+  // The deck requires seq_len to be a multiple of 2 cp (two chunks per
+  // rank).
+  if (opt_.cp < 1 || (opt_.cp > 1 && cfg.seq_len % (2 * opt_.cp) != 0))
+    throw std::logic_error("context parallelism needs seq_len a multiple of 2 cp");
   if (opt_.sequence_parallel) {
     // The deck requires it (tp > 1, seq_len a multiple of tp); a stage built
     // otherwise is a programming error.
@@ -59,7 +63,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     allocated_ += count * static_cast<int64_t>(sizeof(AttnState));
     return Buffer<AttnState>(static_cast<size_t>(count));
   };
-  const int64_t attn_state = attention_state_elements(Ops::kAttention, B_, nh_, T_);
+  const AttentionStorage storage = stage_attention_storage(Ops::kAttention, opt_.cp);
+  const int64_t attn_state = attention_state_elements(storage, B_, nh_, T_);
   auto ints = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
     return Buffer<int32_t>(static_cast<size_t>(count));
@@ -136,7 +141,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
         keep(s.layers[j], opt_.recompute == Recompute::kNone, moe_.dense_at[j], moe_.sparse_at[j]);
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
-    if (opt_.document_mask) s.positions = tokens(BT);
+    if (opt_.positions_given()) s.positions = tokens(BT);
     // Split backward, interleaving: the head's buffers once, for every
     // slot (head_of).
     if (range_.has_head && (!shared_head() || &s == &slots_[0])) {
@@ -161,11 +166,15 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     dqkv_ = act(BT * cqkv_);
     d4_ = act(BT * cin_);
     if (cfg_.llama()) dact_ = act(BT * cm_);
-    datt_ = attn(attention_scratch_elements(Ops::kAttention, B_, nh_, T_,
-                                            static_cast<int64_t>(cfg_.head_dim())));
+    if (opt_.cp == 1)
+      datt_ = attn(attention_scratch_elements(Ops::kAttention, B_, nh_, T_,
+                                              static_cast<int64_t>(cfg_.head_dim())));
   }
   if (L > 0 && cfg_.llama()) {
-    const std::vector<float> table = host::rope_table(T_, cfg_.head_dim(), cfg_.rope_theta);
+    // Every position of the sequence (a context rank's tokens are anywhere
+    // in it).
+    const std::vector<float> table =
+        host::rope_table(cfg_.seq_len, cfg_.head_dim(), cfg_.rope_theta);
     rope_ = Buffer<float>(table.size());
     allocated_ += static_cast<int64_t>(table.size() * sizeof(float));
     Ops::upload(ctx_, rope_.get(), table.data(), static_cast<int64_t>(table.size()));
@@ -259,8 +268,9 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
                             bool for_backward, Acc grad_scale, int chunk,
                             const int32_t* positions) {
   Slot& s = slots_[slot];
-  if (opt_.document_mask != (positions != nullptr))
-    throw std::logic_error("GptStage::forward: positions are given exactly with document_mask");
+  if (opt_.positions_given() != (positions != nullptr))
+    throw std::logic_error(
+        "GptStage::forward: positions are given exactly with document_mask or cp > 1");
   use_positions(s);
   const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
   s.grad_scale = grad_scale;
@@ -370,8 +380,7 @@ void GptStage<Ops>::forward_block(LayerActs& a, const Act* x, Act* out, int64_t 
   Ops::matmul_forward(ctx_, a.qkv.get(), gathered(a.ln1.get()), w[block::qkv_w], w[block::qkv_b],
                       BT, C, cqkv_);
   rotate(a.qkv.get(), 1.f);
-  Ops::attention_forward(ctx_, a.atty.get(), attention_state(a), a.qkv.get(), B_, T_, ca_, nh_,
-                         nkv_, positions_);
+  attend(a, attention_state(a));
   Act* proj = sum_target(a.res2.get());
   Ops::matmul_forward(ctx_, proj, a.atty.get(), w[block::attn_proj_w],
                       adds_bias ? w[block::attn_proj_b] : nullptr, BT, ca_, C);
@@ -626,11 +635,8 @@ void GptStage<Ops>::backward_block(Slot& s, int64_t i) {
                        gathered(dres), a.atty.get(), w[block::attn_proj_w], BT, ca_, C);
   // Attention recomputation: its state again from the kept qkv. The
   // forward also rewrites atty, with the bits it already holds.
-  if (opt_.recompute == Recompute::kAttention)
-    Ops::attention_forward(ctx_, a.atty.get(), rc_.att.get(), a.qkv.get(), B_, T_, ca_, nh_,
-                           nkv_, positions_);
-  Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
-                          attention_state(a), B_, T_, ca_, nh_, nkv_, positions_);
+  if (opt_.recompute == Recompute::kAttention) attend(a, rc_.att.get());
+  attend_backward(a, attention_state(a));
   // The gradient of the projection's output: through the rotation back.
   rotate(dqkv_.get(), -1.f);
   if (!whole) Ops::copy(ctx_, a.qkv.get(), static_cast<const Act*>(dqkv_.get()), BT * cqkv_);
@@ -864,6 +870,26 @@ void GptStage<Ops>::take_router_stats(double* totals, double* load) {
     }
 }
 
+
+template <class Ops>
+void GptStage<Ops>::attend(LayerActs& a, AttnState* state) {
+  if (opt_.cp > 1) {
+    cp_.forward(a.qkv.get(), a.atty.get(), state);
+    return;
+  }
+  Ops::attention_forward(ctx_, a.atty.get(), state, a.qkv.get(), B_, T_, ca_, nh_, nkv_,
+                         positions_);
+}
+
+template <class Ops>
+void GptStage<Ops>::attend_backward(LayerActs& a, AttnState* state) {
+  if (opt_.cp > 1) {
+    cp_.backward(a.qkv.get(), a.atty.get(), state, datty_.get(), dqkv_.get());
+    return;
+  }
+  Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),
+                          state, B_, T_, ca_, nh_, nkv_, positions_);
+}
 
 template <class Ops>
 void GptStage<Ops>::rotate(Act* qkv, float sign) {

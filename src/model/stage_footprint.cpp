@@ -1,5 +1,7 @@
 #include "model/stage_footprint.hpp"
 
+#include <algorithm>
+
 #include "model/moe_plan.hpp"
 #include "model/stage_layout.hpp"
 
@@ -10,7 +12,10 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
                                const StageOptions& o, size_t act_bytes, size_t acc_bytes,
                                AttentionStorage storage) {
   const double act = static_cast<double>(act_bytes), acc = static_cast<double>(acc_bytes);
-  const double B = static_cast<double>(o.micro_batch), T = static_cast<double>(cfg.seq_len);
+  // T: the tokens of each sequence this rank holds (its cp-th).
+  const double B = static_cast<double>(o.micro_batch),
+               T = static_cast<double>(cfg.seq_len) / static_cast<double>(std::max<int64_t>(o.cp, 1));
+  storage = stage_attention_storage(storage, o.cp);
   // Under tensor parallelism: this rank's heads, attention and MLP
   // channels, and share of the padded vocabulary.
   const double tp = static_cast<double>(range.tp);
@@ -29,7 +34,8 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // plan keeps both in the statistics type, float, on every device).
   const double attention = attention_state_elements(storage, B, NH, T) * acc;
   const double attention_scratch =
-      attention_scratch_elements(storage, B, NH, T, static_cast<double>(cfg.head_dim())) * acc;
+      o.cp > 1 ? 0.0
+               : attention_scratch_elements(storage, B, NH, T, static_cast<double>(cfg.head_dim())) * acc;
   // The deck's limits on the model's shapes keep this count in an int64;
   // the batch is not limited so, hence doubles for the activations.
   const ParameterTable table(cfg, range);
@@ -79,7 +85,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
     if (o.recompute == Recompute::kAttention) slot += kept;
   }
   if (range.has_embedding) slot += BT * 4;  // token ids
-  if (o.document_mask) slot += BT * 4;     // their positions in their documents
+  if (o.positions_given()) slot += BT * 4;  // their positions (in documents, or the sequence)
   // The head's: lnf, logits; lnf's statistics, the losses; targets (split
   // backward, interleaving: one set for every slot).
   const double head = range.has_head ? (R * C + BT * V) * act + (stats * R + BT) * acc + BT * 4 : 0;
@@ -103,7 +109,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
               (range.has_head && range.chunks == 1 ? 0 : R * C * act) + 8;
   if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
   if (L > 0 && cfg.llama())
-    f.scratch += Cm * BT * act + T * static_cast<double>(cfg.head_dim()) * sizeof(float);
+    f.scratch += Cm * BT * act + static_cast<double>(cfg.seq_len * cfg.head_dim()) * sizeof(float);
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;
   if (L > 0 && o.recompute == Recompute::kFull) f.scratch += block_kept + attention + R * C * act;
   if (o.sequence_parallel) f.scratch += (BT * C + R * C) * act + 4 * C * acc;

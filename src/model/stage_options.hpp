@@ -38,6 +38,15 @@ struct StageOptions {
   // in their documents (forward's `positions`), which the embedding, RoPE
   // and attention read instead of the window's.
   bool document_mask = false;
+  // Context parallelism ([parallel] cp): the stage holds 1/cp of each
+  // sequence's tokens, chunks r and 2 cp - 1 - r of 2 cp (cp rank r), laid
+  // out chunk-major [2, B, seq_len / (2 cp)] and given with their global
+  // positions; attention runs across the group (gpt_stage.hpp's
+  // ContextGroup), keeping each query row's log-sum-exp.
+  int64_t cp = 1;
+  // Whether forward takes each token's position (the window's own order
+  // holds neither a document's nor a context rank's).
+  bool positions_given() const { return document_mask || cp > 1; }
 };
 
 // The options a deck asks for, with `slots` from the schedule: ZeRO's

@@ -5,8 +5,10 @@
 
 namespace mpiformer {
 
-ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share, int ep)
-    : dp_(dp), pp_(pp), tp_(tp), ep_(ep) {
+ProcessGrid::ProcessGrid(int data_dp, int pp, int tp, MPI_Comm world, int kv_share, int ep, int cp)
+    : dp_(data_dp * cp), pp_(pp), tp_(tp), ep_(ep), cp_(cp) {
+  MPIFORMER_CHECK(cp >= 1, "cp " + std::to_string(cp) + " is not a rank count");
+  const int dp = dp_;
   int size = 0;
   MPI_CHECK(MPI_Comm_rank(world, &world_rank_));
   MPI_CHECK(MPI_Comm_size(world, &size));
@@ -17,7 +19,7 @@ ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share, i
   const int stage = place_.stage, d = place_.dp_rank, t = place_.tp_rank;
   MPI_Comm dup = MPI_COMM_NULL, dpc = MPI_COMM_NULL, ppc = MPI_COMM_NULL, tpc = MPI_COMM_NULL,
            stc = MPI_COMM_NULL, tied = MPI_COMM_NULL, kv = MPI_COMM_NULL, epc = MPI_COMM_NULL,
-           edc = MPI_COMM_NULL, hsc = MPI_COMM_NULL;
+           edc = MPI_COMM_NULL, hsc = MPI_COMM_NULL, cpc = MPI_COMM_NULL;
   MPIFORMER_CHECK(ep >= 1 && dp % ep == 0,
                   "ep " + std::to_string(ep) + " does not divide dp " + std::to_string(dp));
   MPIFORMER_CHECK(kv_share >= 1 && tp % kv_share == 0,
@@ -36,6 +38,8 @@ ProcessGrid::ProcessGrid(int dp, int pp, int tp, MPI_Comm world, int kv_share, i
   MPI_CHECK(MPI_Comm_split(world, (stage * tp + t) * (dp / ep) + d / ep, d % ep, &epc));
   MPI_CHECK(MPI_Comm_split(world, (stage * tp + t) * ep + d % ep, d / ep, &edc));
   MPI_CHECK(MPI_Comm_split(world, stage * ep + d % ep, (d / ep) * tp + t, &hsc));
+  MPI_CHECK(MPI_Comm_split(world, (stage * data_dp + d / cp) * tp + t, d % cp, &cpc));
+  cp_comm_ = std::make_unique<MpiCommunicator>(cpc);
   world_comm_ = std::make_unique<MpiCommunicator>(dup);
   ep_comm_ = std::make_unique<MpiCommunicator>(epc);
   expert_dp_comm_ = std::make_unique<MpiCommunicator>(edc);

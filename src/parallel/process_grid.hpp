@@ -6,6 +6,14 @@
 // node; the replicas of a stage come next, so the data-parallel reduction
 // stays within a node when dp x tp divides it; pipeline neighbours, which
 // exchange the least, may be on other nodes.
+//
+// Context parallelism (cp > 1) splits each data-parallel replica's
+// sequences over cp ranks. They hold the same parameters, so they are
+// replicas of the stage like any other: the grid's replica axis has
+// dp x cp ranks, the cp ranks of one data replica neighbours on it
+// (replica = data rank x cp + cp rank; the ring's traffic is the larger),
+// and the data-parallel group, which sums the gradients and shares out
+// ZeRO's shards, is all dp x cp of them.
 #pragma once
 #include <memory>
 
@@ -31,10 +39,18 @@ class ProcessGrid {
   // (GptConfig::kv_share; 1: each holds its own).
   // `ep`: the replicas sharing out a Mixture of Experts' experts (dividing
   // dp; 1: each holds them all).
+  // `dp`: the data-parallel replicas (the deck's); `cp`: the ranks each
+  // replica's sequences are split over.
   ProcessGrid(int dp, int pp, int tp = 1, MPI_Comm world = MPI_COMM_WORLD, int kv_share = 1,
-              int ep = 1);
+              int ep = 1, int cp = 1);
 
+  // The stage's replicas: dp x cp (what reduces and shards the gradients).
   int dp() const { return dp_; }
+  int cp() const { return cp_; }
+  // Which data replica this rank reads for (of dp() / cp()), and which
+  // chunks of its sequences it holds.
+  int data_rank() const { return place_.dp_rank / cp_; }
+  int cp_rank() const { return place_.dp_rank % cp_; }
   int pp() const { return pp_; }
   int tp() const { return tp_; }
   int world_rank() const { return world_rank_; }
@@ -66,6 +82,8 @@ class ProcessGrid {
   // % kv_share), which sum those heads' gradients; null when kv_share is 1.
   MpiCommunicator* kv_heads() { return kv_comm_->valid() ? kv_comm_.get() : nullptr; }
   MpiCommunicator& world() { return *world_comm_; }
+  // The cp ranks sharing this rank's sequences (group rank = cp rank).
+  MpiCommunicator& context_parallel() { return *cp_comm_; }
   // Expert parallelism: the ep replicas sharing out the experts (group
   // rank = ep_rank), and the dp / ep replicas holding this rank's experts
   // (their gradients' reduction; at ep 1 the data-parallel group's ranks).
@@ -77,10 +95,10 @@ class ProcessGrid {
   MpiCommunicator& same_tensors() { return *holders_comm_; }
 
  private:
-  int dp_, pp_, tp_, ep_, world_rank_ = 0;
+  int dp_, pp_, tp_, ep_, cp_, world_rank_ = 0;
   GridPlace place_;
   std::unique_ptr<MpiCommunicator> world_comm_, dp_comm_, pp_comm_, tp_comm_, stage_comm_,
-      tied_comm_, kv_comm_, ep_comm_, expert_dp_comm_, holders_comm_;
+      tied_comm_, kv_comm_, ep_comm_, expert_dp_comm_, holders_comm_, cp_comm_;
 };
 
 }  // namespace mpiformer

@@ -38,6 +38,7 @@ StageOptions stage_options_of(const Deck& deck, int slots) {
   if (masters_offloaded(deck.train.offload, precision_plan(deck.train.precision).weight_copy))
     o.external_master = true;
   o.document_mask = deck.data.document_mask;
+  o.cp = deck.parallel.cp;
   return o;
 }
 
@@ -84,14 +85,14 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   if (zero == 0) {
     // AdamW's two moments, each the size of the stage's master weights.
     m.optimizer = 2 * static_cast<double>(ParameterTable(cfg, range).total_storage()) * acc;
-    const bool compressed = deck.train.grad_compression != GradCompression::kNone && deck.parallel.dp > 1;
+    const bool compressed = deck.train.grad_compression != GradCompression::kNone && deck.replicas() > 1;
     // On the host, MPI's non-blocking all-reduce keeps a temporary of its
     // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp); the
     // compressed exchange blocks, in buffers of its own (below).
     if (choice.device == Device::kCpu) {
       const ParameterTable table(cfg, range);
       double largest = 0;
-      if (deck.parallel.dp > 1 && !compressed) {
+      if (deck.replicas() > 1 && !compressed) {
         for (const GradientBucket& b : gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)))
           largest = std::max(largest, static_cast<double>(b.end - b.begin));
       }
@@ -103,7 +104,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       if (const ParameterSpec* tied = table.tied_embedding(); deck.parallel.pp > 1 && tied != nullptr)
         m.comm = std::max(m.comm, static_cast<double>(tied->storage) * acc);
       for (const auto& spec : table.specs())
-        if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec, deck.parallel.dp));
+        if (!spec.whole()) m.comm = std::max(m.comm, save_gather_bytes(spec, deck.replicas()));
     }
     // [train] grad_compression: error feedback's residuals and the wire
     // buffers (train/compressed_allreduce.hpp).
@@ -111,14 +112,14 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       const ParameterTable table(cfg, range);
       m.comm += compression_buffers(deck.train.grad_compression,
                                     gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)),
-                                    table.total_storage(), static_cast<int>(deck.parallel.dp),
-                                    static_cast<int>(deck.parallel.dp / deck.parallel.ep))
+                                    table.total_storage(), static_cast<int>(deck.replicas()),
+                                    static_cast<int>(deck.replicas() / deck.parallel.ep))
                     .bytes();
     }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
     const ParameterTable table(cfg, range);
-    const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.parallel.dp), 0,
+    const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.replicas()), 0,
                          static_cast<int>(deck.parallel.ep));
     const double shard = static_cast<double>(plan.max_shard_size());
     // Where the stage holds a buffer whole, the shard's share is its owned
@@ -175,7 +176,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       }
       double gather = 0;
       for (const auto& spec : table.specs())
-        gather = std::max(gather, save_gather_bytes(spec, deck.parallel.dp));
+        gather = std::max(gather, save_gather_bytes(spec, deck.replicas()));
       // A save runs between steps, when no reduce-scatter is in flight:
       // the larger of the two is what is held at once.
       m.comm += std::max(in_flight * acc, gather);
@@ -202,7 +203,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       if (deck.train.offload == Offload::kHost) m.optimizer = state;
       m.offload_buffers = ring;
     } else {
-      const bool prefetch = deck.train.offload == Offload::kHost && zero == 0 && deck.parallel.dp > 1;
+      const bool prefetch = deck.train.offload == Offload::kHost && zero == 0 && deck.replicas() > 1;
       // (The gradients' page-locked blocks go where the gradients are
       // in host memory already.)
       m.offload_host += (deck.train.offload == Offload::kHost ? state : ring) +
@@ -215,7 +216,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // previous stage is in flight (TrainingStage's): on every stage that
   // sends gradients, the first too when interleaved (its later chunks send).
   if (const int buffers = stage_grad_send_buffers(deck, stage_index); buffers > 0) {
-    const double rows = static_cast<double>(deck.train.micro_batch * cfg.seq_len) /
+    const double rows = static_cast<double>(deck.train.micro_batch * cfg.seq_len / deck.parallel.cp) /
                         (deck.parallel.sequence_parallel ? static_cast<double>(deck.parallel.tp) : 1.0);
     m.comm += static_cast<double>(buffers) * rows * static_cast<double>(cfg.n_embd) * act;
   }
@@ -226,7 +227,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // GPU.
   if (deck.checkpoint.async) {
     m.checkpoint_snapshot = 3.0 * 4.0 * static_cast<double>(ParameterTable(cfg, range).total_storage()) /
-                            static_cast<double>(deck.parallel.dp);
+                            static_cast<double>(deck.replicas());
     m.snapshot_in_total = choice.device == Device::kCpu;
   }
   // The device context's workspace (cuBLASLt's, the column sums').
@@ -235,7 +236,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // three scratch buffers grow to the largest first operand, second
   // operand and 16-bit output of any product, and stay.
   if (choice.device == Device::kCpu && choice.precision == Precision::kFp16) {
-    const double BT = static_cast<double>(deck.train.micro_batch * cfg.seq_len);
+    const double BT = static_cast<double>(deck.train.micro_batch * cfg.seq_len / deck.parallel.cp);
     const double C = static_cast<double>(cfg.n_embd), tp = static_cast<double>(deck.parallel.tp);
     const double Cm = static_cast<double>(cfg.ffn_in()) / tp, Cq = static_cast<double>(cfg.qkv_dim_per_rank(deck.parallel.tp));
     const double V = range.has_head ? static_cast<double>(cfg.padded_vocab(deck.parallel.tp)) / tp : 0;
@@ -254,12 +255,32 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // 8 threads and GPT-2's vocabulary) is left out.
   if (choice.device == Device::kCpu && element_bytes(types.activations) == 2) {
     const double B = static_cast<double>(deck.train.micro_batch);
-    const double T = static_cast<double>(cfg.seq_len), tp = static_cast<double>(deck.parallel.tp);
-    if (range.num_layers() > 0)
+    const double T = static_cast<double>(cfg.seq_len / deck.parallel.cp), tp = static_cast<double>(deck.parallel.tp);
+    // (The ring keeps no probabilities: context_attention_bytes below.)
+    if (range.num_layers() > 0 && deck.parallel.cp == 1)
       m.workspace += 2 * B * static_cast<double>(cfg.n_head) / tp * T * T;
     if (deck.parallel.tp > 1) m.comm += 2 * 4 * B * T * static_cast<double>(cfg.n_embd);
   }
+  // Context parallelism's ring (train/context_attention.hpp): its blocks,
+  // their gradients' sums, the rows' accumulators, and a 16-bit stage's
+  // float copies.
+  if (range.num_layers() > 0)
+    m.comm += context_attention_bytes(cfg, deck.parallel.tp, deck.train.micro_batch, deck.parallel.cp,
+                                      static_cast<size_t>(act), static_cast<size_t>(acc));
   return m;
+}
+
+double context_attention_bytes(const GptConfig& cfg, int64_t tp, int64_t micro_batch, int64_t cp,
+                               size_t act_bytes, size_t acc_bytes) {
+  if (cp <= 1) return 0;
+  const double rows = static_cast<double>(micro_batch) * static_cast<double>(cfg.seq_len / cp);
+  const double K = static_cast<double>(cfg.kv_dim_per_rank(tp));
+  const double NH = static_cast<double>(cfg.n_head / tp), Ca = static_cast<double>(cfg.n_embd / tp);
+  const double qkv = static_cast<double>(cfg.qkv_dim_per_rank(tp));
+  const double acc = static_cast<double>(acc_bytes);
+  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc;
+  if (act_bytes != acc_bytes) bytes += 2 * rows * (qkv + Ca) * acc;
+  return bytes;
 }
 
 int64_t offload_block_elements(const TrainConfig& train) {

@@ -105,18 +105,25 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   setup.options = stage_options_of(deck, slots);
   setup.adam = AdamWSettings{tc.beta1, tc.beta2, tc.eps, tc.weight_decay};
   setup.zero = static_cast<int>(deck.parallel.zero);
-  setup.dp = static_cast<int>(deck.parallel.dp);
+  setup.dp = static_cast<int>(deck.replicas());
   setup.dp_rank = place.dp_rank;
   setup.grad_send_buffers = stage_grad_send_buffers(deck, stage_index);
   setup.grad_compression = tc.grad_compression;
   setup.bucket_bytes = deck.parallel.bucket_mb * (1 << 20);
   setup.precision = choice.precision;
   setup.offload = OffloadSetup{tc.offload, tc.offload_dir,
-                               grid_rank(place, static_cast<int>(deck.parallel.dp),
+                               grid_rank(place, static_cast<int>(deck.replicas()),
                                          static_cast<int>(deck.parallel.tp)),
                                choice.sharing};
   setup.offload.block_elements = offload_block_elements(tc);
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
+  if (deck.parallel.cp > 1) {
+    throw InputError(deck.path, "[parallel] cp, [run] device",
+                     strprintf("context parallelism (cp %lld) runs on the host back end only in "
+                               "this version (its ring's CUDA kernel and NCCL exchange are not "
+                               "built yet): set [run] device = \"cpu\" or cp = 1",
+                               static_cast<long long>(deck.parallel.cp)));
+  }
 #ifdef MPIFORMER_HAVE_CUDA
   if (cfg.head_dim() > 128) {
     throw InputError(deck.path, "[model] n_embd, [model] n_head",
@@ -170,6 +177,7 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   if (!stage.on_device()) {
     check_memory_spaces(c, false);
     stage.connect_tensor_parallel(*c.tp);
+    if (g.cp() > 1) stage.connect_context_parallel(g.context_parallel());
     if (c.ep != nullptr) stage.connect_expert_parallel(g.expert_parallel(), *c.ep);
     return c;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/context_chunks.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
 
@@ -94,15 +95,20 @@ DataFeeder::DataFeeder(const Deck& deck, GptConfig& cfg)
   draw_step();  // a feeder starts at sample 0 until start_at says otherwise
 }
 
-void DataFeeder::plan(int slots, int dp, int dp_rank) {
+void DataFeeder::plan(int slots, int dp, int dp_rank, int cp, int cp_rank) {
   dp_ = dp;
   dp_rank_ = dp_rank;
-  const int64_t BT = micro_batch_ * seq_len_;
+  if (cp < 1 || cp_rank < 0 || cp_rank >= cp || (cp > 1 && seq_len_ % (2 * cp) != 0))
+    throw std::logic_error("DataFeeder::plan: a context rank the deck does not allow");
+  cp_ = cp;
+  cp_rank_ = cp_rank;
+  const int64_t BT = micro_batch_ * seq_len_ / cp;
   inputs_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
   targets_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
-  if (document_mask_)
+  if (has_positions())
     positions_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
   window_.resize(static_cast<size_t>(seq_len_ + 1));
+  window_positions_.resize(static_cast<size_t>(seq_len_));
   // Each set fixed: eval_batches global batches of windows spread evenly
   // over its data, in whole micro-batches on every replica.
   for (EvalSet& e : eval_) {
@@ -123,16 +129,30 @@ void DataFeeder::plan(int slots, int dp, int dp_rank) {
 
 void DataFeeder::load(const TokenDataset& d, int64_t window, int slot, int64_t b) {
   d.read_window(window, seq_len_, window_.data());
-  std::copy(window_.begin(), window_.end() - 1, inputs_[slot].begin() + b * seq_len_);
-  std::copy(window_.begin() + 1, window_.end(), targets_[slot].begin() + b * seq_len_);
-  if (!document_mask_) return;
-  d.window_document_starts(window, seq_len_, window_.data(), &starts_);
-  int32_t* pos = positions_[slot].data() + b * seq_len_;
-  size_t next = 0;
-  int32_t start = 0;
-  for (int32_t i = 0; i < static_cast<int32_t>(seq_len_); ++i) {
-    if (next < starts_.size() && starts_[next] == i) start = starts_[next++];
-    pos[i] = i - start;
+  // Each token's position: in its document, or in the window.
+  int32_t* wpos = window_positions_.data();
+  if (document_mask_) {
+    d.window_document_starts(window, seq_len_, window_.data(), &starts_);
+    size_t next = 0;
+    int32_t start = 0;
+    for (int32_t i = 0; i < static_cast<int32_t>(seq_len_); ++i) {
+      if (next < starts_.size() && starts_[next] == i) start = starts_[next++];
+      wpos[i] = i - start;
+    }
+  } else {
+    for (int32_t i = 0; i < static_cast<int32_t>(seq_len_); ++i) wpos[i] = i;
+  }
+  // The pieces of the window this rank holds: all of it at row b, or (cp >
+  // 1) its two chunks, chunk-major.
+  const int pieces = cp_ > 1 ? 2 : 1;
+  const int64_t n = seq_len_ / (pieces * cp_);
+  const host::HeadTailChunks chunks = host::head_tail_chunks(cp_rank_, cp_);
+  for (int j = 0; j < pieces; ++j) {
+    const int64_t from = cp_ > 1 ? (j == 0 ? chunks.first : chunks.second) * n : 0;
+    const int64_t to = (j * micro_batch_ + b) * n;
+    std::copy_n(window_.begin() + from, n, inputs_[slot].begin() + to);
+    std::copy_n(window_.begin() + from + 1, n, targets_[slot].begin() + to);
+    if (has_positions()) std::copy_n(wpos + from, n, positions_[slot].begin() + to);
   }
 }
 

@@ -46,8 +46,13 @@ class DataFeeder {
   DataFeeder(const Deck& deck, GptConfig& cfg);
 
   // Plans the token buffers of `slots` micro-batches in flight and the
-  // evaluation sets for replica `dp_rank` of `dp`. Local.
-  void plan(int slots, int dp, int dp_rank);
+  // evaluation sets for data replica `dp_rank` of `dp`. Under context
+  // parallelism (cp > 1) the replica's sequences are split over cp ranks:
+  // this one, `cp_rank`, gets chunks cp_rank and 2 cp - 1 - cp_rank of 2 cp
+  // from each, chunk-major ([2, micro_batch, seq_len / (2 cp)]: the
+  // micro-batch's first chunks, then its second), with their positions in
+  // the sequence. Local.
+  void plan(int slots, int dp, int dp_rank, int cp = 1, int cp_rank = 0);
 
   const std::vector<TrainSource>& sources() const { return sources_; }
   bool blended() const { return blended_; }
@@ -64,12 +69,14 @@ class DataFeeder {
   const int32_t* inputs(int slot) const { return inputs_[slot].data(); }
   const int32_t* targets(int slot) const { return targets_[slot].data(); }
   // [data] document_mask: each input token's position in its document
-  // (restarting at the window's start and at each document's); nullptr
-  // without the mask.
+  // (restarting at the window's start and at each document's); under
+  // context parallelism its position in the window; nullptr otherwise.
   const int32_t* positions(int slot) const {
-    return document_mask_ ? positions_[slot].data() : nullptr;
+    return has_positions() ? positions_[slot].data() : nullptr;
   }
-  bool document_mask() const { return document_mask_; }
+  // Whether every stage reads the positions (its attention and rotations
+  // do), not only the ends' the tokens and targets.
+  bool has_positions() const { return document_mask_ || cp_ > 1; }
   // Of causal attention's key-query pairs, the share within one document:
   // over the first `windows` windows of each source, weighted as blended
   // (1 without documents in them).
@@ -113,11 +120,11 @@ class DataFeeder {
   std::vector<BlendOrder::Draw> step_;  // the global batch at the cursor
   std::vector<int64_t> at_cursor_;      // each source's samples before it
   int64_t micro_batch_, seq_len_, global_batch_, eval_batches_;
-  int dp_ = 1, dp_rank_ = 0;
+  int dp_ = 1, dp_rank_ = 0, cp_ = 1, cp_rank_ = 0;
   std::vector<std::vector<int32_t>> inputs_, targets_;  // one per slot
   bool document_mask_ = false;
   std::vector<std::vector<int32_t>> positions_;  // one per slot (document_mask)
-  std::vector<int32_t> window_, starts_;
+  std::vector<int32_t> window_, starts_, window_positions_;
   int64_t cursor_ = 0;
 };
 

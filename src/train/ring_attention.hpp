@@ -43,6 +43,15 @@ class RingAttention {
     delta_.resize(rows);
   }
 
+  // Bytes of its buffers: two key/value blocks and two of their
+  // gradients' sums, and three accumulators per query row.
+  double allocated_bytes() const {
+    size_t n = m_.size() + l_.size() + delta_.size();
+    for (const auto& b : kv_) n += b.size();
+    for (const auto& b : dkv_) n += b.size();
+    return static_cast<double>(n * sizeof(T));
+  }
+
   // The global position of local chunk j's first token on rank `rank`.
   int64_t chunk_start(int rank, int j) const {
     const host::HeadTailChunks c = host::head_tail_chunks(rank, ring_.size());

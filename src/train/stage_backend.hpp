@@ -102,6 +102,10 @@ class StageBackend {
   // The tensor group (range().tp ranks, possibly one) the stage all-reduces
   // over inside forward and backward; needed before the first forward.
   virtual void connect_tensor_parallel(Communicator& tp) = 0;
+  // Context parallelism (options' cp > 1): the ranks holding the other
+  // chunks of the sequences (host memory; the host back end only);
+  // needed before the first forward.
+  virtual void connect_context_parallel(Communicator& cp) = 0;
   virtual void observe_tensor_reductions(TensorOpObserver observer) = 0;
   // Zero-bubble schedules (StageOptions::split_backward): backward computes
   // B, this W (model/gpt_stage.hpp); `chunk` as for forward.

@@ -73,10 +73,12 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
   for (int b = stage.grad_send_buffers() - 1; b >= 0; --b) free_grad_buffers_.push_back(b);
   // core/test_hooks.hpp (host back end: the gradients are host memory there).
   fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
-  if (grid.tp() > 1 || grid.ep() > 1) {
+  if (grid.tp() > 1 || grid.ep() > 1 || grid.cp() > 1) {
     stage.observe_tensor_reductions(
         [this](const char* op, Clock::time_point t0, Clock::time_point t1, double bytes) {
           trace_.span(op, t0, t1, step_ + 1, micro_);
+          // The ring's span is mostly attention's arithmetic, not a wait.
+          if (std::strcmp(op, kContextRing) == 0) return;
           if (times_ == nullptr) return;
           const bool experts = std::strcmp(op, kExpertAllToAll) == 0;  // no allocation per op
           (experts ? times_->ep_exchange : times_->tp_reduce) += seconds(t0, t1);
@@ -137,9 +139,10 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
       case Op::Forward:
         act_sends_[slot].reset();
         // Only the ends of the model touch tokens: inputs where it embeds,
-        // targets where it ends in the head; under the document mask every
-        // stage reads the positions (its attention and rotations do).
-        if (data.document_mask() || first_virtual(g.stage(), a.chunk) ||
+        // targets where it ends in the head; under the document mask or context
+        // parallelism every stage reads the positions (its attention and
+        // rotations do).
+        if (data.has_positions() || first_virtual(g.stage(), a.chunk) ||
             last_virtual(pp, g.stage(), a.chunk, v))
           data.load_train(a.micro, slot);
         stage.forward(slot, data.inputs(slot), data.targets(slot), true, grad_scale, a.chunk,
@@ -314,7 +317,7 @@ double StepExecutor::evaluate(DataFeeder& data) {
                                     activation_tag(a.micro, a.chunk, v));
         break;
       case Op::Forward:
-        if (data.document_mask() || first_virtual(g.stage(), a.chunk) ||
+        if (data.has_positions() || first_virtual(g.stage(), a.chunk) ||
             last_virtual(pp, g.stage(), a.chunk, v))
           data.load_eval(a.micro, 0);
         stage.forward(0, data.inputs(0), data.targets(0), false, 0.0f, a.chunk, data.positions(0));

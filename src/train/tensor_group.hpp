@@ -18,11 +18,15 @@ namespace mpiformer {
 // Told of each collective of the tensor group: which ("tensor all-reduce",
 // "tensor all-gather", "tensor reduce-scatter"), when it ran (on a GPU, when the host
 // queued it) and the bytes this rank sent; the expert-parallel group's
-// exchanges too (train/expert_group.hpp), as kExpertAllToAll.
+// exchanges too (train/expert_group.hpp), as kExpertAllToAll, and the
+// context group's as kContextRing.
 using TensorOpObserver =
     std::function<void(const char* op, std::chrono::steady_clock::time_point start,
                        std::chrono::steady_clock::time_point end, double bytes_sent)>;
 inline constexpr char kExpertAllToAll[] = "expert all-to-all";
+// And the context group's ring attention (train/context_attention.hpp),
+// whose span holds attention's arithmetic as well as its messages.
+inline constexpr char kContextRing[] = "context ring attention";
 
 // `tp` must outlive the group; `observer` may be empty (the tests).
 inline TensorGroup tensor_group(Communicator& tp, const TensorOpObserver* observer = nullptr) {

@@ -207,16 +207,19 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   }
   // After the data, so a data error reads the same whatever the rank count.
   const auto& par = deck_.parallel;
-  if (par.dp * par.pp * par.tp != world) {
-    throw InputError(deck_.path, "[parallel] dp x pp x tp",
-                     strprintf("%lld x %lld x %lld = %lld ranks, but the job has %d",
+  if (deck_.ranks() != world) {
+    const bool cp = par.cp > 1;
+    throw InputError(deck_.path, cp ? "[parallel] dp x pp x tp x cp" : "[parallel] dp x pp x tp",
+                     strprintf("%lld x %lld x %lld%s = %lld ranks, but the job has %d",
                                static_cast<long long>(par.dp), static_cast<long long>(par.pp),
                                static_cast<long long>(par.tp),
-                               static_cast<long long>(par.dp * par.pp * par.tp), world));
+                               cp ? strprintf(" x %lld", static_cast<long long>(par.cp)).c_str() : "",
+                               static_cast<long long>(deck_.ranks()), world));
   }
   p.backend = choose_backend(deck_, node);
-  const int dp = static_cast<int>(par.dp);
-  const GridPlace place = grid_place(rank_, dp, static_cast<int>(par.tp));  // as ProcessGrid does
+  const int replicas = static_cast<int>(deck_.replicas()), cp = static_cast<int>(par.cp);
+  // As ProcessGrid lays the ranks out.
+  const GridPlace place = grid_place(rank_, replicas, static_cast<int>(par.tp));
   const int stage_index = place.stage, dp_rank = place.dp_rank;
   // The BLAS, oneDNN and the host loops share this rank's cores.
   host::set_compute_threads(
@@ -247,7 +250,7 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   p.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
       dp_rank, place.tp_rank);
-  p.data->plan(slots, dp, dp_rank);
+  p.data->plan(slots, static_cast<int>(par.dp), dp_rank / cp, cp, dp_rank % cp);
   p.flops_per_token = training_flops_per_token(deck_.model);
 }
 
@@ -258,14 +261,15 @@ void Trainer::connect() {
   // or more for a large checkpoint to read.
   p.watchdog = std::make_unique<Watchdog>(
       deck_.run.watchdog_s, deck_.run.dir, rank_,
-      static_cast<int>(deck_.parallel.dp * deck_.parallel.pp * deck_.parallel.tp));
+      static_cast<int>(deck_.ranks()));
   p.watchdog->enter("setting up", 0, "every rank",
                     std::max(Watchdog::kMinAutoLimit, save_allowance(*p.stage)));
   p.grid = std::make_unique<ProcessGrid>(static_cast<int>(deck_.parallel.dp),
                                          static_cast<int>(deck_.parallel.pp),
                                          static_cast<int>(deck_.parallel.tp), MPI_COMM_WORLD,
                                          static_cast<int>(deck_.model.kv_share(deck_.parallel.tp)),
-                                         static_cast<int>(deck_.parallel.ep));
+                                         static_cast<int>(deck_.parallel.ep),
+                                         static_cast<int>(deck_.parallel.cp));
   ProcessGrid& g = *p.grid;
   // "auto" resolves node by node: a job whose nodes differ would run half
   // on GPUs and disagree on every message. The same verdict on every rank.
@@ -399,8 +403,8 @@ void Trainer::print_summary() const {
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =
       shards != nullptr
-          ? strprintf("zero %d: %zu units sharded over dp%s, recompute %s", p.stage->zero(),
-                      shards->units().size(),
+          ? strprintf("zero %d: %zu units sharded over %s%s, recompute %s", p.stage->zero(),
+                      shards->units().size(), g.cp() > 1 ? "dp x cp" : "dp",
                       g.ep() > 1 ? strprintf(" (the experts' over the %d replicas holding them)",
                                              g.dp() / g.ep()).c_str()
                                  : "",
@@ -421,9 +425,16 @@ void Trainer::print_summary() const {
                         static_cast<long long>(chunk.first_layer),
                         static_cast<long long>(chunk.last_layer));
   }
-  std::printf("grid:  dp %d x pp %d x tp %d%s, schedule %s%s, stage 0 holds layers %s; "
+  // Context parallelism: dp names the data replicas, cp the ranks each
+  // one's sequences are split over (the grid's replicas are both).
+  const std::string context =
+      g.cp() > 1 ? strprintf(" x cp %d (%lld tokens of each sequence per rank, head-tail chunks)",
+                             g.cp(), static_cast<long long>(deck_.model.seq_len / g.cp()))
+                 : "";
+  std::printf("grid:  dp %d x pp %d x tp %d%s%s, schedule %s%s, stage 0 holds layers %s; "
               "%d activation slot(s) on stage 0%s; %s\n",
-              g.dp(), g.pp(), g.tp(), deck_.parallel.sequence_parallel ? " (sequence parallel)" : "",
+              g.dp() / g.cp(), g.pp(), g.tp(), context.c_str(),
+              deck_.parallel.sequence_parallel ? " (sequence parallel)" : "",
               name_of(deck_.parallel.schedule),
               held.chunks > 1 ? strprintf(" (%lld chunks per stage)",
                                           static_cast<long long>(held.chunks)).c_str()
@@ -432,7 +443,9 @@ void Trainer::print_summary() const {
               reduction.c_str());
   // The mapping (tp fastest, then dp, then pp), so a user can check that
   // each tensor group sits inside a node.
-  std::printf("ranks: rank = (stage x %d + replica) x %d + tensor rank", g.dp(), g.tp());
+  std::printf("ranks: rank = (stage x %d + replica) x %d + tensor rank%s", g.dp(), g.tp(),
+              g.cp() > 1 ? strprintf(", replica = data replica x %d + context rank", g.cp()).c_str()
+                         : "");
   if (g.tp() > 1) {
     std::printf("; tensor groups:");
     for (int first = 0; first < g.dp() * g.pp() * g.tp(); first += g.tp())

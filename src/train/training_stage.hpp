@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/gpt_stage.hpp"
+#include "train/context_attention.hpp"
 #include "train/expert_group.hpp"
 #include "train/replicated_state.hpp"
 #include "train/stage_backend.hpp"
@@ -80,6 +81,16 @@ class TrainingStage final : public StageBackend {
   }
   void connect_tensor_parallel(Communicator& tp) override {
     stage_.set_tensor_group(tensor_group(tp, &observer_));
+  }
+  void connect_context_parallel(Communicator& cp) override {
+    if constexpr (Ops::kHostMemory) {
+      context_ = std::make_unique<ContextAttention<Act, Acc>>(
+          cp, stage_.config(), stage_.range().tp, stage_.options().micro_batch, &observer_);
+      stage_.set_context_group(context_->group());
+    } else {
+      // The deck refuses cp > 1 on a GPU (train/backend_choice.cpp).
+      throw std::logic_error("connect_context_parallel: no context ring on the GPU back end");
+    }
   }
   void observe_tensor_reductions(TensorOpObserver observer) override {
     observer_ = std::move(observer);
@@ -211,6 +222,7 @@ class TrainingStage final : public StageBackend {
   std::vector<Buffer<Act>> grad_out_;
   std::unique_ptr<StageOptimizer<Ops>> opt_;
   TensorOpObserver observer_;  // the tensor group keeps its address
+  std::unique_ptr<ContextAttention<Act, Acc>> context_;  // cp > 1 (host)
   // Device runs only: the state copied down for a save, in page-locked
   // memory (a pageable copy is staged through the driver's own buffer at
   // a fraction of the link's rate), kept for the next save.

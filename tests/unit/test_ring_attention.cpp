@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "host/attention.hpp"
+#include "plan/rank_memory.hpp"
+#include "train/context_attention.hpp"
 #include "train/ring_attention.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "reference.hpp"
@@ -52,6 +54,29 @@ TEST(RingAttention, HeadTailChunksAroundTheRanksMatchWholeSequenceAttention) {
   const std::string where = "cp " + std::to_string(cp) + " rank " + std::to_string(r);
   EXPECT_TRUE(close_to_largest(my_out, mine(out, a.C), 2e-5)) << where << ": out";
   EXPECT_TRUE(close_to_largest(my_dqkv, mine(dqkv, ld), 2e-5)) << where << ": dqkv";
+}
+
+// The memory accounting's count of the ring's buffers (and a 16-bit
+// stage's float copies) is what the trainer's ring allocates: Llama's
+// grouped-query widths, with and without tensor parallelism.
+TEST(RingAttention, TheAccountingCountsWhatTheRingHolds) {
+  MPI_Comm c;
+  MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  MpiCommunicator ring(c);
+  GptConfig cfg;
+  cfg.family = ModelFamily::kLlama;
+  cfg.n_head = 6;
+  cfg.n_kv_head = 2;
+  cfg.n_embd = 48;
+  cfg.seq_len = 24;
+  const int64_t cp = ring.size();
+  if (cp == 1) return;  // no ring to count: the trainer builds none at cp 1
+  for (int64_t tp : {1, 2}) {
+    const ContextAttention<float, float> fp32(ring, cfg, tp, 3, nullptr);
+    const ContextAttention<host::Bf16, float> bf16(ring, cfg, tp, 3, nullptr);
+    EXPECT_EQ(fp32.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 4, 4)) << "tp " << tp;
+    EXPECT_EQ(bf16.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 2, 4)) << "tp " << tp;
+  }
 }
 
 }  // namespace

@@ -15,9 +15,10 @@ namespace {
 template <class T>
 void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, int tp = 1,
                   bool sequence_parallel = false, Recompute recompute = Recompute::kNone,
-                  bool split_backward = false, int chunks = 1) {
+                  bool split_backward = false, int chunks = 1, int64_t cp = 1) {
   host::Context ctx;
   StageOptions o{micro_batch, slots};
+  o.cp = cp;
   o.sequence_parallel = sequence_parallel;
   o.split_backward = split_backward;
   o.recompute = recompute;
@@ -29,7 +30,8 @@ void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, 
         << "stage " << s / tp << " of " << pp << ", tensor rank " << s % tp << " of " << tp
         << ", " << slots << " slot(s), B " << micro_batch << ", " << sizeof(T)
         << "-byte elements, sequence parallel " << sequence_parallel << ", recompute "
-        << name_of(recompute) << ", split backward " << split_backward << ", chunks " << chunks;
+        << name_of(recompute) << ", split backward " << split_backward << ", chunks " << chunks
+        << ", cp " << cp;
     EXPECT_EQ(f.activations, slots * f.per_slot);
     EXPECT_EQ(f.parameters, static_cast<double>(stage.param_storage() * sizeof(T)));
     EXPECT_EQ(f.weight_copy, 0.0);  // one element type: no copy
@@ -180,6 +182,32 @@ TEST(StageFootprint, EqualsWhatTheMoeStageAllocates) {
 // Sequence parallelism divides what a block keeps on the rows (ln1, res2,
 // ln2, their statistics) and the residual stream by tp; what is split by
 // channels already (qkv, atty, fch, GELU, attention's state) is unchanged.
+// Context parallelism: a cp-th of each sequence's rows, their positions,
+// each query row's log-sum-exp instead of the probabilities, no attention
+// scratch of the stage's, the rotary table over the whole sequence.
+TEST(StageFootprint, EqualsWhatTheContextParallelStageAllocates) {
+  GptConfig g;
+  g.n_layer = 4;
+  g.n_head = 3;
+  g.n_embd = 24;
+  g.seq_len = 12;
+  g.vocab_size = 131;
+  GptConfig l = g;
+  l.family = ModelFamily::kLlama;
+  l.n_head = 6;
+  l.n_kv_head = 2;
+  l.ffn_hidden = 40;
+  l.tie_embeddings = false;
+  for (int64_t cp : {2, 3, 6}) {
+    for (const Recompute r : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+      expect_exact<float>(g, 2, 3, 2, 1, false, r, false, 1, cp);
+      expect_exact<double>(l, 2, 2, 3, 2, false, r, false, 1, cp);
+      expect_exact<float>(l, 1, 2, 2, 2, true, r, false, 1, cp);
+    }
+    expect_exact<float>(g, 2, 3, 3, 3, true, Recompute::kNone, true, 2, cp);
+  }
+}
+
 TEST(StageFootprint, SequenceParallelismDividesTheRowsKept) {
   GptConfig cfg;
   cfg.n_layer = 4;

@@ -1,0 +1,118 @@
+// The stage's context group (model/gpt_stage.hpp's ContextGroup) on the
+// host: train/ring_attention.hpp's ring over the group's communicator,
+// computing in the stage's Acc type (float, or double for the checks).
+// A 16-bit stage's rows are widened into float buffers for the ring and
+// its results rounded back, as the host's own attention computes in
+// float from 16-bit operands. Every buffer is sized once here: a step
+// allocates nothing.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "core/gpt_config.hpp"
+#include "host/residual.hpp"
+#include "model/gpt_stage.hpp"
+#include "train/ring_attention.hpp"
+#include "train/tensor_group.hpp"
+
+namespace mpiformer {
+
+template <class Act, class Acc>
+class ContextAttention {
+ public:
+  // `ring`: the context group, which must outlive this; the stage's
+  // widths under tensor parallelism `tp`; `observer` (may be empty) told
+  // of each pass round the ring with the bytes this rank sent.
+  ContextAttention(Communicator& ring, const GptConfig& cfg, int64_t tp, int64_t micro_batch,
+                   const TensorOpObserver* observer)
+      : shape_{micro_batch, cfg.n_embd / tp, cfg.n_head / tp, cfg.kv_heads_per_rank(tp)},
+        n_(cfg.seq_len / (2 * ring.size())),
+        rows_(micro_batch * cfg.seq_len / ring.size()),
+        qkv_width_(cfg.qkv_dim_per_rank(tp)),
+        ring_(ring, shape_, n_),
+        cp_(ring.size()),
+        observer_(observer) {
+    if (qkv_width_ != shape_.C + 2 * shape_.K())
+      throw std::logic_error("ContextAttention: the fused qkv rows are not [q | k | v]");
+    if constexpr (!std::is_same_v<Act, Acc>) {
+      qkv_.resize(static_cast<size_t>(rows_ * qkv_width_));
+      dqkv_.resize(qkv_.size());
+      out_.resize(static_cast<size_t>(rows_ * shape_.C));
+      dout_.resize(out_.size());
+    }
+  }
+
+  // What the ring and the widened copies hold (plan/rank_memory.hpp's
+  // context_attention_bytes predicts it).
+  double allocated_bytes() const {
+    const size_t copies = qkv_.size() + dqkv_.size() + out_.size() + dout_.size();
+    return ring_.allocated_bytes() + static_cast<double>(copies * sizeof(Acc));
+  }
+
+  ContextGroup group() {
+    ContextGroup g;
+    g.forward = [this](const void* qkv, void* out, void* lse) {
+      forward(static_cast<const Act*>(qkv), static_cast<Act*>(out), static_cast<Acc*>(lse));
+    };
+    g.backward = [this](const void* qkv, const void* out, const void* lse, const void* dout,
+                        void* dqkv) {
+      backward(static_cast<const Act*>(qkv), static_cast<const Act*>(out),
+               static_cast<const Acc*>(lse), static_cast<const Act*>(dout), static_cast<Act*>(dqkv));
+    };
+    return g;
+  }
+
+ private:
+  void forward(const Act* qkv, Act* out, Acc* lse) {
+    timed(1, [&] {
+      if constexpr (std::is_same_v<Act, Acc>) {
+        ring_.forward(qkv, out, lse);
+      } else {
+        host::convert(qkv_.data(), qkv, rows_ * qkv_width_);
+        ring_.forward(qkv_.data(), out_.data(), lse);
+        host::convert(out, out_.data(), rows_ * shape_.C);
+      }
+    });
+  }
+
+  void backward(const Act* qkv, const Act* out, const Acc* lse, const Act* dout, Act* dqkv) {
+    // The blocks go round with their gradients' sums, then home: three
+    // blocks' worth per step.
+    timed(2, [&] {
+      if constexpr (std::is_same_v<Act, Acc>) {
+        ring_.backward(qkv, out, lse, dout, dqkv);
+      } else {
+        host::convert(qkv_.data(), qkv, rows_ * qkv_width_);
+        host::convert(out_.data(), out, rows_ * shape_.C);
+        host::convert(dout_.data(), dout, rows_ * shape_.C);
+        ring_.backward(qkv_.data(), out_.data(), lse, dout_.data(), dqkv_.data());
+        host::convert(dqkv, dqkv_.data(), rows_ * qkv_width_);
+      }
+    });
+  }
+
+  // A pass sends its key/value block on c - 1 times (backward: with as
+  // large a block of sums, and the sums home once more).
+  template <class F>
+  void timed(int blocks_per_step, const F& run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    if (observer_ == nullptr || !*observer_) return;
+    const double block = static_cast<double>(rows_ * 2 * shape_.K() * sizeof(Acc));
+    const double steps = static_cast<double>(cp_ - 1);
+    const double sent = blocks_per_step == 1 ? steps * block : (2 * steps + 1) * block;
+    (*observer_)(kContextRing, t0, std::chrono::steady_clock::now(), sent);
+  }
+
+  host::AttentionShape shape_;
+  int64_t n_, rows_, qkv_width_;
+  RingAttention<Acc> ring_;
+  int cp_;
+  const TensorOpObserver* observer_;
+  std::vector<Acc> qkv_, dqkv_, out_, dout_;  // 16-bit stages only
+};
+
+}  // namespace mpiformer
