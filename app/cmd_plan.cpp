@@ -63,9 +63,10 @@ std::string prediction_json(const Prediction& p) {
   std::string j = strprintf(
       "{\"dp\": %lld, \"pp\": %lld, \"tp\": %lld, \"micro_batch\": %lld, \"zero\": %lld, "
       "\"recompute\": \"%s\", \"schedule\": \"%s\", \"virtual_stages\": %lld, "
-      "\"sequence_parallel\": %s, \"ep\": %lld, \"expert_imbalance\": %.6g, "
+      "\"sequence_parallel\": %s, \"ep\": %lld, \"cp\": %lld, \"expert_imbalance\": %.6g, "
       "\"offload\": \"%s\", \"step_s\": %.6g, "
-      "\"compute_s\": %.6g, \"tp_comm_s\": %.6g, \"ep_comm_s\": %.6g, \"exposed_comm_s\": %.6g, "
+      "\"compute_s\": %.6g, \"tp_comm_s\": %.6g, \"ep_comm_s\": %.6g, \"cp_comm_s\": %.6g, "
+      "\"exposed_comm_s\": %.6g, "
       "\"bubble_s\": %.6g, \"optimizer_s\": %.6g, "
       "\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"memory_max\": %.0f, \"runtime\": %.0f, "
       "\"memory_available\": %.0f, \"memory_planned\": %.0f, "
@@ -73,9 +74,10 @@ std::string prediction_json(const Prediction& p) {
       static_cast<long long>(l.dp), static_cast<long long>(l.pp), static_cast<long long>(l.tp),
       static_cast<long long>(l.micro_batch), static_cast<long long>(l.zero), name_of(l.recompute),
       name_of(l.schedule), static_cast<long long>(l.virtual_stages),
-      l.sequence_parallel ? "true" : "false", static_cast<long long>(l.ep), p.expert_imbalance,
-      name_of(l.offload),
-      p.step.step_time, p.compute, p.tp_comm, p.ep_comm, p.exposed_comm, p.bubble, p.optimizer,
+      l.sequence_parallel ? "true" : "false", static_cast<long long>(l.ep),
+      static_cast<long long>(l.cp), p.expert_imbalance, name_of(l.offload),
+      p.step.step_time, p.compute, p.tp_comm, p.ep_comm, p.cp_comm, p.exposed_comm, p.bubble,
+      p.optimizer,
       p.tokens_per_s, p.mfu, p.memory_max, p.runtime, p.memory_available, p.memory_planned,
       p.fits ? "true" : "false");
   for (size_t s = 0; s < p.memory.size(); ++s)
@@ -182,9 +184,10 @@ int run_plan(const PlanArgs& args, int rank) {
   const MachineSpec machine = load_machine(args.machine);
   Plan plan;
   if (args.as_given) {
-    plan.ranks = static_cast<int>(deck.parallel.dp * deck.parallel.pp * deck.parallel.tp);
+    plan.ranks = static_cast<int>(deck.ranks());
     if (args.ranks > 0 && args.ranks != plan.ranks) {
-      throw InputError(args.deck, "[parallel] dp x pp x tp",
+      throw InputError(args.deck,
+                       deck.parallel.cp > 1 ? "[parallel] dp x pp x tp x cp" : "[parallel] dp x pp x tp",
                        strprintf("%d ranks, but --ranks %d", plan.ranks, args.ranks));
     }
     Prediction p = predict_step(deck, machine, args.ranks_per_node);

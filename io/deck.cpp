@@ -444,7 +444,8 @@ void check_data_relations(const Deck& d, const std::string& where) {
 // Context parallelism: two chunks of every sequence per rank.
 void check_context_relations(const Deck& d, const std::string& where) {
   const long long cp = d.parallel.cp;
-  if (cp == 1) return;
+  // Under [parallel] auto the planner chooses cp (where these rules allow).
+  if (cp == 1 || d.parallel.auto_layout) return;
   if (d.model.seq_len % (2 * cp) != 0) {
     throw InputError(where, "[parallel] cp",
                      strprintf("needs [model] seq_len (%lld) to be a multiple of 2 cp = %lld: "
@@ -452,10 +453,12 @@ void check_context_relations(const Deck& d, const std::string& where) {
                                "one from the front and one from the back",
                                static_cast<long long>(d.model.seq_len), 2 * cp));
   }
-  if (d.parallel.auto_layout) {
-    throw InputError(where, "[parallel] cp, [parallel] auto",
-                     "the planner does not choose context parallelism yet: set cp = 1 with "
-                     "auto, or give the layout (dp, pp, tp, cp)");
+  if (d.parallel.sequence_parallel && (d.model.seq_len / cp) % d.parallel.tp != 0) {
+    throw InputError(where, "[parallel] sequence_parallel, [parallel] cp",
+                     strprintf("needs the tokens of each sequence a context rank holds "
+                               "(seq_len / cp = %lld) to be a multiple of [parallel] tp (%lld)",
+                               static_cast<long long>(d.model.seq_len / cp),
+                               static_cast<long long>(d.parallel.tp)));
   }
   if (d.data.document_mask) {
     throw InputError(where, "[parallel] cp, [data] document_mask",

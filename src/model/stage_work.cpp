@@ -86,9 +86,10 @@ struct Builder {
 
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
                      Recompute recompute, double act_bytes, bool sequence_parallel,
-                     bool split_backward, double expert_imbalance) {
+                     bool split_backward, double expert_imbalance, int64_t cp) {
   StageWork w;
-  const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len, C = cfg.n_embd;
+  // Under context parallelism the rank's rows are a cp-th of each sequence.
+  const int64_t tp = range.tp, BT = micro_batch * cfg.seq_len / cp, C = cfg.n_embd;
   const int64_t ca = C / tp, cqkv = cfg.qkv_dim_per_rank(tp), cm = cfg.ffn() / tp;
   const int64_t cin = cfg.ffn_in() / tp, nh = cfg.n_head / tp;
   // Llama's rotary positions: q and k read and written once each way.
@@ -185,13 +186,30 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     if (ep > 1) w.ep_backward.push_back(exchanged);
     b.move(routed * static_cast<double>(C), 2);  // the dispatch's backward
   };
+  // Attention: over the whole sequence, or (cp > 1) the ring's blocks of
+  // T / (2 cp) queries and keys, 2 cp + 1 of them per rank and head (its
+  // two chunks each see the chunks up to their own; train/ring_attention.hpp
+  // skips the rest), each pass sending key/value blocks of B T / cp rows
+  // of the kv width in float round the ring: cp - 1 forward, twice that
+  // and their gradients' trip home backward.
+  const int64_t n_ring = cfg.seq_len / (2 * cp);
+  const double kv_block = static_cast<double>(BT * 2 * cfg.kv_dim_per_rank(tp)) * 4;
+  if (cp > 1) w.cp_block_bytes = kv_block;
+  auto attention = [&](Builder& x, bool bwd, std::vector<double>& ring) {
+    if (cp == 1) {
+      x.attention(bwd, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
+      return;
+    }
+    x.attention(bwd, micro_batch * nh * (2 * cp + 1), cfg.head_dim(), n_ring);
+    ring.push_back(static_cast<double>(bwd ? 2 * (cp - 1) + 1 : cp - 1) * kv_block);
+  };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).
-  auto block_forward = [&](Builder& x, std::vector<TC>& comm, bool sparse) {
+  auto block_forward = [&](Builder& x, std::vector<TC>& comm, std::vector<double>& ring, bool sparse) {
     x.stream(Kernel::kLayernorm, false, rc);
     gather(comm);
     x.matmul(false, BT, C, cqkv);
     if (rotated > 0) x.move(rotated, 2);
-    x.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
+    attention(x, false, ring);
     x.matmul(false, BT, ca, C);
     sum(comm);
     x.stream(Kernel::kResidual, false, rc);
@@ -218,7 +236,8 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
       f.stream(Kernel::kEmbedding, false, btc);
     }
   }
-  for (int64_t i = 0; i < L; ++i) block_forward(f, w.tp_forward, cfg.moe_layer(range.layer(i)));
+  for (int64_t i = 0; i < L; ++i)
+    block_forward(f, w.tp_forward, w.cp_forward, cfg.moe_layer(range.layer(i)));
   if (range.has_head) {
     const double logits = static_cast<double>(BT * vl);
     f.stream(Kernel::kLayernorm, false, rc);
@@ -241,7 +260,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   }
   for (int64_t i = 0; i < L; ++i) {
     const bool sparse = cfg.moe_layer(range.layer(i));
-    if (recompute == Recompute::kFull) block_forward(b, w.tp_backward, sparse);
+    if (recompute == Recompute::kFull) block_forward(b, w.tp_backward, w.cp_backward, sparse);
     if (split) b.move(rc, 2);  // dres kept for W
     gather(w.tp_backward);  // dres
     if (sparse) {
@@ -256,9 +275,8 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     if (split) b.move(rc, 2);  // dres kept for W
     gather(w.tp_backward);  // dres
     matmul_backward(BT, ca, C, false, true);
-    if (recompute == Recompute::kAttention)
-      b.attention(false, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
-    b.attention(true, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
+    if (recompute == Recompute::kAttention) attention(b, false, w.cp_backward);
+    attention(b, true, w.cp_backward);
     if (rotated > 0) b.move(rotated, 2);
     if (split) b.move(static_cast<double>(BT * cqkv), 2);  // dqkv kept for W
     matmul_backward(BT, C, cqkv, true, false);  // ln1

@@ -64,16 +64,22 @@ struct StageWork {
   // Expert parallelism: each all-to-all's bytes this rank holds of it
   // (its tokens' rows out, or the same back), in compute order.
   std::vector<double> ep_forward, ep_backward;
+  // Context parallelism: each ring pass's bytes this rank sends to the
+  // next (the key/value blocks, backward with their gradients' sums), in
+  // compute order.
+  std::vector<double> cp_forward, cp_backward;
+  double cp_block_bytes = 0;  // one message of the ring: a key/value block (or its sums)
   double message_bytes = 0;  // one activation (or its gradient) between stages
 };
 
-// `sequence_parallel`, `split_backward`: StageOptions' (the rows held are
-// a tp-th; backward is B and W). `expert_imbalance` (>= 1): under expert
+// `sequence_parallel`, `split_backward`, `cp`: StageOptions' (the rows held are
+// a tp-th; backward is B and W; a cp-th of each sequence's tokens). `expert_imbalance` (>= 1): under expert
 // parallelism, the rows this rank's experts take over their fair share
 // (the busiest rank of the group paces every exchange; bounded by what a
 // rank can be sent, moe_plan's received rows).
 StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
                      Recompute recompute, double act_bytes, bool sequence_parallel = false,
-                     bool split_backward = false, double expert_imbalance = 1.0);
+                     bool split_backward = false, double expert_imbalance = 1.0,
+                     int64_t cp = 1);
 
 }  // namespace mpiformer

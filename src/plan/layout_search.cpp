@@ -30,6 +30,14 @@ std::vector<int64_t> micro_batches(int64_t per_replica, int64_t deck_value) {
   return m;
 }
 
+// Context parallelism where a run could take it: a sequence that cuts
+// into 2 cp chunks, a dense model without document masks, and the host
+// back end (the ring's CUDA kernel is not built: a GPU run refuses cp).
+bool context_parallel_allowed(const Deck& deck, const MachineSpec& machine, int64_t cp) {
+  return machine.device == Device::kCpu && deck.model.seq_len % (2 * cp) == 0 &&
+         !deck.model.moe() && !deck.data.document_mask;
+}
+
 }  // namespace
 
 Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int ranks_per_node,
@@ -51,37 +59,43 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
       continue;
     for (int64_t pp : divisors(ranks / tp)) {
       if (pp > cfg.n_layer) continue;
-      const int64_t dp = ranks / (tp * pp);
-      if (deck.train.global_batch % dp != 0) continue;
-      // A Mixture of Experts' experts shared out over ep replicas: ep
-      // dividing both dp and the experts.
-      for (int64_t ep : divisors(dp)) {
-        if (ep > 1 && (!cfg.moe() || cfg.experts % ep != 0)) continue;
-        for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
-          // Compressed gradients are zero 0's (deck rule).
-          const bool compressed = deck.train.grad_compression != GradCompression::kNone;
-          for (int64_t zero = 0; zero <= (dp > 1 && !compressed ? 3 : 0); ++zero) {
-            for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
-              for (ScheduleKind sk :
-                   {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe, ScheduleKind::kZbH1}) {
-                // At pp 1 every schedule is the same walk; zb-h1's W reads
-                // what full recomputation does not keep (the deck refuses it).
-                if (pp == 1 && sk != ScheduleKind::kOneFOneB) continue;
-                if (splits_backward(sk) && rc == Recompute::kFull) continue;
-                for (bool sp : {false, true}) {
-                  // Sequence parallelism where the rows divide among the group.
-                  if (sp && (tp == 1 || cfg.seq_len % tp != 0)) continue;
-                  layouts.push_back(
-                      Layout{dp, pp, tp, mb, zero, rc, sk, sp, 1, deck.train.offload, ep});
-                  // Interleaved 1F1B, with 2 and 4 chunks per stage where the
-                  // layers cut evenly and the micro-batches come in rounds
-                  // of pp (the deck's rules).
-                  if (sk != ScheduleKind::kOneFOneB || pp == 1) continue;
-                  const int64_t micro = deck.train.global_batch / (dp * mb);
-                  for (int64_t v : {2, 4}) {
-                    if (cfg.n_layer % (pp * v) != 0 || micro % pp != 0) continue;
-                    layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, ScheduleKind::kInterleaved,
-                                             sp, v, deck.train.offload, ep});
+      // The stage's replicas: dp data replicas of cp context ranks each.
+      for (int64_t cp : divisors(ranks / (tp * pp))) {
+        if (cp > 1 && !context_parallel_allowed(deck, machine, cp)) continue;
+        const int64_t dp = ranks / (tp * pp * cp);
+        if (deck.train.global_batch % dp != 0) continue;
+        // A Mixture of Experts' experts shared out over ep replicas: ep
+        // dividing both dp and the experts.
+        for (int64_t ep : divisors(dp)) {
+          if (ep > 1 && (!cfg.moe() || cfg.experts % ep != 0)) continue;
+          for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
+            // Compressed gradients are zero 0's (deck rule).
+            const bool compressed = deck.train.grad_compression != GradCompression::kNone;
+            for (int64_t zero = 0; zero <= (dp * cp > 1 && !compressed ? 3 : 0); ++zero) {
+              for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+                for (ScheduleKind sk :
+                     {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe, ScheduleKind::kZbH1}) {
+                  // At pp 1 every schedule is the same walk; zb-h1's W reads
+                  // what full recomputation does not keep (the deck refuses it).
+                  if (pp == 1 && sk != ScheduleKind::kOneFOneB) continue;
+                  if (splits_backward(sk) && rc == Recompute::kFull) continue;
+                  for (bool sp : {false, true}) {
+                    // Sequence parallelism where the rows divide among the group.
+                    if (sp && (tp == 1 || cfg.seq_len % tp != 0)) continue;
+                    // Sequence parallelism's rows: a cp-th of each sequence's.
+                    if (sp && (cfg.seq_len / cp) % tp != 0) continue;
+                    layouts.push_back(
+                        Layout{dp, pp, tp, mb, zero, rc, sk, sp, 1, deck.train.offload, ep, cp});
+                    // Interleaved 1F1B, with 2 and 4 chunks per stage where the
+                    // layers cut evenly and the micro-batches come in rounds
+                    // of pp (the deck's rules).
+                    if (sk != ScheduleKind::kOneFOneB || pp == 1) continue;
+                    const int64_t micro = deck.train.global_batch / (dp * mb);
+                    for (int64_t v : {2, 4}) {
+                      if (cfg.n_layer % (pp * v) != 0 || micro % pp != 0) continue;
+                      layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, ScheduleKind::kInterleaved,
+                                               sp, v, deck.train.offload, ep, cp});
+                    }
                   }
                 }
               }

@@ -42,7 +42,7 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
   for (size_t z = 0; z < bytes.size(); ++z)
     line += strprintf("%s zero %zu %.2f%s", z ? "," : "", z, bytes[z],
                       static_cast<int64_t>(z) == deck.parallel.zero ? " (this layout's)" : "");
-  const double dp = static_cast<double>(deck.parallel.dp);
+  const double dp = static_cast<double>(deck.replicas());
   if (precision_plan(deck.train.precision).weight_copy)
     line += strprintf("; Megatron-LM's distributed optimizer: 6 + 12/dp = %.2f", 6 + 12 / dp);
   lines.push_back(line);
@@ -87,8 +87,9 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
   // The step time's main terms, then what nothing measured.
   lines.push_back(strprintf(
       "step time of #1: %.2f ms = compute %.2f (of which tensor collectives %.2f, expert "
-      "all-to-alls %.2f) + exposed data-parallel communication %.2f + bubble %.2f + optimizer %.2f",
-      1e3 * p.step.step_time, 1e3 * p.compute, 1e3 * p.tp_comm, 1e3 * p.ep_comm,
+      "all-to-alls %.2f, context ring %.2f) + exposed data-parallel communication %.2f + bubble "
+      "%.2f + optimizer %.2f",
+      1e3 * p.step.step_time, 1e3 * p.compute, 1e3 * p.tp_comm, 1e3 * p.ep_comm, 1e3 * p.cp_comm,
       1e3 * p.exposed_comm, 1e3 * p.bubble, 1e3 * p.optimizer));
   std::vector<std::string> assumed;
   if (machine.matmul.empty() && machine.matmul_tiles.empty())
@@ -104,15 +105,22 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     assumed.push_back("no glue between kernels (no measured stage factor: 1.0)");
   if (deck.parallel.schedule == ScheduleKind::kZbH1)
     assumed.push_back("zb-h1's W pass at the same efficiency as the B pass it is split from");
-  if (machine.device == Device::kCuda && deck.parallel.dp > 1)
+  if (machine.device == Device::kCuda && deck.replicas() > 1)
     assumed.push_back("the data-parallel reduction hidden behind backward up to backward's "
                       "length (the overlap is not measured)");
-  if (deck.train.grad_compression != GradCompression::kNone && deck.parallel.dp > 1)
+  if (deck.train.grad_compression != GradCompression::kNone && deck.replicas() > 1)
     assumed.push_back("the compressed all-reduce's kernels at the elementwise kernels' bandwidth, "
                       "and its all-to-all at the link's all-to-all rate");
   if (deck.parallel.pp > 1)
     assumed.push_back("pipeline sends at the link's idle send-receive rate, not slowed by the "
                       "data-parallel traffic sharing it");
+  if (deck.parallel.cp > 1 && machine.device == Device::kCuda)
+    assumed.push_back("the context ring's sends hidden behind each pass's attention up to its "
+                      "length, and its blocks priced at the fused kernel's rates (the ring runs on "
+                      "the host back end only in this version: not measured on a GPU)");
+  if (deck.parallel.cp > 1 && machine.device == Device::kCpu)
+    assumed.push_back("the context ring's blocks priced at the attention rows' rates for their "
+                      "size (the ring's own blockwise kernel is not calibrated)");
   if (deck.parallel.tp > 1 && machine.device == Device::kCuda)
     assumed.push_back("tensor collectives never hidden behind the GEMMs (errs slow)");
   if (assumed.empty()) {

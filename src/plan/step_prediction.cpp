@@ -25,6 +25,7 @@ std::string Layout::describe() const {
          (virtual_stages > 1 ? strprintf(" v%lld", static_cast<long long>(virtual_stages)) : "") +
          (sequence_parallel ? " sp" : "") +
          (ep > 1 ? strprintf(" ep %lld", static_cast<long long>(ep)) : "") +
+         (cp > 1 ? strprintf(" cp %lld", static_cast<long long>(cp)) : "") +
          (offload != Offload::kNone ? std::string(" offload ") + name_of(offload) : "");
 }
 
@@ -32,7 +33,7 @@ Layout layout_of(const Deck& d) {
   return {d.parallel.dp,     d.parallel.pp,        d.parallel.tp,
           d.train.micro_batch, d.parallel.zero,      d.train.recompute,
           d.parallel.schedule, d.parallel.sequence_parallel, d.parallel.virtual_stages,
-          d.train.offload,   d.parallel.ep};
+          d.train.offload,   d.parallel.ep,        d.parallel.cp};
 }
 
 Deck with_layout(const Deck& deck, const Layout& l) {
@@ -48,6 +49,7 @@ Deck with_layout(const Deck& deck, const Layout& l) {
   d.train.recompute = l.recompute;
   d.train.offload = l.offload;
   d.parallel.ep = l.ep;
+  d.parallel.cp = l.cp;
   return d;
 }
 
@@ -273,8 +275,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   out.layout = layout_of(deck);
   out.expert_imbalance = expert_imbalance(deck);
   const GptConfig& cfg = deck.model;
-  const int64_t dp = deck.parallel.dp, pp = deck.parallel.pp, tp = deck.parallel.tp;
-  const int64_t ranks = dp * pp * tp, micro = deck.grad_accum();
+  // dp: the stage's replicas, whose reductions and shards span the
+  // context ranks too (dp x cp).
+  const int64_t cp = deck.parallel.cp, dp = deck.replicas(), pp = deck.parallel.pp,
+                tp = deck.parallel.tp;
+  const int64_t ranks = deck.ranks(), micro = deck.grad_accum();
   const int64_t R = ranks_per_node > 0 ? ranks_per_node : std::min<int64_t>(ranks, machine.devices_per_node);
   const double share = std::max(1.0, static_cast<double>(R) / machine.devices_per_node);
   const bool host = machine.device == Device::kCpu;
@@ -304,6 +309,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   auto within = [&](int64_t span) { return ranks <= R || (span <= R && R % span == 0); };
   const Link& tp_link = within(tp) ? machine.intra : machine.inter;
   const Link& dp_link = within(tp * dp) ? machine.intra : machine.inter;
+  const Link& cp_link = within(tp * cp) ? machine.intra : machine.inter;
   const Link& pp_link = ranks <= R ? machine.intra : machine.inter;
   // Host MPI progresses only while waited on: nothing hides.
   auto exposed = [&](double transfer, double window) {
@@ -334,7 +340,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     };
     // Each chunk's pass priced on its own (the embedding is chunk 0's, the
     // head the last's); the stage's sums below.
-    double fwd = 0, bwd = 0, wgt = 0, tp_time = 0, ep_time = 0;
+    double fwd = 0, bwd = 0, wgt = 0, tp_time = 0, ep_time = 0, cp_time = 0;
     // An all-to-all within the data-parallel group's links: each rank
     // sends (ep - 1) / ep of its rows, at the links' measured all-to-all
     // rate (a machine file without one: the all-gather's).
@@ -347,9 +353,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       const StageWork work =
           stage_work(cfg, chunk_range(range, c), deck.train.micro_batch, deck.train.recompute, act,
                      deck.parallel.sequence_parallel, splits_backward(deck.parallel.schedule),
-                     out.expert_imbalance);
+                     out.expert_imbalance, cp);
       message_bytes = work.message_bytes;
-      double f = 0, b = 0, w_time = 0;
+      double f = 0, b = 0, w_time = 0, attend_f = 0, attend_b = 0;
       for (const auto* list : {&work.forward, &work.backward, &work.weights}) {
         for (const WorkItem& w : *list) {
           // A GPU's attention computes only the tiles the document mask
@@ -360,6 +366,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                                     : 1.0;
           const double t = item_seconds(machine, w) * share * factor * masked;
           (list == &work.forward ? f : list == &work.backward ? b : w_time) += t;
+          if (w.kernel == Kernel::kAttention) (list == &work.forward ? attend_f : attend_b) += t;
           const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
           by_kernel[gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")
                          : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
@@ -373,8 +380,18 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       for (double bytes : work.ep_forward) ep_f += ep_seconds(bytes);
       for (double bytes : work.ep_backward) ep_b += ep_seconds(bytes);
       ep_time += ep_f + ep_b;
-      chunk_fwd[c] = f + tp_f + ep_f;
-      chunk_bwd[c] = b + tp_b + ep_b;
+      // The ring's sends, one block per ring step: beside the attention
+      // of the pass on a GPU, exposed on the host (MPI moves them in the
+      // waits). The same ring sends as much on every rank.
+      double ring_f = 0, ring_b = 0;
+      const double block = work.cp_block_bytes;
+      for (double bytes : work.cp_forward) ring_f += bytes / block * sendrecv(cp_link.sendrecv, block);
+      for (double bytes : work.cp_backward) ring_b += bytes / block * sendrecv(cp_link.sendrecv, block);
+      ring_f = exposed(ring_f, attend_f);
+      ring_b = exposed(ring_b, attend_b);
+      cp_time += ring_f + ring_b;
+      chunk_fwd[c] = f + tp_f + ep_f + ring_f;
+      chunk_bwd[c] = b + tp_b + ep_b + ring_b;
       chunk_wgt[c] = w_time + tp_w;
       fwd += chunk_fwd[c];
       bwd += chunk_bwd[c];
@@ -517,6 +534,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       out.compute = busy;
       out.tp_comm = tp_time * static_cast<double>(micro);
       out.ep_comm = ep_time * static_cast<double>(micro);
+      out.cp_comm = cp_time * static_cast<double>(micro);
       out.exposed_comm = reduce + per_micro_comm * static_cast<double>(micro) + opt_comm + norm;
       out.optimizer = update;
       out.kernels.assign(by_kernel.begin(), by_kernel.end());

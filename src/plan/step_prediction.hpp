@@ -44,8 +44,9 @@ struct Layout {
   int64_t virtual_stages = 1;  // chunks per stage (interleaved)
   Offload offload = Offload::kNone;  // [train] offload
   int64_t ep = 1;                    // expert parallelism (a Mixture of Experts)
+  int64_t cp = 1;                    // context parallelism
   // "dp 2 pp 1 tp 1 mb 4 zero 0 none 1f1b" ("interleaved v2"; + " sp";
-  // + " ep 2"; + " offload nvme")
+  // + " ep 2"; + " cp 2"; + " offload nvme")
   std::string describe() const;
 };
 Layout layout_of(const Deck& deck);
@@ -63,6 +64,7 @@ struct Prediction {
   double compute = 0;              // the slowest stage's forward + backward (with tp collectives)
   double tp_comm = 0;              // of which: the tensor group's collectives
   double ep_comm = 0;              // and the expert-parallel group's all-to-alls
+  double cp_comm = 0;              // and the context ring's sends not hidden by attention
   double expert_imbalance = 1;     // the busiest expert-parallel rank priced at (ep > 1)
   double exposed_comm = 0;         // data-parallel reduction, ZeRO transfers, optimizer gathers
   double bubble = 0;               // step_time - compute - exposed_comm - optimizer

@@ -45,15 +45,15 @@ p = json.load(open(sys.argv[1]))
 rows = p["layouts"]
 assert rows and p["considered"] >= len(rows), p["considered"]
 for r in rows:
-    assert r["dp"] * r["pp"] * r["tp"] == 2, r
+    assert r["dp"] * r["pp"] * r["tp"] * r["cp"] == 2, r
     assert 32 % (r["dp"] * r["micro_batch"]) == 0, r
     assert r["fits"] and r["memory_max"] <= r["memory_available"], r
     # (both printed to 6 significant digits)
     assert abs(r["step_s"] - 32 * 64 / r["tokens_per_s"]) < 2e-5 * r["step_s"], r
 rates = [r["tokens_per_s"] for r in rows]
 assert rates == sorted(rates, reverse=True), "not fastest first"
-layouts = {(r["dp"], r["pp"], r["tp"]) for r in rows}
-assert layouts == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}, layouts
+layouts = {(r["dp"], r["pp"], r["tp"], r["cp"]) for r in rows}
+assert layouts == {(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)}, layouts
 print(f"plan: {len(rows)} layouts of 2 ranks, fastest first")
 PY
 

@@ -15,6 +15,8 @@
 //    that fits nowhere is refused with what it needs and what there is.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <algorithm>
 #include <cmath>
 
@@ -502,10 +504,11 @@ TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
   for (size_t i = 0; i < plan.fitting.size(); ++i) {
     const Prediction& p = plan.fitting[i];
     const Layout& l = p.layout;
-    EXPECT_EQ(l.dp * l.pp * l.tp, 4);
+    EXPECT_EQ(l.dp * l.pp * l.tp * l.cp, 4);
     EXPECT_EQ(deck.model.n_head % l.tp, 0);
+    EXPECT_EQ(deck.model.seq_len % (2 * l.cp), 0);
     EXPECT_EQ(deck.train.global_batch % (l.dp * l.micro_batch), 0) << l.describe();
-    if (l.dp == 1) {
+    if (l.dp * l.cp == 1) {
       EXPECT_EQ(l.zero, 0);
     }
     if (i > 0) {
@@ -690,6 +693,93 @@ TEST(Plan, SequenceParallelismIsPricedAndSearched) {
   const Plan plan = plan_layouts(deck, tight, 2, 2);
   ASSERT_FALSE(plan.fitting.empty());
   for (const Prediction& p : plan.fitting) EXPECT_TRUE(p.layout.sequence_parallel);
+}
+
+// Context parallelism, by hand: a rank's GEMMs and elementwise work are a
+// cp-th of one rank's (B T / cp rows); its attention the ring's blocks,
+// rank r's two chunks seeing (r + 1) + (2 cp - r) = 2 cp + 1 chunks of n =
+// T / (2 cp) keys, each block 4 B heads n^2 hs FLOPs forward; each layer's
+// ring pass sends cp - 1 key/value blocks of B T / cp rows x 2 K floats
+// forward, 2 (cp - 1) + 1 backward (their gradients' sums, and home).
+TEST(StageWork, ContextParallelismDividesTheRowsAndRingsTheAttention) {
+  GptConfig cfg;
+  cfg.family = ModelFamily::kLlama;
+  cfg.n_layer = 3;
+  cfg.n_head = 4;
+  cfg.n_kv_head = 2;
+  cfg.n_embd = 64;
+  cfg.ffn_hidden = 96;
+  cfg.seq_len = 48;
+  cfg.vocab_size = 300;
+  const StageRange all = partition_stage(cfg, 0, 1);
+  const double B = 2, T = 48, hs = 16, H = 4, K = 2 * hs, L = 3;
+  auto attention_flops = [](const std::vector<WorkItem>& items) {
+    double f = 0;
+    for (const WorkItem& w : items)
+      if (w.kernel == Kernel::kAttention) f += w.flops;
+    return f;
+  };
+  const StageWork one = stage_work(cfg, all, 2, Recompute::kNone, 4);
+  const double gemms = flops(one.forward) - attention_flops(one.forward);
+  for (int64_t cp : {2, 3, 4}) {
+    const StageWork w = stage_work(cfg, all, 2, Recompute::kNone, 4, false, false, 1.0, cp);
+    const double n = T / (2.0 * static_cast<double>(cp)), c = static_cast<double>(cp);
+    EXPECT_DOUBLE_EQ(flops(w.forward) - attention_flops(w.forward), gemms / c) << "cp " << cp;
+    EXPECT_DOUBLE_EQ(attention_flops(w.forward), L * 4 * B * H * (2 * c + 1) * n * n * hs) << "cp " << cp;
+    EXPECT_DOUBLE_EQ(attention_flops(w.backward), 2 * attention_flops(w.forward)) << "cp " << cp;
+    EXPECT_DOUBLE_EQ(w.message_bytes, one.message_bytes / c);
+    const double block = B * T / c * 2 * K * 4;
+    EXPECT_DOUBLE_EQ(w.cp_block_bytes, block);
+    ASSERT_EQ(w.cp_forward.size(), 3u);
+    ASSERT_EQ(w.cp_backward.size(), 3u);
+    for (double bytes : w.cp_forward) EXPECT_DOUBLE_EQ(bytes, (c - 1) * block);
+    for (double bytes : w.cp_backward) EXPECT_DOUBLE_EQ(bytes, (2 * c - 1) * block);
+    // Recomputed attention runs its ring forward again in backward.
+    const StageWork rc = stage_work(cfg, all, 2, Recompute::kAttention, 4, false, false, 1.0, cp);
+    EXPECT_EQ(rc.cp_backward.size(), 6u);
+  }
+  EXPECT_TRUE(one.cp_forward.empty() && one.cp_backward.empty());
+}
+
+// The planner prices cp as what it is: a cp-th of the activations per rank
+// (the same accounting the run refuses a deck with), the ring's sends on
+// the context group's link, the reductions over dp x cp; the search tries
+// cp on a host machine file only (a GPU run refuses it) and where 2 cp
+// divides the sequence.
+TEST(Plan, ContextParallelismIsPricedAndSearched) {
+  Deck deck = tiny_deck();
+  const MachineSpec m = workstation(1);
+  deck.parallel.dp = 2;
+  const Prediction dp2 = predict_step(deck, m, 2);
+  deck.parallel.dp = 1;
+  deck.parallel.cp = 2;
+  const Prediction cp2 = predict_step(deck, m, 2);
+  EXPECT_EQ(cp2.layout.describe(), "dp 1 pp 1 tp 1 mb 16 zero 0 none 1f1b cp 2");
+  EXPECT_GT(cp2.cp_comm, 0);
+  EXPECT_EQ(dp2.cp_comm, 0);
+  const RankMemory& a = dp2.memory[0];
+  const RankMemory& b = cp2.memory[0];
+  // dp 2 runs one micro-batch of 16 sequences; cp 2 two of 16 half-sequences.
+  EXPECT_NEAR(b.stage.per_slot, a.stage.per_slot / 2, 0.1 * a.stage.per_slot);
+  EXPECT_EQ(b.comm - a.comm,
+            context_attention_bytes(deck.model, 1, 16, 2, 4, 4));  // the same reduction otherwise
+  deck.parallel.zero = 1;
+  // Sharded over the 2 replicas (the shards' ends at rows: within 0.1%).
+  EXPECT_NEAR(predict_step(deck, m, 2).memory[0].optimizer, a.optimizer / 2, 1e-3 * a.optimizer);
+
+  deck = tiny_deck();
+  const Plan plan = plan_layouts(deck, m, 4, 4);
+  std::set<int64_t> cps;
+  for (const Prediction& p : plan.fitting) cps.insert(p.layout.cp);
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4}));
+  deck.model.seq_len = 60;  // 2 cp divides it for cp 1, 2 (60 = 4 x 15), not 4
+  cps.clear();
+  for (const Prediction& p : plan_layouts(deck, m, 4, 4).fitting) cps.insert(p.layout.cp);
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2}));
+  MachineSpec gpu = m;
+  gpu.device = Device::kCuda;
+  deck = tiny_deck();
+  for (const Prediction& p : plan_layouts(deck, gpu, 4, 4).fitting) EXPECT_EQ(p.layout.cp, 1);
 }
 
 // Expert parallelism: each rank holds experts / ep of each sparse layer
