@@ -208,6 +208,7 @@ const std::vector<Key>& schema() {
       int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
       int_key("parallel", "ep", false, 1, 1 << 20, MEMBER(parallel.ep)),
       int_key("parallel", "cp", false, 1, 1 << 20, MEMBER(parallel.cp)),
+      choice_key("parallel", "cp_chunks", kContextChunksNames, MEMBER(parallel.cp_chunks)),
       choice_key("parallel", "schedule", kScheduleNames, MEMBER(parallel.schedule)),
       int_key("parallel", "virtual_stages", false, 1, 1024, MEMBER(parallel.virtual_stages)),
       float_key("parallel", "bucket_mb", false, 0.001, 1e6, MEMBER(parallel.bucket_mb)),

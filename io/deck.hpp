@@ -140,6 +140,9 @@ struct ParallelConfig {
   // The cp ranks hold the same parameters: their gradients are summed,
   // and ZeRO shards, over all dp x cp replicas. Ranks: dp x pp x tp x cp.
   int64_t cp = 1;
+  // Which two chunks of each sequence a context rank holds
+  // (common/context_chunks.hpp): head-tail balances the causal work.
+  ContextChunks cp_chunks = ContextChunks::kHeadTail;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   // Model chunks per pipeline rank (schedule "interleaved": v >= 2 chunks
   // of n_layer / (pp v) layers each, rank s holding chunks s, s + pp, ...;

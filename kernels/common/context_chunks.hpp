@@ -1,15 +1,24 @@
-// Context parallelism's causal balance: the sequence cut into 2 cp chunks,
-// rank r holding chunks r and 2 cp - 1 - r (one from the front, one from
-// the back), so every rank's queries see as many keys. The data feeder
-// lays a rank's tokens out by it and the ring attends by it.
+// Which 2 of a sequence's 2 cp chunks context rank r holds. Head-tail
+// (the default): chunks r and 2 cp - 1 - r, one from the front and one
+// from the back, so that under the causal mask every rank's queries see
+// as many keys (Megatron's and torchtitan's order). Contiguous: chunks
+// 2 r and 2 r + 1, the plain split, whose last rank attends to the most
+// keys and paces the ring (kept for comparison). The data feeder lays a
+// rank's tokens out by it and the ring attends by it.
 #pragma once
 #include <cstdint>
 
+#include "core/settings.hpp"
+
 namespace mpiformer::host {
 
-struct HeadTailChunks {
+struct ContextChunkPair {
   int64_t first, second;
 };
-inline HeadTailChunks head_tail_chunks(int64_t rank, int64_t cp) { return {rank, 2 * cp - 1 - rank}; }
+inline ContextChunkPair context_chunks(int64_t rank, int64_t cp,
+                                       ContextChunks order = ContextChunks::kHeadTail) {
+  if (order == ContextChunks::kContiguous) return {2 * rank, 2 * rank + 1};
+  return {rank, 2 * cp - 1 - rank};
+}
 
 }  // namespace mpiformer::host

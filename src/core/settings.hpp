@@ -44,6 +44,10 @@ enum class HealthAction { kWarn, kStop };
 // [checkpoint] read_back: a synchronous save's read-back check while
 // training waits, or on a thread beside it (latest moves once it passes).
 enum class ReadBack { kInline, kBackground };
+// Which chunks of a sequence a context rank holds ([parallel] cp_chunks):
+// one from the front and one from the back (balanced under the causal
+// mask), or two neighbours (the plain split, for comparison).
+enum class ContextChunks { kHeadTail, kContiguous };
 
 template <class E>
 struct SettingName {
@@ -70,6 +74,8 @@ inline constexpr SettingName<HealthAction> kHealthActionNames[] = {
     {HealthAction::kWarn, "warn"}, {HealthAction::kStop, "stop"}};
 inline constexpr SettingName<ReadBack> kReadBackNames[] = {
     {ReadBack::kInline, "inline"}, {ReadBack::kBackground, "background"}};
+inline constexpr SettingName<ContextChunks> kContextChunksNames[] = {
+    {ContextChunks::kHeadTail, "head_tail"}, {ContextChunks::kContiguous, "contiguous"}};
 inline constexpr SettingName<ScheduleKind> kScheduleNames[] = {
     {ScheduleKind::kOneFOneB, "1f1b"}, {ScheduleKind::kGPipe, "gpipe"}, {ScheduleKind::kZbH1, "zb-h1"},
     {ScheduleKind::kInterleaved, "interleaved"}};
@@ -113,6 +119,7 @@ inline const char* name_of(GradCompression c) { return setting_name(kGradCompres
 inline const char* name_of(HealthCheck h) { return setting_name(kHealthCheckNames, h); }
 inline const char* name_of(HealthAction a) { return setting_name(kHealthActionNames, a); }
 inline const char* name_of(ReadBack r) { return setting_name(kReadBackNames, r); }
+inline const char* name_of(ContextChunks c) { return setting_name(kContextChunksNames, c); }
 inline const char* name_of(ModelFamily f) { return setting_name(kFamilyNames, f); }
 
 }  // namespace mpiformer

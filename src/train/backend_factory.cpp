@@ -163,7 +163,7 @@ void check_memory_spaces(const StageComms& c, bool stage_on_device) {
   }
 }
 
-StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
+StageComms connect_stage(ProcessGrid& g, StageBackend& stage, ContextChunks order) {
   StageComms c;
   c.pipe_act = c.pipe_grad = &g.pipeline();
   c.dp = &g.data_parallel();
@@ -177,7 +177,7 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage) {
   if (!stage.on_device()) {
     check_memory_spaces(c, false);
     stage.connect_tensor_parallel(*c.tp);
-    if (g.cp() > 1) stage.connect_context_parallel(g.context_parallel());
+    if (g.cp() > 1) stage.connect_context_parallel(g.context_parallel(), order);
     if (c.ep != nullptr) stage.connect_expert_parallel(g.expert_parallel(), *c.ep);
     return c;
   }

@@ -52,7 +52,8 @@ struct StageComms {
 
 // Collective over the grid; gives the stage its tensor group. Every group,
 // one-rank groups included, gets a communicator of the stage's memory.
-StageComms connect_stage(ProcessGrid& grid, StageBackend& stage);
+StageComms connect_stage(ProcessGrid& grid, StageBackend& stage,
+                         ContextChunks order = ContextChunks::kHeadTail);
 
 // Throws std::logic_error naming the group when a communicator of `c`
 // works on another memory than the stage's buffers (host MPI handed

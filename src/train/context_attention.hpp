@@ -27,16 +27,22 @@ class ContextAttention {
   // widths under tensor parallelism `tp`; `observer` (may be empty) told
   // of each pass round the ring with the bytes this rank sent.
   ContextAttention(Communicator& ring, const GptConfig& cfg, int64_t tp, int64_t micro_batch,
-                   const TensorOpObserver* observer)
+                   ContextChunks order, const TensorOpObserver* observer)
       : shape_{micro_batch, cfg.n_embd / tp, cfg.n_head / tp, cfg.kv_heads_per_rank(tp)},
         n_(cfg.seq_len / (2 * ring.size())),
         rows_(micro_batch * cfg.seq_len / ring.size()),
         qkv_width_(cfg.qkv_dim_per_rank(tp)),
-        ring_(ring, shape_, n_),
+        ring_(ring, shape_, n_, order),
         cp_(ring.size()),
         observer_(observer) {
     if (qkv_width_ != shape_.C + 2 * shape_.K())
       throw std::logic_error("ContextAttention: the fused qkv rows are not [q | k | v]");
+    // Each step's arithmetic as a span of its own: the work a rank's
+    // chunks give it, apart from its waits on the ring (the balance).
+    using Time = std::chrono::steady_clock::time_point;
+    ring_.observe_blocks([this](Time t0, Time t1) {
+      if (observer_ != nullptr && *observer_) (*observer_)(kContextBlock, t0, t1, 0);
+    });
     if constexpr (!std::is_same_v<Act, Acc>) {
       qkv_.resize(static_cast<size_t>(rows_ * qkv_width_));
       dqkv_.resize(qkv_.size());

@@ -95,13 +95,14 @@ DataFeeder::DataFeeder(const Deck& deck, GptConfig& cfg)
   draw_step();  // a feeder starts at sample 0 until start_at says otherwise
 }
 
-void DataFeeder::plan(int slots, int dp, int dp_rank, int cp, int cp_rank) {
+void DataFeeder::plan(int slots, int dp, int dp_rank, int cp, int cp_rank, ContextChunks order) {
   dp_ = dp;
   dp_rank_ = dp_rank;
   if (cp < 1 || cp_rank < 0 || cp_rank >= cp || (cp > 1 && seq_len_ % (2 * cp) != 0))
     throw std::logic_error("DataFeeder::plan: a context rank the deck does not allow");
   cp_ = cp;
   cp_rank_ = cp_rank;
+  cp_order_ = order;
   const int64_t BT = micro_batch_ * seq_len_ / cp;
   inputs_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
   targets_.assign(static_cast<size_t>(slots), std::vector<int32_t>(static_cast<size_t>(BT)));
@@ -146,7 +147,7 @@ void DataFeeder::load(const TokenDataset& d, int64_t window, int slot, int64_t b
   // 1) its two chunks, chunk-major.
   const int pieces = cp_ > 1 ? 2 : 1;
   const int64_t n = seq_len_ / (pieces * cp_);
-  const host::HeadTailChunks chunks = host::head_tail_chunks(cp_rank_, cp_);
+  const host::ContextChunkPair chunks = host::context_chunks(cp_rank_, cp_, cp_order_);
   for (int j = 0; j < pieces; ++j) {
     const int64_t from = cp_ > 1 ? (j == 0 ? chunks.first : chunks.second) * n : 0;
     const int64_t to = (j * micro_batch_ + b) * n;

@@ -51,8 +51,10 @@ class DataFeeder {
   // this one, `cp_rank`, gets chunks cp_rank and 2 cp - 1 - cp_rank of 2 cp
   // from each, chunk-major ([2, micro_batch, seq_len / (2 cp)]: the
   // micro-batch's first chunks, then its second), with their positions in
-  // the sequence. Local.
-  void plan(int slots, int dp, int dp_rank, int cp = 1, int cp_rank = 0);
+  // the sequence; `order` may make them chunks 2 cp_rank and 2 cp_rank + 1
+  // (common/context_chunks.hpp). Local.
+  void plan(int slots, int dp, int dp_rank, int cp = 1, int cp_rank = 0,
+            ContextChunks order = ContextChunks::kHeadTail);
 
   const std::vector<TrainSource>& sources() const { return sources_; }
   bool blended() const { return blended_; }
@@ -121,6 +123,7 @@ class DataFeeder {
   std::vector<int64_t> at_cursor_;      // each source's samples before it
   int64_t micro_batch_, seq_len_, global_batch_, eval_batches_;
   int dp_ = 1, dp_rank_ = 0, cp_ = 1, cp_rank_ = 0;
+  ContextChunks cp_order_ = ContextChunks::kHeadTail;
   std::vector<std::vector<int32_t>> inputs_, targets_;  // one per slot
   bool document_mask_ = false;
   std::vector<std::vector<int32_t>> positions_;  // one per slot (document_mask)

@@ -1,7 +1,7 @@
 // Attention across a context-parallel group (issue 49): each of the
-// group's c ranks holds 2 of the sequence's 2c chunks of n tokens, chunk r
-// and chunk 2c - 1 - r (head-tail: every rank's queries see as many keys,
-// host/attention_blocks.hpp's head_tail_chunks), laid out chunk-major as
+// group's c ranks holds 2 of the sequence's 2c chunks of n tokens (by
+// default chunk r and chunk 2c - 1 - r, head-tail: every rank's queries
+// see as many keys; common/context_chunks.hpp), laid out chunk-major as
 // [2, B, n, ...] (each chunk a contiguous micro-batch of B sequences of n
 // rows: the rest of the model treats the rank's rows as 2B short
 // sequences). The key/value blocks go round the ring: at step s rank r
@@ -18,7 +18,9 @@
 // Communicator.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "host/attention_blocks.hpp"
@@ -29,10 +31,16 @@ namespace mpiformer {
 template <class T>
 class RingAttention {
  public:
-  // `ring`: the context-parallel group (rank r holds chunks r and
-  // 2 size - 1 - r); `n`: tokens per chunk.
-  RingAttention(Communicator& ring, const host::AttentionShape& shape, int64_t n)
-      : ring_(ring), a_(shape), n_(n) {
+  using Clock = std::chrono::steady_clock;
+  // Told of each step's arithmetic (the blocks' attention, not the waits
+  // for the next block): when it ran.
+  using BlockObserver = std::function<void(Clock::time_point, Clock::time_point)>;
+
+  // `ring`: the context-parallel group, rank r holding chunks
+  // context_chunks(r, size, order); `n`: tokens per chunk.
+  RingAttention(Communicator& ring, const host::AttentionShape& shape, int64_t n,
+                ContextChunks order = ContextChunks::kHeadTail)
+      : ring_(ring), a_(shape), n_(n), order_(order) {
     const size_t kv = static_cast<size_t>(2 * a_.B * n_ * 2 * a_.K());
     for (auto& b : kv_) b.resize(kv);
     for (auto& b : dkv_) b.resize(kv);
@@ -42,6 +50,8 @@ class RingAttention {
     l_.resize(rows);
     delta_.resize(rows);
   }
+
+  void observe_blocks(BlockObserver observer) { on_block_ = std::move(observer); }
 
   // Bytes of its buffers: two key/value blocks and two of their
   // gradients' sums, and three accumulators per query row.
@@ -54,7 +64,7 @@ class RingAttention {
 
   // The global position of local chunk j's first token on rank `rank`.
   int64_t chunk_start(int rank, int j) const {
-    const host::HeadTailChunks c = host::head_tail_chunks(rank, ring_.size());
+    const host::ContextChunkPair c = host::context_chunks(rank, ring_.size(), order_);
     return (j == 0 ? c.first : c.second) * n_;
   }
 
@@ -138,7 +148,9 @@ class RingAttention {
       // The block goes on before the work (its bytes do not change); the
       // gradients' sums only after it (the work adds to them).
       if (s + 1 < c) sent = ring_.start_send_bytes(kv[cur_].data(), bytes(), next, tag + 2 * (s % 2));
+      const Clock::time_point t0 = Clock::now();
       work(owner, kv[cur_].data(), dkv != nullptr ? (*dkv)[cur_].data() : nullptr);
+      if (on_block_) on_block_(t0, Clock::now());
       if (s + 1 == c) break;
       Pending sent_sums;
       if (dkv != nullptr)
@@ -154,6 +166,8 @@ class RingAttention {
   Communicator& ring_;
   host::AttentionShape a_;
   int64_t n_;
+  ContextChunks order_;
+  BlockObserver on_block_;
   std::vector<T> kv_[2], dkv_[2];  // the block held and the one arriving
   std::vector<T> m_, l_, delta_;   // per query row of both chunks: the running max and sum; delta
   int cur_ = 0;

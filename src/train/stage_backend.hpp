@@ -105,7 +105,7 @@ class StageBackend {
   // Context parallelism (options' cp > 1): the ranks holding the other
   // chunks of the sequences (host memory; the host back end only);
   // needed before the first forward.
-  virtual void connect_context_parallel(Communicator& cp) = 0;
+  virtual void connect_context_parallel(Communicator& cp, ContextChunks order) = 0;
   virtual void observe_tensor_reductions(TensorOpObserver observer) = 0;
   // Zero-bubble schedules (StageOptions::split_backward): backward computes
   // B, this W (model/gpt_stage.hpp); `chunk` as for forward.

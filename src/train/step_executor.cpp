@@ -78,7 +78,7 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
         [this](const char* op, Clock::time_point t0, Clock::time_point t1, double bytes) {
           trace_.span(op, t0, t1, step_ + 1, micro_);
           // The ring's span is mostly attention's arithmetic, not a wait.
-          if (std::strcmp(op, kContextRing) == 0) return;
+          if (std::strcmp(op, kContextRing) == 0 || std::strcmp(op, kContextBlock) == 0) return;
           if (times_ == nullptr) return;
           const bool experts = std::strcmp(op, kExpertAllToAll) == 0;  // no allocation per op
           (experts ? times_->ep_exchange : times_->tp_reduce) += seconds(t0, t1);

@@ -27,6 +27,8 @@ inline constexpr char kExpertAllToAll[] = "expert all-to-all";
 // And the context group's ring attention (train/context_attention.hpp),
 // whose span holds attention's arithmetic as well as its messages.
 inline constexpr char kContextRing[] = "context ring attention";
+// Within it, each ring step's attention arithmetic (without the waits).
+inline constexpr char kContextBlock[] = "context ring block";
 
 // `tp` must outlive the group; `observer` may be empty (the tests).
 inline TensorGroup tensor_group(Communicator& tp, const TensorOpObserver* observer = nullptr) {

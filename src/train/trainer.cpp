@@ -250,7 +250,7 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   p.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
       dp_rank, place.tp_rank);
-  p.data->plan(slots, static_cast<int>(par.dp), dp_rank / cp, cp, dp_rank % cp);
+  p.data->plan(slots, static_cast<int>(par.dp), dp_rank / cp, cp, dp_rank % cp, par.cp_chunks);
   p.flops_per_token = training_flops_per_token(deck_.model);
 }
 
@@ -281,7 +281,7 @@ void Trainer::connect() {
                                "the same kind of device (set \"cuda\" or \"cpu\")",
                                name_of(deck_.run.device), on_gpu[0], on_gpu[1]));
   }
-  p.comms = connect_stage(g, *p.stage);
+  p.comms = connect_stage(g, *p.stage, deck_.parallel.cp_chunks);
   p.stage->connect_data_parallel(*p.comms.dp, p.comms.expert_dp);
   p.executor = std::make_unique<StepExecutor>(deck_, g, *p.stage, p.comms, p.actions, *p.trace,
                                               *p.watchdog);

@@ -82,10 +82,10 @@ class TrainingStage final : public StageBackend {
   void connect_tensor_parallel(Communicator& tp) override {
     stage_.set_tensor_group(tensor_group(tp, &observer_));
   }
-  void connect_context_parallel(Communicator& cp) override {
+  void connect_context_parallel(Communicator& cp, ContextChunks order) override {
     if constexpr (Ops::kHostMemory) {
       context_ = std::make_unique<ContextAttention<Act, Acc>>(
-          cp, stage_.config(), stage_.range().tp, stage_.options().micro_batch, &observer_);
+          cp, stage_.config(), stage_.range().tp, stage_.options().micro_batch, order, &observer_);
       stage_.set_context_group(context_->group());
     } else {
       // The deck refuses cp > 1 on a GPU (train/backend_choice.cpp).

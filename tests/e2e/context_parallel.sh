@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Context parallelism ([parallel] cp) against the one-rank run.
-# (1) Equivalence: cp 2 and 4 alone, and with every other axis: (dp, pp,
+# (1) Equivalence: cp 2 and 4 alone (4 also with the plain split's chunk
+#     order, [parallel] cp_chunks = "contiguous"), and with every other axis: (dp, pp,
 #     tp, cp) = (1,2,1,2) 1F1B, interleaved and zb-h1, (2,1,1,2) with ZeRO
 #     3, (1,1,2,2) and (2,1,2,2) with sequence parallelism (8 ranks,
 #     oversubscribed), recomputation full and attention, and the Llama
@@ -44,7 +45,8 @@ same_model() {  # reference dir label
 
 # (1) Equivalence.
 train ref 1 1 1 1
-cases=("1 1 1 2" "1 1 1 4" "1 2 1 2 --set parallel.schedule=1f1b"
+cases=("1 1 1 2" "1 1 1 4" "1 1 1 4 --set parallel.cp_chunks=contiguous"
+       "1 2 1 2 --set parallel.schedule=1f1b"
        "1 2 1 2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2"
        "1 2 1 2 --set parallel.schedule=zb-h1 --set train.recompute=attention"
        "2 1 1 2 --set parallel.zero=3" "1 1 2 2 --set train.recompute=full"
@@ -92,7 +94,9 @@ train traced 1 1 1 2 --set run.trace=true
 grep -q "grid:  dp 1 x pp 1 x tp 1 x cp 2 (32 tokens of each sequence per rank" traced.log ||
   fail "the grid line does not name cp"
 grep -q "replica = data replica x 2 + context rank" traced.log || fail "the mapping omits cp"
-has -c '"name": "context ring attention"' traced/trace-rank1.json || fail "no ring span traced"
+for span in "context ring attention" "context ring block"; do
+  has -c "\"name\": \"$span\"" traced/trace-rank1.json || fail "no $span span traced"
+done
 echo "ok: the log names cp; the trace has the ring's spans"
 
 # (4) Deck rules, exit 2 naming the key on every rank.

@@ -165,7 +165,7 @@ TEST(AttentionBlocks, HeadTailChunksAroundARing) {
     // ring step s.
     std::vector<Span> queries, keys;
     for (int64_t r = 0; r < cp; ++r) {
-      const host::HeadTailChunks c = host::head_tail_chunks(r, cp);
+      const host::ContextChunkPair c = host::context_chunks(r, cp);
       for (const int64_t i : {c.first, c.second}) keys.push_back({i * chunk, chunk});
     }
     queries = keys;  // query block 2r + j is rank r's chunk j
@@ -197,9 +197,11 @@ TEST(AttentionBlocks, HeadTailChunksBalanceTheCausalWork) {
     };
     std::vector<int64_t> balanced, plain;
     for (int64_t r = 0; r < cp; ++r) {
-      const host::HeadTailChunks c = host::head_tail_chunks(r, cp);
+      const host::ContextChunkPair c = host::context_chunks(r, cp);
       balanced.push_back(pairs(c.first * chunk, chunk) + pairs(c.second * chunk, chunk));
-      plain.push_back(pairs(r * 2 * chunk, 2 * chunk));
+      const host::ContextChunkPair p = host::context_chunks(r, cp, ContextChunks::kContiguous);
+      ASSERT_EQ(p.second, p.first + 1);
+      plain.push_back(pairs(p.first * chunk, 2 * chunk));
     }
     EXPECT_EQ(*std::min_element(balanced.begin(), balanced.end()),
               *std::max_element(balanced.begin(), balanced.end()))

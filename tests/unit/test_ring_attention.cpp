@@ -1,5 +1,5 @@
 // Ring attention over MPI (train/ring_attention.hpp) at 1, 2 and 4 ranks
-// (mpi.ring_attention.npN): every rank holds its two head-tail chunks of
+// (mpi.ring_attention.npN): every rank holds its two chunks (head-tail, or contiguous) of
 // the same sequences; its output and its rows of dqkv against host
 // attention over the whole sequence, computed on every rank alike
 // (host/attention.hpp: the trainer's own kernel, sharing no code with the
@@ -23,7 +23,10 @@
 namespace mpiformer::test {
 namespace {
 
-TEST(RingAttention, HeadTailChunksAroundTheRanksMatchWholeSequenceAttention) {
+// Either chunk order ([parallel] cp_chunks): the same attention.
+class RingAttentionOrder : public ::testing::TestWithParam<ContextChunks> {};
+
+TEST_P(RingAttentionOrder, ChunksAroundTheRanksMatchWholeSequenceAttention) {
   MPI_Comm c;
   MPI_Comm_dup(MPI_COMM_WORLD, &c);
   MpiCommunicator ring(c);
@@ -37,7 +40,7 @@ TEST(RingAttention, HeadTailChunksAroundTheRanksMatchWholeSequenceAttention) {
   host::attention_forward(out.data(), att.data(), qkv.data(), a.B, T, a.C, a.NH, a.NKV);
   host::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), a.B, T, a.C, a.NH,
                            a.NKV);
-  RingAttention<float> ring_attention(ring, a, n);
+  RingAttention<float> ring_attention(ring, a, n, GetParam());
   // This rank's rows, chunk-major [2, B, n, width], from [B, T, width].
   auto mine = [&](const std::vector<float>& x, int64_t width) {
     std::vector<float> y(2 * a.B * n * width);
@@ -51,10 +54,14 @@ TEST(RingAttention, HeadTailChunksAroundTheRanksMatchWholeSequenceAttention) {
   std::vector<float> my_out(2 * a.B * n * a.C), lse(2 * a.B * a.NH * n), my_dqkv(my_qkv.size());
   ring_attention.forward(my_qkv.data(), my_out.data(), lse.data());
   ring_attention.backward(my_qkv.data(), my_out.data(), lse.data(), my_dout.data(), my_dqkv.data());
-  const std::string where = "cp " + std::to_string(cp) + " rank " + std::to_string(r);
+  const std::string where = "cp " + std::to_string(cp) + " rank " + std::to_string(r) + ", " +
+                            name_of(GetParam()) + " chunks";
   EXPECT_TRUE(close_to_largest(my_out, mine(out, a.C), 2e-5)) << where << ": out";
   EXPECT_TRUE(close_to_largest(my_dqkv, mine(dqkv, ld), 2e-5)) << where << ": dqkv";
 }
+
+INSTANTIATE_TEST_SUITE_P(Orders, RingAttentionOrder,
+                         ::testing::Values(ContextChunks::kHeadTail, ContextChunks::kContiguous));
 
 // The memory accounting's count of the ring's buffers (and a 16-bit
 // stage's float copies) is what the trainer's ring allocates: Llama's
@@ -72,8 +79,8 @@ TEST(RingAttention, TheAccountingCountsWhatTheRingHolds) {
   const int64_t cp = ring.size();
   if (cp == 1) return;  // no ring to count: the trainer builds none at cp 1
   for (int64_t tp : {1, 2}) {
-    const ContextAttention<float, float> fp32(ring, cfg, tp, 3, nullptr);
-    const ContextAttention<host::Bf16, float> bf16(ring, cfg, tp, 3, nullptr);
+    const ContextAttention<float, float> fp32(ring, cfg, tp, 3, ContextChunks::kHeadTail, nullptr);
+    const ContextAttention<host::Bf16, float> bf16(ring, cfg, tp, 3, ContextChunks::kHeadTail, nullptr);
     EXPECT_EQ(fp32.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 4, 4)) << "tp " << tp;
     EXPECT_EQ(bf16.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 2, 4)) << "tp " << tp;
   }
