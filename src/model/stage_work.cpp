@@ -67,10 +67,10 @@ struct Builder {
   // Scores and values of every (batch, head) pair over the full T x T
   // (both devices compute the masked half too; FLOPs count as MFU does,
   // 2 products forward, 4 backward).
-  void attention(bool bwd, int64_t bh, int64_t hs, int64_t T) {
+  void attention(bool bwd, int64_t bh, int64_t hs, int64_t T, bool unmasked = false) {
     const double f = 4.0 * static_cast<double>(bh) * static_cast<double>(T) *
                      static_cast<double>(T) * static_cast<double>(hs);
-    out->push_back({Kernel::kAttention, bwd, bh, hs, T, 0, 0, bwd ? 2 * f : f});
+    out->push_back({Kernel::kAttention, bwd, bh, hs, T, 0, 0, bwd ? 2 * f : f, unmasked});
   }
   // An elementwise kernel over `elements`.
   void stream(Kernel k, bool bwd, double elements) {
@@ -189,9 +189,10 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   // Attention: over the whole sequence, or (cp > 1) the ring's blocks of
   // T / (2 cp) queries and keys, 2 cp + 1 of them per rank and head (its
   // two chunks each see the chunks up to their own; train/ring_attention.hpp
-  // skips the rest), each pass sending key/value blocks of B T / cp rows
-  // of the kv width in float round the ring: cp - 1 forward, twice that
-  // and their gradients' trip home backward.
+  // skips the rest): two on the diagonal, causal, the rest unmasked. Each
+  // pass sends key/value blocks of B T / cp rows of the kv width in float
+  // round the ring: cp - 1 forward, twice that and their gradients' trip
+  // home backward.
   const int64_t n_ring = cfg.seq_len / (2 * cp);
   const double kv_block = static_cast<double>(BT * 2 * cfg.kv_dim_per_rank(tp)) * 4;
   if (cp > 1) w.cp_block_bytes = kv_block;
@@ -200,7 +201,8 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
       x.attention(bwd, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
       return;
     }
-    x.attention(bwd, micro_batch * nh * (2 * cp + 1), cfg.head_dim(), n_ring);
+    x.attention(bwd, micro_batch * nh * 2, cfg.head_dim(), n_ring);
+    x.attention(bwd, micro_batch * nh * (2 * cp - 1), cfg.head_dim(), n_ring, true);
     ring.push_back(static_cast<double>(bwd ? 2 * (cp - 1) + 1 : cp - 1) * kv_block);
   };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).

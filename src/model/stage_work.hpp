@@ -44,6 +44,10 @@ struct WorkItem {
   double elements = 0;        // the others: elements, and the bytes read and written
   double bytes = 0;           // (matmul: the least its operands move)
   double flops = 0;           // useful FLOPs (matmul, attention: as MFU counts them)
+  // Attention: blocks whose queries see every key (a context ring's
+  // blocks off the diagonal), where a causal kernel would skip the half
+  // above it.
+  bool unmasked = false;
 };
 
 // One of the tensor group's collectives: an all-reduce of `bytes`, or

@@ -103,12 +103,16 @@ double attention_seconds(const MachineSpec& m, const WorkItem& w) {
     const double d = std::hypot(log_distance(p.head_size, w.k), log_distance(p.seq_len, w.n));
     if (d < near_d) near_d = d, near = &p;
   }
-  if (!near) return w.flops / m.attention_flops;
+  // A GPU's fused kernel is causal: its measured rate is for the half of
+  // each square below the diagonal, so a block seen whole costs twice it
+  // (the host's kernel computes every square whole).
+  const double whole = w.unmasked && m.device == Device::kCuda ? 2.0 : 1.0;
+  if (!near) return whole * w.flops / m.attention_flops;
   // Per (batch, head), scaled by the products' size T^2 x head size.
   const double scale = static_cast<double>(w.n) * static_cast<double>(w.n) * static_cast<double>(w.k) /
                        (static_cast<double>(near->seq_len) * static_cast<double>(near->seq_len) *
                         static_cast<double>(near->head_size));
-  return static_cast<double>(w.m) * scale * (w.backward ? near->backward : near->forward);
+  return whole * static_cast<double>(w.m) * scale * (w.backward ? near->backward : near->forward);
 }
 
 // A kernel's bandwidth over `elements`: the measured rows, linear in log

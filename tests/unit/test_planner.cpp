@@ -727,6 +727,16 @@ TEST(StageWork, ContextParallelismDividesTheRowsAndRingsTheAttention) {
     EXPECT_DOUBLE_EQ(flops(w.forward) - attention_flops(w.forward), gemms / c) << "cp " << cp;
     EXPECT_DOUBLE_EQ(attention_flops(w.forward), L * 4 * B * H * (2 * c + 1) * n * n * hs) << "cp " << cp;
     EXPECT_DOUBLE_EQ(attention_flops(w.backward), 2 * attention_flops(w.forward)) << "cp " << cp;
+    // Per layer, the two diagonal blocks causal, the 2 cp - 1 others whole.
+    double unmasked = 0, blocks = 0;
+    for (const WorkItem& x : w.forward) {
+      if (x.kernel != Kernel::kAttention) continue;
+      EXPECT_EQ(x.n, n) << "cp " << cp;
+      blocks += static_cast<double>(x.m) / (B * H);
+      if (x.unmasked) unmasked += static_cast<double>(x.m) / (B * H);
+    }
+    EXPECT_EQ(blocks, L * (2 * c + 1));
+    EXPECT_EQ(unmasked, L * (2 * c - 1));
     EXPECT_DOUBLE_EQ(w.message_bytes, one.message_bytes / c);
     const double block = B * T / c * 2 * K * 4;
     EXPECT_DOUBLE_EQ(w.cp_block_bytes, block);
