@@ -461,12 +461,6 @@ void check_context_relations(const Deck& d, const std::string& where) {
                                static_cast<long long>(d.model.seq_len / cp),
                                static_cast<long long>(d.parallel.tp)));
   }
-  if (d.data.document_mask) {
-    throw InputError(where, "[parallel] cp, [data] document_mask",
-                     "the ring attention masks by position in the sequence only; the document "
-                     "mask's blocks are not skipped across the ring yet: use cp = 1 or "
-                     "document_mask = false");
-  }
   if (d.model.moe()) {
     throw InputError(where, "[parallel] cp, [model] experts",
                      "a Mixture of Experts routes with per-sequence capacity and a load-balancing "

@@ -42,6 +42,30 @@ inline bool block_visible(int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
   return nq > 0 && nk > 0 && k0 <= q0 + nq - 1;
 }
 
+// Under a document mask a query sees the keys of its own document only,
+// from the document's first position `start` up to its own: within a
+// block the keys [lo, hi) (documents are contiguous), empty where hi <=
+// lo. `starts` (per query row, nullptr: one document) gives each row's.
+struct KeyRange {
+  int64_t lo, hi;
+};
+inline KeyRange visible_range(const int64_t* starts, int64_t i, int64_t pos, int64_t k0, int64_t nk) {
+  const int64_t hi = visible_keys(pos, k0, nk);
+  const int64_t lo = starts == nullptr ? 0 : std::clamp<int64_t>(starts[i] - k0, 0, nk);
+  return {lo, std::max(lo, hi)};
+}
+// Whether any of the block's queries sees any of its keys: a block of
+// another document, or above the diagonal, is skipped without work.
+inline bool block_visible(const int64_t* starts, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+  if (!block_visible(q0, nq, k0, nk)) return false;
+  if (starts == nullptr) return true;
+  for (int64_t i = 0; i < nq; ++i) {
+    const KeyRange r = visible_range(starts, i, q0 + i, k0, nk);
+    if (r.hi > r.lo) return true;
+  }
+  return false;
+}
+
 // The accumulators of nq rows before the first block: m = -inf, l = 0, o = 0.
 template <class T>
 void block_attention_start(T* m, T* l, T* o, int64_t ldo, int64_t nq, int64_t hs) {
@@ -52,31 +76,33 @@ void block_attention_start(T* m, T* l, T* o, int64_t ldo, int64_t nq, int64_t hs
   }
 }
 
-// One pair into the accumulators. `scores`: scratch of nq * nk.
+// One pair into the accumulators. `scores`: scratch of nq * nk. `starts`:
+// the rows' documents (visible_range; nullptr: one document).
 template <class T>
 void block_attention_forward(const T* q, int64_t ldq, int64_t q0, int64_t nq, const T* k,
                              const T* v, int64_t ldkv, int64_t k0, int64_t nk, int64_t hs, T* m,
-                             T* l, T* o, int64_t ldo, T* scores) {
-  if (!block_visible(q0, nq, k0, nk)) return;
+                             T* l, T* o, int64_t ldo, T* scores, const int64_t* starts = nullptr) {
+  if (!block_visible(starts, q0, nq, k0, nk)) return;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   gemm(false, true, nq, nk, hs, scale, q, ldq, k, ldkv, T(0), scores, nk);  // S = scale Q K^T
   for (int64_t i = 0; i < nq; ++i) {
     T* s = scores + i * nk;
-    const int64_t seen = visible_keys(q0 + i, k0, nk);
-    if (seen == 0) {
+    const KeyRange seen = visible_range(starts, i, q0 + i, k0, nk);
+    if (seen.hi == seen.lo) {
       std::fill(s, s + nk, T(0));
       continue;
     }
-    const T peak = std::max(m[i], *std::max_element(s, s + seen));
+    const T peak = std::max(m[i], *std::max_element(s + seen.lo, s + seen.hi));
     // What came before, in units of the new maximum (exp(-inf) = 0 the
     // first time).
     const T keep = m[i] == -std::numeric_limits<T>::infinity() ? T(0) : exp_fast(m[i] - peak);
     T sum = T(0);
-    for (int64_t j = 0; j < seen; ++j) {
+    for (int64_t j = seen.lo; j < seen.hi; ++j) {
       s[j] = exp_fast(s[j] - peak);
       sum += s[j];
     }
-    std::fill(s + seen, s + nk, T(0));
+    std::fill(s, s + seen.lo, T(0));
+    std::fill(s + seen.hi, s + nk, T(0));
     l[i] = l[i] * keep + sum;
     m[i] = peak;
     T* oi = o + i * ldo;
@@ -109,21 +135,24 @@ template <class T>
 void block_attention_backward(const T* q, int64_t ldq, int64_t q0, int64_t nq, const T* k,
                               const T* v, int64_t ldkv, int64_t k0, int64_t nk, int64_t hs,
                               const T* dout, int64_t lddo, const T* lse, const T* delta, T* dq,
-                              int64_t lddq, T* dk, T* dv, int64_t lddkv, T* scores, T* dscores) {
-  if (!block_visible(q0, nq, k0, nk)) return;
+                              int64_t lddq, T* dk, T* dv, int64_t lddkv, T* scores, T* dscores,
+                              const int64_t* starts = nullptr) {
+  if (!block_visible(starts, q0, nq, k0, nk)) return;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   gemm(false, true, nq, nk, hs, scale, q, ldq, k, ldkv, T(0), scores, nk);      // S
   gemm(false, true, nq, nk, hs, T(1), dout, lddo, v, ldkv, T(0), dscores, nk);  // dP = dO V^T
   for (int64_t i = 0; i < nq; ++i) {
     T* p = scores + i * nk;
     T* ds = dscores + i * nk;
-    const int64_t seen = visible_keys(q0 + i, k0, nk);
-    for (int64_t j = 0; j < seen; ++j) {
+    const KeyRange seen = visible_range(starts, i, q0 + i, k0, nk);
+    for (int64_t j = seen.lo; j < seen.hi; ++j) {
       p[j] = exp_fast(p[j] - lse[i]);
       ds[j] = scale * p[j] * (ds[j] - delta[i]);
     }
-    std::fill(p + seen, p + nk, T(0));
-    std::fill(ds + seen, ds + nk, T(0));
+    std::fill(p, p + seen.lo, T(0));
+    std::fill(ds, ds + seen.lo, T(0));
+    std::fill(p + seen.hi, p + nk, T(0));
+    std::fill(ds + seen.hi, ds + nk, T(0));
   }
   gemm(true, false, nk, hs, nq, T(1), scores, nk, dout, lddo, T(1), dv, lddkv);  // dV += P^T dO
   gemm(false, false, nq, hs, nk, T(1), dscores, nk, k, ldkv, T(1), dq, lddq);    // dQ += dS K
@@ -137,7 +166,9 @@ void block_attention_backward(const T* q, int64_t ldq, int64_t q0, int64_t nq, c
 //     ring passes from rank to rank),
 //   accumulators m, l [B, NH, nq] and o [B, nq, C] (heads side by side, as
 //     attention's output), dkv [B, nk, 2K] (the block's partial gradients,
-//     passed back to its owner), dqkv [B, nq, C + 2K] (q part).
+//     passed back to its owner), dqkv [B, nq, C + 2K] (q part),
+//   starts [B, nq] under a document mask: each query's document's first
+//     position (visible_range; nullptr: one document per sequence).
 // A (batch, kv head) pair per task: its query heads add into the same dk
 // and dv one after another, so no two tasks write the same element and
 // the sums' order does not depend on the threads.
@@ -158,7 +189,7 @@ void ring_attention_start(const AttentionShape& a, int64_t nq, T* m, T* l, T* o)
 
 template <class T>
 void ring_attention_forward(const AttentionShape& a, const T* qkv, int64_t q0, int64_t nq, const T* kv,
-                            int64_t k0, int64_t nk, T* m, T* l, T* o) {
+                            int64_t k0, int64_t nk, T* m, T* l, T* o, const int64_t* starts = nullptr) {
   if (!block_visible(q0, nq, k0, nk)) return;
   const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K;
   task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
@@ -168,7 +199,8 @@ void ring_attention_forward(const AttentionShape& a, const T* qkv, int64_t q0, i
     for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
       const int64_t row = (b * a.NH + h) * nq;
       block_attention_forward(qkv + b * nq * ld + h * hs, ld, q0, nq, k, k + K, 2 * K, k0, nk, hs, m + row,
-                              l + row, o + b * nq * a.C + h * hs, a.C, scores);
+                              l + row, o + b * nq * a.C + h * hs, a.C, scores,
+                              starts != nullptr ? starts + b * nq : nullptr);
     }
   });
 }
@@ -195,7 +227,7 @@ void ring_attention_delta(const AttentionShape& a, int64_t nq, const T* out, con
 template <class T>
 void ring_attention_backward(const AttentionShape& a, const T* qkv, int64_t q0, int64_t nq, const T* kv,
                              int64_t k0, int64_t nk, const T* dout, const T* lse, const T* delta, T* dqkv,
-                             T* dkv) {
+                             T* dkv, const int64_t* starts = nullptr) {
   if (!block_visible(q0, nq, k0, nk)) return;
   const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K;
   task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
@@ -207,7 +239,8 @@ void ring_attention_backward(const AttentionShape& a, const T* qkv, int64_t q0, 
       const int64_t row = (b * a.NH + h) * nq;
       block_attention_backward(qkv + b * nq * ld + h * hs, ld, q0, nq, k, k + K, 2 * K, k0, nk, hs,
                                dout + b * nq * a.C + h * hs, a.C, lse + row, delta + row,
-                               dqkv + b * nq * ld + h * hs, ld, dk, dk + K, 2 * K, scores, scores + nq * nk);
+                               dqkv + b * nq * ld + h * hs, ld, dk, dk + K, 2 * K, scores, scores + nq * nk,
+                               starts != nullptr ? starts + b * nq : nullptr);
     }
   });
 }

@@ -113,13 +113,16 @@ struct ExpertGroup {
 // tokens per sequence, chunk-major) into out [B*T, C / tp] and each query
 // row's log-sum-exp into lse [B, heads, T] (the attention state, kept
 // for backward); backward: dqkv [B*T, qkv width], overwritten, its keys'
-// and values' rows summed over every rank's queries. The trainer provides
-// them (train/context_attention.hpp); the element types are the stage's
-// Act and AttnState.
+// and values' rows summed over every rank's queries. Under a document
+// mask `positions` [B*T] (the stage's memory) are the rows' positions in
+// their documents, and a query sees its own document's keys only
+// (nullptr otherwise). The trainer provides them
+// (train/context_attention.hpp); the element types are the stage's Act and
+// AttnState.
 struct ContextGroup {
-  std::function<void(const void* qkv, void* out, void* lse)> forward;
+  std::function<void(const void* qkv, void* out, void* lse, const int32_t* positions)> forward;
   std::function<void(const void* qkv, const void* out, const void* lse, const void* dout,
-                     void* dqkv)>
+                     void* dqkv, const int32_t* positions)>
       backward;
 };
 
@@ -366,6 +369,11 @@ class GptStage {
   // Attention of block activations `a` (state: attention_state(a) or the
   // recomputation's): the op set's kernel, or across the context group.
   void attend(LayerActs& a, AttnState* state);
+  // The rows' positions in their documents under the document mask (the
+  // stage's memory), or nullptr.
+  const int32_t* document_positions() const {
+    return opt_.document_mask ? data_of(positions_) : nullptr;
+  }
   void attend_backward(LayerActs& a, AttnState* state);
   void add_ln_grads(Acc* stash, std::initializer_list<Acc*> grads);
   bool split() const { return opt_.split_backward; }

@@ -874,7 +874,7 @@ void GptStage<Ops>::take_router_stats(double* totals, double* load) {
 template <class Ops>
 void GptStage<Ops>::attend(LayerActs& a, AttnState* state) {
   if (opt_.cp > 1) {
-    cp_.forward(a.qkv.get(), a.atty.get(), state);
+    cp_.forward(a.qkv.get(), a.atty.get(), state, document_positions());
     return;
   }
   Ops::attention_forward(ctx_, a.atty.get(), state, a.qkv.get(), B_, T_, ca_, nh_, nkv_,
@@ -884,7 +884,7 @@ void GptStage<Ops>::attend(LayerActs& a, AttnState* state) {
 template <class Ops>
 void GptStage<Ops>::attend_backward(LayerActs& a, AttnState* state) {
   if (opt_.cp > 1) {
-    cp_.backward(a.qkv.get(), a.atty.get(), state, datty_.get(), dqkv_.get());
+    cp_.backward(a.qkv.get(), a.atty.get(), state, datty_.get(), dqkv_.get(), document_positions());
     return;
   }
   Ops::attention_backward(ctx_, dqkv_.get(), datt_.get(), datty_.get(), a.qkv.get(), a.atty.get(),

@@ -31,11 +31,10 @@ std::vector<int64_t> micro_batches(int64_t per_replica, int64_t deck_value) {
 }
 
 // Context parallelism where a run could take it: a sequence that cuts
-// into 2 cp chunks, a dense model without document masks, and the host
-// back end (the ring's CUDA kernel is not built: a GPU run refuses cp).
+// into 2 cp chunks, a dense model, and the host back end (the ring's CUDA
+// kernel is not built: a GPU run refuses cp).
 bool context_parallel_allowed(const Deck& deck, const MachineSpec& machine, int64_t cp) {
-  return machine.device == Device::kCpu && deck.model.seq_len % (2 * cp) == 0 &&
-         !deck.model.moe() && !deck.data.document_mask;
+  return machine.device == Device::kCpu && deck.model.seq_len % (2 * cp) == 0 && !deck.model.moe();
 }
 
 }  // namespace

@@ -278,7 +278,8 @@ double context_attention_bytes(const GptConfig& cfg, int64_t tp, int64_t micro_b
   const double NH = static_cast<double>(cfg.n_head / tp), Ca = static_cast<double>(cfg.n_embd / tp);
   const double qkv = static_cast<double>(cfg.qkv_dim_per_rank(tp));
   const double acc = static_cast<double>(acc_bytes);
-  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc;
+  // (And each row's document start, 8 bytes.)
+  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc + 8 * rows;
   if (act_bytes != acc_bytes) bytes += 2 * rows * (qkv + Ca) * acc;
   return bytes;
 }

@@ -34,6 +34,7 @@ class ContextAttention {
         qkv_width_(cfg.qkv_dim_per_rank(tp)),
         ring_(ring, shape_, n_, order),
         cp_(ring.size()),
+        rank_(ring.rank()),
         observer_(observer) {
     if (qkv_width_ != shape_.C + 2 * shape_.K())
       throw std::logic_error("ContextAttention: the fused qkv rows are not [q | k | v]");
@@ -43,6 +44,7 @@ class ContextAttention {
     ring_.observe_blocks([this](Time t0, Time t1) {
       if (observer_ != nullptr && *observer_) (*observer_)(kContextBlock, t0, t1, 0);
     });
+    starts_.resize(static_cast<size_t>(rows_));
     if constexpr (!std::is_same_v<Act, Acc>) {
       qkv_.resize(static_cast<size_t>(rows_ * qkv_width_));
       dqkv_.resize(qkv_.size());
@@ -55,46 +57,65 @@ class ContextAttention {
   // context_attention_bytes predicts it).
   double allocated_bytes() const {
     const size_t copies = qkv_.size() + dqkv_.size() + out_.size() + dout_.size();
-    return ring_.allocated_bytes() + static_cast<double>(copies * sizeof(Acc));
+    return ring_.allocated_bytes() + static_cast<double>(copies * sizeof(Acc)) +
+           static_cast<double>(starts_.size() * sizeof(int64_t));
   }
 
   ContextGroup group() {
     ContextGroup g;
-    g.forward = [this](const void* qkv, void* out, void* lse) {
-      forward(static_cast<const Act*>(qkv), static_cast<Act*>(out), static_cast<Acc*>(lse));
+    g.forward = [this](const void* qkv, void* out, void* lse, const int32_t* positions) {
+      forward(static_cast<const Act*>(qkv), static_cast<Act*>(out), static_cast<Acc*>(lse),
+              document_starts(positions));
     };
     g.backward = [this](const void* qkv, const void* out, const void* lse, const void* dout,
-                        void* dqkv) {
+                        void* dqkv, const int32_t* positions) {
       backward(static_cast<const Act*>(qkv), static_cast<const Act*>(out),
-               static_cast<const Acc*>(lse), static_cast<const Act*>(dout), static_cast<Act*>(dqkv));
+               static_cast<const Acc*>(lse), static_cast<const Act*>(dout), static_cast<Act*>(dqkv),
+               document_starts(positions));
     };
     return g;
   }
 
  private:
-  void forward(const Act* qkv, Act* out, Acc* lse) {
+  // Under a document mask, each row's document's first position in the
+  // sequence: its own position there (its chunk's place plus its row in
+  // it, chunk-major) less its position in its document.
+  const int64_t* document_starts(const int32_t* positions) {
+    if (positions == nullptr) return nullptr;
+    const int64_t B = shape_.B;
+    for (int j = 0; j < 2; ++j)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < n_; ++t) {
+          const int64_t row = (j * B + b) * n_ + t;
+          starts_[static_cast<size_t>(row)] = ring_.chunk_start(rank_, j) + t - positions[row];
+        }
+    return starts_.data();
+  }
+
+  void forward(const Act* qkv, Act* out, Acc* lse, const int64_t* starts) {
     timed(1, [&] {
       if constexpr (std::is_same_v<Act, Acc>) {
-        ring_.forward(qkv, out, lse);
+        ring_.forward(qkv, out, lse, starts);
       } else {
         host::convert(qkv_.data(), qkv, rows_ * qkv_width_);
-        ring_.forward(qkv_.data(), out_.data(), lse);
+        ring_.forward(qkv_.data(), out_.data(), lse, starts);
         host::convert(out, out_.data(), rows_ * shape_.C);
       }
     });
   }
 
-  void backward(const Act* qkv, const Act* out, const Acc* lse, const Act* dout, Act* dqkv) {
+  void backward(const Act* qkv, const Act* out, const Acc* lse, const Act* dout, Act* dqkv,
+                const int64_t* starts) {
     // The blocks go round with their gradients' sums, then home: three
     // blocks' worth per step.
     timed(2, [&] {
       if constexpr (std::is_same_v<Act, Acc>) {
-        ring_.backward(qkv, out, lse, dout, dqkv);
+        ring_.backward(qkv, out, lse, dout, dqkv, starts);
       } else {
         host::convert(qkv_.data(), qkv, rows_ * qkv_width_);
         host::convert(out_.data(), out, rows_ * shape_.C);
         host::convert(dout_.data(), dout, rows_ * shape_.C);
-        ring_.backward(qkv_.data(), out_.data(), lse, dout_.data(), dqkv_.data());
+        ring_.backward(qkv_.data(), out_.data(), lse, dout_.data(), dqkv_.data(), starts);
         host::convert(dqkv, dqkv_.data(), rows_ * qkv_width_);
       }
     });
@@ -116,8 +137,9 @@ class ContextAttention {
   host::AttentionShape shape_;
   int64_t n_, rows_, qkv_width_;
   RingAttention<Acc> ring_;
-  int cp_;
+  int cp_, rank_;
   const TensorOpObserver* observer_;
+  std::vector<int64_t> starts_;  // document_starts'
   std::vector<Acc> qkv_, dqkv_, out_, dout_;  // 16-bit stages only
 };
 

@@ -69,8 +69,9 @@ class RingAttention {
   }
 
   // qkv [2, B, n, C + 2K] -> out [2, B, n, C], lse [2, B, NH, n] (kept
-  // for backward).
-  void forward(const T* qkv, T* out, T* lse) {
+  // for backward). `starts` [2, B, n] under a document mask: each query's
+  // document's first position in the sequence (nullptr: none).
+  void forward(const T* qkv, T* out, T* lse, const int64_t* starts = nullptr) {
     const int64_t rows = a_.B * a_.NH * n_;
     T* m = m_.data();
     T* l = l_.data();
@@ -82,7 +83,7 @@ class RingAttention {
         for (int kb = 0; kb < 2; ++kb)
           host::ring_attention_forward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
                                        kv + kb * kv_block(), chunk_start(owner, kb), n_, m + qa * rows,
-                                       l + qa * rows, out + qa * out_block());
+                                       l + qa * rows, out + qa * out_block(), chunk_starts(starts, qa));
     });
     for (int j = 0; j < 2; ++j)
       host::ring_attention_finish(a_, n_, out + j * out_block(), m + j * rows, l + j * rows,
@@ -91,7 +92,8 @@ class RingAttention {
 
   // dqkv [2, B, n, C + 2K] is overwritten: the queries' gradients from
   // every block, the keys' and values' summed over every rank's queries.
-  void backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv) {
+  void backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv,
+                const int64_t* starts = nullptr) {
     const int64_t rows = a_.B * a_.NH * n_, ld = a_.C + 2 * a_.K();
     T* delta = delta_.data();
     for (int j = 0; j < 2; ++j)
@@ -105,7 +107,7 @@ class RingAttention {
           host::ring_attention_backward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
                                         kv + kb * kv_block(), chunk_start(owner, kb), n_, dout + qa * out_block(),
                                         lse + qa * rows, delta + qa * rows, dqkv + qa * qkv_block(),
-                                        dkv + kb * kv_block());
+                                        dkv + kb * kv_block(), chunk_starts(starts, qa));
     });
     // The block now held is the next rank's, its sums complete: home to
     // it; this rank's own comes from the previous.
@@ -127,6 +129,9 @@ class RingAttention {
   int64_t qkv_block() const { return a_.B * n_ * (a_.C + 2 * a_.K()); }
   int64_t kv_block() const { return a_.B * n_ * 2 * a_.K(); }
   int64_t out_block() const { return a_.B * n_ * a_.C; }
+  const int64_t* chunk_starts(const int64_t* starts, int j) const {
+    return starts != nullptr ? starts + j * a_.B * n_ : nullptr;
+  }
   size_t bytes() const { return sizeof(T) * kv_[0].size(); }
 
   // This rank's keys and values, [2, B, n, 2K], from its fused rows.

@@ -21,8 +21,8 @@
 # (2) Checkpoints are layout-free: cp 2 -> cp 1 and cp 1 -> cp 2 resumes
 #     continue the straight run.
 # (3) The log names the grid; the trace has the ring's spans.
-# (4) Deck rules: seq_len not a multiple of 2 cp, the rank count, document
-#     masks and experts are refused, exit 2 naming the key on every rank.
+# (4) Deck rules: seq_len not a multiple of 2 cp, the rank count and
+#     experts are refused, exit 2 naming the key on every rank.
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
@@ -111,6 +111,4 @@ refused() {  # ranks key-text label args...
 refused 2 "[parallel] cp" "seq_len 64 at cp 3" --set parallel.cp=3 --set parallel.dp=1
 refused 2 "[parallel] dp x pp x tp x cp" "4 ranks' layout on 2" --set parallel.cp=2 \
   --set parallel.dp=2
-refused 2 "[parallel] cp, [data] document_mask" "document masks" --set parallel.cp=2 \
-  --set data.document_mask=true
 refused 2 "[parallel] cp, [model] experts" "experts" --set parallel.cp=2 --set model.experts=4

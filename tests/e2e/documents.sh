@@ -4,7 +4,8 @@
 # numbers at every layout as on one rank (the layout-equivalence tolerance,
 # 1e-5 relative: layout_equivalence.sh), for GPT-2, Llama and a Mixture of
 # Experts, with data and pipeline parallelism, interleaving, zb-h1, tensor
-# and sequence parallelism, experts over ranks, ZeRO and recomputation;
+# and sequence parallelism, context parallelism (cp 2 and 4, both
+# families), experts over ranks, ZeRO and recomputation;
 # bf16 and fp16 follow fp32; the mask is in effect (the masked run's losses
 # differ from the unmasked one's); the planner's share of attention kept
 # is the data's. Each token's loss
@@ -70,12 +71,21 @@ compare g1 g_tp2_sp
 run g_dp2_z3 2 tiny.toml "${mask[@]}" --set parallel.dp=2 --set parallel.zero=3 \
   --set train.recompute='"full"'
 compare g1 g_dp2_z3
+# Context parallelism: each rank's chunks' documents found from the
+# positions (a document crosses chunks and ranks), blocks of other
+# documents skipped.
+run g_cp2 2 tiny.toml "${mask[@]}" --set parallel.cp=2
+compare g1 g_cp2
+run g_cp4 4 tiny.toml "${mask[@]}" --set parallel.cp=4
+compare g1 g_cp4
 llama=(--set model.n_layer=2 --set model.seq_len=64 --set data.vocab_size=256 --set model.vocab_size=256)
 run l1 1 llama-tiny.toml "${mask[@]}" "${llama[@]}"
 run l_pp2 2 llama-tiny.toml "${mask[@]}" "${llama[@]}" --set parallel.pp=2
 compare l1 l_pp2
 run l_tp2 2 llama-tiny.toml "${mask[@]}" "${llama[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare l1 l_tp2
+run l_cp2 2 llama-tiny.toml "${mask[@]}" "${llama[@]}" --set parallel.cp=2
+compare l1 l_cp2
 # A Megatron dataset's document index gives the same boundaries as
 # /documents: the same run, the same numbers.
 "$MPIFORMER" prep --tokenizer byte --val-fraction 0.1 --format megatron --output mg.bin \

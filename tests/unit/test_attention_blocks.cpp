@@ -27,9 +27,13 @@ struct Naive {
   std::vector<double> out, dq, dk, dv;
 };
 
-// Single head, q k v [T, hs], causal; dout [T, hs].
+// Single head, q k v [T, hs], causal; dout [T, hs]. `first` (empty: one
+// document): each position's document's first position; a query sees
+// keys from there to itself.
 Naive naive(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
-            const std::vector<double>& dout, int64_t T, int64_t hs) {
+            const std::vector<double>& dout, int64_t T, int64_t hs,
+            const std::vector<int64_t>& first = {}) {
+  auto from = [&](int64_t t) { return first.empty() ? int64_t{0} : first[t]; };
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   Naive r;
   r.out.assign(T * hs, 0.0);
@@ -39,15 +43,15 @@ Naive naive(const std::vector<double>& q, const std::vector<double>& k, const st
   std::vector<std::vector<double>> p(T, std::vector<double>(T, 0.0));
   for (int64_t t = 0; t < T; ++t) {
     double mx = -1e300;
-    for (int64_t j = 0; j <= t; ++j) {
+    for (int64_t j = from(t); j <= t; ++j) {
       double s = 0;
       for (int64_t c = 0; c < hs; ++c) s += q[t * hs + c] * k[j * hs + c];
       p[t][j] = s * scale;
       mx = std::max(mx, p[t][j]);
     }
     double sum = 0;
-    for (int64_t j = 0; j <= t; ++j) sum += (p[t][j] = std::exp(p[t][j] - mx));
-    for (int64_t j = 0; j <= t; ++j) {
+    for (int64_t j = from(t); j <= t; ++j) sum += (p[t][j] = std::exp(p[t][j] - mx));
+    for (int64_t j = from(t); j <= t; ++j) {
       p[t][j] /= sum;
       for (int64_t c = 0; c < hs; ++c) r.out[t * hs + c] += p[t][j] * v[j * hs + c];
     }
@@ -55,14 +59,14 @@ Naive naive(const std::vector<double>& q, const std::vector<double>& k, const st
   for (int64_t t = 0; t < T; ++t) {
     std::vector<double> dp(t + 1, 0.0);
     double rowdot = 0;
-    for (int64_t j = 0; j <= t; ++j) {
+    for (int64_t j = from(t); j <= t; ++j) {
       for (int64_t c = 0; c < hs; ++c) {
         dp[j] += dout[t * hs + c] * v[j * hs + c];
         r.dv[j * hs + c] += p[t][j] * dout[t * hs + c];
       }
       rowdot += p[t][j] * dp[j];
     }
-    for (int64_t j = 0; j <= t; ++j) {
+    for (int64_t j = from(t); j <= t; ++j) {
       const double ds = p[t][j] * (dp[j] - rowdot) * scale;
       for (int64_t c = 0; c < hs; ++c) {
         r.dq[t * hs + c] += ds * k[j * hs + c];
@@ -88,7 +92,8 @@ template <class Order>
 Blockwise blockwise(const std::vector<double>& qd, const std::vector<double>& kd,
                     const std::vector<double>& vd, const std::vector<double>& doutd, int64_t T,
                     int64_t hs, const std::vector<Span>& queries, const std::vector<Span>& keys,
-                    Order order) {
+                    Order order, const std::vector<int64_t>& first = {}) {
+  auto starts = [&](const Span& a) { return first.empty() ? nullptr : first.data() + a.begin; };
   const std::vector<float> q(qd.begin(), qd.end()), k(kd.begin(), kd.end()), v(vd.begin(), vd.end()),
       dout(doutd.begin(), doutd.end());
   Blockwise r;
@@ -105,7 +110,7 @@ Blockwise blockwise(const std::vector<double>& qd, const std::vector<double>& kd
       const Span b = keys[ki];
       host::block_attention_forward(q.data() + a.begin * hs, hs, a.begin, a.rows, k.data() + b.begin * hs,
                                     v.data() + b.begin * hs, hs, b.begin, b.rows, hs,
-                                    m.data() + a.begin, l.data() + a.begin, o, hs, s.data());
+                                    m.data() + a.begin, l.data() + a.begin, o, hs, s.data(), starts(a));
     }
     host::block_attention_finish(o, hs, m.data() + a.begin, l.data() + a.begin, a.rows, hs,
                                  lse.data() + a.begin);
@@ -116,18 +121,19 @@ Blockwise blockwise(const std::vector<double>& qd, const std::vector<double>& kd
           q.data() + a.begin * hs, hs, a.begin, a.rows, k.data() + b.begin * hs, v.data() + b.begin * hs,
           hs, b.begin, b.rows, hs, dout.data() + a.begin * hs, hs, lse.data() + a.begin,
           delta.data() + a.begin, r.dq.data() + a.begin * hs, hs, r.dk.data() + b.begin * hs,
-          r.dv.data() + b.begin * hs, hs, s.data(), ds.data());
+          r.dv.data() + b.begin * hs, hs, s.data(), ds.data(), starts(a));
     }
   }
   return r;
 }
 
 void check(int64_t T, int64_t hs, const std::vector<Span>& queries, const std::vector<Span>& keys,
-           const std::function<std::vector<size_t>(size_t)>& order, const char* what) {
+           const std::function<std::vector<size_t>(size_t)>& order, const char* what,
+           const std::vector<int64_t>& first = {}) {
   const auto q = random_vector(T * hs, 1), k = random_vector(T * hs, 2), v = random_vector(T * hs, 3),
              dout = random_vector(T * hs, 4);
-  const Naive want = naive(q, k, v, dout, T, hs);
-  const Blockwise got = blockwise(q, k, v, dout, T, hs, queries, keys, order);
+  const Naive want = naive(q, k, v, dout, T, hs, first);
+  const Blockwise got = blockwise(q, k, v, dout, T, hs, queries, keys, order, first);
   EXPECT_TRUE(close_to_largest(got.out, want.out, 2e-5)) << what;
   EXPECT_TRUE(close_to_largest(got.dq, want.dq, 2e-5)) << what;
   EXPECT_TRUE(close_to_largest(got.dk, want.dk, 2e-5)) << what;
@@ -155,6 +161,31 @@ TEST(AttentionBlocks, MatchNaiveAttentionAtEveryBlockCount) {
           },
           ("block " + std::to_string(block)).c_str());
   }
+}
+
+// Under a document mask (documents starting at 0, 3, 4, 17 and 30: one
+// of a single token, one longer than a block), each query sees its own
+// document's keys only; blocks holding none of a chunk's documents are
+// skipped. At every block count, the ring's order.
+TEST(AttentionBlocks, DocumentsMatchNaiveAttentionAtEveryBlockCount) {
+  const int64_t T = 37, hs = 8;
+  std::vector<int64_t> first(T);
+  for (int64_t t = 0; t < T; ++t) first[t] = t >= 30 ? 30 : t >= 17 ? 17 : t >= 4 ? 4 : t >= 3 ? 3 : 0;
+  for (const int64_t block : {37, 16, 8, 5}) {
+    const std::vector<Span> spans = cut(T, block);
+    const size_t n = spans.size();
+    check(T, hs, spans, spans,
+          [n](size_t qi) {
+            std::vector<size_t> o;
+            for (size_t s = 0; s < n; ++s) o.push_back((qi + s) % n);
+            return o;
+          },
+          ("documents, block " + std::to_string(block)).c_str(), first);
+  }
+  // A block of another document only is skipped; one holding part of the
+  // chunk's document is not.
+  EXPECT_FALSE(host::block_visible(first.data() + 30, 30, 7, 5, 5));
+  EXPECT_TRUE(host::block_visible(first.data() + 30, 30, 7, 25, 10));
 }
 
 TEST(AttentionBlocks, HeadTailChunksAroundARing) {
