@@ -22,9 +22,11 @@ int inspect_checkpoint(const std::string& path) {
   std::printf("tokens seen: %lld (%lld samples, epoch %lld, seed %lld)\n",
               static_cast<long long>(m.tokens_seen), static_cast<long long>(m.sample_position),
               static_cast<long long>(m.epoch), static_cast<long long>(m.seed));
-  std::printf("written by:  dp %lld x pp %lld x tp %lld, %lld rank(s)\n",
+  std::printf("written by:  dp %lld x pp %lld x tp %lld%s, %lld rank(s)\n",
               static_cast<long long>(m.dp), static_cast<long long>(m.pp),
-              static_cast<long long>(m.tp), static_cast<long long>(m.world_size));
+              static_cast<long long>(m.tp),
+              m.cp > 1 ? strprintf(" x cp %lld", static_cast<long long>(m.cp)).c_str() : "",
+              static_cast<long long>(m.world_size));
   std::printf("model:       %lld layers, %lld heads, %lld channels, seq_len %lld, vocab %lld, "
               "tokenizer %s\n",
               static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),

@@ -68,6 +68,7 @@ const IntAttr kIntAttrs[] = {
     {"experts", &CheckpointMeta::experts, 6},
     {"top_k", &CheckpointMeta::top_k, 6},
     {"moe_every", &CheckpointMeta::moe_every, 6},
+    {"cp", &CheckpointMeta::cp, 8},
 };
 struct DoubleAttr {
   const char* name;
@@ -615,6 +616,15 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
     throw InputError(path, "attribute loss_scale_log2", "expected an exponent in [-24, 127]");
   if (meta_.loss_scale_good_steps < 0)
     throw InputError(path, "attribute loss_scale_good_steps", "expected a count >= 0");
+  // The layout that wrote it, within the deck's limits (a reader
+  // multiplies them).
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"dp", meta_.dp}, {"pp", meta_.pp},
+                                    {"tp", meta_.tp}, {"cp", meta_.cp}}) {
+    if (value < 1 || value > (int64_t{1} << 20))
+      throw InputError(path, std::string("attribute ") + name,
+                       strprintf("expected a rank count in [1, 2^20], got %lld",
+                                 static_cast<long long>(value)));
+  }
   meta_.tokenizer = read_string_attr(file_, "tokenizer", path);
   meta_.deck = read_string_attr(file_, "deck", path);
   if (meta_.format_version >= 2) {

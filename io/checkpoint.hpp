@@ -24,7 +24,7 @@ namespace mpiformer {
 // holds a dense model); 7: the data blend's record (a file before it
 // holds one source at its sample position). Versions 1 to 6 are still read
 // (without what they lack).
-constexpr int64_t kCheckpointFormatVersion = 7;
+constexpr int64_t kCheckpointFormatVersion = 8;
 
 // The run's state, stored as root attributes.
 struct CheckpointMeta {
@@ -36,6 +36,9 @@ struct CheckpointMeta {
   int64_t seed = 0;             // with the cursor, fixes the sample order
   int64_t dp = 1, pp = 1, world_size = 1;  // the layout that wrote it
   int64_t tp = 1;
+  // Context parallelism's ranks per data replica (format 8; 1 before):
+  // dp counts the data replicas, dp x cp the stage's.
+  int64_t cp = 1;
   // fp16's dynamic loss scaler (train/loss_scaler.hpp), for an exact
   // resume: 1 when the run had one, the scale's base-2 exponent (a dynamic
   // scale is always a power of two) and the steps since its last change.

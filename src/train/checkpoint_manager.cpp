@@ -235,13 +235,16 @@ ResumePoint CheckpointManager::load() {
                     meta.loss_scale_good_steps};
     if (rank == 0) {
       std::printf("resumed from %s: step %lld, %lld samples seen (epoch %lld), written by "
-                  "dp %lld x pp %lld x tp %lld on %lld rank(s); now dp %d x pp %d x tp %d, zero "
-                  "%lld\n",
+                  "dp %lld x pp %lld x tp %lld%s on %lld rank(s); now dp %d x pp %d x tp %d%s, "
+                  "zero %lld\n",
                   path.c_str(), static_cast<long long>(meta.step),
                   static_cast<long long>(meta.sample_position), static_cast<long long>(meta.epoch),
                   static_cast<long long>(meta.dp), static_cast<long long>(meta.pp),
-                  static_cast<long long>(meta.tp), static_cast<long long>(meta.world_size),
-                  grid_.dp(), grid_.pp(), grid_.tp(), static_cast<long long>(deck_.parallel.zero));
+                  static_cast<long long>(meta.tp),
+                  meta.cp > 1 ? strprintf(" x cp %lld", static_cast<long long>(meta.cp)).c_str() : "",
+                  static_cast<long long>(meta.world_size), grid_.dp() / grid_.cp(), grid_.pp(),
+                  grid_.tp(), grid_.cp() > 1 ? strprintf(" x cp %d", grid_.cp()).c_str() : "",
+                  static_cast<long long>(deck_.parallel.zero));
       std::printf("checkpoint: read %.1f MB of tensors from the file over all ranks (each byte "
                   "once per data-parallel group) in %.2f s\n",
                   bytes_read / 1e6, dt);
@@ -413,7 +416,8 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   meta.epoch = data.epoch;
   meta.data_blend = data.blend;
   meta.seed = deck_.train.seed;
-  meta.dp = grid_.dp();
+  meta.dp = grid_.dp() / grid_.cp();
+  meta.cp = grid_.cp();
   meta.pp = grid_.pp();
   meta.tp = grid_.tp();
   meta.world_size = grid_.dp() * grid_.pp() * grid_.tp();

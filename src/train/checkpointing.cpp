@@ -450,7 +450,8 @@ bool restore_compression(const CheckpointReader& reader, int dp, int pp, int tp,
   MPI_CHECK(MPI_Comm_rank(world, &rank));
   MPI_CHECK(MPI_Comm_size(world, &size));
   const CheckpointMeta& m = reader.meta();
-  int here = m.dp == dp && m.pp == pp && m.tp == tp && m.world_size == size ? 1 : 0;
+  // dp: the stage's replicas (dp x cp).
+  int here = m.dp * m.cp == dp && m.pp == pp && m.tp == tp && m.world_size == size ? 1 : 0;
   const std::string name = compression_dataset(rank);
   const std::vector<int64_t> shape{static_cast<int64_t>(residual.size())};
   if (here != 0 && !residual.empty()) {

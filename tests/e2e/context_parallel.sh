@@ -89,11 +89,15 @@ for pair in "seg_cp2 1" "seg_cp1 2"; do
   same_model ref "$dir" "$1 -> cp $2"
 done
 
-# (3) The log and the trace.
+# (3) The log, inspect and the trace name cp.
 train traced 1 1 1 2 --set run.trace=true
 grep -q "grid:  dp 1 x pp 1 x tp 1 x cp 2 (32 tokens of each sequence per rank" traced.log ||
   fail "the grid line does not name cp"
 grep -q "replica = data replica x 2 + context rank" traced.log || fail "the mapping omits cp"
+"$MPIFORMER" inspect traced/checkpoints/step_00000006.h5 | has "written by:  dp 1 x pp 1 x tp 1 x cp 2" ||
+  fail "inspect does not name cp"
+grep -q "written by dp 1 x pp 1 x tp 1 x cp 2 on 2 rank(s); now dp 1 x pp 1 x tp 1, zero 0" \
+  from_seg_cp2_to_cp1.log || fail "the resume line does not name the layouts' cp"
 for span in "context ring attention" "context ring block"; do
   has -c "\"name\": \"$span\"" traced/trace-rank1.json || fail "no $span span traced"
 done
