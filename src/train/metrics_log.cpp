@@ -125,6 +125,11 @@ void MetricsLog::step(const StepMetrics& m) {
     json += strprintf(", \"ep_alltoall_ms\": %.4g", m.ep_alltoall_ms);
   }
   if (m.expert_parallel) json += strprintf(", \"ep_sent_mb\": %.4g", m.ep_sent_mb);
+  if (m.context_parallel && m.host_timings) {
+    line += strprintf(" | ring %.1f ms (waits %.1f)", m.cp_ring_ms, m.cp_wait_ms);
+    json += strprintf(", \"cp_ring_ms\": %.4g, \"cp_wait_ms\": %.4g", m.cp_ring_ms, m.cp_wait_ms);
+  }
+  if (m.context_parallel) json += strprintf(", \"cp_sent_mb\": %.4g", m.cp_sent_mb);
   std::puts(line.c_str());
   std::fflush(stdout);
   write_line(json + "}");

@@ -40,6 +40,11 @@ struct StepMetrics {
   // loaded experts over their fair share.
   bool moe = false;
   double aux_loss = 0, z_loss = 0, dropped = 0, load_min = 0, load_max = 0;
+  // Context parallelism: the ring's attention per step (its arithmetic
+  // and its waits for the next block; mean over ranks, host timings), of
+  // which the waits, and the MB each rank sent round the ring.
+  bool context_parallel = false;
+  double cp_ring_ms = 0, cp_wait_ms = 0, cp_sent_mb = 0;
   // Expert parallelism: the all-to-alls per step (mean over ranks; host
   // timings) and the MB each rank sent in them.
   bool expert_parallel = false;

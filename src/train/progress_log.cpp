@@ -45,10 +45,11 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   const double rank_mfu =
       tokens_per_step / (interval_s_ / static_cast<double>(interval_steps_)) * flops_per_token_ /
       peak_flops_;
-  double agg[9] = {times_.recv_wait / interval_s_, times_.reduce_exposed, times_.dp_sent_bytes,
-                   times_.tp_reduce / interval_s_, times_.tp_sent_bytes, rank_mfu > 1 ? 1.0 : 0.0,
-                   times_.optimizer, times_.ep_exchange, times_.ep_sent_bytes};
-  grid_.world().allreduce_sum(agg, 9);
+  double agg[12] = {times_.recv_wait / interval_s_, times_.reduce_exposed, times_.dp_sent_bytes,
+                    times_.tp_reduce / interval_s_, times_.tp_sent_bytes, rank_mfu > 1 ? 1.0 : 0.0,
+                    times_.optimizer, times_.ep_exchange, times_.ep_sent_bytes, times_.cp_ring,
+                    times_.cp_ring - times_.cp_arithmetic, times_.cp_sent_bytes};
+  grid_.world().allreduce_sum(agg, 12);
   ++intervals_;
   const double gemm_s = stage_.gemm_seconds();
   if (rank_peak_ > 0 && (agg[5] > 0 || intervals_ % kRemeasureEvery == 0)) {
@@ -90,6 +91,10 @@ void ProgressLog::step_done(int64_t done, int64_t end_step, double step_s, const
   sm.expert_parallel = grid_.ep() > 1;
   sm.ep_alltoall_ms = 1e3 * agg[7] / ranks / static_cast<double>(interval_steps_);
   sm.ep_sent_mb = agg[8] / 1e6 / ranks / static_cast<double>(interval_steps_);
+  sm.context_parallel = grid_.cp() > 1;
+  sm.cp_ring_ms = 1e3 * agg[9] / ranks / static_cast<double>(interval_steps_);
+  sm.cp_wait_ms = 1e3 * agg[10] / ranks / static_cast<double>(interval_steps_);
+  sm.cp_sent_mb = agg[11] / 1e6 / ranks / static_cast<double>(interval_steps_);
   // GPU runs time nothing on the host (their kernels run asynchronously);
   // a rehearsal of the GPU suite on the host reports the same keys.
   sm.host_timings = !stage_.on_device() && !test_hooks::rehearse_gpu();

@@ -77,9 +77,18 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
     stage.observe_tensor_reductions(
         [this](const char* op, Clock::time_point t0, Clock::time_point t1, double bytes) {
           trace_.span(op, t0, t1, step_ + 1, micro_);
-          // The ring's span is mostly attention's arithmetic, not a wait.
-          if (std::strcmp(op, kContextRing) == 0 || std::strcmp(op, kContextBlock) == 0) return;
           if (times_ == nullptr) return;
+          // The ring's span is attention's arithmetic and the waits for
+          // the next block; its block spans, the arithmetic.
+          if (std::strcmp(op, kContextRing) == 0) {
+            times_->cp_ring += seconds(t0, t1);
+            times_->cp_sent_bytes += bytes;
+            return;
+          }
+          if (std::strcmp(op, kContextBlock) == 0) {
+            times_->cp_arithmetic += seconds(t0, t1);
+            return;
+          }
           const bool experts = std::strcmp(op, kExpertAllToAll) == 0;  // no allocation per op
           (experts ? times_->ep_exchange : times_->tp_reduce) += seconds(t0, t1);
           (experts ? times_->ep_sent_bytes : times_->tp_sent_bytes) += bytes;

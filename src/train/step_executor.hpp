@@ -57,6 +57,9 @@ struct StepTimes {
   double optimizer = 0;       // in the optimizer step (AdamW, its state's streaming, ZeRO's gathers)
   double ep_exchange = 0;     // in the expert-parallel all-to-alls (host: their time)
   double ep_sent_bytes = 0;   // sent to the rest of the expert-parallel group
+  double cp_ring = 0;         // in the context ring's attention passes (arithmetic and waits)
+  double cp_arithmetic = 0;   // of which its blocks' arithmetic
+  double cp_sent_bytes = 0;   // sent round the ring
 };
 
 class StepExecutor {

@@ -29,7 +29,8 @@ StragglerWatch::StragglerWatch(MPI_Comm world, int64_t every, double fraction, b
 void StragglerWatch::step_done(double seconds, const StepTimes& before, const StepTimes& after) {
   if (every_ <= 0) return;
   const double waits = (after.recv_wait - before.recv_wait) + (after.reduce_exposed - before.reduce_exposed) +
-                       (after.tp_reduce - before.tp_reduce) + (after.ep_exchange - before.ep_exchange);
+                       (after.tp_reduce - before.tp_reduce) + (after.ep_exchange - before.ep_exchange) +
+                       (after.cp_ring - after.cp_arithmetic) - (before.cp_ring - before.cp_arithmetic);
   compute_ += std::max(0.0, seconds - waits);
   ++steps_;
 }

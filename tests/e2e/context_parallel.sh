@@ -101,6 +101,19 @@ grep -q "written by dp 1 x pp 1 x tp 1 x cp 2 on 2 rank(s); now dp 1 x pp 1 x tp
 for span in "context ring attention" "context ring block"; do
   has -c "\"name\": \"$span\"" traced/trace-rank1.json || fail "no $span span traced"
 done
+# The step lines: the ring's time and waits, and the bytes each rank sent
+# round it per step: 4 micro-batches x 4 layers x (1 block forward + 3
+# backward) of 4 x 32 rows x 2 x 128 floats.
+python3 - traced/metrics.jsonl <<'PY'
+import json, sys
+steps = [j for j in map(json.loads, open(sys.argv[1])) if "loss" in j]
+for s in steps:
+    assert 0 <= s["cp_wait_ms"] <= s["cp_ring_ms"], s
+    want = 4 * 4 * (1 + 3) * (4 * 32 * 2 * 128 * 4) / 1e6
+    assert abs(s["cp_sent_mb"] - want) < 1e-3 * want, (s["cp_sent_mb"], want)
+print(f"cp metrics: ring {steps[-1]['cp_ring_ms']:.1f} ms, waits {steps[-1]['cp_wait_ms']:.1f} ms, "
+      f"{steps[-1]['cp_sent_mb']:.2f} MB sent a step")
+PY
 echo "ok: the log names cp; the trace has the ring's spans"
 
 # (4) Deck rules, exit 2 naming the key on every rank.

@@ -125,6 +125,7 @@ s = "dp {dp} pp {pp} tp {tp} mb {micro_batch} zero {zero} {recompute} {schedule}
 s += f" v{r['virtual_stages']}" if r["virtual_stages"] > 1 else ""
 s += " sp" if r["sequence_parallel"] else ""
 s += f" ep {r['ep']}" if r["ep"] > 1 else ""
+s += f" cp {r['cp']}" if r["cp"] > 1 else ""
 print(s)
 PY
 }
