@@ -93,7 +93,7 @@ class ContextAttention {
   }
 
   void forward(const Act* qkv, Act* out, Acc* lse, const int64_t* starts) {
-    timed(1, [&] {
+    timed(false, [&] {
       if constexpr (std::is_same_v<Act, Acc>) {
         ring_.forward(qkv, out, lse, starts);
       } else {
@@ -106,9 +106,7 @@ class ContextAttention {
 
   void backward(const Act* qkv, const Act* out, const Acc* lse, const Act* dout, Act* dqkv,
                 const int64_t* starts) {
-    // The blocks go round with their gradients' sums, then home: three
-    // blocks' worth per step.
-    timed(2, [&] {
+    timed(true, [&] {
       if constexpr (std::is_same_v<Act, Acc>) {
         ring_.backward(qkv, out, lse, dout, dqkv, starts);
       } else {
@@ -121,16 +119,18 @@ class ContextAttention {
     });
   }
 
-  // A pass sends its key/value block on c - 1 times (backward: with as
-  // large a block of sums, and the sums home once more).
+  // `run`, one pass round the ring, told to the observer with the bytes
+  // this rank sent: its key/value block passed on c - 1 times; backward,
+  // each time with as large a block of their gradients' sums, and the
+  // sums home once more.
   template <class F>
-  void timed(int blocks_per_step, const F& run) {
+  void timed(bool backward_pass, const F& run) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
     if (observer_ == nullptr || !*observer_) return;
     const double block = static_cast<double>(rows_ * 2 * shape_.K() * sizeof(Acc));
     const double steps = static_cast<double>(cp_ - 1);
-    const double sent = blocks_per_step == 1 ? steps * block : (2 * steps + 1) * block;
+    const double sent = backward_pass ? (2 * steps + 1) * block : steps * block;
     (*observer_)(kContextRing, t0, std::chrono::steady_clock::now(), sent);
   }
 

@@ -146,20 +146,22 @@ std::vector<Span> cut(int64_t T, int64_t block) {
   return s;
 }
 
+// Key/value blocks from the query block's own onwards, wrapping (a ring's
+// order: every block, the masked ones skipped), of `n`.
+std::function<std::vector<size_t>(size_t)> ring_order(size_t n) {
+  return [n](size_t qi) {
+    std::vector<size_t> o;
+    for (size_t s = 0; s < n; ++s) o.push_back((qi + s) % n);
+    return o;
+  };
+}
+
 TEST(AttentionBlocks, MatchNaiveAttentionAtEveryBlockCount) {
   const int64_t T = 37, hs = 8;
   for (const int64_t block : {37, 16, 8, 5}) {
     const std::vector<Span> spans = cut(T, block);  // the last one short, but at 37
     const size_t n = spans.size();
-    // Key/value blocks from the query block's own onwards, wrapping (a
-    // ring's order: every block, the masked ones skipped).
-    check(T, hs, spans, spans,
-          [n](size_t qi) {
-            std::vector<size_t> o;
-            for (size_t s = 0; s < n; ++s) o.push_back((qi + s) % n);
-            return o;
-          },
-          ("block " + std::to_string(block)).c_str());
+    check(T, hs, spans, spans, ring_order(n), ("block " + std::to_string(block)).c_str());
   }
 }
 
@@ -174,13 +176,8 @@ TEST(AttentionBlocks, DocumentsMatchNaiveAttentionAtEveryBlockCount) {
   for (const int64_t block : {37, 16, 8, 5}) {
     const std::vector<Span> spans = cut(T, block);
     const size_t n = spans.size();
-    check(T, hs, spans, spans,
-          [n](size_t qi) {
-            std::vector<size_t> o;
-            for (size_t s = 0; s < n; ++s) o.push_back((qi + s) % n);
-            return o;
-          },
-          ("documents, block " + std::to_string(block)).c_str(), first);
+    check(T, hs, spans, spans, ring_order(n), ("documents, block " + std::to_string(block)).c_str(),
+          first);
   }
   // A block of another document only is skipped; one holding part of the
   // chunk's document is not.
