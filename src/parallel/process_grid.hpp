@@ -47,10 +47,6 @@ class ProcessGrid {
   // The stage's replicas: dp x cp (what reduces and shards the gradients).
   int dp() const { return dp_; }
   int cp() const { return cp_; }
-  // Which data replica this rank reads for (of dp() / cp()), and which
-  // chunks of its sequences it holds.
-  int data_rank() const { return place_.dp_rank / cp_; }
-  int cp_rank() const { return place_.dp_rank % cp_; }
   int pp() const { return pp_; }
   int tp() const { return tp_; }
   int world_rank() const { return world_rank_; }
