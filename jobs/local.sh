@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Workstation launcher: `jobs/local.sh DECK [mpiformer train arguments...]`.
-# Runs mpirun with as many ranks as the deck's dp x pp x tp (or NP), adds
+# Runs mpirun with as many ranks as the deck's dp x pp x tp x cp (or NP), adds
 # --oversubscribe when that is more than the cores (or OVERSUBSCRIBE=1), and
 # the root flags only when run as root. With a cuda build every rank sees
 # every GPU and takes GPU (node-local rank mod GPUs) itself: keeping them
@@ -26,7 +26,8 @@ source "$jobs/recovery.sh"
 dp=$(deck_value parallel dp 1 "$DECK" "$@")
 pp=$(deck_value parallel pp 1 "$DECK" "$@")
 tp=$(deck_value parallel tp 1 "$DECK" "$@")
-NP=${NP:-$((dp * pp * tp))}
+cp=$(deck_value parallel cp 1 "$DECK" "$@")
+NP=${NP:-$((dp * pp * tp * cp))}
 RUN_DIR=$(deck_value run dir runs/default "$DECK" "$@")
 
 launch=(mpirun -np "$NP")
