@@ -334,5 +334,37 @@ TEST(ProcessGrid, EveryFactorisationOfTheWorld) {
   }
 }
 
+// Context parallelism: every factorisation dp x pp x tp x cp. The stage's
+// replicas are dp x cp (the data-parallel group), a data replica's cp
+// ranks neighbours among them (replica = data replica x cp + context
+// rank); the context group shares a stage, a data replica and a tensor
+// rank, its group rank the context rank.
+TEST(ProcessGrid, ContextRanksAreNeighbouringReplicas) {
+  const int world = world_size();
+  for (int cp = 2; cp <= world; ++cp) {
+    for (int tp = 1; tp * cp <= world; ++tp) {
+      for (int dp = 1; dp * tp * cp <= world; ++dp) {
+        if (world % (dp * tp * cp) != 0) continue;
+        const int pp = world / (dp * tp * cp);
+        ProcessGrid g(dp, pp, tp, MPI_COMM_WORLD, 1, 1, cp);
+        const int r = g.world_rank();
+        EXPECT_EQ(g.dp(), dp * cp);
+        EXPECT_EQ(g.cp(), cp);
+        EXPECT_EQ(g.dp_rank(), (r / tp) % (dp * cp));
+        EXPECT_EQ(g.data_parallel().size(), dp * cp);
+        EXPECT_EQ(g.context_parallel().size(), cp);
+        EXPECT_EQ(g.context_parallel().rank(), g.dp_rank() % cp);
+        // Its members: the same stage, data replica and tensor rank, the
+        // context rank running over them (ranks tp apart).
+        double sum = r;
+        g.context_parallel().allreduce_sum(&sum, 1);
+        const int first = r - (g.dp_rank() % cp) * tp;
+        EXPECT_EQ(sum, cp * first + tp * cp * (cp - 1) / 2.0)
+            << "dp " << dp << " pp " << pp << " tp " << tp << " cp " << cp;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mpiformer::test
