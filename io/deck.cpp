@@ -418,11 +418,14 @@ void check_moe_relations(const Deck& d, const std::string& where) {
   }
   // Under [parallel] auto the planner chooses ep with dp.
   if (ep == 1 || d.parallel.auto_layout) return;
-  if (m.experts % ep != 0 || d.parallel.dp % ep != 0) {
+  // A stage's replicas are its dp x cp ranks (context ranks hold the
+  // same parameters): ep groups of them share the experts out.
+  const int64_t replicas = d.parallel.dp * d.parallel.cp;
+  if (m.experts % ep != 0 || replicas % ep != 0) {
     throw InputError(where, "[parallel] ep, [parallel] dp, [model] experts",
-                     strprintf("ep %lld must divide both dp (%lld: each group of ep replicas shares "
-                               "the experts out) and experts (%lld: each rank holds as many)",
-                               static_cast<long long>(ep), static_cast<long long>(d.parallel.dp),
+                     strprintf("ep %lld must divide both dp x cp (%lld: each group of ep replicas "
+                               "shares the experts out) and experts (%lld: each rank holds as many)",
+                               static_cast<long long>(ep), static_cast<long long>(replicas),
                                static_cast<long long>(m.experts)));
   }
 }
@@ -460,12 +463,6 @@ void check_context_relations(const Deck& d, const std::string& where) {
                                "(seq_len / cp = %lld) to be a multiple of [parallel] tp (%lld)",
                                static_cast<long long>(d.model.seq_len / cp),
                                static_cast<long long>(d.parallel.tp)));
-  }
-  if (d.model.moe()) {
-    throw InputError(where, "[parallel] cp, [model] experts",
-                     "a Mixture of Experts routes with per-sequence capacity and a load-balancing "
-                     "loss over each micro-batch, which a context rank holds only part of; not "
-                     "summed across the context group yet: use cp = 1");
   }
 }
 

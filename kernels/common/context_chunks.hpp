@@ -21,4 +21,15 @@ inline ContextChunkPair context_chunks(int64_t rank, int64_t cp,
   return {rank, 2 * cp - 1 - rank};
 }
 
+// The inverse: which rank holds chunk g of 2 cp, and as which of its two
+// (0: first, 1: second).
+struct ContextChunkOwner {
+  int64_t rank, which;
+};
+inline ContextChunkOwner context_chunk_owner(int64_t g, int64_t cp,
+                                             ContextChunks order = ContextChunks::kHeadTail) {
+  if (order == ContextChunks::kContiguous) return {g / 2, g % 2};
+  return g < cp ? ContextChunkOwner{g, 0} : ContextChunkOwner{2 * cp - 1 - g, 1};
+}
+
 }  // namespace mpiformer::host

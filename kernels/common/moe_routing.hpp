@@ -5,6 +5,9 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
+
+#include "common/context_chunks.hpp"
 
 #if defined(__CUDACC__)
 #define MPIFORMER_ROUTER_FN __host__ __device__ __forceinline__
@@ -16,11 +19,44 @@ namespace mpiformer {
 
 struct RouterShape {
   int64_t tokens = 0;    // N rows
-  int64_t seq_len = 0;   // T: rows per sequence (N a multiple of it)
+  int64_t seq_len = 0;   // rows per sequence held here (N a multiple of it)
   int64_t experts = 0;   // E
   int64_t top_k = 0;     // k <= E
   int64_t capacity = 0;  // per expert per sequence; 0: no limit
+  // Context parallelism: each sequence's seq_len x context positions are
+  // split over `context` ranks; this one holds its two chunks
+  // (host::context_chunks(context_rank, context, order)) chunk-major,
+  // [2, S, seq_len / 2], as the data feeder lays them out. Capacity and
+  // the aux loss are the whole sequence's (host/moe_router.hpp).
+  int64_t context = 1, context_rank = 0;
+  ContextChunks order = ContextChunks::kHeadTail;
 };
+
+// Under context parallelism the router's one exchange over the context
+// group (host only: the GPU back end refuses cp > 1): `gather`, every
+// rank's n values into all [context, n] in rank order; `sum`, n values
+// summed over the group in place.
+struct RouterExchange {
+  std::function<void(const double* mine, double* all, int64_t n)> gather;
+  std::function<void(double* data, int64_t n)> sum;
+};
+
+// T: the whole sequence's length.
+MPIFORMER_ROUTER_FN int64_t router_length(const RouterShape& r) { return r.seq_len * r.context; }
+MPIFORMER_ROUTER_FN int64_t router_sequences(const RouterShape& r) { return r.tokens / r.seq_len; }
+
+// The row of sequence s's i-th position held here (i < seq_len), and the
+// sequence of a row: sequence by sequence, or chunk-major under context
+// parallelism.
+MPIFORMER_ROUTER_FN int64_t router_row(const RouterShape& r, int64_t s, int64_t i) {
+  if (r.context == 1) return s * r.seq_len + i;
+  const int64_t n = r.seq_len / 2;
+  return ((i / n) * router_sequences(r) + s) * n + i % n;
+}
+MPIFORMER_ROUTER_FN int64_t router_sequence_of(const RouterShape& r, int64_t row) {
+  if (r.context == 1) return row / r.seq_len;
+  return (row / (r.seq_len / 2)) % router_sequences(r);
+}
 
 // What a call adds to `totals` (kRouterTotals doubles, +=), summed over
 // its sequences: the aux loss's sum_s aux(s), the z loss's sum_n z(n), the
@@ -62,7 +98,7 @@ MPIFORMER_ROUTER_FN void router_token(const T* l, T* p, T& lse, int32_t* x, T* g
 // choice by position, then every second choice, ...): its index into
 // expert and dest.
 MPIFORMER_ROUTER_FN int64_t router_assignment(const RouterShape& r, int64_t s, int64_t i) {
-  return (s * r.seq_len + i % r.seq_len) * r.top_k + i / r.seq_len;
+  return router_row(r, s, i % r.seq_len) * r.top_k + i / r.seq_len;
 }
 
 // An assignment's dest from its place in its expert's queue: -1 past
@@ -78,11 +114,11 @@ MPIFORMER_ROUTER_FN int64_t router_drops(const RouterShape& r, int64_t count) {
 
 // Expert e's part of aux(s) / E: the share of the sequence's assignments
 // it was given, times its mean probability (prob_sum: over the sequence's
-// tokens).
+// tokens; count and prob_sum the whole sequence's).
 template <class T>
 MPIFORMER_ROUTER_FN T router_aux_term(const RouterShape& r, int64_t count, T prob_sum) {
-  return static_cast<T>(count) / static_cast<T>(r.seq_len * r.top_k) *
-         (prob_sum / static_cast<T>(r.seq_len));
+  const int64_t L = router_length(r);
+  return static_cast<T>(count) / static_cast<T>(L * r.top_k) * (prob_sum / static_cast<T>(L));
 }
 
 // Sequence s: its assignments taken in capacity order, each given its place
@@ -105,7 +141,7 @@ MPIFORMER_ROUTER_FN T router_sequence(const RouterShape& r, int64_t s, const T* 
   T total = 0;
   for (int64_t e = 0; e < E; ++e) {
     T sum = 0;
-    for (int64_t t = 0; t < L; ++t) sum += probs[(s * L + t) * E + e];
+    for (int64_t t = 0; t < L; ++t) sum += probs[router_row(r, s, t) * E + e];
     total += router_aux_term(r, c[e], sum);
     dropped += router_drops(r, c[e]);
   }
@@ -114,24 +150,31 @@ MPIFORMER_ROUTER_FN T router_sequence(const RouterShape& r, int64_t s, const T* 
 
 // Scratch a call of either back end's router_forward needs, in 8-byte
 // words: three per (sequence, expert) (the rows' starts; on the GPU also
-// each expert's drops and aux term per sequence).
+// each expert's drops and aux term per sequence); under context
+// parallelism (the host's) also the rows each expert keeps here and the
+// probabilities' sums per (sequence, expert), and this rank's and every
+// rank's assignment counts per (sequence, choice, chunk, expert).
 MPIFORMER_ROUTER_FN int64_t router_scratch_words(const RouterShape& r) {
-  return 3 * (r.tokens / r.seq_len) * r.experts;
+  const int64_t SE = router_sequences(r) * r.experts;
+  if (r.context == 1) return 3 * SE;
+  return 5 * SE + (r.context + 1) * SE * r.top_k * 2;
 }
 
 // The dispatched rows: start [S E], where expert e's kept places of
 // sequence s begin (after the experts before e, then e's places of the
-// sequences before s), and kept [E].
-MPIFORMER_ROUTER_FN void router_rows(const RouterShape& r, const int32_t* chose, int64_t* start,
-                                     int64_t* kept) {
-  const int64_t E = r.experts, S = r.tokens / r.seq_len;
+// sequences before s), and kept [E]. The places e keeps of s: `taken`
+// [S E] where given (context parallelism: this rank's share), else its
+// count chose [S E] up to the capacity.
+MPIFORMER_ROUTER_FN void router_rows(const RouterShape& r, const int32_t* chose,
+                                     const int64_t* taken, int64_t* start, int64_t* kept) {
+  const int64_t E = r.experts, S = router_sequences(r);
   int64_t row = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t first = row;
     for (int64_t s = 0; s < S; ++s) {
       start[s * E + e] = row;
       const int64_t c = chose[s * E + e];
-      row += r.capacity > 0 && c > r.capacity ? r.capacity : c;
+      row += taken != nullptr ? taken[s * E + e] : r.capacity > 0 && c > r.capacity ? r.capacity : c;
     }
     kept[e] = row - first;
   }
@@ -144,7 +187,7 @@ template <class T>
 MPIFORMER_ROUTER_FN void router_token_backward(const RouterShape& r, T* dl, const T* dgate,
                                                const T* p, T lse, const int32_t* x, const T* gate,
                                                const int32_t* c, T aux_scale, T z_scale) {
-  const int64_t E = r.experts, K = r.top_k, L = r.seq_len;
+  const int64_t E = r.experts, K = r.top_k, L = router_length(r);
   const T f = aux_scale * static_cast<T>(E) / static_cast<T>(L * K * L);
   for (int64_t e = 0; e < E; ++e) dl[e] = f * static_cast<T>(c[e]);
   T picked = 0, dot = 0;

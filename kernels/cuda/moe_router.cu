@@ -40,7 +40,7 @@ __global__ void capacity_kernel(RouterShape r, const float* probs, const int32_t
     placed += total;
   }
   float sum = 0.f;
-  for (int64_t t = threadIdx.x; t < L; t += blockDim.x) sum += probs[(s * L + t) * E + e];
+  for (int64_t t = threadIdx.x; t < L; t += blockDim.x) sum += probs[router_row(r, s, t) * E + e];
   sum = block_sum(sum, sums);
   if (threadIdx.x != 0) return;
   chose[s * E + e] = static_cast<int32_t>(placed);
@@ -54,7 +54,7 @@ __global__ void rows_kernel(RouterShape r, const int32_t* chose, const float* ls
                             const double* terms, const int64_t* drops, int64_t* start,
                             int64_t* kept, double* totals) {
   __shared__ double shared[kWarp];
-  if (threadIdx.x == 0) router_rows(r, chose, start, kept);
+  if (threadIdx.x == 0) router_rows(r, chose, nullptr, start, kept);
   const int64_t S = r.tokens / r.seq_len, E = r.experts;
   double aux = 0, dropped = 0, z = 0;
   for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
@@ -79,7 +79,7 @@ __global__ void dest_kernel(RouterShape r, const int32_t* expert, const int64_t*
                             int32_t* dest) {
   const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (n >= r.tokens) return;
-  const int64_t s = n / r.seq_len, E = r.experts, K = r.top_k;
+  const int64_t s = router_sequence_of(r, n), E = r.experts, K = r.top_k;
   for (int64_t j = 0; j < K; ++j) {
     int32_t& d = dest[n * K + j];
     if (d >= 0) d = static_cast<int32_t>(start[s * E + expert[n * K + j]] + d);
@@ -94,7 +94,7 @@ __global__ void router_backward_kernel(RouterShape r, float* dlogits, const floa
   if (n >= r.tokens) return;
   const int64_t E = r.experts, K = r.top_k;
   router_token_backward(r, dlogits + n * E, dgate + n * K, probs + n * E, lse[n], expert + n * K,
-                        gate + n * K, chose + (n / r.seq_len) * E, aux_scale, z_scale);
+                        gate + n * K, chose + router_sequence_of(r, n) * E, aux_scale, z_scale);
 }
 
 // The scratch (router_scratch_words): start, drops [S E] (int64), and
@@ -120,6 +120,9 @@ void router_forward(const RouterShape& r, const float* logits, float* probs, flo
                     int32_t* expert, float* gate, int32_t* dest, int32_t* chose, int64_t* kept,
                     double* totals, void* scratch, cudaStream_t stream) {
   if (r.tokens == 0) return;
+  // The capacity order over a sequence split across context ranks is the
+  // host's alone (the deck refuses cp > 1 on a GPU).
+  MPIFORMER_CHECK(r.context == 1, "router: context parallelism is not on the GPU back end");
   MPIFORMER_CHECK(r.experts <= 65535, "router: experts above 65535 (the capacity grid's y)");
   const Scratch w = carve(r, scratch);
   const int64_t S = r.tokens / r.seq_len;

@@ -249,7 +249,8 @@ struct Ops {
   static size_t router_scratch_bytes(const RouterShape& r) { return cuda::router_scratch_bytes(r); }
   static void router_forward(Context& c, const RouterShape& r, const float* logits, float* probs,
                              float* lse, int32_t* expert, float* gate, int32_t* dest,
-                             int32_t* chose, int64_t* kept, double* totals, void* scratch) {
+                             int32_t* chose, int64_t* kept, double* totals, void* scratch,
+                             const RouterExchange* /*context: host only, r.context == 1*/) {
     cuda::router_forward(r, logits, probs, lse, expert, gate, dest, chose, kept, totals, scratch,
                          c.stream());
   }

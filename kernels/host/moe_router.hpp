@@ -5,9 +5,12 @@
 // Megatron counts it) and z losses with their gradients.
 //
 // Rows are tokens, sequence by sequence: row n is position n % T of
-// sequence n / T. Everything that decides a token's fate is per sequence,
-// so a token is routed, kept or dropped the same in every layout (micro
-// batches and ranks hold whole sequences).
+// sequence n / T (under context parallelism, a rank's two chunks of each
+// sequence, chunk-major: common/moe_routing.hpp's router_row).
+// Everything that decides a token's fate is per whole sequence, so a
+// token is routed, kept or dropped the same in every layout (micro
+// batches and data ranks hold whole sequences; context ranks exchange
+// their counts, router_capacity_context).
 //
 // Capacity: each expert takes at most `capacity` assignments of a sequence
 // (0: no limit). They are taken GShard's way: every token's first choice
@@ -35,6 +38,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 
 #include "common/moe_routing.hpp"
 #include "parallel.hpp"
@@ -47,15 +51,91 @@ inline size_t router_scratch_bytes(const RouterShape& r) {
   return static_cast<size_t>(router_scratch_words(r)) * sizeof(int64_t);
 }
 
+// Under context parallelism (r.context > 1): capacity and the aux loss
+// over whole sequences of which this rank holds two chunks. Each rank
+// counts its assignments per (sequence, choice, chunk, expert); with
+// every rank's counts (one gather) it knows how many of an expert's
+// assignments come before each of its own in the whole sequence's
+// capacity order (every first choice by position, then every second
+// choice...: by choice, then by chunk, then by position), so it keeps
+// and drops exactly what one rank holding the sequence would. Its chunks
+// are in ascending order here, so the places it keeps of an expert are a
+// prefix of its own and number its dispatched rows. chose [S E]: the
+// whole sequence's counts (backward's f); taken [S E]: the rows kept
+// here; aux [S], dropped [S] as router_sequence's (drops: this rank's).
+template <class T>
+void router_capacity_context(const RouterShape& r, const T* probs, const int32_t* expert,
+                             int32_t* dest, int32_t* chose, int64_t* taken, double* aux,
+                             int64_t* dropped, double* work, const RouterExchange& x) {
+  const int64_t S = router_sequences(r), E = r.experts, K = r.top_k, L = r.seq_len, n = L / 2,
+                P = r.context, cells = S * K * 2 * E;
+  double* next = work;              // [S K 2 E]: this rank's counts, then its next places
+  double* all = next + cells;       // [P S K 2 E]: every rank's counts
+  double* prob_sum = all + P * cells;  // [S E]
+  const auto cell = [=](int64_t s, int64_t j, int64_t q, int64_t e) {
+    return ((s * K + j) * 2 + q) * E + e;
+  };
+  parallel_for("router_context_counts", S, [=](const int64_t s) {
+    for (int64_t j = 0; j < K; ++j)
+      for (int64_t q = 0; q < 2; ++q) {
+        for (int64_t e = 0; e < E; ++e) next[cell(s, j, q, e)] = 0;
+        for (int64_t t = 0; t < n; ++t) next[cell(s, j, q, expert[router_row(r, s, q * n + t) * K + j])] += 1;
+      }
+    for (int64_t e = 0; e < E; ++e) {
+      T sum = 0;
+      for (int64_t i = 0; i < L; ++i) sum += probs[router_row(r, s, i) * E + e];
+      prob_sum[s * E + e] = static_cast<double>(sum);
+    }
+  });
+  x.gather(next, all, cells);
+  x.sum(prob_sum, S * E);
+  parallel_for("router_context_capacity", S, [=](const int64_t s) {
+    // Each of this rank's (choice, chunk, expert) cells starts where the
+    // cells before it in capacity order end.
+    for (int64_t e = 0; e < E; ++e) {
+      double before = 0;
+      for (int64_t j = 0; j < K; ++j)
+        for (int64_t g = 0; g < 2 * P; ++g) {
+          const ContextChunkOwner o = host::context_chunk_owner(g, P, r.order);
+          if (o.rank == r.context_rank) next[cell(s, j, o.which, e)] = before;
+          before += all[o.rank * cells + cell(s, j, o.which, e)];
+        }
+      chose[s * E + e] = static_cast<int32_t>(before);
+      taken[s * E + e] = 0;
+    }
+    dropped[s] = 0;
+    for (int64_t j = 0; j < K; ++j)
+      for (int64_t q = 0; q < 2; ++q)
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t a = router_row(r, s, q * n + t) * K + j;
+          const int32_t e = expert[a];
+          double& place = next[cell(s, j, q, e)];
+          if (router_dest(r, static_cast<int64_t>(place)) < 0) {
+            dest[a] = -1;
+            ++dropped[s];
+          } else {
+            dest[a] = static_cast<int32_t>(taken[s * E + e]++);
+          }
+          place += 1;
+        }
+    T total = 0;
+    for (int64_t e = 0; e < E; ++e)
+      total += router_aux_term(r, chose[s * E + e], static_cast<T>(prob_sum[s * E + e]));
+    aux[s] = static_cast<double>(static_cast<T>(E) * total);
+  });
+}
+
 // probs [N, E]: the softmax (kept for backward); lse [N]; expert, gate and
 // dest [N k]; chose [S E]: assignments per sequence and expert before
 // dropping (backward's f); kept [E]: rows per expert in the dispatched
-// buffer; scratch: router_scratch_bytes(r).
+// buffer; scratch: router_scratch_bytes(r); exchange: the context group's
+// where r.context > 1 (each sequence's aux loss is then added to totals
+// by context rank 0 alone: the group sums them as one sequence's).
 template <class T>
 void router_forward(const RouterShape& r, const T* logits, T* probs, T* lse, int32_t* expert,
                     T* gate, int32_t* dest, int32_t* chose, int64_t* kept, double* totals,
-                    void* scratch) {
-  const int64_t N = r.tokens, E = r.experts, K = r.top_k, S = N / r.seq_len, L = r.seq_len;
+                    void* scratch, const RouterExchange* exchange = nullptr) {
+  const int64_t N = r.tokens, E = r.experts, K = r.top_k, S = router_sequences(r);
   parallel_for("router_softmax_topk", N, [=](const int64_t n) {
     router_token(logits + n * E, probs + n * E, lse[n], expert + n * K, gate + n * K, E, K);
   });
@@ -65,19 +145,27 @@ void router_forward(const RouterShape& r, const T* logits, T* probs, T* lse, int
   int64_t* start = static_cast<int64_t*>(scratch);
   int64_t* dropped = start + S * E;
   double* aux = reinterpret_cast<double*>(dropped + S);
-  parallel_for("router_capacity", S, [=](const int64_t s) {
-    aux[s] = static_cast<double>(router_sequence(r, s, probs, expert, dest, chose + s * E, dropped[s]));
-  });
-  router_rows(r, chose, start, kept);
+  int64_t* taken = nullptr;
+  if (r.context > 1) {
+    if (exchange == nullptr) throw std::logic_error("router_forward: context parallel without an exchange");
+    taken = start + 3 * S * E;
+    router_capacity_context(r, probs, expert, dest, chose, taken, aux, dropped,
+                            reinterpret_cast<double*>(taken + S * E), *exchange);
+  } else {
+    parallel_for("router_capacity", S, [=](const int64_t s) {
+      aux[s] = static_cast<double>(router_sequence(r, s, probs, expert, dest, chose + s * E, dropped[s]));
+    });
+  }
+  router_rows(r, chose, taken, start, kept);
   parallel_for("router_dest", N, [=](const int64_t n) {
-    const int64_t s = n / L;
+    const int64_t s = router_sequence_of(r, n);
     for (int64_t j = 0; j < K; ++j) {
       int32_t& d = dest[n * K + j];
       if (d >= 0) d = static_cast<int32_t>(start[s * E + expert[n * K + j]] + d);
     }
   });
   for (int64_t s = 0; s < S; ++s) {
-    totals[kAuxSum] += aux[s];
+    if (r.context_rank == 0) totals[kAuxSum] += aux[s];
     totals[kDropped] += static_cast<double>(dropped[s]);
   }
   for (int64_t n = 0; n < N; ++n)
@@ -92,10 +180,10 @@ template <class T>
 void router_backward(const RouterShape& r, T* dlogits, const T* dgate, const T* probs,
                      const T* lse, const int32_t* expert, const T* gate, const int32_t* chose,
                      T aux_scale, T z_scale) {
-  const int64_t E = r.experts, K = r.top_k, L = r.seq_len;
+  const int64_t E = r.experts, K = r.top_k;
   parallel_for("router_backward", r.tokens, [=](const int64_t n) {
     router_token_backward(r, dlogits + n * E, dgate + n * K, probs + n * E, lse[n], expert + n * K,
-                          gate + n * K, chose + (n / L) * E, aux_scale, z_scale);
+                          gate + n * K, chose + router_sequence_of(r, n) * E, aux_scale, z_scale);
   });
 }
 

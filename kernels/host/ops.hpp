@@ -259,8 +259,10 @@ struct Ops {
   static size_t router_scratch_bytes(const RouterShape& r) { return host::router_scratch_bytes(r); }
   static void router_forward(Context&, const RouterShape& r, const Acc* logits, Acc* probs,
                              Acc* lse, int32_t* expert, Acc* gate, int32_t* dest, int32_t* chose,
-                             int64_t* kept, double* totals, void* scratch) {
-    host::router_forward(r, logits, probs, lse, expert, gate, dest, chose, kept, totals, scratch);
+                             int64_t* kept, double* totals, void* scratch,
+                             const RouterExchange* exchange) {
+    host::router_forward(r, logits, probs, lse, expert, gate, dest, chose, kept, totals, scratch,
+                         exchange);
   }
   static void router_backward(Context&, const RouterShape& r, Acc* dlogits, const Acc* dgate,
                               const Acc* probs, const Acc* lse, const int32_t* expert,

@@ -118,12 +118,17 @@ struct ExpertGroup {
 // their documents, and a query sees its own document's keys only
 // (nullptr otherwise). The trainer provides them
 // (train/context_attention.hpp); the element types are the stage's Act and
-// AttnState.
+// AttnState. A Mixture of Experts' router exchanges its counts over the
+// same group (`router`), knowing this rank's place in it (`rank`) and
+// which chunks each rank holds (`order`).
 struct ContextGroup {
   std::function<void(const void* qkv, void* out, void* lse, const int32_t* positions)> forward;
   std::function<void(const void* qkv, const void* out, const void* lse, const void* dout,
                      void* dqkv, const int32_t* positions)>
       backward;
+  RouterExchange router;
+  int64_t rank = 0;
+  ContextChunks order = ContextChunks::kHeadTail;
 };
 
 template <class Ops>
@@ -183,7 +188,11 @@ class GptStage {
   // Needed before the first forward when range().ep > 1.
   void set_expert_group(ExpertGroup group) { ep_ = std::move(group); }
   // Needed before the first forward when options().cp > 1.
-  void set_context_group(ContextGroup group) { cp_ = std::move(group); }
+  void set_context_group(ContextGroup group) {
+    cp_ = std::move(group);
+    moe_.router.context_rank = cp_.rank;
+    moe_.router.order = cp_.order;
+  }
   // Tokens per sequence this rank holds: seq_len, or its cp-th.
   int64_t tokens_per_sequence() const { return T_; }
 

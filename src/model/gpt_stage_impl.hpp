@@ -69,7 +69,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
     return Buffer<int32_t>(static_cast<size_t>(count));
   };
-  moe_ = moe_plan(cfg_, range_, B_);
+  moe_ = moe_plan(cfg_, range_, B_, opt_.cp);
   const int64_t E = cfg_.experts, K = cfg_.top_k, M = moe_.rows, Mr = moe_.received;
   auto tokens = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(int32_t));
@@ -690,7 +690,8 @@ void GptStage<Ops>::moe_forward(LayerActs& a, Act* mlp, const BlockView<const Ac
   Ops::widen(ctx_, moe_lg_.get(), moe_logits_.get(), BT * E);
   Ops::router_forward(ctx_, moe_.router, moe_lg_.get(), a.probs.get(), a.lse.get(), a.expert.get(),
                       a.gate.get(), a.dest.get(), a.chose.get(), a.kept.get(),
-                      counted ? router_totals_.get() : router_discard_.get(), router_scratch_.get());
+                      counted ? router_totals_.get() : router_discard_.get(), router_scratch_.get(),
+                      opt_.cp > 1 ? &cp_.router : nullptr);
   // The experts' GEMMs are sized on the host: the one wait of the layer
   // (and, over an expert-parallel group, every rank's counts gathered).
   Ops::download(ctx_, a.kept_host.data(), a.kept.get(), E);
@@ -776,8 +777,10 @@ const typename Ops::Act* GptStage<Ops>::moe_backward(LayerActs& a, const Act* dr
   tp_sum(moe_dgate_.get(), BT * K);
   // The router's logits' gradient, with the aux and z losses' (their
   // weights in the loss this backward's scale divides: the aux loss is a
-  // mean over sequences of T tokens, the z loss over tokens).
-  const Acc aux_scale = static_cast<Acc>(cfg_.aux_loss * static_cast<double>(T_) * grad_scale);
+  // mean over sequences of seq_len tokens, whole under context
+  // parallelism too; the z loss over tokens).
+  const Acc aux_scale =
+      static_cast<Acc>(cfg_.aux_loss * static_cast<double>(cfg_.seq_len) * grad_scale);
   const Acc z_scale = static_cast<Acc>(cfg_.router_z_loss * grad_scale);
   Ops::router_backward(ctx_, moe_.router, moe_lg_.get(), moe_dgate_.get(), a.probs.get(),
                        a.lse.get(), a.expert.get(), a.gate.get(), a.chose.get(), aux_scale, z_scale);

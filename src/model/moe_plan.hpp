@@ -16,7 +16,7 @@
 namespace mpiformer {
 
 struct MoePlan {
-  RouterShape router;  // one micro-batch's B*T tokens
+  RouterShape router;  // one micro-batch's B*T tokens (T: this rank's of each sequence)
   // Dispatched rows at most: every assignment, or each expert's capacity
   // in each sequence where that is fewer.
   int64_t rows = 0;
@@ -30,9 +30,13 @@ struct MoePlan {
   bool any_sparse = false;
 };
 
-inline MoePlan moe_plan(const GptConfig& cfg, const StageRange& range, int64_t micro_batch) {
+// `cp`: the context-parallel ranks each sequence is split over (the
+// router's capacity is the whole sequence's; a rank may be given all of
+// an expert's places of a sequence).
+inline MoePlan moe_plan(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
+                        int64_t cp = 1) {
   MoePlan p;
-  const int64_t T = cfg.seq_len, BT = micro_batch * T, L = range.layers_per_chunk();
+  const int64_t T = cfg.seq_len / cp, BT = micro_batch * T, L = range.layers_per_chunk();
   p.sparse_at.assign(static_cast<size_t>(L), false);
   p.dense_at.assign(static_cast<size_t>(L), false);
   for (int64_t i = 0; i < range.num_layers(); ++i) {
@@ -41,7 +45,8 @@ inline MoePlan moe_plan(const GptConfig& cfg, const StageRange& range, int64_t m
     p.any_sparse = p.any_sparse || sparse;
   }
   if (!cfg.moe()) return p;
-  p.router = {BT, T, cfg.experts, cfg.top_k, cfg.expert_capacity(T)};
+  p.router = {BT, T, cfg.experts, cfg.top_k, cfg.expert_capacity(cfg.seq_len)};
+  p.router.context = cp;
   p.rows = BT * cfg.top_k;
   if (p.router.capacity > 0) p.rows = std::min(p.rows, cfg.experts * micro_batch * p.router.capacity);
   p.ep = range.ep;

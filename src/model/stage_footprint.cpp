@@ -61,7 +61,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // places (int32) per token, the counts per sequence (int32) and kept
   // rows per expert (int64); under expert parallelism the received rows,
   // and under split backward their output gradients too (left for W).
-  const MoePlan moe = moe_plan(cfg, range, o.micro_batch);
+  const MoePlan moe = moe_plan(cfg, range, o.micro_batch, std::max<int64_t>(o.cp, 1));
   const double M = static_cast<double>(moe.rows), E = static_cast<double>(cfg.experts);
   const double Mr = static_cast<double>(moe.received);
   const double K = static_cast<double>(cfg.top_k);
@@ -123,9 +123,9 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // and two sets of totals; under expert parallelism the received rows'
   // outputs and gradients.
   if (moe.any_sparse) {
-    const double S = B;
     f.scratch += BT * E * (act + acc) + BT * K * acc + (2 * M * C + Mr * Cin) * act +
-                 (cfg.llama() ? Mr * Cm * act : 0) + 3 * S * E * 8 + 2 * kRouterTotals * 8;
+                 (cfg.llama() ? Mr * Cm * act : 0) +
+                 static_cast<double>(router_scratch_words(moe.router)) * 8 + 2 * kRouterTotals * 8;
     if (moe.ep > 1) f.scratch += Mr * C * act;
   }
   return f;

@@ -148,11 +148,14 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   // imbalance moves rows between experts, not between ranks).
   const int64_t E = cfg.experts, K = cfg.top_k, ep = range.ep, local = ep > 0 ? E / ep : E;
   const int64_t cap = cfg.expert_capacity(cfg.seq_len);
-  const int64_t per_expert = E > 0 ? (cap > 0 ? std::min(BT * K / E, micro_batch * cap) : BT * K / E) : 0;
+  // (Under context parallelism a rank's balanced share of a capacity is
+  // its cp-th.)
+  const int64_t per_expert =
+      E > 0 ? (cap > 0 ? std::min(BT * K / E, micro_batch * cap / cp) : BT * K / E) : 0;
   const double routed = static_cast<double>(E * per_expert);  // rows dispatched
   int64_t expert_rows = ep * per_expert;  // each of this rank's experts
   if (ep > 1 && expert_imbalance > 1) {
-    const MoePlan moe = moe_plan(cfg, range, micro_batch);
+    const MoePlan moe = moe_plan(cfg, range, micro_batch, cp);
     expert_rows = std::min(static_cast<int64_t>(std::ceil(static_cast<double>(expert_rows) * expert_imbalance)),
                            moe.received / local);
   }

@@ -31,10 +31,10 @@ std::vector<int64_t> micro_batches(int64_t per_replica, int64_t deck_value) {
 }
 
 // Context parallelism where a run could take it: a sequence that cuts
-// into 2 cp chunks, a dense model, and the host back end (the ring's CUDA
+// into 2 cp chunks and the host back end (the ring's CUDA
 // kernel is not built: a GPU run refuses cp).
 bool context_parallel_allowed(const Deck& deck, const MachineSpec& machine, int64_t cp) {
-  return machine.device == Device::kCpu && deck.model.seq_len % (2 * cp) == 0 && !deck.model.moe();
+  return machine.device == Device::kCpu && deck.model.seq_len % (2 * cp) == 0;
 }
 
 }  // namespace
@@ -64,8 +64,8 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
         const int64_t dp = ranks / (tp * pp * cp);
         if (deck.train.global_batch % dp != 0) continue;
         // A Mixture of Experts' experts shared out over ep replicas: ep
-        // dividing both dp and the experts.
-        for (int64_t ep : divisors(dp)) {
+        // dividing both the replicas (dp x cp) and the experts.
+        for (int64_t ep : divisors(dp * cp)) {
           if (ep > 1 && (!cfg.moe() || cfg.experts % ep != 0)) continue;
           for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
             // Compressed gradients are zero 0's (deck rule).

@@ -35,6 +35,8 @@ class ContextAttention {
         ring_(ring, shape_, n_, order),
         cp_(ring.size()),
         rank_(ring.rank()),
+        order_(order),
+        comm_(ring),
         observer_(observer) {
     if (qkv_width_ != shape_.C + 2 * shape_.K())
       throw std::logic_error("ContextAttention: the fused qkv rows are not [q | k | v]");
@@ -73,6 +75,15 @@ class ContextAttention {
                static_cast<const Acc*>(lse), static_cast<const Act*>(dout), static_cast<Act*>(dqkv),
                document_starts(positions));
     };
+    // A Mixture of Experts' router: its counts, exact in double, and its
+    // probabilities' sums over the group (off the observer: a few
+    // hundred bytes per layer).
+    g.router.gather = [this](const double* mine, double* all, int64_t n) {
+      comm_.allgather(mine, all, n, Element::kF64);
+    };
+    g.router.sum = [this](double* data, int64_t n) { comm_.allreduce_sum(data, n); };
+    g.rank = rank_;
+    g.order = order_;
     return g;
   }
 
@@ -138,6 +149,8 @@ class ContextAttention {
   int64_t n_, rows_, qkv_width_;
   RingAttention<Acc> ring_;
   int cp_, rank_;
+  ContextChunks order_;
+  Communicator& comm_;
   const TensorOpObserver* observer_;
   std::vector<int64_t> starts_;  // document_starts'
   std::vector<Acc> qkv_, dqkv_, out_, dout_;  // 16-bit stages only

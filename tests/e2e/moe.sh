@@ -149,7 +149,7 @@ DECK="$SOURCE_DIR/inputs/tiny.toml" refused dense "[model] top_k, [model] expert
   --set model.top_k=1
 refused capacity "[model] capacity_factor: expected a value in [0, 1024], got -1" \
   --set model.capacity_factor=-1
-refused ep_dp "[parallel] ep, [parallel] dp, [model] experts: ep 2 must divide both dp (1" \
+refused ep_dp "[parallel] ep, [parallel] dp, [model] experts: ep 2 must divide both dp x cp (1" \
   --set parallel.ep=2
 refused imbalance "[parallel] expert_imbalance: the busiest rank's rows over the fair share: at least 1 (or 0, automatic), got 0.5" \
   --set parallel.expert_imbalance=0.5

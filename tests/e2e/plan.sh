@@ -137,8 +137,9 @@ grep -qF "auto:  $want, the fastest of" auto.log || { grep "^auto" auto.log; fai
 set -- $want
 grep -q "^grid:  dp $2 x pp $4 x tp $6" auto.log || fail "the grid is not the chosen layout"
 grep -q "^step 3/3" auto.log || fail "the auto run did not train"
-# A Mixture of Experts: the plan also tries ep 2 (dp 2 divides the 8
-# experts' group), and auto trains whatever comes first, ep included.
+# A Mixture of Experts: the plan also tries ep 2 (the stage's 2 replicas,
+# data or context ranks, share out the 8 experts) and cp 2, and auto trains
+# whatever comes first, ep and cp included.
 MOE="$SOURCE_DIR/inputs/llama-moe-tiny.toml"
 "$MPIFORMER" plan "$MOE" "${data[@]}" --machine machine.toml --ranks 2 --top 1000 --json >plan_moe.json
 /usr/bin/python3 - plan_moe.json <<'PY'
@@ -146,7 +147,8 @@ import json, sys
 rows = json.load(open(sys.argv[1]))["layouts"]
 eps = {r["ep"] for r in rows}
 assert eps == {1, 2}, eps
-assert all(r["ep"] == 1 or (r["dp"] == 2 and r["ep_comm_s"] > 0) for r in rows), rows
+assert all(r["ep"] == 1 or (r["dp"] * r["cp"] == 2 and r["ep_comm_s"] > 0) for r in rows), rows
+assert {r["cp"] for r in rows if r["ep"] == 2} == {1, 2}, "ep over context ranks not tried"
 PY
 want=$(first_layout plan_moe.json)
 run_mpi 2 train "$MOE" "${data[@]}" --set parallel.auto=true --set run.machine='"machine.toml"' \

@@ -834,12 +834,16 @@ TEST(Plan, ExpertParallelismIsPricedAndSearched) {
   deck.parallel.expert_imbalance = 0;
   int64_t most = 1;
   const Plan all = plan_layouts(deck, m, 4, 4);
+  // (ep groups are of the stage's replicas: dp x cp, context ranks too.)
+  bool over_context = false;
   for (const Prediction& p : all.fitting) {
-    EXPECT_EQ(p.layout.dp % p.layout.ep, 0) << p.layout.describe();
+    EXPECT_EQ(p.layout.dp * p.layout.cp % p.layout.ep, 0) << p.layout.describe();
+    over_context = over_context || p.layout.dp % p.layout.ep != 0;
     EXPECT_EQ(deck.model.experts % p.layout.ep, 0) << p.layout.describe();
     most = std::max(most, p.layout.ep);
   }
   EXPECT_EQ(most, 4);
+  EXPECT_TRUE(over_context);  // some ep group spans context ranks
   for (const Prediction& p : plan_layouts(tiny_deck(), m, 4, 4).fitting)
     EXPECT_EQ(p.layout.ep, 1) << p.layout.describe();
 }

@@ -206,6 +206,15 @@ TEST(StageFootprint, EqualsWhatTheContextParallelStageAllocates) {
     }
     expect_exact<float>(g, 2, 3, 3, 3, true, Recompute::kNone, true, 2, cp);
   }
+  // A Mixture of Experts: the router's scratch holds the context group's
+  // counts too.
+  GptConfig m = g;
+  m.experts = 5;
+  m.top_k = 2;
+  for (int64_t cp : {2, 3}) {
+    expect_exact<float>(m, 1, 2, 2, 1, false, Recompute::kNone, false, 1, cp);
+    expect_exact<double>(m, 2, 3, 2, 3, true, Recompute::kAttention, false, 1, cp);
+  }
 }
 
 TEST(StageFootprint, SequenceParallelismDividesTheRowsKept) {
