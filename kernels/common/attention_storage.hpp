@@ -63,4 +63,16 @@ N attention_scratch_elements(AttentionStorage s, N B, N NH, N T, N hs) {
   return B * NH * T * (1 + hs) + B * NH * tiles;
 }
 
+// The context ring's blocks (host/attention_blocks.hpp): a (sequence, kv
+// head) task takes `tile` query rows at a time, its scores and in backward
+// their gradients tile x (the block's keys) each, so a long chunk's pair
+// never holds an n x n matrix. Its scratch, for B x NKV tasks, query
+// blocks of nq rows and key blocks of nk (a double for the accounting, an
+// int64_t for the ring).
+constexpr int64_t kRingQueryTile = 256;
+template <class N>
+N ring_scratch_elements(N B, N NKV, N nq, N nk, N tile = static_cast<N>(kRingQueryTile)) {
+  return B * NKV * 2 * (tile < nq ? tile : nq) * nk;
+}
+
 }  // namespace mpiformer

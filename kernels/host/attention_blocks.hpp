@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "attention.hpp"
+#include "common/attention_storage.hpp"
 #include "common/context_chunks.hpp"
 #include "fast_math.hpp"
 #include "gemm.hpp"
@@ -187,20 +188,36 @@ void ring_attention_start(const AttentionShape& a, int64_t nq, T* m, T* l, T* o)
                             a.C, nq, a.hs());
 }
 
+namespace detail {
+// Tile [i, i + rows) of nq query rows at q0 against nk keys at k0: the
+// keys it can see under the causal mask (0: none).
+inline int64_t tile_keys(int64_t q0, int64_t i, int64_t rows, int64_t k0, int64_t nk) {
+  return std::clamp<int64_t>(q0 + i + rows - k0, 0, nk);
+}
+}  // namespace detail
+
+// `scratch`: ring_scratch_elements(B, NKV, nq, nk, tile) (query tiles:
+// common/attention_storage.hpp). Under the causal mask a tile reads only
+// the keys up to its last query.
 template <class T>
 void ring_attention_forward(const AttentionShape& a, const T* qkv, int64_t q0, int64_t nq, const T* kv,
-                            int64_t k0, int64_t nk, T* m, T* l, T* o, const int64_t* starts = nullptr) {
+                            int64_t k0, int64_t nk, T* m, T* l, T* o, T* scratch,
+                            const int64_t* starts = nullptr, int64_t tile = kRingQueryTile) {
   if (!block_visible(q0, nq, k0, nk)) return;
-  const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K;
+  const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K, tq = std::min(tile, nq);
   task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
     const int64_t b = task / a.NKV, kvh = task % a.NKV;
-    T* scores = detail::attention_scratch<T>(nq * nk);
+    T* scores = scratch + task * 2 * tq * nk;
     const T* k = kv + b * nk * 2 * K + kvh * hs;
     for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
       const int64_t row = (b * a.NH + h) * nq;
-      block_attention_forward(qkv + b * nq * ld + h * hs, ld, q0, nq, k, k + K, 2 * K, k0, nk, hs, m + row,
-                              l + row, o + b * nq * a.C + h * hs, a.C, scores,
-                              starts != nullptr ? starts + b * nq : nullptr);
+      for (int64_t i = 0; i < nq; i += tq) {
+        const int64_t rows = std::min(tq, nq - i), keys = detail::tile_keys(q0, i, rows, k0, nk);
+        if (keys == 0) continue;
+        block_attention_forward(qkv + (b * nq + i) * ld + h * hs, ld, q0 + i, rows, k, k + K, 2 * K, k0,
+                                keys, hs, m + row + i, l + row + i, o + (b * nq + i) * a.C + h * hs, a.C,
+                                scores, starts != nullptr ? starts + b * nq + i : nullptr);
+      }
     }
   });
 }
@@ -224,23 +241,30 @@ void ring_attention_delta(const AttentionShape& a, int64_t nq, const T* out, con
                             a.hs(), delta + (b * a.NH + h) * nq);
 }
 
+// `scratch`: as forward's.
 template <class T>
 void ring_attention_backward(const AttentionShape& a, const T* qkv, int64_t q0, int64_t nq, const T* kv,
                              int64_t k0, int64_t nk, const T* dout, const T* lse, const T* delta, T* dqkv,
-                             T* dkv, const int64_t* starts = nullptr) {
+                             T* dkv, T* scratch, const int64_t* starts = nullptr,
+                             int64_t tile = kRingQueryTile) {
   if (!block_visible(q0, nq, k0, nk)) return;
-  const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K;
+  const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K, tq = std::min(tile, nq);
   task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
     const int64_t b = task / a.NKV, kvh = task % a.NKV;
-    T* scores = detail::attention_scratch<T>(2 * nq * nk);
+    T* scores = scratch + task * 2 * tq * nk;
     const T* k = kv + b * nk * 2 * K + kvh * hs;
     T* dk = dkv + b * nk * 2 * K + kvh * hs;
     for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
       const int64_t row = (b * a.NH + h) * nq;
-      block_attention_backward(qkv + b * nq * ld + h * hs, ld, q0, nq, k, k + K, 2 * K, k0, nk, hs,
-                               dout + b * nq * a.C + h * hs, a.C, lse + row, delta + row,
-                               dqkv + b * nq * ld + h * hs, ld, dk, dk + K, 2 * K, scores, scores + nq * nk,
-                               starts != nullptr ? starts + b * nq : nullptr);
+      for (int64_t i = 0; i < nq; i += tq) {
+        const int64_t rows = std::min(tq, nq - i), keys = detail::tile_keys(q0, i, rows, k0, nk);
+        if (keys == 0) continue;
+        block_attention_backward(qkv + (b * nq + i) * ld + h * hs, ld, q0 + i, rows, k, k + K, 2 * K, k0,
+                                 keys, hs, dout + (b * nq + i) * a.C + h * hs, a.C, lse + row + i,
+                                 delta + row + i, dqkv + (b * nq + i) * ld + h * hs, ld, dk, dk + K, 2 * K,
+                                 scores, scores + rows * keys,
+                                 starts != nullptr ? starts + b * nq + i : nullptr);
+      }
     }
   });
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/attention_storage.hpp"
 #include "common/op_constants.hpp"
 #include "core/precision_plan.hpp"
 #include "model/gradient_buckets.hpp"
@@ -278,8 +279,12 @@ double context_attention_bytes(const GptConfig& cfg, int64_t tp, int64_t micro_b
   const double NH = static_cast<double>(cfg.n_head / tp), Ca = static_cast<double>(cfg.n_embd / tp);
   const double qkv = static_cast<double>(cfg.qkv_dim_per_rank(tp));
   const double acc = static_cast<double>(acc_bytes);
-  // (And each row's document start, 8 bytes.)
-  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc + 8 * rows;
+  // (And each row's document start, 8 bytes.) Each (sequence, kv head)
+  // task's score tiles.
+  const double n = static_cast<double>(cfg.seq_len / (2 * cp));
+  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc + 8 * rows +
+                 ring_scratch_elements(static_cast<double>(micro_batch),
+                                       static_cast<double>(cfg.kv_heads_per_rank(tp)), n, n) * acc;
   if (act_bytes != acc_bytes) bytes += 2 * rows * (qkv + Ca) * acc;
   return bytes;
 }

@@ -38,9 +38,12 @@ class RingAttention {
 
   // `ring`: the context-parallel group, rank r holding chunks
   // context_chunks(r, size, order); `n`: tokens per chunk.
+  // `tile`: the query rows a task takes at once (the tests' small tiles
+  // cut a chunk into several, the last short).
   RingAttention(Communicator& ring, const host::AttentionShape& shape, int64_t n,
-                ContextChunks order = ContextChunks::kHeadTail)
-      : ring_(ring), a_(shape), n_(n), order_(order) {
+                ContextChunks order = ContextChunks::kHeadTail,
+                int64_t tile = kRingQueryTile)
+      : ring_(ring), a_(shape), n_(n), tile_(tile), order_(order) {
     const size_t kv = static_cast<size_t>(2 * a_.B * n_ * 2 * a_.K());
     for (auto& b : kv_) b.resize(kv);
     for (auto& b : dkv_) b.resize(kv);
@@ -49,14 +52,16 @@ class RingAttention {
     m_.resize(rows);
     l_.resize(rows);
     delta_.resize(rows);
+    scratch_.resize(static_cast<size_t>(ring_scratch_elements(a_.B, a_.NKV, n_, n_, tile_)));
   }
 
   void observe_blocks(BlockObserver observer) { on_block_ = std::move(observer); }
 
   // Bytes of its buffers: two key/value blocks and two of their
-  // gradients' sums, and three accumulators per query row.
+  // gradients' sums, three accumulators per query row, and the tasks'
+  // score tiles.
   double allocated_bytes() const {
-    size_t n = m_.size() + l_.size() + delta_.size();
+    size_t n = m_.size() + l_.size() + delta_.size() + scratch_.size();
     for (const auto& b : kv_) n += b.size();
     for (const auto& b : dkv_) n += b.size();
     return static_cast<double>(n * sizeof(T));
@@ -83,7 +88,8 @@ class RingAttention {
         for (int kb = 0; kb < 2; ++kb)
           host::ring_attention_forward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
                                        kv + kb * kv_block(), chunk_start(owner, kb), n_, m + qa * rows,
-                                       l + qa * rows, out + qa * out_block(), chunk_starts(starts, qa));
+                                       l + qa * rows, out + qa * out_block(), scratch_.data(),
+                                       chunk_starts(starts, qa), tile_);
     });
     for (int j = 0; j < 2; ++j)
       host::ring_attention_finish(a_, n_, out + j * out_block(), m + j * rows, l + j * rows,
@@ -107,7 +113,8 @@ class RingAttention {
           host::ring_attention_backward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
                                         kv + kb * kv_block(), chunk_start(owner, kb), n_, dout + qa * out_block(),
                                         lse + qa * rows, delta + qa * rows, dqkv + qa * qkv_block(),
-                                        dkv + kb * kv_block(), chunk_starts(starts, qa));
+                                        dkv + kb * kv_block(), scratch_.data(), chunk_starts(starts, qa),
+                                        tile_);
     });
     // The block now held is the next rank's, its sums complete: home to
     // it; this rank's own comes from the previous.
@@ -170,10 +177,11 @@ class RingAttention {
 
   Communicator& ring_;
   host::AttentionShape a_;
-  int64_t n_;
+  int64_t n_, tile_;
   ContextChunks order_;
   BlockObserver on_block_;
   std::vector<T> kv_[2], dkv_[2];  // the block held and the one arriving
+  std::vector<T> scratch_;         // ring_scratch_elements: each task's score tiles
   std::vector<T> m_, l_, delta_;   // per query row of both chunks: the running max and sum; delta
   int cur_ = 0;
 };

@@ -239,7 +239,7 @@ TEST(AttentionBlocks, HeadTailChunksBalanceTheCausalWork) {
 }
 
 // Every head at once in the model's layouts (grouped-query: 4 query heads
-// on 2 kv heads), each rank's chunk of rows as a ring rank holds it, its
+// on 2 kv heads), in query tiles, each rank's chunk of rows as a ring rank holds it, its
 // query rows against every key/value block in ring order, against the
 // trainer's own host attention over the whole sequence (float both: 2e-5
 // of the largest value, another order of the same sums).
@@ -265,6 +265,10 @@ TEST(AttentionBlocks, EveryHeadInTheModelsLayoutsMatchesHostAttention) {
     return r;
   };
   const size_t n = spans.size();
+  // Query tiles of 3 rows: 3, 3, 2 of a block of 8, 3 and 2 of the last
+  // (short) block of 5.
+  const int64_t tile = 3;
+  std::vector<float> scratch(ring_scratch_elements(a.B, a.NKV, block, block, tile));
   std::vector<std::vector<float>> q(n), kv(n), dq(n), dkv(n), o(n), d(n);
   for (size_t i = 0; i < n; ++i) {
     q[i] = rows(qkv, ld, 0, ld, spans[i]);
@@ -281,7 +285,8 @@ TEST(AttentionBlocks, EveryHeadInTheModelsLayoutsMatchesHostAttention) {
     for (size_t s = 0; s < n; ++s) {
       const size_t j = (i + s) % n;
       host::ring_attention_forward(a, q[i].data(), qs.begin, qs.rows, kv[j].data(), spans[j].begin,
-                                   spans[j].rows, m.data(), l.data(), o[i].data());
+                                   spans[j].rows, m.data(), l.data(), o[i].data(), scratch.data(),
+                                   nullptr, tile);
     }
     host::ring_attention_finish(a, qs.rows, o[i].data(), m.data(), l.data(), lse.data());
     host::ring_attention_delta(a, qs.rows, o[i].data(), d[i].data(), delta.data());
@@ -289,7 +294,7 @@ TEST(AttentionBlocks, EveryHeadInTheModelsLayoutsMatchesHostAttention) {
       const size_t j = (i + s) % n;
       host::ring_attention_backward(a, q[i].data(), qs.begin, qs.rows, kv[j].data(), spans[j].begin,
                                     spans[j].rows, d[i].data(), lse.data(), delta.data(), dq[i].data(),
-                                    dkv[j].data());
+                                    dkv[j].data(), scratch.data(), nullptr, tile);
     }
   }
   // Laid back over the sequence: out, and dqkv from the q parts and the

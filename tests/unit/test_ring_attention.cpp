@@ -4,7 +4,7 @@
 // attention over the whole sequence, computed on every rank alike
 // (host/attention.hpp: the trainer's own kernel, sharing no code with the
 // ring's blockwise arithmetic). Grouped-query heads, two sequences, chunks
-// of 5 tokens. Tolerance: float both, 2e-5 of each result's largest value
+// of 5 tokens, whole or in query tiles of 2. Tolerance: float both, 2e-5 of each result's largest value
 // (another order of the same sums).
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -41,6 +41,8 @@ TEST_P(RingAttentionOrder, ChunksAroundTheRanksMatchWholeSequenceAttention) {
   host::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), a.B, T, a.C, a.NH,
                            a.NKV);
   RingAttention<float> ring_attention(ring, a, n, GetParam());
+  // And with query tiles of 2 rows: 2, 2 and a short 1 per chunk.
+  RingAttention<float> tiled(ring, a, n, GetParam(), 2);
   // This rank's rows, chunk-major [2, B, n, width], from [B, T, width].
   auto mine = [&](const std::vector<float>& x, int64_t width) {
     std::vector<float> y(2 * a.B * n * width);
@@ -58,6 +60,10 @@ TEST_P(RingAttentionOrder, ChunksAroundTheRanksMatchWholeSequenceAttention) {
                             name_of(GetParam()) + " chunks";
   EXPECT_TRUE(close_to_largest(my_out, mine(out, a.C), 2e-5)) << where << ": out";
   EXPECT_TRUE(close_to_largest(my_dqkv, mine(dqkv, ld), 2e-5)) << where << ": dqkv";
+  tiled.forward(my_qkv.data(), my_out.data(), lse.data());
+  tiled.backward(my_qkv.data(), my_out.data(), lse.data(), my_dout.data(), my_dqkv.data());
+  EXPECT_TRUE(close_to_largest(my_out, mine(out, a.C), 2e-5)) << where << ", tiles of 2: out";
+  EXPECT_TRUE(close_to_largest(my_dqkv, mine(dqkv, ld), 2e-5)) << where << ", tiles of 2: dqkv";
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, RingAttentionOrder,
