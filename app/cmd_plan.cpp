@@ -100,10 +100,11 @@ std::string memory_split(const Prediction& p) {
 std::string prediction_row(int i, const Prediction& p) {
   const double ms = 1e3;
   return strprintf(
-      "%3d | %-50s | %10.1f | %5.1f%% | %9.2f = %8.2f + %7.2f + %7.2f + %6.2f | %7.2f | %7.2f | %s\n",
+      "%3d | %-50s | %10.1f | %5.1f%% | %9.2f = %8.2f + %7.2f + %7.2f + %6.2f | %7.2f | %7.2f | "
+      "%7.2f | %s\n",
       i, p.layout.describe().c_str(), p.tokens_per_s, 100 * p.mfu, ms * p.step.step_time,
       ms * p.compute, ms * p.exposed_comm, ms * p.bubble, ms * p.optimizer, ms * p.tp_comm,
-      ms * p.ep_comm, memory_split(p).c_str());
+      ms * p.ep_comm, ms * p.cp_comm, memory_split(p).c_str());
 }
 
 // The run's data as the run will show it, with its repeat warnings; a plan
@@ -144,12 +145,13 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
                 plan.ranks, machine.name.c_str(), args.machine.c_str());
     for (const std::string& line : data_lines(deck)) std::printf("%s\n", line.c_str());
     std::printf("%d layouts considered, %zu fit in %.2f GiB per rank (%.2f GiB less [parallel] "
-                "memory_margin %g); step time = compute (of which the tensor collectives and the "
-                "experts' all-to-alls) + exposed communication + bubble + optimizer\n",
+                "memory_margin %g); step time = compute (of which the tensor collectives, the "
+                "experts' all-to-alls and the context ring's sends not hidden by attention) + "
+                "exposed communication + bubble + optimizer\n",
                 plan.considered, plan.fitting.size(), plan.leanest.memory_planned / kGiB,
                 plan.leanest.memory_available / kGiB, deck.parallel.memory_margin);
     std::printf("  # | layout                                             |   tokens/s |   MFU |   step "
-                "ms = compute + exposed +  bubble +  optim | tp comm | ep comm | GiB per rank = "
+                "ms = compute + exposed +  bubble +  optim | tp comm | ep comm | cp comm | GiB per rank = "
                 "params + grads + AdamW + activations + other\n");
     for (size_t i = 0; i < shown.size() && static_cast<int>(i) < args.top; ++i)
       std::printf("%s", prediction_row(static_cast<int>(i) + 1, shown[i]).c_str());
