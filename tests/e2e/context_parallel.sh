@@ -77,7 +77,8 @@ done
 # context group, so what is kept and dropped, the aux loss, the experts'
 # load and the drops (compare's routing metrics) are one rank's. At cp 2,
 # cp 4 with the plain split, expert parallelism over the context ranks
-# (ep 2 at dp 1: every token's rows cross to the other chunk's rank), and
+# (ep 2 at dp 1: every token's rows cross to the other chunk's rank), tp 2
+# with sequence parallelism and full recomputation (the router again), and
 # dp 2 x cp 2 with ep 4, ZeRO 3 and zb-h1 over 2 stages (8 ranks).
 DECK="$SOURCE_DIR/inputs/llama-moe-tiny.toml"
 train moe_ref 1 1 1 1
@@ -87,6 +88,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"dropped_fraction"' in l]
 assert rows and all(r["dropped_fraction"] > 0 for r in rows), rows
 PY
 moe_cases=("1 1 1 2" "1 1 1 4 --set parallel.cp_chunks=contiguous" "1 1 1 2 --set parallel.ep=2"
+           "1 1 2 2 --set parallel.sequence_parallel=true --set train.recompute=full"
            "2 2 1 2 --set parallel.ep=4 --set parallel.zero=3 --set parallel.schedule=zb-h1")
 n=0
 for c in "${moe_cases[@]}"; do
