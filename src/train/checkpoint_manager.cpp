@@ -272,10 +272,12 @@ ResumePoint CheckpointManager::load() {
   return start;
 }
 
-void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t step) {
+void CheckpointManager::refuse_nonfinite_state(const std::vector<DatasetSlice>& slices,
+                                               const StageState& state, int64_t step) {
   // A checkpoint is what a run falls back on: one holding NaN or infinity
   // (weights from a damaged init, a hardware fault) must never be published
-  // as `latest`. Every rank judges its own state; all agree.
+  // as `latest`. Every rank judges what it writes (together: the whole
+  // file; replicas holding the same tensors share the scan); all agree.
   // In pieces: offloaded state's views drop each one's pages after it, one
   // piece at a time; state in memory is scanned by the rank's threads.
   constexpr int64_t kPiece = int64_t{1} << 22;
@@ -309,9 +311,12 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
     }
     return true;
   };
-  const int64_t n = stage_.state_size();
-  int bad = finite(state.params, state.params_whole ? stage_.param_storage() : n) ? 0 : 1;
-  if (bad == 0 && !(finite(state.adam_m, n) && finite(state.adam_v, n))) bad = 2;
+  // The weights' datasets (/model/...) first, then the moments'.
+  int bad = 0;
+  for (const DatasetSlice& d : slices) {
+    if (finite(d.data, slice_elements(d))) continue;
+    bad = std::max(bad, d.name.rfind("/model/", 0) == 0 ? 2 : 1);  // the weights said first
+  }
   int worst = bad;
   MPI_CHECK(MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (worst == 0) return;
@@ -325,7 +330,7 @@ void CheckpointManager::refuse_nonfinite_state(const StageState& state, int64_t 
       deck_.checkpoint.dir, "[checkpoint]",
       strprintf("the %s of step %lld hold NaN or infinity: this checkpoint is not written, and "
                 "`latest` still names %s",
-                worst == 1 ? "weights" : "AdamW moments", static_cast<long long>(step),
+                worst == 2 ? "weights" : "AdamW moments", static_cast<long long>(step),
                 store_latest.empty() ? "no checkpoint" : store_latest.c_str()));
 }
 
@@ -482,16 +487,16 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
       }
     }
   } release{stage_};
-  refuse_nonfinite_state(state, step);
-  const auto scanned = std::chrono::steady_clock::now();
   auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
+  const auto summed = std::chrono::steady_clock::now();
+  refuse_nonfinite_state(slices, state, step);
+  const auto scanned = std::chrono::steady_clock::now();
   // The slices of a detached state (a GPU's, downloaded) are written from
   // where they are; the rest are copied.
   const size_t detached = state.detached ? slices.size() : 0;
   // Error feedback's residuals, so a resume on this layout goes on exactly.
   const std::vector<float> residual = stage_.compression_state();
   for (DatasetSlice& d : compression_slices(residual, MPI_COMM_WORLD)) slices.push_back(std::move(d));
-  const auto summed = std::chrono::steady_clock::now();
   if (background) {
     // The snapshot: what this rank writes, copied out of the live state
     // (the next step changes it); then the file laid out, collectively,
@@ -513,9 +518,7 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     constexpr int64_t kPiece = int64_t{1} << 20;
     for (size_t i = detached; i < slices.size(); ++i) {
       DatasetSlice& d = slices[i];
-      int64_t count = 0;
-      for (const DatasetBox& b : d.boxes) count += b.rows * (d.shape.size() > 1 ? b.cols : 1);
-      if (d.data == nullptr) count = 0;
+      const int64_t count = slice_elements(d);
       bg->snapshot[i].resize(static_cast<size_t>(count));
       for (int64_t at = 0; at < count; at += kPiece)
         pieces.push_back({bg->snapshot[i].data() + at, d.data + at, std::min(kPiece, count - at)});
@@ -542,11 +545,11 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (grid_.world_rank() == 0) {
       const auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-      std::printf("checkpoint: step %lld taken in %.2f s (state %.2f s, finite scan %.2f s, "
-                  "checksums %.2f s, snapshot %.2f s, the file's layout %.2f s); %s is written in "
-                  "the background\n",
-                  static_cast<long long>(step), dt, s(before_state, got_state), s(got_state, scanned),
-                  s(scanned, summed), s(summed, laid), s(laid, std::chrono::steady_clock::now()),
+      std::printf("checkpoint: step %lld taken in %.2f s (state %.2f s, checksums %.2f s, "
+                  "finite scan %.2f s, snapshot %.2f s, the file's layout %.2f s); %s is written "
+                  "in the background\n",
+                  static_cast<long long>(step), dt, s(before_state, got_state), s(got_state, summed),
+                  s(summed, scanned), s(scanned, laid), s(laid, std::chrono::steady_clock::now()),
                   path.c_str());
       std::fflush(stdout);
     }

@@ -197,6 +197,9 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
     by_name.emplace(s.name, &s);
   }
   int tensor = 0;  // spreads the checksums' gathers over the stage's ranks
+  // Elements each replica sums of the tensors all hold whole: each such
+  // tensor goes to the least loaded (the same choice on every replica).
+  std::vector<int64_t> summed(static_cast<size_t>(std::max(grid.dp(), 1)), 0);
   struct LocalSum {
     size_t slice;
     const float* data;
@@ -232,8 +235,11 @@ std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const Paramete
         }
         const bool whole_slice = grid.tp() == 1 || spec.schema().split == Split::kNone;
         if (shards == nullptr && whole_slice) {
-          // The first replica holding it holds it whole: no gather.
-          if (held != nullptr && holder == 0 && grid.tp_rank() == 0) {
+          // Every replica holding it holds it whole: no gather.
+          const auto least = std::min_element(summed.begin(), summed.begin() + holders);
+          const int reporter = static_cast<int>(least - summed.begin());
+          *least += spec.numel();
+          if (held != nullptr && holder == reporter && grid.tp_rank() == 0) {
             d.reports_checksum = true;
             const float* whole = group_base(state, g) + held->offset;
             if (state.done_with) {

@@ -51,12 +51,23 @@ struct CheckpointDataset {
 std::vector<CheckpointDataset> checkpoint_datasets(const GptConfig& cfg);
 
 // Every dataset of the full model (same list on every rank), with this
-// rank's blocks and, on the reporting rank, the checksum.
+// rank's blocks and, on the reporting rank, the checksum. A tensor every
+// replica holds whole is summed by one of them, the replicas taking the
+// tensors in turn by size, so the work is shared.
 // Under ZeRO (state.shards) each owner lists its rows; under ZeRO or tensor
 // parallelism each dataset's checksum is taken on one rank of the stage
 // after a gather (collective over the stage's ranks).
 std::vector<DatasetSlice> checkpoint_slices(const GptConfig& cfg, const ParameterTable& local,
                                             const StageState& state, ProcessGrid& grid);
+
+// The elements a slice's rank writes, one after another at its data (0
+// where it writes none).
+inline int64_t slice_elements(const DatasetSlice& d) {
+  if (d.data == nullptr) return 0;
+  int64_t n = 0;
+  for (const DatasetBox& b : d.boxes) n += b.rows * (d.shape.size() > 1 ? b.cols : 1);
+  return n;
+}
 
 // Reads the tensors of `local` from `reader` into `state` (whole logical
 // tensors; padding left zero). Throws InputError (file, dataset) on any
