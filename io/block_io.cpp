@@ -15,8 +15,7 @@ namespace {
 // O_DIRECT's alignment of offsets, lengths and buffers: 4 KiB covers the
 // 512-byte and 4 KiB logical blocks of the devices and file systems in use.
 constexpr int64_t kAlign = 4096;
-// The staging buffer: large requests keep the device busy.
-constexpr size_t kBounce = size_t{16} << 20;
+constexpr size_t kBounce = BlockIo::kStagingBytes;
 
 template <class Io, class Buf>
 bool whole(Io io, int fd, Buf* data, size_t n, int64_t offset) {

@@ -18,6 +18,10 @@ namespace mpiformer {
 
 class BlockIo {
  public:
+  // The aligned staging buffer's size (where O_DIRECT is used): large
+  // requests keep the device busy.
+  static constexpr size_t kStagingBytes = size_t{16} << 20;
+
   // `fd`: the file opened for reading and writing (the caller's); `path`
   // is opened again with O_DIRECT where possible (and `try_direct`).
   BlockIo(const std::string& path, int fd, bool try_direct = true);

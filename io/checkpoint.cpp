@@ -230,6 +230,11 @@ int reserve_space(const std::string& path, int64_t bytes) {
 }
 }  // namespace
 
+double checkpoint_io_bytes() {
+  return static_cast<double>(kCheckpointIoPiece) * sizeof(float) +
+         static_cast<double>(BlockIo::kStagingBytes);
+}
+
 uint64_t tensor_checksum(const float* data, int64_t n) {
   return XXH64(data, static_cast<size_t>(n) * sizeof(float), 0);
 }
@@ -443,6 +448,24 @@ void for_each_run(const DatasetSlice& d, int64_t base, F f) {
   }
 }
 
+// A streaming XXH64 (its state is opaque in the shared library's header).
+using HashState = std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)>;
+HashState hash_state() {
+  HashState h(XXH64_createState(), XXH64_freeState);
+  if (!h) throw std::bad_alloc();
+  return h;
+}
+
+// for_each_run's runs cut into pieces of at most kCheckpointIoPiece
+// floats, so a read-back's buffer is one piece, whatever the tensor.
+template <class F>
+void for_each_piece(const DatasetSlice& d, int64_t base, F f) {
+  for_each_run(d, base, [&](int64_t offset, int64_t n, int64_t first) {
+    for (int64_t at = 0; at < n; at += kCheckpointIoPiece)
+      f(offset + 4 * at, std::min(kCheckpointIoPiece, n - at), first + at);
+  });
+}
+
 }  // namespace
 
 BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<DatasetSlice>& datasets,
@@ -463,7 +486,9 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
     int fd;
     ~Close() { ::close(fd); }
   } close_it{fd};
-  BlockIo io(layout.tmp, fd);
+  // Released before the read-back makes its own: one staging buffer at a
+  // time (checkpoint_io_bytes).
+  auto io = std::make_unique<BlockIo>(layout.tmp, fd);
   const int64_t fault = test_hooks::checkpoint_fault_after();
   if (const int64_t slow = test_hooks::slow_background_write_ms(); slow > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(slow));
@@ -471,17 +496,24 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
   // disk: the read-back compares against these, never the live state
   // again (which a read-back behind training would find changed).
   out.sums.assign(datasets.size(), 0);
+  const HashState sum = hash_state();
   for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
     const DatasetSlice& d = datasets[i];
     int64_t count = 0;
-    for_each_run(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
+    // Hashed piece by piece right after each piece is written, while its
+    // bytes are still in cache (the runs come in element order: the hash
+    // is tensor_checksum of the whole).
+    XXH64_reset(sum.get(), 0);
+    for_each_piece(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
       count += n;
       if (!out.failure.empty()) return;
       errno = 0;
-      if (!io.write(reinterpret_cast<const char*>(d.data + first), static_cast<size_t>(4 * n), offset))
+      const char* bytes = reinterpret_cast<const char*>(d.data + first);
+      if (!io->write(bytes, static_cast<size_t>(4 * n), offset))
         out.failure = "writing " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "failed");
+      XXH64_update(sum.get(), bytes, static_cast<size_t>(4 * n));
     });
-    if (count > 0) out.sums[i] = tensor_checksum(d.data, count);
+    if (count > 0) out.sums[i] = XXH64_digest(sum.get());
     if (d.written) d.written();
     if (fault >= 0 && static_cast<int64_t>(i) + 1 >= fault) {
       // The node dies in the middle of a background write.
@@ -493,6 +525,7 @@ BlockWrite write_blocks(const CheckpointLayout& layout, const std::vector<Datase
   }
   if (out.failure.empty() && ::fsync(fd) != 0)
     out.failure = std::string("flushing ") + layout.tmp + ": " + std::strerror(errno);
+  io.reset();
   if (!out.failure.empty()) return finish();
   if (layout.rank == 0 && layout.step == test_hooks::fault_corrupt_checkpoint() && !datasets.empty()) {
     float v = 0;  // one value changed in place, as a stray writer would
@@ -532,19 +565,22 @@ void read_back_blocks(const CheckpointLayout& layout, const std::vector<DatasetS
   // What reads back next comes from the disk, not the page cache (the
   // direct reads by construction; the partial blocks once dropped).
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  std::vector<float> back;
+  // One piece at a time, hashed as it comes (checkpoint_io_bytes).
+  std::vector<float> back(static_cast<size_t>(kCheckpointIoPiece));
+  const HashState sum = hash_state();
   for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
     const DatasetSlice& d = datasets[i];
     int64_t count = 0;
-    for_each_run(d, 0, [&](int64_t, int64_t n, int64_t) { count += n; });
-    if (count == 0) continue;
-    back.resize(static_cast<size_t>(count));
-    for_each_run(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t first) {
-      if (out.failure.empty() &&
-          !io.read(reinterpret_cast<char*>(back.data() + first), static_cast<size_t>(4 * n), offset))
+    XXH64_reset(sum.get(), 0);
+    for_each_piece(d, layout.offsets[i], [&](int64_t offset, int64_t n, int64_t) {
+      count += n;
+      if (!out.failure.empty()) return;
+      if (!io.read(reinterpret_cast<char*>(back.data()), static_cast<size_t>(4 * n), offset))
         out.failure = "reading back " + d.name + ": " + (errno != 0 ? std::strerror(errno) : "short");
+      XXH64_update(sum.get(), back.data(), static_cast<size_t>(4 * n));
     });
-    if (out.failure.empty() && tensor_checksum(back.data(), count) != out.sums[i]) {
+    if (count == 0) continue;
+    if (out.failure.empty() && XXH64_digest(sum.get()) != out.sums[i]) {
       out.failure = d.name + " reads back differently from what the run wrote";
       out.mismatch = true;
     }

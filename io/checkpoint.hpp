@@ -148,6 +148,13 @@ struct CheckpointLayout {
 };
 CheckpointLayout lay_out_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
                                     const std::vector<DatasetSlice>& datasets);
+// A save's reads and writes go in pieces of at most this many floats (16
+// MiB): a read-back holds one piece, whatever the tensor.
+inline constexpr int64_t kCheckpointIoPiece = int64_t{1} << 22;
+// Host memory a rank's save holds while it writes and reads back: the
+// read-back's piece and one O_DIRECT staging buffer (block_io.hpp).
+double checkpoint_io_bytes();
+
 struct BlockWrite {
   std::string failure;    // "" or the first thing that failed
   bool mismatch = false;  // written, but read back differently

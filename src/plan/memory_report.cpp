@@ -42,10 +42,14 @@ std::string memory_table(const std::vector<RankMemory>& stages) {
   }
   for (size_t s = 0; s < stages.size(); ++s) {
     const RankMemory& m = stages[s];
-    if (m.checkpoint_snapshot == 0) continue;
-    t += strprintf("  %zu | [checkpoint] async's snapshot: %.1f MB of host memory from the first "
-                   "save on%s\n",
-                   s, m.checkpoint_snapshot / 1e6, m.snapshot_in_total ? " (in the total)" : ", outside the device's");
+    const char* where = m.saves_in_total ? " (in the total)" : ", outside the device's";
+    if (m.checkpoint_snapshot > 0)
+      t += strprintf("  %zu | [checkpoint] async's snapshot: %.1f MB of host memory from the first "
+                     "save on%s\n",
+                     s, m.checkpoint_snapshot / 1e6, where);
+    if (m.checkpoint_io > 0)
+      t += strprintf("  %zu | a save's write and read-back: %.1f MB of host memory while it runs%s\n", s,
+                     m.checkpoint_io / 1e6, where);
   }
   return t;
 }
@@ -58,11 +62,12 @@ std::string memory_json(const std::vector<RankMemory>& stages) {
                    "\"optimizer\": %.0f, \"activations\": %.0f, \"slots\": %d, "
                    "\"per_slot\": %.0f, \"comm\": %.0f, \"scratch\": %.0f, "
                    "\"workspace\": %.0f, \"offload_buffers\": %.0f, \"offload_host\": %.0f, "
-                   "\"offload_disk\": %.0f, \"checkpoint_snapshot\": %.0f, \"total\": %.0f}",
+                   "\"offload_disk\": %.0f, \"checkpoint_snapshot\": %.0f, \"checkpoint_io\": %.0f, "
+                   "\"total\": %.0f}",
                    s == 0 ? "" : ", ", s, m.parameters(), m.gradients(), m.optimizer,
                    m.stage.activations, m.slots, m.stage.per_slot, m.comm, m.stage.scratch,
                    m.workspace, m.offload_buffers, m.offload_host, m.offload_disk,
-                   m.checkpoint_snapshot, m.total());
+                   m.checkpoint_snapshot, m.checkpoint_io, m.total());
   }
   return j + "]}";
 }

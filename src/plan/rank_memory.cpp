@@ -9,6 +9,7 @@
 #include "model/parameter_table.hpp"
 #include "model/shard_plan.hpp"
 #include "model/stage_layout.hpp"
+#include "checkpoint.hpp"
 #include "offload_files.hpp"
 #include "model/stage_options.hpp"
 #include "parallel/pipeline_schedule.hpp"
@@ -229,8 +230,11 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   if (deck.checkpoint.async) {
     m.checkpoint_snapshot = 3.0 * 4.0 * static_cast<double>(ParameterTable(cfg, range).total_storage()) /
                             static_cast<double>(deck.replicas());
-    m.snapshot_in_total = choice.device == Device::kCpu;
   }
+  // Every save (the deck's; a stop's too) writes and reads back through a
+  // staging buffer and a piece (io/checkpoint.hpp), whatever the model.
+  if (deck.checkpoint.every > 0 || deck.checkpoint.at_end) m.checkpoint_io = checkpoint_io_bytes();
+  m.saves_in_total = choice.device == Device::kCpu;
   // The device context's workspace (cuBLASLt's, the column sums').
   if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);
   // The host's fp16 products are widened to float (gemm_narrow.cpp): its

@@ -43,15 +43,18 @@ struct RankMemory {
   double offload_buffers = 0;
   double offload_host = 0;
   double offload_disk = 0;
-  // [checkpoint] async's snapshot (host memory; in the total where the
-  // host is the back end's memory).
+  // What saves hold in host memory: [checkpoint] async's snapshot, and a
+  // save's write and read-back buffers while it runs (where the deck
+  // saves). In the total where the host is the back end's memory.
   double checkpoint_snapshot = 0;
-  bool snapshot_in_total = false;
+  double checkpoint_io = 0;
+  bool saves_in_total = false;
   double parameters() const { return stage.parameters + stage.weight_copy + shard_master; }
   double gradients() const { return stage.gradients + shard_gradients; }
   double total() const {
     return parameters() + gradients() + optimizer + stage.activations + stage.scratch + comm +
-           workspace + offload_buffers + (snapshot_in_total ? checkpoint_snapshot : 0);
+           workspace + offload_buffers +
+           (saves_in_total ? checkpoint_snapshot + checkpoint_io : 0);
   }
 };
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);

@@ -75,7 +75,18 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   // MPI's temporaries of two all-reduces in flight: one 25 MiB bucket holds
   // the whole tiny stage.
   EXPECT_EQ(z0.comm, 2 * 15488);
-  EXPECT_EQ(z0.total(), 15488 * 4 + 18208 + 2824 + 2 * 15488);
+  // A save's write and read-back: a 16 MiB piece and a 16 MiB staging
+  // buffer, whatever the model (the deck saves at the end by default).
+  EXPECT_EQ(z0.checkpoint_io, 32 << 20);
+  {
+    Deck d;
+    d.model = model();
+    d.train.micro_batch = 2;
+    d.parallel.dp = 2;
+    d.checkpoint.at_end = false;  // and no `every`: no save, no buffers
+    EXPECT_EQ(rank_memory(d, BackendChoice{}, 0, 1).checkpoint_io, 0);
+  }
+  EXPECT_EQ(z0.total(), 15488 * 4 + 18208 + 2824 + 2 * 15488 + (32 << 20));
   EXPECT_EQ(memory(0, Recompute::kNone, 1).comm, 0);  // one replica: no collective
 
   // zero 1: whole weights and gradients, shard of the moments; the
@@ -94,8 +105,8 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   // zero 3: the blocks' weights in two windows too.
   const RankMemory z3 = memory(3, Recompute::kNone);
   EXPECT_EQ(z3.parameters(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
-  EXPECT_EQ(z3.total(),
-            z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 + 2 * 464 * 4 + 7424);
+  EXPECT_EQ(z3.total(), z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 +
+                           2 * 464 * 4 + 7424 + z3.checkpoint_io);
 
   // Recomputation: attention keeps one shared set of probabilities (256
   // bytes) instead of one per block; full keeps nothing of a block but its
@@ -146,7 +157,8 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
         d.parallel.tp = tp;
         d.parallel.zero = zero;
         const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
-        EXPECT_EQ(m.total() - temporaries, allocated(host::Ops<float>{}, false))
+        // (Less a save's buffers: the checkpoint's, not the stage's.)
+        EXPECT_EQ(m.total() - m.checkpoint_io - temporaries, allocated(host::Ops<float>{}, false))
             << "tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
         // bf16: the shard keeps no 16-bit copy at zero 1-2 and no reduced
         // gradients at zero 1 (rows of the stage's whole buffers); its
@@ -198,7 +210,7 @@ TEST(MemoryAccounting, PredictsTheExpertParallelShards) {
     d.parallel.ep = 2;
     d.parallel.zero = zero;
     const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
-    EXPECT_EQ(m.total() - m.comm + receive, largest) << "zero " << zero;
+    EXPECT_EQ(m.total() - m.checkpoint_io - m.comm + receive, largest) << "zero " << zero;
   }
 }
 
