@@ -148,6 +148,27 @@ TEST(StageWork, FlopsOfAMixtureOfExpertsAndItsAllToAlls) {
     EXPECT_EQ(flops(stage_work(cfg, all, 2, Recompute::kNone, 4, false, false, imbalance).forward),
               want);
   }
+  // Context parallelism: a rank routes a cp-th of each sequence's tokens,
+  // so every product but attention's, the experts' included, and the
+  // all-to-alls are a cp-th of one rank's, at a capacity that limits
+  // nothing (factor 2) and at one that does (0.5: 8 places per expert of
+  // a sequence's 64 assignments; a context rank's balanced share is 4).
+  auto products = [](const StageWork& w) {
+    double f = 0;
+    for (const WorkItem& x : w.forward)
+      if (x.kernel != Kernel::kAttention) f += x.flops;
+    return f;
+  };
+  for (const double factor : {2.0, 0.5}) {
+    GptConfig c = cfg;
+    c.capacity_factor = factor;
+    const StageWork ring = stage_work(c, two, 2, Recompute::kNone, 4, false, false, 1.0, 2);
+    const StageWork one_ep = stage_work(c, two, 2, Recompute::kNone, 4);
+    EXPECT_DOUBLE_EQ(products(ring), products(one_ep) / 2) << factor;
+    ASSERT_EQ(ring.ep_forward.size(), one_ep.ep_forward.size());
+    for (size_t i = 0; i < ring.ep_forward.size(); ++i)
+      EXPECT_DOUBLE_EQ(ring.ep_forward[i], one_ep.ep_forward[i] / 2) << factor;
+  }
 }
 
 TEST(StageWork, TensorAllReducesAreMegatronsCount) {
