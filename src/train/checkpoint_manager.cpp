@@ -272,26 +272,36 @@ ResumePoint CheckpointManager::load() {
   return start;
 }
 
-void CheckpointManager::refuse_nonfinite_state(const std::vector<DatasetSlice>& slices,
-                                               const StageState& state, int64_t step) {
+namespace {
+
+// No NaN or infinity among n floats: the exponent's bits all set, counted
+// without a branch so the loop runs in vector registers (a save waits for
+// it).
+bool finite_floats(const float* x, int64_t n) {
+  uint32_t nonfinite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    nonfinite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return nonfinite == 0;
+}
+
+// What a save refuses a slice for: 2 the weights (said first), 1 the
+// moments.
+int nonfinite_kind(const DatasetSlice& d) { return d.name.rfind("/model/", 0) == 0 ? 2 : 1; }
+
+}  // namespace
+
+int CheckpointManager::nonfinite_state(const std::vector<DatasetSlice>& slices,
+                                       const StageState& state) const {
   // A checkpoint is what a run falls back on: one holding NaN or infinity
   // (weights from a damaged init, a hardware fault) must never be published
   // as `latest`. Every rank judges what it writes (together: the whole
-  // file; replicas holding the same tensors share the scan); all agree.
+  // file; replicas holding the same tensors share the scan).
   // In pieces: offloaded state's views drop each one's pages after it, one
   // piece at a time; state in memory is scanned by the rank's threads.
   constexpr int64_t kPiece = int64_t{1} << 22;
-  const auto piece_finite = [](const float* x, int64_t len) {
-    // The exponent's bits all set (NaN or infinity), counted without a
-    // branch so the loop runs in vector registers (a save waits for it).
-    uint32_t nonfinite = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, x + i, sizeof bits);
-      nonfinite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-    }
-    return nonfinite == 0;
-  };
   const auto finite = [&](const float* x, int64_t n) {
     if (x == nullptr) return true;
     const int64_t pieces = (n + kPiece - 1) / kPiece;
@@ -299,24 +309,25 @@ void CheckpointManager::refuse_nonfinite_state(const std::vector<DatasetSlice>& 
       std::vector<uint8_t> ok(static_cast<size_t>(pieces));
       uint8_t* o = ok.data();
       host::parallel_for("checkpoint_finite_scan", pieces, [=](const int64_t p) {
-        o[p] = piece_finite(x + p * kPiece, std::min(kPiece, n - p * kPiece)) ? 1 : 0;
+        o[p] = finite_floats(x + p * kPiece, std::min(kPiece, n - p * kPiece)) ? 1 : 0;
       });
       return std::find(ok.begin(), ok.end(), 0) == ok.end();
     }
     for (int64_t at = 0; at < n; at += kPiece) {
       const int64_t len = std::min(kPiece, n - at);
-      const bool ok = piece_finite(x + at, len);
+      const bool ok = finite_floats(x + at, len);
       state.done_with(x + at, len);
       if (!ok) return false;
     }
     return true;
   };
-  // The weights' datasets (/model/...) first, then the moments'.
   int bad = 0;
-  for (const DatasetSlice& d : slices) {
-    if (finite(d.data, slice_elements(d))) continue;
-    bad = std::max(bad, d.name.rfind("/model/", 0) == 0 ? 2 : 1);  // the weights said first
-  }
+  for (const DatasetSlice& d : slices)
+    if (!finite(d.data, slice_elements(d))) bad = std::max(bad, nonfinite_kind(d));
+  return bad;
+}
+
+void CheckpointManager::refuse_nonfinite(int bad, int64_t step) {
   int worst = bad;
   MPI_CHECK(MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (worst == 0) return;
@@ -489,11 +500,15 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   } release{stage_};
   auto slices = checkpoint_slices(cfg_, stage_.table(), state, grid_);
   const auto summed = std::chrono::steady_clock::now();
-  refuse_nonfinite_state(slices, state, step);
-  const auto scanned = std::chrono::steady_clock::now();
   // The slices of a detached state (a GPU's, downloaded) are written from
   // where they are; the rest are copied.
   const size_t detached = state.detached ? slices.size() : 0;
+  const size_t state_slices = slices.size();
+  // A snapshot's copy scans what it copies, from cache (below); any other
+  // save scans here.
+  const bool scan_in_copy = background && detached == 0;
+  if (!scan_in_copy) refuse_nonfinite(nonfinite_state(slices, state), step);
+  const auto scanned = std::chrono::steady_clock::now();
   // Error feedback's residuals, so a resume on this layout goes on exactly.
   const std::vector<float> residual = stage_.compression_state();
   for (DatasetSlice& d : compression_slices(residual, MPI_COMM_WORLD)) slices.push_back(std::move(d));
@@ -513,6 +528,7 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
       float* to;
       const float* from;
       int64_t n;
+      int kind;  // nonfinite_kind of its slice: 0 for the residuals, not scanned
     };
     std::vector<Piece> pieces;
     constexpr int64_t kPiece = int64_t{1} << 20;
@@ -520,15 +536,22 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
       DatasetSlice& d = slices[i];
       const int64_t count = slice_elements(d);
       bg->snapshot[i].resize(static_cast<size_t>(count));
+      const int kind = i < state_slices ? nonfinite_kind(d) : 0;
       for (int64_t at = 0; at < count; at += kPiece)
-        pieces.push_back({bg->snapshot[i].data() + at, d.data + at, std::min(kPiece, count - at)});
+        pieces.push_back({bg->snapshot[i].data() + at, d.data + at, std::min(kPiece, count - at), kind});
       d.data = bg->snapshot[i].data();
       d.written = nullptr;
     }
     const Piece* p = pieces.data();
+    std::vector<int> piece_bad(pieces.size(), 0);
+    int* pb = piece_bad.data();
     host::parallel_for("checkpoint_snapshot", static_cast<int64_t>(pieces.size()), [=](int64_t i) {
       std::memcpy(p[i].to, p[i].from, sizeof(float) * static_cast<size_t>(p[i].n));
+      if (p[i].kind > 0 && !finite_floats(p[i].to, p[i].n)) pb[i] = p[i].kind;
     });
+    if (scan_in_copy)
+      refuse_nonfinite(piece_bad.empty() ? 0 : *std::max_element(piece_bad.begin(), piece_bad.end()),
+                       step);
     bg->slices = std::move(slices);
     const auto laid = std::chrono::steady_clock::now();
     try {
@@ -545,12 +568,15 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (grid_.world_rank() == 0) {
       const auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-      std::printf("checkpoint: step %lld taken in %.2f s (state %.2f s, checksums %.2f s, "
-                  "finite scan %.2f s, snapshot %.2f s, the file's layout %.2f s); %s is written "
-                  "in the background\n",
+      // (The scan is the copy's where it copies, else its own.)
+      const std::string copy =
+          scan_in_copy ? strprintf("snapshot and finite scan %.2f s", s(scanned, laid))
+                       : strprintf("finite scan %.2f s, snapshot %.2f s", s(summed, scanned),
+                                   s(scanned, laid));
+      std::printf("checkpoint: step %lld taken in %.2f s (state %.2f s, checksums %.2f s, %s, "
+                  "the file's layout %.2f s); %s is written in the background\n",
                   static_cast<long long>(step), dt, s(before_state, got_state), s(got_state, summed),
-                  s(summed, scanned), s(scanned, laid), s(laid, std::chrono::steady_clock::now()),
-                  path.c_str());
+                  copy.c_str(), s(laid, std::chrono::steady_clock::now()), path.c_str());
       std::fflush(stdout);
     }
     return dt;

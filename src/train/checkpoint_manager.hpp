@@ -90,10 +90,11 @@ class CheckpointManager {
   ResumePoint load();
   // Rank 0: moves aside what the run starting at `start` must not see.
   void set_aside_others(const ResumePoint& start) const;
-  // Collective: an AgreedInputError when what any rank writes of the
-  // state (`slices`) is not finite.
-  void refuse_nonfinite_state(const std::vector<DatasetSlice>& slices, const StageState& state,
-                              int64_t step);
+  // What this rank writes of the state (`slices`): 0 finite, 1 NaN or
+  // infinity in the moments, 2 in the weights.
+  int nonfinite_state(const std::vector<DatasetSlice>& slices, const StageState& state) const;
+  // Collective: an AgreedInputError when any rank's `bad` (as above) is not 0.
+  void refuse_nonfinite(int bad, int64_t step);
 
   AgreedInputError no_space(int64_t step, double need, double free, const std::string& what) const;
   AgreedInputError write_refused(const CheckpointWriteError& e, int64_t step, double need,

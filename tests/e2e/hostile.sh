@@ -74,6 +74,14 @@ expect 2 "the weights of step 4 hold NaN or infinity: this checkpoint is not wri
   --set checkpoint.every=2 --set parallel.dp=2 --set run.dir=memfault --set run.peak_tflops=1
 [ "$(head -1 memfault/checkpoints/latest)" = step_00000002.h5 ] || fail "latest moved past the good checkpoint"
 ! ls memfault/checkpoints/step_00000004.h5* >/dev/null 2>&1 || fail "the non-finite checkpoint was written"
+# The same in a background save on the way: its snapshot's copy scans
+# what it copies.
+expect 2 "the weights of step 4 hold NaN or infinity: this checkpoint is not written, and \`latest\` still names memfault_async/checkpoints/step_00000002.h5" \
+  env MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE=4 mpirun -np 2 "$MPIFORMER" train "$DECK" --set train.steps=6 \
+  --set checkpoint.every=2 --set checkpoint.async=true --set parallel.dp=2 --set run.dir=memfault_async \
+  --set run.peak_tflops=1
+[ "$(head -1 memfault_async/checkpoints/latest)" = step_00000002.h5 ] || fail "latest moved past the good checkpoint (async)"
+! ls memfault_async/checkpoints/step_00000004.h5* >/dev/null 2>&1 || fail "the non-finite checkpoint was written (async)"
 
 # 2. Sizes read from weight files and checkpoints are held to the deck's
 # limits before anything is sized from them (exit 2 naming file and field).
