@@ -42,11 +42,13 @@
 #include "cuda/moe_router.hpp"
 #include "cuda/reduce.hpp"
 #include "cuda/residual.hpp"
+#include "cuda/ring_attention.hpp"
 #include "cuda/rmsnorm.hpp"
 #include "cuda/rope.hpp"
 #include "cuda/swiglu.hpp"
 #include "host/adamw.hpp"
 #include "host/attention.hpp"
+#include "host/attention_blocks.hpp"
 #include "host/crossentropy.hpp"
 #include "host/embedding.hpp"
 #include "host/grad_compression.hpp"
@@ -572,6 +574,105 @@ TYPED_TEST(GpuKernels, Attention) {
   // query tile past a key tile's documents), a one-token document.
   check_attention<TypeParam>(2, 200, 128, 2, 1, true);
   check_attention<TypeParam>(2, 70, 12, 2, 0, true);
+}
+
+// The ring's block kernels (cuda/ring_attention.hpp) against their host
+// twin in double (host/attention_blocks.hpp, which the unit tests check
+// against naive attention over the whole sequence): a sequence cut into
+// blocks of `sizes` tokens, each block's queries taken against every
+// block's keys and values in a ring's order (its own first), forward and
+// backward. Blocks longer than a warp's 32 keys, the last one short,
+// blocks wholly above the diagonal (skipped), grouped-query heads, and
+// documents whose starts fall inside and across blocks. 1e-5 absolute and
+// relative: float sums of at most a few hundred terms of size ~1 against
+// double, as the fused kernel's check above.
+void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
+                       const std::vector<int64_t>& sizes, bool documents) {
+  SCOPED_TRACE("B " + std::to_string(Bn) + ", C " + std::to_string(Cn) + ", NH " + std::to_string(NHn) +
+               ", NKV " + std::to_string(NKVn) + ", blocks " + std::to_string(sizes.size()) +
+               (documents ? ", documents" : ""));
+  const int64_t hs = Cn / NHn, K = NKVn * hs, W = Cn + 2 * K;
+  const host::AttentionShape ha{Bn, Cn, NHn, NKVn};
+  const cuda::RingShape ca{Bn, Cn, NHn, NKVn};
+  const size_t n = sizes.size();
+  std::vector<int64_t> begin(n, 0);
+  for (size_t i = 1; i < n; ++i) begin[i] = begin[i - 1] + sizes[i - 1];
+  int64_t most = 0;
+  for (int64_t s : sizes) most = std::max(most, s);
+  std::vector<Dev<float>> qkv, kv, dout;
+  std::vector<std::vector<int64_t>> starts(n);
+  std::vector<cuda::DeviceBuffer<int64_t>> dstarts;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t rows = Bn * sizes[i];
+    qkv.emplace_back(random_vector(rows * W, 40 + static_cast<unsigned>(i)));
+    // The block's keys and values as a ring passes them: [B, n, 2K].
+    std::vector<double> block(rows * 2 * K);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(qkv[i].exact.data() + r * W + Cn, 2 * K, block.data() + r * 2 * K);
+    kv.emplace_back(block);
+    dout.emplace_back(random_vector(rows * Cn, 60 + static_cast<unsigned>(i)));
+    // Documents of 11 + 6b tokens: each query's document's first position.
+    for (int64_t b = 0; b < Bn; ++b)
+      for (int64_t t = 0; t < sizes[i]; ++t) {
+        const int64_t pos = begin[i] + t;
+        starts[i].push_back(pos - pos % (11 + 6 * b));
+      }
+    dstarts.emplace_back(static_cast<size_t>(rows));
+    cuda::copy_to_device(dstarts.back().get(), starts[i].data(), starts[i].size() * sizeof(int64_t));
+  }
+  std::vector<Dev<float>> dkv;
+  std::vector<std::vector<double>> dkv_want(n);
+  for (size_t i = 0; i < n; ++i) {
+    dkv.emplace_back(std::vector<double>(Bn * sizes[i] * 2 * K, 0.0));
+    dkv_want[i].assign(Bn * sizes[i] * 2 * K, 0.0);
+  }
+  std::vector<double> scratch(static_cast<size_t>(ring_scratch_elements(Bn, NKVn, most, most)));
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t nq = sizes[i], rows = Bn * NHn * nq;
+    const int64_t* hst = documents ? starts[i].data() : nullptr;
+    const int64_t* dst = documents ? dstarts[i].get() : nullptr;
+    std::vector<double> m(rows), l(rows), lse(rows), delta(rows), o(Bn * nq * Cn);
+    Dev<float> dm = Dev<float>::poisoned(rows), dl = Dev<float>::poisoned(rows);
+    Dev<float> dlse = Dev<float>::poisoned(rows), ddelta = Dev<float>::poisoned(rows);
+    Dev<float> dev_o = Dev<float>::poisoned(o.size());
+    host::ring_attention_start(ha, nq, m.data(), l.data(), o.data());
+    cuda::ring_attention_start(ca, nq, dm.get(), dl.get(), dev_o.get(), nullptr);
+    for (size_t s = 0; s < n; ++s) {
+      const size_t j = (i + n - s) % n;
+      host::ring_attention_forward(ha, qkv[i].exact.data(), begin[i], nq, kv[j].exact.data(), begin[j],
+                                   sizes[j], m.data(), l.data(), o.data(), scratch.data(), hst);
+      cuda::ring_attention_forward(ca, qkv[i].get(), begin[i], nq, kv[j].get(), begin[j], sizes[j],
+                                   dm.get(), dl.get(), dev_o.get(), nullptr, dst);
+    }
+    host::ring_attention_finish(ha, nq, o.data(), m.data(), l.data(), lse.data());
+    cuda::ring_attention_finish(ca, nq, dev_o.get(), dm.get(), dl.get(), dlse.get(), nullptr);
+    EXPECT_TRUE(close(dev_o.read(), o, 1e-5)) << "block " << i << ": out";
+    EXPECT_TRUE(close(dlse.read(), lse, 1e-5)) << "block " << i << ": lse";
+    host::ring_attention_delta(ha, nq, o.data(), dout[i].exact.data(), delta.data());
+    cuda::ring_attention_delta(ca, nq, dev_o.get(), dout[i].get(), ddelta.get(), nullptr);
+    EXPECT_TRUE(close(ddelta.read(), delta, 1e-5)) << "block " << i << ": delta";
+    // dqkv's q part is added to, its k and v parts untouched: zero both.
+    std::vector<double> dq(Bn * nq * W, 0.0);
+    Dev<float> dev_dq(dq);
+    for (size_t s = 0; s < n; ++s) {
+      const size_t j = (i + n - s) % n;
+      host::ring_attention_backward(ha, qkv[i].exact.data(), begin[i], nq, kv[j].exact.data(), begin[j],
+                                    sizes[j], dout[i].exact.data(), lse.data(), delta.data(), dq.data(),
+                                    dkv_want[j].data(), scratch.data(), hst);
+      cuda::ring_attention_backward(ca, qkv[i].get(), begin[i], nq, kv[j].get(), begin[j], sizes[j],
+                                    dout[i].get(), dlse.get(), ddelta.get(), dev_dq.get(), dkv[j].get(),
+                                    nullptr, dst);
+    }
+    EXPECT_TRUE(close(dev_dq.read(), dq, 1e-5)) << "block " << i << ": dq";
+  }
+  for (size_t j = 0; j < n; ++j) EXPECT_TRUE(close(dkv[j].read(), dkv_want[j], 1e-5)) << "block " << j << ": dkv";
+}
+
+TEST(GpuKernelsFloat, RingAttentionBlocksMatchTheHost) {
+  check_ring_blocks(2, 64, 4, 4, {40, 40, 13}, false);  // head size 16; 32-key steps cross blocks
+  check_ring_blocks(2, 64, 4, 2, {40, 40, 13}, true);   // grouped-query, documents
+  check_ring_blocks(1, 128, 2, 1, {7, 33, 5}, true);    // multi-query, head size 64
+  check_ring_blocks(1, 192, 2, 2, {20, 20}, false);     // head size 96: three channels a lane
 }
 
 // Lengths with and without a tail past the last 16-byte pack, and buffers
