@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/precision_plan.hpp"
@@ -33,6 +34,27 @@ class PendingOp {
   }
 };
 using Pending = std::unique_ptr<PendingOp>;
+
+// Two operations as one: waited, tested and ordered together.
+class PendingPair final : public PendingOp {
+ public:
+  PendingPair(Pending a, Pending b) : a_(std::move(a)), b_(std::move(b)) {}
+  void wait() override {
+    a_->wait();
+    b_->wait();
+  }
+  bool test() override {
+    const bool a = a_->test();
+    return b_->test() && a;  // both driven every time
+  }
+  void order_stream(void* stream) override {
+    a_->order_stream(stream);
+    b_->order_stream(stream);
+  }
+
+ private:
+  Pending a_, b_;
+};
 
 enum class Reduction { kSum, kMax };
 
@@ -101,6 +123,13 @@ class Communicator {
   // untouched until the PendingOp completes.
   virtual Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv_bytes(void* data, size_t bytes, int peer, int tag) = 0;
+  // One step of a ring: `bytes` from `send` to rank `to` and as many into
+  // `recv` from rank `from`, started together (NCCL needs a ring's sends
+  // and receives grouped, or every rank's send waits on a receive queued
+  // behind its neighbour's send). Neither buffer may be touched until the
+  // PendingOp completes; `recv` holds the message then.
+  virtual Pending start_exchange_bytes(const void* send, void* recv, size_t bytes, int to, int from,
+                                       int tag) = 0;
   // Throws SystemError if the transport reports a failure that happened
   // asynchronously (a peer gone, a network error): called while the host
   // waits for a device, so a dead job ends instead of hanging.

@@ -245,4 +245,14 @@ void HostStagedCommunicator::recv_bytes(void* data, size_t bytes, int peer, int 
   to_device(data, 0, bytes);
 }
 
+// Staged through the host, nothing overlaps: done when started.
+Pending HostStagedCommunicator::start_exchange_bytes(const void* send, void* recv, size_t bytes,
+                                                     int to, int from, int tag) {
+  char* host = staging(2 * bytes);
+  to_host(host, send, bytes, compute_);
+  group_.start_exchange_bytes(host, host + bytes, bytes, to, from, tag)->wait();
+  to_device(recv, bytes, bytes);
+  return std::make_unique<ComputeOrdered>(compute_);
+}
+
 }  // namespace mpiformer

@@ -49,6 +49,8 @@ class HostStagedCommunicator final : public Communicator {
                        const std::vector<int64_t>& recv_bytes) override;
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
+  Pending start_exchange_bytes(const void* send, void* recv, size_t bytes, int to, int from,
+                               int tag) override;
 
  private:
   template <class T>

@@ -91,4 +91,9 @@ void LocalDeviceCommunicator::recv_bytes(void*, size_t, int peer, int) {
                          " in a group of one rank");
 }
 
+Pending LocalDeviceCommunicator::start_exchange_bytes(const void*, void*, size_t, int to, int, int) {
+  throw std::logic_error("LocalDeviceCommunicator: an exchange with rank " + std::to_string(to) +
+                         " in a group of one rank");
+}
+
 }  // namespace mpiformer

@@ -39,6 +39,8 @@ class LocalDeviceCommunicator final : public Communicator {
   // schedules of one stage never send), reported as such.
   Pending start_send_bytes(const void* data, size_t bytes, int peer, int tag) override;
   void recv_bytes(void* data, size_t bytes, int peer, int tag) override;
+  Pending start_exchange_bytes(const void* send, void* recv, size_t bytes, int to, int from,
+                               int tag) override;
 
  private:
   void copy(void* dst, const void* src, size_t bytes);

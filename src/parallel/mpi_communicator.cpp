@@ -322,4 +322,14 @@ void MpiCommunicator::recv_bytes(void* data, size_t bytes, int peer, int tag) {
                      MPI_STATUS_IGNORE));
 }
 
+Pending MpiCommunicator::start_exchange_bytes(const void* send, void* recv, size_t bytes, int to,
+                                              int from, int tag) {
+  // The receive first: a peer's message then lands in place.
+  auto in = std::make_unique<MpiPending>();
+  MPI_CHECK(MPI_Irecv(recv, count(static_cast<int64_t>(bytes)), MPI_BYTE, from, tag, comm_,
+                      in->request()));
+  Pending out = start_send_bytes(send, bytes, to, tag);
+  return std::make_unique<PendingPair>(std::move(in), std::move(out));
+}
+
 }  // namespace mpiformer

@@ -260,4 +260,14 @@ void NcclCommunicator::recv_bytes(void* data, size_t bytes, int peer, int) {
   before_compute();
 }
 
+Pending NcclCommunicator::start_exchange_bytes(const void* send, void* recv, size_t bytes, int to,
+                                               int from, int) {
+  after_compute();
+  NCCL_CHECK(ncclGroupStart());
+  NCCL_CHECK(ncclSend(send, bytes, ncclUint8, to, nccl(comm_), cuda(stream_)));
+  NCCL_CHECK(ncclRecv(recv, bytes, ncclUint8, from, nccl(comm_), cuda(stream_)));
+  NCCL_CHECK(ncclGroupEnd());
+  return record();
+}
+
 }  // namespace mpiformer

@@ -121,9 +121,9 @@ class RingAttention {
     const int c = ring_.size(), r = ring_.rank();
     const T* mine = dkv_[cur_].data();
     if (c > 1) {
-      Pending sent = ring_.start_send_bytes(dkv_[cur_].data(), bytes(), (r + 1) % c, kHomeTag);
-      ring_.recv_bytes(dkv_[1 - cur_].data(), bytes(), (r + c - 1) % c, kHomeTag);
-      sent->wait();
+      ring_.start_exchange_bytes(dkv_[cur_].data(), dkv_[1 - cur_].data(), bytes(), (r + 1) % c,
+                                 (r + c - 1) % c, kHomeTag)
+          ->wait();
       mine = dkv_[1 - cur_].data();
     }
     const int64_t K2 = 2 * a_.K();
@@ -147,30 +147,30 @@ class RingAttention {
     for (int64_t row = 0; row < 2 * a_.B * n_; ++row) std::copy_n(qkv + row * ld + a_.C, K2, kv + row * K2);
   }
 
-  // c steps: `work(owner, kv, dkv)` on the blocks held, each sent on to
-  // the next rank (with its gradients' sums when `dkv` is given) while
-  // the work runs, the previous rank's received after it.
+  // c steps: `work(owner, kv, dkv)` on the blocks held, each passed on to
+  // the next rank as the previous rank's arrives (with its gradients'
+  // sums when `dkv` is given). The block goes on while the work runs (its
+  // bytes do not change, and the one arriving lands in the other
+  // buffer); the sums only after it (the work adds to them).
   template <class F>
   void circulate(std::vector<T> (&kv)[2], std::vector<T> (*dkv)[2], int tag, const F& work) {
     const int c = ring_.size(), r = ring_.rank(), next = (r + 1) % c, prev = (r + c - 1) % c;
     cur_ = 0;
     for (int s = 0; s < c; ++s) {
       const int owner = (r - s + c) % c;
-      Pending sent;
-      // The block goes on before the work (its bytes do not change); the
-      // gradients' sums only after it (the work adds to them).
-      if (s + 1 < c) sent = ring_.start_send_bytes(kv[cur_].data(), bytes(), next, tag + 2 * (s % 2));
+      Pending moved;
+      if (s + 1 < c)
+        moved = ring_.start_exchange_bytes(kv[cur_].data(), kv[1 - cur_].data(), bytes(), next, prev,
+                                           tag + 2 * (s % 2));
       const Clock::time_point t0 = Clock::now();
       work(owner, kv[cur_].data(), dkv != nullptr ? (*dkv)[cur_].data() : nullptr);
       if (on_block_) on_block_(t0, Clock::now());
       if (s + 1 == c) break;
-      Pending sent_sums;
       if (dkv != nullptr)
-        sent_sums = ring_.start_send_bytes((*dkv)[cur_].data(), bytes(), next, tag + 1 + 2 * (s % 2));
-      ring_.recv_bytes(kv[1 - cur_].data(), bytes(), prev, tag + 2 * (s % 2));
-      if (dkv != nullptr) ring_.recv_bytes((*dkv)[1 - cur_].data(), bytes(), prev, tag + 1 + 2 * (s % 2));
-      sent->wait();
-      if (sent_sums) sent_sums->wait();
+        ring_.start_exchange_bytes((*dkv)[cur_].data(), (*dkv)[1 - cur_].data(), bytes(), next, prev,
+                                   tag + 1 + 2 * (s % 2))
+            ->wait();
+      moved->wait();
       cur_ = 1 - cur_;
     }
   }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../unit/rank0_results.hpp"
@@ -154,6 +155,23 @@ TEST(HostStagedCommunicator, SendsInFlightKeepTheirData) {
       for (const float x : in.read()) ASSERT_EQ(x, static_cast<float>(prev * 10 + k + round));
     }
     for (auto& p : sends) p->wait();
+  }
+}
+
+// A ring's steps, as train/ring_attention.hpp takes them: each block
+// visits every rank, sent on as the previous rank's arrives.
+TEST(HostStagedCommunicator, RingExchangePassesEveryBlockRound) {
+  Staged s;
+  HostStagedCommunicator& c = *s.comm;
+  const int n = c.size(), r = c.rank();
+  Dev<float> a(std::vector<float>(1000, static_cast<float>(r))), b(std::vector<float>(1000, -1.f));
+  Dev<float>* held = &a;
+  Dev<float>* arriving = &b;
+  for (int step = 1; step < n; ++step) {
+    c.start_exchange_bytes(held->buf.get(), arriving->buf.get(), 4000, (r + 1) % n, (r + n - 1) % n, step)
+        ->wait();
+    for (const float x : arriving->read()) ASSERT_EQ(x, static_cast<float>((r - step + n) % n)) << "step " << step;
+    std::swap(held, arriving);
   }
 }
 

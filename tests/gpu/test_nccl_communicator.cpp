@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "cuda/device.hpp"
@@ -96,6 +97,34 @@ int main(int argc, char** argv) {
       HostStagedCommunicator staged(group, nullptr);
       alltoallv(staged, "host-staged");
     }
+    // A ring's steps (train/ring_attention.hpp): each rank's block visits
+    // every rank, sent on as the previous rank's arrives; NCCL's send and
+    // receive grouped, or the ring deadlocks.
+    const auto ring = [&](Communicator& c, const char* what) {
+      const size_t m = 1 << 18;
+      std::vector<float> v(m, static_cast<float>(r));
+      cuda::DeviceBuffer<float> a(m), b(m);
+      cuda::copy_to_device(a.get(), v.data(), m * sizeof(float));
+      float* held = a.get();
+      float* arriving = b.get();
+      for (int s = 1; s < n; ++s) {
+        c.start_exchange_bytes(held, arriving, m * sizeof(float), (r + 1) % n, (r + n - 1) % n, s)->wait();
+        CUDA_CHECK(cudaDeviceSynchronize());
+        cuda::copy_to_host(v.data(), arriving, m * sizeof(float));
+        const float want = static_cast<float>((r - s + n) % n);
+        if (v[0] != want || v[m - 1] != want) {
+          std::printf("FAIL: %s ring step %d gave %g, want %g\n", what, s, v[0], want);
+          rc = 1;
+          return;
+        }
+        std::swap(held, arriving);
+      }
+    };
+    ring(comm, "NCCL");
+    {
+      HostStagedCommunicator staged(group, nullptr);
+      ring(staged, "host-staged");
+    }
     if (n > 1) {
       // A pipeline's two directions, each on its own communicator as the
       // trainer uses them: a value travels 0 -> n-1 on one, every rank adding
@@ -124,7 +153,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (r == 0) std::printf("%s: NCCL all-reduce, reduce-scatter, all-gather, all-to-all%s on %d rank(s)\n",
+    if (r == 0) std::printf("%s: NCCL all-reduce, reduce-scatter, all-gather, all-to-all, ring steps%s on %d rank(s)\n",
                             rc ? "FAILED" : "passed",
                             n > 1 ? " and a pipeline round trip" : "", n);
   }

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/process_grid.hpp"
@@ -132,6 +134,23 @@ TEST(MpiCommunicator, RingSendReceive) {
   comm.recv(in.data(), 64, (r + n - 1) % n, 7);
   sent->wait();
   for (float v : in) ASSERT_EQ(v, static_cast<float>((r + n - 1) % n));
+}
+
+// A ring's steps (train/ring_attention.hpp): every rank passes the block
+// it holds to the next while the previous rank's arrives, the send and
+// the receive started together, until each block has visited every rank.
+// Blocks large enough to go by rendezvous, not eagerly.
+TEST(MpiCommunicator, RingExchangePassesEveryBlockRound) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  std::vector<float> held(100000, static_cast<float>(r)), arriving(held.size(), -1.0f);
+  for (int s = 1; s < n; ++s) {
+    comm.start_exchange_bytes(held.data(), arriving.data(), sizeof(float) * held.size(), (r + 1) % n,
+                              (r + n - 1) % n, s % 2)
+        ->wait();
+    for (float v : arriving) ASSERT_EQ(v, static_cast<float>((r - s + n) % n)) << "step " << s;
+    std::swap(held, arriving);
+  }
 }
 
 TEST(MpiCommunicator, AllreduceOfEachTypeAndReduction) {
