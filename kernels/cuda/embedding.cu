@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "core/cuda_check.hpp"
@@ -145,11 +146,14 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
   CUDA_CHECK_LAUNCH();
   if (dwpe == nullptr) return;  // no position table (Llama)
   if (position_groups != nullptr) {
-    // Positions restart at each document: rows grouped by position, as
-    // tokens are for dwte (a position's "vocabulary" is [0, T)).
+    // Positions restart at each document, or run over the whole sequence
+    // under context parallelism (past this rank's T rows): rows grouped by
+    // position, as tokens are for dwte. A position's "vocabulary" is wpe's
+    // rows, which the positions stay below (as the forward's reads, and the
+    // host's twin, take them).
     const dim3 pgrid(static_cast<unsigned>(position_groups->count), blocks_for(C, threads));
-    embedding_backward_wte_kernel<<<pgrid, threads, 0, stream>>>(dwpe, dout, *position_groups, C,
-                                                                 0, T);
+    embedding_backward_wte_kernel<<<pgrid, threads, 0, stream>>>(
+        dwpe, dout, *position_groups, C, 0, std::numeric_limits<int32_t>::max());
     CUDA_CHECK_LAUNCH();
     return;
   }
