@@ -87,7 +87,7 @@ ASYNC_MODEL=${ASYNC_MODEL:-${MODELS%% *}}
 ASYNC_STEPS=${ASYNC_STEPS:-150}
 ASYNC_EVERY=${ASYNC_EVERY:-50}
 DEADLINE=${DEADLINE:-430}
-UNIT_TESTS=${UNIT_TESTS:-^gpu\.(kernels|gemm|stage|offload|local_comm|host_staged|stage_comms|nccl_communicator)$}
+UNIT_TESTS=${UNIT_TESTS:-^gpu\.(kernels|gemm|stage|offload|local_comm|host_staged|context_ring|stage_comms|nccl_communicator)$}
 E2E_TESTS='^gpu\.(train_tiny|calibrate|layout_equivalence|tensor_parallel)$'
 SANITIZE_FILTER=${SANITIZE_FILTER:--*Matmul*}
 

@@ -35,6 +35,7 @@
 #include "cuda/moe_router.hpp"
 #include "cuda/reduce.hpp"
 #include "cuda/residual.hpp"
+#include "cuda/ring_attention.hpp"
 
 namespace mpiformer::cuda {
 
@@ -240,6 +241,42 @@ struct Ops {
                                      int64_t Vl, int64_t v0, float grad_scale, bool backward) {
     cuda::crossentropy_vp_finish(losses, logits, targets.data(), rowmax, stats, N, V, Vl, v0,
                                  grad_scale, backward, c.stream());
+  }
+
+  // ---- context parallelism: a ring's blocks (cuda/ring_attention.hpp) --------
+  // (No scratch: a warp per row keeps its scores in registers.)
+  static int64_t ring_scratch_elements(const AttentionShape&, int64_t, int64_t) { return 0; }
+  static void ring_start(Context& c, const AttentionShape& a, int64_t nq, float* m, float* l,
+                         float* o) {
+    cuda::ring_attention_start(a, nq, m, l, o, c.stream());
+  }
+  static void ring_forward(Context& c, const AttentionShape& a, const float* qkv, int64_t q0,
+                           int64_t nq, const float* kv, int64_t k0, int64_t nk, float* m, float* l,
+                           float* o, float*, const int64_t* starts, int64_t) {
+    cuda::ring_attention_forward(a, qkv, q0, nq, kv, k0, nk, m, l, o, c.stream(), starts);
+  }
+  static void ring_finish(Context& c, const AttentionShape& a, int64_t nq, float* o, const float* m,
+                          const float* l, float* lse) {
+    cuda::ring_attention_finish(a, nq, o, m, l, lse, c.stream());
+  }
+  static void ring_delta(Context& c, const AttentionShape& a, int64_t nq, const float* out,
+                         const float* dout, float* delta) {
+    cuda::ring_attention_delta(a, nq, out, dout, delta, c.stream());
+  }
+  static void ring_backward(Context& c, const AttentionShape& a, const float* qkv, int64_t q0,
+                            int64_t nq, const float* kv, int64_t k0, int64_t nk, const float* dout,
+                            const float* lse, const float* delta, float* dqkv, float* dkv, float*,
+                            const int64_t* starts, int64_t) {
+    cuda::ring_attention_backward(a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv,
+                                  c.stream(), starts);
+  }
+  static void copy_rows(Context& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                        int64_t rows, int64_t width) {
+    cuda::copy_rows(dst, ld_dst, src, ld_src, rows, width, c.stream());
+  }
+  static void ring_document_starts(Context& c, int64_t* starts, const int32_t* positions, int64_t B,
+                                   int64_t n, int64_t first, int64_t second) {
+    cuda::ring_document_starts(starts, positions, B, n, first, second, c.stream());
   }
 
   // ---- Mixture of Experts (cuda/moe_router.hpp, cuda/moe_dispatch.hpp) -------

@@ -269,6 +269,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void copy_rows_kernel(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows,
+                                 int64_t width) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * width) return;
+  dst[i / width * ldd + i % width] = src[i / width * lds + i % width];
+}
+
+__global__ void document_starts_kernel(int64_t* starts, const int32_t* positions, int64_t B,
+                                       int64_t n, int64_t first, int64_t second) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (row >= 2 * B * n) return;
+  starts[row] = (row < B * n ? first : second) + row % n - positions[row];
+}
+
 // Whether any query of [q0, q0 + nq) can see any key of [k0, k0 + nk)
 // under the causal mask (host::block_visible): a pair above the diagonal
 // launches nothing.
@@ -277,6 +291,22 @@ bool block_visible(int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
 }
 
 }  // namespace
+
+void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows,
+               int64_t width, cudaStream_t stream) {
+  if (rows * width == 0) return;
+  copy_rows_kernel<<<blocks_for(rows * width, 256), 256, 0, stream>>>(dst, ld_dst, src, ld_src, rows,
+                                                                      width);
+  CUDA_CHECK_LAUNCH();
+}
+
+void ring_document_starts(int64_t* starts, const int32_t* positions, int64_t B, int64_t n,
+                          int64_t first, int64_t second, cudaStream_t stream) {
+  if (B * n == 0) return;
+  document_starts_kernel<<<blocks_for(2 * B * n, 256), 256, 0, stream>>>(starts, positions, B, n,
+                                                                         first, second);
+  CUDA_CHECK_LAUNCH();
+}
 
 void ring_attention_start(const RingShape& rs, int64_t nq, float* m, float* l, float* o,
                           cudaStream_t stream) {

@@ -28,11 +28,11 @@
 
 #include <cstdint>
 
+#include "common/attention_shape.hpp"
+
 namespace mpiformer::cuda {
 
-struct RingShape {
-  int64_t B, C, NH, NKV;
-};
+using RingShape = AttentionShape;  // common/attention_shape.hpp
 
 // Before the first block: m = -inf, l = 0, o = 0.
 void ring_attention_start(const RingShape& a, int64_t nq, float* m, float* l, float* o,
@@ -53,5 +53,15 @@ void ring_attention_backward(const RingShape& a, const float* qkv, int64_t q0, i
                              const float* kv, int64_t k0, int64_t nk, const float* dout,
                              const float* lse, const float* delta, float* dqkv, float* dkv,
                              cudaStream_t stream, const int64_t* starts = nullptr);
+
+// rows x width floats from src (rows ld_src apart) to dst (ld_dst apart):
+// a block's keys and values out of the fused rows, and its gradients back.
+void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows,
+               int64_t width, cudaStream_t stream);
+// Under a document mask, each row's document's first position in the
+// sequence, from its position in its document (`positions`, [2, B, n]
+// chunk-major) and its chunks' first positions (`first`, `second`).
+void ring_document_starts(int64_t* starts, const int32_t* positions, int64_t B, int64_t n,
+                          int64_t first, int64_t second, cudaStream_t stream);
 
 }  // namespace mpiformer::cuda

@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "attention.hpp"
+#include "common/attention_shape.hpp"
 #include "common/attention_storage.hpp"
 #include "common/context_chunks.hpp"
 #include "fast_math.hpp"
@@ -173,12 +174,7 @@ void block_attention_backward(const T* q, int64_t ldq, int64_t q0, int64_t nq, c
 // A (batch, kv head) pair per task: its query heads add into the same dk
 // and dv one after another, so no two tasks write the same element and
 // the sums' order does not depend on the threads.
-struct AttentionShape {
-  int64_t B, C, NH, NKV;
-  int64_t hs() const { return C / NH; }
-  int64_t K() const { return NKV * hs(); }
-  int64_t group() const { return NH / NKV; }
-};
+using AttentionShape = mpiformer::AttentionShape;  // common/attention_shape.hpp
 
 template <class T>
 void ring_attention_start(const AttentionShape& a, int64_t nq, T* m, T* l, T* o) {

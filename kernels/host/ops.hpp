@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention.hpp"
+#include "attention_blocks.hpp"
 #include "common/attention_storage.hpp"
 #include "crossentropy.hpp"
 #include "embedding.hpp"
@@ -251,6 +252,48 @@ struct Ops {
   // ---- reductions and the optimizer -----------------------------------------
   // *sum += the sum of x, in double, in index order: the logged loss is
   // reproducible bit for bit.
+  // ---- context parallelism: a ring's blocks (host/attention_blocks.hpp) ------
+  // The query tiles' score scratch of chunks of n rows.
+  static int64_t ring_scratch_elements(const AttentionShape& a, int64_t n, int64_t tile) {
+    return mpiformer::ring_scratch_elements(a.B, a.NKV, n, n, tile);
+  }
+  static void ring_start(Context&, const AttentionShape& a, int64_t nq, Acc* m, Acc* l, Acc* o) {
+    host::ring_attention_start(a, nq, m, l, o);
+  }
+  static void ring_forward(Context&, const AttentionShape& a, const Acc* qkv, int64_t q0, int64_t nq,
+                           const Acc* kv, int64_t k0, int64_t nk, Acc* m, Acc* l, Acc* o,
+                           Acc* scratch, const int64_t* starts, int64_t tile) {
+    host::ring_attention_forward(a, qkv, q0, nq, kv, k0, nk, m, l, o, scratch, starts, tile);
+  }
+  static void ring_finish(Context&, const AttentionShape& a, int64_t nq, Acc* o, const Acc* m,
+                          const Acc* l, Acc* lse) {
+    host::ring_attention_finish(a, nq, o, m, l, lse);
+  }
+  static void ring_delta(Context&, const AttentionShape& a, int64_t nq, const Acc* out,
+                         const Acc* dout, Acc* delta) {
+    host::ring_attention_delta(a, nq, out, dout, delta);
+  }
+  static void ring_backward(Context&, const AttentionShape& a, const Acc* qkv, int64_t q0,
+                            int64_t nq, const Acc* kv, int64_t k0, int64_t nk, const Acc* dout,
+                            const Acc* lse, const Acc* delta, Acc* dqkv, Acc* dkv, Acc* scratch,
+                            const int64_t* starts, int64_t tile) {
+    host::ring_attention_backward(a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv, scratch,
+                                  starts, tile);
+  }
+  // rows x width elements between buffers of leading dimensions ld_dst, ld_src.
+  static void copy_rows(Context&, Acc* dst, int64_t ld_dst, const Acc* src, int64_t ld_src,
+                        int64_t rows, int64_t width) {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * ld_src, width, dst + r * ld_dst);
+  }
+  // Each row's document's first position in the sequence ([2, B, n]
+  // chunk-major; chunks starting at `first` and `second`) from its
+  // position in its document.
+  static void ring_document_starts(Context&, int64_t* starts, const int32_t* positions, int64_t B,
+                                   int64_t n, int64_t first, int64_t second) {
+    for (int64_t row = 0; row < 2 * B * n; ++row)
+      starts[row] = (row < B * n ? first : second) + row % n - positions[row];
+  }
+
   // ---- Mixture of Experts (host/moe_router.hpp, host/moe_dispatch.hpp) -----
   // The router reads its logits in Acc: widen them from its GEMM's Act.
   static void widen(Context&, Acc* dst, const Act* src, int64_t n) {

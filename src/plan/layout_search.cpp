@@ -31,10 +31,12 @@ std::vector<int64_t> micro_batches(int64_t per_replica, int64_t deck_value) {
 }
 
 // Context parallelism where a run could take it: a sequence that cuts
-// into 2 cp chunks and the host back end (the ring's CUDA
-// kernel is not built: a GPU run refuses cp).
+// into 2 cp chunks, and on a GPU a dense model (the GPU's router does not
+// gather its counts over a context group: a GPU run refuses experts with
+// cp).
 bool context_parallel_allowed(const Deck& deck, const MachineSpec& machine, int64_t cp) {
-  return machine.device == Device::kCpu && deck.model.seq_len % (2 * cp) == 0;
+  return (machine.device == Device::kCpu || deck.model.experts == 0) &&
+         deck.model.seq_len % (2 * cp) == 0;
 }
 
 }  // namespace

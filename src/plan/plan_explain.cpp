@@ -116,8 +116,8 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
                       "data-parallel traffic sharing it");
   if (deck.parallel.cp > 1 && machine.device == Device::kCuda)
     assumed.push_back("the context ring's sends hidden behind each pass's attention up to its "
-                      "length, and its blocks priced at the fused kernel's rates (the ring runs on "
-                      "the host back end only in this version: not measured on a GPU)");
+                      "length, and its blocks priced at the fused kernel's rates (the GPU's ring has "
+                      "not been measured: its first kernels are float FMAs, not tensor cores)");
   if (deck.parallel.cp > 1 && machine.device == Device::kCpu)
     assumed.push_back("the context ring's blocks priced at the attention rows' rates for their "
                       "size (the ring's own blockwise kernel is not calibrated)");

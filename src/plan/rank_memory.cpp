@@ -271,24 +271,25 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // float copies.
   if (range.num_layers() > 0)
     m.comm += context_attention_bytes(cfg, deck.parallel.tp, deck.train.micro_batch, deck.parallel.cp,
-                                      static_cast<size_t>(act), static_cast<size_t>(acc));
+                                      static_cast<size_t>(act), static_cast<size_t>(acc), choice.device);
   return m;
 }
 
 double context_attention_bytes(const GptConfig& cfg, int64_t tp, int64_t micro_batch, int64_t cp,
-                               size_t act_bytes, size_t acc_bytes) {
+                               size_t act_bytes, size_t acc_bytes, Device device) {
   if (cp <= 1) return 0;
   const double rows = static_cast<double>(micro_batch) * static_cast<double>(cfg.seq_len / cp);
   const double K = static_cast<double>(cfg.kv_dim_per_rank(tp));
   const double NH = static_cast<double>(cfg.n_head / tp), Ca = static_cast<double>(cfg.n_embd / tp);
   const double qkv = static_cast<double>(cfg.qkv_dim_per_rank(tp));
   const double acc = static_cast<double>(acc_bytes);
-  // (And each row's document start, 8 bytes.) Each (sequence, kv head)
-  // task's score tiles.
+  // (And each row's document start, 8 bytes.) On the host, each
+  // (sequence, kv head) task's score tiles.
   const double n = static_cast<double>(cfg.seq_len / (2 * cp));
-  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc + 8 * rows +
-                 ring_scratch_elements(static_cast<double>(micro_batch),
-                                       static_cast<double>(cfg.kv_heads_per_rank(tp)), n, n) * acc;
+  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc + 8 * rows;
+  if (device == Device::kCpu)
+    bytes += ring_scratch_elements(static_cast<double>(micro_batch),
+                                   static_cast<double>(cfg.kv_heads_per_rank(tp)), n, n) * acc;
   if (act_bytes != acc_bytes) bytes += 2 * rows * (qkv + Ca) * acc;
   return bytes;
 }

@@ -60,9 +60,10 @@ struct RankMemory {
 RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
 // The bytes context parallelism's ring holds on a rank (cp > 1; 0
 // otherwise): what train/context_attention.hpp allocates, which the
-// memory accounting adds.
+// memory accounting adds. `device`: the GPU's op set, whose kernels keep
+// their scores in registers (the host's query tiles hold scratch).
 double context_attention_bytes(const GptConfig& cfg, int64_t tp, int64_t micro_batch, int64_t cp,
-                               size_t act_bytes, size_t acc_bytes);
+                               size_t act_bytes, size_t acc_bytes, Device device = Device::kCpu);
 
 // The elements of each moment in one block of the offloaded update
 // ([train] offload_block_mb, whole multiples of the files' 4 KiB).

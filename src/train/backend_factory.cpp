@@ -117,11 +117,12 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
                                choice.sharing};
   setup.offload.block_elements = offload_block_elements(tc);
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
-  if (deck.parallel.cp > 1) {
-    throw InputError(deck.path, "[parallel] cp, [run] device",
-                     strprintf("context parallelism (cp %lld) runs on the host back end only in "
-                               "this version (its ring's CUDA kernel and NCCL exchange are not "
-                               "built yet): set [run] device = \"cpu\" or cp = 1",
+  if (deck.parallel.cp > 1 && cfg.experts > 0) {
+    throw InputError(deck.path, "[parallel] cp, [model] experts, [run] device",
+                     strprintf("a Mixture of Experts under context parallelism (cp %lld) runs on "
+                               "the host back end only in this version (the GPU's router does not "
+                               "yet gather its counts over the context group): set [run] device = "
+                               "\"cpu\" or cp = 1",
                                static_cast<long long>(deck.parallel.cp)));
   }
 #ifdef MPIFORMER_HAVE_CUDA
@@ -151,7 +152,8 @@ void check_memory_spaces(const StageComms& c, bool stage_on_device) {
   const std::pair<const char*, const Communicator*> groups[] = {
       {"activations", c.pipe_act}, {"gradients", c.pipe_grad}, {"data-parallel", c.dp},
       {"tensor-parallel", c.tp},   {"tied embedding", c.tied},  {"kv heads", c.kv},
-      {"expert-parallel", c.ep},   {"experts' data-parallel", c.expert_dp}};
+      {"expert-parallel", c.ep},   {"experts' data-parallel", c.expert_dp},
+      {"context-parallel", c.cp}};
   for (const auto& [what, comm] : groups) {
     if (comm != nullptr && comm->buffers() != want) {
       throw std::logic_error(strprintf(
@@ -174,10 +176,11 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage, ContextChunks orde
     c.ep = &g.expert_parallel();
     c.expert_dp = &g.expert_data_parallel();
   }
+  if (g.cp() > 1) c.cp = &g.context_parallel();
   if (!stage.on_device()) {
     check_memory_spaces(c, false);
     stage.connect_tensor_parallel(*c.tp);
-    if (g.cp() > 1) stage.connect_context_parallel(g.context_parallel(), order);
+    if (c.cp != nullptr) stage.connect_context_parallel(*c.cp, order);
     if (c.ep != nullptr) stage.connect_expert_parallel(g.expert_parallel(), *c.ep);
     return c;
   }
@@ -208,12 +211,14 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage, ContextChunks orde
   c.pipe_grad = device_comm(g.pipeline(), "gradients");
   if (MpiCommunicator* kv = g.kv_heads()) c.kv = device_comm(*kv, "kv heads");
   if (MpiCommunicator* tied = g.tied_embedding()) c.tied = device_comm(*tied, "tied embedding");
+  if (g.cp() > 1) c.cp = device_comm(g.context_parallel(), "context-parallel");
   if (g.ep() > 1) {
     c.ep = device_comm(g.expert_parallel(), "expert-parallel");
     c.expert_dp = device_comm(g.expert_data_parallel(), "experts' data-parallel");
   }
   check_memory_spaces(c, true);
   stage.connect_tensor_parallel(*c.tp);
+  if (c.cp != nullptr) stage.connect_context_parallel(*c.cp, order);
   if (c.ep != nullptr) stage.connect_expert_parallel(g.expert_parallel(), *c.ep);
   // While the stage waits for its GPU, a communicator that failed (a peer
   // gone) ends the wait with an exception instead of a hang.

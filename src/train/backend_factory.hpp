@@ -46,6 +46,8 @@ struct StageComms {
   // gradients' reduction).
   Communicator* ep = nullptr;
   Communicator* expert_dp = nullptr;
+  // Context parallelism (cp > 1; null otherwise): the ring's group.
+  Communicator* cp = nullptr;
   std::string description;       // what the GPU groups use, for the summary
   std::vector<std::unique_ptr<Communicator>> owned;
 };

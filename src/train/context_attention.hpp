@@ -1,10 +1,10 @@
-// The stage's context group (model/gpt_stage.hpp's ContextGroup) on the
-// host: train/ring_attention.hpp's ring over the group's communicator,
-// computing in the stage's Acc type (float, or double for the checks).
-// A 16-bit stage's rows are widened into float buffers for the ring and
-// its results rounded back, as the host's own attention computes in
-// float from 16-bit operands. Every buffer is sized once here: a step
-// allocates nothing.
+// The stage's context group (model/gpt_stage.hpp's ContextGroup) over an
+// op set (host or CUDA): train/ring_attention.hpp's ring over the group's
+// communicator, computing in the op set's Acc type (float, or double for
+// the host's checks). A 16-bit stage's rows are widened into float
+// buffers for the ring and its results rounded back, as each back end's
+// own attention computes in float from 16-bit operands. Every buffer is
+// sized once here: a step allocates nothing.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -13,26 +13,31 @@
 #include <vector>
 
 #include "core/gpt_config.hpp"
-#include "host/residual.hpp"
 #include "model/gpt_stage.hpp"
 #include "train/ring_attention.hpp"
 #include "train/tensor_group.hpp"
 
 namespace mpiformer {
 
-template <class Act, class Acc>
+template <class Ops>
 class ContextAttention {
  public:
-  // `ring`: the context group, which must outlive this; the stage's
-  // widths under tensor parallelism `tp`; `observer` (may be empty) told
-  // of each pass round the ring with the bytes this rank sent.
-  ContextAttention(Communicator& ring, const GptConfig& cfg, int64_t tp, int64_t micro_batch,
-                   ContextChunks order, const TensorOpObserver* observer)
-      : shape_{micro_batch, cfg.n_embd / tp, cfg.n_head / tp, cfg.kv_heads_per_rank(tp)},
+  using Act = typename Ops::Act;
+  using Acc = typename Ops::Acc;
+  using Context = typename Ops::Context;
+
+  // `ctx`: the stage's, and `ring`: the context group, both of which must
+  // outlive this; the stage's widths under tensor parallelism `tp`;
+  // `observer` (may be empty) told of each pass round the ring with the
+  // bytes this rank sent.
+  ContextAttention(Context& ctx, Communicator& ring, const GptConfig& cfg, int64_t tp,
+                   int64_t micro_batch, ContextChunks order, const TensorOpObserver* observer)
+      : ctx_(ctx),
+        shape_{micro_batch, cfg.n_embd / tp, cfg.n_head / tp, cfg.kv_heads_per_rank(tp)},
         n_(cfg.seq_len / (2 * ring.size())),
         rows_(micro_batch * cfg.seq_len / ring.size()),
         qkv_width_(cfg.qkv_dim_per_rank(tp)),
-        ring_(ring, shape_, n_, order),
+        ring_(ctx, ring, shape_, n_, order),
         cp_(ring.size()),
         rank_(ring.rank()),
         order_(order),
@@ -46,12 +51,12 @@ class ContextAttention {
     ring_.observe_blocks([this](Time t0, Time t1) {
       if (observer_ != nullptr && *observer_) (*observer_)(kContextBlock, t0, t1, 0);
     });
-    starts_.resize(static_cast<size_t>(rows_));
+    starts_ = Buffer<int64_t>(static_cast<size_t>(rows_));
     if constexpr (!std::is_same_v<Act, Acc>) {
-      qkv_.resize(static_cast<size_t>(rows_ * qkv_width_));
-      dqkv_.resize(qkv_.size());
-      out_.resize(static_cast<size_t>(rows_ * shape_.C));
-      dout_.resize(out_.size());
+      qkv_ = Buffer<Acc>(static_cast<size_t>(rows_ * qkv_width_));
+      dqkv_ = Buffer<Acc>(qkv_.size());
+      out_ = Buffer<Acc>(static_cast<size_t>(rows_ * shape_.C));
+      dout_ = Buffer<Acc>(out_.size());
     }
   }
 
@@ -88,19 +93,17 @@ class ContextAttention {
   }
 
  private:
+  template <class U>
+  using Buffer = typename Ops::template Buffer<U>;
+
   // Under a document mask, each row's document's first position in the
   // sequence: its own position there (its chunk's place plus its row in
   // it, chunk-major) less its position in its document.
   const int64_t* document_starts(const int32_t* positions) {
     if (positions == nullptr) return nullptr;
-    const int64_t B = shape_.B;
-    for (int j = 0; j < 2; ++j)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < n_; ++t) {
-          const int64_t row = (j * B + b) * n_ + t;
-          starts_[static_cast<size_t>(row)] = ring_.chunk_start(rank_, j) + t - positions[row];
-        }
-    return starts_.data();
+    Ops::ring_document_starts(ctx_, starts_.get(), positions, shape_.B, n_, ring_.chunk_start(rank_, 0),
+                              ring_.chunk_start(rank_, 1));
+    return starts_.get();
   }
 
   void forward(const Act* qkv, Act* out, Acc* lse, const int64_t* starts) {
@@ -108,9 +111,9 @@ class ContextAttention {
       if constexpr (std::is_same_v<Act, Acc>) {
         ring_.forward(qkv, out, lse, starts);
       } else {
-        host::convert(qkv_.data(), qkv, rows_ * qkv_width_);
-        ring_.forward(qkv_.data(), out_.data(), lse, starts);
-        host::convert(out, out_.data(), rows_ * shape_.C);
+        Ops::widen(ctx_, qkv_.get(), qkv, rows_ * qkv_width_);
+        ring_.forward(qkv_.get(), out_.get(), lse, starts);
+        Ops::convert(ctx_, out, out_.get(), rows_ * shape_.C);
       }
     });
   }
@@ -121,11 +124,11 @@ class ContextAttention {
       if constexpr (std::is_same_v<Act, Acc>) {
         ring_.backward(qkv, out, lse, dout, dqkv, starts);
       } else {
-        host::convert(qkv_.data(), qkv, rows_ * qkv_width_);
-        host::convert(out_.data(), out, rows_ * shape_.C);
-        host::convert(dout_.data(), dout, rows_ * shape_.C);
-        ring_.backward(qkv_.data(), out_.data(), lse, dout_.data(), dqkv_.data(), starts);
-        host::convert(dqkv, dqkv_.data(), rows_ * qkv_width_);
+        Ops::widen(ctx_, qkv_.get(), qkv, rows_ * qkv_width_);
+        Ops::widen(ctx_, out_.get(), out, rows_ * shape_.C);
+        Ops::widen(ctx_, dout_.get(), dout, rows_ * shape_.C);
+        ring_.backward(qkv_.get(), out_.get(), lse, dout_.get(), dqkv_.get(), starts);
+        Ops::convert(ctx_, dqkv, dqkv_.get(), rows_ * qkv_width_);
       }
     });
   }
@@ -145,15 +148,16 @@ class ContextAttention {
     (*observer_)(kContextRing, t0, std::chrono::steady_clock::now(), sent);
   }
 
-  host::AttentionShape shape_;
+  Context& ctx_;
+  AttentionShape shape_;
   int64_t n_, rows_, qkv_width_;
-  RingAttention<Acc> ring_;
+  RingAttention<Ops> ring_;
   int cp_, rank_;
   ContextChunks order_;
   Communicator& comm_;
   const TensorOpObserver* observer_;
-  std::vector<int64_t> starts_;  // document_starts'
-  std::vector<Acc> qkv_, dqkv_, out_, dout_;  // 16-bit stages only
+  Buffer<int64_t> starts_;  // document_starts'
+  Buffer<Acc> qkv_, dqkv_, out_, dout_;  // 16-bit stages only
 };
 
 }  // namespace mpiformer

@@ -13,53 +13,55 @@
 // The ring's order is the same for any layout of the other axes; the
 // softmax is summed across blocks in that order, so cp changes the result
 // by rounding only (another order of the same sums), not by its content.
-// Host memory and the host's kernels (the CUDA kernels' turn comes with
-// the trainer's [parallel] cp); the messages go through the group's
-// Communicator.
+// Written once over an op set (host/ops.hpp, cuda/ops.hpp), which
+// supplies the blocks' arithmetic, the copies and the buffers; the
+// messages go through the group's Communicator, each step one exchange
+// (on a GPU, stream-ordered: nothing here waits on the host for them).
 #pragma once
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <vector>
 
-#include "host/attention_blocks.hpp"
+#include "common/attention_shape.hpp"
+#include "common/attention_storage.hpp"
+#include "common/context_chunks.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mpiformer {
 
-template <class T>
+template <class Ops>
 class RingAttention {
  public:
+  using T = typename Ops::Acc;  // what the ring computes and sends in
+  using Context = typename Ops::Context;
   using Clock = std::chrono::steady_clock;
   // Told of each step's arithmetic (the blocks' attention, not the waits
-  // for the next block): when it ran.
+  // for the next block): when it ran. (On a GPU, when it was queued.)
   using BlockObserver = std::function<void(Clock::time_point, Clock::time_point)>;
 
   // `ring`: the context-parallel group, rank r holding chunks
   // context_chunks(r, size, order); `n`: tokens per chunk.
-  // `tile`: the query rows a task takes at once (the tests' small tiles
-  // cut a chunk into several, the last short).
-  RingAttention(Communicator& ring, const host::AttentionShape& shape, int64_t n,
-                ContextChunks order = ContextChunks::kHeadTail,
-                int64_t tile = kRingQueryTile)
-      : ring_(ring), a_(shape), n_(n), tile_(tile), order_(order) {
+  // `tile`: the query rows a host task takes at once (the tests' small
+  // tiles cut a chunk into several, the last short).
+  RingAttention(Context& ctx, Communicator& ring, const AttentionShape& shape, int64_t n,
+                ContextChunks order = ContextChunks::kHeadTail, int64_t tile = kRingQueryTile)
+      : ctx_(ctx), ring_(ring), a_(shape), n_(n), tile_(tile), order_(order) {
+    // Every buffer sized once: a step allocates nothing.
     const size_t kv = static_cast<size_t>(2 * a_.B * n_ * 2 * a_.K());
-    for (auto& b : kv_) b.resize(kv);
-    for (auto& b : dkv_) b.resize(kv);
-    // The accumulators, sized once: a step allocates nothing.
+    for (auto& b : kv_) b = Buffer(kv);
+    for (auto& b : dkv_) b = Buffer(kv);
     const size_t rows = static_cast<size_t>(2 * a_.B * a_.NH * n_);
-    m_.resize(rows);
-    l_.resize(rows);
-    delta_.resize(rows);
-    scratch_.resize(static_cast<size_t>(ring_scratch_elements(a_.B, a_.NKV, n_, n_, tile_)));
+    m_ = Buffer(rows);
+    l_ = Buffer(rows);
+    delta_ = Buffer(rows);
+    scratch_ = Buffer(static_cast<size_t>(Ops::ring_scratch_elements(a_, n_, tile_)));
   }
 
   void observe_blocks(BlockObserver observer) { on_block_ = std::move(observer); }
 
   // Bytes of its buffers: two key/value blocks and two of their
-  // gradients' sums, three accumulators per query row, and the tasks'
-  // score tiles.
+  // gradients' sums, three accumulators per query row, and (on the host)
+  // the tasks' score tiles.
   double allocated_bytes() const {
     size_t n = m_.size() + l_.size() + delta_.size() + scratch_.size();
     for (const auto& b : kv_) n += b.size();
@@ -75,25 +77,23 @@ class RingAttention {
 
   // qkv [2, B, n, C + 2K] -> out [2, B, n, C], lse [2, B, NH, n] (kept
   // for backward). `starts` [2, B, n] under a document mask: each query's
-  // document's first position in the sequence (nullptr: none).
+  // document's first position in the sequence (nullptr: none), where the
+  // op set's kernels read it.
   void forward(const T* qkv, T* out, T* lse, const int64_t* starts = nullptr) {
     const int64_t rows = a_.B * a_.NH * n_;
-    T* m = m_.data();
-    T* l = l_.data();
-    for (int j = 0; j < 2; ++j)
-      host::ring_attention_start(a_, n_, m + j * rows, l + j * rows, out + j * out_block());
-    take_kv(qkv, kv_[0].data());
+    T* m = m_.get();
+    T* l = l_.get();
+    for (int j = 0; j < 2; ++j) Ops::ring_start(ctx_, a_, n_, m + j * rows, l + j * rows, out + j * out_block());
+    take_kv(qkv, kv_[0].get());
     circulate(kv_, nullptr, kForwardTag, [&](int owner, const T* kv, T*) {
       for (int qa = 0; qa < 2; ++qa)
         for (int kb = 0; kb < 2; ++kb)
-          host::ring_attention_forward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
-                                       kv + kb * kv_block(), chunk_start(owner, kb), n_, m + qa * rows,
-                                       l + qa * rows, out + qa * out_block(), scratch_.data(),
-                                       chunk_starts(starts, qa), tile_);
+          Ops::ring_forward(ctx_, a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
+                            kv + kb * kv_block(), chunk_start(owner, kb), n_, m + qa * rows, l + qa * rows,
+                            out + qa * out_block(), scratch_.get(), chunk_starts(starts, qa), tile_);
     });
     for (int j = 0; j < 2; ++j)
-      host::ring_attention_finish(a_, n_, out + j * out_block(), m + j * rows, l + j * rows,
-                                  lse + j * rows);
+      Ops::ring_finish(ctx_, a_, n_, out + j * out_block(), m + j * rows, l + j * rows, lse + j * rows);
   }
 
   // dqkv [2, B, n, C + 2K] is overwritten: the queries' gradients from
@@ -101,37 +101,35 @@ class RingAttention {
   void backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv,
                 const int64_t* starts = nullptr) {
     const int64_t rows = a_.B * a_.NH * n_, ld = a_.C + 2 * a_.K();
-    T* delta = delta_.data();
+    T* delta = delta_.get();
     for (int j = 0; j < 2; ++j)
-      host::ring_attention_delta(a_, n_, out + j * out_block(), dout + j * out_block(), delta + j * rows);
-    std::fill(dqkv, dqkv + 2 * qkv_block(), T(0));
-    take_kv(qkv, kv_[0].data());
-    std::fill(dkv_[0].begin(), dkv_[0].end(), T(0));
+      Ops::ring_delta(ctx_, a_, n_, out + j * out_block(), dout + j * out_block(), delta + j * rows);
+    Ops::fill_zero(ctx_, dqkv, 2 * qkv_block());
+    take_kv(qkv, kv_[0].get());
+    Ops::fill_zero(ctx_, dkv_[0].get(), static_cast<int64_t>(dkv_[0].size()));
     circulate(kv_, &dkv_, kBackwardTag, [&](int owner, const T* kv, T* dkv) {
       for (int qa = 0; qa < 2; ++qa)
         for (int kb = 0; kb < 2; ++kb)
-          host::ring_attention_backward(a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
-                                        kv + kb * kv_block(), chunk_start(owner, kb), n_, dout + qa * out_block(),
-                                        lse + qa * rows, delta + qa * rows, dqkv + qa * qkv_block(),
-                                        dkv + kb * kv_block(), scratch_.data(), chunk_starts(starts, qa),
-                                        tile_);
+          Ops::ring_backward(ctx_, a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
+                             kv + kb * kv_block(), chunk_start(owner, kb), n_, dout + qa * out_block(),
+                             lse + qa * rows, delta + qa * rows, dqkv + qa * qkv_block(),
+                             dkv + kb * kv_block(), scratch_.get(), chunk_starts(starts, qa), tile_);
     });
     // The block now held is the next rank's, its sums complete: home to
     // it; this rank's own comes from the previous.
     const int c = ring_.size(), r = ring_.rank();
-    const T* mine = dkv_[cur_].data();
+    const T* mine = dkv_[cur_].get();
     if (c > 1) {
-      ring_.start_exchange_bytes(dkv_[cur_].data(), dkv_[1 - cur_].data(), bytes(), (r + 1) % c,
+      ring_.start_exchange_bytes(dkv_[cur_].get(), dkv_[1 - cur_].get(), bytes(), (r + 1) % c,
                                  (r + c - 1) % c, kHomeTag)
           ->wait();
-      mine = dkv_[1 - cur_].data();
+      mine = dkv_[1 - cur_].get();
     }
-    const int64_t K2 = 2 * a_.K();
-    for (int64_t row = 0; row < 2 * a_.B * n_; ++row)
-      std::copy_n(mine + row * K2, K2, dqkv + row * ld + a_.C);
+    Ops::copy_rows(ctx_, dqkv + a_.C, ld, mine, 2 * a_.K(), 2 * a_.B * n_, 2 * a_.K());
   }
 
  private:
+  using Buffer = typename Ops::template Buffer<T>;
   static constexpr int kForwardTag = 4900, kBackwardTag = 4910, kHomeTag = 4920;
   int64_t qkv_block() const { return a_.B * n_ * (a_.C + 2 * a_.K()); }
   int64_t kv_block() const { return a_.B * n_ * 2 * a_.K(); }
@@ -142,9 +140,8 @@ class RingAttention {
   size_t bytes() const { return sizeof(T) * kv_[0].size(); }
 
   // This rank's keys and values, [2, B, n, 2K], from its fused rows.
-  void take_kv(const T* qkv, T* kv) const {
-    const int64_t ld = a_.C + 2 * a_.K(), K2 = 2 * a_.K();
-    for (int64_t row = 0; row < 2 * a_.B * n_; ++row) std::copy_n(qkv + row * ld + a_.C, K2, kv + row * K2);
+  void take_kv(const T* qkv, T* kv) {
+    Ops::copy_rows(ctx_, kv, 2 * a_.K(), qkv + a_.C, a_.C + 2 * a_.K(), 2 * a_.B * n_, 2 * a_.K());
   }
 
   // c steps: `work(owner, kv, dkv)` on the blocks held, each passed on to
@@ -153,21 +150,21 @@ class RingAttention {
   // bytes do not change, and the one arriving lands in the other
   // buffer); the sums only after it (the work adds to them).
   template <class F>
-  void circulate(std::vector<T> (&kv)[2], std::vector<T> (*dkv)[2], int tag, const F& work) {
+  void circulate(Buffer (&kv)[2], Buffer (*dkv)[2], int tag, const F& work) {
     const int c = ring_.size(), r = ring_.rank(), next = (r + 1) % c, prev = (r + c - 1) % c;
     cur_ = 0;
     for (int s = 0; s < c; ++s) {
       const int owner = (r - s + c) % c;
       Pending moved;
       if (s + 1 < c)
-        moved = ring_.start_exchange_bytes(kv[cur_].data(), kv[1 - cur_].data(), bytes(), next, prev,
+        moved = ring_.start_exchange_bytes(kv[cur_].get(), kv[1 - cur_].get(), bytes(), next, prev,
                                            tag + 2 * (s % 2));
       const Clock::time_point t0 = Clock::now();
-      work(owner, kv[cur_].data(), dkv != nullptr ? (*dkv)[cur_].data() : nullptr);
+      work(owner, kv[cur_].get(), dkv != nullptr ? (*dkv)[cur_].get() : nullptr);
       if (on_block_) on_block_(t0, Clock::now());
       if (s + 1 == c) break;
       if (dkv != nullptr)
-        ring_.start_exchange_bytes((*dkv)[cur_].data(), (*dkv)[1 - cur_].data(), bytes(), next, prev,
+        ring_.start_exchange_bytes((*dkv)[cur_].get(), (*dkv)[1 - cur_].get(), bytes(), next, prev,
                                    tag + 1 + 2 * (s % 2))
             ->wait();
       moved->wait();
@@ -175,14 +172,15 @@ class RingAttention {
     }
   }
 
+  Context& ctx_;
   Communicator& ring_;
-  host::AttentionShape a_;
+  AttentionShape a_;
   int64_t n_, tile_;
   ContextChunks order_;
   BlockObserver on_block_;
-  std::vector<T> kv_[2], dkv_[2];  // the block held and the one arriving
-  std::vector<T> scratch_;         // ring_scratch_elements: each task's score tiles
-  std::vector<T> m_, l_, delta_;   // per query row of both chunks: the running max and sum; delta
+  Buffer kv_[2], dkv_[2];  // the block held and the one arriving
+  Buffer scratch_;         // the op set's ring_scratch_elements
+  Buffer m_, l_, delta_;   // per query row of both chunks: the running max and sum; delta
   int cur_ = 0;
 };
 

@@ -103,7 +103,7 @@ class StageBackend {
   // over inside forward and backward; needed before the first forward.
   virtual void connect_tensor_parallel(Communicator& tp) = 0;
   // Context parallelism (options' cp > 1): the ranks holding the other
-  // chunks of the sequences (host memory; the host back end only);
+  // chunks of the sequences (a communicator of the stage's memory);
   // needed before the first forward.
   virtual void connect_context_parallel(Communicator& cp, ContextChunks order) = 0;
   virtual void observe_tensor_reductions(TensorOpObserver observer) = 0;

@@ -83,14 +83,9 @@ class TrainingStage final : public StageBackend {
     stage_.set_tensor_group(tensor_group(tp, &observer_));
   }
   void connect_context_parallel(Communicator& cp, ContextChunks order) override {
-    if constexpr (Ops::kHostMemory) {
-      context_ = std::make_unique<ContextAttention<Act, Acc>>(
-          cp, stage_.config(), stage_.range().tp, stage_.options().micro_batch, order, &observer_);
-      stage_.set_context_group(context_->group());
-    } else {
-      // The deck refuses cp > 1 on a GPU (train/backend_choice.cpp).
-      throw std::logic_error("connect_context_parallel: no context ring on the GPU back end");
-    }
+    context_ = std::make_unique<ContextAttention<Ops>>(ctx_, cp, stage_.config(), stage_.range().tp,
+                                                      stage_.options().micro_batch, order, &observer_);
+    stage_.set_context_group(context_->group());
   }
   void observe_tensor_reductions(TensorOpObserver observer) override {
     observer_ = std::move(observer);
@@ -222,7 +217,7 @@ class TrainingStage final : public StageBackend {
   std::vector<Buffer<Act>> grad_out_;
   std::unique_ptr<StageOptimizer<Ops>> opt_;
   TensorOpObserver observer_;  // the tensor group keeps its address
-  std::unique_ptr<ContextAttention<Act, Acc>> context_;  // cp > 1 (host)
+  std::unique_ptr<ContextAttention<Ops>> context_;  // cp > 1
   // Device runs only: the state copied down for a save, in page-locked
   // memory (a pageable copy is staged through the driver's own buffer at
   // a fraction of the link's rate), kept for the next save.

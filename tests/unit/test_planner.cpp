@@ -775,8 +775,8 @@ TEST(StageWork, ContextParallelismDividesTheRowsAndRingsTheAttention) {
 // The planner prices cp as what it is: a cp-th of the activations per rank
 // (the same accounting the run refuses a deck with), the ring's sends on
 // the context group's link, the reductions over dp x cp; the search tries
-// cp on a host machine file only (a GPU run refuses it) and where 2 cp
-// divides the sequence.
+// cp where 2 cp divides the sequence, on a GPU for a dense model only (a
+// GPU run refuses experts with cp).
 TEST(Plan, ContextParallelismIsPricedAndSearched) {
   Deck deck = tiny_deck();
   const MachineSpec m = workstation(1);
@@ -810,6 +810,14 @@ TEST(Plan, ContextParallelismIsPricedAndSearched) {
   MachineSpec gpu = m;
   gpu.device = Device::kCuda;
   deck = tiny_deck();
+  cps.clear();
+  for (const Prediction& p : plan_layouts(deck, gpu, 4, 4).fitting) cps.insert(p.layout.cp);
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4}));
+  // The GPU's ring keeps no score tiles: its buffers are the host's less them.
+  EXPECT_LT(context_attention_bytes(deck.model, 1, 16, 2, 4, 4, Device::kCuda),
+            context_attention_bytes(deck.model, 1, 16, 2, 4, 4));
+  deck.model.experts = 4;
+  deck.model.top_k = 2;
   for (const Prediction& p : plan_layouts(deck, gpu, 4, 4).fitting) EXPECT_EQ(p.layout.cp, 1);
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "host/attention.hpp"
+#include "host/ops.hpp"
 #include "plan/rank_memory.hpp"
 #include "train/context_attention.hpp"
 #include "train/ring_attention.hpp"
@@ -40,9 +41,10 @@ TEST_P(RingAttentionOrder, ChunksAroundTheRanksMatchWholeSequenceAttention) {
   host::attention_forward(out.data(), att.data(), qkv.data(), a.B, T, a.C, a.NH, a.NKV);
   host::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), a.B, T, a.C, a.NH,
                            a.NKV);
-  RingAttention<float> ring_attention(ring, a, n, GetParam());
+  host::Context ctx;
+  RingAttention<host::Ops<float>> ring_attention(ctx, ring, a, n, GetParam());
   // And with query tiles of 2 rows: 2, 2 and a short 1 per chunk.
-  RingAttention<float> tiled(ring, a, n, GetParam(), 2);
+  RingAttention<host::Ops<float>> tiled(ctx, ring, a, n, GetParam(), 2);
   // This rank's rows, chunk-major [2, B, n, width], from [B, T, width].
   auto mine = [&](const std::vector<float>& x, int64_t width) {
     std::vector<float> y(2 * a.B * n * width);
@@ -85,8 +87,10 @@ TEST(RingAttention, TheAccountingCountsWhatTheRingHolds) {
   const int64_t cp = ring.size();
   if (cp == 1) return;  // no ring to count: the trainer builds none at cp 1
   for (int64_t tp : {1, 2}) {
-    const ContextAttention<float, float> fp32(ring, cfg, tp, 3, ContextChunks::kHeadTail, nullptr);
-    const ContextAttention<host::Bf16, float> bf16(ring, cfg, tp, 3, ContextChunks::kHeadTail, nullptr);
+    host::Context ctx;
+    const ContextAttention<host::Ops<float>> fp32(ctx, ring, cfg, tp, 3, ContextChunks::kHeadTail, nullptr);
+    const ContextAttention<host::Ops<host::Bf16>> bf16(ctx, ring, cfg, tp, 3, ContextChunks::kHeadTail,
+                                                       nullptr);
     EXPECT_EQ(fp32.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 4, 4)) << "tp " << tp;
     EXPECT_EQ(bf16.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 2, 4)) << "tp " << tp;
   }
