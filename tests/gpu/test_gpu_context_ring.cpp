@@ -37,6 +37,8 @@
 #include "parallel/host_staged_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "model/gpt_stage.hpp"
+#include "model/stage_footprint.hpp"
+#include "plan/rank_memory.hpp"
 #include "train/context_attention.hpp"
 
 namespace mpiformer::test {
@@ -204,6 +206,10 @@ void check_stage(const GptConfig& base) {
     o.cp = cp;
     GptStage<cuda::Ops<float>> gpu(ctx, cfg, whole, o);
     ContextAttention<cuda::Ops<float>> attention(ctx, ring, cfg, 1, kB, ContextChunks::kHeadTail, nullptr);
+    // The accounting counts what the GPU's stage and ring allocate.
+    EXPECT_EQ(static_cast<double>(gpu.allocated_bytes()),
+              stage_footprint(cfg, whole, o, 4, 4, AttentionStorage::kRowStatistics).total());
+    EXPECT_EQ(attention.allocated_bytes(), context_attention_bytes(cfg, 1, kB, cp, 4, 4, Device::kCuda));
     gpu.set_context_group(attention.group());
     gpu.init_parameters(7);
     std::vector<float> params(static_cast<size_t>(gpu.param_storage()));
