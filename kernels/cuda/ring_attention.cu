@@ -53,6 +53,18 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int64_t n) 
   return s;
 }
 
+// Query row r of [B, NH, nq] (head h of sequence b, row i; its kv head)
+// and the keys of the block at k0 it sees.
+struct QueryRow {
+  int64_t b, h, i, kvh;
+  Range seen;
+};
+__device__ __forceinline__ QueryRow query_row(const Shape& a, int64_t r, int64_t q0, int64_t nq,
+                                              int64_t k0, int64_t nk, const int64_t* starts) {
+  const int64_t b = r / (a.NH * nq), h = r / nq % a.NH, i = r % nq;
+  return {b, h, i, h / a.group(), visible(starts == nullptr ? nullptr : starts + b * nq, i, q0 + i, k0, nk)};
+}
+
 // The warp's row of `rows` (-1: none; the whole warp leaves together).
 __device__ __forceinline__ int64_t warp_row(int64_t rows) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp;
@@ -81,8 +93,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = warp_row(a.B * a.NH * nq);
   if (r < 0) return;
   const int lane = threadIdx.x % kWarp;
-  const int64_t b = r / (a.NH * nq), h = r / nq % a.NH, i = r % nq, kvh = h / a.group();
-  const Range seen = visible(starts == nullptr ? nullptr : starts + b * nq, i, q0 + i, k0, nk);
+  const QueryRow row = query_row(a, r, q0, nq, k0, nk, starts);
+  const int64_t b = row.b, h = row.h, i = row.i, kvh = row.kvh;
+  const Range seen = row.seen;
   if (seen.hi <= seen.lo) return;
   const float scale = rsqrtf(static_cast<float>(a.hs));
   const float* q = qkv + (b * nq + i) * a.ld + h * a.hs;
@@ -174,8 +187,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = warp_row(a.B * a.NH * nq);
   if (r < 0) return;
   const int lane = threadIdx.x % kWarp;
-  const int64_t b = r / (a.NH * nq), h = r / nq % a.NH, i = r % nq, kvh = h / a.group();
-  const Range seen = visible(starts == nullptr ? nullptr : starts + b * nq, i, q0 + i, k0, nk);
+  const QueryRow row = query_row(a, r, q0, nq, k0, nk, starts);
+  const int64_t b = row.b, h = row.h, i = row.i, kvh = row.kvh;
+  const Range seen = row.seen;
   if (seen.hi <= seen.lo) return;
   const float scale = rsqrtf(static_cast<float>(a.hs));
   const float* q = qkv + (b * nq + i) * a.ld + h * a.hs;

@@ -27,7 +27,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "../unit/rank0_results.hpp"
 #include "core/bf16.hpp"
 #include "core/cuda_check.hpp"
 #include "cuda/device.hpp"
@@ -280,20 +279,3 @@ TEST(ContextRing, TheGpuStageAtCpMatchesOneRankInDouble) {
 
 }  // namespace
 }  // namespace mpiformer::test
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, rc = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::string why;
-  if (mpiformer::cuda::device_count(&why) == 0) {
-    if (rank == 0) std::printf("SKIP: no usable GPU (%s)\n", why.c_str());
-    MPI_Finalize();
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  mpiformer::test::print_results_on_rank0_only(rank);
-  rc = RUN_ALL_TESTS();
-  MPI_Finalize();
-  return rc;
-}

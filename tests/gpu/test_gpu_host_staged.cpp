@@ -18,7 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include "../unit/rank0_results.hpp"
 #include "core/cuda_check.hpp"
 #include "cuda/device.hpp"
 #include "device_copy.hpp"
@@ -177,20 +176,3 @@ TEST(HostStagedCommunicator, RingExchangePassesEveryBlockRound) {
 
 }  // namespace
 }  // namespace mpiformer::test
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, rc = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::string why;
-  if (mpiformer::cuda::device_count(&why) == 0) {
-    if (rank == 0) std::printf("SKIP: no usable GPU (%s)\n", why.c_str());
-    MPI_Finalize();
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  mpiformer::test::print_results_on_rank0_only(rank);
-  rc = RUN_ALL_TESTS();
-  MPI_Finalize();
-  return rc;
-}
