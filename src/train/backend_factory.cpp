@@ -188,7 +188,8 @@ StageComms connect_stage(ProcessGrid& g, StageBackend& stage, ContextChunks orde
   void* stream = stage.device_stream();
   // Every rank builds its groups in the same order (tensor, data-parallel,
   // then the two pipeline directions, then the kv heads' sharers, then the
-  // tied pair), so the collective initialisations cannot wait on each other.
+  // tied pair, the context group, the expert groups), so the collective
+  // initialisations cannot wait on each other.
   // A group of one rank carries no message, but its collectives still read
   // and write the stage's buffers (ZeRO's reduce-scatter and gather at dp =
   // 1 copy a shard in and out): a local communicator does that on the
