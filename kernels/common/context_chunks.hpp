@@ -4,18 +4,26 @@
 // as many keys (Megatron's and torchtitan's order). Contiguous: chunks
 // 2 r and 2 r + 1, the plain split, whose last rank attends to the most
 // keys and paces the ring (kept for comparison). The data feeder lays a
-// rank's tokens out by it and the ring attends by it.
+// rank's tokens out by it and the ring attends by it; the routers of both
+// back ends count a sequence's experts by it. Written once for host and
+// device code.
 #pragma once
 #include <cstdint>
 
 #include "core/settings.hpp"
 
-namespace mpiformer::host {
+#if defined(__CUDACC__)
+#define MPIFORMER_CHUNK_FN __host__ __device__ __forceinline__
+#else
+#define MPIFORMER_CHUNK_FN inline
+#endif
+
+namespace mpiformer {
 
 struct ContextChunkPair {
   int64_t first, second;
 };
-inline ContextChunkPair context_chunks(int64_t rank, int64_t cp,
+MPIFORMER_CHUNK_FN ContextChunkPair context_chunks(int64_t rank, int64_t cp,
                                        ContextChunks order = ContextChunks::kHeadTail) {
   if (order == ContextChunks::kContiguous) return {2 * rank, 2 * rank + 1};
   return {rank, 2 * cp - 1 - rank};
@@ -26,10 +34,20 @@ inline ContextChunkPair context_chunks(int64_t rank, int64_t cp,
 struct ContextChunkOwner {
   int64_t rank, which;
 };
-inline ContextChunkOwner context_chunk_owner(int64_t g, int64_t cp,
+MPIFORMER_CHUNK_FN ContextChunkOwner context_chunk_owner(int64_t g, int64_t cp,
                                              ContextChunks order = ContextChunks::kHeadTail) {
   if (order == ContextChunks::kContiguous) return {g / 2, g % 2};
   return g < cp ? ContextChunkOwner{g, 0} : ContextChunkOwner{2 * cp - 1 - g, 1};
 }
 
-}  // namespace mpiformer::host
+// Under a document mask, the first position in the sequence of the
+// document that row `row` of a rank's [2, B, n] chunk-major rows is in:
+// the row's own position there (its chunk's first position, `first` or
+// `second`, plus its place in the chunk) less its position in its
+// document (`position`).
+MPIFORMER_CHUNK_FN int64_t context_document_start(int64_t row, int64_t B, int64_t n, int64_t first,
+                                                  int64_t second, int32_t position) {
+  return (row < B * n ? first : second) + row % n - position;
+}
+
+}  // namespace mpiformer

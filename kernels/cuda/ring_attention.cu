@@ -1,6 +1,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/context_chunks.hpp"
 #include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/ring_attention.hpp"
@@ -294,7 +295,7 @@ __global__ void document_starts_kernel(int64_t* starts, const int32_t* positions
                                        int64_t n, int64_t first, int64_t second) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (row >= 2 * B * n) return;
-  starts[row] = (row < B * n ? first : second) + row % n - positions[row];
+  starts[row] = context_document_start(row, B, n, first, second, positions[row]);
 }
 
 // Whether any query of [q0, q0 + nq) can see any key of [k0, k0 + nk)

@@ -18,6 +18,7 @@
 #include "attention.hpp"
 #include "attention_blocks.hpp"
 #include "common/attention_storage.hpp"
+#include "common/context_chunks.hpp"
 #include "crossentropy.hpp"
 #include "embedding.hpp"
 #include "gelu.hpp"
@@ -285,13 +286,12 @@ struct Ops {
                         int64_t rows, int64_t width) {
     for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * ld_src, width, dst + r * ld_dst);
   }
-  // Each row's document's first position in the sequence ([2, B, n]
-  // chunk-major; chunks starting at `first` and `second`) from its
-  // position in its document.
+  // Each row's document's first position in the sequence
+  // (common/context_chunks.hpp).
   static void ring_document_starts(Context&, int64_t* starts, const int32_t* positions, int64_t B,
                                    int64_t n, int64_t first, int64_t second) {
     for (int64_t row = 0; row < 2 * B * n; ++row)
-      starts[row] = (row < B * n ? first : second) + row % n - positions[row];
+      starts[row] = context_document_start(row, B, n, first, second, positions[row]);
   }
 
   // ---- Mixture of Experts (host/moe_router.hpp, host/moe_dispatch.hpp) -----

@@ -8,9 +8,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "core/gpt_config.hpp"
 #include "model/gpt_stage.hpp"

@@ -147,7 +147,7 @@ void DataFeeder::load(const TokenDataset& d, int64_t window, int slot, int64_t b
   // 1) its two chunks, chunk-major.
   const int pieces = cp_ > 1 ? 2 : 1;
   const int64_t n = seq_len_ / (pieces * cp_);
-  const host::ContextChunkPair chunks = host::context_chunks(cp_rank_, cp_, cp_order_);
+  const ContextChunkPair chunks = context_chunks(cp_rank_, cp_, cp_order_);
   for (int j = 0; j < pieces; ++j) {
     const int64_t from = cp_ > 1 ? (j == 0 ? chunks.first : chunks.second) * n : 0;
     const int64_t to = (j * micro_batch_ + b) * n;

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include "common/attention_shape.hpp"
 #include "common/attention_storage.hpp"
@@ -71,7 +72,7 @@ class RingAttention {
 
   // The global position of local chunk j's first token on rank `rank`.
   int64_t chunk_start(int rank, int j) const {
-    const host::ContextChunkPair c = host::context_chunks(rank, ring_.size(), order_);
+    const ContextChunkPair c = context_chunks(rank, ring_.size(), order_);
     return (j == 0 ? c.first : c.second) * n_;
   }
 

@@ -193,7 +193,7 @@ TEST(AttentionBlocks, HeadTailChunksAroundARing) {
     // ring step s.
     std::vector<Span> queries, keys;
     for (int64_t r = 0; r < cp; ++r) {
-      const host::ContextChunkPair c = host::context_chunks(r, cp);
+      const ContextChunkPair c = context_chunks(r, cp);
       for (const int64_t i : {c.first, c.second}) keys.push_back({i * chunk, chunk});
     }
     queries = keys;  // query block 2r + j is rank r's chunk j
@@ -225,9 +225,9 @@ TEST(AttentionBlocks, HeadTailChunksBalanceTheCausalWork) {
     };
     std::vector<int64_t> balanced, plain;
     for (int64_t r = 0; r < cp; ++r) {
-      const host::ContextChunkPair c = host::context_chunks(r, cp);
+      const ContextChunkPair c = context_chunks(r, cp);
       balanced.push_back(pairs(c.first * chunk, chunk) + pairs(c.second * chunk, chunk));
-      const host::ContextChunkPair p = host::context_chunks(r, cp, ContextChunks::kContiguous);
+      const ContextChunkPair p = context_chunks(r, cp, ContextChunks::kContiguous);
       ASSERT_EQ(p.second, p.first + 1);
       plain.push_back(pairs(p.first * chunk, 2 * chunk));
     }
