@@ -25,17 +25,18 @@ struct RouterShape {
   int64_t capacity = 0;  // per expert per sequence; 0: no limit
   // Context parallelism: each sequence's seq_len x context positions are
   // split over `context` ranks; this one holds its two chunks
-  // (host::context_chunks(context_rank, context, order)) chunk-major,
+  // (context_chunks(context_rank, context, order)) chunk-major,
   // [2, S, seq_len / 2], as the data feeder lays them out. Capacity and
   // the aux loss are the whole sequence's (host/moe_router.hpp).
   int64_t context = 1, context_rank = 0;
   ContextChunks order = ContextChunks::kHeadTail;
 };
 
-// Under context parallelism the router's one exchange over the context
-// group (host only: the GPU back end refuses cp > 1): `gather`, every
-// rank's n values into all [context, n] in rank order; `sum`, n values
-// summed over the group in place.
+// Under context parallelism the router's exchange over the context
+// group, in the back end's memory (device pointers on a GPU, ordered on
+// its stream by the group's communicator): `gather`, every rank's n values
+// into all [context, n] in rank order; `sum`, n values summed over the
+// group in place.
 struct RouterExchange {
   std::function<void(const double* mine, double* all, int64_t n)> gather;
   std::function<void(double* data, int64_t n)> sum;
@@ -148,16 +149,46 @@ MPIFORMER_ROUTER_FN T router_sequence(const RouterShape& r, int64_t s, const T* 
   return static_cast<T>(E) * total;
 }
 
+// Under context parallelism, each rank counts its assignments per
+// (sequence s, choice j, chunk q of its two, expert e): cell
+// ((s k + j) 2 + q) E + e of router_context_cells(r).
+MPIFORMER_ROUTER_FN int64_t router_context_cells(const RouterShape& r) {
+  return router_sequences(r) * r.top_k * 2 * r.experts;
+}
+MPIFORMER_ROUTER_FN int64_t router_context_cell(const RouterShape& r, int64_t s, int64_t j, int64_t q,
+                                                int64_t e) {
+  return ((s * r.top_k + j) * 2 + q) * r.experts + e;
+}
+
+// Sequence s, expert e under context parallelism, from every rank's
+// counts `all` [context, router_context_cells(r)]: where each of this
+// rank's (choice, chunk) cells of e starts in e's capacity order (every
+// first choice by position, then every second choice...: by choice, then
+// by chunk of the whole sequence, then by position), into `next`; returns
+// the whole sequence's count of e (before dropping).
+MPIFORMER_ROUTER_FN int64_t router_context_places(const RouterShape& r, int64_t s, int64_t e,
+                                                  const double* all, double* next) {
+  const int64_t cells = router_context_cells(r), P = r.context;
+  double before = 0;
+  for (int64_t j = 0; j < r.top_k; ++j)
+    for (int64_t g = 0; g < 2 * P; ++g) {
+      const ContextChunkOwner o = context_chunk_owner(g, P, r.order);
+      if (o.rank == r.context_rank) next[router_context_cell(r, s, j, o.which, e)] = before;
+      before += all[o.rank * cells + router_context_cell(r, s, j, o.which, e)];
+    }
+  return static_cast<int64_t>(before);
+}
+
 // Scratch a call of either back end's router_forward needs, in 8-byte
 // words: three per (sequence, expert) (the rows' starts; on the GPU also
 // each expert's drops and aux term per sequence); under context
-// parallelism (the host's) also the rows each expert keeps here and the
-// probabilities' sums per (sequence, expert), and this rank's and every
-// rank's assignment counts per (sequence, choice, chunk, expert).
+// parallelism also the rows each expert keeps here and the probabilities'
+// sums per (sequence, expert), and this rank's and every rank's assignment
+// counts per (sequence, choice, chunk, expert).
 MPIFORMER_ROUTER_FN int64_t router_scratch_words(const RouterShape& r) {
   const int64_t SE = router_sequences(r) * r.experts;
   if (r.context == 1) return 3 * SE;
-  return 5 * SE + (r.context + 1) * SE * r.top_k * 2;
+  return 5 * SE + (r.context + 1) * router_context_cells(r);
 }
 
 // The dispatched rows: start [S E], where expert e's kept places of

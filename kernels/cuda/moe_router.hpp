@@ -2,7 +2,8 @@
 // definitions of everything it computes: host/moe_router.hpp), in float.
 // Its outputs stay on the device: `kept` [E] and `totals`
 // [kRouterTotals] (+=) included, for the caller to read once it must (the
-// expert GEMMs' sizes).
+// expert GEMMs' sizes). Under context parallelism (r.context > 1) the
+// context group's `exchange`, on device memory, is required.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,7 +19,8 @@ size_t router_scratch_bytes(const RouterShape& r);
 
 void router_forward(const RouterShape& r, const float* logits, float* probs, float* lse,
                     int32_t* expert, float* gate, int32_t* dest, int32_t* chose, int64_t* kept,
-                    double* totals, void* scratch, cudaStream_t stream);
+                    double* totals, void* scratch, cudaStream_t stream,
+                    const RouterExchange* exchange = nullptr);
 
 void router_backward(const RouterShape& r, float* dlogits, const float* dgate, const float* probs,
                      const float* lse, const int32_t* expert, const float* gate,

@@ -287,9 +287,9 @@ struct Ops {
   static void router_forward(Context& c, const RouterShape& r, const float* logits, float* probs,
                              float* lse, int32_t* expert, float* gate, int32_t* dest,
                              int32_t* chose, int64_t* kept, double* totals, void* scratch,
-                             const RouterExchange* /*context: host only, r.context == 1*/) {
+                             const RouterExchange* exchange) {
     cuda::router_forward(r, logits, probs, lse, expert, gate, dest, chose, kept, totals, scratch,
-                         c.stream());
+                         c.stream(), exchange);
   }
   static void router_backward(Context& c, const RouterShape& r, float* dlogits,
                               const float* dgate, const float* probs, const float* lse,

@@ -68,18 +68,16 @@ void router_capacity_context(const RouterShape& r, const T* probs, const int32_t
                              int32_t* dest, int32_t* chose, int64_t* taken, double* aux,
                              int64_t* dropped, double* work, const RouterExchange& x) {
   const int64_t S = router_sequences(r), E = r.experts, K = r.top_k, L = r.seq_len, n = L / 2,
-                P = r.context, cells = S * K * 2 * E;
+                P = r.context, cells = router_context_cells(r);
   double* next = work;              // [S K 2 E]: this rank's counts, then its next places
   double* all = next + cells;       // [P S K 2 E]: every rank's counts
   double* prob_sum = all + P * cells;  // [S E]
-  const auto cell = [=](int64_t s, int64_t j, int64_t q, int64_t e) {
-    return ((s * K + j) * 2 + q) * E + e;
-  };
   parallel_for("router_context_counts", S, [=](const int64_t s) {
     for (int64_t j = 0; j < K; ++j)
       for (int64_t q = 0; q < 2; ++q) {
-        for (int64_t e = 0; e < E; ++e) next[cell(s, j, q, e)] = 0;
-        for (int64_t t = 0; t < n; ++t) next[cell(s, j, q, expert[router_row(r, s, q * n + t) * K + j])] += 1;
+        for (int64_t e = 0; e < E; ++e) next[router_context_cell(r, s, j, q, e)] = 0;
+        for (int64_t t = 0; t < n; ++t)
+          next[router_context_cell(r, s, j, q, expert[router_row(r, s, q * n + t) * K + j])] += 1;
       }
     for (int64_t e = 0; e < E; ++e) {
       T sum = 0;
@@ -90,17 +88,8 @@ void router_capacity_context(const RouterShape& r, const T* probs, const int32_t
   x.gather(next, all, cells);
   x.sum(prob_sum, S * E);
   parallel_for("router_context_capacity", S, [=](const int64_t s) {
-    // Each of this rank's (choice, chunk, expert) cells starts where the
-    // cells before it in capacity order end.
     for (int64_t e = 0; e < E; ++e) {
-      double before = 0;
-      for (int64_t j = 0; j < K; ++j)
-        for (int64_t g = 0; g < 2 * P; ++g) {
-          const ContextChunkOwner o = host::context_chunk_owner(g, P, r.order);
-          if (o.rank == r.context_rank) next[cell(s, j, o.which, e)] = before;
-          before += all[o.rank * cells + cell(s, j, o.which, e)];
-        }
-      chose[s * E + e] = static_cast<int32_t>(before);
+      chose[s * E + e] = static_cast<int32_t>(router_context_places(r, s, e, all, next));
       taken[s * E + e] = 0;
     }
     dropped[s] = 0;
@@ -109,7 +98,7 @@ void router_capacity_context(const RouterShape& r, const T* probs, const int32_t
         for (int64_t t = 0; t < n; ++t) {
           const int64_t a = router_row(r, s, q * n + t) * K + j;
           const int32_t e = expert[a];
-          double& place = next[cell(s, j, q, e)];
+          double& place = next[router_context_cell(r, s, j, q, e)];
           if (router_dest(r, static_cast<int64_t>(place)) < 0) {
             dest[a] = -1;
             ++dropped[s];

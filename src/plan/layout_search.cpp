@@ -31,13 +31,8 @@ std::vector<int64_t> micro_batches(int64_t per_replica, int64_t deck_value) {
 }
 
 // Context parallelism where a run could take it: a sequence that cuts
-// into 2 cp chunks, and on a GPU a dense model (the GPU's router does not
-// gather its counts over a context group: a GPU run refuses experts with
-// cp).
-bool context_parallel_allowed(const Deck& deck, const MachineSpec& machine, int64_t cp) {
-  return (machine.device == Device::kCpu || deck.model.experts == 0) &&
-         deck.model.seq_len % (2 * cp) == 0;
-}
+// into 2 cp chunks.
+bool context_parallel_allowed(const Deck& deck, int64_t cp) { return deck.model.seq_len % (2 * cp) == 0; }
 
 }  // namespace
 
@@ -62,7 +57,7 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
       if (pp > cfg.n_layer) continue;
       // The stage's replicas: dp data replicas of cp context ranks each.
       for (int64_t cp : divisors(ranks / (tp * pp))) {
-        if (cp > 1 && !context_parallel_allowed(deck, machine, cp)) continue;
+        if (cp > 1 && !context_parallel_allowed(deck, cp)) continue;
         const int64_t dp = ranks / (tp * pp * cp);
         if (deck.train.global_batch % dp != 0) continue;
         // A Mixture of Experts' experts shared out over ep replicas: ep

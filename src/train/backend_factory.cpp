@@ -117,14 +117,6 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
                                choice.sharing};
   setup.offload.block_elements = offload_block_elements(tc);
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
-  if (deck.parallel.cp > 1 && cfg.experts > 0) {
-    throw InputError(deck.path, "[parallel] cp, [model] experts, [run] device",
-                     strprintf("a Mixture of Experts under context parallelism (cp %lld) runs on "
-                               "the host back end only in this version (the GPU's router does not "
-                               "yet gather its counts over the context group): set [run] device = "
-                               "\"cpu\" or cp = 1",
-                               static_cast<long long>(deck.parallel.cp)));
-  }
 #ifdef MPIFORMER_HAVE_CUDA
   if (cfg.head_dim() > 128) {
     throw InputError(deck.path, "[model] n_embd, [model] n_head",

@@ -9,7 +9,8 @@
 // bf16 rows. Then the whole stage on the CUDA op set at cp ranks, its
 // context group on that ring, against the whole sequences in double on
 // the host (every rank computing the reference alone): the loss and the
-// gradients summed over the group, both families. Runs on a GPU
+// gradients summed over the group, both families, dense and a Mixture of
+// Experts (its router's counts gathered over the group on the device). Runs on a GPU
 // (gpu.context_ring) and under the CPU emulation
 // (mpi.emulated_context_ring). Exits 77 without a GPU.
 #include <gtest/gtest.h>
@@ -245,6 +246,23 @@ void check_stage(const GptConfig& base) {
     double loss = gpu.take_loss_sum();
     MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, staged_dup);
     EXPECT_NEAR(loss, want_loss, 1e-5 * want_loss);
+    if (cfg.moe()) {
+      // The router's decisions, summed over the group, are one rank's:
+      // the same assignments dropped and each expert's rows, exactly; the
+      // aux and z losses' sums within the loss's tolerance.
+      const size_t loads = static_cast<size_t>(cfg.n_layer * cfg.experts);
+      std::vector<double> want(kRouterTotals), got(kRouterTotals), want_load(loads), got_load(loads);
+      ref.take_router_stats(want.data(), want_load.data());
+      gpu.take_router_stats(got.data(), got_load.data());
+      MPI_Allreduce(MPI_IN_PLACE, got.data(), kRouterTotals, MPI_DOUBLE, MPI_SUM, staged_dup);
+      MPI_Allreduce(MPI_IN_PLACE, got_load.data(), static_cast<int>(loads), MPI_DOUBLE, MPI_SUM,
+                    staged_dup);
+      EXPECT_GT(want[kDropped], 0) << "the capacity drops nothing: the test would not see its order";
+      EXPECT_EQ(got[kDropped], want[kDropped]);
+      EXPECT_EQ(got_load, want_load);
+      EXPECT_NEAR(got[kAuxSum], want[kAuxSum], 1e-5 * want[kAuxSum]);
+      EXPECT_NEAR(got[kZSum], want[kZSum], 1e-5 * want[kZSum]);
+    }
     std::vector<float> grads(static_cast<size_t>(gpu.param_storage()));
     cuda::Ops<float>::download(ctx, grads.data(), gpu.grads(), gpu.param_storage());
     MPI_Allreduce(MPI_IN_PLACE, grads.data(), static_cast<int>(grads.size()), MPI_FLOAT, MPI_SUM, staged_dup);
@@ -274,6 +292,32 @@ TEST(ContextRing, TheGpuStageAtCpMatchesOneRankInDouble) {
   llama.n_kv_head = 2;
   llama.ffn_hidden = 48;
   llama.tie_embeddings = false;
+  check_stage(llama);
+}
+
+// A Mixture of Experts at cp ranks: each rank routes its two chunks, the
+// group's counts decide what every expert keeps of a whole sequence (a
+// capacity of half the even share, so that many assignments drop), and
+// the aux loss is the whole sequence's. GPT-2's with a dense layer,
+// Llama's all sparse, against one rank in double as above.
+TEST(ContextRing, TheGpuMixtureOfExpertsAtCpMatchesOneRankInDouble) {
+  GptConfig gpt2;
+  gpt2.n_layer = 2;
+  gpt2.n_head = 4;
+  gpt2.n_embd = 32;
+  gpt2.vocab_size = 100;
+  gpt2.experts = 4;
+  gpt2.top_k = 2;
+  gpt2.moe_every = 2;
+  gpt2.capacity_factor = 0.5;
+  gpt2.router_z_loss = 0.01;
+  check_stage(gpt2);
+  GptConfig llama = gpt2;
+  llama.family = ModelFamily::kLlama;
+  llama.n_kv_head = 2;
+  llama.ffn_hidden = 48;
+  llama.tie_embeddings = false;
+  llama.moe_every = 1;
   check_stage(llama);
 }
 

@@ -775,8 +775,8 @@ TEST(StageWork, ContextParallelismDividesTheRowsAndRingsTheAttention) {
 // The planner prices cp as what it is: a cp-th of the activations per rank
 // (the same accounting the run refuses a deck with), the ring's sends on
 // the context group's link, the reductions over dp x cp; the search tries
-// cp where 2 cp divides the sequence, on a GPU for a dense model only (a
-// GPU run refuses experts with cp).
+// cp where 2 cp divides the sequence, on the host and on a GPU, dense or
+// a Mixture of Experts.
 TEST(Plan, ContextParallelismIsPricedAndSearched) {
   Deck deck = tiny_deck();
   const MachineSpec m = workstation(1);
@@ -818,7 +818,9 @@ TEST(Plan, ContextParallelismIsPricedAndSearched) {
             context_attention_bytes(deck.model, 1, 16, 2, 4, 4));
   deck.model.experts = 4;
   deck.model.top_k = 2;
-  for (const Prediction& p : plan_layouts(deck, gpu, 4, 4).fitting) EXPECT_EQ(p.layout.cp, 1);
+  cps.clear();
+  for (const Prediction& p : plan_layouts(deck, gpu, 4, 4).fitting) cps.insert(p.layout.cp);
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4}));
 }
 
 // Expert parallelism: each rank holds experts / ep of each sparse layer
