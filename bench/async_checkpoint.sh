@@ -4,9 +4,11 @@
 # every EVERY steps for STEPS steps, for each PRECISION. The saves on the
 # way are compared (the last one is synchronous in both runs): "stall" is
 # the time training stopped for each, from the log (a synchronous save
-# whole; an asynchronous one's snapshot and layout, and any wait for the
-# previous write). The first background save also allocates its snapshot
-# (later ones reuse it): the stall is given for the first and the rest.
+# whole; an asynchronous one's checksums and layout, the next update's
+# wait for its snapshot where a thread copies it beside that step, and any
+# wait for the previous write). The first background save also allocates
+# its snapshot (later ones reuse it): the stall is given for the first and
+# the rest.
 # The mean step time shows what a background write costs the steps it
 # runs beside (two cores: the writer thread shares them with training).
 #   MODEL=inputs/gpt2-124m.toml STEPS=30 EVERY=10 PRECISIONS="fp32 bf16"

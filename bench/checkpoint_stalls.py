@@ -5,8 +5,11 @@ usage: checkpoint_stalls.py LOG METRICS STEPS
 prints: saves-on-the-way  first-stall-s  mean-later-stall-s  mean-step-ms  checkpoint-MB
 
 A synchronous save stalls for the whole of it ("wrote ... in T s"); a
-background one for its snapshot and layout ("step N taken in T s") plus any
-wait for the previous write, which is charged to the save that made it.
+background one for what it took ("step N taken in T s": its checksums and
+layout, and its snapshot where it copies it then), plus any wait of the
+next update for a snapshot copied beside its step ("the update waited T
+s"), plus any wait for the previous write, which is charged to the save
+that made it.
 Saves at STEPS (the last, synchronous in both modes) are left out. Used by
 bench/async_checkpoint.sh and bench/gpu-check.sh.
 """
@@ -22,6 +25,8 @@ def main():
         stalls[int(step)] = float(t)
     for step, t in re.findall(r"checkpoint: wrote \S+step_0*(\d+)\.h5 \([0-9.]+ MB in ([0-9.]+) s", log):
         stalls[int(step)] = float(t)
+    for step, t in re.findall(r"checkpoint: step (\d+)'s snapshot copied .* the update waited ([0-9.]+) s", log):
+        stalls[int(step)] += float(t)
     on_way = sorted(s for s in stalls if s < steps)
     if not on_way:
         sys.exit(f"{sys.argv[1]}: no save before step {steps}")

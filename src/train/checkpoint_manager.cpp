@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <cerrno>
 #include <chrono>
@@ -31,9 +33,47 @@
 
 namespace mpiformer {
 
+namespace {
+
+// No NaN or infinity among n floats: the exponent's bits all set, counted
+// without a branch so the loop runs in vector registers (a save waits for
+// it).
+bool finite_floats(const float* x, int64_t n) {
+  uint32_t nonfinite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    nonfinite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return nonfinite == 0;
+}
+
+// What a save refuses a slice for: 2 the weights (said first), 1 the
+// moments.
+int nonfinite_kind(const DatasetSlice& d) { return d.name.rfind("/model/", 0) == 0 ? 2 : 1; }
+
+// A piece of a background save's snapshot: copied out of the live state
+// and scanned for NaN while it is in cache.
+struct SnapshotPiece {
+  float* to;
+  const float* from;
+  int64_t n;
+  int kind;  // nonfinite_kind of its slice: 0 for the residuals, not scanned
+};
+// A piece copied: the nonfinite_kind it met (0: finite, or not scanned).
+int copy_piece(const SnapshotPiece& p) {
+  std::memcpy(p.to, p.from, sizeof(float) * static_cast<size_t>(p.n));
+  return p.kind > 0 && !finite_floats(p.to, p.n) ? p.kind : 0;
+}
+
+}  // namespace
+
 // A save whose tensors a thread writes while training goes on: the
 // snapshot it writes from (owned: training changes the live state), the
-// file's layout, and what the thread found.
+// file's layout, and what the thread found. A deferred snapshot is
+// copied by the thread too, beside the next step's forward and backward
+// (which read the state and change none of it): `copied` says when, and
+// the step's update waits for it (settle_snapshot).
 struct CheckpointManager::Background {
   bool read_back_only = false;  // kReadBackBehind: written already, read back by the thread
   std::vector<std::vector<float>> snapshot;
@@ -43,6 +83,37 @@ struct CheckpointManager::Background {
   std::thread writer;
   std::atomic<bool> done{false};
   BlockWrite result;
+  // The slices from first_copied on are copied into `snapshot` (the
+  // ones before, a GPU's downloaded state, are written from where they
+  // are); those before state_slices are scanned (the rest: residuals).
+  size_t first_copied = 0, state_slices = 0;
+  std::vector<SnapshotPiece> pieces;
+  // The snapshot's buffers sized, the copy's pieces listed, and the
+  // slices pointed at the buffers. The last save's buffers are reused:
+  // memory already touched copies at memory's rate; fresh pages fault in
+  // one by one.
+  void take_pieces() {
+    snapshot.resize(slices.size());
+    constexpr int64_t kPiece = int64_t{1} << 20;
+    for (size_t i = first_copied; i < slices.size(); ++i) {
+      DatasetSlice& d = slices[i];
+      const int64_t count = slice_elements(d);
+      snapshot[i].resize(static_cast<size_t>(count));
+      const int kind = i < state_slices ? nonfinite_kind(d) : 0;
+      for (int64_t at = 0; at < count; at += kPiece)
+        pieces.push_back({snapshot[i].data() + at, d.data + at, std::min(kPiece, count - at), kind});
+      d.data = snapshot[i].data();
+      d.written = nullptr;
+    }
+  }
+  // Deferred: the copy is the thread's; what it found (under `mutex`).
+  bool deferred = false, settled = false;
+  std::vector<float> residual;
+  std::mutex mutex;
+  std::condition_variable copied_cv;
+  bool copied = false;
+  int bad = 0;
+  double copy_seconds = 0;
 };
 
 CheckpointManager::CheckpointManager(const Deck& deck, const GptConfig& cfg, ProcessGrid& grid,
@@ -272,27 +343,6 @@ ResumePoint CheckpointManager::load() {
   return start;
 }
 
-namespace {
-
-// No NaN or infinity among n floats: the exponent's bits all set, counted
-// without a branch so the loop runs in vector registers (a save waits for
-// it).
-bool finite_floats(const float* x, int64_t n) {
-  uint32_t nonfinite = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof bits);
-    nonfinite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return nonfinite == 0;
-}
-
-// What a save refuses a slice for: 2 the weights (said first), 1 the
-// moments.
-int nonfinite_kind(const DatasetSlice& d) { return d.name.rfind("/model/", 0) == 0 ? 2 : 1; }
-
-}  // namespace
-
 int CheckpointManager::nonfinite_state(const std::vector<DatasetSlice>& slices,
                                        const StageState& state) const {
   // A checkpoint is what a run falls back on: one holding NaN or infinity
@@ -328,16 +378,24 @@ int CheckpointManager::nonfinite_state(const std::vector<DatasetSlice>& slices,
 }
 
 void CheckpointManager::refuse_nonfinite(int bad, int64_t step) {
+  const int worst = agreed_nonfinite(bad);
+  if (worst != 0) throw nonfinite_refusal(worst, step);
+}
+
+int CheckpointManager::agreed_nonfinite(int bad) {
   int worst = bad;
   MPI_CHECK(MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  if (worst == 0) return;
+  return worst;
+}
+
+AgreedInputError CheckpointManager::nonfinite_refusal(int worst, int64_t step) const {
   std::string store_latest;
   try {
     store_latest = CheckpointStore(deck_.checkpoint.dir).latest();
   } catch (const InputError& e) {
     store_latest = e.what();
   }
-  throw AgreedInputError(
+  return AgreedInputError(
       deck_.checkpoint.dir, "[checkpoint]",
       strprintf("the %s of step %lld hold NaN or infinity: this checkpoint is not written, and "
                 "`latest` still names %s",
@@ -382,9 +440,41 @@ void CheckpointManager::publish(const std::string& path) {
   MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
 }
 
+double CheckpointManager::settle_snapshot() {
+  if (!background_ || !background_->deferred || background_->settled) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  Background& b = *background_;
+  {
+    std::unique_lock<std::mutex> lock(b.mutex);
+    b.copied_cv.wait(lock, [&b] { return b.copied; });
+  }
+  b.settled = true;
+  b.pieces.clear();  // they point into the live state
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t step = b.layout.step;
+  const int worst = agreed_nonfinite(b.bad);
+  if (worst != 0) {
+    // No rank publishes it: the threads' writes end (a rank whose copy
+    // found NaN wrote nothing) and the partial file goes.
+    b.writer.join();
+    if (grid_.world_rank() == 0) std::remove(b.layout.tmp.c_str());
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    background_.reset();
+    throw nonfinite_refusal(worst, step);
+  }
+  if (grid_.world_rank() == 0) {
+    std::printf("checkpoint: step %lld's snapshot copied and scanned beside the next step in "
+                "%.2f s; the update waited %.2f s for it\n",
+                static_cast<long long>(step), b.copy_seconds, waited);
+    std::fflush(stdout);
+  }
+  return waited;
+}
+
 double CheckpointManager::finish_background(bool wait) {
   if (!background_) return 0;
   const auto t0 = std::chrono::steady_clock::now();
+  settle_snapshot();
   Background& b = *background_;
   if (!wait) {
     int done = b.done.load(std::memory_order_acquire) ? 1 : 0;
@@ -510,49 +600,39 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
   if (!scan_in_copy) refuse_nonfinite(nonfinite_state(slices, state), step);
   const auto scanned = std::chrono::steady_clock::now();
   // Error feedback's residuals, so a resume on this layout goes on exactly.
-  const std::vector<float> residual = stage_.compression_state();
+  std::vector<float> residual = stage_.compression_state();
   for (DatasetSlice& d : compression_slices(residual, MPI_COMM_WORLD)) slices.push_back(std::move(d));
   if (background) {
     // The snapshot: what this rank writes, copied out of the live state
-    // (the next step changes it); then the file laid out, collectively,
-    // and a thread writes the bytes.
+    // (the next step's update changes it); then the file laid out,
+    // collectively, and a thread writes the bytes. Where the state is
+    // the stage's own memory, the thread copies it too, beside the next
+    // step's forward and backward, and that step's update waits for the
+    // copy (settle_snapshot): the save stops training for its checksums
+    // and layout alone. Not where moments are read through views of the
+    // offload files (released when the save returns).
     auto bg = std::make_unique<Background>();
     bg->need = need;
     bg->free = free;
-    // The last snapshot's buffers, reused: memory already touched copies
-    // at memory's rate; fresh pages would fault in one by one.
+    bg->deferred = scan_in_copy && offload == nullptr;
     bg->snapshot = std::move(spare_snapshot_);
-    bg->snapshot.resize(slices.size());
-    // Copied in pieces by the rank's threads.
-    struct Piece {
-      float* to;
-      const float* from;
-      int64_t n;
-      int kind;  // nonfinite_kind of its slice: 0 for the residuals, not scanned
-    };
-    std::vector<Piece> pieces;
-    constexpr int64_t kPiece = int64_t{1} << 20;
-    for (size_t i = detached; i < slices.size(); ++i) {
-      DatasetSlice& d = slices[i];
-      const int64_t count = slice_elements(d);
-      bg->snapshot[i].resize(static_cast<size_t>(count));
-      const int kind = i < state_slices ? nonfinite_kind(d) : 0;
-      for (int64_t at = 0; at < count; at += kPiece)
-        pieces.push_back({bg->snapshot[i].data() + at, d.data + at, std::min(kPiece, count - at), kind});
-      d.data = bg->snapshot[i].data();
-      d.written = nullptr;
-    }
-    const Piece* p = pieces.data();
-    std::vector<int> piece_bad(pieces.size(), 0);
-    int* pb = piece_bad.data();
-    host::parallel_for("checkpoint_snapshot", static_cast<int64_t>(pieces.size()), [=](int64_t i) {
-      std::memcpy(p[i].to, p[i].from, sizeof(float) * static_cast<size_t>(p[i].n));
-      if (p[i].kind > 0 && !finite_floats(p[i].to, p[i].n)) pb[i] = p[i].kind;
-    });
-    if (scan_in_copy)
-      refuse_nonfinite(piece_bad.empty() ? 0 : *std::max_element(piece_bad.begin(), piece_bad.end()),
-                       step);
+    bg->residual = std::move(residual);  // the residuals' slice points into it
     bg->slices = std::move(slices);
+    bg->first_copied = detached;
+    bg->state_slices = state_slices;
+    if (!bg->deferred) {
+      // Copied here, in pieces by the rank's threads.
+      bg->take_pieces();
+      const SnapshotPiece* p = bg->pieces.data();
+      std::vector<int> piece_bad(bg->pieces.size(), 0);
+      int* pb = piece_bad.data();
+      host::parallel_for("checkpoint_snapshot", static_cast<int64_t>(piece_bad.size()),
+                         [=](int64_t i) { pb[i] = copy_piece(p[i]); });
+      bg->pieces.clear();
+      if (scan_in_copy)
+        refuse_nonfinite(piece_bad.empty() ? 0 : *std::max_element(piece_bad.begin(), piece_bad.end()),
+                         step);
+    }
     const auto laid = std::chrono::steady_clock::now();
     try {
       bg->layout = lay_out_checkpoint(MPI_COMM_WORLD, path, meta, bg->slices);
@@ -561,6 +641,28 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
     }
     Background* b = bg.get();
     b->writer = std::thread([b] {
+      if (b->deferred) {
+        // One thread, beside training's: the copy (and a first save's
+        // buffers) has a step to finish in.
+        const auto c0 = std::chrono::steady_clock::now();
+        b->take_pieces();
+        int bad = 0;
+        for (const SnapshotPiece& piece : b->pieces) bad = std::max(bad, copy_piece(piece));
+        {
+          const std::lock_guard<std::mutex> lock(b->mutex);
+          b->bad = bad;
+          b->copied = true;
+          b->copy_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+        }
+        b->copied_cv.notify_all();
+        // Nothing of a state that is not finite is written: the update's
+        // agreement refuses the checkpoint on every rank.
+        if (bad != 0) {
+          b->result.failure = "its state holds NaN or infinity";
+          b->done.store(true, std::memory_order_release);
+          return;
+        }
+      }
       b->result = write_blocks(b->layout, b->slices);
       b->done.store(true, std::memory_order_release);
     });
@@ -570,9 +672,10 @@ double CheckpointManager::save(int64_t step, const DataPosition& data, const Los
       const auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
       // (The scan is the copy's where it copies, else its own.)
       const std::string copy =
-          scan_in_copy ? strprintf("snapshot and finite scan %.2f s", s(scanned, laid))
-                       : strprintf("finite scan %.2f s, snapshot %.2f s", s(summed, scanned),
-                                   s(scanned, laid));
+          b->deferred ? std::string("snapshot and finite scan beside the next step")
+          : scan_in_copy ? strprintf("snapshot and finite scan %.2f s", s(scanned, laid))
+                         : strprintf("finite scan %.2f s, snapshot %.2f s", s(summed, scanned),
+                                     s(scanned, laid));
       std::printf("checkpoint: step %lld taken in %.2f s (state %.2f s, checksums %.2f s, %s, "
                   "the file's layout %.2f s); %s is written in the background\n",
                   static_cast<long long>(step), dt, s(before_state, got_state), s(got_state, summed),

@@ -54,10 +54,12 @@ class CheckpointManager {
   // Collective: writes the checkpoint of `step`, publishes it as `latest`
   // and prunes old ones. Returns the seconds it took.
   // `scaler`: the run's loss scaler (its state is saved when dynamic).
-  // kBackground ([checkpoint] async): returns once each rank has copied
-  // what it writes and the file is laid out (io/checkpoint.hpp); a thread
-  // writes the tensors, and finish_background publishes the file. No save
-  // while one is in flight.
+  // kBackground ([checkpoint] async): returns once the file is laid out
+  // (io/checkpoint.hpp) and each rank has copied what it writes, or, where
+  // the state is the stage's own memory, left the copy to a thread
+  // before the next update (settle_snapshot); a thread writes the
+  // tensors, and finish_background publishes the file. No save while one
+  // is in flight.
   // `mode`: kInline writes, reads back and publishes before returning;
   // kReadBackBehind ([checkpoint] read_back = "background") returns once
   // every rank's bytes are written and flushed, a thread reads them back,
@@ -69,6 +71,12 @@ class CheckpointManager {
   // checked and published (`wait`: waits for them first; otherwise one
   // still writing anywhere is left for later). Returns the seconds spent.
   double finish_background(bool wait);
+  // Collective, before anything changes the state (the next step's
+  // update): a background save's snapshot, copied beside that step's
+  // forward and backward, is waited for and its finite scan agreed
+  // (AgreedInputError, the partial file removed, where a rank's holds
+  // NaN). Returns the seconds waited; nothing to do when none is pending.
+  double settle_snapshot();
   bool background_pending() const { return background_ != nullptr; }
   // The last published save's read-back seconds on rank 0 (what a
   // kReadBackBehind save's inline twin would also have waited).
@@ -95,6 +103,9 @@ class CheckpointManager {
   int nonfinite_state(const std::vector<DatasetSlice>& slices, const StageState& state) const;
   // Collective: an AgreedInputError when any rank's `bad` (as above) is not 0.
   void refuse_nonfinite(int bad, int64_t step);
+  // Collective: the worst of every rank's `bad`; and the refusal it makes.
+  int agreed_nonfinite(int bad);
+  AgreedInputError nonfinite_refusal(int worst, int64_t step) const;
 
   AgreedInputError no_space(int64_t step, double need, double free, const std::string& what) const;
   AgreedInputError write_refused(const CheckpointWriteError& e, int64_t step, double need,

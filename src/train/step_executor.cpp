@@ -202,6 +202,9 @@ StepResult StepExecutor::train_step(int64_t step, DataFeeder& data, bool out_of_
         times.reduce_exposed += stage.finish_reduction(comms_.tied, comms_.kv);
         break;
       case Op::OptimizerStep: {
+        // Nothing has changed the state since the last save: a snapshot
+        // copied beside this step is complete before anything does.
+        if (before_update_) before_update_();
         // Each parameter counted once: one replica per stage, and the tied
         // embedding only on the first stage. The stop votes ride along, so
         // agreeing on preemption costs no extra collective. On a GPU these

@@ -6,7 +6,9 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "deck.hpp"
@@ -76,6 +78,10 @@ class StepExecutor {
   double evaluate(DataFeeder& data);
   // fp16's loss scaler (its state goes into checkpoints).
   LossScaler& scaler() { return scaler_; }
+  // Called on every rank at each step's optimizer action, before the
+  // state changes (collective): a background save's deferred snapshot is
+  // settled there (CheckpointManager::settle_snapshot).
+  void before_update(std::function<void()> settle) { before_update_ = std::move(settle); }
 
  private:
   const Deck& deck_;
@@ -88,6 +94,7 @@ class StepExecutor {
   StepGuard guard_;
   LossScaler scaler_;
   int64_t fault_step_;  // test hook (see the constructor)
+  std::function<void()> before_update_;
   std::vector<Pending> act_sends_;  // one per activation slot
   // Input-gradient sends in flight, oldest first, each with its buffer;
   // the buffers free now.

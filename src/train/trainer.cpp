@@ -328,6 +328,7 @@ void Trainer::connect() {
   p.peak_flops = peak;
   p.checkpoints = std::make_unique<CheckpointManager>(deck_, deck_.model, g, *p.stage,
                                                       p.data->tokenizer());
+  p.executor->before_update([c = p.checkpoints.get()] { c->settle_snapshot(); });
   const auto restore_begin = std::chrono::steady_clock::now();
   p.start = p.checkpoints->resume();
   p.restore_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_begin).count();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # [checkpoint] async: saves on the way write from a snapshot while training
-# goes on. The losses are the synchronous run's; every checkpoint written
+# goes on. The losses and the checkpoints are the synchronous run's; every checkpoint written
 # in the background reads back through HDF5 with every dataset's checksum
 # (the tensors' bytes went in outside HDF5, at the offsets it laid out);
 # the next save and a stop wait for a write still in flight and say so; a
@@ -23,6 +23,15 @@ for s in 3 6 9; do
     { cat async.log; fail "step $s was not published"; }
   "$MPIFORMER" inspect "async/checkpoints/step_0000000$s.h5" | has "all 156 datasets verify" ||
     fail "the background write of step $s does not read back"
+done
+# The snapshot, copied beside the next step's forward and backward, holds
+# its own step's state, not the update's after it: the synchronous run's
+# checkpoints, every weight and moment to the bit (tolerance 0).
+for s in 3 6 9; do
+  grep -q "checkpoint: step $s's snapshot copied and scanned beside the next step in" async.log ||
+    { cat async.log; fail "step $s's snapshot was not copied beside the next step"; }
+  python3 "$SOURCE_DIR/tests/e2e/compare_checkpoints.py" "sync/checkpoints/step_0000000$s.h5" \
+    "async/checkpoints/step_0000000$s.h5" 0 /model /optim || fail "the background save of step $s is not the state of step $s"
 done
 grep -q "checkpoint: wrote async/checkpoints/step_00000012.h5 (" async.log || fail "the last save is not synchronous"
 [ "$(grep -c '"checkpoint_saved"' async/metrics.jsonl)" -eq 4 ] || fail "checkpoint_saved records"
