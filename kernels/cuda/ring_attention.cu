@@ -54,16 +54,28 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int64_t n) 
   return s;
 }
 
-// Query row r of [B, NH, nq] (head h of sequence b, row i; its kv head)
-// and the keys of the block at k0 it sees.
+// Query row r of [B, NH, nq] (head h of sequence b, row i), the keys of
+// the block at k0 it sees, its query's channels in the fused rows `qkv`,
+// its kv head's first key in the block `kv` (key j at keys + j 2K, its
+// value K further) and the scores' scale.
 struct QueryRow {
-  int64_t b, h, i, kvh;
+  int64_t b, h, i;
   Range seen;
+  const float* q;
+  const float* keys;
+  float scale;
 };
 __device__ __forceinline__ QueryRow query_row(const Shape& a, int64_t r, int64_t q0, int64_t nq,
-                                              int64_t k0, int64_t nk, const int64_t* starts) {
-  const int64_t b = r / (a.NH * nq), h = r / nq % a.NH, i = r % nq;
-  return {b, h, i, h / a.group(), visible(starts == nullptr ? nullptr : starts + b * nq, i, q0 + i, k0, nk)};
+                                              int64_t k0, int64_t nk, const int64_t* starts,
+                                              const float* qkv, const float* kv) {
+  const int64_t b = r / (a.NH * nq), h = r / nq % a.NH, i = r % nq, kvh = h / a.group();
+  return {b,
+          h,
+          i,
+          visible(starts == nullptr ? nullptr : starts + b * nq, i, q0 + i, k0, nk),
+          qkv + (b * nq + i) * a.ld + h * a.hs,
+          kv + b * nk * 2 * a.K + kvh * a.hs,
+          rsqrtf(static_cast<float>(a.hs))};
 }
 
 // The warp's row of `rows` (-1: none; the whole warp leaves together).
@@ -94,13 +106,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = warp_row(a.B * a.NH * nq);
   if (r < 0) return;
   const int lane = threadIdx.x % kWarp;
-  const QueryRow row = query_row(a, r, q0, nq, k0, nk, starts);
-  const int64_t b = row.b, h = row.h, i = row.i, kvh = row.kvh;
+  const QueryRow row = query_row(a, r, q0, nq, k0, nk, starts, qkv, kv);
+  const int64_t b = row.b, h = row.h, i = row.i;
   const Range seen = row.seen;
   if (seen.hi <= seen.lo) return;
-  const float scale = rsqrtf(static_cast<float>(a.hs));
-  const float* q = qkv + (b * nq + i) * a.ld + h * a.hs;
-  const float* keys = kv + b * nk * 2 * a.K + kvh * a.hs;  // row j: keys + j * 2K; values + K
+  const float scale = row.scale, *q = row.q, *keys = row.keys;
   float* orow = o + (b * nq + i) * a.C + h * a.hs;
   float acc[kLaneChannels];
 #pragma unroll
@@ -188,14 +198,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = warp_row(a.B * a.NH * nq);
   if (r < 0) return;
   const int lane = threadIdx.x % kWarp;
-  const QueryRow row = query_row(a, r, q0, nq, k0, nk, starts);
-  const int64_t b = row.b, h = row.h, i = row.i, kvh = row.kvh;
+  const QueryRow row = query_row(a, r, q0, nq, k0, nk, starts, qkv, kv);
+  const int64_t b = row.b, h = row.h, i = row.i;
   const Range seen = row.seen;
   if (seen.hi <= seen.lo) return;
-  const float scale = rsqrtf(static_cast<float>(a.hs));
-  const float* q = qkv + (b * nq + i) * a.ld + h * a.hs;
+  const float scale = row.scale, *q = row.q, *keys = row.keys;
   const float* d = dout + (b * nq + i) * a.C + h * a.hs;
-  const float* keys = kv + b * nk * 2 * a.K + kvh * a.hs;
   float acc[kLaneChannels] = {};
   for (int64_t j0 = seen.lo; j0 < seen.hi; j0 += kWarp) {
     const int64_t j = j0 + lane;

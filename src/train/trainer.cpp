@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <utility>
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
@@ -143,6 +144,9 @@ struct Trainer::Parts {
   bool multi_node = false;       // the ranks span more than one node
   HealthVerdict health;          // [run] health_check's, when it ran
   bool health_ran = false;
+  // Seconds the steps' updates waited for a background save's snapshot
+  // (a save's stall, not a step's work), since the goodput ledger took them.
+  double snapshot_wait = 0;
 };
 
 namespace {
@@ -328,7 +332,7 @@ void Trainer::connect() {
   p.peak_flops = peak;
   p.checkpoints = std::make_unique<CheckpointManager>(deck_, deck_.model, g, *p.stage,
                                                       p.data->tokenizer());
-  p.executor->before_update([c = p.checkpoints.get()] { c->settle_snapshot(); });
+  p.executor->before_update([&p] { p.snapshot_wait += p.checkpoints->settle_snapshot(); });
   const auto restore_begin = std::chrono::steady_clock::now();
   p.start = p.checkpoints->resume();
   p.restore_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_begin).count();
@@ -639,12 +643,15 @@ TrainResult Trainer::run() {
     const StepTimes waits_before = progress.times();
     const StepResult r = p.executor->train_step(step, *p.data, stop.out_of_time(t0), progress.times());
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    // An update's wait for a background save's snapshot is the save's.
+    const double snapshot_wait = std::exchange(p.snapshot_wait, 0.0);
     stragglers.step_done(step_s, waits_before, progress.times());
     stop.step_took(step_s);
     p.watchdog->step_took(step_s);
     result.losses.push_back(r.loss);
     const int64_t done = step + 1;
-    goodput.step_done(done, step_s);
+    goodput.step_done(done, step_s - snapshot_wait);
+    goodput.save_waited(snapshot_wait);
     if (done % tc.log_every == 0) goodput.write(false);
     progress.step_done(done, end_step, step_s, r, p.data->cursor());
     if (lead)
