@@ -280,19 +280,27 @@ void check_stage(const GptConfig& base) {
   MPI_Comm_free(&staged_dup);
 }
 
+// A small GPT-2, and the Llama made of it (grouped-query heads, SwiGLU,
+// untied embeddings).
+GptConfig small_gpt2() {
+  GptConfig g;
+  g.n_layer = 2;
+  g.n_head = 4;
+  g.n_embd = 32;
+  g.vocab_size = 100;
+  return g;
+}
+GptConfig llama_of(GptConfig l) {
+  l.family = ModelFamily::kLlama;
+  l.n_kv_head = 2;
+  l.ffn_hidden = 48;
+  l.tie_embeddings = false;
+  return l;
+}
+
 TEST(ContextRing, TheGpuStageAtCpMatchesOneRankInDouble) {
-  GptConfig gpt2;
-  gpt2.n_layer = 2;
-  gpt2.n_head = 4;
-  gpt2.n_embd = 32;
-  gpt2.vocab_size = 100;
-  check_stage(gpt2);
-  GptConfig llama = gpt2;
-  llama.family = ModelFamily::kLlama;
-  llama.n_kv_head = 2;
-  llama.ffn_hidden = 48;
-  llama.tie_embeddings = false;
-  check_stage(llama);
+  check_stage(small_gpt2());
+  check_stage(llama_of(small_gpt2()));
 }
 
 // A Mixture of Experts at cp ranks: each rank routes its two chunks, the
@@ -301,22 +309,14 @@ TEST(ContextRing, TheGpuStageAtCpMatchesOneRankInDouble) {
 // the aux loss is the whole sequence's. GPT-2's with a dense layer,
 // Llama's all sparse, against one rank in double as above.
 TEST(ContextRing, TheGpuMixtureOfExpertsAtCpMatchesOneRankInDouble) {
-  GptConfig gpt2;
-  gpt2.n_layer = 2;
-  gpt2.n_head = 4;
-  gpt2.n_embd = 32;
-  gpt2.vocab_size = 100;
+  GptConfig gpt2 = small_gpt2();
   gpt2.experts = 4;
   gpt2.top_k = 2;
   gpt2.moe_every = 2;
   gpt2.capacity_factor = 0.5;
   gpt2.router_z_loss = 0.01;
   check_stage(gpt2);
-  GptConfig llama = gpt2;
-  llama.family = ModelFamily::kLlama;
-  llama.n_kv_head = 2;
-  llama.ffn_hidden = 48;
-  llama.tie_embeddings = false;
+  GptConfig llama = llama_of(gpt2);
   llama.moe_every = 1;
   check_stage(llama);
 }
