@@ -213,9 +213,10 @@ struct Ops {
   static void residual_forward(Context& c, A* out, const A* a, const A* b, int64_t n) {
     cuda::residual_forward(out, a, b, n, c.stream());
   }
-  // dst += src in the accumulation type (ZeRO's gradient shards).
-  static void add_into(Context& c, float* dst, const float* src, int64_t n) {
-    cuda::residual_forward<float>(dst, dst, src, n, c.stream());
+  // dst += src, each of A or float (cuda/residual.hpp's add_into).
+  template <class D, class S>
+  static void add_into(Context& c, D* dst, const S* src, int64_t n) {
+    cuda::add_into(dst, src, n, c.stream());
   }
   static void crossentropy_forward(Context& c, float* losses, const A* logits,
                                    const Tokens& targets, int64_t N, int64_t V, int64_t Vp) {

@@ -220,9 +220,10 @@ struct Ops {
   static void residual_forward(Context&, Act* out, const Act* a, const Act* b, int64_t n) {
     host::residual_forward(out, a, b, n);
   }
-  // dst += src in the accumulation type (ZeRO's gradient shards).
-  static void add_into(Context&, Acc* dst, const Acc* src, int64_t n) {
-    host::residual_forward(dst, dst, src, n);
+  // dst += src, each of Act or Acc (host/residual.hpp's add_into).
+  template <class D, class S>
+  static void add_into(Context&, D* dst, const S* src, int64_t n) {
+    host::add_into(dst, src, n);
   }
   static void crossentropy_forward(Context&, Acc* losses, const Act* logits,
                                    const Tokens& targets, int64_t N, int64_t V, int64_t Vp) {

@@ -83,8 +83,15 @@ class Communicator {
   // the group of this rank's part lands in `recv` (counts[rank()]). `recv`
   // may be this rank's own part of `send` (in place: ZeRO 1 reduces into
   // the stage's gradients); the other parts are undefined afterwards.
-  virtual Pending start_reduce_scatter_sum(const float* send, float* recv,
-                                           const std::vector<int64_t>& counts) = 0;
+  // Elements of `type` (f32, or 16-bit: [train] grad_dtype's gradients;
+  // host MPI then sums pairs in float and rounds each to 16 bits, as a
+  // device's collective does, so 16 bits travel).
+  virtual Pending start_reduce_scatter_sum(const void* send, void* recv,
+                                           const std::vector<int64_t>& counts, Element type) = 0;
+  Pending start_reduce_scatter_sum(const float* send, float* recv,
+                                   const std::vector<int64_t>& counts) {
+    return start_reduce_scatter_sum(send, recv, counts, Element::kF32);
+  }
   // All-gather: this rank's part, at `send` (elements of elem_bytes, 2 or
   // 4; host MPI also 8), lands at its place in `recv`, and every other
   // rank's at theirs.

@@ -156,17 +156,17 @@ Pending HostStagedCommunicator::start_allreduce_sum(float* data, int64_t n) {
   return std::make_unique<ComputeOrdered>(compute_);
 }
 
-Pending HostStagedCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
-                                                          const std::vector<int64_t>& counts) {
+Pending HostStagedCommunicator::start_reduce_scatter_sum(const void* send, void* recv,
+                                                          const std::vector<int64_t>& counts,
+                                                          Element type) {
   const auto [before, total] = part_place(counts, rank());
   (void)before;
   // Every part, then this rank's sum (MPI forbids aliasing).
-  const size_t all = sizeof(float) * static_cast<size_t>(total);
-  const size_t mine = sizeof(float) * static_cast<size_t>(counts[rank()]);
+  const size_t all = element_bytes(type) * static_cast<size_t>(total);
+  const size_t mine = element_bytes(type) * static_cast<size_t>(counts[rank()]);
   char* host = staging(all + mine);
   to_host(host, send, all, compute_);
-  group_.start_reduce_scatter_sum(reinterpret_cast<float*>(host),
-                                  reinterpret_cast<float*>(host + all), counts)->wait();
+  group_.start_reduce_scatter_sum(host, host + all, counts, type)->wait();
   to_device(recv, all, mine);
   return std::make_unique<ComputeOrdered>(compute_);
 }

@@ -35,10 +35,11 @@ Pending LocalDeviceCommunicator::start_allreduce_sum(float*, int64_t) {
   return std::make_unique<ComputeOrdered>(compute_);
 }
 
-Pending LocalDeviceCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
-                                                          const std::vector<int64_t>& counts) {
+Pending LocalDeviceCommunicator::start_reduce_scatter_sum(const void* send, void* recv,
+                                                          const std::vector<int64_t>& counts,
+                                                          Element type) {
   only_part(counts);
-  copy(recv, send, bytes_of(counts[0], sizeof(float)));
+  copy(recv, send, bytes_of(counts[0], element_bytes(type)));
   return std::make_unique<ComputeOrdered>(compute_);
 }
 

@@ -25,8 +25,9 @@ class LocalDeviceCommunicator final : public Communicator {
   void allreduce_sum(double*, int64_t) override {}
   Pending start_allreduce_sum(float* data, int64_t n) override;
   void allreduce(void*, int64_t, Element, Reduction) override {}
-  Pending start_reduce_scatter_sum(const float* send, float* recv,
-                                   const std::vector<int64_t>& counts) override;
+  Pending start_reduce_scatter_sum(const void* send, void* recv,
+                                   const std::vector<int64_t>& counts, Element type) override;
+  using Communicator::start_reduce_scatter_sum;
   Pending start_allgather(const void* send, void* recv, const std::vector<int64_t>& counts,
                           size_t elem_bytes) override;
   void reduce_scatter(const void* send, void* recv, int64_t part, Element type) override;

@@ -164,14 +164,17 @@ Pending NcclCommunicator::start_allreduce_sum(float* data, int64_t n) {
 // NCCL's reduce-scatter and all-gather need equal parts; ZeRO's parts end
 // at tensor rows, so each part is its own root's reduce or broadcast, all
 // in one group (one launch, the same traffic pattern).
-Pending NcclCommunicator::start_reduce_scatter_sum(const float* send, float* recv,
-                                                   const std::vector<int64_t>& counts) {
+Pending NcclCommunicator::start_reduce_scatter_sum(const void* send, void* recv,
+                                                   const std::vector<int64_t>& counts,
+                                                   Element element) {
+  const ncclDataType_t type = nccl_type(element);
+  const size_t elem = element_bytes(element);
   after_compute();
   NCCL_CHECK(ncclGroupStart());
   int64_t at = 0;
   for (int r = 0; r < size_; ++r) {
-    NCCL_CHECK(ncclReduce(send + at, recv, count(counts[r]), ncclFloat, ncclSum, r, nccl(comm_),
-                          cuda(stream_)));
+    NCCL_CHECK(ncclReduce(static_cast<const char*>(send) + elem * static_cast<size_t>(at), recv,
+                          count(counts[r]), type, ncclSum, r, nccl(comm_), cuda(stream_)));
     at += counts[r];
   }
   NCCL_CHECK(ncclGroupEnd());

@@ -702,6 +702,27 @@ TYPED_TEST(GpuKernels, GeluAndResidual) {
   }
 }
 
+// ZeRO's mixed-type adds ([train] grad_dtype = bf16): float gradients into
+// 16-bit sums and 16-bit parts into float, each added in float and rounded
+// once to the destination's type: the same bits as that done on the host.
+TYPED_TEST(GpuKernels, AddIntoAcrossTypes) {
+  using A = TypeParam;
+  if constexpr (!std::is_same_v<A, float>) {
+    const int64_t n = 1003;
+    Dev<A> sums(random_vector(n, 24)), parts(random_vector(n, 25));
+    Dev<float> grads(random_vector(n, 26)), totals(random_vector(n, 27, 4.0));
+    const std::vector<double> s0 = sums.exact, g = grads.exact, t0 = totals.exact, p = parts.exact;
+    cuda::add_into(sums.get(), grads.get(), n, nullptr);
+    cuda::add_into(totals.get(), parts.get(), n, nullptr);
+    const std::vector<double> s1 = sums.read(), t1 = totals.read();
+    for (int64_t i = 0; i < n; ++i) {
+      const float sum = static_cast<float>(s0[i]) + static_cast<float>(g[i]);
+      ASSERT_EQ(s1[i], to_double(from_double<A>(sum))) << i;
+      ASSERT_EQ(t1[i], static_cast<double>(static_cast<float>(t0[i]) + static_cast<float>(p[i]))) << i;
+    }
+  }
+}
+
 TYPED_TEST(GpuKernels, CrossEntropy) {
   using A = TypeParam;
   const int64_t N = B * T;

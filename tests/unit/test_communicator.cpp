@@ -107,6 +107,31 @@ TEST(MpiCommunicator, ReduceScatterOfUnevenPartsIsExact) {
   EXPECT_EQ(recv.back(), -7.0f);
 }
 
+// bf16 parts ([train] grad_dtype): 16 bits travel, each pair summed as
+// values (bits summed as integers, MPI_SUM on MPI_UINT16_T, would give
+// nonsense). Small integers, whose every partial sum is a bf16, make any
+// order give the exact sum. In place (recv is this rank's own part of
+// send) and apart.
+TEST(MpiCommunicator, ReduceScatterOfBf16PartsSumsAndRounds) {
+  MpiCommunicator comm = world_copy();
+  const int n = comm.size(), r = comm.rank();
+  const std::vector<int64_t> counts = uneven_parts(n);
+  const auto [mine_at, total] = place_of(counts, r);
+  auto value = [&](int64_t i) { return static_cast<float>((r + 1) * (i % 5)); };
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "apart");
+    std::vector<uint16_t> send(static_cast<size_t>(total));
+    for (int64_t i = 0; i < total; ++i) send[i] = float_to_bf16(value(i));
+    std::vector<uint16_t> apart(static_cast<size_t>(counts[r]) + 1, 0xffff);  // + a guard
+    uint16_t* recv = in_place ? send.data() + mine_at : apart.data();
+    comm.start_reduce_scatter_sum(send.data(), recv, counts, Element::kBf16)->wait();
+    const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+    for (int64_t i = 0; i < counts[r]; ++i)
+      ASSERT_EQ(bf16_to_float(recv[i]), ranks_sum * static_cast<float>((mine_at + i) % 5)) << i;
+    if (!in_place) EXPECT_EQ(apart.back(), 0xffff);
+  }
+}
+
 TEST(MpiCommunicator, AllgatherOfUnevenPartsInPlaceAndNot) {
   MpiCommunicator comm = world_copy();
   const int n = comm.size(), r = comm.rank();

@@ -172,6 +172,37 @@ TYPED_TEST(NarrowKernels, GeluResidualAndConvert) {
   }
 }
 
+// [train] grad_dtype = bf16's adds, against the sums in double: a float
+// gradient into a 16-bit sum is the float sum rounded to nearest A (within
+// A's unit roundoff of it, plus float's for the float sum), a 16-bit part
+// into a float rounds once to float (float's unit roundoff, 2^-24).
+TYPED_TEST(NarrowKernels, AddIntoAcrossTypes) {
+  using A = TypeParam;
+  const int64_t n = 500;
+  const auto a = random_vector(n, 30), f = random_vector(n, 31);
+  std::vector<A> sums(n), parts(n);
+  std::vector<float> floats(n), totals(n);
+  for (int64_t i = 0; i < n; ++i) {
+    sums[i] = A(static_cast<float>(a[i]));
+    parts[i] = A(static_cast<float>(f[i]));
+    floats[i] = static_cast<float>(f[i] * 0.37);
+    totals[i] = static_cast<float>(a[i] * 1.5);
+  }
+  std::vector<double> want_s(n), want_t(n);
+  for (int64_t i = 0; i < n; ++i) {
+    want_s[i] = static_cast<double>(static_cast<float>(sums[i])) + floats[i];
+    want_t[i] = static_cast<double>(totals[i]) + static_cast<float>(parts[i]);
+  }
+  host::add_into(sums.data(), floats.data(), n);
+  host::add_into(totals.data(), parts.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_LE(std::fabs(static_cast<float>(sums[i]) - want_s[i]),
+              (unit_roundoff<A>() + 0x1p-24) * std::fabs(want_s[i]))
+        << i;
+    ASSERT_LE(std::fabs(totals[i] - want_t[i]), 0x1p-24 * std::fabs(want_t[i])) << i;
+  }
+}
+
 TYPED_TEST(NarrowKernels, AttentionForwardAndBackward) {
   using A = TypeParam;
   // Several causal blocks, the last one short (host::head_gemm).
