@@ -203,6 +203,7 @@ const std::vector<Key>& schema() {
       string_key("train", "offload_dir", false, MEMBER(train.offload_dir)),
       float_key("train", "offload_block_mb", false, 0.004, 65536, MEMBER(train.offload_block_mb)),
       choice_key("train", "grad_compression", kGradCompressionNames, MEMBER(train.grad_compression)),
+      choice_key("train", "grad_dtype", kGradDtypeNames, MEMBER(train.grad_dtype)),
       int_key("parallel", "dp", false, 1, 1 << 20, MEMBER(parallel.dp)),
       int_key("parallel", "pp", false, 1, 1 << 20, MEMBER(parallel.pp)),
       int_key("parallel", "tp", false, 1, 1 << 20, MEMBER(parallel.tp)),
@@ -545,6 +546,20 @@ void check_relations(const Deck& d, const std::string& where) {
                                "grad_compression = \"none\"",
                                name_of(d.train.grad_compression),
                                static_cast<long long>(d.parallel.zero)));
+  }
+  if (d.train.grad_dtype == GradDtype::kBf16 && d.train.precision != Precision::kBf16) {
+    throw InputError(where, "[train] grad_dtype",
+                     strprintf("\"bf16\" needs [train] precision = \"bf16\" (got \"%s\"): the "
+                               "16-bit gradients are the bf16 stage's activation type; use "
+                               "grad_dtype = \"fp32\"",
+                               name_of(d.train.precision)));
+  }
+  if (d.train.grad_dtype == GradDtype::kBf16 && d.parallel.zero == 0) {
+    throw InputError(where, "[train] grad_dtype",
+                     "\"bf16\" is built on ZeRO's shards (the update reads each rank's reduced "
+                     "part in float): set [parallel] zero = 1, which at dp 1 is zero 0's "
+                     "arithmetic and, at any dp, its gradients' and moments' memory or less; or "
+                     "use grad_dtype = \"fp32\"");
   }
   if (d.checkpoint.async && d.train.offload != Offload::kNone) {
     throw InputError(where, "[checkpoint] async",

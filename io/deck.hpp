@@ -64,6 +64,9 @@ struct TrainConfig {
   // The data-parallel reduction's gradients on the wire, with error
   // feedback (core/settings.hpp); zero 0 only.
   GradCompression grad_compression = GradCompression::kNone;
+  // The gradients' accumulation and reduction type (core/settings.hpp);
+  // bf16 needs precision bf16 and zero >= 1.
+  GradDtype grad_dtype = GradDtype::kFp32;
 };
 
 struct CheckpointConfig {

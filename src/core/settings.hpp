@@ -36,6 +36,13 @@ enum class Offload { kNone, kHost, kNvme };
 // gradient (train/compressed_allreduce.hpp): float, bf16, or int8 with a
 // scale per block, the part not sent kept and added back the next step.
 enum class GradCompression { kNone, kBf16, kInt8 };
+// [train] grad_dtype: the element type of the gradients accumulated over
+// micro-batches and reduced over the data-parallel group (Megatron's
+// --accumulate-allreduce-grads-in-fp32 is fp32). bf16 keeps the blocks'
+// sums in 16 bits and reduces them in 16 bits on the wire; each
+// micro-batch's backward still computes a block's gradients in float, and
+// the master update reads float (train/zero_shards.hpp).
+enum class GradDtype { kFp32, kBf16 };
 // [run] health_check: the probe of each rank's GEMM rate and link at the
 // start (train/health_check.hpp): on more than one node, always, never.
 enum class HealthCheck { kAuto, kOn, kOff };
@@ -65,6 +72,8 @@ inline constexpr SettingName<Recompute> kRecomputeNames[] = {
     {Recompute::kNone, "none"}, {Recompute::kAttention, "attention"}, {Recompute::kFull, "full"}};
 inline constexpr SettingName<Offload> kOffloadNames[] = {
     {Offload::kNone, "none"}, {Offload::kHost, "host"}, {Offload::kNvme, "nvme"}};
+inline constexpr SettingName<GradDtype> kGradDtypeNames[] = {{GradDtype::kFp32, "fp32"},
+                                                             {GradDtype::kBf16, "bf16"}};
 inline constexpr SettingName<GradCompression> kGradCompressionNames[] = {
     {GradCompression::kNone, "none"}, {GradCompression::kBf16, "bf16"},
     {GradCompression::kInt8, "int8"}};
@@ -116,6 +125,7 @@ inline const char* name_of(NonfinitePolicy p) { return setting_name(kNonfiniteNa
 inline const char* name_of(Recompute r) { return setting_name(kRecomputeNames, r); }
 inline const char* name_of(Offload o) { return setting_name(kOffloadNames, o); }
 inline const char* name_of(GradCompression c) { return setting_name(kGradCompressionNames, c); }
+inline const char* name_of(GradDtype g) { return setting_name(kGradDtypeNames, g); }
 inline const char* name_of(HealthCheck h) { return setting_name(kHealthCheckNames, h); }
 inline const char* name_of(HealthAction a) { return setting_name(kHealthActionNames, a); }
 inline const char* name_of(ReadBack r) { return setting_name(kReadBackNames, r); }

@@ -180,6 +180,8 @@ class GptStage {
     return windowed && table_offset >= at_.block_end ? table_offset - block_span() : table_offset;
   }
   int64_t block_span() const { return at_.block_end - at_.block_begin(); }
+  int64_t block_begin() const { return at_.block_begin(); }  // the blocks' first table offset
+  int64_t block_storage() const { return at_.block_storage(); }  // a window's elements
   Act* weight_window(int w) { return wwin_[w].get(); }
   Acc* grad_window(int w) { return gwin_[w].get(); }
   void set_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }

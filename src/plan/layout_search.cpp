@@ -65,9 +65,12 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
         for (int64_t ep : divisors(dp * cp)) {
           if (ep > 1 && (!cfg.moe() || cfg.experts % ep != 0)) continue;
           for (int64_t mb : micro_batches(deck.train.global_batch / dp, deck.train.micro_batch)) {
-            // Compressed gradients are zero 0's (deck rule).
+            // Compressed gradients are zero 0's, 16-bit gradients zero
+            // 1-3's (deck rules).
             const bool compressed = deck.train.grad_compression != GradCompression::kNone;
-            for (int64_t zero = 0; zero <= (dp * cp > 1 && !compressed ? 3 : 0); ++zero) {
+            const int64_t first_zero = deck.train.grad_dtype == GradDtype::kBf16 ? 1 : 0;
+            for (int64_t zero = first_zero; zero <= (dp * cp > 1 && !compressed ? 3 : first_zero);
+                 ++zero) {
               for (Recompute rc : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
                 for (ScheduleKind sk :
                      {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe, ScheduleKind::kZbH1}) {

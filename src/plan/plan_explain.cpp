@@ -43,8 +43,16 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     line += strprintf("%s zero %zu %.2f%s", z ? "," : "", z, bytes[z],
                       static_cast<int64_t>(z) == deck.parallel.zero ? " (this layout's)" : "");
   const double dp = static_cast<double>(deck.replicas());
-  if (precision_plan(deck.train.precision).weight_copy)
+  if (precision_plan(deck.train.precision).weight_copy) {
     line += strprintf("; Megatron-LM's distributed optimizer: 6 + 12/dp = %.2f", 6 + 12 / dp);
+    // The other [train] grad_dtype (16-bit gradients need zero >= 1).
+    Deck other = deck;
+    const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;
+    other.train.grad_dtype = grad16 ? GradDtype::kFp32 : GradDtype::kBf16;
+    const std::vector<double> b = state_bytes_per_parameter(other, machine.device);
+    line += strprintf("; with grad_dtype = \"%s\": zero 1 %.2f, zero 2 %.2f, zero 3 %.2f",
+                      name_of(other.train.grad_dtype), b[1], b[2], b[3]);
+  }
   lines.push_back(line);
   // What zero 3 keeps whole beside its shard (FSDP's root unit and its
   // prefetch): the tensors outside the blocks, and two blocks' windows,

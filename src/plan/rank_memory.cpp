@@ -41,6 +41,9 @@ StageOptions stage_options_of(const Deck& deck, int slots) {
     o.external_master = true;
   o.document_mask = deck.data.document_mask;
   o.cp = deck.parallel.cp;
+  // 16-bit gradients: each block's micro-batch gradients in a float window
+  // (zero_shards.hpp), at every ZeRO level.
+  if (deck.train.grad_dtype == GradDtype::kBf16 && deck.parallel.zero >= 1) o.window_grads = true;
   return o;
 }
 
@@ -132,15 +135,34 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const bool masters_are_weights = !types.weight_copy && zero < 3;
     m.shard_master = (masters_are_weights ? 0 : shard * acc) +
                      (types.weight_copy && zero >= 3 ? shard * act : 0);
-    m.shard_gradients = zero >= 2 ? shard * acc : 0;
+    // 16-bit gradients ([train] grad_dtype): the shard keeps its reduced
+    // float gradients at every level, and at zero 1 the blocks' 16-bit
+    // sums over the step; its receive buffers are 16-bit, and at zero 2-3
+    // two more hold a window's rounded gradients (zero_shards.hpp).
+    const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;  // zero >= 1 here
+    double blocks = 0, largest_block = 0;
+    for (const ShardUnit& u : plan.units()) {
+      if (u.block < 0) continue;
+      blocks += static_cast<double>(u.end - u.begin);
+      const auto [first, last] = plan.block_units(u.block);
+      largest_block = std::max(largest_block, static_cast<double>(plan.units()[last - 1].end -
+                                                                  plan.units()[first].begin));
+    }
+    m.shard_gradients = zero >= 2 || grad16 ? shard * acc : 0;
+    if (grad16 && zero == 1) m.shard_gradients += blocks * act;
     m.optimizer = 2 * shard * acc;
-    if (zero >= 2) m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
+    if (grad16) {
+      m.comm = 2 * static_cast<double>(plan.max_block_part()) * act;
+      if (zero >= 2) m.comm += 2 * largest_block * act;
+    } else if (zero >= 2) {
+      m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
+    }
     // Offloaded at zero 2-3 on a GPU, the shard's gradients go to host
     // memory (zero_shards.hpp): the device keeps the parts of the units
     // outside the blocks (the largest of the group's, unit by unit); the
     // host the shard and two staging buffers of a block's parts.
     if (zero >= 2 && deck.train.offload != Offload::kNone && choice.device == Device::kCuda &&
-        types.master == Element::kF32) {
+        types.master == Element::kF32 && !grad16) {
       double resident = 0;
       for (const ShardUnit& u : plan.units())
         if (u.block < 0) resident += static_cast<double>(*std::max_element(u.counts.begin(), u.counts.end()));
@@ -158,30 +180,24 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       // go through their windows one at a time (all of a block's units at
       // once: its experts' apart under expert parallelism), apart from
       // the rest.
+      // (16-bit gradients: every level's blocks go through their windows,
+      // and their temporaries are 16-bit.)
+      const bool windows = zero >= 2 || grad16;
       std::vector<double> sizes;
-      double largest_block = 0;
-      for (const ShardUnit& u : plan.units()) {
-        const double n = static_cast<double>(u.end - u.begin);
-        if (zero >= 2 && u.block >= 0) {
-          const auto [first, last] = plan.block_units(u.block);
-          largest_block = std::max(largest_block, static_cast<double>(plan.units()[last - 1].end -
-                                                                      plan.units()[first].begin));
-        } else {
-          sizes.push_back(n);
-        }
-      }
-      double in_flight = static_cast<double>(kInFlight) * largest_block;
+      for (const ShardUnit& u : plan.units())
+        if (!windows || u.block < 0) sizes.push_back(static_cast<double>(u.end - u.begin));
+      double in_flight = windows ? static_cast<double>(kInFlight) * largest_block * (grad16 ? act : acc) : 0;
       for (size_t i = 0; i < sizes.size(); ++i) {
         double sum = 0;
         for (size_t j = i; j < std::min(sizes.size(), i + kInFlight); ++j) sum += sizes[j];
-        in_flight = std::max(in_flight, sum);
+        in_flight = std::max(in_flight, sum * acc);
       }
       double gather = 0;
       for (const auto& spec : table.specs())
         gather = std::max(gather, save_gather_bytes(spec, deck.replicas()));
       // A save runs between steps, when no reduce-scatter is in flight:
       // the larger of the two is what is held at once.
-      m.comm += std::max(in_flight * acc, gather);
+      m.comm += std::max(in_flight, gather);
     }
   }
   // [train] offload moves the moments out (adamw_state.hpp), with the

@@ -443,13 +443,24 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     } else if (zero == 0) {
       reduce = exposed(groups(dp_link.allreduce, n, experts, acc, 2), bwd + wgt);
     } else {
-      const double rs_all = zero == 1 ? n : outside;
-      reduce = exposed(groups(dp_link.reduce_scatter, rs_all, zero == 1 ? experts : 0, acc, 1),
-                       zero == 1 ? bwd + wgt : 0);
+      // [train] grad_dtype = bf16: the blocks' reduce-scatters carry Act
+      // (zero_shards.hpp); the units outside the blocks stay float.
+      const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;
+      const double blocks = n - outside, block_bytes = grad16 ? act : acc;
+      if (zero == 1 && grad16) {
+        reduce = exposed(groups(dp_link.reduce_scatter, outside, 0, acc, 1) +
+                             groups(dp_link.reduce_scatter, blocks, experts, act, 1),
+                         bwd + wgt);
+      } else {
+        const double rs_all = zero == 1 ? n : outside;
+        reduce = exposed(groups(dp_link.reduce_scatter, rs_all, zero == 1 ? experts : 0, acc, 1),
+                         zero == 1 ? bwd + wgt : 0);
+      }
       opt_comm = groups(dp_link.allgather, n, experts, act, 1);
       if (zero >= 2)
         per_micro_comm += static_cast<double>(L) *
-                          exposed(groups(dp_link.reduce_scatter, block, block_experts, acc, 1), block_bwd);
+                          exposed(groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1),
+                                  block_bwd);
       if (zero >= 3) {
         // A window still holding the block asked for is not gathered again:
         // under 1F1B (and zb-h1, whose W reads no weights) a forward

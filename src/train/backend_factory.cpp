@@ -109,6 +109,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
   setup.dp_rank = place.dp_rank;
   setup.grad_send_buffers = stage_grad_send_buffers(deck, stage_index);
   setup.grad_compression = tc.grad_compression;
+  setup.grad_dtype = tc.grad_dtype;
   setup.bucket_bytes = deck.parallel.bucket_mb * (1 << 20);
   setup.precision = choice.precision;
   setup.offload = OffloadSetup{tc.offload, tc.offload_dir,

@@ -45,6 +45,7 @@ struct StageSetup {
   Precision precision = Precision::kFp32;  // the op set's types (core/precision_plan.hpp)
   OffloadSetup offload;  // where the optimizer's moments live ([train] offload)
   GradCompression grad_compression = GradCompression::kNone;  // zero 0's all-reduce
+  GradDtype grad_dtype = GradDtype::kFp32;  // ZeRO's 16-bit gradients ([train] grad_dtype)
 };
 
 

@@ -40,7 +40,7 @@ class TrainingStage final : public StageBackend {
       grad_out_.emplace_back(static_cast<size_t>(stage_.activation_size()));
     if (setup.zero > 0) {
       opt_ = std::make_unique<ZeroShards<Ops>>(stage_, setup.zero, setup.dp, setup.dp_rank,
-                                               setup.offload);
+                                               setup.offload, setup.grad_dtype);
     } else {
       opt_ = std::make_unique<ReplicatedState<Ops>>(stage_, setup.bucket_bytes, setup.dp_rank,
                                                     setup.offload, setup.grad_compression);

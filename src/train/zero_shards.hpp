@@ -51,6 +51,21 @@
 // those parts and the two block receive buffers instead of the shard:
 // at bf16 zero 3 the shard's gradients were most of what remained. On the
 // host back end the shard is host memory already; nothing changes.
+// 16-bit gradients ([train] grad_dtype = bf16, mixed precision): the stage
+// computes each block's micro-batch gradients into a float window (as at
+// zero 2) and they leave it in the activation type:
+//   zero 1: added into the blocks' 16-bit sums over the step (2 bytes a
+//     parameter where zero 1 kept 4), and at the last micro-batch each
+//     block's sums are reduce-scattered in 16 bits as soon as they are
+//     final;
+//   zero 2-3: rounded, and reduce-scattered in 16 bits after each block's
+//     backward in every micro-batch.
+// Either way the reduced parts are added into the shard's float gradients
+// (4 / dp bytes a parameter), which the update reads, so the masters and
+// moments see float as before. The units outside the blocks (embeddings,
+// final norm) keep float gradients and float reductions: the tied wte's
+// copies are summed, and its sparse rows accumulate, there. An offloaded
+// shard's gradients stay on the device with 16-bit gradients.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -78,16 +93,22 @@ class ZeroShards final : public StageOptimizer<Ops> {
   using HostBuffer = typename Ops::template HostBuffer<U>;
 
   // `offload`: where the shard's moments live (adamw_state.hpp).
-  ZeroShards(GptStage<Ops>& stage, int zero, int dp, int dp_rank, const OffloadSetup& offload)
+  // `grad_dtype`: bf16 keeps the blocks' gradients in Act (the header).
+  ZeroShards(GptStage<Ops>& stage, int zero, int dp, int dp_rank, const OffloadSetup& offload,
+             GradDtype grad_dtype = GradDtype::kFp32)
       : stage_(stage),
         ctx_(stage.context()),
         zero_(zero),
         plan_(stage.table(), stage.layout(), dp, dp_rank, static_cast<int>(stage.range().ep)),
         n_(plan_.shard_size()),
         alias_(masters_are_weights(zero)),
-        in_stage_(in_stage(zero)),
-        grads_on_host_(gradients_offloaded(zero, offload.where)),
+        grad16_(grad_dtype == GradDtype::kBf16),
+        gwin_(zero >= 2 || grad16_),
+        in_stage_(in_stage(zero, grad16_)),
+        grads_on_host_(gradients_offloaded(zero, offload.where) && !grad16_),
         moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), in_stage_), offload) {
+    if (grad16_ && Ops::kActElement != Element::kBf16)
+      throw std::logic_error("ZeRO's shards: 16-bit gradients without a bf16 stage");
     // Counted as allocated, as the stage counts its own: the accounting
     // (rank_memory) must predict the sum (test_memory_accounting.cpp).
     auto acc = [&](int64_t count) {
@@ -106,7 +127,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       resident_at_.assign(plan_.units().size(), -1);
       int64_t at = 0;
       for (size_t k = 0; k < plan_.units().size(); ++k) {
-        if (windowed(plan_.units()[k], 2)) continue;
+        if (grads_windowed(plan_.units()[k])) continue;
         resident_at_[k] = at;
         at += plan_.part_size(plan_.units()[k]);
       }
@@ -126,15 +147,27 @@ class ZeroShards final : public StageOptimizer<Ops> {
         allocated_ += static_cast<double>(n_) * sizeof(Act);
       }
     }
-    if (zero_ >= 2)
+    auto act = [&](int64_t count) {
+      allocated_ += static_cast<double>(count) * sizeof(Act);
+      Buffer<Act> b(static_cast<size_t>(count));
+      Ops::fill_zero(ctx_, b.get(), count);
+      return b;
+    };
+    if (grad16_) {
+      for (auto& r : recv16_) r = act(plan_.max_block_part());
+      if (zero_ == 1) g16_ = act(stage.block_span());
+      else
+        for (auto& b : send16_) b = act(stage.block_storage());
+    } else if (zero_ >= 2) {
       for (auto& r : recv_) r = acc(plan_.max_block_part());
+    }
     const ParameterSpec* wte = stage.table().tied_embedding();
     if (wte != nullptr) wte_unit_ = &plan_.unit_at(wte->offset);
     next_unit_ = plan_.units().size();
     BlockHooks hooks;
     hooks.need_weights = [this](int64_t i, int64_t next) { need_weights(i, next); };
     hooks.need_grad_window = [this](int64_t i) { drain(static_cast<int>(i % 2)); };
-    hooks.grads_ready = [this](int64_t i) { reduce_block(i); };
+    hooks.grads_ready = [this](int64_t i) { block_ready(i); };
     stage.set_hooks(std::move(hooks));
   }
 
@@ -161,12 +194,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
     return std::is_same_v<Act, Acc> && zero < 3;
   }
   // Which of the update's arrays are the owned rows of the stage's whole
-  // buffers (the header's list): whole gradients exist at zero 1 only,
-  // whole weights at zero 1-2.
-  static constexpr ShardInStage in_stage(int zero) {
+  // buffers (the header's list): whole float gradients exist at zero 1
+  // only (not with 16-bit ones), whole weights at zero 1-2.
+  static constexpr ShardInStage in_stage(int zero, bool grad16 = false) {
     ShardInStage w;
     w.params = masters_are_weights(zero);
-    w.grads = zero == 1;
+    w.grads = zero == 1 && !grad16;
     w.copy = !std::is_same_v<Act, Acc> && zero < 3;
     return w;
   }
@@ -257,6 +290,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     stage_.zero_grads();
     if (grads_on_host_) std::fill(fresh_.begin(), fresh_.end(), 1);
     else if (!in_stage_.grads) Ops::fill_zero(ctx_, g_.get(), n_);
+    if (g16_.size() > 0) Ops::fill_zero(ctx_, g16_.get(), static_cast<int64_t>(g16_.size()));
     next_unit_ = plan_.units().size();
   }
 
@@ -264,9 +298,11 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // micro-batch. Under split backward the stage calls the hook from W
   // (weight_gradients) only.
   void backward(int slot, bool last, int chunk) override {
+    last_ = last;
     stage_.backward(slot, grads_final(last), chunk);
   }
   void weight_gradients(int slot, bool last, int chunk) override {
+    last_ = last;
     stage_.weight_gradients(slot, grads_final(last), chunk);
   }
 
@@ -436,6 +472,9 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
   bool windowed(const ShardUnit& u, int min_zero) const { return u.block >= 0 && zero_ >= min_zero; }
+  // Whether the stage computes unit u's gradients in a window (zero 2-3,
+  // or 16-bit gradients), not into its whole gradients.
+  bool grads_windowed(const ShardUnit& u) const { return u.block >= 0 && gwin_; }
   // The group unit u is cut over; the bytes a collective of it sends.
   Communicator& group(const ShardUnit& u) { return u.experts ? *experts_ : *dp_; }
   void count_sent(const ShardUnit& u, size_t element) {
@@ -497,8 +536,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
     const auto& units = plan_.units();
     while (next_unit_ > 0 && units[next_unit_ - 1].begin >= offset) {
       const ShardUnit& u = units[--next_unit_];
-      if (windowed(u, 2)) continue;
-      const Acc* g = stage_.grads() + stage_.resident_offset(u.begin, zero_ >= 2);
+      if (grads_windowed(u)) continue;
+      const Acc* g = stage_.grads() + stage_.resident_offset(u.begin, gwin_);
       // At most kInFlight at once: a host MPI's non-blocking reduce-scatter
       // holds a temporary the size of its whole input until it completes
       // (all units in flight cost a second gradient: measured, gpt2-350m).
@@ -511,19 +550,45 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
 
-  // zero >= 2: block i's window, each unit reduce-scattered into a receive
-  // buffer (the block's parts one after another) that drain() adds to the
-  // shard.
-  void reduce_block(int64_t i) {
+  // Block i's gradients are in window i % 2 (this micro-batch's): at
+  // zero 2-3 reduced now; with 16-bit gradients first taken into 16 bits
+  // (the header), at zero 1 reduced once the last micro-batch's are in.
+  void block_ready(int64_t i) {
+    if (!grad16_) {
+      reduce_block(i);
+      return;
+    }
+    const int w = static_cast<int>(i % 2);
+    const auto [first, last] = plan_.block_units(i);
+    const int64_t begin = plan_.units()[first].begin, n = plan_.units()[last - 1].end - begin;
+    if (zero_ == 1) {
+      Act* sums = g16_.get() + (begin - stage_.block_begin());
+      Ops::add_into(ctx_, sums, static_cast<const Acc*>(stage_.grad_window(w)), n);
+      if (last_) reduce_block(i, sums);
+    } else {
+      Ops::convert(ctx_, send16_[w].get(), stage_.grad_window(w), n);
+      reduce_block(i, send16_[w].get());
+    }
+  }
+  // Block i's gradients (window i % 2's floats, or `g16`: its 16-bit
+  // gradients), each unit reduce-scattered into a receive buffer (the
+  // block's parts one after another) that drain() adds to the shard.
+  void reduce_block(int64_t i, const Act* g16 = nullptr) {
     const int w = static_cast<int>(i % 2);
     const auto [first, last] = plan_.block_units(i);
     const int64_t block_begin = plan_.units()[first].begin;
     int64_t at = 0;
     for (size_t k = first; k < last; ++k) {
       const ShardUnit& u = plan_.units()[k];
-      gpend_[w].push_back(group(u).start_reduce_scatter_sum(
-          stage_.grad_window(w) + (u.begin - block_begin), recv_[w].get() + at, plan_.counts(u)));
-      count_sent(u, sizeof(Acc));
+      if (g16 != nullptr) {
+        gpend_[w].push_back(group(u).start_reduce_scatter_sum(
+            g16 + (u.begin - block_begin), recv16_[w].get() + at, plan_.counts(u), Ops::kActElement));
+        count_sent(u, sizeof(Act));
+      } else {
+        gpend_[w].push_back(group(u).start_reduce_scatter_sum(
+            stage_.grad_window(w) + (u.begin - block_begin), recv_[w].get() + at, plan_.counts(u)));
+        count_sent(u, sizeof(Acc));
+      }
       at += plan_.part_size(u);
     }
     gblock_[w] = i;
@@ -557,8 +622,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
         if (fresh_[k]) std::copy(src, src + plan_.part_size(u), dst);
         else host::residual_forward(dst, dst, src, plan_.part_size(u));
         fresh_[k] = 0;
+      } else if (grad16_) {
+        Ops::add_into(ctx_, g_.get() + u.shard_offset, static_cast<const Act*>(recv16_[w].get() + at),
+                      plan_.part_size(u));
       } else {
-        Ops::add_into(ctx_, g_.get() + u.shard_offset, recv_[w].get() + at, plan_.part_size(u));
+        Ops::add_into(ctx_, g_.get() + u.shard_offset, static_cast<const Acc*>(recv_[w].get() + at),
+                      plan_.part_size(u));
       }
       at += plan_.part_size(u);
     }
@@ -570,12 +639,19 @@ class ZeroShards final : public StageOptimizer<Ops> {
   ShardPlan plan_;
   int64_t n_;
   bool alias_;  // masters_are_weights
+  bool grad16_;  // [train] grad_dtype = bf16 (the header)
+  bool gwin_;    // the stage computes the blocks' gradients in windows
   ShardInStage in_stage_;
   bool grads_on_host_;  // gradients_offloaded (the header)
   AdamWState<Ops> moments_;
   Buffer<Acc> master_, g_;
   Buffer<Act> wshard_;  // mixed precision only
   Buffer<Acc> recv_[2];
+  // 16-bit gradients: the blocks' sums over a step (zero 1; the stage's
+  // block span), a window's rounded gradients (zero 2-3), each window's
+  // reduced parts.
+  Buffer<Act> g16_, send16_[2], recv16_[2];
+  bool last_ = false;  // the backward running is of the step's last micro-batch
   // Offloaded gradients: the shard in host memory, the two windows'
   // staging, which units had no sum yet this step, and on the device the
   // units outside the blocks (each one's place there, -1 for blocks).
