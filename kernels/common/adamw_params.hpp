@@ -35,6 +35,9 @@ struct AdamWChunk {
   int64_t copy_offset;
   int32_t length;
   int32_t decay;  // 1: weight decay applies (matrices, embeddings)
+  // 1: the gradients are 16-bit, in the update's second gradient array
+  // ([train] grad_dtype = bf16: zero 1's blocks, reduced in their sums).
+  int32_t narrow = 0;
 };
 
 // Where one run of elements starts in each array (AdamWChunk's offsets).
@@ -48,11 +51,11 @@ constexpr int32_t kAdamWChunkElements = 1 << 14;
 
 // Appends n elements from `at` as chunks of at most kAdamWChunkElements.
 inline void append_adamw_chunks(std::vector<AdamWChunk>& chunks, AdamWPlaces at, int64_t n,
-                                bool decay) {
+                                bool decay, bool narrow = false) {
   for (int64_t o = 0; o < n; o += kAdamWChunkElements) {
     const auto len = static_cast<int32_t>(std::min<int64_t>(kAdamWChunkElements, n - o));
     chunks.push_back(AdamWChunk{at.state + o, at.param + o, at.grad + o, at.copy + o, len,
-                                decay ? 1 : 0});
+                                decay ? 1 : 0, narrow ? 1 : 0});
   }
 }
 // The masters at param_offset, everything else at `offset`.

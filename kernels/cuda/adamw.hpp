@@ -17,11 +17,12 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
                   const AdamWParams& p, A* copy, cudaStream_t stream);
 
 // Every chunk in one launch; `chunks` (count of them) is device memory, and
-// p.weight_decay applies to the chunks flagged `decay`.
+// p.weight_decay applies to the chunks flagged `decay`; those flagged
+// `narrow` read their gradients from `grads16` ([train] grad_dtype).
 template <class A>
 void adamw_update_chunks(float* params, const float* grads, float* m, float* v,
                          const AdamWChunk* chunks, int64_t count, const AdamWParams& p, A* copy,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const A* grads16 = nullptr);
 
 // dst[i] = src[i] in the activation type (refreshing the matmul copy of the
 // weights after initialisation or a restore).

@@ -324,14 +324,19 @@ struct Ops {
   }
   // Wait for the stream: the value goes to the host.
   static double read(Context& c, const double* value) { return c.read(value); }
-  static double sum_of_squares(Context& c, const float* x, int64_t n) {
+  // Of floats, or of A (16-bit gradients).
+  template <class X>
+  static double sum_of_squares(Context& c, const X* x, int64_t n) {
     reduce_sum(c.reduce_result(), x, n, true, false, c.reduce_scratch(), c.stream());
     return c.read(c.reduce_result());
   }
+  // `grads16`: where the chunks flagged `narrow` read their gradients (A;
+  // [train] grad_dtype = bf16 at zero 1), the others reading `grads`.
   static void adamw(Context& c, float* params, const float* grads, float* m, float* v,
-                    const AdamWChunk* chunks, int64_t count, const AdamWParams& p, A* weights) {
+                    const AdamWChunk* chunks, int64_t count, const AdamWParams& p, A* weights,
+                    const A* grads16 = nullptr) {
     A* copy = std::is_same_v<A, float> ? nullptr : weights;
-    adamw_update_chunks(params, grads, m, v, chunks, count, p, copy, c.stream());
+    adamw_update_chunks(params, grads, m, v, chunks, count, p, copy, c.stream(), grads16);
   }
   // The compressed all-reduce's kernels (cuda/grad_compression.hpp).
   static void compress_with_feedback(Context& c, bool int8, const float* g, float* residual,

@@ -10,13 +10,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) partial_sums_kernel(double* partial, const float* x, int64_t n, bool squares) {
+template <class X>
+__global__ void __launch_bounds__(kThreads) partial_sums_kernel(double* partial, const X* x, int64_t n, bool squares) {
   __shared__ double shared[kWarp];
   double s = 0.0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += stride) {
-    const double v = x[i];
+    const double v = to_float(x[i]);
     s += squares ? v * v : v;
   }
   s = block_sum(s, shared);
@@ -33,7 +34,8 @@ __global__ void __launch_bounds__(kThreads) final_sum_kernel(double* out, const 
 
 }  // namespace
 
-void reduce_sum(double* out, const float* x, int64_t n, bool squares, bool accumulate,
+template <class X>
+void reduce_sum(double* out, const X* x, int64_t n, bool squares, bool accumulate,
                 double* scratch, cudaStream_t stream) {
   // The grid grows with n (at least kPerThread elements a thread) up to
   // kReduceBlocks, enough to fill a large GPU for a model's gradients; it
@@ -47,5 +49,9 @@ void reduce_sum(double* out, const float* x, int64_t n, bool squares, bool accum
   final_sum_kernel<<<1, kThreads, 0, stream>>>(out, scratch, blocks, accumulate);
   CUDA_CHECK_LAUNCH();
 }
+
+template void reduce_sum<float>(double*, const float*, int64_t, bool, bool, double*, cudaStream_t);
+template void reduce_sum<bf16>(double*, const bf16*, int64_t, bool, bool, double*, cudaStream_t);
+template void reduce_sum<fp16>(double*, const fp16*, int64_t, bool, bool, double*, cudaStream_t);
 
 }  // namespace mpiformer::cuda

@@ -14,8 +14,10 @@ namespace mpiformer::cuda {
 constexpr int kReduceBlocks = 1024;
 
 // *out (device) = sum of x[i]^2 (squares) or of x[i], in double; with
-// `accumulate`, added to *out instead.
-void reduce_sum(double* out, const float* x, int64_t n, bool squares, bool accumulate,
+// `accumulate`, added to *out instead. X: float, or bf16 / fp16 (16-bit
+// gradients' norm, [train] grad_dtype).
+template <class X>
+void reduce_sum(double* out, const X* x, int64_t n, bool squares, bool accumulate,
                 double* scratch, cudaStream_t stream);
 
 }  // namespace mpiformer::cuda

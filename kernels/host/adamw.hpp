@@ -17,10 +17,11 @@ namespace mpiformer::host {
 namespace detail {
 // One contiguous chunk; restrict lets the compiler vectorise (the four
 // arrays never overlap). The arithmetic is common/adamw_math.hpp's.
-template <class T>
-void adamw_chunk(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
+// The gradients G: T, or a 16-bit type widened as read ([train] grad_dtype).
+template <class T, class G>
+void adamw_chunk(T* __restrict p, const G* __restrict g, T* __restrict m, T* __restrict v,
                  int64_t n, const AdamWConstants<T>& k, T wd) {
-  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], k, wd);
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], static_cast<T>(ld(g[i])), m[i], v[i], k, wd);
 }
 constexpr int64_t kChunk = 4096;
 }  // namespace detail
@@ -41,15 +42,19 @@ void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWP
 // With `weights` (mixed precision) each updated chunk is also rounded into
 // the copy the matmuls read, while it is still in cache. Each array at its
 // chunk's own offset (AdamWChunk).
+// The chunks flagged `narrow` read their gradients from `grads16`.
 template <class T, class A = T>
 void adamw_update_chunks(T* params, const T* grads, T* m, T* v, const AdamWChunk* chunks,
-                         int64_t count, const AdamWParams& p, A* weights = nullptr) {
+                         int64_t count, const AdamWParams& p, A* weights = nullptr,
+                         const A* grads16 = nullptr) {
   const AdamWConstants<T> k = adamw_constants<T>(p);
   parallel_for("adamw_update", count, [=](const int64_t c) {
     const AdamWChunk ch = chunks[c];
     const int64_t o = ch.offset;
     T* p = params + ch.param_offset;
-    detail::adamw_chunk(p, grads + ch.grad_offset, m + o, v + o, ch.length, k, ch.decay ? k.wd : T(0));
+    const T wd = ch.decay ? k.wd : T(0);
+    if (ch.narrow) detail::adamw_chunk(p, grads16 + ch.grad_offset, m + o, v + o, ch.length, k, wd);
+    else detail::adamw_chunk(p, grads + ch.grad_offset, m + o, v + o, ch.length, k, wd);
     if (weights != nullptr) {
       A* copy = weights + ch.copy_offset;
       for (int64_t i = 0; i < ch.length; ++i) copy[i] = st<A>(p[i]);
@@ -69,10 +74,17 @@ double sum_of_squares(const T* x, int64_t n) {
     // in one vector register.
     double lanes[8] = {};
     int64_t i = i0;
+    // (ld: 16-bit gradients widen to float, exactly.)
     for (; i + 8 <= i1; i += 8)
-      for (int j = 0; j < 8; ++j) lanes[j] += static_cast<double>(x[i + j]) * x[i + j];
+      for (int j = 0; j < 8; ++j) {
+        const double v = static_cast<double>(ld(x[i + j]));
+        lanes[j] += v * v;
+      }
     double s = 0;
-    for (; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    for (; i < i1; ++i) {
+      const double v = static_cast<double>(ld(x[i]));
+      s += v * v;
+    }
     for (double l : lanes) s += l;
     return s;
   });

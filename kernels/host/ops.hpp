@@ -338,15 +338,20 @@ struct Ops {
   }
   // A value the device accumulated (a loss sum), on the host.
   static double read(Context&, const double* value) { return *value; }
-  static double sum_of_squares(Context&, const Acc* x, int64_t n) {
+  // Of Acc, or of Act (16-bit gradients).
+  template <class X>
+  static double sum_of_squares(Context&, const X* x, int64_t n) {
     return host::sum_of_squares(x, n);
   }
   // `weights`: the Act copy the matmuls read, refreshed chunk by chunk
   // (mixed precision); in fp32 and fp64 the weights are the masters.
+  // `grads16`: where the chunks flagged `narrow` read their gradients
+  // ([train] grad_dtype = bf16 at zero 1), the others reading `grads`.
   static void adamw(Context&, Acc* params, const Acc* grads, Acc* m, Acc* v,
-                    const AdamWChunk* chunks, int64_t count, const AdamWParams& p, Act* weights) {
+                    const AdamWChunk* chunks, int64_t count, const AdamWParams& p, Act* weights,
+                    const Act* grads16 = nullptr) {
     host::adamw_update_chunks(params, grads, m, v, chunks, count, p,
-                              std::is_same_v<Act, Acc> ? nullptr : weights);
+                              std::is_same_v<Act, Acc> ? nullptr : weights, grads16);
   }
   // The compressed all-reduce's kernels (host/grad_compression.hpp).
   static void compress_with_feedback(Context&, bool int8, const float* g, float* residual,

@@ -110,15 +110,29 @@ TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {
 }
 
 std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table, ShardInStage where) const {
+  // The blocks' span (contiguous in the table), for 16-bit gradients.
+  int64_t blocks_begin = -1, blocks_end = 0;
+  for (const ShardUnit& u : units_) {
+    if (u.block < 0) continue;
+    if (blocks_begin < 0) blocks_begin = u.begin;
+    blocks_end = u.end;
+  }
   std::vector<AdamWChunk> chunks;
   for (const auto& s : table.specs()) {
     const TensorPart p = part_of(s);
     const int64_t rl = s.row_length();
     const int64_t shard = p.shard_offset, stage = s.offset + p.row_begin * rl;
+    int64_t grad = where.grads ? stage : shard;
+    bool narrow = false;
+    if (where.grads16) {
+      narrow = unit_at(s.offset).block >= 0;
+      if (narrow) grad = stage - blocks_begin;
+      else if (blocks_begin >= 0 && stage >= blocks_end) grad = stage - (blocks_end - blocks_begin);
+    }
     append_adamw_chunks(chunks,
-                        AdamWPlaces{shard, where.params ? stage : shard, where.grads ? stage : shard,
+                        AdamWPlaces{shard, where.params ? stage : shard, grad,
                                     where.copy ? stage : shard},
-                        (p.row_end - p.row_begin) * rl, s.decay);
+                        (p.row_end - p.row_begin) * rl, s.decay, narrow);
   }
   return chunks;
 }

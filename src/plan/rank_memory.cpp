@@ -135,11 +135,13 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const bool masters_are_weights = !types.weight_copy && zero < 3;
     m.shard_master = (masters_are_weights ? 0 : shard * acc) +
                      (types.weight_copy && zero >= 3 ? shard * act : 0);
-    // 16-bit gradients ([train] grad_dtype): the shard keeps its reduced
-    // float gradients at every level, and at zero 1 the blocks' 16-bit
-    // sums over the step; its receive buffers are 16-bit, and at zero 2-3
-    // two more hold a window's rounded gradients (zero_shards.hpp).
+    // 16-bit gradients ([train] grad_dtype, zero_shards.hpp): at zero 1 the
+    // blocks' 16-bit sums over the step, reduced in place (offloaded, also
+    // a float shard and 16-bit receive buffers); at zero 2-3 the float
+    // shard, 16-bit receive buffers and two of a window's rounded
+    // gradients.
     const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;  // zero >= 1 here
+    const bool in_place16 = grad16 && zero == 1 && deck.train.offload == Offload::kNone;
     double blocks = 0, largest_block = 0;
     for (const ShardUnit& u : plan.units()) {
       if (u.block < 0) continue;
@@ -148,11 +150,11 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       largest_block = std::max(largest_block, static_cast<double>(plan.units()[last - 1].end -
                                                                   plan.units()[first].begin));
     }
-    m.shard_gradients = zero >= 2 || grad16 ? shard * acc : 0;
+    m.shard_gradients = (zero >= 2 || grad16) && !in_place16 ? shard * acc : 0;
     if (grad16 && zero == 1) m.shard_gradients += blocks * act;
     m.optimizer = 2 * shard * acc;
     if (grad16) {
-      m.comm = 2 * static_cast<double>(plan.max_block_part()) * act;
+      m.comm = in_place16 ? 0 : 2 * static_cast<double>(plan.max_block_part()) * act;
       if (zero >= 2) m.comm += 2 * largest_block * act;
     } else if (zero >= 2) {
       m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;

@@ -210,11 +210,17 @@ class AdamWState {
   // memory; `master` unused when holds_masters()), `weights` the Act copy
   // the chunks' offsets index (mixed precision; null in fp32, where the
   // masters are what the matmuls read).
-  void step(Acc* master, const Acc* grads, const AdamWParams& p, Act* weights) {
+  // `grads16`: where chunks flagged `narrow` read their 16-bit gradients
+  // (not offloaded: zero_shards.hpp keeps float ones for the streamed
+  // update).
+  void step(Acc* master, const Acc* grads, const AdamWParams& p, Act* weights,
+            const Act* grads16 = nullptr) {
     if (where_ == Offload::kNone) {
-      Ops::adamw(ctx_, master, grads, m_.get(), v_.get(), chunks_.get(), chunk_count_, p, weights);
+      Ops::adamw(ctx_, master, grads, m_.get(), v_.get(), chunks_.get(), chunk_count_, p, weights,
+                 grads16);
       return;
     }
+    if (grads16 != nullptr) throw std::logic_error("AdamWState: 16-bit gradients offloaded");
     // No view of the files may be mapped while direct I/O writes them.
     release_views();
     if constexpr (std::is_same_v<Acc, float>) streamed_step(master, grads, p, weights);

@@ -56,16 +56,20 @@
 // zero 2) and they leave it in the activation type:
 //   zero 1: added into the blocks' 16-bit sums over the step (2 bytes a
 //     parameter where zero 1 kept 4), and at the last micro-batch each
-//     block's sums are reduce-scattered in 16 bits as soon as they are
-//     final;
+//     block's sums are reduce-scattered in 16 bits, in place, as soon as
+//     they are final: the owned rows of the sums are the shard's reduced
+//     gradients, which AdamW reads in 16 bits and widens (Megatron's
+//     bf16 gradient buffer: 4 + 12/dp bytes a parameter with the 16-bit
+//     weights). Offloaded, the streamed update reads float: the reduced
+//     parts are added into a float shard instead, as at zero 2-3;
 //   zero 2-3: rounded, and reduce-scattered in 16 bits after each block's
-//     backward in every micro-batch.
-// Either way the reduced parts are added into the shard's float gradients
-// (4 / dp bytes a parameter), which the update reads, so the masters and
-// moments see float as before. The units outside the blocks (embeddings,
-// final norm) keep float gradients and float reductions: the tied wte's
-// copies are summed, and its sparse rows accumulate, there. An offloaded
-// shard's gradients stay on the device with 16-bit gradients.
+//     backward in every micro-batch, the reduced parts added into the
+//     shard's float gradients (4 / dp bytes a parameter).
+// The masters and moments see float as before. The units outside the
+// blocks (embeddings, final norm) keep float gradients and float
+// reductions: the tied wte's copies are summed, and its sparse rows
+// accumulate, there. An offloaded shard's gradients stay on the device
+// with 16-bit gradients.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -104,7 +108,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         alias_(masters_are_weights(zero)),
         grad16_(grad_dtype == GradDtype::kBf16),
         gwin_(zero >= 2 || grad16_),
-        in_stage_(in_stage(zero, grad16_)),
+        in_stage_(in_stage(zero, grad16_, offload.where)),
         grads_on_host_(gradients_offloaded(zero, offload.where) && !grad16_),
         moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), in_stage_), offload) {
     if (grad16_ && Ops::kActElement != Element::kBf16)
@@ -154,7 +158,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
       return b;
     };
     if (grad16_) {
-      for (auto& r : recv16_) r = act(plan_.max_block_part());
+      if (!in_stage_.grads16)
+        for (auto& r : recv16_) r = act(plan_.max_block_part());
       if (zero_ == 1) g16_ = act(stage.block_span());
       else
         for (auto& b : send16_) b = act(stage.block_storage());
@@ -194,12 +199,15 @@ class ZeroShards final : public StageOptimizer<Ops> {
     return std::is_same_v<Act, Acc> && zero < 3;
   }
   // Which of the update's arrays are the owned rows of the stage's whole
-  // buffers (the header's list): whole float gradients exist at zero 1
-  // only (not with 16-bit ones), whole weights at zero 1-2.
-  static constexpr ShardInStage in_stage(int zero, bool grad16 = false) {
+  // buffers (the header's list): whole gradients exist at zero 1 only
+  // (with 16-bit ones the blocks' sums, not offloaded), whole weights at
+  // zero 1-2.
+  static constexpr ShardInStage in_stage(int zero, bool grad16 = false,
+                                         Offload where = Offload::kNone) {
     ShardInStage w;
     w.params = masters_are_weights(zero);
-    w.grads = zero == 1 && !grad16;
+    w.grads16 = zero == 1 && grad16 && where == Offload::kNone;
+    w.grads = zero == 1 && (!grad16 || w.grads16);
     w.copy = !std::is_same_v<Act, Acc> && zero < 3;
     return w;
   }
@@ -336,6 +344,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
       const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
       const int64_t len = (r.end - r.begin) * spec.row_length();
       if (len == 0) continue;
+      if (narrow(spec)) {
+        kv.allreduce(sums_of(spec.offset + r.begin * spec.row_length()), len, Ops::kActElement,
+                     Reduction::kSum);
+        n += len;
+        continue;
+      }
       Acc* rows = grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length();
       if (grads_on_host_) {
         // Host memory: up into a receive buffer (free after finish), summed
@@ -362,7 +376,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if constexpr (Ops::kHostMemory) {
       for (const ShardUnit& u : plan_.units()) {
         if (plan_.part_size(u) == 0) continue;
-        grads_of(u)[0] = std::numeric_limits<Acc>::quiet_NaN();
+        if (narrow(u)) sums_of(plan_.part_begin(u))[0] = host::st<Act>(std::numeric_limits<float>::quiet_NaN());
+        else grads_of(u)[0] = std::numeric_limits<Acc>::quiet_NaN();
         return;
       }
     }
@@ -377,18 +392,24 @@ class ZeroShards final : public StageOptimizer<Ops> {
     } else {
       for (const ShardUnit& u : plan_.units())
         if (&u != wte_unit_ || !without_wte)
-          s += Ops::sum_of_squares(ctx_, grads_of(u), plan_.part_size(u));
+          s += narrow(u) ? Ops::sum_of_squares(ctx_, static_cast<const Act*>(sums_of(plan_.part_begin(u))),
+                                               plan_.part_size(u))
+                         : Ops::sum_of_squares(ctx_, static_cast<const Acc*>(grads_of(u)),
+                                               plan_.part_size(u));
     }
+    // Rows [r0, r1) of a tensor's owned part, wherever they are.
+    auto rows_squares = [&](const ParameterSpec& spec, const TensorPart& p, int64_t r0, int64_t r1) {
+      const int64_t rl = spec.row_length();
+      if (narrow(spec))
+        return Ops::sum_of_squares(ctx_, static_cast<const Act*>(sums_of(spec.offset + r0 * rl)),
+                                   (r1 - r0) * rl);
+      return squares(grads_of(spec, p) + (r0 - p.row_begin) * rl, (r1 - r0) * rl);
+    };
     for (const auto& spec : stage_.table().specs()) {
       const TensorPart p = plan_.part_of(spec);
-      if (without_replicated && spec.whole()) {
-        s -= squares(grads_of(spec, p), (p.row_end - p.row_begin) * spec.row_length());
-      }
+      if (without_replicated && spec.whole()) s -= rows_squares(spec, p, p.row_begin, p.row_end);
       const ParameterSpec::Rows r = spec.shared_rows_in(p.row_begin, p.row_end);
-      if (r.end > r.begin && !spec.owns_shared()) {
-        s -= squares(grads_of(spec, p) + (r.begin - p.row_begin) * spec.row_length(),
-                     (r.end - r.begin) * spec.row_length());
-      }
+      if (r.end > r.begin && !spec.owns_shared()) s -= rows_squares(spec, p, r.begin, r.end);
     }
     return s;
   }
@@ -405,7 +426,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
   void adamw(const AdamWParams& p) override {
     // Held masters stay where they are (master() would map their file).
     moments_.step(moments_.holds_masters() ? nullptr : master(),
-                  in_stage_.grads ? stage_.grads() : shard_grads(), p, copy_base());
+                  in_stage_.grads ? stage_.grads() : shard_grads(), p, copy_base(),
+                  in_stage_.grads16 ? g16_.get() : nullptr);
     publish();
   }
 
@@ -433,13 +455,23 @@ class ZeroShards final : public StageOptimizer<Ops> {
   Acc* shard_grads() { return grads_on_host_ ? host_grads_.get() : g_.get(); }
   // The owned reduced gradients of unit u (of one tensor's part p): in the
   // stage's whole gradients (zero 1), else in the shard.
+  // (16-bit gradients at zero 1: the units outside the blocks only; the
+  // blocks' are in their sums, sums_of.)
   Acc* grads_of(const ShardUnit& u) {
-    return in_stage_.grads ? stage_.grads() + plan_.part_begin(u) : shard_grads() + u.shard_offset;
+    return in_stage_.grads ? stage_.grads() + stage_.resident_offset(plan_.part_begin(u), gwin_)
+                           : shard_grads() + u.shard_offset;
   }
   Acc* grads_of(const ParameterSpec& spec, const TensorPart& p) {
-    return in_stage_.grads ? stage_.grads() + spec.offset + p.row_begin * spec.row_length()
-                           : shard_grads() + p.shard_offset;
+    return in_stage_.grads
+               ? stage_.grads() + stage_.resident_offset(spec.offset + p.row_begin * spec.row_length(), gwin_)
+               : shard_grads() + p.shard_offset;
   }
+  // Whether a unit's (a tensor's) reduced gradients are 16-bit, in place in
+  // the blocks' sums (16-bit gradients at zero 1, not offloaded), and the
+  // sums at a table offset in the blocks.
+  bool narrow(const ShardUnit& u) const { return in_stage_.grads16 && u.block >= 0; }
+  bool narrow(const ParameterSpec& spec) const { return narrow(plan_.unit_at(spec.offset)); }
+  Act* sums_of(int64_t table_offset) { return g16_.get() + (table_offset - stage_.block_begin()); }
   // Where unit u's reduce-scatter (outside the blocks) lands: its owned
   // gradients, or offloaded, its place in the device's resident parts.
   Acc* reduced_into(const ShardUnit& u) {
@@ -573,7 +605,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // Block i's gradients (window i % 2's floats, or `g16`: its 16-bit
   // gradients), each unit reduce-scattered into a receive buffer (the
   // block's parts one after another) that drain() adds to the shard.
-  void reduce_block(int64_t i, const Act* g16 = nullptr) {
+  void reduce_block(int64_t i, Act* g16 = nullptr) {
     const int w = static_cast<int>(i % 2);
     const auto [first, last] = plan_.block_units(i);
     const int64_t block_begin = plan_.units()[first].begin;
@@ -581,8 +613,10 @@ class ZeroShards final : public StageOptimizer<Ops> {
     for (size_t k = first; k < last; ++k) {
       const ShardUnit& u = plan_.units()[k];
       if (g16 != nullptr) {
-        gpend_[w].push_back(group(u).start_reduce_scatter_sum(
-            g16 + (u.begin - block_begin), recv16_[w].get() + at, plan_.counts(u), Ops::kActElement));
+        // Zero 1's sums reduce in place, onto their owned rows.
+        Act* recv = in_stage_.grads16 ? g16 + (plan_.part_begin(u) - block_begin) : recv16_[w].get() + at;
+        gpend_[w].push_back(group(u).start_reduce_scatter_sum(g16 + (u.begin - block_begin), recv,
+                                                              plan_.counts(u), Ops::kActElement));
         count_sent(u, sizeof(Act));
       } else {
         gpend_[w].push_back(group(u).start_reduce_scatter_sum(
@@ -610,6 +644,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   void drain(int w) {
     if (gpend_[w].empty()) return;
     wait_all(gpend_[w]);
+    if (in_stage_.grads16) return;  // reduced in place, where AdamW reads them
     const auto [first, last] = plan_.block_units(gblock_[w]);
     if constexpr (!Ops::kHostMemory)
       if (grads_on_host_) Ops::offload_copies(ctx_).wait_downloaded(w);

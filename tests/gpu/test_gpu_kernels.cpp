@@ -835,6 +835,35 @@ TEST(GpuKernelsFloat, AdamWChunksMatchPerTensorUpdates) {
   EXPECT_EQ(v.read(), doubles(wv));
 }
 
+// [train] grad_dtype = bf16 at zero 1: chunks flagged narrow read their
+// gradients from the 16-bit array (at their own offsets), the others from
+// the float one; each equals, bit for bit, the float update of the same
+// values widened.
+TEST(GpuKernelsFloat, AdamWReadsNarrowChunksFromSixteenBitGradients) {
+  const int64_t n1 = 700, n2 = 300, n = n1 + n2;
+  Dev<float> p(random_vector(n, 41)), m(random_vector(n, 43, 0.1)), g(random_vector(n2, 42));
+  Dev<bf16> g16(random_vector(n1 + 5, 44));  // the narrow chunk reads from offset 5
+  auto v0 = random_vector(n, 45, 0.1);
+  for (auto& x : v0) x = x * x;
+  Dev<float> v(v0);
+  std::vector<AdamWChunk> chunks;
+  append_adamw_chunks(chunks, AdamWPlaces{0, 0, 5, 0}, n1, true, true);
+  append_adamw_chunks(chunks, AdamWPlaces{n1, n1, 0, n1}, n2, true);
+  cuda::DeviceBuffer<AdamWChunk> dchunks(chunks.size());
+  cuda::copy_to_device(dchunks.get(), chunks.data(), sizeof(AdamWChunk) * chunks.size());
+  const AdamWParams ap{1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 0.7};
+  cuda::adamw_update_chunks(p.get(), static_cast<const float*>(g.get()), m.get(), v.get(),
+                            dchunks.get(), static_cast<int64_t>(chunks.size()), ap,
+                            static_cast<bf16*>(nullptr), nullptr, static_cast<const bf16*>(g16.get()));
+  std::vector<float> wg = floats(std::vector<double>(g16.exact.begin() + 5, g16.exact.end()));
+  for (double x : g.exact) wg.push_back(static_cast<float>(x));
+  auto wp = floats(p.exact), wm = floats(m.exact), wv = floats(v.exact);
+  host::adamw_update(wp.data(), wg.data(), wm.data(), wv.data(), n, ap);
+  EXPECT_EQ(p.read(), doubles(wp));
+  EXPECT_EQ(m.read(), doubles(wm));
+  EXPECT_EQ(v.read(), doubles(wv));
+}
+
 // How many of `got` differ in their bits from `want`, a NaN matching any NaN.
 int64_t differing_bits(const std::vector<float>& got, const std::vector<float>& want) {
   int64_t bad = 0;
