@@ -32,22 +32,17 @@ train() {  # dir dp compression [extra...]
     --set train.grad_compression="$c" --set run.dir="$dir" "$@" >>"$dir.log" 2>&1 ||
     { cat "$dir.log"; fail "$dir failed"; }
 }
-sent() {  # metrics.jsonl: the mean of dp_sent_mb over the steps
-  python3 -c 'import json,sys
-v=[j["dp_sent_mb"] for j in map(json.loads, open(sys.argv[1])) if "dp_sent_mb" in j]
-print(sum(v) / len(v))' "$1"
-}
 
 # (1), (2)
 for dp in 2 4; do
   extra=()
   [ "$dp" = 4 ] && extra=(--set train.micro_batch=2)
   train "none_$dp" "$dp" none "${extra[@]}"
-  base=$(sent "none_$dp/metrics.jsonl")
+  base=$(mean_sent_mb "none_$dp/metrics.jsonl")
   for c in bf16 int8; do
     train "${c}_$dp" "$dp" "$c" "${extra[@]}"
     compare "none_$dp/metrics.jsonl" "${c}_$dp/metrics.jsonl" 2e-2 "dp $dp, $c against float"
-    python3 - "$(sent "${c}_$dp/metrics.jsonl")" "$base" "$c" "$dp" <<'PY' || fail "dp $4, $3: bytes sent"
+    python3 - "$(mean_sent_mb "${c}_$dp/metrics.jsonl")" "$base" "$c" "$dp" <<'PY' || fail "dp $4, $3: bytes sent"
 import sys
 got, base, c, dp = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 r = got / base

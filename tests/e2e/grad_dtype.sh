@@ -30,17 +30,12 @@ train() {  # dir zero grad_dtype [extra...]
     --set train.grad_dtype="$g" --set run.dir="$dir" "$@" >>"$dir.log" 2>&1 ||
     { cat "$dir.log"; fail "$dir failed"; }
 }
-sent() {  # metrics.jsonl: the mean of dp_sent_mb over the steps
-  python3 -c 'import json,sys
-v=[j["dp_sent_mb"] for j in map(json.loads, open(sys.argv[1])) if "dp_sent_mb" in j]
-print(sum(v) / len(v))' "$1"
-}
 
 for zero in 1 2 3; do
   train "fp32_$zero" "$zero" fp32
   train "bf16_$zero" "$zero" bf16
   compare "fp32_$zero/metrics.jsonl" "bf16_$zero/metrics.jsonl" 1e-3 "zero $zero, bf16 gradients against float"
-  python3 - "$(sent "bf16_$zero/metrics.jsonl")" "$(sent "fp32_$zero/metrics.jsonl")" "$zero" <<'PY' ||
+  python3 - "$(mean_sent_mb "bf16_$zero/metrics.jsonl")" "$(mean_sent_mb "fp32_$zero/metrics.jsonl")" "$zero" <<'PY' ||
 import sys
 got, base, zero = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 r = got / base

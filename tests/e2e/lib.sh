@@ -109,6 +109,14 @@ print(f"{label}: final loss {got[steps]} vs {ref[steps]} uninterrupted, worst st
 PY
 }
 
+# mean_sent_mb METRICS.jsonl: the mean over the steps of dp_sent_mb, the
+# bytes a rank sent its data-parallel group a step (the run's own count).
+mean_sent_mb() {
+  python3 -c 'import json,sys
+v=[j["dp_sent_mb"] for j in map(json.loads, open(sys.argv[1])) if "dp_sent_mb" in j]
+print(sum(v) / len(v))' "$1"
+}
+
 # compare REF.jsonl GOT.jsonl TOLERANCE LABEL: the loss, grad norm and
 # validation loss of every step within TOLERANCE relative (0: exactly), and
 # a Mixture of Experts' routing metrics where the reference has them.
