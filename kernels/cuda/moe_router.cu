@@ -214,9 +214,11 @@ void router_forward(const RouterShape& r, const float* logits, float* probs, flo
   MPIFORMER_CHECK(r.context == 1 || exchange != nullptr,
                   "router: context parallel without the group's exchange");
   MPIFORMER_CHECK(r.experts <= 65535, "router: experts above 65535 (the capacity grid's y)");
+  // (Before anything divides by the shape: no tokens, no sequences. The
+  // context group's ranks hold equal chunks, so all return together.)
+  if (r.tokens == 0) return;
   const Scratch w = carve(r, scratch);
   const int64_t S = router_sequences(r);
-  if (r.tokens == 0) return;
   softmax_topk_kernel<<<blocks_for(r.tokens, 128), 128, 0, stream>>>(r, logits, probs, lse, expert,
                                                                      gate);
   CUDA_CHECK_LAUNCH();
