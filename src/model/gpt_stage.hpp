@@ -177,9 +177,9 @@ class GptStage {
   Act* weights() { return weights_; }
   void refresh_weights();
   int64_t resident_offset(int64_t table_offset, bool windowed) const {
-    return windowed && table_offset >= at_.block_end ? table_offset - block_span() : table_offset;
+    return at_.resident_offset(table_offset, windowed);
   }
-  int64_t block_span() const { return at_.block_end - at_.block_begin(); }
+  int64_t block_span() const { return at_.block_span(); }
   int64_t block_begin() const { return at_.block_begin(); }  // the blocks' first table offset
   int64_t block_storage() const { return at_.block_storage(); }  // a window's elements
   Act* weight_window(int w) { return wwin_[w].get(); }

@@ -27,7 +27,7 @@ int64_t snap_to_row(const std::vector<const ParameterSpec*>& specs, int64_t targ
 
 ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int dp, int rank,
                      int ep)
-    : dp_(dp), rank_(rank), ep_(ep) {
+    : dp_(dp), rank_(rank), ep_(ep), layout_(layout) {
   if (ep < 1 || dp % ep != 0) throw std::invalid_argument("ShardPlan: ep must divide dp");
   // Units in offset order: the tensors before the blocks one by one, each
   // block (its experts apart under ep > 1), the tensors after them one by one.
@@ -110,13 +110,6 @@ TensorPart ShardPlan::part_of(const ParameterSpec& spec) const {
 }
 
 std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table, ShardInStage where) const {
-  // The blocks' span (contiguous in the table), for 16-bit gradients.
-  int64_t blocks_begin = -1, blocks_end = 0;
-  for (const ShardUnit& u : units_) {
-    if (u.block < 0) continue;
-    if (blocks_begin < 0) blocks_begin = u.begin;
-    blocks_end = u.end;
-  }
   std::vector<AdamWChunk> chunks;
   for (const auto& s : table.specs()) {
     const TensorPart p = part_of(s);
@@ -126,8 +119,7 @@ std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table, Sha
     bool narrow = false;
     if (where.grads16) {
       narrow = unit_at(s.offset).block >= 0;
-      if (narrow) grad = stage - blocks_begin;
-      else if (blocks_begin >= 0 && stage >= blocks_end) grad = stage - (blocks_end - blocks_begin);
+      grad = narrow ? stage - layout_.block_begin() : layout_.resident_offset(stage, true);
     }
     append_adamw_chunks(chunks,
                         AdamWPlaces{shard, where.params ? stage : shard, grad,

@@ -101,6 +101,7 @@ class ShardPlan {
 
  private:
   int dp_, rank_, ep_;
+  StageLayout layout_;  // where the blocks are (the 16-bit sums' offsets)
   std::vector<ShardUnit> units_;
   std::vector<size_t> block_first_;  // blocks + 1 unit indices
   int64_t shard_size_ = 0, max_shard_size_ = 0, max_block_part_ = 0;

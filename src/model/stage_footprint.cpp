@@ -41,7 +41,7 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   const ParameterTable table(cfg, range);
   const StageLayout layout(table, range);
   const double n = static_cast<double>(table.total_storage());
-  const double blocks = static_cast<double>(layout.block_end - layout.block_begin());
+  const double blocks = static_cast<double>(layout.block_span());
   const double window = static_cast<double>(layout.block_storage());
   StageFootprint f;
   f.parameters = o.external_master ? 0 : n * acc;

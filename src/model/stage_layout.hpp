@@ -47,6 +47,13 @@ struct StageLayout {
   // sized unless some are sparse and some dense (moe_every > 1).
   int64_t block_begin() const { return layers.empty() ? 0 : layers.front()[0]; }
   int64_t block_end = 0;
+  int64_t block_span() const { return layers.empty() ? 0 : block_end - block_begin(); }
+  // Where a tensor at `table_offset` sits in a buffer that holds only the
+  // tensors outside the blocks (`windowed`: the blocks live in ZeRO's
+  // windows or 16-bit sums): those after the blocks move down by the span.
+  int64_t resident_offset(int64_t table_offset, bool windowed) const {
+    return windowed && table_offset >= block_end ? table_offset - block_span() : table_offset;
+  }
   // Block i's span: [layers[i][0], block_stop(i)).
   int64_t block_stop(int64_t i) const {
     return i + 1 < static_cast<int64_t>(layers.size()) ? layers[static_cast<size_t>(i) + 1][0] : block_end;

@@ -259,13 +259,24 @@ void add_16(void* in, void* inout, int* len, MPI_Datatype*) {
   auto* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; ++i) b[i] = Round(Widen(a[i]) + Widen(b[i]));
 }
+// The 16-bit sums, created once after MPI_Init (the first 16-bit
+// reduce-scatter) and freed at MPI_Finalize: it deletes MPI_COMM_SELF's
+// attributes first (MPI 4.0, 11.2.4), and this one's callback frees them.
+MPI_Op sum_ops[2] = {MPI_OP_NULL, MPI_OP_NULL};  // bf16, fp16
+int free_sum_ops(MPI_Comm, int, void*, void*) {
+  for (MPI_Op& op : sum_ops)
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  return MPI_SUCCESS;
+}
 MPI_Op sum_op(Element type) {
   if (type == Element::kF32) return MPI_SUM;
-  // Created once, after MPI_Init (the first 16-bit reduce-scatter); MPI
-  // frees user operations at MPI_Finalize.
-  static MPI_Op bf16 = MPI_OP_NULL, f16 = MPI_OP_NULL;
-  MPI_Op& op = type == Element::kBf16 ? bf16 : f16;
+  MPI_Op& op = sum_ops[type == Element::kBf16 ? 0 : 1];
   if (op == MPI_OP_NULL) {
+    if (sum_ops[0] == MPI_OP_NULL && sum_ops[1] == MPI_OP_NULL) {
+      int key = MPI_KEYVAL_INVALID;
+      MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_sum_ops, &key, nullptr));
+      MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr));
+    }
     MPI_CHECK(MPI_Op_create(type == Element::kBf16 ? &add_16<float_to_bf16, bf16_to_float>
                                                    : &add_16<float_to_fp16, fp16_to_float>,
                             1, &op));

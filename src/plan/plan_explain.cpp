@@ -64,7 +64,7 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     const ParameterTable table(deck.model, range);
     const StageLayout layout(table, range);
     const double n = static_cast<double>(table.total_storage());
-    const double blocks = static_cast<double>(layout.block_end - layout.block_begin());
+    const double blocks = static_cast<double>(layout.block_span());
     const double w = range.num_layers() > 0 ? 2 * static_cast<double>(layout.block_storage()) : 0;
     if ((n - blocks) + w > outside + windows) {
       outside = n - blocks;

@@ -407,7 +407,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const StageLayout layout(table, range);
     const double n = static_cast<double>(table.total_storage());
     const double block = static_cast<double>(layout.block_storage());
-    const double outside = n - static_cast<double>(layout.block_end - layout.block_begin());
+    const double outside = n - static_cast<double>(layout.block_span());
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
     const double block_bwd = L > 0 ? (bwd + wgt) / static_cast<double>(L) : 0;

@@ -342,7 +342,7 @@ TEST(MemoryAccounting, ZeroOneCostsMegatronsBytesAParameterInBf16) {
     // keep 4, and two blocks' float windows come on top.
     const ParameterTable table(cfg, stage_range_of(d, 0, 0));
     const StageLayout layout(table, stage_range_of(d, 0, 0));
-    const double blocks = static_cast<double>(layout.block_end - layout.block_begin());
+    const double blocks = static_cast<double>(layout.block_span());
     const double window = static_cast<double>(layout.block_storage());
     const double fp32_grads = state(1);
     d.train.grad_dtype = GradDtype::kBf16;
