@@ -429,6 +429,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
              collective(link, dp / ep, of_experts * bytes, rounds);
     };
     double reduce = 0, opt_comm = 0, per_micro_comm = 0, gathers_comm = 0;
+    // [train] grad_dtype = bf16: the blocks' reduce-scatters carry Act
+    // (zero_shards.hpp); the units outside the blocks stay float.
+    const bool grad16 = zero >= 1 && deck.train.grad_dtype == GradDtype::kBf16;
+    const double blocks = n - outside;
     if (zero == 0 && deck.train.grad_compression != GradCompression::kNone) {
       // train/compressed_allreduce.hpp: an all-to-all and an all-gather of
       // the compressed chunks (bf16 2 bytes an element; int8 1, and a float
@@ -443,10 +447,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     } else if (zero == 0) {
       reduce = exposed(groups(dp_link.allreduce, n, experts, acc, 2), bwd + wgt);
     } else {
-      // [train] grad_dtype = bf16: the blocks' reduce-scatters carry Act
-      // (zero_shards.hpp); the units outside the blocks stay float.
-      const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;
-      const double blocks = n - outside, block_bytes = grad16 ? act : acc;
+      const double block_bytes = grad16 ? act : acc;
       if (zero == 1 && grad16) {
         reduce = exposed(groups(dp_link.reduce_scatter, outside, 0, acc, 1) +
                              groups(dp_link.reduce_scatter, blocks, experts, act, 1),
@@ -477,6 +478,23 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         per_micro_comm += gathers_comm;
       }
     }
+    // The passes over each block's gradient window after its backward, on
+    // the compute stream, every micro-batch (zero_shards.hpp): at zero 2-3
+    // the reduced part added into the shard's float gradients (the part
+    // read, the shard read and written: (4 + 8) / dp bytes a parameter,
+    // (2 + 8) / dp from 16 bits), with 16-bit gradients after the window
+    // rounded for the wire (4 read, 2 written); at zero 1 with 16-bit
+    // gradients the window added into the blocks' 16-bit sums (4 + 2 read,
+    // 2 written).
+    double window_passes = 0;
+    if (zero >= 2 || grad16) {
+      const double bytes = zero == 1 ? acc + 2 * act
+                                     : (grad16 ? acc + act : 0) +
+                                           ((grad16 ? act : acc) + 2 * acc) / static_cast<double>(dp);
+      window_passes = share * blocks * bytes / bandwidth(machine, "residual", block);
+    }
+    bwd += window_passes;
+    if (window_passes > 0) by_kernel["gradient_windows"] += window_passes * static_cast<double>(micro);
     // The tied embedding's gradient, summed across the first and last stage.
     if (const ParameterSpec* tied = table.tied_embedding(); pp > 1 && tied != nullptr) {
       const double wte = static_cast<double>(tied->storage);
@@ -499,7 +517,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     for (int64_t c = 0; c < v; ++c) {
       const size_t at = static_cast<size_t>(c * pp + s);
       costs.forward[at] = chunk_fwd[c] + fwd_comm / static_cast<double>(v);
-      costs.backward[at] = chunk_bwd[c] + (per_micro_comm - fwd_comm) / static_cast<double>(v);
+      costs.backward[at] =
+          chunk_bwd[c] + (per_micro_comm - fwd_comm + window_passes) / static_cast<double>(v);
       costs.weights[at] = chunk_wgt[c];
     }
     costs.reduce.push_back(reduce);

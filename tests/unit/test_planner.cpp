@@ -514,6 +514,37 @@ TEST(Plan, CompressedGradientsArePricedAndKeepToZeroZero) {
   EXPECT_GT(memory[1], memory[0]);
 }
 
+// The passes over each block's gradient window after its backward, every
+// micro-batch, at the elementwise rate (set here to 1e9 bytes/s): 16-bit
+// gradients at zero 1 add the float window into the 16-bit sums (8 bytes
+// a block parameter) where float gradients at zero 1 make no pass; at
+// zero 2 they round the window (6 bytes) and add 2 + 8 bytes over dp
+// where float adds 4 + 8. The blocks' parameters are counted from the
+// table's specs.
+TEST(Plan, SixteenBitGradientsPayTheirWindowPasses) {
+  Deck deck = tiny_deck();
+  deck.parallel.dp = 4;
+  deck.train.micro_batch = 4;  // 2 micro-batches
+  deck.train.precision = Precision::kBf16;
+  MachineSpec m = workstation(1);
+  set_elementwise_rates(m, 1e9);
+  double blocks = 0;
+  for (const auto& spec : ParameterTable(deck.model, stage_range_of(deck, 0, 0)).specs())
+    if (spec.layer >= 0) blocks += static_cast<double>(spec.storage);
+  const double micro = static_cast<double>(deck.grad_accum()), dp = 4;
+  ASSERT_EQ(micro, 2);
+  auto compute = [&](int zero, GradDtype g) {
+    deck.parallel.zero = zero;
+    deck.train.grad_dtype = g;
+    return predict_step(deck, m).compute;
+  };
+  const double zero1 = compute(1, GradDtype::kBf16) - compute(1, GradDtype::kFp32);
+  EXPECT_NEAR(zero1, micro * blocks * 8 / 1e9, 1e-6 * zero1);
+  const double zero2 = compute(2, GradDtype::kBf16) - compute(2, GradDtype::kFp32);
+  EXPECT_NEAR(zero2, micro * blocks * (6 + (10 - 12) / dp) / 1e9, 1e-6 * zero2);
+  EXPECT_GT(zero2, 0);
+}
+
 TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
   const Deck deck = tiny_deck();
   const MachineSpec m = workstation(1);
