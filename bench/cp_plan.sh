@@ -7,10 +7,10 @@
 # parallelism inside a node, cp the rest of the tensor group's node or
 # beyond, dp the ranks left; global batch GB sequences.
 # No run: the accounting the trainer refuses decks with (DESIGN 11), and
-# the planner's pricing. The GPU's ring has not run on a GPU yet (and its
-# first kernels are float FMAs, below the fused kernel's rates the
-# planner prices it at): these figures say what the planner expects of
-# it, not what was measured.
+# the planner's pricing. The GPU's ring has not run on a GPU yet (its
+# bf16 blocks are the fused kernel's tile scheme, priced at the fused
+# kernel's rates, unmeasured): these figures say what the planner expects
+# of it, not what was measured.
 #   GB=16 PRESET=cpu
 source "$(dirname "$0")/lib.sh"
 GB=${GB:-16}

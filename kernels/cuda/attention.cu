@@ -115,15 +115,6 @@ __device__ void store_rows_warp(A* head, int64_t stride, const A* src, int ld, i
   }
 }
 
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
 // ---- forward ----------------------------------------------------------------
 
 template <class A, int HS>
@@ -189,37 +180,13 @@ __global__ void __launch_bounds__(kThreads)
         mma(s[n + 1], qa, b1);
       }
     }
-    // Scale; mask above the diagonal (the last tile only: keys past T lie
-    // above every real row's diagonal); the new row maxima rescale what
-    // the rows hold so far.
+    // Mask above the diagonal (the last tile only: keys past T lie above
+    // every real row's diagonal) and before the rows' documents.
     const bool edge = kt == nk - 1;
-    float mx[2] = {m[0], m[1]};
-    for (int n = 0; n < NS; ++n)
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, key = k0 + n * 8 + 2 * qd + e % 2;
-        float x = s[n].x[e] * scale;
-        if ((edge && key > row + 8 * r) || key < first_key[r]) x = -INFINITY;
-        s[n].x[e] = x;
-        mx[r] = fmaxf(mx[r], x);
-      }
-    float alpha[2];
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = quad_max(mx[r]);
-      alpha[r] = mx[r] == -INFINITY ? 1.f : __expf(m[r] - mx[r]);
-      m[r] = mx[r];
-      l[r] *= alpha[r];
-    }
-    for (int n = 0; n < NS; ++n)
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const float p = m[r] == -INFINITY ? 0.f : __expf(s[n].x[e] - m[r]);
-        s[n].x[e] = p;
-        l[r] += p;
-      }
-    for (int n = 0; n < NO; ++n) {
-      o[n].x[0] *= alpha[0], o[n].x[1] *= alpha[0];
-      o[n].x[2] *= alpha[1], o[n].x[3] *= alpha[1];
-    }
+    online_softmax_step(s, o, m, l, scale, [&](int n, int e) {
+      const int r = e / 2, key = k0 + n * 8 + 2 * qd + e % 2;
+      return (edge && key > row + 8 * r) || key < first_key[r];
+    });
     // O += P V: the probabilities are the A operand as they lie.
     for (int kk = 0; kk < kTile / 16; ++kk) {
       const FragA<A> pa = a_from_c<A>(s[2 * kk], s[2 * kk + 1]);
@@ -483,19 +450,6 @@ Shape check_shape(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV, size
                  static_cast<int>(NH), static_cast<int>(NH / NKV), hs, vec};
   return Shape{B, NH, NKV, static_cast<unsigned>((T + kTile - 1) / kTile),
                1.f / std::sqrt(static_cast<float>(hs)), hd};
-}
-
-// Dynamic shared memory beyond 48 KiB must be allowed per kernel, once
-// (a function-local static per kernel: thread-safe, and one call each).
-template <auto Kernel>
-void allow_shared(size_t bytes) {
-  static const bool allowed = [bytes] {
-    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(Kernel),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)allowed;
 }
 
 template <class A, int HS>

@@ -254,7 +254,7 @@ struct Ops {
   static void ring_forward(Context& c, const AttentionShape& a, const float* qkv, int64_t q0,
                            int64_t nq, const float* kv, int64_t k0, int64_t nk, float* m, float* l,
                            float* o, float*, const int64_t* starts, int64_t) {
-    cuda::ring_attention_forward(a, qkv, q0, nq, kv, k0, nk, m, l, o, c.stream(), starts);
+    cuda::ring_attention_forward<A>(a, qkv, q0, nq, kv, k0, nk, m, l, o, c.stream(), starts);
   }
   static void ring_finish(Context& c, const AttentionShape& a, int64_t nq, float* o, const float* m,
                           const float* l, float* lse) {
@@ -268,7 +268,7 @@ struct Ops {
                             int64_t nq, const float* kv, int64_t k0, int64_t nk, const float* dout,
                             const float* lse, const float* delta, float* dqkv, float* dkv, float*,
                             const int64_t* starts, int64_t) {
-    cuda::ring_attention_backward(a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv,
+    cuda::ring_attention_backward<A>(a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv,
                                   c.stream(), starts);
   }
   static void copy_rows(Context& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,

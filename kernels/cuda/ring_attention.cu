@@ -1,10 +1,12 @@
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "common/context_chunks.hpp"
 #include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/ring_attention.hpp"
+#include "cuda/ring_attention_tiles.hpp"
 
 namespace mpiformer::cuda {
 
@@ -340,11 +342,16 @@ void ring_attention_start(const RingShape& rs, int64_t nq, float* m, float* l, f
   CUDA_CHECK_LAUNCH();
 }
 
+template <class A>
 void ring_attention_forward(const RingShape& rs, const float* qkv, int64_t q0, int64_t nq,
                             const float* kv, int64_t k0, int64_t nk, float* m, float* l, float* o,
                             cudaStream_t stream, const int64_t* starts) {
   const Shape a = shape_of(rs);
   if (a.B == 0 || !block_visible(q0, nq, k0, nk)) return;
+  if constexpr (!std::is_same_v<A, float>) {
+    ring_tiles_forward<A>(rs, qkv, q0, nq, kv, k0, nk, m, l, o, stream, starts);
+    return;
+  }
   forward_kernel<<<blocks_for(a.B * a.NH * nq, kWarps), kThreads, 0, stream>>>(
       a, qkv, q0, nq, kv, k0, nk, m, l, o, starts);
   CUDA_CHECK_LAUNCH();
@@ -368,12 +375,17 @@ void ring_attention_delta(const RingShape& rs, int64_t nq, const float* out, con
   CUDA_CHECK_LAUNCH();
 }
 
+template <class A>
 void ring_attention_backward(const RingShape& rs, const float* qkv, int64_t q0, int64_t nq,
                              const float* kv, int64_t k0, int64_t nk, const float* dout,
                              const float* lse, const float* delta, float* dqkv, float* dkv,
                              cudaStream_t stream, const int64_t* starts) {
   const Shape a = shape_of(rs);
   if (a.B == 0 || !block_visible(q0, nq, k0, nk)) return;
+  if constexpr (!std::is_same_v<A, float>) {
+    ring_tiles_backward<A>(rs, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv, stream, starts);
+    return;
+  }
   // The two kernels write disjoint buffers (dqkv's q part, dkv).
   dq_kernel<<<blocks_for(a.B * a.NH * nq, kWarps), kThreads, 0, stream>>>(
       a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, starts);
@@ -382,5 +394,17 @@ void ring_attention_backward(const RingShape& rs, const float* qkv, int64_t q0, 
       a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dkv, starts);
   CUDA_CHECK_LAUNCH();
 }
+
+#define MPIFORMER_INSTANTIATE(A)                                                                 \
+  template void ring_attention_forward<A>(const RingShape&, const float*, int64_t, int64_t,         \
+                                          const float*, int64_t, int64_t, float*, float*, float*,   \
+                                          cudaStream_t, const int64_t*);                            \
+  template void ring_attention_backward<A>(const RingShape&, const float*, int64_t, int64_t,        \
+                                           const float*, int64_t, int64_t, const float*,            \
+                                           const float*, const float*, float*, float*, cudaStream_t, \
+                                           const int64_t*);
+MPIFORMER_INSTANTIATE(float)
+MPIFORMER_INSTANTIATE(bf16)
+MPIFORMER_INSTANTIATE(fp16)
 
 }  // namespace mpiformer::cuda

@@ -18,11 +18,15 @@
 // its document's start. A pair no query sees is skipped on the host side
 // of the launch.
 //
-// A warp per query row (forward, dQ) or per key row (dK, dV, summing the
-// kv head's query heads in order): every sum in a fixed order, no atomics,
-// the bits repeat from run to run. Float FMAs, not tensor cores: this is
-// the ring's correct first form, not yet its fast one. Head sizes up to
-// 128.
+// A: the stage's activation type, whose values the rows hold (widened).
+//   float: a warp per query row (forward, dQ) or per key row (dK, dV,
+//     summing the kv head's query heads in order), float FMAs;
+//   bf16, fp16: the fused attention's 64-row tiles on tensor cores
+//     (ring_attention_tiles.cu), the values loaded back into A exactly and
+//     the probabilities and scores' gradients rounded to it as the fused
+//     kernel rounds them.
+// Either way every sum has a fixed order, no atomics: the bits repeat from
+// run to run. Head sizes up to 128.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -38,6 +42,7 @@ using RingShape = AttentionShape;  // common/attention_shape.hpp
 void ring_attention_start(const RingShape& a, int64_t nq, float* m, float* l, float* o,
                           cudaStream_t stream);
 // One block into the accumulators.
+template <class A>
 void ring_attention_forward(const RingShape& a, const float* qkv, int64_t q0, int64_t nq,
                             const float* kv, int64_t k0, int64_t nk, float* m, float* l, float* o,
                             cudaStream_t stream, const int64_t* starts = nullptr);
@@ -49,6 +54,7 @@ void ring_attention_delta(const RingShape& a, int64_t nq, const float* out, cons
                           float* delta, cudaStream_t stream);
 // One block's gradients: the queries' into dqkv, the block's keys' and
 // values' into dkv (the partial sums a ring passes back to their owner).
+template <class A>
 void ring_attention_backward(const RingShape& a, const float* qkv, int64_t q0, int64_t nq,
                              const float* kv, int64_t k0, int64_t nk, const float* dout,
                              const float* lse, const float* delta, float* dqkv, float* dkv,

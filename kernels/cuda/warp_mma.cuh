@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 
 namespace mpiformer::cuda {
@@ -214,6 +215,66 @@ __device__ __forceinline__ void mma(FragC& c, const FragA<T>& a, const FragB<T>&
       for (int k = 0; k < 16; ++k) sum += arow[r][k] * bcol[cc][k];
       c.x[2 * r + cc] += sum;
     }
+}
+
+// A C tile's row is held by the four lanes of a quad: its maximum and sum.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// One step of the online softmax (FlashAttention-2) over a warp's score
+// tile s (16 rows by 8 NS keys, C layout): the scores scaled, those where
+// hidden(n, e) says so masked; the rows' running maxima m move to the new
+// ones, rescaling the lane's partial row sums l and the outputs o; s
+// becomes the probabilities, P V's operand. A row with nothing seen yet
+// keeps m = -inf and adds nothing.
+template <int NS, int NO, class Hidden>
+__device__ __forceinline__ void online_softmax_step(FragC (&s)[NS], FragC (&o)[NO], float (&m)[2],
+                                                    float (&l)[2], float scale, const Hidden& hidden) {
+  float mx[2] = {m[0], m[1]};
+  for (int n = 0; n < NS; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const float x = hidden(n, e) ? -INFINITY : s[n].x[e] * scale;
+      s[n].x[e] = x;
+      mx[e / 2] = fmaxf(mx[e / 2], x);
+    }
+  float alpha[2];
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = quad_max(mx[r]);
+    alpha[r] = mx[r] == -INFINITY ? 1.f : __expf(m[r] - mx[r]);
+    m[r] = mx[r];
+    l[r] *= alpha[r];
+  }
+  for (int n = 0; n < NS; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      const float p = m[r] == -INFINITY ? 0.f : __expf(s[n].x[e] - m[r]);
+      s[n].x[e] = p;
+      l[r] += p;
+    }
+  for (int n = 0; n < NO; ++n) {
+    o[n].x[0] *= alpha[0], o[n].x[1] *= alpha[0];
+    o[n].x[2] *= alpha[1], o[n].x[3] *= alpha[1];
+  }
+}
+
+// Dynamic shared memory beyond 48 KiB (a tile kernel's) must be allowed
+// per kernel, once (a function-local static per kernel: thread-safe, and
+// one call each).
+template <auto Kernel>
+void allow_shared(size_t bytes) {
+  static const bool allowed = [bytes] {
+    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(Kernel),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)allowed;
 }
 
 // ---- global memory: asynchronous tile loads and ordered accumulation ----

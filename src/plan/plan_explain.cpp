@@ -1,6 +1,7 @@
 #include "plan/plan_explain.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "core/format.hpp"
 #include "core/precision_plan.hpp"
@@ -123,9 +124,12 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     assumed.push_back("pipeline sends at the link's idle send-receive rate, not slowed by the "
                       "data-parallel traffic sharing it");
   if (deck.parallel.cp > 1 && machine.device == Device::kCuda)
-    assumed.push_back("the context ring's sends hidden behind each pass's attention up to its "
-                      "length, and its blocks priced at the fused kernel's rates (the GPU's ring has "
-                      "not been measured: its first kernels are float FMAs, not tensor cores)");
+    assumed.push_back(std::string("the context ring's sends hidden behind each pass's attention up "
+                                  "to its length, and its blocks priced at the fused kernel's rates (the "
+                                  "GPU's ring has not been measured") +
+                      (deck.train.precision == Precision::kFp32
+                           ? ": in fp32 its kernels are float FMAs, well below them)"
+                           : ": its 16-bit tiles are the fused kernel's scheme)"));
   if (deck.parallel.cp > 1 && machine.device == Device::kCpu)
     assumed.push_back("the context ring's blocks priced at the attention rows' rates for their "
                       "size (the ring's own blockwise kernel is not calibrated)");

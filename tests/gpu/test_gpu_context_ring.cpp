@@ -164,8 +164,10 @@ void check_ring(bool documents, double tol) {
 }
 
 // fp32: both rings sum in float in other orders (the GPU per 32 keys,
-// the host per block): 1e-5. bf16: the same float results rounded to
-// bf16 (2^-8 relative) may round apart by one unit: 1e-2.
+// the host per block): 1e-5. bf16: the GPU's tiles round the
+// probabilities and the scores' gradients to bf16 as their products'
+// operands (2^-8 relative, averaging out over the keys), and both round
+// their results to bf16: 1e-2.
 TEST(ContextRing, TheGpuRingMatchesTheHostRing) {
   check_ring<float, float>(false, 1e-5);
   check_ring<float, float>(true, 1e-5);

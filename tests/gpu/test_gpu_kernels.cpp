@@ -583,14 +583,27 @@ TYPED_TEST(GpuKernels, Attention) {
 // block's keys and values in a ring's order (its own first), forward and
 // backward. Blocks longer than a warp's 32 keys, the last one short,
 // blocks wholly above the diagonal (skipped), grouped-query heads, and
-// documents whose starts fall inside and across blocks. 1e-5 absolute and
-// relative: float sums of at most a few hundred terms of size ~1 against
-// double, as the fused kernel's check above.
+// documents whose starts fall inside and across blocks. A: the stage's
+// type, whose values the rows hold (float: the per-row kernels; bf16 and
+// fp16: the tensor-core tiles, fed values of that type). Tolerances as
+// the fused kernel's check above: fp32 1e-5 absolute and relative (float
+// sums of at most a few hundred terms of size ~1 against double); 16-bit,
+// 1e-2 forward and 3e-2 backward (the probabilities and the scores'
+// gradients rounded to 16 bits before their products); the log-sum-exp
+// 1e-5 in every type (nothing of it is rounded).
+template <class A = float>
 void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
                        const std::vector<int64_t>& sizes, bool documents) {
   SCOPED_TRACE("B " + std::to_string(Bn) + ", C " + std::to_string(Cn) + ", NH " + std::to_string(NHn) +
                ", NKV " + std::to_string(NKVn) + ", blocks " + std::to_string(sizes.size()) +
                (documents ? ", documents" : ""));
+  // Values of A, as a stage of that type widens them.
+  const auto random_of_a = [](int64_t count, unsigned seed) {
+    std::vector<double> v = random_vector(count, seed);
+    for (double& x : v) x = to_double(from_double<A>(x));
+    return v;
+  };
+  const double fwd = tol<A>(1e-5, 1e-2), bwd = tol<A>(1e-5, 3e-2);
   const int64_t hs = Cn / NHn, K = NKVn * hs, W = Cn + 2 * K;
   const host::AttentionShape ha{Bn, Cn, NHn, NKVn};
   const cuda::RingShape ca{Bn, Cn, NHn, NKVn};
@@ -604,13 +617,13 @@ void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
   std::vector<cuda::DeviceBuffer<int64_t>> dstarts;
   for (size_t i = 0; i < n; ++i) {
     const int64_t rows = Bn * sizes[i];
-    qkv.emplace_back(random_vector(rows * W, 40 + static_cast<unsigned>(i)));
+    qkv.emplace_back(random_of_a(rows * W, 40 + static_cast<unsigned>(i)));
     // The block's keys and values as a ring passes them: [B, n, 2K].
     std::vector<double> block(rows * 2 * K);
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(qkv[i].exact.data() + r * W + Cn, 2 * K, block.data() + r * 2 * K);
     kv.emplace_back(block);
-    dout.emplace_back(random_vector(rows * Cn, 60 + static_cast<unsigned>(i)));
+    dout.emplace_back(random_of_a(rows * Cn, 60 + static_cast<unsigned>(i)));
     // Documents of 11 + 6b tokens: each query's document's first position.
     for (int64_t b = 0; b < Bn; ++b)
       for (int64_t t = 0; t < sizes[i]; ++t) {
@@ -641,16 +654,16 @@ void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
       const size_t j = (i + n - s) % n;
       host::ring_attention_forward(ha, qkv[i].exact.data(), begin[i], nq, kv[j].exact.data(), begin[j],
                                    sizes[j], m.data(), l.data(), o.data(), scratch.data(), hst);
-      cuda::ring_attention_forward(ca, qkv[i].get(), begin[i], nq, kv[j].get(), begin[j], sizes[j],
+      cuda::ring_attention_forward<A>(ca, qkv[i].get(), begin[i], nq, kv[j].get(), begin[j], sizes[j],
                                    dm.get(), dl.get(), dev_o.get(), nullptr, dst);
     }
     host::ring_attention_finish(ha, nq, o.data(), m.data(), l.data(), lse.data());
     cuda::ring_attention_finish(ca, nq, dev_o.get(), dm.get(), dl.get(), dlse.get(), nullptr);
-    EXPECT_TRUE(close(dev_o.read(), o, 1e-5)) << "block " << i << ": out";
+    EXPECT_TRUE(close(dev_o.read(), o, fwd)) << "block " << i << ": out";
     EXPECT_TRUE(close(dlse.read(), lse, 1e-5)) << "block " << i << ": lse";
     host::ring_attention_delta(ha, nq, o.data(), dout[i].exact.data(), delta.data());
     cuda::ring_attention_delta(ca, nq, dev_o.get(), dout[i].get(), ddelta.get(), nullptr);
-    EXPECT_TRUE(close(ddelta.read(), delta, 1e-5)) << "block " << i << ": delta";
+    EXPECT_TRUE(close(ddelta.read(), delta, fwd)) << "block " << i << ": delta";
     // dqkv's q part is added to, its k and v parts untouched: zero both.
     std::vector<double> dq(Bn * nq * W, 0.0);
     Dev<float> dev_dq(dq);
@@ -659,13 +672,13 @@ void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
       host::ring_attention_backward(ha, qkv[i].exact.data(), begin[i], nq, kv[j].exact.data(), begin[j],
                                     sizes[j], dout[i].exact.data(), lse.data(), delta.data(), dq.data(),
                                     dkv_want[j].data(), scratch.data(), hst);
-      cuda::ring_attention_backward(ca, qkv[i].get(), begin[i], nq, kv[j].get(), begin[j], sizes[j],
+      cuda::ring_attention_backward<A>(ca, qkv[i].get(), begin[i], nq, kv[j].get(), begin[j], sizes[j],
                                     dout[i].get(), dlse.get(), ddelta.get(), dev_dq.get(), dkv[j].get(),
                                     nullptr, dst);
     }
-    EXPECT_TRUE(close(dev_dq.read(), dq, 1e-5)) << "block " << i << ": dq";
+    EXPECT_TRUE(close(dev_dq.read(), dq, bwd)) << "block " << i << ": dq";
   }
-  for (size_t j = 0; j < n; ++j) EXPECT_TRUE(close(dkv[j].read(), dkv_want[j], 1e-5)) << "block " << j << ": dkv";
+  for (size_t j = 0; j < n; ++j) EXPECT_TRUE(close(dkv[j].read(), dkv_want[j], bwd)) << "block " << j << ": dkv";
 }
 
 TEST(GpuKernelsFloat, RingAttentionBlocksMatchTheHost) {
@@ -673,6 +686,15 @@ TEST(GpuKernelsFloat, RingAttentionBlocksMatchTheHost) {
   check_ring_blocks(2, 64, 4, 2, {40, 40, 13}, true);   // grouped-query, documents
   check_ring_blocks(1, 128, 2, 1, {7, 33, 5}, true);    // multi-query, head size 64
   check_ring_blocks(1, 192, 2, 2, {20, 20}, false);     // head size 96: three channels a lane
+}
+
+// The tiles: blocks of several 64-key tiles, the last tile short, a block
+// shorter than one tile, pairs wholly above the diagonal; head sizes 16
+// (64-wide tiles, mostly padding), 64 and 96 (128-wide tiles).
+TEST(GpuKernelsFloat, RingAttentionTilesOfSixteenBitRowsMatchTheHost) {
+  check_ring_blocks<bf16>(2, 64, 4, 2, {150, 70, 13}, true);  // grouped-query, documents
+  check_ring_blocks<bf16>(1, 128, 2, 1, {64, 90}, false);     // multi-query, head size 64
+  check_ring_blocks<fp16>(1, 192, 2, 2, {70, 20}, true);      // head size 96
 }
 
 // Lengths with and without a tail past the last 16-byte pack, and buffers

@@ -529,7 +529,8 @@ TEST(Plan, SixteenBitGradientsPayTheirWindowPasses) {
   MachineSpec m = workstation(1);
   set_elementwise_rates(m, 1e9);
   double blocks = 0;
-  for (const auto& spec : ParameterTable(deck.model, stage_range_of(deck, 0, 0)).specs())
+  const ParameterTable table(deck.model, stage_range_of(deck, 0, 0));
+  for (const auto& spec : table.specs())
     if (spec.layer >= 0) blocks += static_cast<double>(spec.storage);
   const double micro = static_cast<double>(deck.grad_accum()), dp = 4;
   ASSERT_EQ(micro, 2);
