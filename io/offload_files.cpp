@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -28,6 +29,29 @@ namespace mpiformer {
 namespace {
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+constexpr const char* kPrefix = "mpiformer-offload.rank";
+
+// The rank a file of `dir` is named for (-1: not an offload file).
+int rank_of(const std::string& name) {
+  const std::string prefix = kPrefix;
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  size_t at = prefix.size(), end = at;
+  while (end < name.size() && end - at < 9 && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == at || end >= name.size() || name[end] != '.') return -1;
+  return std::stoi(name.substr(at, end - at));
+}
+
+// The offload files in `dir` of ranks at or past `world`, by rank.
+std::vector<std::pair<int, std::filesystem::path>> files_past(const std::string& dir, int world) {
+  std::vector<std::pair<int, std::filesystem::path>> found;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int r = rank_of(it->path().filename().string());
+    if (r >= world && it->is_regular_file(ec)) found.emplace_back(r, it->path());
+  }
+  return found;
+}
 
 }  // namespace
 
@@ -76,7 +100,7 @@ struct OffloadFiles::Pool {
   }
 };
 
-OffloadFiles::OffloadFiles(const std::string& dir, int rank, int ranks_here,
+OffloadFiles::OffloadFiles(const std::string& dir, int rank, int world, int ranks_here,
                            const std::vector<std::string>& names, int64_t elements,
                            const char* given_as)
     : dir_(dir), elements_(elements), padded_(round_up(elements, kAlignElements)), rank_(rank) {
@@ -95,14 +119,43 @@ OffloadFiles::OffloadFiles(const std::string& dir, int rank, int ranks_here,
   // One lock per rank: a second run given the same directory meets the
   // first's locks before it touches a file.
   lock_ = std::make_unique<RunLock>(dir, kKey, strprintf(".lock-offload-rank%d", rank));
+  if (world > 0) {
+    // Ranks this job does not have: rank k's files are this rank's to
+    // remove when k mod world is this rank (no two of the job's ranks
+    // contend for one), once k's lock is taken (a live run holding it
+    // keeps its files).
+    std::vector<int> stale;
+    for (const auto& [r, path] : files_past(dir, world))
+      if (r % world == rank && std::find(stale.begin(), stale.end(), r) == stale.end()) stale.push_back(r);
+    for (int r : stale) {
+      try {
+        RunLock theirs(dir, kKey, strprintf(".lock-offload-rank%d", r));
+        for (const auto& [k, path] : files_past(dir, world))
+          if (k == r) std::filesystem::remove(path, ec);
+        ++removed_ranks_;
+      } catch (const InputError&) {
+        // Held: not stale.
+      }
+    }
+  }
   const double need = 4.0 * static_cast<double>(padded_) * static_cast<double>(names.size());
+  // Stale ranks' files that the job's other ranks have still to remove:
+  // their room is free too (counted before the file system's free space,
+  // so a file removed in between counts twice rather than not at all; the
+  // reservation below is the last word).
+  double others_stale = 0;
+  if (world > 0)
+    for (const auto& [r, path] : files_past(dir, world)) {
+      const auto size = std::filesystem::file_size(path, ec);
+      if (!ec) others_stale += static_cast<double>(size);
+    }
   struct statvfs fs {};
   if (::statvfs(dir.c_str(), &fs) == 0) {
     // Files an earlier run left here are replaced: their space counts as free.
-    double old = 0;
+    double old = others_stale;
     for (const auto& name : names) {
       const auto size =
-          std::filesystem::file_size(dir + strprintf("/mpiformer-offload.rank%d.%s", rank, name.c_str()), ec);
+          std::filesystem::file_size(dir + "/" + kPrefix + strprintf("%d.%s", rank, name.c_str()), ec);
       if (!ec) old += static_cast<double>(size);
     }
     const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) + old;
@@ -116,7 +169,7 @@ OffloadFiles::OffloadFiles(const std::string& dir, int rank, int ranks_here,
   direct_ = !test_hooks::offload_buffered();
   for (const auto& name : names) {
     File f;
-    f.path = dir + strprintf("/mpiformer-offload.rank%d.%s", rank, name.c_str());
+    f.path = dir + "/" + kPrefix + strprintf("%d.%s", rank, name.c_str());
     if (std::filesystem::exists(f.path, ec)) replaced_ = true;
     std::filesystem::remove(f.path, ec);
     // O_EXCL: a file of this name now is another process's, never reused.

@@ -15,7 +15,10 @@
 // the initialisation or a checkpoint), reserves their space at once (a disk
 // without room refuses the run at start, not in its hundredth step), and
 // removes them when it ends. They are never a checkpoint: nothing reads
-// them but this object.
+// them but this object. Files of ranks this job does not have (an earlier
+// run of more ranks, killed before it could remove them) are removed too,
+// each stale rank's by the job's rank k mod world after taking that
+// rank's lock (so never a live run's), and their room counts as free.
 #pragma once
 #include <cstdint>
 #include <future>
@@ -35,12 +38,13 @@ class OffloadFiles {
   static constexpr int64_t kAlignElements = kAlignBytes / 4;
 
   // `names.size()` files of `elements` floats each (rounded up to the
-  // alignment) in `dir`, for world rank `rank`; `ranks_here`: ranks of this
-  // job on this node (they share a node-local directory's free space).
+  // alignment) in `dir`, for world rank `rank` of `world` (0: unknown, no
+  // stale ranks removed); `ranks_here`: ranks of this job on this node
+  // (they share a node-local directory's free space).
   // InputError naming `dir` and [train] offload_dir when it is missing, not
   // a directory, not writable, locked by another run or without room.
   // `key`: how the directory was given, for the messages.
-  OffloadFiles(const std::string& dir, int rank, int ranks_here,
+  OffloadFiles(const std::string& dir, int rank, int world, int ranks_here,
                const std::vector<std::string>& names, int64_t elements,
                const char* key = "[train] offload_dir");
   ~OffloadFiles();  // waits for transfers in flight, removes the files
@@ -51,8 +55,10 @@ class OffloadFiles {
   // Bytes on disk, all files.
   double bytes() const;
   bool direct() const { return direct_; }
-  // Whether files of an earlier run were found and replaced.
+  // Whether files of an earlier run were found and replaced (this rank's
+  // own names); how many ranks' files this rank removed as stale.
   bool replaced_stale() const { return replaced_; }
+  int removed_stale_ranks() const { return removed_ranks_; }
   const std::string& path(int file) const { return files_[file].path; }
 
   // Asynchronous transfers of elements [first, first + n) of `file`:
@@ -103,7 +109,7 @@ class OffloadFiles {
   std::string dir_;
   int64_t elements_ = 0, padded_ = 0;
   bool direct_ = true, replaced_ = false;
-  int rank_ = 0;
+  int rank_ = 0, removed_ranks_ = 0;
   std::vector<File> files_;
   std::unique_ptr<RunLock> lock_;
   struct Pool;

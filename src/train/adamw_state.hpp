@@ -64,6 +64,7 @@ struct OffloadSetup {
   // offload_block_mb through plan/rank_memory.hpp's offload_block_elements,
   // a multiple of the files' alignment); needed when offloading.
   int64_t block_elements = 0;
+  int world = 0;  // ranks in the job (0: unknown; io/offload_files.hpp's stale ranks)
 };
 
 template <class Ops>
@@ -115,7 +116,7 @@ class AdamWState {
       } else {
         const std::vector<std::string> names = {"adam_m", "adam_v", "master"};
         files_ = std::make_unique<OffloadFiles>(
-            where.dir, where.rank, where.ranks_here,
+            where.dir, where.rank, where.world, where.ranks_here,
             std::vector<std::string>(names.begin(), names.begin() + parts_), n);
       }
       const int64_t block = std::min(n, block_);

@@ -117,6 +117,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
                                          static_cast<int>(deck.parallel.tp)),
                                choice.sharing};
   setup.offload.block_elements = offload_block_elements(tc);
+  setup.offload.world = static_cast<int>(deck.ranks());
   if (choice.device == Device::kCpu) return make_host_backend(cfg, range, setup);
 #ifdef MPIFORMER_HAVE_CUDA
   if (cfg.head_dim() > 128) {

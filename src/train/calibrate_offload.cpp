@@ -63,7 +63,7 @@ void measure_offload_disk(const std::string& dir, double bytes_per_rank, Machine
   std::unique_ptr<OffloadFiles> files;
   agree_on_input_errors(MPI_COMM_WORLD, [&] {
     if (leader == 1)
-      files = std::make_unique<OffloadFiles>(dir, rank, node_size, std::vector<std::string>{"calibrate"},
+      files = std::make_unique<OffloadFiles>(dir, rank, 0, node_size, std::vector<std::string>{"calibrate"},
                                              elements, "calibrate --offload-dir");
   });
   if (leader == 1) {

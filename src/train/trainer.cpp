@@ -485,8 +485,9 @@ void Trainer::print_summary() const {
                                  "as backward makes them), the masters down and up by block")
                 : masters ? ", gradients down and the 16-bit copy up by block"
                           : ", gradients and masters down and up by block",
-                files != nullptr && files->replaced_stale()
-                    ? "; files an earlier run left there were replaced"
+                files != nullptr && (files->replaced_stale() || files->removed_stale_ranks() > 0)
+                    ? "; files an earlier run left there were replaced (those of ranks this run "
+                      "does not have, removed)"
                     : "");
   }
   std::printf("%s (rank 0)\n", environment_line(launch_environment(gpu)).c_str());

@@ -102,12 +102,15 @@ no_files_left bf16_seg
 
 # (2) A zero-3 checkpoint written under none resumed under nvme (each
 # rank's rows read into its files), over files a dead run left (replaced,
-# not read), exactly; the failed-write case below resumes zero 0's (the
+# not read; a dead larger run's other ranks' removed: no_files_left), exactly; the failed-write case below resumes zero 0's (the
 # whole stage gathered into them). (Every nvme run above
 # already saved its offloaded moments, which same_tensors compared.)
 train seg_none 2 1 1 3 none --set train.stop_at=3
 printf 'left by a dead run' >scratch/mpiformer-offload.rank0.adam_m
 printf 'left by a dead run' >scratch/mpiformer-offload.rank1.adam_v
+# ... and of ranks this run does not have (a dead run of 4): removed.
+printf 'left by a dead run' >scratch/mpiformer-offload.rank2.adam_m
+printf 'left by a dead run' >scratch/mpiformer-offload.rank3.adam_v
 train seg_none 2 1 1 3 nvme
 grep -q "files an earlier run left there were replaced" seg_none.log || fail "stale files not reported"
 compare none_211_z3/metrics.jsonl seg_none/metrics.jsonl 0 "zero 3: none step 3 -> nvme, over stale files"

@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "host/ops.hpp"
 #include "offload_files.hpp"
+#include "run_lock.hpp"
 #include "reference.hpp"
 #include "temp_dir.hpp"
 #include "train/adamw_state.hpp"
@@ -153,7 +154,7 @@ TEST(OffloadFiles, LockedReservedReplacedAndRemoved) {
   const std::string stale = d + "/mpiformer-offload.rank3.adam_m";
   std::ofstream(stale) << "left by an earlier run";
   {
-    OffloadFiles files(d, 3, 1, {"adam_m", "adam_v"}, 5000);
+    OffloadFiles files(d, 3, 4, 1, {"adam_m", "adam_v"}, 5000);
     EXPECT_TRUE(files.replaced_stale());
     struct stat st {};
     ASSERT_EQ(0, ::stat(stale.c_str(), &st));
@@ -161,7 +162,7 @@ TEST(OffloadFiles, LockedReservedReplacedAndRemoved) {
     EXPECT_EQ(st.st_size % OffloadFiles::kAlignBytes, 0);
     // A second run in the same place meets the lock before any file.
     try {
-      OffloadFiles second(d, 3, 1, {"adam_m"}, 10);
+      OffloadFiles second(d, 3, 4, 1, {"adam_m"}, 10);
       ADD_FAILURE() << "a second user of the same files was not refused";
     } catch (const InputError& e) {
       EXPECT_EQ(e.field(), "[train] offload_dir");
@@ -180,11 +181,43 @@ TEST(OffloadFiles, LockedReservedReplacedAndRemoved) {
   EXPECT_FALSE(std::filesystem::exists(d + "/mpiformer-offload.rank3.adam_v"));
 }
 
+// An earlier run of 6 ranks killed before it removed its files: a run of
+// 2 ranks removes those of ranks 2-5 (rank 0 the even ones, rank 1 the
+// odd), except where a live process holds that rank's lock; nothing else
+// in the directory is touched.
+TEST(OffloadFiles, StaleRanksOfALargerRunAreRemoved) {
+  TempDir dir;
+  const std::string d = dir.file("");
+  auto path = [&](int r, const char* name) { return d + "/mpiformer-offload.rank" + std::to_string(r) + "." + name; };
+  for (int r = 2; r < 6; ++r)
+    for (const char* name : {"adam_m", "adam_v"}) std::ofstream(path(r, name)) << "left by an earlier run";
+  std::ofstream(d + "/mpiformer-offload.rankX.adam_m") << "not an offload file of ours";
+  std::ofstream(d + "/notes.txt") << "the user's";
+  {
+    const RunLock live(d, "[train] offload_dir", ".lock-offload-rank5");  // a live holder of rank 5
+    OffloadFiles zero(d, 0, 2, 2, {"adam_m"}, 1024);
+    EXPECT_EQ(zero.removed_stale_ranks(), 2);  // ranks 2 and 4
+    for (int r : {2, 4}) EXPECT_FALSE(std::filesystem::exists(path(r, "adam_v"))) << r;
+    for (int r : {3, 5}) EXPECT_TRUE(std::filesystem::exists(path(r, "adam_m"))) << r;
+    OffloadFiles one(d, 1, 2, 2, {"adam_m"}, 1024);
+    EXPECT_EQ(one.removed_stale_ranks(), 1);  // rank 3; rank 5's lock is held
+    EXPECT_FALSE(std::filesystem::exists(path(3, "adam_m")));
+    EXPECT_TRUE(std::filesystem::exists(path(5, "adam_m")));
+    EXPECT_TRUE(std::filesystem::exists(path(5, "adam_v")));
+  }
+  EXPECT_TRUE(std::filesystem::exists(d + "/mpiformer-offload.rankX.adam_m"));
+  EXPECT_TRUE(std::filesystem::exists(d + "/notes.txt"));
+  // Unknown world size: nothing of other ranks touched.
+  OffloadFiles files(d, 0, 0, 1, {"adam_m"}, 1024);
+  EXPECT_EQ(files.removed_stale_ranks(), 0);
+  EXPECT_TRUE(std::filesystem::exists(path(5, "adam_m")));
+}
+
 TEST(OffloadFiles, RefusesAMissingDirectoryAndOneWithoutRoom) {
   TempDir dir;
   const auto refused = [](const std::string& d, int ranks, const char* says) {
     try {
-      OffloadFiles files(d, 0, ranks, {"adam_m", "adam_v"}, 1 << 20);
+      OffloadFiles files(d, 0, 1, ranks, {"adam_m", "adam_v"}, 1 << 20);
       ADD_FAILURE() << "not refused: " << d;
     } catch (const InputError& e) {
       EXPECT_EQ(e.file(), d);
@@ -201,7 +234,7 @@ TEST(OffloadFiles, RefusesAMissingDirectoryAndOneWithoutRoom) {
 TEST(OffloadFiles, AFailedWriteNamesTheFile) {
   TempDir dir;
   ::setenv("MPIFORMER_FAULT_OFFLOAD_WRITE", "2", 1);
-  OffloadFiles files(dir.file(""), 0, 1, {"adam_m"}, 1024);
+  OffloadFiles files(dir.file(""), 0, 1, 1, {"adam_m"}, 1024);
   AlignedFloats b(1024);
   files.write(0, 0, 1024, b.get()).get();  // the first succeeds
   try {
