@@ -251,9 +251,10 @@ struct Ops {
                          float* o) {
     cuda::ring_attention_start(a, nq, m, l, o, c.stream());
   }
+  // The key/value blocks in A: a 16-bit stage's ring passes them so.
   static void ring_forward(Context& c, const AttentionShape& a, const float* qkv, int64_t q0,
-                           int64_t nq, const float* kv, int64_t k0, int64_t nk, float* m, float* l,
-                           float* o, float*, const int64_t* starts, int64_t) {
+                           int64_t nq, const A* kv, int64_t k0, int64_t nk, float* m, float* l,
+                           float* o, float*, const int64_t* starts, int64_t, int64_t) {
     cuda::ring_attention_forward<A>(a, qkv, q0, nq, kv, k0, nk, m, l, o, c.stream(), starts);
   }
   static void ring_finish(Context& c, const AttentionShape& a, int64_t nq, float* o, const float* m,
@@ -265,13 +266,14 @@ struct Ops {
     cuda::ring_attention_delta(a, nq, out, dout, delta, c.stream());
   }
   static void ring_backward(Context& c, const AttentionShape& a, const float* qkv, int64_t q0,
-                            int64_t nq, const float* kv, int64_t k0, int64_t nk, const float* dout,
+                            int64_t nq, const A* kv, int64_t k0, int64_t nk, const float* dout,
                             const float* lse, const float* delta, float* dqkv, float* dkv, float*,
-                            const int64_t* starts, int64_t) {
+                            const int64_t* starts, int64_t, int64_t) {
     cuda::ring_attention_backward<A>(a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv,
                                   c.stream(), starts);
   }
-  static void copy_rows(Context& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+  template <class U>
+  static void copy_rows(Context& c, U* dst, int64_t ld_dst, const U* src, int64_t ld_src,
                         int64_t rows, int64_t width) {
     cuda::copy_rows(dst, ld_dst, src, ld_src, rows, width, c.stream());
   }

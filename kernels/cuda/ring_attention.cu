@@ -294,7 +294,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void copy_rows_kernel(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows,
+template <class U>
+__global__ void copy_rows_kernel(U* dst, int64_t ldd, const U* src, int64_t lds, int64_t rows,
                                  int64_t width) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * width) return;
@@ -317,8 +318,9 @@ bool block_visible(int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
 
 }  // namespace
 
-void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows,
-               int64_t width, cudaStream_t stream) {
+template <class U>
+void copy_rows(U* dst, int64_t ld_dst, const U* src, int64_t ld_src, int64_t rows, int64_t width,
+               cudaStream_t stream) {
   if (rows * width == 0) return;
   copy_rows_kernel<<<blocks_for(rows * width, 256), 256, 0, stream>>>(dst, ld_dst, src, ld_src, rows,
                                                                       width);
@@ -344,17 +346,17 @@ void ring_attention_start(const RingShape& rs, int64_t nq, float* m, float* l, f
 
 template <class A>
 void ring_attention_forward(const RingShape& rs, const float* qkv, int64_t q0, int64_t nq,
-                            const float* kv, int64_t k0, int64_t nk, float* m, float* l, float* o,
+                            const A* kv, int64_t k0, int64_t nk, float* m, float* l, float* o,
                             cudaStream_t stream, const int64_t* starts) {
   const Shape a = shape_of(rs);
   if (a.B == 0 || !block_visible(q0, nq, k0, nk)) return;
   if constexpr (!std::is_same_v<A, float>) {
     ring_tiles_forward<A>(rs, qkv, q0, nq, kv, k0, nk, m, l, o, stream, starts);
-    return;
+  } else {
+    forward_kernel<<<blocks_for(a.B * a.NH * nq, kWarps), kThreads, 0, stream>>>(
+        a, qkv, q0, nq, kv, k0, nk, m, l, o, starts);
+    CUDA_CHECK_LAUNCH();
   }
-  forward_kernel<<<blocks_for(a.B * a.NH * nq, kWarps), kThreads, 0, stream>>>(
-      a, qkv, q0, nq, kv, k0, nk, m, l, o, starts);
-  CUDA_CHECK_LAUNCH();
 }
 
 void ring_attention_finish(const RingShape& rs, int64_t nq, float* o, const float* m, const float* l,
@@ -377,32 +379,33 @@ void ring_attention_delta(const RingShape& rs, int64_t nq, const float* out, con
 
 template <class A>
 void ring_attention_backward(const RingShape& rs, const float* qkv, int64_t q0, int64_t nq,
-                             const float* kv, int64_t k0, int64_t nk, const float* dout,
+                             const A* kv, int64_t k0, int64_t nk, const float* dout,
                              const float* lse, const float* delta, float* dqkv, float* dkv,
                              cudaStream_t stream, const int64_t* starts) {
   const Shape a = shape_of(rs);
   if (a.B == 0 || !block_visible(q0, nq, k0, nk)) return;
   if constexpr (!std::is_same_v<A, float>) {
     ring_tiles_backward<A>(rs, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv, stream, starts);
-    return;
+  } else {
+    // The two kernels write disjoint buffers (dqkv's q part, dkv).
+    dq_kernel<<<blocks_for(a.B * a.NH * nq, kWarps), kThreads, 0, stream>>>(
+        a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, starts);
+    CUDA_CHECK_LAUNCH();
+    dkv_kernel<<<blocks_for(a.B * a.NKV * nk, kWarps), kThreads, 0, stream>>>(
+        a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dkv, starts);
+    CUDA_CHECK_LAUNCH();
   }
-  // The two kernels write disjoint buffers (dqkv's q part, dkv).
-  dq_kernel<<<blocks_for(a.B * a.NH * nq, kWarps), kThreads, 0, stream>>>(
-      a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, starts);
-  CUDA_CHECK_LAUNCH();
-  dkv_kernel<<<blocks_for(a.B * a.NKV * nk, kWarps), kThreads, 0, stream>>>(
-      a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dkv, starts);
-  CUDA_CHECK_LAUNCH();
 }
 
 #define MPIFORMER_INSTANTIATE(A)                                                                 \
   template void ring_attention_forward<A>(const RingShape&, const float*, int64_t, int64_t,         \
-                                          const float*, int64_t, int64_t, float*, float*, float*,   \
+                                          const A*, int64_t, int64_t, float*, float*, float*,       \
                                           cudaStream_t, const int64_t*);                            \
   template void ring_attention_backward<A>(const RingShape&, const float*, int64_t, int64_t,        \
-                                           const float*, int64_t, int64_t, const float*,            \
+                                           const A*, int64_t, int64_t, const float*,                \
                                            const float*, const float*, float*, float*, cudaStream_t, \
-                                           const int64_t*);
+                                           const int64_t*);                                         \
+  template void copy_rows<A>(A*, int64_t, const A*, int64_t, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)
 MPIFORMER_INSTANTIATE(fp16)

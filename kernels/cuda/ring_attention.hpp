@@ -8,8 +8,8 @@
 // Layouts (float: a ring works in float, 16-bit stages widen first):
 //   qkv [B, nq, C + 2K]: the query chunk's fused rows (q part read; its
 //     first query at global position q0),
-//   kv [B, nk, 2K]: a key/value block (each row's keys then values, what
-//     the ring passes on; its first key at global position k0),
+//   kv [B, nk, 2K] in A: a key/value block (each row's keys then values,
+//     what the ring passes on; its first key at global position k0),
 //   m, l, lse, delta [B, NH, nq]; o, out, dout [B, nq, C],
 //   dqkv [B, nq, C + 2K] (q part added to), dkv [B, nk, 2K] (added to),
 //   starts [B, nq] (device; nullptr: one document per sequence): each
@@ -44,7 +44,7 @@ void ring_attention_start(const RingShape& a, int64_t nq, float* m, float* l, fl
 // One block into the accumulators.
 template <class A>
 void ring_attention_forward(const RingShape& a, const float* qkv, int64_t q0, int64_t nq,
-                            const float* kv, int64_t k0, int64_t nk, float* m, float* l, float* o,
+                            const A* kv, int64_t k0, int64_t nk, float* m, float* l, float* o,
                             cudaStream_t stream, const int64_t* starts = nullptr);
 // After the last block: o becomes the output (o / l), lse = m + log l.
 void ring_attention_finish(const RingShape& a, int64_t nq, float* o, const float* m, const float* l,
@@ -56,14 +56,16 @@ void ring_attention_delta(const RingShape& a, int64_t nq, const float* out, cons
 // values' into dkv (the partial sums a ring passes back to their owner).
 template <class A>
 void ring_attention_backward(const RingShape& a, const float* qkv, int64_t q0, int64_t nq,
-                             const float* kv, int64_t k0, int64_t nk, const float* dout,
+                             const A* kv, int64_t k0, int64_t nk, const float* dout,
                              const float* lse, const float* delta, float* dqkv, float* dkv,
                              cudaStream_t stream, const int64_t* starts = nullptr);
 
-// rows x width floats from src (rows ld_src apart) to dst (ld_dst apart):
-// a block's keys and values out of the fused rows, and its gradients back.
-void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows,
-               int64_t width, cudaStream_t stream);
+// rows x width elements (float, bf16 or fp16) from src (rows ld_src apart)
+// to dst (ld_dst apart): a block's keys and values out of the fused rows,
+// and its gradients back.
+template <class U>
+void copy_rows(U* dst, int64_t ld_dst, const U* src, int64_t ld_src, int64_t rows, int64_t width,
+               cudaStream_t stream);
 // Under a document mask, each row's document's first position in the
 // sequence, from its position in its document (`positions`, [2, B, n]
 // chunk-major) and its chunks' first positions (`first`, `second`).

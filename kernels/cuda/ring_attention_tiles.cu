@@ -1,10 +1,11 @@
 // The ring's blocks on tensor cores, for 16-bit stages (issue 49): the
 // fused attention's tile scheme (attention.cu, FlashAttention-2's) on one
 // (query chunk, key/value block) pair, its softmax carried in the ring's
-// accumulators. The ring holds its rows in float (ring_attention.hpp), but
-// a 16-bit stage's values are its activation type's, widened: tiles load
-// them back into that type exactly, and the products run on warp_mma.cuh's
-// 16 x 8 x 16 fragments with float accumulation. As in the fused kernel,
+// accumulators. The ring holds its query rows in float (ring_attention.hpp),
+// but a 16-bit stage's values are its activation type's, widened: tiles
+// load them back into that type exactly (the key/value blocks arrive in
+// it), and the products run on warp_mma.cuh's 16 x 8 x 16 fragments with
+// float accumulation. As in the fused kernel,
 // the probabilities and the scores' gradients are rounded to the 16-bit
 // type as the next product's operand (nothing else is rounded).
 //  - Forward: a block per 64 query rows of one (sequence, head), each warp
@@ -24,6 +25,7 @@
 //    the first query tile whose documents begin after the key tile.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "common/attention_storage.hpp"
 #include "core/cuda_check.hpp"
@@ -46,16 +48,22 @@ struct Tiles {
   float scale;
 };
 
-// Rows [r0, r0 + kTile) of one head's slice (rows `stride` floats apart,
-// `rows` of them) into dst in S, zeros past the rows and past hs.
-template <class S, int HS>
-__device__ void load_tile(S* dst, const float* head, int64_t stride, int64_t r0, int64_t rows,
+// Rows [r0, r0 + kTile) of one head's slice (rows `stride` elements apart,
+// `rows` of them; float rows holding values of S, or S) into dst in S,
+// zeros past the rows and past hs.
+template <class S, int HS, class From>
+__device__ void load_tile(S* dst, const From* head, int64_t stride, int64_t r0, int64_t rows,
                           int64_t hs) {
   constexpr int ld = HS + kPad;
   for (int e = threadIdx.x; e < kTile * HS; e += blockDim.x) {
     const int r = e / HS, d = e % HS;
     const int64_t t = r0 + r;
-    dst[r * ld + d] = from_float<S>(t < rows && d < hs ? head[t * stride + d] : 0.f);
+    if (t < rows && d < hs) {
+      if constexpr (std::is_same_v<From, S>) dst[r * ld + d] = head[t * stride + d];
+      else dst[r * ld + d] = from_float<S>(head[t * stride + d]);
+    } else {
+      dst[r * ld + d] = from_float<S>(0.f);
+    }
   }
 }
 
@@ -115,7 +123,7 @@ constexpr size_t forward_smem() {
 
 template <class S, int HS>
 __global__ void __launch_bounds__(kThreads)
-    tiles_forward_kernel(Tiles a, const float* qkv, int64_t q0, int64_t nq, const float* kv,
+    tiles_forward_kernel(Tiles a, const float* qkv, int64_t q0, int64_t nq, const S* kv,
                          int64_t k0, int64_t nk, float* m, float* l, float* o,
                          const int64_t* starts) {
   constexpr int ld = HS + kPad, NS = kTile / 8, NO = HS / 8;
@@ -141,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     hi[r] = valid[r] ? static_cast<int>(last < nk - 1 ? last : nk - 1) : -1;
     lo[r] = st != nullptr && valid[r] ? static_cast<int>(st[row[r]] - k0 > 0 ? st[row[r]] - k0 : 0) : 0;
   }
-  const float* keys_at = kv + b * nk * 2 * a.K + kvh * a.hs;
+  const S* keys_at = kv + b * nk * 2 * a.K + kvh * a.hs;
   load_tile<S, HS>(sq, qkv + b * nq * a.ld + h * a.hs, a.ld, i0, nq, a.hs);
   // The accumulators: a row's sum held by its quad's first lane.
   float mr[2], lr[2];
@@ -194,7 +202,7 @@ constexpr size_t dq_smem() {
 // dQ of one query tile (one sequence, one head), added into dqkv's q part.
 template <class S, int HS>
 __global__ void __launch_bounds__(kThreads)
-    tiles_dq_kernel(Tiles a, const float* qkv, int64_t q0, int64_t nq, const float* kv, int64_t k0,
+    tiles_dq_kernel(Tiles a, const float* qkv, int64_t q0, int64_t nq, const S* kv, int64_t k0,
                     int64_t nk, const float* dout, const float* lse, const float* delta, float* dqkv,
                     const int64_t* starts) {
   constexpr int ld = HS + kPad, NS = kTile / 8, NO = HS / 8;
@@ -218,7 +226,7 @@ __global__ void __launch_bounds__(kThreads)
     row_lse[r] = valid[r] ? lse[bh * nq + row[r]] : 0.f;
     row_delta[r] = valid[r] ? delta[bh * nq + row[r]] : 0.f;
   }
-  const float* keys_at = kv + b * nk * 2 * a.K + kvh * a.hs;
+  const S* keys_at = kv + b * nk * 2 * a.K + kvh * a.hs;
   load_tile<S, HS>(sq, qkv + b * nq * a.ld + h * a.hs, a.ld, i0, nq, a.hs);
   load_tile<S, HS>(sdo, dout + b * nq * a.C + h * a.hs, a.C, i0, nq, a.hs);
   FragC dq[NO];
@@ -259,7 +267,7 @@ constexpr size_t dkv_smem() {
 // added into dkv.
 template <class S, int HS>
 __global__ void __launch_bounds__(kThreads)
-    tiles_dkv_kernel(Tiles a, const float* qkv, int64_t q0, int64_t nq, const float* kv, int64_t k0,
+    tiles_dkv_kernel(Tiles a, const float* qkv, int64_t q0, int64_t nq, const S* kv, int64_t k0,
                      int64_t nk, const float* dout, const float* lse, const float* delta, float* dkv,
                      const int64_t* starts) {
   constexpr int ld = HS + kPad, NS = kTile / 8, NO = HS / 8;
@@ -281,7 +289,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / kWarp, lane = lane_id(), g = lane / 4, qd = lane % 4;
   int64_t key[2];
   for (int r = 0; r < 2; ++r) key[r] = j0 + warp * 16 + g + 8 * r;
-  const float* keys_at = kv + b * nk * 2 * a.K + kvh * a.hs;
+  const S* keys_at = kv + b * nk * 2 * a.K + kvh * a.hs;
   load_tile<S, HS>(sk, keys_at, 2 * a.K, j0, nk, a.hs);
   load_tile<S, HS>(sv, keys_at + a.K, 2 * a.K, j0, nk, a.hs);
   FragC dk[NO], dv[NO];
@@ -345,7 +353,7 @@ void check_positions(int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
 }
 
 template <class S, int HS>
-void forward_at(const Tiles& t, const float* qkv, int64_t q0, int64_t nq, const float* kv, int64_t k0,
+void forward_at(const Tiles& t, const float* qkv, int64_t q0, int64_t nq, const S* kv, int64_t k0,
                 int64_t nk, float* m, float* l, float* o, cudaStream_t stream, const int64_t* starts) {
   constexpr size_t smem = forward_smem<S, HS>();
   allow_shared<&tiles_forward_kernel<S, HS>>(smem);
@@ -355,7 +363,7 @@ void forward_at(const Tiles& t, const float* qkv, int64_t q0, int64_t nq, const 
 }
 
 template <class S, int HS>
-void backward_at(const Tiles& t, const float* qkv, int64_t q0, int64_t nq, const float* kv, int64_t k0,
+void backward_at(const Tiles& t, const float* qkv, int64_t q0, int64_t nq, const S* kv, int64_t k0,
                  int64_t nk, const float* dout, const float* lse, const float* delta, float* dqkv,
                  float* dkv, cudaStream_t stream, const int64_t* starts) {
   // The two kernels write disjoint buffers (dqkv's q part, dkv).
@@ -373,7 +381,7 @@ void backward_at(const Tiles& t, const float* qkv, int64_t q0, int64_t nq, const
 }  // namespace
 
 template <class S>
-void ring_tiles_forward(const AttentionShape& r, const float* qkv, int64_t q0, int64_t nq, const float* kv,
+void ring_tiles_forward(const AttentionShape& r, const float* qkv, int64_t q0, int64_t nq, const S* kv,
                         int64_t k0, int64_t nk, float* m, float* l, float* o, cudaStream_t stream,
                         const int64_t* starts) {
   const Tiles t = tiles_of(r);
@@ -383,7 +391,7 @@ void ring_tiles_forward(const AttentionShape& r, const float* qkv, int64_t q0, i
 }
 
 template <class S>
-void ring_tiles_backward(const AttentionShape& r, const float* qkv, int64_t q0, int64_t nq, const float* kv,
+void ring_tiles_backward(const AttentionShape& r, const float* qkv, int64_t q0, int64_t nq, const S* kv,
                          int64_t k0, int64_t nk, const float* dout, const float* lse, const float* delta,
                          float* dqkv, float* dkv, cudaStream_t stream, const int64_t* starts) {
   const Tiles t = tiles_of(r);
@@ -395,11 +403,11 @@ void ring_tiles_backward(const AttentionShape& r, const float* qkv, int64_t q0, 
 }
 
 #define MPIFORMER_INSTANTIATE(S)                                                                   \
-  template void ring_tiles_forward<S>(const AttentionShape&, const float*, int64_t, int64_t, const float*, \
+  template void ring_tiles_forward<S>(const AttentionShape&, const float*, int64_t, int64_t, const S*,     \
                                       int64_t, int64_t, float*, float*, float*, cudaStream_t,         \
                                       const int64_t*);                                                \
   template void ring_tiles_backward<S>(const AttentionShape&, const float*, int64_t, int64_t,              \
-                                       const float*, int64_t, int64_t, const float*, const float*,    \
+                                       const S*, int64_t, int64_t, const float*, const float*,        \
                                        const float*, float*, float*, cudaStream_t, const int64_t*);
 MPIFORMER_INSTANTIATE(bf16)
 MPIFORMER_INSTANTIATE(fp16)

@@ -255,17 +255,37 @@ struct Ops {
   // *sum += the sum of x, in double, in index order: the logged loss is
   // reproducible bit for bit.
   // ---- context parallelism: a ring's blocks (host/attention_blocks.hpp) ------
-  // The query tiles' score scratch of chunks of n rows.
+  // The ring passes its key/value blocks in Act (a 16-bit stage's values,
+  // exactly): the blocks' arithmetic widens the one it takes into the
+  // scratch after the query tiles' scores.
   static int64_t ring_scratch_elements(const AttentionShape& a, int64_t n, int64_t tile) {
-    return mpiformer::ring_scratch_elements(a.B, a.NKV, n, n, tile);
+    return mpiformer::ring_scratch_elements(a.B, a.NKV, n, n, tile) + ring_kv_widened(a, n);
+  }
+  static int64_t ring_kv_widened(const AttentionShape& a, int64_t n) {
+    return std::is_same_v<Act, Acc> ? 0 : a.B * n * 2 * a.K();
+  }
+  // `kv` as the blocks' arithmetic reads it: itself, or widened into the
+  // end of `scratch` (sized by ring_scratch_elements for chunks of n rows).
+  static const Acc* ring_kv(const AttentionShape& a, const Act* kv, int64_t nk, Acc* scratch,
+                            int64_t n, int64_t tile) {
+    if constexpr (std::is_same_v<Act, Acc>) {
+      return kv;
+    } else {
+      Acc* wide = scratch + mpiformer::ring_scratch_elements(a.B, a.NKV, n, n, tile);
+      const int64_t count = a.B * nk * 2 * a.K();
+      parallel_for("widen", count, [=](const int64_t i) { wide[i] = static_cast<Acc>(ld(kv[i])); });
+      return wide;
+    }
   }
   static void ring_start(Context&, const AttentionShape& a, int64_t nq, Acc* m, Acc* l, Acc* o) {
     host::ring_attention_start(a, nq, m, l, o);
   }
+  // (n: the ring's chunk rows, what the scratch was sized for.)
   static void ring_forward(Context&, const AttentionShape& a, const Acc* qkv, int64_t q0, int64_t nq,
-                           const Acc* kv, int64_t k0, int64_t nk, Acc* m, Acc* l, Acc* o,
-                           Acc* scratch, const int64_t* starts, int64_t tile) {
-    host::ring_attention_forward(a, qkv, q0, nq, kv, k0, nk, m, l, o, scratch, starts, tile);
+                           const Act* kv, int64_t k0, int64_t nk, Acc* m, Acc* l, Acc* o,
+                           Acc* scratch, const int64_t* starts, int64_t tile, int64_t n) {
+    host::ring_attention_forward(a, qkv, q0, nq, ring_kv(a, kv, nk, scratch, n, tile), k0, nk, m, l, o,
+                                 scratch, starts, tile);
   }
   static void ring_finish(Context&, const AttentionShape& a, int64_t nq, Acc* o, const Acc* m,
                           const Acc* l, Acc* lse) {
@@ -276,14 +296,15 @@ struct Ops {
     host::ring_attention_delta(a, nq, out, dout, delta);
   }
   static void ring_backward(Context&, const AttentionShape& a, const Acc* qkv, int64_t q0,
-                            int64_t nq, const Acc* kv, int64_t k0, int64_t nk, const Acc* dout,
+                            int64_t nq, const Act* kv, int64_t k0, int64_t nk, const Acc* dout,
                             const Acc* lse, const Acc* delta, Acc* dqkv, Acc* dkv, Acc* scratch,
-                            const int64_t* starts, int64_t tile) {
-    host::ring_attention_backward(a, qkv, q0, nq, kv, k0, nk, dout, lse, delta, dqkv, dkv, scratch,
-                                  starts, tile);
+                            const int64_t* starts, int64_t tile, int64_t n) {
+    host::ring_attention_backward(a, qkv, q0, nq, ring_kv(a, kv, nk, scratch, n, tile), k0, nk, dout,
+                                  lse, delta, dqkv, dkv, scratch, starts, tile);
   }
   // rows x width elements between buffers of leading dimensions ld_dst, ld_src.
-  static void copy_rows(Context&, Acc* dst, int64_t ld_dst, const Acc* src, int64_t ld_src,
+  template <class U>
+  static void copy_rows(Context&, U* dst, int64_t ld_dst, const U* src, int64_t ld_src,
                         int64_t rows, int64_t width) {
     for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * ld_src, width, dst + r * ld_dst);
   }

@@ -193,11 +193,12 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   // T / (2 cp) queries and keys, 2 cp + 1 of them per rank and head (its
   // two chunks each see the chunks up to their own; train/ring_attention.hpp
   // skips the rest): two on the diagonal, causal, the rest unmasked. Each
-  // pass sends key/value blocks of B T / cp rows of the kv width in float
-  // round the ring: cp - 1 forward, twice that and their gradients' trip
-  // home backward.
+  // pass sends key/value blocks of B T / cp rows of the kv width (in the
+  // activations' type) round the ring, cp - 1 of them; backward, with
+  // each its gradients' sums in float, and the sums' trip home.
   const int64_t n_ring = cfg.seq_len / (2 * cp);
-  const double kv_block = static_cast<double>(BT * 2 * cfg.kv_dim_per_rank(tp)) * 4;
+  const double kv_rows = static_cast<double>(BT * 2 * cfg.kv_dim_per_rank(tp));
+  const double kv_block = kv_rows * act_bytes, sums_block = kv_rows * 4;
   if (cp > 1) w.cp_block_bytes = kv_block;
   auto attention = [&](Builder& x, bool bwd, std::vector<double>& ring) {
     if (cp == 1) {
@@ -206,7 +207,7 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     }
     x.attention(bwd, micro_batch * nh * 2, cfg.head_dim(), n_ring);
     x.attention(bwd, micro_batch * nh * (2 * cp - 1), cfg.head_dim(), n_ring, true);
-    ring.push_back(static_cast<double>(bwd ? 2 * (cp - 1) + 1 : cp - 1) * kv_block);
+    ring.push_back(static_cast<double>(cp - 1) * kv_block + (bwd ? static_cast<double>(cp) * sums_block : 0.0));
   };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).
   auto block_forward = [&](Builder& x, std::vector<TC>& comm, std::vector<double>& ring, bool sparse) {

@@ -72,7 +72,9 @@ struct StageWork {
   // next (the key/value blocks, backward with their gradients' sums), in
   // compute order.
   std::vector<double> cp_forward, cp_backward;
-  double cp_block_bytes = 0;  // one message of the ring: a key/value block (or its sums)
+  // One message of the ring: a key/value block (its float sums are twice
+  // that in 16 bits, priced as two: one latency too many, errs slow).
+  double cp_block_bytes = 0;
   double message_bytes = 0;  // one activation (or its gradient) between stages
 };
 

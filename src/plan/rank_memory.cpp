@@ -300,14 +300,17 @@ double context_attention_bytes(const GptConfig& cfg, int64_t tp, int64_t micro_b
   const double K = static_cast<double>(cfg.kv_dim_per_rank(tp));
   const double NH = static_cast<double>(cfg.n_head / tp), Ca = static_cast<double>(cfg.n_embd / tp);
   const double qkv = static_cast<double>(cfg.qkv_dim_per_rank(tp));
-  const double acc = static_cast<double>(acc_bytes);
-  // (And each row's document start, 8 bytes.) On the host, each
-  // (sequence, kv head) task's score tiles.
+  const double acc = static_cast<double>(acc_bytes), act = static_cast<double>(act_bytes);
+  // Two key/value blocks in Act, two of their gradients' sums in Acc (and
+  // each row's document start, 8 bytes). On the host, each (sequence, kv
+  // head) task's score tiles, and a 16-bit block widened.
   const double n = static_cast<double>(cfg.seq_len / (2 * cp));
-  double bytes = (4 * rows * 2 * K + 3 * rows * NH) * acc + 8 * rows;
-  if (device == Device::kCpu)
+  double bytes = 2 * rows * 2 * K * (act + acc) + 3 * rows * NH * acc + 8 * rows;
+  if (device == Device::kCpu) {
     bytes += ring_scratch_elements(static_cast<double>(micro_batch),
                                    static_cast<double>(cfg.kv_heads_per_rank(tp)), n, n) * acc;
+    if (act_bytes != acc_bytes) bytes += static_cast<double>(micro_batch) * n * 2 * K * acc;
+  }
   if (act_bytes != acc_bytes) bytes += 2 * rows * (qkv + Ca) * acc;
   return bytes;
 }

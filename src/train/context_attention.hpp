@@ -3,7 +3,8 @@
 // communicator, computing in the op set's Acc type (float, or double for
 // the host's checks). A 16-bit stage's rows are widened into float
 // buffers for the ring and its results rounded back, as each back end's
-// own attention computes in float from 16-bit operands. Every buffer is
+// own attention computes in float from 16-bit operands; its key/value
+// blocks go round in 16 bits, taken from the stage's own rows. Every buffer is
 // sized once here: a step allocates nothing.
 #pragma once
 #include <chrono>
@@ -110,7 +111,7 @@ class ContextAttention {
         ring_.forward(qkv, out, lse, starts);
       } else {
         Ops::widen(ctx_, qkv_.get(), qkv, rows_ * qkv_width_);
-        ring_.forward(qkv_.get(), out_.get(), lse, starts);
+        ring_.forward(qkv_.get(), out_.get(), lse, starts, qkv);
         Ops::convert(ctx_, out, out_.get(), rows_ * shape_.C);
       }
     });
@@ -125,24 +126,25 @@ class ContextAttention {
         Ops::widen(ctx_, qkv_.get(), qkv, rows_ * qkv_width_);
         Ops::widen(ctx_, out_.get(), out, rows_ * shape_.C);
         Ops::widen(ctx_, dout_.get(), dout, rows_ * shape_.C);
-        ring_.backward(qkv_.get(), out_.get(), lse, dout_.get(), dqkv_.get(), starts);
+        ring_.backward(qkv_.get(), out_.get(), lse, dout_.get(), dqkv_.get(), starts, qkv);
         Ops::convert(ctx_, dqkv, dqkv_.get(), rows_ * qkv_width_);
       }
     });
   }
 
   // `run`, one pass round the ring, told to the observer with the bytes
-  // this rank sent: its key/value block passed on c - 1 times; backward,
-  // each time with as large a block of their gradients' sums, and the
-  // sums home once more.
+  // this rank sent: its key/value block (in Act) passed on c - 1 times;
+  // backward, each time with a block of their gradients' sums (in Acc),
+  // and the sums home once more.
   template <class F>
   void timed(bool backward_pass, const F& run) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
     if (observer_ == nullptr || !*observer_) return;
-    const double block = static_cast<double>(rows_ * 2 * shape_.K() * sizeof(Acc));
+    const double block = static_cast<double>(rows_ * 2 * shape_.K());
     const double steps = static_cast<double>(cp_ - 1);
-    const double sent = backward_pass ? (2 * steps + 1) * block : steps * block;
+    const double sent = steps * block * sizeof(Act) +
+                        (backward_pass ? (steps + 1) * block * sizeof(Acc) : 0.0);
     (*observer_)(kContextRing, t0, std::chrono::steady_clock::now(), sent);
   }
 

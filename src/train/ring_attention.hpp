@@ -17,10 +17,15 @@
 // supplies the blocks' arithmetic, the copies and the buffers; the
 // messages go through the group's Communicator, each step one exchange
 // (on a GPU, stream-ordered: nothing here waits on the host for them).
+// The ring computes in Acc; its key/value blocks travel in the stage's Act
+// (a 16-bit stage's values exactly, half float's bytes), their gradients'
+// sums in Acc (sums of many ranks' parts).
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include "common/attention_shape.hpp"
@@ -33,7 +38,8 @@ namespace mpiformer {
 template <class Ops>
 class RingAttention {
  public:
-  using T = typename Ops::Acc;  // what the ring computes and sends in
+  using T = typename Ops::Acc;   // what the ring computes in, and sends the sums in
+  using KV = typename Ops::Act;  // what the key/value blocks travel in
   using Context = typename Ops::Context;
   using Clock = std::chrono::steady_clock;
   // Told of each step's arithmetic (the blocks' attention, not the waits
@@ -49,7 +55,7 @@ class RingAttention {
       : ctx_(ctx), ring_(ring), a_(shape), n_(n), tile_(tile), order_(order) {
     // Every buffer sized once: a step allocates nothing.
     const size_t kv = static_cast<size_t>(2 * a_.B * n_ * 2 * a_.K());
-    for (auto& b : kv_) b = Buffer(kv);
+    for (auto& b : kv_) b = KvBuffer(kv);
     for (auto& b : dkv_) b = Buffer(kv);
     const size_t rows = static_cast<size_t>(2 * a_.B * a_.NH * n_);
     m_ = Buffer(rows);
@@ -65,9 +71,8 @@ class RingAttention {
   // the tasks' score tiles.
   double allocated_bytes() const {
     size_t n = m_.size() + l_.size() + delta_.size() + scratch_.size();
-    for (const auto& b : kv_) n += b.size();
     for (const auto& b : dkv_) n += b.size();
-    return static_cast<double>(n * sizeof(T));
+    return static_cast<double>(n * sizeof(T)) + 2.0 * static_cast<double>(kv_bytes());
   }
 
   // The global position of local chunk j's first token on rank `rank`.
@@ -79,49 +84,54 @@ class RingAttention {
   // qkv [2, B, n, C + 2K] -> out [2, B, n, C], lse [2, B, NH, n] (kept
   // for backward). `starts` [2, B, n] under a document mask: each query's
   // document's first position in the sequence (nullptr: none), where the
-  // op set's kernels read it.
-  void forward(const T* qkv, T* out, T* lse, const int64_t* starts = nullptr) {
-    const int64_t rows = a_.B * a_.NH * n_;
+  // op set's kernels read it. `rows`: the same rows in KV, where the keys
+  // and values are taken from (needed where KV is not T).
+  void forward(const T* qkv, T* out, T* lse, const int64_t* starts = nullptr,
+               const KV* rows = nullptr) {
+    const int64_t n_rows = a_.B * a_.NH * n_;
     T* m = m_.get();
     T* l = l_.get();
-    for (int j = 0; j < 2; ++j) Ops::ring_start(ctx_, a_, n_, m + j * rows, l + j * rows, out + j * out_block());
-    take_kv(qkv, kv_[0].get());
-    circulate(kv_, nullptr, kForwardTag, [&](int owner, const T* kv, T*) {
+    for (int j = 0; j < 2; ++j)
+      Ops::ring_start(ctx_, a_, n_, m + j * n_rows, l + j * n_rows, out + j * out_block());
+    take_kv(qkv, rows);
+    circulate(kForwardTag, false, [&](int owner, const KV* kv, T*) {
       for (int qa = 0; qa < 2; ++qa)
         for (int kb = 0; kb < 2; ++kb)
           Ops::ring_forward(ctx_, a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
-                            kv + kb * kv_block(), chunk_start(owner, kb), n_, m + qa * rows, l + qa * rows,
-                            out + qa * out_block(), scratch_.get(), chunk_starts(starts, qa), tile_);
+                            kv + kb * kv_block(), chunk_start(owner, kb), n_, m + qa * n_rows,
+                            l + qa * n_rows, out + qa * out_block(), scratch_.get(),
+                            chunk_starts(starts, qa), tile_, n_);
     });
     for (int j = 0; j < 2; ++j)
-      Ops::ring_finish(ctx_, a_, n_, out + j * out_block(), m + j * rows, l + j * rows, lse + j * rows);
+      Ops::ring_finish(ctx_, a_, n_, out + j * out_block(), m + j * n_rows, l + j * n_rows,
+                       lse + j * n_rows);
   }
 
   // dqkv [2, B, n, C + 2K] is overwritten: the queries' gradients from
   // every block, the keys' and values' summed over every rank's queries.
   void backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv,
-                const int64_t* starts = nullptr) {
-    const int64_t rows = a_.B * a_.NH * n_, ld = a_.C + 2 * a_.K();
+                const int64_t* starts = nullptr, const KV* rows = nullptr) {
+    const int64_t n_rows = a_.B * a_.NH * n_, ld = a_.C + 2 * a_.K();
     T* delta = delta_.get();
     for (int j = 0; j < 2; ++j)
-      Ops::ring_delta(ctx_, a_, n_, out + j * out_block(), dout + j * out_block(), delta + j * rows);
+      Ops::ring_delta(ctx_, a_, n_, out + j * out_block(), dout + j * out_block(), delta + j * n_rows);
     Ops::fill_zero(ctx_, dqkv, 2 * qkv_block());
-    take_kv(qkv, kv_[0].get());
+    take_kv(qkv, rows);
     Ops::fill_zero(ctx_, dkv_[0].get(), static_cast<int64_t>(dkv_[0].size()));
-    circulate(kv_, &dkv_, kBackwardTag, [&](int owner, const T* kv, T* dkv) {
+    circulate(kBackwardTag, true, [&](int owner, const KV* kv, T* dkv) {
       for (int qa = 0; qa < 2; ++qa)
         for (int kb = 0; kb < 2; ++kb)
           Ops::ring_backward(ctx_, a_, qkv + qa * qkv_block(), chunk_start(ring_.rank(), qa), n_,
                              kv + kb * kv_block(), chunk_start(owner, kb), n_, dout + qa * out_block(),
-                             lse + qa * rows, delta + qa * rows, dqkv + qa * qkv_block(),
-                             dkv + kb * kv_block(), scratch_.get(), chunk_starts(starts, qa), tile_);
+                             lse + qa * n_rows, delta + qa * n_rows, dqkv + qa * qkv_block(),
+                             dkv + kb * kv_block(), scratch_.get(), chunk_starts(starts, qa), tile_, n_);
     });
     // The block now held is the next rank's, its sums complete: home to
     // it; this rank's own comes from the previous.
     const int c = ring_.size(), r = ring_.rank();
     const T* mine = dkv_[cur_].get();
     if (c > 1) {
-      ring_.start_exchange_bytes(dkv_[cur_].get(), dkv_[1 - cur_].get(), bytes(), (r + 1) % c,
+      ring_.start_exchange_bytes(dkv_[cur_].get(), dkv_[1 - cur_].get(), dkv_bytes(), (r + 1) % c,
                                  (r + c - 1) % c, kHomeTag)
           ->wait();
       mine = dkv_[1 - cur_].get();
@@ -131,6 +141,7 @@ class RingAttention {
 
  private:
   using Buffer = typename Ops::template Buffer<T>;
+  using KvBuffer = typename Ops::template Buffer<KV>;
   static constexpr int kForwardTag = 4900, kBackwardTag = 4910, kHomeTag = 4920;
   int64_t qkv_block() const { return a_.B * n_ * (a_.C + 2 * a_.K()); }
   int64_t kv_block() const { return a_.B * n_ * 2 * a_.K(); }
@@ -138,34 +149,41 @@ class RingAttention {
   const int64_t* chunk_starts(const int64_t* starts, int j) const {
     return starts != nullptr ? starts + j * a_.B * n_ : nullptr;
   }
-  size_t bytes() const { return sizeof(T) * kv_[0].size(); }
+  size_t kv_bytes() const { return sizeof(KV) * kv_[0].size(); }
+  size_t dkv_bytes() const { return sizeof(T) * dkv_[0].size(); }
 
-  // This rank's keys and values, [2, B, n, 2K], from its fused rows.
-  void take_kv(const T* qkv, T* kv) {
-    Ops::copy_rows(ctx_, kv, 2 * a_.K(), qkv + a_.C, a_.C + 2 * a_.K(), 2 * a_.B * n_, 2 * a_.K());
+  // This rank's keys and values, [2, B, n, 2K], into the block held first,
+  // from its fused rows (in KV: `rows`, or where KV is T `qkv` itself).
+  void take_kv(const T* qkv, const KV* rows) {
+    if constexpr (std::is_same_v<KV, T>) {
+      if (rows == nullptr) rows = qkv;
+    }
+    if (rows == nullptr) throw std::logic_error("RingAttention: a 16-bit stage's rows not given");
+    Ops::copy_rows(ctx_, kv_[0].get(), 2 * a_.K(), rows + a_.C, a_.C + 2 * a_.K(), 2 * a_.B * n_,
+                   2 * a_.K());
   }
 
   // c steps: `work(owner, kv, dkv)` on the blocks held, each passed on to
   // the next rank as the previous rank's arrives (with its gradients'
-  // sums when `dkv` is given). The block goes on while the work runs (its
-  // bytes do not change, and the one arriving lands in the other
-  // buffer); the sums only after it (the work adds to them).
+  // sums when `sums`). The block goes on while the work runs (its bytes do
+  // not change, and the one arriving lands in the other buffer); the sums
+  // only after it (the work adds to them).
   template <class F>
-  void circulate(Buffer (&kv)[2], Buffer (*dkv)[2], int tag, const F& work) {
+  void circulate(int tag, bool sums, const F& work) {
     const int c = ring_.size(), r = ring_.rank(), next = (r + 1) % c, prev = (r + c - 1) % c;
     cur_ = 0;
     for (int s = 0; s < c; ++s) {
       const int owner = (r - s + c) % c;
       Pending moved;
       if (s + 1 < c)
-        moved = ring_.start_exchange_bytes(kv[cur_].get(), kv[1 - cur_].get(), bytes(), next, prev,
-                                           tag + 2 * (s % 2));
+        moved = ring_.start_exchange_bytes(kv_[cur_].get(), kv_[1 - cur_].get(), kv_bytes(), next,
+                                           prev, tag + 2 * (s % 2));
       const Clock::time_point t0 = Clock::now();
-      work(owner, kv[cur_].get(), dkv != nullptr ? (*dkv)[cur_].get() : nullptr);
+      work(owner, kv_[cur_].get(), sums ? dkv_[cur_].get() : nullptr);
       if (on_block_) on_block_(t0, Clock::now());
       if (s + 1 == c) break;
-      if (dkv != nullptr)
-        ring_.start_exchange_bytes((*dkv)[cur_].get(), (*dkv)[1 - cur_].get(), bytes(), next, prev,
+      if (sums)
+        ring_.start_exchange_bytes(dkv_[cur_].get(), dkv_[1 - cur_].get(), dkv_bytes(), next, prev,
                                    tag + 1 + 2 * (s % 2))
             ->wait();
       moved->wait();
@@ -179,7 +197,8 @@ class RingAttention {
   int64_t n_, tile_;
   ContextChunks order_;
   BlockObserver on_block_;
-  Buffer kv_[2], dkv_[2];  // the block held and the one arriving
+  KvBuffer kv_[2];         // the block held and the one arriving
+  Buffer dkv_[2];          // ... and their gradients' sums
   Buffer scratch_;         // the op set's ring_scratch_elements
   Buffer m_, l_, delta_;   // per query row of both chunks: the running max and sum; delta
   int cur_ = 0;

@@ -584,8 +584,9 @@ TYPED_TEST(GpuKernels, Attention) {
 // backward. Blocks longer than a warp's 32 keys, the last one short,
 // blocks wholly above the diagonal (skipped), grouped-query heads, and
 // documents whose starts fall inside and across blocks. A: the stage's
-// type, whose values the rows hold (float: the per-row kernels; bf16 and
-// fp16: the tensor-core tiles, fed values of that type). Tolerances as
+// type, whose values the rows hold and in which the key/value blocks go
+// round (float: the per-row kernels; bf16 and fp16: the tensor-core
+// tiles, fed values of that type). Tolerances as
 // the fused kernel's check above: fp32 1e-5 absolute and relative (float
 // sums of at most a few hundred terms of size ~1 against double); 16-bit,
 // 1e-2 forward and 3e-2 backward (the probabilities and the scores'
@@ -612,7 +613,8 @@ void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
   for (size_t i = 1; i < n; ++i) begin[i] = begin[i - 1] + sizes[i - 1];
   int64_t most = 0;
   for (int64_t s : sizes) most = std::max(most, s);
-  std::vector<Dev<float>> qkv, kv, dout;
+  std::vector<Dev<float>> qkv, dout;
+  std::vector<Dev<A>> kv;  // as the ring passes them: in A
   std::vector<std::vector<int64_t>> starts(n);
   std::vector<cuda::DeviceBuffer<int64_t>> dstarts;
   for (size_t i = 0; i < n; ++i) {

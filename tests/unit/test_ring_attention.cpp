@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "host/attention.hpp"
@@ -94,6 +95,56 @@ TEST(RingAttention, TheAccountingCountsWhatTheRingHolds) {
     EXPECT_EQ(fp32.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 4, 4)) << "tp " << tp;
     EXPECT_EQ(bf16.allocated_bytes(), context_attention_bytes(cfg, tp, 3, cp, 2, 4)) << "tp " << tp;
   }
+}
+
+// A bf16 stage's ring passes its key/value blocks in bf16 (half float's
+// bytes): the values it holds are bf16's, so nothing is lost. Its
+// results are bit for bit the float ring's on the same values, rounded
+// once to bf16: the output, and dqkv (and lse, float in both).
+TEST(RingAttention, SixteenBitBlocksLoseNothing) {
+  MPI_Comm c;
+  MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  MpiCommunicator ring(c);
+  const int64_t cp = ring.size();
+  if (cp == 1) return;
+  GptConfig cfg;
+  cfg.family = ModelFamily::kLlama;
+  cfg.n_head = 4;
+  cfg.n_kv_head = 2;
+  cfg.n_embd = 32;
+  cfg.seq_len = 2 * cp * 7;
+  const int64_t B = 2, rows = B * cfg.seq_len / cp, width = cfg.qkv_dim_per_rank(1), C = cfg.n_embd;
+  host::Context ctx;
+  ContextAttention<host::Ops<float>> fp32(ctx, ring, cfg, 1, B, ContextChunks::kHeadTail, nullptr);
+  ContextAttention<host::Ops<host::Bf16>> bf16(ctx, ring, cfg, 1, B, ContextChunks::kHeadTail, nullptr);
+  // bf16 values, and the same as floats.
+  auto values = [&](int64_t n, unsigned seed, std::vector<host::Bf16>& narrow, std::vector<float>& wide) {
+    const std::vector<double> v = random_vector(n, seed + 7 * static_cast<unsigned>(ring.rank()));
+    for (double x : v) {
+      narrow.push_back(host::Bf16(static_cast<float>(x)));
+      wide.push_back(static_cast<float>(narrow.back()));
+    }
+  };
+  std::vector<host::Bf16> qkv16, dout16;
+  std::vector<float> qkv, dout;
+  values(rows * width, 31, qkv16, qkv);
+  values(rows * C, 32, dout16, dout);
+  std::vector<float> out(rows * C), lse(rows * cfg.n_head), dqkv(rows * width);
+  std::vector<float> lse16(lse.size());
+  std::vector<host::Bf16> out16(out.size()), dqkv16(dqkv.size());
+  ContextGroup f = fp32.group(), h = bf16.group();
+  f.forward(qkv.data(), out.data(), lse.data(), nullptr);
+  h.forward(qkv16.data(), out16.data(), lse16.data(), nullptr);
+  // The float ring's backward from its own output rounded as bf16's was.
+  std::vector<float> out_rounded(out.size());
+  for (size_t i = 0; i < out.size(); ++i) out_rounded[i] = static_cast<float>(host::Bf16(out[i]));
+  f.backward(qkv.data(), out_rounded.data(), lse.data(), dout.data(), dqkv.data(), nullptr);
+  h.backward(qkv16.data(), out16.data(), lse16.data(), dout16.data(), dqkv16.data(), nullptr);
+  for (size_t i = 0; i < out.size(); ++i)
+    ASSERT_EQ(out16[i].bits, host::Bf16(out[i]).bits) << "out " << i;
+  for (size_t i = 0; i < lse.size(); ++i) ASSERT_EQ(lse16[i], lse[i]) << "lse " << i;
+  for (size_t i = 0; i < dqkv.size(); ++i)
+    ASSERT_EQ(dqkv16[i].bits, host::Bf16(dqkv[i]).bits) << "dqkv " << i;
 }
 
 }  // namespace
