@@ -594,7 +594,7 @@ TYPED_TEST(GpuKernels, Attention) {
 // 1e-5 in every type (nothing of it is rounded).
 template <class A = float>
 void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
-                       const std::vector<int64_t>& sizes, bool documents) {
+                       const std::vector<int64_t>& sizes, bool documents, int64_t document = 11) {
   SCOPED_TRACE("B " + std::to_string(Bn) + ", C " + std::to_string(Cn) + ", NH " + std::to_string(NHn) +
                ", NKV " + std::to_string(NKVn) + ", blocks " + std::to_string(sizes.size()) +
                (documents ? ", documents" : ""));
@@ -626,11 +626,12 @@ void check_ring_blocks(int64_t Bn, int64_t Cn, int64_t NHn, int64_t NKVn,
       std::copy_n(qkv[i].exact.data() + r * W + Cn, 2 * K, block.data() + r * 2 * K);
     kv.emplace_back(block);
     dout.emplace_back(random_of_a(rows * Cn, 60 + static_cast<unsigned>(i)));
-    // Documents of 11 + 6b tokens: each query's document's first position.
+    // Documents of `document` + 6b tokens: each query's document's first
+    // position.
     for (int64_t b = 0; b < Bn; ++b)
       for (int64_t t = 0; t < sizes[i]; ++t) {
         const int64_t pos = begin[i] + t;
-        starts[i].push_back(pos - pos % (11 + 6 * b));
+        starts[i].push_back(pos - pos % (document + 6 * b));
       }
     dstarts.emplace_back(static_cast<size_t>(rows));
     cuda::copy_to_device(dstarts.back().get(), starts[i].data(), starts[i].size() * sizeof(int64_t));
@@ -697,6 +698,9 @@ TEST(GpuKernelsFloat, RingAttentionTilesOfSixteenBitRowsMatchTheHost) {
   check_ring_blocks<bf16>(2, 64, 4, 2, {150, 70, 13}, true);  // grouped-query, documents
   check_ring_blocks<bf16>(1, 128, 2, 1, {64, 90}, false);     // multi-query, head size 64
   check_ring_blocks<fp16>(1, 192, 2, 2, {70, 20}, true);      // head size 96
+  // Documents of 63 tokens: the second starts at the first key tile's last
+  // key, which the second query tile's rows see (dK/dV stop only past it).
+  check_ring_blocks<bf16>(1, 64, 2, 2, {150}, true, 63);
 }
 
 // Lengths with and without a tail past the last 16-byte pack, and buffers
