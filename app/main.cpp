@@ -1,11 +1,14 @@
 // mpiformer: train GPT-2-style transformers on MPI clusters.
-// MPI is always initialised, so the same binary runs standalone, under
-// mpirun and under srun. Errors in input are reported once, by rank 0, and
-// every rank exits non-zero; any other failure aborts the whole job.
+// The same binary runs standalone, under mpirun and under srun (MPI is
+// started where a command needs it: main below). Errors in input are
+// reported once, by rank 0, and every rank exits non-zero; any other failure
+// aborts the whole job.
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "commands.hpp"
@@ -74,15 +77,32 @@ int fail(const std::exception& e, int rank, int world) {
   return code;
 }
 
+// Whether a launcher (mpirun/mpiexec, srun, a Cray or MVAPICH launcher)
+// started this process as one rank of a job: each sets one of these.
+bool launched_as_a_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                           "SLURM_PROCID", "MV2_COMM_WORLD_RANK", "PALS_RANKID"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
 }  // namespace mpiformer
 
 int main(int argc, char** argv) {
   using namespace mpiformer;
-  MpiSession mpi(&argc, &argv);
-  // Kokkos never sees the program's arguments: it would print its own help
-  // for --help and could take options meant for us. It still reads its
-  // environment variables (KOKKOS_NUM_THREADS, ...).
-  Kokkos::ScopeGuard kokkos(Kokkos::InitArguments{});
+  // A rank of a launched job starts MPI at once: every rank parses alike and
+  // rank 0 alone reports. Run by hand, the commands that only read and
+  // print (inspect, generate, export, plan) never start MPI: an MPI
+  // singleton starts a daemon first (half a second here), and on a login
+  // node MPI may not start at all. train, prep and calibrate start it once
+  // the command line is read.
+  std::optional<MpiSession> mpi;
+  if (launched_as_a_rank()) mpi.emplace(&argc, &argv);
+  const auto rank = [&] { return mpi ? mpi->rank() : 0; };
+  const auto world = [&] { return mpi ? mpi->size() : 1; };
+  // After MPI (its threads then see the binding MPI gives the rank); torn
+  // down before it.
+  std::optional<Kokkos::ScopeGuard> kokkos;
 
   CLI::App app{"mpiformer: GPT training with data and pipeline parallelism over MPI", "mpiformer"};
 #ifdef MPIFORMER_HAVE_CUDA
@@ -246,22 +266,27 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      const int rc = mpi.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : kExitInputError);
+      const int rc = rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : kExitInputError);
       return rc == 0 ? 0 : kExitInputError;
     }
-    if (t->parsed()) return run_train(train, mpi.rank(), mpi.size());
-    if (p->parsed()) return run_prep(prep, mpi.rank());
-    if (i->parsed()) return run_inspect(inspect, mpi.rank());
-    if (g->parsed()) return run_generate(gen, mpi.rank());
-    if (x->parsed()) return run_export(exp, mpi.rank());
-    if (pl->parsed()) return run_plan(plan, mpi.rank());
-    if (ca->parsed()) return run_calibrate(cal, mpi.rank());
+    if (!mpi && (t->parsed() || p->parsed() || ca->parsed())) mpi.emplace(&argc, &argv);
+    // Kokkos never sees the program's arguments: it would print its own
+    // help for --help and could take options meant for us. It still reads
+    // its environment variables (KOKKOS_NUM_THREADS, ...).
+    kokkos.emplace(Kokkos::InitArguments{});
+    if (t->parsed()) return run_train(train, rank(), world());
+    if (p->parsed()) return run_prep(prep, rank());
+    if (i->parsed()) return run_inspect(inspect, rank());
+    if (g->parsed()) return run_generate(gen, rank());
+    if (x->parsed()) return run_export(exp, rank());
+    if (pl->parsed()) return run_plan(plan, rank());
+    if (ca->parsed()) return run_calibrate(cal, rank());
   } catch (const InputError& e) {
     // Every rank read the same input and failed the same way: say it once.
-    if (mpi.rank() == 0) std::fprintf(stderr, "mpiformer: error: %s\n", e.what());
+    if (rank() == 0) std::fprintf(stderr, "mpiformer: error: %s\n", e.what());
     return kExitInputError;
   } catch (const std::exception& e) {
-    return fail(e, mpi.rank(), mpi.size());
+    return fail(e, rank(), world());
   }
   return 0;
 }

@@ -25,6 +25,9 @@ void MpiSession::abort(int code) {
 }
 
 NodePlace node_place(MPI_Comm comm) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return {};  // a command run by hand without MPI: alone
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
   NodePlace p;

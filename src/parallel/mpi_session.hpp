@@ -1,5 +1,4 @@
-// MPI for the lifetime of the program (move-only RAII): initialised first and
-// finalised last. Errors are returned to us instead of aborting inside MPI,
+// MPI for the rest of the program (RAII): finalised last. Errors are returned to us instead of aborting inside MPI,
 // so each failure is reported with its call site.
 #pragma once
 #include <mpi.h>
@@ -25,7 +24,8 @@ class MpiSession {
 };
 
 // This rank's index among the ranks of its node (MPI_Comm_split_type
-// shared), and how many they are. Collective over `comm`.
+// shared), and how many they are. Collective over `comm`; {0, 1} where MPI
+// was never started.
 struct NodePlace {
   int rank = 0, size = 1;
 };

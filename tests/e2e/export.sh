@@ -60,3 +60,24 @@ rc=0
 [ "$rc" -eq 2 ] && grep -q "no/such/dir/m.bin: --output: its directory .* does not exist" err.txt ||
   { cat err.txt; fail "a missing output directory was not refused (exit $rc)"; }
 echo "ok: refusals named, nothing written"
+
+# Run by hand where MPI cannot start (a login node; here Open MPI told to
+# use a transport that does not exist): the commands that only read and
+# print never start MPI, and work; train needs it, and fails here (which
+# shows the environment does keep MPI from starting).
+nompi=(env OMPI_MCA_pml=no_such_transport)
+"${nompi[@]}" "$MPIFORMER" inspect "$ckpt" >nompi.txt 2>&1 || { cat nompi.txt; fail "inspect needed MPI"; }
+"${nompi[@]}" "$MPIFORMER" export "$ckpt" --format llmc --output nompi.bin >nompi.txt 2>&1 ||
+  { cat nompi.txt; fail "export needed MPI"; }
+cmp -s nompi.bin model_fp32.bin || fail "export without MPI wrote other bytes"
+"${nompi[@]}" "$MPIFORMER" generate "$ckpt" --prompt "ROMEO:" --tokens 12 --temperature 0 >nompi.txt 2>nompi.err ||
+  { cat nompi.err; fail "generate needed MPI"; }
+cmp -s nompi.txt gen.txt || fail "generate without MPI gave other tokens"
+"${nompi[@]}" "$MPIFORMER" plan "$SOURCE_DIR/inputs/gpt2-124m.toml" --set train.precision='"bf16"' \
+  --machine "$SOURCE_DIR/inputs/machines/dgx-a100-80gb.toml" --ranks 8 >nompi.txt 2>&1 ||
+  { cat nompi.txt; fail "plan needed MPI"; }
+rc=0
+"${nompi[@]}" "$MPIFORMER" train "$SOURCE_DIR/inputs/tiny.toml" --set train.steps=1 --set run.dir=nompi \
+  >nompi.txt 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || fail "train ran although MPI could not start: the check above proves nothing"
+echo "ok: inspect, export, generate and plan run by hand without MPI"
