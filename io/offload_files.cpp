@@ -42,13 +42,34 @@ int rank_of(const std::string& name) {
   return std::stoi(name.substr(at, end - at));
 }
 
-// The offload files in `dir` of ranks at or past `world`, by rank.
-std::vector<std::pair<int, std::filesystem::path>> files_past(const std::string& dir, int world) {
-  std::vector<std::pair<int, std::filesystem::path>> found;
+// The size of a regular file at `path`, never a link's target (a link
+// planted under an offload file's name is removed, not followed: its
+// target's room is not ours to count); -1 if there is none.
+double regular_size(const std::filesystem::directory_entry& entry) {
+  std::error_code ec;
+  if (!entry.is_regular_file(ec) || entry.is_symlink(ec)) return -1;
+  const auto size = entry.file_size(ec);
+  return ec ? -1 : static_cast<double>(size);
+}
+
+struct StaleFile {
+  int rank;
+  std::filesystem::path path;
+  double size;  // -1: not a regular file (a link), removed but not counted
+};
+
+// The offload files (and links under their names) in `dir` of ranks at or
+// past `world`.
+std::vector<StaleFile> files_past(const std::string& dir, int world) {
+  std::vector<StaleFile> found;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const int r = rank_of(it->path().filename().string());
-    if (r >= world && it->is_regular_file(ec)) found.emplace_back(r, it->path());
+    if (r < world) continue;
+    std::error_code type_ec;
+    const auto type = it->symlink_status(type_ec).type();
+    if (type == std::filesystem::file_type::regular || type == std::filesystem::file_type::symlink)
+      found.push_back({r, it->path(), regular_size(*it)});
   }
   return found;
 }
@@ -124,14 +145,19 @@ OffloadFiles::OffloadFiles(const std::string& dir, int rank, int world, int rank
     // remove when k mod world is this rank (no two of the job's ranks
     // contend for one), once k's lock is taken (a live run holding it
     // keeps its files).
+    std::vector<StaleFile> mine;
+    for (auto& f : files_past(dir, world))
+      if (f.rank % world == rank) mine.push_back(std::move(f));
     std::vector<int> stale;
-    for (const auto& [r, path] : files_past(dir, world))
-      if (r % world == rank && std::find(stale.begin(), stale.end(), r) == stale.end()) stale.push_back(r);
+    for (const auto& f : mine)
+      if (std::find(stale.begin(), stale.end(), f.rank) == stale.end()) stale.push_back(f.rank);
     for (int r : stale) {
       try {
+        // Once rank r's lock is held, no live run writes r's files: the
+        // listing made before it is complete.
         RunLock theirs(dir, kKey, strprintf(".lock-offload-rank%d", r));
-        for (const auto& [k, path] : files_past(dir, world))
-          if (k == r) std::filesystem::remove(path, ec);
+        for (const auto& f : mine)
+          if (f.rank == r) std::filesystem::remove(f.path, ec);
         ++removed_ranks_;
       } catch (const InputError&) {
         // Held: not stale.
@@ -145,18 +171,15 @@ OffloadFiles::OffloadFiles(const std::string& dir, int rank, int world, int rank
   // reservation below is the last word).
   double others_stale = 0;
   if (world > 0)
-    for (const auto& [r, path] : files_past(dir, world)) {
-      const auto size = std::filesystem::file_size(path, ec);
-      if (!ec) others_stale += static_cast<double>(size);
-    }
+    for (const auto& f : files_past(dir, world)) others_stale += std::max(f.size, 0.0);
   struct statvfs fs {};
   if (::statvfs(dir.c_str(), &fs) == 0) {
     // Files an earlier run left here are replaced: their space counts as free.
     double old = others_stale;
     for (const auto& name : names) {
-      const auto size =
-          std::filesystem::file_size(dir + "/" + kPrefix + strprintf("%d.%s", rank, name.c_str()), ec);
-      if (!ec) old += static_cast<double>(size);
+      const std::filesystem::directory_entry entry(
+          dir + "/" + kPrefix + strprintf("%d.%s", rank, name.c_str()), ec);
+      if (!ec) old += std::max(regular_size(entry), 0.0);
     }
     const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) + old;
     if (free < need * ranks_here) {

@@ -5,6 +5,8 @@
 // life (io/offload_files.hpp): locked, reserved, replaced, removed, and
 // errors that name the directory or the file.
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -193,11 +195,14 @@ TEST(OffloadFiles, StaleRanksOfALargerRunAreRemoved) {
     for (const char* name : {"adam_m", "adam_v"}) std::ofstream(path(r, name)) << "left by an earlier run";
   std::ofstream(d + "/mpiformer-offload.rankX.adam_m") << "not an offload file of ours";
   std::ofstream(d + "/notes.txt") << "the user's";
+  // A link under a stale rank's name: the link goes, never what it names.
+  std::filesystem::create_symlink(d + "/notes.txt", path(4, "adam_g"));
   {
     const RunLock live(d, "[train] offload_dir", ".lock-offload-rank5");  // a live holder of rank 5
     OffloadFiles zero(d, 0, 2, 2, {"adam_m"}, 1024);
     EXPECT_EQ(zero.removed_stale_ranks(), 2);  // ranks 2 and 4
     for (int r : {2, 4}) EXPECT_FALSE(std::filesystem::exists(path(r, "adam_v"))) << r;
+    EXPECT_FALSE(std::filesystem::is_symlink(path(4, "adam_g")));
     for (int r : {3, 5}) EXPECT_TRUE(std::filesystem::exists(path(r, "adam_m"))) << r;
     OffloadFiles one(d, 1, 2, 2, {"adam_m"}, 1024);
     EXPECT_EQ(one.removed_stale_ranks(), 1);  // rank 3; rank 5's lock is held
@@ -211,6 +216,35 @@ TEST(OffloadFiles, StaleRanksOfALargerRunAreRemoved) {
   OffloadFiles files(d, 0, 0, 1, {"adam_m"}, 1024);
   EXPECT_EQ(files.removed_stale_ranks(), 0);
   EXPECT_TRUE(std::filesystem::exists(path(5, "adam_m")));
+}
+
+// The room a stale rank's files free is their own: a link planted under a
+// stale rank's name (here to an 8 TiB sparse file) frees nothing. A node of
+// ranks needing 4 TiB more than the disk has is refused, not admitted on
+// the link's target's size.
+TEST(OffloadFiles, ALinkUnderAStaleNameFreesNoRoom) {
+  TempDir dir;
+  const std::string d = dir.file("");
+  const std::string big = d + "/user.bin";
+  constexpr double kTiB = 1099511627776.0;
+  { std::ofstream(big) << ""; }
+  if (::truncate(big.c_str(), static_cast<off_t>(8 * kTiB)) != 0)
+    GTEST_SKIP() << "this file system holds no 8 TiB sparse file";
+  std::filesystem::create_symlink(big, d + "/mpiformer-offload.rank3.adam_m");  // rank 1's to remove
+  struct statvfs fs {};
+  ASSERT_EQ(::statvfs(d.c_str(), &fs), 0);
+  const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+  const int64_t elements = OffloadFiles::kAlignElements;
+  const double need = 4.0 * static_cast<double>(elements);
+  const double ranks = (free + 4 * kTiB) / need + 1;
+  ASSERT_LT(ranks, 2e9);
+  try {
+    OffloadFiles files(d, 0, 2, static_cast<int>(ranks), {"adam_m"}, elements);
+    ADD_FAILURE() << "admitted on the room of a link's target";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("MB needed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::filesystem::file_size(big), static_cast<uintmax_t>(8 * kTiB));
 }
 
 TEST(OffloadFiles, RefusesAMissingDirectoryAndOneWithoutRoom) {
