@@ -199,18 +199,18 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   const int64_t n_ring = cfg.seq_len / (2 * cp);
   const double kv_rows = static_cast<double>(BT * 2 * cfg.kv_dim_per_rank(tp));
   const double kv_block = kv_rows * act_bytes, sums_block = kv_rows * 4;
-  if (cp > 1) w.cp_block_bytes = kv_block;
-  auto attention = [&](Builder& x, bool bwd, std::vector<double>& ring) {
+  if (cp > 1) w.cp_block_bytes = kv_block, w.cp_sums_bytes = sums_block;
+  auto attention = [&](Builder& x, bool bwd, std::vector<StageWork::RingPass>& ring) {
     if (cp == 1) {
       x.attention(bwd, micro_batch * nh, cfg.head_dim(), cfg.seq_len);
       return;
     }
     x.attention(bwd, micro_batch * nh * 2, cfg.head_dim(), n_ring);
     x.attention(bwd, micro_batch * nh * (2 * cp - 1), cfg.head_dim(), n_ring, true);
-    ring.push_back(static_cast<double>(cp - 1) * kv_block + (bwd ? static_cast<double>(cp) * sums_block : 0.0));
+    ring.push_back({static_cast<double>(cp - 1), bwd ? static_cast<double>(cp) : 0.0});
   };
   // forward_block: into `x`'s list (the forward, or a backward recomputing it).
-  auto block_forward = [&](Builder& x, std::vector<TC>& comm, std::vector<double>& ring, bool sparse) {
+  auto block_forward = [&](Builder& x, std::vector<TC>& comm, std::vector<StageWork::RingPass>& ring, bool sparse) {
     x.stream(Kernel::kLayernorm, false, rc);
     gather(comm);
     x.matmul(false, BT, C, cqkv);

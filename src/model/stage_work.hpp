@@ -68,13 +68,15 @@ struct StageWork {
   // Expert parallelism: each all-to-all's bytes this rank holds of it
   // (its tokens' rows out, or the same back), in compute order.
   std::vector<double> ep_forward, ep_backward;
-  // Context parallelism: each ring pass's bytes this rank sends to the
-  // next (the key/value blocks, backward with their gradients' sums), in
-  // compute order.
-  std::vector<double> cp_forward, cp_backward;
-  // One message of the ring: a key/value block (its float sums are twice
-  // that in 16 bits, priced as two: one latency too many, errs slow).
-  double cp_block_bytes = 0;
+  // Context parallelism: each ring pass's messages this rank sends to the
+  // next, in compute order: key/value blocks (cp_block_bytes each) and,
+  // backward, their gradients' sums (cp_sums_bytes each, in float).
+  struct RingPass {
+    double blocks = 0, sums = 0;
+  };
+  std::vector<RingPass> cp_forward, cp_backward;
+  double cp_block_bytes = 0, cp_sums_bytes = 0;
+  double ring_bytes(const RingPass& p) const { return p.blocks * cp_block_bytes + p.sums * cp_sums_bytes; }
   double message_bytes = 0;  // one activation (or its gradient) between stages
 };
 

@@ -387,10 +387,13 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       // The ring's sends, one block per ring step: beside the attention
       // of the pass on a GPU, exposed on the host (MPI moves them in the
       // waits). The same ring sends as much on every rank.
+      const auto ring_seconds = [&](const StageWork::RingPass& p) {
+        return p.blocks * sendrecv(cp_link.sendrecv, work.cp_block_bytes) +
+               p.sums * sendrecv(cp_link.sendrecv, work.cp_sums_bytes);
+      };
       double ring_f = 0, ring_b = 0;
-      const double block = work.cp_block_bytes;
-      for (double bytes : work.cp_forward) ring_f += bytes / block * sendrecv(cp_link.sendrecv, block);
-      for (double bytes : work.cp_backward) ring_b += bytes / block * sendrecv(cp_link.sendrecv, block);
+      for (const auto& p : work.cp_forward) ring_f += ring_seconds(p);
+      for (const auto& p : work.cp_backward) ring_b += ring_seconds(p);
       ring_f = exposed(ring_f, attend_f);
       ring_b = exposed(ring_b, attend_b);
       cp_time += ring_f + ring_b;

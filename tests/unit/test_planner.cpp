@@ -793,10 +793,26 @@ TEST(StageWork, ContextParallelismDividesTheRowsAndRingsTheAttention) {
     EXPECT_DOUBLE_EQ(w.message_bytes, one.message_bytes / c);
     const double block = B * T / c * 2 * K * 4;
     EXPECT_DOUBLE_EQ(w.cp_block_bytes, block);
+    EXPECT_DOUBLE_EQ(w.cp_sums_bytes, block);  // fp32: the sums are the blocks' size
     ASSERT_EQ(w.cp_forward.size(), 3u);
     ASSERT_EQ(w.cp_backward.size(), 3u);
-    for (double bytes : w.cp_forward) EXPECT_DOUBLE_EQ(bytes, (c - 1) * block);
-    for (double bytes : w.cp_backward) EXPECT_DOUBLE_EQ(bytes, (2 * c - 1) * block);
+    // Forward c - 1 blocks; backward those again and c sums (one home).
+    for (const auto& p : w.cp_forward) {
+      EXPECT_EQ(p.blocks, c - 1);
+      EXPECT_EQ(p.sums, 0);
+      EXPECT_DOUBLE_EQ(w.ring_bytes(p), (c - 1) * block);
+    }
+    for (const auto& p : w.cp_backward) {
+      EXPECT_EQ(p.blocks, c - 1);
+      EXPECT_EQ(p.sums, c);
+      EXPECT_DOUBLE_EQ(w.ring_bytes(p), (2 * c - 1) * block);
+    }
+    // In 16 bits the blocks are half the bytes; their sums stay float: one
+    // message each, of twice a block's bytes.
+    const StageWork half = stage_work(cfg, all, 2, Recompute::kNone, 2, false, false, 1.0, cp);
+    EXPECT_DOUBLE_EQ(half.cp_block_bytes, block / 2);
+    EXPECT_DOUBLE_EQ(half.cp_sums_bytes, block);
+    EXPECT_EQ(half.cp_backward.front().sums, c);
     // Recomputed attention runs its ring forward again in backward.
     const StageWork rc = stage_work(cfg, all, 2, Recompute::kAttention, 4, false, false, 1.0, cp);
     EXPECT_EQ(rc.cp_backward.size(), 6u);
