@@ -12,6 +12,12 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # themselves (as Slurm sends them) or through jobs/local.sh as SIGUSR1.
 # recovery.sh, which checks how a real launch tears down, restores it.
 export OMPI_MCA_odls_base_sigkill_timeout=0
+# Open MPI tries UCX before its own shared-memory transport: absent or not
+# usable here, the probe costs about 0.25 s of each of the suite's ~600
+# launches; on one node ob1 (shared memory) is the transport either way.
+# A rank started without mpirun (a tool run by hand, a one-rank train)
+# needs no daemon: Open MPI would start one (0.2 s).
+export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} OMPI_MCA_ess_singleton_isolated=1
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mpiformer-e2e-XXXXXX")

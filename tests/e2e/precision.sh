@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Mixed precision on the host back end (core/precision_plan.hpp):
-#  1. The tiny deck trained 100 steps (half its schedule, for the suite's
-#     time) in bf16 and in fp16 ends within 0.03 nats of the fp32 run's
-#     final validation loss (seen: about 0.001; 0.003 after all 200).
+#  1. The tiny deck trained 50 steps (a quarter of its schedule, for the
+#     suite's time: the loss is 2.6, from 5.5) in bf16 and in fp16 ends
+#     within 0.03 nats of the fp32 run's final validation loss (seen: 0.002
+#     and 0.0002; about 0.001 after 100 steps, 0.003 after all 200).
 #  2. Layouts agree with the one-rank run of the same precision: bit for bit
 #     under full recomputation (the same ops on the same values), and within
 #     a relative 1e-3 (bf16) or 1.25e-4 (fp16) for dp, pp, tp (with and
@@ -26,11 +27,11 @@ source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
 
-# ---- 1. 100 steps in each precision -------------------------------------
+# ---- 1. 50 steps in each precision --------------------------------------
 for p in fp32 bf16 fp16; do
   run_mpi 2 train "$DECK" --set parallel.dp=2 --set train.precision="\"$p\"" \
-    --set train.steps=100 --set checkpoint.at_end=false --set run.dir="long_$p" >"long_$p.log" 2>&1 ||
-    { cat "long_$p.log"; fail "100 steps in $p failed"; }
+    --set train.steps=50 --set checkpoint.at_end=false --set run.dir="long_$p" >"long_$p.log" 2>&1 ||
+    { cat "long_$p.log"; fail "50 steps in $p failed"; }
 done
 grep -q "device: cpu bf16 (oneDNN" long_bf16.log || { grep device: long_bf16.log; fail "bf16 not on oneDNN"; }
 python3 - <<'PY'
@@ -38,7 +39,7 @@ import json
 final = {}
 for p in ("fp32", "bf16", "fp16"):
     evals = [j for j in map(json.loads, open(f"long_{p}/metrics.jsonl")) if "val_loss" in j]
-    assert evals[-1]["step"] == 100, evals[-1]
+    assert evals[-1]["step"] == 50, evals[-1]
     final[p] = evals[-1]["val_loss"]
 for p in ("bf16", "fp16"):
     d = abs(final[p] - final["fp32"])

@@ -21,7 +21,7 @@ wait_steps() {  # wait_steps METRICS N
 id=$(NCCL_DEBUG=INFO MPIFORMER_ARGS="$args" RUN_DIR=killed sbatch --parsable -n 2 "$SBATCH_SCRIPT")
 wait_job "$id" RUNNING || { show_job "$id"; fail "job did not start"; }
 wait_steps killed/metrics.jsonl 11 || { show_job "$id"; fail "the run did not reach step 11"; }
-kill -KILL "$(pgrep -x mpiformer | tail -1)"
+kill -KILL "$(ranks_here | tail -1)"  # this test's ranks, never another test's
 wait_job "$id" COMPLETED FAILED || { show_job "$id"; fail "job did not end"; }
 job_state "$id" COMPLETED || { show_job "$id"; fail "the job did not recover from a killed rank"; }
 for want in "failure restart 1 of at most 3 (1 in this run directory) after: " \
@@ -63,7 +63,7 @@ id=$(MPIFORMER_ARGS="$args --set train.steps=400" RUN_DIR=drained sbatch --parsa
 wait_job "$id" RUNNING || { show_job "$id"; fail "job did not start"; }
 wait_steps drained/metrics.jsonl 3 || { show_job "$id"; fail "the run did not start"; }
 scontrol update NodeName=localhost State=DRAIN Reason=mpiformer-test
-kill -KILL "$(pgrep -x mpiformer | tail -1)"
+kill -KILL "$(ranks_here | tail -1)"  # this test's ranks, never another test's
 wait_job "$id" FAILED COMPLETED || { show_job "$id"; fail "job did not end"; }
 scontrol update NodeName=localhost State=RESUME
 job_state "$id" FAILED || { show_job "$id"; fail "a restart without healthy nodes must fail"; }

@@ -41,16 +41,26 @@ inline double router_losses(HostGptStage<double>& stage, double scale) {
                   c.router_z_loss * totals[kZSum]);
 }
 
-inline int64_t expect_gradients_match_finite_differences(HostGptStage<double>& stage,
-                                                         const std::vector<int32_t>& tok,
-                                                         const std::vector<int32_t>& tgt,
-                                                         double scale, const std::string& label,
-                                                         const int32_t* positions = nullptr) {
+// The stage's gradients of `scale` x the summed loss (and the router's
+// losses) of one micro-batch, computed by backward.
+inline std::vector<double> backward_gradients(HostGptStage<double>& stage,
+                                              const std::vector<int32_t>& tok,
+                                              const std::vector<int32_t>& tgt, double scale,
+                                              const int32_t* positions = nullptr) {
   stage.zero_grads();
   stage.forward(0, tok.data(), tgt.data(), true, scale, 0, positions);
   stage.backward(0);
   stage.take_loss_sum();
   router_losses(stage, scale);
+  return std::vector<double>(stage.grads(), stage.grads() + stage.table().total_numel());
+}
+
+inline int64_t expect_gradients_match_finite_differences(HostGptStage<double>& stage,
+                                                         const std::vector<int32_t>& tok,
+                                                         const std::vector<int32_t>& tgt,
+                                                         double scale, const std::string& label,
+                                                         const int32_t* positions = nullptr) {
+  backward_gradients(stage, tok, tgt, scale, positions);
   int64_t checked = 0;
   for (const auto& s : stage.table().specs()) {
     std::vector<double> x(stage.params() + s.offset, stage.params() + s.offset + s.numel());

@@ -18,6 +18,12 @@ int main(int argc, char** argv) {
   // its own, removed at the end. Under mpirun the launcher's is used.
   std::string own_tmp;
   if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
+    // A singleton needs no daemon (Open MPI starts one unless told, 0.2 s
+    // of each of the suite's 200 test processes) nor a network transport
+    // (probing UCX, absent here, costs as much again). The environment's
+    // own settings win.
+    setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    setenv("OMPI_MCA_pml", "ob1", 0);
     const char* base = std::getenv("TMPDIR");
     std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/mpiformer-test-XXXXXX";
     if (mkdtemp(pattern.data()) != nullptr) {
