@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "../unit/node_threads.hpp"
 #include "../unit/rank0_results.hpp"
 #include "cuda/device.hpp"
 
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 77;
   }
+  mpiformer::test::share_node_cores();
   ::testing::InitGoogleTest(&argc, argv);
   mpiformer::test::print_results_on_rank0_only(rank);
   const int rc = RUN_ALL_TESTS();

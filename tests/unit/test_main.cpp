@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "node_threads.hpp"
 #include "rank0_results.hpp"
 
 int main(int argc, char** argv) {
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  mpiformer::test::share_node_cores();
   int rc = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
