@@ -42,7 +42,7 @@ int rank_of(const std::string& name) {
   return std::stoi(name.substr(at, end - at));
 }
 
-// The size of a regular file at `path`, never a link's target (a link
+// The size of the regular file `entry` names, never a link's target (a link
 // planted under an offload file's name is removed, not followed: its
 // target's room is not ours to count); -1 if there is none.
 double regular_size(const std::filesystem::directory_entry& entry) {
