@@ -1,5 +1,6 @@
-// MPI for the rest of the program (RAII): finalised last. Errors are returned to us instead of aborting inside MPI,
-// so each failure is reported with its call site.
+// MPI for the rest of the program (RAII): finalised last. Errors are
+// returned to us instead of aborting inside MPI, so each failure is reported
+// with its call site.
 #pragma once
 #include <mpi.h>
 

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include "host/gemm.hpp"
+#include "parallel/mpi_session.hpp"
 
 namespace mpiformer::test {
 
@@ -15,12 +16,7 @@ inline void share_node_cores() {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world == 1) return;  // alone: the defaults are the whole machine already
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int ranks_on_node = 1;
-  MPI_Comm_size(node, &ranks_on_node);
-  MPI_Comm_free(&node);
-  host::set_compute_threads(host::choose_compute_threads(0, ranks_on_node));
+  host::set_compute_threads(host::choose_compute_threads(0, node_place().size));
 }
 
 }  // namespace mpiformer::test
