@@ -19,10 +19,20 @@ pinned() {  # RUN_DIR ARGS...
 }
 host=$(hostname)
 
-pinned fair --set run.health_check=on >fair.log 2>&1 || { cat fair.log; fail "two ranks on their own cores"; }
-grep -q "^health: 2 rank(s): GEMM .* GFLOP/s (median .*), 1 link(s) .* GB/s (median .*); every rank within 0.80 of the median" fair.log ||
-  { cat fair.log; fail "no health line, or a rank below on its own core"; }
-[ ! -e fair/unhealthy-hosts ] || fail "a healthy run recorded a host"
+# A fair pair passes. Each rank's rate is its best of a few GEMMs, but a
+# virtual machine's neighbours can still hold one core below 0.80 for all
+# of them (0.74 seen once in a full suite): one more try, so that a pair
+# fails only when it is slow twice running.
+fair() {  # RUN_DIR
+  pinned "$1" --set run.health_check=on >"$1.log" 2>&1 || { cat "$1.log"; fail "two ranks on their own cores"; }
+  grep -q "^health: 2 rank(s): GEMM .* GFLOP/s (median .*), 1 link(s) .* GB/s (median .*); every rank within 0.80 of the median" "$1.log" &&
+    [ ! -e "$1/unhealthy-hosts" ]
+}
+if ! fair fair; then
+  grep "health" fair.log || true
+  echo "note: a fair pair measured below 0.80 once; trying again"
+  fair fair_again || { cat fair_again.log; fail "no health line, or a rank below on its own core, twice"; }
+fi
 
 taskset -c 1 bash -c 'while :; do :; done' &
 hog=$!
