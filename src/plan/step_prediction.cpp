@@ -345,6 +345,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // Each chunk's pass priced on its own (the embedding is chunk 0's, the
     // head the last's); the stage's sums below.
     double fwd = 0, bwd = 0, wgt = 0, tp_time = 0, ep_time = 0, cp_time = 0;
+    // How long the backward's other traffic holds the data-parallel
+    // group's links (the same class of link: a rank's bandwidth on it is
+    // shared), a micro-batch: the data-parallel transfers hide only in
+    // the rest of the backward (below).
+    double dp_link_busy = 0;
     // An all-to-all within the data-parallel group's links: each rank
     // sends (ep - 1) / ep of its rows, at the links' measured all-to-all
     // rate (a machine file without one: the all-gather's).
@@ -394,6 +399,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       double ring_f = 0, ring_b = 0;
       for (const auto& p : work.cp_forward) ring_f += ring_seconds(p);
       for (const auto& p : work.cp_backward) ring_b += ring_seconds(p);
+      // The ring's whole transfer holds the links, hidden or not.
+      if (&cp_link == &dp_link) dp_link_busy += ring_b;
+      if (&tp_link == &dp_link) dp_link_busy += tp_b + tp_w;
+      dp_link_busy += ep_b;  // the experts' all-to-alls: the group's own links
       ring_f = exposed(ring_f, attend_f);
       ring_b = exposed(ring_b, attend_b);
       cp_time += ring_f + ring_b;
@@ -413,7 +422,12 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const double outside = n - static_cast<double>(layout.block_span());
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
-    const double block_bwd = L > 0 ? (bwd + wgt) / static_cast<double>(L) : 0;
+    // The backward's time a data-parallel transfer can hide in: its
+    // links' time that the tensor collectives, the expert all-to-alls and
+    // the context ring leave free (before, the reduction hid behind the
+    // whole backward, the ring's own sends on the same links included).
+    const double dp_window = std::max(0.0, bwd + wgt - dp_link_busy);
+    const double block_bwd = L > 0 ? dp_window / static_cast<double>(L) : 0;
     // Expert parallelism: the experts' gradients and shards go over the
     // dp / ep replicas holding them, the rest over dp (at ep 1 one group).
     double experts = 0;
@@ -446,19 +460,19 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       const double kernels = share * n * (16 + 2 * wire) / bandwidth(machine, "residual", n);
       reduce = exposed(groups(dp_link.alltoall, n, experts, wire, 1) +
                            groups(dp_link.allgather, n, experts, wire, 1) + kernels,
-                       bwd + wgt);
+                       dp_window);
     } else if (zero == 0) {
-      reduce = exposed(groups(dp_link.allreduce, n, experts, acc, 2), bwd + wgt);
+      reduce = exposed(groups(dp_link.allreduce, n, experts, acc, 2), dp_window);
     } else {
       const double block_bytes = grad16 ? act : acc;
       if (zero == 1 && grad16) {
         reduce = exposed(groups(dp_link.reduce_scatter, outside, 0, acc, 1) +
                              groups(dp_link.reduce_scatter, blocks, experts, act, 1),
-                         bwd + wgt);
+                         dp_window);
       } else {
         const double rs_all = zero == 1 ? n : outside;
         reduce = exposed(groups(dp_link.reduce_scatter, rs_all, zero == 1 ? experts : 0, acc, 1),
-                         zero == 1 ? bwd + wgt : 0);
+                         zero == 1 ? dp_window : 0);
       }
       opt_comm = groups(dp_link.allgather, n, experts, act, 1);
       if (zero >= 2)
