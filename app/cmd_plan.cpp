@@ -220,7 +220,11 @@ int run_plan(const PlanArgs& args, int rank) {
                                              ? std::vector<Prediction>{plan.leanest}
                                              : plan.fitting;
   if (rank == 0 && !args.explain.empty() && !shown.empty()) {
-    write_file_durably(args.explain, timeline_trace(shown.front().step));
+    // The search keeps no timelines: the first layout priced again.
+    const SimulatedStep step =
+        args.as_given ? shown.front().step
+                      : predict_step(with_layout(deck, shown.front().layout), machine, args.ranks_per_node).step;
+    write_file_durably(args.explain, timeline_trace(step));
   }
   if (rank == 0) print_plan(args, deck, machine, plan, shown);
   std::fflush(stdout);

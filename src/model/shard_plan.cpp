@@ -9,7 +9,12 @@ namespace {
 // The first row boundary at or after `target` within [begin, end) of the
 // unit whose tensors are `specs` (in offset order).
 int64_t snap_to_row(const std::vector<const ParameterSpec*>& specs, int64_t target, int64_t end) {
-  for (size_t k = 0; k < specs.size(); ++k) {
+  // The tensor holding `target` (specs in offset order): the last that
+  // starts at or before it (a planner's search cuts every unit dp ways).
+  const auto after = std::upper_bound(specs.begin(), specs.end(), target,
+                                      [](int64_t t, const ParameterSpec* s) { return t < s->offset; });
+  for (size_t k = after == specs.begin() ? 0 : static_cast<size_t>(after - specs.begin()) - 1;
+       k < specs.size(); ++k) {
     const ParameterSpec& s = *specs[k];
     const int64_t next = k + 1 < specs.size() ? specs[k + 1]->offset : end;
     if (target >= next) continue;
@@ -67,6 +72,7 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
       u.cuts[r] = std::max(u.cuts[r - 1], snap_to_row(members, target, u.end));
     }
     u.cuts[g] = u.end;
+    u.counts.reserve(static_cast<size_t>(g));
     for (int r = 0; r < g; ++r) u.counts.push_back(u.cuts[r + 1] - u.cuts[r]);
     u.shard_offset = sizes[rank];
     if (u.block != last_block) std::fill(block_part.begin(), block_part.end(), 0);

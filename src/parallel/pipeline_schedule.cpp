@@ -83,6 +83,9 @@ std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int sta
     throw std::invalid_argument("pipeline_schedule: interleaving needs chunks > 1 and whole rounds "
                                 "of micro-batches (the deck checks both)");
   Builder b{num_stages, stage, chunks, {}};
+  // At most 7 actions a micro-batch's chunk (receive, forward, send; and
+  // backward's, and W), and the reduction and the optimizer step.
+  b.out.reserve(static_cast<size_t>(std::max(num_micro, 0)) * static_cast<size_t>(std::max(chunks, 1)) * 7 + 2);
   if (kind == ScheduleKind::kInterleaved) {
     interleaved(b, num_micro);
   } else if (kind == ScheduleKind::kGPipe) {
@@ -115,6 +118,9 @@ std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int sta
 
 std::vector<Action> forward_only_schedule(int num_stages, int stage, int num_micro, int chunks) {
   Builder b{num_stages, stage, chunks, {}};
+  // At most 7 actions a micro-batch's chunk (receive, forward, send; and
+  // backward's, and W), and the reduction and the optimizer step.
+  b.out.reserve(static_cast<size_t>(std::max(num_micro, 0)) * static_cast<size_t>(std::max(chunks, 1)) * 7 + 2);
   for (int m = 0; m < num_micro; ++m)
     for (int c = 0; c < chunks; ++c) b.forward(m, c);
   return b.out;
@@ -242,12 +248,43 @@ bool runs_to_the_end(const std::vector<std::vector<Action>>& stages, int buffers
 
 }  // namespace
 
+namespace {
+
+// What the planner asks of one stage's schedule, remembered.
+struct StageFacts {
+  int slots = 1;
+  bool sends_gradients = false;
+};
+
+StageFacts stage_facts(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks) {
+  static std::mutex lock;
+  static std::map<std::tuple<ScheduleKind, int, int, int, int>, StageFacts> known;
+  const auto key = std::make_tuple(kind, num_stages, stage, num_micro, chunks);
+  {
+    std::lock_guard<std::mutex> hold(lock);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
+  const std::vector<Action> mine = pipeline_schedule(kind, num_stages, stage, num_micro, chunks);
+  StageFacts f;
+  f.slots = max_live_activations(mine);
+  f.sends_gradients =
+      std::any_of(mine.begin(), mine.end(), [](const Action& a) { return a.op == Op::SendGradient; });
+  std::lock_guard<std::mutex> hold(lock);
+  known[key] = f;
+  return f;
+}
+
+}  // namespace
+
+int schedule_slots(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks) {
+  return stage_facts(kind, num_stages, stage, num_micro, chunks).slots;
+}
+
 int gradient_send_buffers(ScheduleKind kind, int num_stages, int stage, int num_micro,
                           int chunks) {
-  const std::vector<Action> mine = pipeline_schedule(kind, num_stages, stage, num_micro, chunks);
-  if (std::none_of(mine.begin(), mine.end(), [](const Action& a) { return a.op == Op::SendGradient; }))
-    return 0;
-  const int slots = max_live_activations(mine);
+  const StageFacts mine = stage_facts(kind, num_stages, stage, num_micro, chunks);
+  if (!mine.sends_gradients) return 0;
+  const int slots = mine.slots;
   // The same answer for every stage of a pipeline (the search asks often).
   static std::mutex lock;
   static std::map<std::tuple<ScheduleKind, int, int, int>, int> known;

@@ -102,6 +102,12 @@ std::vector<int> activation_slots(const std::vector<Action>& actions);
 // of the activation pool.
 int max_live_activations(const std::vector<Action>& actions);
 
+// max_live_activations of pipeline_schedule(kind, num_stages, stage,
+// num_micro, chunks), remembered per arguments: the planner asks it of
+// every stage of tens of thousands of layouts, most of which share their
+// pipelines.
+int schedule_slots(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks = 1);
+
 // The buffers stage `stage`'s input-gradient sends take turns in under
 // `kind`: each send holds one until it completes, and a send that finds
 // none free waits for the oldest in flight (the receiver takes them in

@@ -17,7 +17,7 @@ double SimulatedStep::idle_fraction() const {
 }
 
 SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
-                            const ActionCosts& costs, int chunks) {
+                            const ActionCosts& costs, int chunks, bool keep_timeline) {
   const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
   if (costs.forward.size() != nv || costs.backward.size() != nv || costs.reduce.size() != n ||
       (!costs.weights.empty() && costs.weights.size() != nv)) {
@@ -30,9 +30,21 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
   SimulatedStep out;
   out.compute.assign(n, 0.0);
   out.waiting.assign(n, 0.0);
-  out.timeline.assign(n, {});
-  // When each message arrives: (receiving stage, op it answers, micro-batch, chunk).
-  std::map<std::tuple<int, Op, int, int>, double> arrivals;
+  out.timeline.assign(keep_timeline ? n : 0, {});
+  for (size_t s = 0; s < out.timeline.size(); ++s) out.timeline[s].reserve(lists[s].size());
+  // When each message arrives (-1: not sent yet), by receiving stage,
+  // chunk, kind (activation, gradient) and micro-batch: a flat table, not
+  // a map (the planner simulates tens of thousands of steps).
+  const size_t micro = static_cast<size_t>(std::max(num_micro, 0));
+  std::vector<double> arrivals(nv * 2 * micro, -1.0);
+  const auto arrival = [&](int stage, int chunk, Op op, int mb) -> double& {
+    const size_t kind = op == Op::RecvActivation ? 0 : 1;
+    const size_t at = ((static_cast<size_t>(stage) * static_cast<size_t>(chunks) + static_cast<size_t>(chunk)) * 2 + kind) * micro +
+                      static_cast<size_t>(mb);
+    if (chunk < 0 || chunk >= chunks || mb < 0 || static_cast<size_t>(mb) >= micro)
+      throw std::logic_error(strprintf("simulate_step: a message for micro-batch %d, chunk %d", mb, chunk));
+    return arrivals[at];
+  };
   std::vector<size_t> next(n, 0);
   std::vector<double> clock(n, 0.0);
   const bool split = splits_backward(kind);
@@ -57,23 +69,23 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
         if (a.op == Op::OptimizerStep) break;
         double start = clock[s];
         if (a.op == Op::RecvActivation || a.op == Op::RecvGradient) {
-          const auto it = arrivals.find({s, a.op, a.micro, a.chunk});
-          if (it == arrivals.end()) break;
-          out.waiting[s] += std::max(0.0, it->second - start);
-          start = std::max(start, it->second);
+          const double at = arrival(s, a.chunk, a.op, a.micro);
+          if (at < 0) break;
+          out.waiting[s] += std::max(0.0, at - start);
+          start = std::max(start, at);
         }
         const double end = start + cost(s, a);
         if (a.op == Op::SendActivation) {
           const PipePeer to = activation_to(num_stages, s, a.chunk);
-          arrivals[{to.stage, Op::RecvActivation, a.micro, to.chunk}] = start + costs.p2p;
+          arrival(to.stage, to.chunk, Op::RecvActivation, a.micro) = start + costs.p2p;
         }
         if (a.op == Op::SendGradient) {
           const PipePeer to = gradient_to(num_stages, s, a.chunk);
-          arrivals[{to.stage, Op::RecvGradient, a.micro, to.chunk}] = start + costs.p2p;
+          arrival(to.stage, to.chunk, Op::RecvGradient, a.micro) = start + costs.p2p;
         }
         if (a.op == Op::Forward || a.op == Op::Backward || a.op == Op::WeightGradients)
           out.compute[s] += end - start;
-        out.timeline[s].push_back({a, start, end});
+        if (keep_timeline) out.timeline[s].push_back({a, start, end});
         clock[s] = end;
         ++next[s];
         moved = true;
@@ -86,7 +98,7 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
       throw std::logic_error(strprintf("simulate_step: stage %d cannot finish the schedule", s));
     }
     out.waiting[s] += barrier - clock[s];
-    out.timeline[s].push_back({lists[s][next[s]], barrier, barrier + costs.optimizer});
+    if (keep_timeline) out.timeline[s].push_back({lists[s][next[s]], barrier, barrier + costs.optimizer});
   }
   out.step_time = barrier + costs.optimizer;
   return out;

@@ -47,8 +47,9 @@ struct SimulatedStep {
 // Throws std::invalid_argument if the costs do not cover `num_stages`
 // (times `chunks`), or std::logic_error if the schedules could not finish
 // (a deadlock).
+// `keep_timeline`: false leaves `timeline` empty (the rest is the same).
 SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
-                            const ActionCosts& costs, int chunks = 1);
+                            const ActionCosts& costs, int chunks = 1, bool keep_timeline = true);
 
 // The timeline as a Chrome trace (one process per stage, spans in
 // microseconds), to set beside a measured trace of the same layout.

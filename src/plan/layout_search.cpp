@@ -126,8 +126,11 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
 #pragma omp parallel for schedule(dynamic) num_threads(std::max(1, options.threads))
     for (int i = 0; i < total; ++i) {
       try {
+        // No timeline: each holds every action of every stage (hundreds of
+        // kilobytes at thousands of micro-batches), and tens of thousands
+        // kept took 24 GB. Whoever shows one prices its layout again.
         Prediction p = predict_step(with_layout(deck, candidates[static_cast<size_t>(i)]), machine,
-                                    static_cast<int>(node), true);
+                                    static_cast<int>(node), true, false);
         const std::lock_guard<std::mutex> lock(mutex);
         ++done;
         if (p.fits && p.tokens_per_s > best.tokens_per_s) best = p;

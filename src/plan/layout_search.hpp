@@ -16,7 +16,7 @@ namespace mpiformer {
 struct Plan {
   int ranks = 0;
   int considered = 0;               // layouts predicted
-  std::vector<Prediction> fitting;  // fastest first
+  std::vector<Prediction> fitting;  // fastest first; without their timelines (step.timeline)
   Prediction leanest;               // the smallest memory_max of all (for the refusal)
 };
 

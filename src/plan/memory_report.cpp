@@ -16,7 +16,8 @@ std::vector<RankMemory> predicted_memory(const Deck& deck, const BackendChoice& 
   const int pp = static_cast<int>(deck.parallel.pp);
   for (int s = 0; s < pp; ++s) {
     // Each stage's schedule keeps its own number of micro-batches alive.
-    const int slots = max_live_activations(stage_schedule(deck, s));
+    const int slots = schedule_slots(deck.parallel.schedule, pp, s, static_cast<int>(deck.grad_accum()),
+                                     static_cast<int>(deck.parallel.virtual_stages));
     out.push_back(rank_memory(deck, backend, s, slots));
   }
   return out;

@@ -84,18 +84,18 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   const AttentionStorage attention = choice.device == Device::kCuda
                                          ? AttentionStorage::kRowStatistics
                                          : AttentionStorage::kProbabilities;
+  const ParameterTable table(cfg, range);  // built once: the planner asks this of every layout
   m.stage = stage_footprint(cfg, range,
                             stage_options_of(deck, slots),
                             static_cast<size_t>(act), static_cast<size_t>(acc), attention);
   if (zero == 0) {
     // AdamW's two moments, each the size of the stage's master weights.
-    m.optimizer = 2 * static_cast<double>(ParameterTable(cfg, range).total_storage()) * acc;
+    m.optimizer = 2 * static_cast<double>(table.total_storage()) * acc;
     const bool compressed = deck.train.grad_compression != GradCompression::kNone && deck.replicas() > 1;
     // On the host, MPI's non-blocking all-reduce keeps a temporary of its
     // bucket: kReductionsInFlight buckets at most (grad_reducer.hpp); the
     // compressed exchange blocks, in buffers of its own (below).
     if (choice.device == Device::kCpu) {
-      const ParameterTable table(cfg, range);
       double largest = 0;
       if (deck.replicas() > 1 && !compressed) {
         for (const GradientBucket& b : gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)))
@@ -114,7 +114,6 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     // [train] grad_compression: error feedback's residuals and the wire
     // buffers (train/compressed_allreduce.hpp).
     if (compressed) {
-      const ParameterTable table(cfg, range);
       m.comm += compression_buffers(deck.train.grad_compression,
                                     gradient_buckets(table, deck.parallel.bucket_mb * (1 << 20)),
                                     table.total_storage(), static_cast<int>(deck.replicas()),
@@ -123,10 +122,10 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
-    const ParameterTable table(cfg, range);
     const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.replicas()), 0,
                          static_cast<int>(deck.parallel.ep));
     const double shard = static_cast<double>(plan.max_shard_size());
+    m.shard = shard;
     // Where the stage holds a buffer whole, the shard's share is its owned
     // rows, counted there (train/zero_shards.hpp): the masters in fp32 at
     // zero 1-2, the 16-bit copy at zero 1-2, the reduced gradients at
@@ -246,7 +245,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   // memory: the rank's own on the host back end, beside the device's on a
   // GPU.
   if (deck.checkpoint.async) {
-    m.checkpoint_snapshot = 3.0 * 4.0 * static_cast<double>(ParameterTable(cfg, range).total_storage()) /
+    m.checkpoint_snapshot = 3.0 * 4.0 * static_cast<double>(table.total_storage()) /
                             static_cast<double>(deck.replicas());
   }
   // Every save (the deck's; a stop's too) writes and reads back through a

@@ -30,6 +30,7 @@ struct BackendChoice {
 struct RankMemory {
   int slots = 0;  // activation slots of the stage's schedule
   StageFootprint stage;
+  double shard = 0;            // ZeRO: the group's largest shard, elements (not bytes)
   double shard_master = 0;     // ZeRO: master weights of the shard (and its Act copy)
   double shard_gradients = 0;  // ZeRO: the reduced gradients of the shard
   double optimizer = 0;        // AdamW's two moments (whole, or the shard)

@@ -273,7 +273,7 @@ double expert_imbalance(const Deck& deck) {
 }
 
 Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node,
-                        bool time_if_fits) {
+                        bool time_if_fits, bool keep_timeline) {
   require_rates_for(deck, machine);
   Prediction out;
   out.layout = layout_of(deck);
@@ -328,7 +328,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   std::vector<double> optimizer(pp, 0.0);
   for (int64_t s = 0; s < pp; ++s) {
     const StageRange range = stage_range_of(deck, static_cast<int>(s), 0);
-    const int slots = max_live_activations(stage_schedule(deck, static_cast<int>(s)));
+    const int slots = out.memory[static_cast<size_t>(s)].slots;  // its schedule's, counted once
     const double factor =
         stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute,
                   static_cast<double>(deck.train.micro_batch * slots * range.layers_per_chunk()))
@@ -541,11 +541,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     costs.reduce.push_back(reduce);
     // AdamW on what this rank owns, the gradient norm, zeroing the
     // gradients, and ZeRO's gather of the updated weights.
-    const double owned =
-        zero >= 1 ? static_cast<double>(ShardPlan(table, layout, static_cast<int>(dp), 0,
-                                                  static_cast<int>(ep))
-                                            .max_shard_size())
-                  : n;
+    const double owned = zero >= 1 ? out.memory[static_cast<size_t>(s)].shard : n;  // its ShardPlan's
     const double grads = zero >= 2 ? outside + 2 * block : n;
     const double zeroing = share * (owned + grads) * acc / bandwidth(machine, "residual", grads);
     double math = share * owned * 7 * acc / bandwidth(machine, "adamw", owned) + zeroing;
@@ -594,7 +590,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   }
   costs.optimizer = *std::max_element(optimizer.begin(), optimizer.end());
   out.step = simulate_step(deck.parallel.schedule, static_cast<int>(pp), static_cast<int>(micro),
-                           costs, static_cast<int>(v));
+                           costs, static_cast<int>(v), keep_timeline);
   out.bubble = std::max(0.0, out.step.step_time - out.compute - out.exposed_comm - out.optimizer);
   const double tokens = static_cast<double>(deck.train.global_batch * cfg.seq_len);
   out.tokens_per_s = tokens / out.step.step_time;

@@ -96,8 +96,10 @@ double expert_imbalance(const Deck& deck);
 
 // `ranks_per_node`: ranks on each node (0: the machine's devices_per_node).
 // `time_if_fits`: a layout that does not fit is not timed (the planner's
-// enumeration skips it; its step fields stay 0).
+// enumeration skips it; its step fields stay 0). `keep_timeline`: false
+// leaves step.timeline empty (a search prices tens of thousands of
+// layouts and shows a few).
 Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node = 0,
-                        bool time_if_fits = false);
+                        bool time_if_fits = false, bool keep_timeline = true);
 
 }  // namespace mpiformer

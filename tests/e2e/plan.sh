@@ -69,6 +69,20 @@ for stage in (0, 1):
     assert spans[(stage, "forward")] == 4 and spans[(stage, "backward")] == 4, spans
 print("timeline: both stages' 4 forwards and 4 backwards")
 PY
+# A search keeps no timelines (each is every action of every stage): the
+# first layout's is priced again for --explain, the one the table shows.
+"$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --ranks 2 --top 1 --explain searched.json >searched.txt
+/usr/bin/python3 - searched.json searched.txt <<'PY'
+import json, sys, collections, re
+ev = json.load(open(sys.argv[1]))
+first = re.search(r"^ +1 \| dp (\d+) pp (\d+) tp \d+ mb (\d+)", open(sys.argv[2]).read(), re.M)
+assert first, "no first layout"
+dp, pp, mb = map(int, first.groups())
+spans = collections.Counter((e["pid"], e["name"]) for e in ev if e.get("ph") == "X")
+for stage in range(pp):
+    assert spans[(stage, "forward")] == 32 // (dp * mb), (spans, dp, pp, mb)
+print(f"searched timeline: {pp} stage(s), {32 // (dp * mb)} forwards each")
+PY
 
 # A machine too small for the model: refused with the need and the supply.
 # (Its libraries' bytes set to none: a runtime_mb as large as the memory is
