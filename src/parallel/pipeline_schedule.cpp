@@ -118,9 +118,6 @@ std::vector<Action> pipeline_schedule(ScheduleKind kind, int num_stages, int sta
 
 std::vector<Action> forward_only_schedule(int num_stages, int stage, int num_micro, int chunks) {
   Builder b{num_stages, stage, chunks, {}};
-  // At most 7 actions a micro-batch's chunk (receive, forward, send; and
-  // backward's, and W), and the reduction and the optimizer step.
-  b.out.reserve(static_cast<size_t>(std::max(num_micro, 0)) * static_cast<size_t>(std::max(chunks, 1)) * 7 + 2);
   for (int m = 0; m < num_micro; ++m)
     for (int c = 0; c < chunks; ++c) b.forward(m, c);
   return b.out;
@@ -245,10 +242,6 @@ bool runs_to_the_end(const std::vector<std::vector<Action>>& stages, int buffers
     if (!moved) return false;
   }
 }
-
-}  // namespace
-
-namespace {
 
 // What the planner asks of one stage's schedule, remembered.
 struct StageFacts {

@@ -399,10 +399,12 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       double ring_f = 0, ring_b = 0;
       for (const auto& p : work.cp_forward) ring_f += ring_seconds(p);
       for (const auto& p : work.cp_backward) ring_b += ring_seconds(p);
-      // The ring's whole transfer holds the links, hidden or not.
+      // The ring's whole transfer holds its links, hidden or not; the
+      // tensor collectives theirs (exposed); the experts' all-to-alls go
+      // over the data-parallel group's own.
       if (&cp_link == &dp_link) dp_link_busy += ring_b;
       if (&tp_link == &dp_link) dp_link_busy += tp_b + tp_w;
-      dp_link_busy += ep_b;  // the experts' all-to-alls: the group's own links
+      dp_link_busy += ep_b;
       ring_f = exposed(ring_f, attend_f);
       ring_b = exposed(ring_b, attend_b);
       cp_time += ring_f + ring_b;
