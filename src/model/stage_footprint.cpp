@@ -11,6 +11,14 @@ namespace mpiformer {
 StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
                                const StageOptions& o, size_t act_bytes, size_t acc_bytes,
                                AttentionStorage storage) {
+  const ParameterTable table(cfg, range);
+  return stage_footprint(cfg, range, table, StageLayout(table, range), o, act_bytes, acc_bytes, storage);
+}
+
+StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
+                               const ParameterTable& table, const StageLayout& layout,
+                               const StageOptions& o, size_t act_bytes, size_t acc_bytes,
+                               AttentionStorage storage) {
   const double act = static_cast<double>(act_bytes), acc = static_cast<double>(acc_bytes);
   // T: the tokens of each sequence this rank holds (its cp-th).
   const double B = static_cast<double>(o.micro_batch),
@@ -38,8 +46,6 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
                : attention_scratch_elements(storage, B, NH, T, static_cast<double>(cfg.head_dim())) * acc;
   // The deck's limits on the model's shapes keep this count in an int64;
   // the batch is not limited so, hence doubles for the activations.
-  const ParameterTable table(cfg, range);
-  const StageLayout layout(table, range);
   const double n = static_cast<double>(table.total_storage());
   const double blocks = static_cast<double>(layout.block_span());
   const double window = static_cast<double>(layout.block_storage());

@@ -10,6 +10,7 @@
 #include "common/attention_storage.hpp"
 #include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
+#include "model/stage_layout.hpp"
 #include "model/stage_options.hpp"
 
 namespace mpiformer {
@@ -32,6 +33,12 @@ struct StageFootprint {
 StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
                                const StageOptions& options, size_t act_bytes, size_t acc_bytes,
                                AttentionStorage attention = AttentionStorage::kProbabilities);
+// The same, with the stage's parameter table and layout (of cfg, range)
+// at hand (the planner keeps them).
+StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
+                               const ParameterTable& table, const StageLayout& layout,
+                               const StageOptions& options, size_t act_bytes, size_t acc_bytes,
+                               AttentionStorage attention);
 inline StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
                                       int64_t micro_batch, int slots, size_t act_bytes,
                                       size_t acc_bytes,

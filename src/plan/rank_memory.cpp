@@ -13,6 +13,7 @@
 #include "offload_files.hpp"
 #include "model/stage_options.hpp"
 #include "parallel/pipeline_schedule.hpp"
+#include "plan/stage_tables.hpp"
 
 namespace mpiformer {
 
@@ -84,8 +85,12 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   const AttentionStorage attention = choice.device == Device::kCuda
                                          ? AttentionStorage::kRowStatistics
                                          : AttentionStorage::kProbabilities;
-  const ParameterTable table(cfg, range);  // built once: the planner asks this of every layout
-  m.stage = stage_footprint(cfg, range,
+  // The stage's table and ZeRO's cuts of it, shared by the layouts of a
+  // search that have this stage.
+  const std::shared_ptr<const StageTables> tables =
+      stage_tables(cfg, range, deck.replicas(), deck.parallel.ep);
+  const ParameterTable& table = tables->table;
+  m.stage = stage_footprint(cfg, range, table, tables->layout,
                             stage_options_of(deck, slots),
                             static_cast<size_t>(act), static_cast<size_t>(acc), attention);
   if (zero == 0) {
@@ -122,8 +127,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
-    const ShardPlan plan(table, StageLayout(table, range), static_cast<int>(deck.replicas()), 0,
-                         static_cast<int>(deck.parallel.ep));
+    const ShardPlan& plan = tables->shards;
     const double shard = static_cast<double>(plan.max_shard_size());
     m.shard = shard;
     // Where the stage holds a buffer whole, the shard's share is its owned

@@ -10,6 +10,7 @@
 #include "core/precision_plan.hpp"
 #include "model/model_flops.hpp"
 #include "model/shard_plan.hpp"
+#include "plan/stage_tables.hpp"
 #include "model/stage_layout.hpp"
 #include "model/stage_work.hpp"
 #include "plan/gemm_tiles.hpp"
@@ -417,8 +418,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       tp_time += tp_f + tp_b + tp_w;
     }
 
-    const ParameterTable table(cfg, range);
-    const StageLayout layout(table, range);
+    const std::shared_ptr<const StageTables> tables = stage_tables(cfg, range, dp, ep);
+    const ParameterTable& table = tables->table;
+    const StageLayout& layout = tables->layout;
     const double n = static_cast<double>(table.total_storage());
     const double block = static_cast<double>(layout.block_storage());
     const double outside = n - static_cast<double>(layout.block_span());
