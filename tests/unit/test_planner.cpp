@@ -31,6 +31,7 @@
 #include "plan/memory_report.hpp"
 #include "plan/plan_explain.hpp"
 #include "plan/rank_memory.hpp"
+#include "plan/stage_tables.hpp"
 #include "tiny_deck.hpp"
 
 namespace mpiformer::test {
@@ -869,6 +870,36 @@ TEST(Plan, ContextParallelismIsPricedAndSearched) {
   cps.clear();
   for (const Prediction& p : plan_layouts(deck, gpu, 4, 4).fitting) cps.insert(p.layout.cp);
   EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4}));
+}
+
+// The planner's shared stage tables: one per (model, stage, replicas, ep),
+// each what a fresh build gives; a field of the model, of the stage's
+// range or the replicas that differs gives other tables (a key missing a
+// field would hand one layout another's stage).
+TEST(Plan, StageTablesAreSharedOnlyByTheSameStage) {
+  const GptConfig cfg = gpt2_124m_shape();
+  const StageRange range = partition_stage(cfg, 0, 2, 2, 0, 1);
+  const auto a = stage_tables(cfg, range, 4, 1);
+  EXPECT_EQ(stage_tables(cfg, range, 4, 1).get(), a.get());
+  const ParameterTable fresh(cfg, range);
+  const ShardPlan cuts(fresh, StageLayout(fresh, range), 4, 0, 1);
+  EXPECT_EQ(a->table.total_storage(), fresh.total_storage());
+  EXPECT_EQ(a->table.specs().size(), fresh.specs().size());
+  EXPECT_EQ(a->layout.block_span(), StageLayout(fresh, range).block_span());
+  EXPECT_EQ(a->shards.max_shard_size(), cuts.max_shard_size());
+  EXPECT_EQ(a->shards.units().size(), cuts.units().size());
+  GptConfig wider = cfg;
+  wider.ffn_hidden = 4 * cfg.n_embd + 1024;
+  StageRange last = range;
+  last.has_head = true;
+  StageRange other_rank = range;
+  other_rank.tp_rank = 1;
+  for (const auto& other : {stage_tables(wider, range, 4, 1), stage_tables(cfg, last, 4, 1),
+                            stage_tables(cfg, other_rank, 4, 1), stage_tables(cfg, range, 8, 1)}) {
+    EXPECT_NE(other.get(), a.get());
+  }
+  EXPECT_GT(stage_tables(wider, range, 4, 1)->table.total_storage(), a->table.total_storage());
+  EXPECT_LT(stage_tables(cfg, range, 8, 1)->shards.max_shard_size(), a->shards.max_shard_size());
 }
 
 // The data-parallel reduction hides only in the backward's time that the
