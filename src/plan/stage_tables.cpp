@@ -43,20 +43,29 @@ std::string stage_key(const GptConfig& c, const StageRange& r, int64_t replicas,
 std::shared_ptr<const StageTables> stage_tables(const GptConfig& cfg, const StageRange& range,
                                                 int64_t replicas, int64_t ep) {
   // A search meets its stages in runs (layouts are enumerated by tensor,
-  // pipeline and context width first): a few hundred kept is plenty, and
-  // bounds the memory (a table and its cuts per entry).
+  // pipeline and context width first): a few hundred kept is plenty. The
+  // cuts grow with the replicas (two numbers a replica a unit: 80 MB for
+  // a 128-block stage at 65,536), so what is kept is bounded in bytes too.
   constexpr size_t kKept = 256;
+  constexpr double kKeptBytes = 256.0 * (1 << 20);
   static std::mutex lock;
   static std::map<std::string, std::shared_ptr<const StageTables>> known;
+  static double held = 0;
   const std::string key = stage_key(cfg, range, replicas, ep);
   {
     const std::lock_guard<std::mutex> hold(lock);
     if (auto it = known.find(key); it != known.end()) return it->second;
   }
   auto built = std::make_shared<const StageTables>(cfg, range, replicas, ep);
+  double bytes = static_cast<double>(built->table.specs().size() * sizeof(ParameterSpec));
+  for (const ShardUnit& u : built->shards.units())
+    bytes += static_cast<double>((u.cuts.size() + u.counts.size()) * sizeof(int64_t));
   const std::lock_guard<std::mutex> hold(lock);
-  if (known.size() >= kKept) known.clear();
-  known.emplace(key, built);
+  if (known.size() >= kKept || held + bytes > kKeptBytes) {
+    known.clear();
+    held = 0;
+  }
+  if (bytes <= kKeptBytes && known.emplace(key, built).second) held += bytes;
   return built;
 }
 

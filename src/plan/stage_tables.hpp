@@ -23,7 +23,8 @@ struct StageTables {
 };
 
 // The tables of (cfg, range) cut over `replicas` (ep dividing it),
-// remembered (the most recent few hundred; safe from several threads).
+// remembered (the most recent few hundred, 256 MB at most; safe from
+// several threads).
 std::shared_ptr<const StageTables> stage_tables(const GptConfig& cfg, const StageRange& range,
                                                 int64_t replicas, int64_t ep);
 
