@@ -2,6 +2,7 @@
 // does in one optimizer step. The trainer walks the list; the tests check
 // the list (order, memory, deadlock freedom) without running a model.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,14 @@ int max_live_activations(const std::vector<Action>& actions);
 // every stage of tens of thousands of layouts, most of which share their
 // pipelines.
 int schedule_slots(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks = 1);
+
+// Every stage's pipeline_schedule, stage by stage, remembered (the most
+// recent, 64 MB at most): the planner simulates tens of thousands of steps
+// whose layouts share their pipelines.
+std::shared_ptr<const std::vector<std::vector<Action>>> pipeline_schedules(ScheduleKind kind,
+                                                                           int num_stages,
+                                                                           int num_micro,
+                                                                           int chunks = 1);
 
 // The buffers stage `stage`'s input-gradient sends take turns in under
 // `kind`: each send holds one until it completes, and a send that finds

@@ -24,9 +24,8 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
     throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
                                 " stages of " + std::to_string(chunks) + " chunk(s) expected");
   }
-  std::vector<std::vector<Action>> lists(n);
-  for (int s = 0; s < num_stages; ++s)
-    lists[s] = pipeline_schedule(kind, num_stages, s, num_micro, chunks);
+  const auto schedules = pipeline_schedules(kind, num_stages, num_micro, chunks);
+  const std::vector<std::vector<Action>>& lists = *schedules;
   SimulatedStep out;
   out.compute.assign(n, 0.0);
   out.waiting.assign(n, 0.0);

@@ -4,8 +4,6 @@
 #include <mutex>
 #include <string>
 
-#include "core/format.hpp"
-
 namespace mpiformer {
 
 StageTables::StageTables(const GptConfig& cfg, const StageRange& range, int64_t replicas, int64_t ep)
@@ -20,22 +18,22 @@ namespace {
 static_assert(sizeof(GptConfig) == 136, "GptConfig changed: key every field in stage_key");
 static_assert(sizeof(StageRange) == 72, "StageRange changed: key every field in stage_key");
 
+// The fields' bytes, one after another (formatting them as text took a
+// tenth of a 65,536-rank search).
+template <class... T>
+std::string bytes_of(const T&... fields) {
+  std::string key;
+  key.reserve((sizeof(T) + ...));
+  (key.append(reinterpret_cast<const char*>(&fields), sizeof(T)), ...);
+  return key;
+}
+
 std::string stage_key(const GptConfig& c, const StageRange& r, int64_t replicas, int64_t ep) {
-  return strprintf("%lld %lld %lld %lld %lld %d %lld %lld %a %a %d %lld %lld %lld %a %a %a | "
-                   "%lld %lld %d %d %lld %lld %lld %lld %lld %lld | %lld %lld",
-                   static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
-                   static_cast<long long>(c.n_embd), static_cast<long long>(c.seq_len),
-                   static_cast<long long>(c.vocab_size), static_cast<int>(c.family),
-                   static_cast<long long>(c.n_kv_head), static_cast<long long>(c.ffn_hidden),
-                   c.rope_theta, c.norm_eps, c.tie_embeddings ? 1 : 0,
-                   static_cast<long long>(c.experts), static_cast<long long>(c.top_k),
-                   static_cast<long long>(c.moe_every), c.capacity_factor, c.aux_loss,
-                   c.router_z_loss, static_cast<long long>(r.first_layer),
-                   static_cast<long long>(r.last_layer), r.has_embedding ? 1 : 0, r.has_head ? 1 : 0,
-                   static_cast<long long>(r.tp), static_cast<long long>(r.tp_rank),
-                   static_cast<long long>(r.chunks), static_cast<long long>(r.chunk_stride),
-                   static_cast<long long>(r.ep), static_cast<long long>(r.ep_rank),
-                   static_cast<long long>(replicas), static_cast<long long>(ep));
+  return bytes_of(c.n_layer, c.n_head, c.n_embd, c.seq_len, c.vocab_size, c.family, c.n_kv_head,
+                  c.ffn_hidden, c.rope_theta, c.norm_eps, c.tie_embeddings, c.experts, c.top_k,
+                  c.moe_every, c.capacity_factor, c.aux_loss, c.router_z_loss, r.first_layer,
+                  r.last_layer, r.has_embedding, r.has_head, r.tp, r.tp_rank, r.chunks,
+                  r.chunk_stride, r.ep, r.ep_rank, replicas, ep);
 }
 
 }  // namespace

@@ -418,4 +418,22 @@ TEST(PipelineSchedule, OneFOneBMatchesMegatronOrderForTwoStages) {
 }
 
 }  // namespace
+// What the planner remembers of schedules: every stage's list as built,
+// and each stage's slots, for every kind; the same lists on a second ask.
+TEST(PipelineSchedule, RememberedSchedulesAreTheSchedules) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZbH1,
+                            ScheduleKind::kInterleaved}) {
+    const int chunks = kind == ScheduleKind::kInterleaved ? 2 : 1;
+    const auto lists = pipeline_schedules(kind, 4, 8, chunks);
+    ASSERT_EQ(lists->size(), 4u);
+    EXPECT_EQ(pipeline_schedules(kind, 4, 8, chunks).get(), lists.get());
+    for (int s = 0; s < 4; ++s) {
+      const std::vector<Action> fresh = pipeline_schedule(kind, 4, s, 8, chunks);
+      EXPECT_EQ((*lists)[static_cast<size_t>(s)], fresh);
+      EXPECT_EQ(schedule_slots(kind, 4, s, 8, chunks), max_live_activations(fresh));
+    }
+    EXPECT_NE(pipeline_schedules(kind, 4, 12, chunks).get(), lists.get());
+  }
+}
+
 }  // namespace mpiformer::test
