@@ -127,7 +127,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     }
   } else {
     // The largest shard of the group (parts end at rows, so they differ a little).
-    const ShardPlan& plan = tables->shards;
+    const ShardPlan& plan = tables->shards();
     const double shard = static_cast<double>(plan.max_shard_size());
     m.shard = shard;
     // Where the stage holds a buffer whole, the shard's share is its owned

@@ -7,9 +7,23 @@
 namespace mpiformer {
 
 StageTables::StageTables(const GptConfig& cfg, const StageRange& range, int64_t replicas, int64_t ep)
-    : table(cfg, range),
-      layout(table, range),
-      shards(table, layout, static_cast<int>(replicas), 0, static_cast<int>(ep)) {}
+    : table(cfg, range), layout(table, range), replicas_(replicas), ep_(ep) {
+  if (ep >= 1 && replicas % ep == 0)
+    shards_.emplace(table, layout, static_cast<int>(replicas), 0, static_cast<int>(ep));
+}
+
+const ShardPlan& StageTables::shards() const {
+  if (!shards_) ShardPlan(table, layout, static_cast<int>(replicas_), 0, static_cast<int>(ep_));  // throws
+  return *shards_;
+}
+
+double StageTables::bytes() const {
+  double b = static_cast<double>(table.specs().size() * sizeof(ParameterSpec));
+  if (shards_)
+    for (const ShardUnit& u : shards_->units())
+      b += static_cast<double>((u.cuts.size() + u.counts.size()) * sizeof(int64_t));
+  return b;
+}
 
 namespace {
 
@@ -55,9 +69,7 @@ std::shared_ptr<const StageTables> stage_tables(const GptConfig& cfg, const Stag
     if (auto it = known.find(key); it != known.end()) return it->second;
   }
   auto built = std::make_shared<const StageTables>(cfg, range, replicas, ep);
-  double bytes = static_cast<double>(built->table.specs().size() * sizeof(ParameterSpec));
-  for (const ShardUnit& u : built->shards.units())
-    bytes += static_cast<double>((u.cuts.size() + u.counts.size()) * sizeof(int64_t));
+  const double bytes = built->bytes();
   const std::lock_guard<std::mutex> hold(lock);
   if (known.size() >= kKept || held + bytes > kKeptBytes) {
     known.clear();

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "core/gpt_config.hpp"
 #include "model/parameter_table.hpp"
@@ -18,8 +19,16 @@ namespace mpiformer {
 struct StageTables {
   ParameterTable table;
   StageLayout layout;
-  ShardPlan shards;  // over `replicas` of `ep` expert groups, as rank 0 (its largest part)
   StageTables(const GptConfig& cfg, const StageRange& range, int64_t replicas, int64_t ep);
+  // ZeRO's cuts over `replicas` of `ep` expert groups, as rank 0 (its
+  // largest part); throws ShardPlan's std::invalid_argument where ep does
+  // not divide the replicas (a zero 0 layout asks for none).
+  const ShardPlan& shards() const;
+  double bytes() const;  // about what it holds (the table's entries, the cuts)
+
+ private:
+  int64_t replicas_, ep_;
+  std::optional<ShardPlan> shards_;
 };
 
 // The tables of (cfg, range) cut over `replicas` (ep dividing it),

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <stdexcept>
 
 #include <algorithm>
 #include <cmath>
@@ -886,8 +887,8 @@ TEST(Plan, StageTablesAreSharedOnlyByTheSameStage) {
   EXPECT_EQ(a->table.total_storage(), fresh.total_storage());
   EXPECT_EQ(a->table.specs().size(), fresh.specs().size());
   EXPECT_EQ(a->layout.block_span(), StageLayout(fresh, range).block_span());
-  EXPECT_EQ(a->shards.max_shard_size(), cuts.max_shard_size());
-  EXPECT_EQ(a->shards.units().size(), cuts.units().size());
+  EXPECT_EQ(a->shards().max_shard_size(), cuts.max_shard_size());
+  EXPECT_EQ(a->shards().units().size(), cuts.units().size());
   GptConfig wider = cfg;
   wider.ffn_hidden = 4 * cfg.n_embd + 1024;
   StageRange last = range;
@@ -899,7 +900,12 @@ TEST(Plan, StageTablesAreSharedOnlyByTheSameStage) {
     EXPECT_NE(other.get(), a.get());
   }
   EXPECT_GT(stage_tables(wider, range, 4, 1)->table.total_storage(), a->table.total_storage());
-  EXPECT_LT(stage_tables(cfg, range, 8, 1)->shards.max_shard_size(), a->shards.max_shard_size());
+  EXPECT_LT(stage_tables(cfg, range, 8, 1)->shards().max_shard_size(), a->shards().max_shard_size());
+  // Cuts that cannot be made are refused when asked for, not before (a
+  // zero 0 layout asks for none).
+  const auto uneven = stage_tables(cfg, range, 3, 2);
+  EXPECT_EQ(uneven->table.total_storage(), fresh.total_storage());
+  EXPECT_THROW(uneven->shards(), std::invalid_argument);
 }
 
 // The data-parallel reduction hides only in the backward's time that the
