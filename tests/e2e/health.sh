@@ -35,9 +35,9 @@ if ! fair fair; then
 fi
 
 # Two busy loops: rank 1 gets a third of its core. With one it got half,
-# and its best GEMM of a few, caught in the loop's pauses, came out at
-# 0.72 of its neighbour's once in CI: 0.84 of the two ranks' median, not
-# named.
+# and its best GEMM of a few (the scheduler's shares are uneven over a
+# short product) came out at 0.72 of its neighbour's once in CI: 0.84 of
+# the two ranks' median, not named.
 hogs=()
 for _ in 1 2; do
   taskset -c 1 bash -c 'while :; do :; done' &
