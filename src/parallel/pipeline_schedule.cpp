@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
-#include <set>
+#include <queue>
 #include <stdexcept>
 #include <tuple>
+
+#include "core/bounded_memo.hpp"
 
 namespace mpiformer {
 
@@ -137,26 +140,41 @@ int gradient_from(int num_stages, int stage) { return (stage + 1) % num_stages; 
 std::vector<int> activation_slots(const std::vector<Action>& actions) {
   const Op closes = closing_op(actions);
   std::vector<int> out(actions.size(), -1);
-  std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk): its slot, kept after it closes
-  std::set<std::pair<int, int>> open;
-  std::vector<bool> busy;
+  // Flat tables by (micro, chunk), and the freed slots in a heap: the
+  // planner asks this of every stage of thousands of pipelines (a map and a
+  // scan for the first free slot were a tenth of a 65,536-rank search).
+  int micros = 0, chunks = 1;
+  for (const Action& a : actions) {
+    micros = std::max(micros, a.micro + 1);
+    chunks = std::max(chunks, a.chunk + 1);
+  }
+  const auto index = [chunks](const Action& a) {
+    return static_cast<size_t>(a.micro) * static_cast<size_t>(chunks) + static_cast<size_t>(a.chunk);
+  };
+  std::vector<int> slot_of(static_cast<size_t>(micros) * static_cast<size_t>(chunks), -1);
+  std::vector<char> open(slot_of.size(), 0);  // kept after it closes: slot_of
+  std::priority_queue<int, std::vector<int>, std::greater<>> freed;  // below `next`
+  int next = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     if (a.micro < 0) continue;
-    const std::pair<int, int> key{a.micro, a.chunk};
-    const bool opens = (a.op == Op::RecvActivation || a.op == Op::Forward) && !open.count(key);
-    if (opens) {
-      const auto free = std::find(busy.begin(), busy.end(), false);
-      const int slot = static_cast<int>(free - busy.begin());
-      if (free == busy.end()) busy.push_back(true);
-      else *free = true;
-      slot_of[key] = slot;
-      open.insert(key);
+    const size_t key = index(a);
+    if ((a.op == Op::RecvActivation || a.op == Op::Forward) && !open[key]) {
+      // The lowest free slot.
+      if (freed.empty()) {
+        slot_of[key] = next++;
+      } else {
+        slot_of[key] = freed.top();
+        freed.pop();
+      }
+      open[key] = 1;
     }
-    const auto it = slot_of.find(key);
-    if (it == slot_of.end()) throw std::logic_error("activation_slots: an action before its forward");
-    out[i] = it->second;
-    if (a.op == closes && open.erase(key)) busy[static_cast<size_t>(it->second)] = false;
+    if (slot_of[key] < 0) throw std::logic_error("activation_slots: an action before its forward");
+    out[i] = slot_of[key];
+    if (a.op == closes && open[key]) {
+      open[key] = 0;
+      freed.push(slot_of[key]);
+    }
   }
   return out;
 }
@@ -182,7 +200,8 @@ namespace {
 // between two stages pair up in order (PipelineSchedule tests), so a
 // channel is two counters. Whether it runs to the end: a Kahn network's
 // outcome does not depend on the interleaving, so one greedy run says.
-bool runs_to_the_end(const std::vector<std::vector<Action>>& stages, int buffers) {
+bool runs_to_the_end(const std::vector<std::vector<Action>>& stages,
+                     const std::vector<std::vector<int>>& slots, int buffers) {
   const int pp = static_cast<int>(stages.size());
   struct Channel {
     int64_t posted = 0, received = 0;
@@ -190,7 +209,7 @@ bool runs_to_the_end(const std::vector<std::vector<Action>>& stages, int buffers
   std::vector<Channel> act(pp), grad(pp);  // out of each stage
   struct Stage {
     size_t pc = 0;
-    std::vector<int> slot_of;
+    const std::vector<int>* slot_of = nullptr;  // activation_slots of its actions
     std::vector<int64_t> act_sent;      // per slot: its last activation message, or -1
     std::deque<int64_t> grads;          // gradient messages in flight, oldest first
     int limit = 0;
@@ -198,7 +217,7 @@ bool runs_to_the_end(const std::vector<std::vector<Action>>& stages, int buffers
   };
   std::vector<Stage> st(pp);
   for (int s = 0; s < pp; ++s) {
-    st[s].slot_of = activation_slots(stages[s]);
+    st[s].slot_of = &slots[static_cast<size_t>(s)];
     st[s].act_sent.assign(static_cast<size_t>(max_live_activations(stages[s])), -1);
     st[s].limit = std::min(buffers, max_live_activations(stages[s]));
     st[s].split = closing_op(stages[s]) == Op::WeightGradients;
@@ -213,7 +232,7 @@ bool runs_to_the_end(const std::vector<std::vector<Action>>& stages, int buffers
       Stage& me = st[s];
       while (me.pc < stages[s].size()) {
         const Action& a = stages[s][me.pc];
-        const int slot = std::max(me.slot_of[me.pc], 0);
+        const int slot = std::max((*me.slot_of)[me.pc], 0);
         const bool backward = a.op == Op::Backward || a.op == Op::WeightGradients;
         if ((a.op == Op::RecvActivation || a.op == Op::Forward || (backward && me.split)) &&
             !slot_free(s, slot))
@@ -278,29 +297,21 @@ std::shared_ptr<const std::vector<std::vector<Action>>> pipeline_schedules(Sched
                                                                            int num_micro,
                                                                            int chunks) {
   using Lists = std::vector<std::vector<Action>>;
-  constexpr double kKeptBytes = 64.0 * (1 << 20);
-  static std::mutex lock;
-  static std::map<std::tuple<ScheduleKind, int, int, int>, std::shared_ptr<const Lists>> known;
-  static double held = 0;
-  const auto key = std::make_tuple(kind, num_stages, num_micro, chunks);
-  {
-    std::lock_guard<std::mutex> hold(lock);
-    if (auto it = known.find(key); it != known.end()) return it->second;
-  }
-  auto lists = std::make_shared<Lists>();
-  double bytes = 0;
-  for (int s = 0; s < num_stages; ++s) {
-    lists->push_back(pipeline_schedule(kind, num_stages, s, num_micro, chunks));
-    bytes += static_cast<double>(lists->back().size() * sizeof(Action));
-  }
-  std::shared_ptr<const Lists> done = std::move(lists);
-  std::lock_guard<std::mutex> hold(lock);
-  if (held + bytes > kKeptBytes) {
-    known.clear();
-    held = 0;
-  }
-  if (bytes <= kKeptBytes && known.emplace(key, done).second) held += bytes;
-  return done;
+  static BoundedMemo<std::tuple<ScheduleKind, int, int, int>, Lists> known(
+      std::numeric_limits<size_t>::max(), 64.0 * (1 << 20));
+  return known.get(
+      std::make_tuple(kind, num_stages, num_micro, chunks),
+      [&] {
+        auto lists = std::make_shared<Lists>();
+        for (int s = 0; s < num_stages; ++s)
+          lists->push_back(pipeline_schedule(kind, num_stages, s, num_micro, chunks));
+        return std::shared_ptr<const Lists>(std::move(lists));
+      },
+      [](const Lists& lists) {
+        double bytes = 0;
+        for (const auto& l : lists) bytes += static_cast<double>(l.size() * sizeof(Action));
+        return bytes;
+      });
 }
 
 int gradient_send_buffers(ScheduleKind kind, int num_stages, int stage, int num_micro,
@@ -318,17 +329,18 @@ int gradient_send_buffers(ScheduleKind kind, int num_stages, int stage, int num_
     if (auto it = known.find(key); it != known.end()) buffers = it->second;
   }
   if (buffers == 0) {
-    std::vector<std::vector<Action>> stages;
+    const auto stages = pipeline_schedules(kind, num_stages, num_micro, chunks);
+    std::vector<std::vector<int>> slots;
     int most = 1;
-    for (int s = 0; s < num_stages; ++s) {
-      stages.push_back(pipeline_schedule(kind, num_stages, s, num_micro, chunks));
-      most = std::max(most, max_live_activations(stages.back()));
+    for (const auto& actions : *stages) {
+      slots.push_back(activation_slots(actions));
+      most = std::max(most, max_live_activations(actions));
     }
     // Two at least: one send may wait for its receive while the next
     // backward's result is ready to go. Doubled until the step runs to the
     // end; a buffer per slot always does (the trainer's waits before).
     buffers = 2;
-    while (buffers < most && !runs_to_the_end(stages, buffers)) buffers *= 2;
+    while (buffers < most && !runs_to_the_end(*stages, slots, buffers)) buffers *= 2;
     std::lock_guard<std::mutex> hold(lock);
     known[key] = buffers;
   }

@@ -1,8 +1,8 @@
 #include "plan/stage_tables.hpp"
 
-#include <map>
-#include <mutex>
 #include <string>
+
+#include "core/bounded_memo.hpp"
 
 namespace mpiformer {
 
@@ -58,25 +58,11 @@ std::shared_ptr<const StageTables> stage_tables(const GptConfig& cfg, const Stag
   // pipeline and context width first): a few hundred kept is plenty. The
   // cuts grow with the replicas (two numbers a replica a unit: 80 MB for
   // a 128-block stage at 65,536), so what is kept is bounded in bytes too.
-  constexpr size_t kKept = 256;
-  constexpr double kKeptBytes = 256.0 * (1 << 20);
-  static std::mutex lock;
-  static std::map<std::string, std::shared_ptr<const StageTables>> known;
-  static double held = 0;
-  const std::string key = stage_key(cfg, range, replicas, ep);
-  {
-    const std::lock_guard<std::mutex> hold(lock);
-    if (auto it = known.find(key); it != known.end()) return it->second;
-  }
-  auto built = std::make_shared<const StageTables>(cfg, range, replicas, ep);
-  const double bytes = built->bytes();
-  const std::lock_guard<std::mutex> hold(lock);
-  if (known.size() >= kKept || held + bytes > kKeptBytes) {
-    known.clear();
-    held = 0;
-  }
-  if (bytes <= kKeptBytes && known.emplace(key, built).second) held += bytes;
-  return built;
+  static BoundedMemo<std::string, StageTables> known(256, 256.0 * (1 << 20));
+  return known.get(
+      stage_key(cfg, range, replicas, ep),
+      [&] { return std::make_shared<const StageTables>(cfg, range, replicas, ep); },
+      [](const StageTables& t) { return t.bytes(); });
 }
 
 }  // namespace mpiformer
