@@ -144,11 +144,11 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
                 static_cast<long long>(c.vocab_size), static_cast<long long>(deck.train.global_batch),
                 plan.ranks, machine.name.c_str(), args.machine.c_str());
     for (const std::string& line : data_lines(deck)) std::printf("%s\n", line.c_str());
-    std::printf("%d layouts considered, %zu fit in %.2f GiB per rank (%.2f GiB less [parallel] "
+    std::printf("%d layouts considered, %d fit in %.2f GiB per rank (%.2f GiB less [parallel] "
                 "memory_margin %g); step time = compute (of which the tensor collectives, the "
                 "experts' all-to-alls and the context ring's sends not hidden by attention) + "
                 "exposed communication + bubble + optimizer\n",
-                plan.considered, plan.fitting.size(), plan.leanest.memory_planned / kGiB,
+                plan.considered, plan.fit, plan.leanest.memory_planned / kGiB,
                 plan.leanest.memory_available / kGiB, deck.parallel.memory_margin);
     std::printf("  # | layout                                             |   tokens/s |   MFU |   step "
                 "ms = compute + exposed +  bubble +  optim | tp comm | ep comm | cp comm | GiB per rank = "
@@ -195,6 +195,7 @@ int run_plan(const PlanArgs& args, int rank) {
     Prediction p = predict_step(deck, machine, args.ranks_per_node);
     plan.considered = 1;
     plan.leanest = p;
+    plan.fit = p.fits;
     if (p.fits) plan.fitting.push_back(p);
   } else {
     if (args.ranks <= 0) throw InputError("--ranks", "", "give the ranks to plan for (--ranks N)");
@@ -204,6 +205,7 @@ int run_plan(const PlanArgs& args, int rank) {
     PlanOptions options;
     options.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                       node_place().size);
+    options.keep = std::max(1, args.top);  // what is shown
     if (rank == 0) {
       options.progress = [](int done, int total, double seconds, const Prediction* best) {
         std::fprintf(stderr, "plan: %d of %d layouts priced in %.0f s (about %.0f s left)%s%s\n",

@@ -5,8 +5,10 @@
 namespace mpiformer {
 
 double training_flops_per_token(const GptConfig& cfg) {
-  StageRange all{0, cfg.n_layer, true, true};
-  ParameterTable table(cfg, all);
+  return training_flops_per_token(cfg, ParameterTable(cfg, StageRange{0, cfg.n_layer, true, true}));
+}
+
+double training_flops_per_token(const GptConfig& cfg, const ParameterTable& table) {
   // The matmuls' parameters: not the position table, nor (untied) the
   // embedding, which are looked up, not multiplied.
   // A Mixture of Experts' tokens each pass through top_k of its experts:

@@ -1,10 +1,15 @@
 #include "parallel/schedule_timing.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <map>
+#include <memory>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
+#include "core/bounded_memo.hpp"
 #include "core/format.hpp"
 
 namespace mpiformer {
@@ -16,88 +21,216 @@ double SimulatedStep::idle_fraction() const {
   return total > 0 ? 1.0 - busy / total : 0.0;
 }
 
-SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
-                            const ActionCosts& costs, int chunks, bool keep_timeline) {
+namespace {
+
+// A pipeline's schedule compiled for simulation: for each action, where its
+// cost is in a flat table (so that one branch-free lookup prices it), and
+// the message slot it reads (a receive) or writes (a send). Compiled once
+// per pipeline and remembered: a layout search simulates each pipeline
+// with many layouts' costs, up to 2.7 million actions a step.
+struct CompiledStep {
+  enum Kind : int32_t { kRun, kCompute, kRecv, kSend, kStop };
+  int32_t kind = kRun;
+  int32_t cost = 0;  // index in the cost table (0: costs nothing)
+  int64_t message = 0;
+};
+struct CompiledSchedule {
+  std::vector<std::vector<CompiledStep>> stages;
+  // Per stage: how many of its actions cost each entry of the table.
+  std::vector<std::vector<std::pair<int32_t, int64_t>>> work;
+  size_t messages = 0;
+};
+
+// The cost table's layout: 0, then forward, backward, weight gradients by
+// (chunk, stage), then each stage's reduction.
+size_t forward_at(size_t /*nv*/, size_t vs) { return 1 + vs; }
+size_t backward_at(size_t nv, size_t vs) { return 1 + nv + vs; }
+size_t weights_at(size_t nv, size_t vs) { return 1 + 2 * nv + vs; }
+size_t reduce_at(size_t nv, size_t s) { return 1 + 3 * nv + s; }
+
+std::shared_ptr<const CompiledSchedule> compiled_schedule(ScheduleKind kind, int num_stages,
+                                                          int num_micro, int chunks) {
+  static BoundedMemo<std::tuple<ScheduleKind, int, int, int>, CompiledSchedule> known(
+      std::numeric_limits<size_t>::max(), 64.0 * (1 << 20));
+  const auto make = [&] {
+    const auto lists = pipeline_schedules(kind, num_stages, num_micro, chunks);
+    const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
+    const size_t micro = static_cast<size_t>(std::max(num_micro, 0));
+    // When each message arrives, by receiving stage, chunk, kind
+    // (activation, gradient) and micro-batch.
+    const auto slot = [&](int stage, int chunk, Op op, int mb) -> int64_t {
+      if (chunk < 0 || chunk >= chunks || mb < 0 || static_cast<size_t>(mb) >= micro)
+        throw std::logic_error(
+            strprintf("simulate_step: a message for micro-batch %d, chunk %d", mb, chunk));
+      const size_t kind_of = op == Op::RecvActivation ? 0 : 1;
+      return static_cast<int64_t>(
+          ((static_cast<size_t>(stage) * static_cast<size_t>(chunks) + static_cast<size_t>(chunk)) * 2 +
+           kind_of) * micro + static_cast<size_t>(mb));
+    };
+    auto out = std::make_shared<CompiledSchedule>();
+    out->messages = nv * 2 * micro;
+    out->stages.resize(n);
+    for (int s = 0; s < num_stages; ++s) {
+      auto& steps = out->stages[static_cast<size_t>(s)];
+      steps.reserve((*lists)[static_cast<size_t>(s)].size());
+      for (const Action& a : (*lists)[static_cast<size_t>(s)]) {
+        const size_t vs = static_cast<size_t>(a.chunk) * n + static_cast<size_t>(s);
+        CompiledStep c;
+        switch (a.op) {
+          case Op::Forward:
+            c = {CompiledStep::kCompute, static_cast<int32_t>(forward_at(nv, vs)), 0};
+            break;
+          case Op::Backward:
+            c = {CompiledStep::kCompute, static_cast<int32_t>(backward_at(nv, vs)), 0};
+            break;
+          case Op::WeightGradients:
+            c = {CompiledStep::kCompute, static_cast<int32_t>(weights_at(nv, vs)), 0};
+            break;
+          case Op::ReduceGradients:
+            c = {CompiledStep::kRun, static_cast<int32_t>(reduce_at(nv, static_cast<size_t>(s))), 0};
+            break;
+          case Op::RecvActivation:
+          case Op::RecvGradient:
+            c = {CompiledStep::kRecv, 0, slot(s, a.chunk, a.op, a.micro)};
+            break;
+          case Op::SendActivation: {
+            const PipePeer to = activation_to(num_stages, s, a.chunk);
+            c = {CompiledStep::kSend, 0, slot(to.stage, to.chunk, Op::RecvActivation, a.micro)};
+            break;
+          }
+          case Op::SendGradient: {
+            const PipePeer to = gradient_to(num_stages, s, a.chunk);
+            c = {CompiledStep::kSend, 0, slot(to.stage, to.chunk, Op::RecvGradient, a.micro)};
+            break;
+          }
+          case Op::OptimizerStep: c = {CompiledStep::kStop, 0, 0}; break;
+          default: break;  // costs nothing
+        }
+        steps.push_back(c);
+      }
+      std::map<int32_t, int64_t> uses;
+      for (const CompiledStep& c : steps)
+        if (c.cost != 0) ++uses[c.cost];
+      out->work.emplace_back(uses.begin(), uses.end());
+    }
+    return std::shared_ptr<const CompiledSchedule>(std::move(out));
+  };
+  return known.get(std::make_tuple(kind, num_stages, num_micro, chunks), make,
+                   [](const CompiledSchedule& c) {
+                     double bytes = 0;
+                     for (const auto& steps : c.stages)
+                       bytes += static_cast<double>(steps.size() * sizeof(CompiledStep));
+                     return bytes;
+                   });
+}
+
+// Each action's cost by its place in the table (compiled_schedule).
+std::vector<double> cost_table(ScheduleKind kind, size_t n, size_t nv, const ActionCosts& costs) {
+  // Split backward (zb-h1) prices the weight gradients apart; otherwise
+  // the backward carries them.
+  const bool split = splits_backward(kind);
+  std::vector<double> table(1 + 3 * nv + n, 0.0);
+  for (size_t vs = 0; vs < nv; ++vs) {
+    const double w = costs.weights.empty() ? 0.0 : costs.weights[vs];
+    table[forward_at(nv, vs)] = costs.forward[vs];
+    table[backward_at(nv, vs)] = costs.backward[vs] + (split ? 0.0 : w);
+    table[weights_at(nv, vs)] = w;
+  }
+  for (size_t s = 0; s < n; ++s) table[reduce_at(nv, s)] = costs.reduce[s];
+  return table;
+}
+
+void require_costs_cover(int num_stages, int chunks, const ActionCosts& costs) {
   const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
   if (costs.forward.size() != nv || costs.backward.size() != nv || costs.reduce.size() != n ||
       (!costs.weights.empty() && costs.weights.size() != nv)) {
     throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
                                 " stages of " + std::to_string(chunks) + " chunk(s) expected");
   }
-  const auto schedules = pipeline_schedules(kind, num_stages, num_micro, chunks);
-  const std::vector<std::vector<Action>>& lists = *schedules;
+}
+
+}  // namespace
+
+double step_time_floor(ScheduleKind kind, int num_stages, int num_micro, const ActionCosts& costs,
+                       int chunks) {
+  require_costs_cover(num_stages, chunks, costs);
+  const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
+  const auto compiled = compiled_schedule(kind, num_stages, num_micro, chunks);
+  const std::vector<double> table = cost_table(kind, n, nv, costs);
+  double busiest = 0;
+  for (const auto& uses : compiled->work) {
+    double busy = 0;
+    for (const auto& [at, count] : uses) busy += static_cast<double>(count) * table[static_cast<size_t>(at)];
+    busiest = std::max(busiest, busy);
+  }
+  return (busiest + costs.optimizer) * (1 - 1e-9);
+}
+
+SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
+                            const ActionCosts& costs, int chunks, bool keep_timeline) {
+  require_costs_cover(num_stages, chunks, costs);
+  const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
+  const auto compiled = compiled_schedule(kind, num_stages, num_micro, chunks);
+  // The actions themselves only for a timeline.
+  const auto schedules =
+      keep_timeline ? pipeline_schedules(kind, num_stages, num_micro, chunks) : nullptr;
   SimulatedStep out;
   out.compute.assign(n, 0.0);
   out.waiting.assign(n, 0.0);
   out.timeline.assign(keep_timeline ? n : 0, {});
-  for (size_t s = 0; s < out.timeline.size(); ++s) out.timeline[s].reserve(lists[s].size());
-  // When each message arrives (-1: not sent yet), by receiving stage,
-  // chunk, kind (activation, gradient) and micro-batch: a flat table, not
-  // a map (the planner simulates tens of thousands of steps).
-  const size_t micro = static_cast<size_t>(std::max(num_micro, 0));
-  std::vector<double> arrivals(nv * 2 * micro, -1.0);
-  const auto arrival = [&](int stage, int chunk, Op op, int mb) -> double& {
-    const size_t kind = op == Op::RecvActivation ? 0 : 1;
-    const size_t at = ((static_cast<size_t>(stage) * static_cast<size_t>(chunks) + static_cast<size_t>(chunk)) * 2 + kind) * micro +
-                      static_cast<size_t>(mb);
-    if (chunk < 0 || chunk >= chunks || mb < 0 || static_cast<size_t>(mb) >= micro)
-      throw std::logic_error(strprintf("simulate_step: a message for micro-batch %d, chunk %d", mb, chunk));
-    return arrivals[at];
-  };
+  for (size_t s = 0; s < out.timeline.size(); ++s) out.timeline[s].reserve((*schedules)[s].size());
+  // Sends start at once; receives wait, then cost nothing more.
+  const std::vector<double> table = cost_table(kind, n, nv, costs);
+  std::vector<double> arrivals(compiled->messages, -1.0);  // -1: not sent yet
   std::vector<size_t> next(n, 0);
   std::vector<double> clock(n, 0.0);
-  const bool split = splits_backward(kind);
-  const auto weights = [&](size_t vs) { return costs.weights.empty() ? 0.0 : costs.weights[vs]; };
-  const auto cost = [&](int s, const Action& a) {
-    const size_t vs = static_cast<size_t>(a.chunk) * n + static_cast<size_t>(s);
-    switch (a.op) {
-      case Op::Forward: return costs.forward[vs];
-      case Op::Backward: return costs.backward[vs] + (split ? 0.0 : weights(vs));
-      case Op::WeightGradients: return weights(vs);
-      case Op::ReduceGradients: return costs.reduce[s];
-      default: return 0.0;  // sends start at once; receives wait, then cost nothing more
-    }
-  };
   // Every stage runs until a receive whose message has not been sent yet,
   // or its optimizer step (a barrier); round after round until none moves.
-  for (bool moved = true; moved;) {
+  // Rounds sweep first to last stage, then back: activations flow down and
+  // gradients up in one round each (the times do not depend on the order:
+  // each action waits for what it receives).
+  for (bool moved = true, down = true; moved; down = !down) {
     moved = false;
-    for (int s = 0; s < num_stages; ++s) {
-      while (next[s] < lists[s].size()) {
-        const Action a = lists[s][next[s]];
-        if (a.op == Op::OptimizerStep) break;
-        double start = clock[s];
-        if (a.op == Op::RecvActivation || a.op == Op::RecvGradient) {
-          const double at = arrival(s, a.chunk, a.op, a.micro);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t s = down ? i : n - 1 - i;
+      const std::vector<CompiledStep>& steps = compiled->stages[s];
+      size_t pc = next[s];
+      // Summed action by action, as the timeline reads.
+      double now = clock[s], waited = out.waiting[s], busy = out.compute[s];
+      while (pc < steps.size()) {
+        const CompiledStep& c = steps[pc];
+        if (c.kind == CompiledStep::kStop) break;
+        double start = now;
+        if (c.kind == CompiledStep::kRecv) {
+          const double at = arrivals[static_cast<size_t>(c.message)];
           if (at < 0) break;
-          out.waiting[s] += std::max(0.0, at - start);
+          waited += std::max(0.0, at - start);
           start = std::max(start, at);
         }
-        const double end = start + cost(s, a);
-        if (a.op == Op::SendActivation) {
-          const PipePeer to = activation_to(num_stages, s, a.chunk);
-          arrival(to.stage, to.chunk, Op::RecvActivation, a.micro) = start + costs.p2p;
-        }
-        if (a.op == Op::SendGradient) {
-          const PipePeer to = gradient_to(num_stages, s, a.chunk);
-          arrival(to.stage, to.chunk, Op::RecvGradient, a.micro) = start + costs.p2p;
-        }
-        if (a.op == Op::Forward || a.op == Op::Backward || a.op == Op::WeightGradients)
-          out.compute[s] += end - start;
-        if (keep_timeline) out.timeline[s].push_back({a, start, end});
-        clock[s] = end;
-        ++next[s];
+        const double end = start + table[static_cast<size_t>(c.cost)];
+        if (c.kind == CompiledStep::kSend) arrivals[static_cast<size_t>(c.message)] = start + costs.p2p;
+        if (c.kind == CompiledStep::kCompute) busy += end - start;
+        if (keep_timeline) out.timeline[s].push_back({(*schedules)[s][pc], start, end});
+        now = end;
+        ++pc;
+      }
+      if (pc != next[s]) {
         moved = true;
+        out.waiting[s] = waited;
+        out.compute[s] = busy;
+        next[s] = pc;
+        clock[s] = now;
       }
     }
   }
   const double barrier = *std::max_element(clock.begin(), clock.end());
-  for (int s = 0; s < num_stages; ++s) {
-    if (next[s] + 1 != lists[s].size() || lists[s][next[s]].op != Op::OptimizerStep) {
-      throw std::logic_error(strprintf("simulate_step: stage %d cannot finish the schedule", s));
+  for (size_t s = 0; s < n; ++s) {
+    const auto& steps = compiled->stages[s];
+    if (next[s] + 1 != steps.size() || steps[next[s]].kind != CompiledStep::kStop) {
+      throw std::logic_error(strprintf("simulate_step: stage %zu cannot finish the schedule", s));
     }
     out.waiting[s] += barrier - clock[s];
-    if (keep_timeline) out.timeline[s].push_back({lists[s][next[s]], barrier, barrier + costs.optimizer});
+    if (keep_timeline) out.timeline[s].push_back({(*schedules)[s][next[s]], barrier, barrier + costs.optimizer});
   }
   out.step_time = barrier + costs.optimizer;
   return out;

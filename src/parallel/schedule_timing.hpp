@@ -51,6 +51,13 @@ struct SimulatedStep {
 SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
                             const ActionCosts& costs, int chunks = 1, bool keep_timeline = true);
 
+// A floor under simulate_step's step_time for the same arguments, without
+// simulating: the busiest stage's own actions back to back, then the
+// optimizer (waiting only adds), less a part in 1e9 for the sums' rounding.
+// A search uses it to skip layouts that cannot beat those it keeps.
+double step_time_floor(ScheduleKind kind, int num_stages, int num_micro, const ActionCosts& costs,
+                       int chunks = 1);
+
 // The timeline as a Chrome trace (one process per stage, spans in
 // microseconds), to set beside a measured trace of the same layout.
 std::string timeline_trace(const SimulatedStep& step);

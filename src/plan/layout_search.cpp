@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -120,6 +121,14 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
     std::mutex mutex;  // guards what follows, for the progress reports
     int done = 0;
     Prediction best;
+    // The tokens/s of the fastest `keep` timed so far, fastest first: a
+    // layout must be able to beat the last to be timed. It only rises, so
+    // a layout skipped is slower than every one of the final `keep`,
+    // whatever the order the threads priced them in.
+    std::vector<double> kept;
+    const auto bar = [&] {
+      return options.keep > 0 && static_cast<int>(kept.size()) == options.keep ? kept.back() : 0.0;
+    };
     const auto start = std::chrono::steady_clock::now();
     auto last_report = start;
     std::exception_ptr error;
@@ -129,10 +138,20 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
         // No timeline: each holds every action of every stage (hundreds of
         // kilobytes at thousands of micro-batches), and tens of thousands
         // kept took 24 GB. Whoever shows one prices its layout again.
+        double beat = 0;
+        {
+          const std::lock_guard<std::mutex> lock(mutex);
+          beat = bar();
+        }
         Prediction p = predict_step(with_layout(deck, candidates[static_cast<size_t>(i)]), machine,
-                                    static_cast<int>(node), true, false);
+                                    static_cast<int>(node), true, false, beat);
         const std::lock_guard<std::mutex> lock(mutex);
         ++done;
+        if (p.fits && p.timed && options.keep > 0 && p.tokens_per_s > bar()) {
+          kept.insert(std::upper_bound(kept.begin(), kept.end(), p.tokens_per_s, std::greater<>()),
+                      p.tokens_per_s);
+          if (static_cast<int>(kept.size()) > options.keep) kept.pop_back();
+        }
         if (p.fits && p.tokens_per_s > best.tokens_per_s) best = p;
         const auto now = std::chrono::steady_clock::now();
         if (options.progress && now - last_report >= options.report_every) {
@@ -175,13 +194,18 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
   plan.leanest = priced.front();
   for (Prediction& p : priced) {
     if (p.memory_max < plan.leanest.memory_max) plan.leanest = p;
-    if (p.fits) plan.fitting.push_back(std::move(p));
+    plan.fit += p.fits;
+    plan.timed += p.fits && p.timed;
+    if (p.fits && p.timed) plan.fitting.push_back(std::move(p));
   }
   std::stable_sort(plan.fitting.begin(), plan.fitting.end(),
                    [](const Prediction& a, const Prediction& b) {
                      if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
                      return a.memory_max < b.memory_max;
                    });
+  // Past the first `keep`, which were timed depends on the threads' order.
+  if (options.keep > 0 && static_cast<int>(plan.fitting.size()) > options.keep)
+    plan.fitting.resize(static_cast<size_t>(options.keep));
   return plan;
 }
 
@@ -197,9 +221,10 @@ Prediction choose_layout(const Deck& deck, int ranks, int ranks_per_node, int* f
   PlanOptions options;
   options.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                     std::max(1, ranks_per_node));
+  options.keep = 1;
   const Plan plan = plan_layouts(deck, machine, ranks, ranks_per_node, options);
   if (plan.fitting.empty()) throw InputError(deck.path, "[parallel] auto", plan_refusal(deck, machine, plan));
-  *fitting = static_cast<int>(plan.fitting.size());
+  *fitting = plan.fit;
   return plan.fitting.front();
 }
 

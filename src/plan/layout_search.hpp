@@ -16,12 +16,19 @@ namespace mpiformer {
 struct Plan {
   int ranks = 0;
   int considered = 0;               // layouts predicted
-  std::vector<Prediction> fitting;  // fastest first; without their timelines (step.timeline)
+  int fit = 0;                      // layouts that fit
+  int timed = 0;                    // of which simulated (PlanOptions::keep)
+  std::vector<Prediction> fitting;  // of which those timed, fastest first; without their timelines (step.timeline)
   Prediction leanest;               // the smallest memory_max of all (for the refusal)
 };
 
 struct PlanOptions {
   int threads = 1;  // layouts priced at once
+  // The fastest `keep` layouts that fit are all that `fitting` holds (0:
+  // every one that fits). A layout that cannot beat the slowest of the
+  // fastest `keep` priced so far, even without waiting, is not simulated
+  // (step_time_floor): most of a large search's layouts.
+  int keep = 0;
   // Told every `report_every` while the search runs: layouts priced, of
   // how many, seconds so far, and the fastest that fits so far (null while
   // none does). A search over tens of thousands of ranks takes a while.

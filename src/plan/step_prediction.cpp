@@ -274,7 +274,7 @@ double expert_imbalance(const Deck& deck) {
 }
 
 Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node,
-                        bool time_if_fits, bool keep_timeline) {
+                        bool time_if_fits, bool keep_timeline, double time_if_faster_than) {
   require_rates_for(deck, machine);
   Prediction out;
   out.layout = layout_of(deck);
@@ -593,12 +593,19 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     costs.p2p = pp > 1 ? sendrecv(pp_link.sendrecv, message_bytes) : 0;
   }
   costs.optimizer = *std::max_element(optimizer.begin(), optimizer.end());
+  const double tokens = static_cast<double>(deck.train.global_batch * cfg.seq_len);
+  if (time_if_faster_than > 0 &&
+      tokens / step_time_floor(deck.parallel.schedule, static_cast<int>(pp), static_cast<int>(micro),
+                               costs, static_cast<int>(v)) <
+          time_if_faster_than)
+    return out;  // cannot be: not timed
+  out.timed = true;
   out.step = simulate_step(deck.parallel.schedule, static_cast<int>(pp), static_cast<int>(micro),
                            costs, static_cast<int>(v), keep_timeline);
   out.bubble = std::max(0.0, out.step.step_time - out.compute - out.exposed_comm - out.optimizer);
-  const double tokens = static_cast<double>(deck.train.global_batch * cfg.seq_len);
   out.tokens_per_s = tokens / out.step.step_time;
-  out.mfu = training_flops_per_token(cfg) * out.tokens_per_s /
+  const StageRange whole{0, cfg.n_layer, true, true};
+  out.mfu = training_flops_per_token(cfg, stage_tables(cfg, whole, 1, 1)->table) * out.tokens_per_s /
             (static_cast<double>(ranks) * machine.peak_flops);
   return out;
 }

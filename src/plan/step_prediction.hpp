@@ -60,6 +60,7 @@ struct Prediction {
   double memory_available = 0;     // per rank
   double memory_planned = 0;       // of which a layout may use: less [parallel] memory_margin
   bool fits = false;               // memory_max <= memory_planned
+  bool timed = false;              // the step was simulated (else step, bubble, tokens/s, MFU are 0)
   SimulatedStep step;              // the simulated timeline
   double compute = 0;              // the slowest stage's forward + backward (with tp collectives)
   double tp_comm = 0;              // of which: the tensor group's collectives
@@ -98,8 +99,11 @@ double expert_imbalance(const Deck& deck);
 // `time_if_fits`: a layout that does not fit is not timed (the planner's
 // enumeration skips it; its step fields stay 0). `keep_timeline`: false
 // leaves step.timeline empty (a search prices tens of thousands of
-// layouts and shows a few).
+// layouts and shows a few). `time_if_faster_than` (tokens/s; 0: always):
+// a layout that cannot reach it, even were no stage ever to wait
+// (step_time_floor), is not timed either.
 Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_per_node = 0,
-                        bool time_if_fits = false, bool keep_timeline = true);
+                        bool time_if_fits = false, bool keep_timeline = true,
+                        double time_if_faster_than = 0);
 
 }  // namespace mpiformer

@@ -1061,6 +1061,33 @@ TEST(Plan, ThreadsChangeNothingAndProgressIsReported) {
   EXPECT_EQ(three.leanest.layout.describe(), one.leanest.layout.describe());
 }
 
+// A search that keeps its fastest few simulates only the layouts that
+// could be among them (step_time_floor), and finds the same few, in the
+// same order, with the same figures, as one that simulates every layout.
+TEST(Plan, AKeptFewAreTheFastestOfAll) {
+  const Deck deck = tiny_deck();
+  const MachineSpec m = workstation(1);
+  const Plan all = plan_layouts(deck, m, 8, 8);
+  EXPECT_EQ(all.timed, all.fit);
+  ASSERT_GE(all.fitting.size(), 3u);
+  for (const int threads : {1, 3}) {
+    PlanOptions options;
+    options.threads = threads;
+    options.keep = 3;
+    const Plan few = plan_layouts(deck, m, 8, 8, options);
+    EXPECT_EQ(few.considered, all.considered);
+    EXPECT_EQ(few.fit, all.fit);
+    EXPECT_LT(few.timed, all.timed / 2) << "most layouts cannot win";
+    ASSERT_EQ(few.fitting.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(few.fitting[i].layout.describe(), all.fitting[i].layout.describe());
+      EXPECT_EQ(few.fitting[i].tokens_per_s, all.fitting[i].tokens_per_s);
+      EXPECT_EQ(few.fitting[i].memory_max, all.fitting[i].memory_max);
+    }
+    EXPECT_EQ(few.leanest.layout.describe(), all.leanest.layout.describe());
+  }
+}
+
 // The planner never recommends a layout above its margin: with the leanest
 // layout's need between 90% and 100% of a rank's memory, nothing fits at
 // the default margin of 10%, and it does at none.

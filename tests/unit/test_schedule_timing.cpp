@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/settings.hpp"
 #include "parallel/schedule_timing.hpp"
 
 namespace mpiformer::test {
@@ -112,6 +113,43 @@ TEST(ScheduleTiming, ASlowStageSetsThePace) {
     EXPECT_NEAR(s.compute[1], m * 6.0, 1e-12);
     // Never faster than the slow stage's own work.
     EXPECT_GE(s.step_time, m * 6.0);
+  }
+}
+
+// The floor a search prunes with: never above the simulated step, and
+// exactly the busiest stage's own work (its compute and reduction) plus
+// the optimizer, within the part in 1e9 it gives up for rounding. Uneven
+// stages and messages, so that stages wait; every schedule.
+TEST(ScheduleTiming, TheFloorIsTheBusiestStagesOwnWork) {
+  for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                                  ScheduleKind::kZbH1, ScheduleKind::kInterleaved}) {
+    for (const int pp : {1, 2, 4}) {
+      if (kind == ScheduleKind::kInterleaved && pp == 1) continue;
+      const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+      for (const int m : {4, 8}) {
+        ActionCosts c;
+        for (int i = 0; i < pp * v; ++i) {
+          c.forward.push_back(1.0 + 0.37 * i);
+          c.backward.push_back(2.0 + 0.11 * ((i * 7) % 5));
+          c.weights.push_back(0.5 + 0.05 * i);
+        }
+        for (int s = 0; s < pp; ++s) c.reduce.push_back(0.3 * s);
+        c.p2p = 0.2;
+        c.optimizer = 0.125;
+        const SimulatedStep sim = simulate_step(kind, pp, m, c, v);
+        const double floor = step_time_floor(kind, pp, m, c, v);
+        const std::string at = std::string(name_of(kind)) + " pp " + std::to_string(pp) +
+                               " m " + std::to_string(m);
+        EXPECT_LE(floor, sim.step_time) << at;
+        double busiest = 0;
+        for (int s = 0; s < pp; ++s)
+          busiest = std::max(busiest, sim.compute[static_cast<size_t>(s)] + c.reduce[static_cast<size_t>(s)]);
+        EXPECT_NEAR(floor, busiest + c.optimizer, 2e-9 * (busiest + c.optimizer)) << at;
+        if (pp == 1) {
+          EXPECT_NEAR(floor, sim.step_time, 2e-9 * sim.step_time) << at;
+        }
+      }
+    }
   }
 }
 
