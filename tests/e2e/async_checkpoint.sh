@@ -39,8 +39,9 @@ ls async/checkpoints/*.tmp 2>/dev/null && fail "a .tmp left behind"
 echo "ok: background saves, same losses, every file verifies"
 
 # A write still in flight (made slow by the test hook): the next save
-# waits for it, and says so.
-MPIFORMER_SLOW_BACKGROUND_WRITE_MS=1500 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=slow \
+# waits for it, and says so. The write is held well past three steps: at
+# 1.5 s, three steps of a loaded CI machine (0.55 s each) outlasted it.
+MPIFORMER_SLOW_BACKGROUND_WRITE_MS=5000 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=slow \
   --set checkpoint.async=true >slow.log 2>&1 || { cat slow.log; fail "slow run"; }
 grep -q "checkpoint: training waited [0-9.]* s for the background write of step 3 to finish" slow.log ||
   { cat slow.log; fail "the next save did not wait for the write in flight"; }
