@@ -14,8 +14,9 @@ fi
 trap 'umount "$WORK/small" 2>/dev/null; rm -rf "$WORK"' EXIT
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
+# shellcheck disable=SC2206  # SMALL_BATCH's words are the arguments
 args=(--set train.eval_every=0 --set checkpoint.every=1 --set checkpoint.keep=1
-      --set checkpoint.dir=small/ck --set parallel.dp=2 --set train.micro_batch=8)
+      --set checkpoint.dir=small/ck --set parallel.dp=2 $SMALL_BATCH --set run.peak_tflops=1)
 
 # The sizes: the tensors' bytes (3 x 4 x parameters) and the whole file.
 run_mpi 2 train "$DECK" "${args[@]}" --set train.steps=1 --set checkpoint.dir=ref --set run.dir=ref \
@@ -77,7 +78,7 @@ avail=$(df -B1 --output=avail small | tail -1)
 fallocate -l $((avail - 6 * page)) small/filler
 rc=0
 MAX_FAILURE_RESTARTS=3 RESTART_BACKOFF_S=1 MPIFORMER="$MPIFORMER" timeout 300 "$SOURCE_DIR/jobs/local.sh" "$DECK" \
-  --set parallel.dp=2 --set train.steps=300 --set train.log_every=1 --set train.eval_every=0 \
+  --set parallel.dp=2 --set train.steps=300 --set train.log_every=1 --set train.eval_every=0 $SMALL_BATCH \
   --set checkpoint.every=10 --set checkpoint.dir=rdck --set run.dir=small/rd --set run.peak_tflops=1 \
   >rd.log 2>&1 || rc=$?
 [ "$rc" -eq 74 ] || { tail -20 rd.log; fail "a full run directory: exit $rc, expected 74"; }
@@ -91,7 +92,7 @@ assert lines[-1] == '', 'the file does not end with a whole line'
 [json.loads(l) for l in lines[:-1]]
 print(f'ok: {len(lines) - 1} whole JSON lines, none torn')"
 rm -f small/filler
-run_mpi 2 train "$DECK" --set parallel.dp=2 --set train.steps=25 --set train.log_every=1 --set train.eval_every=0 \
+run_mpi 2 train "$DECK" --set parallel.dp=2 --set train.steps=25 --set train.log_every=1 --set train.eval_every=0 $SMALL_BATCH \
   --set checkpoint.every=10 --set checkpoint.dir=rdck --set run.dir=small/rd >rd2.log 2>&1 ||
   { tail -20 rd2.log; fail "resume after freeing the run directory"; }
 /usr/bin/python3 "$SOURCE_DIR/jobs/plot-metrics.py" small/rd >plot.log 2>&1 || { cat plot.log; fail "plot-metrics refused the resumed run"; }

@@ -9,7 +9,8 @@
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
-args=(--set train.steps=8 --set train.eval_every=0 --set checkpoint.every=2 --set parallel.pp=2)
+# shellcheck disable=SC2206  # SMALL_BATCH's words are the arguments
+args=(--set train.steps=8 --set train.eval_every=0 --set checkpoint.every=2 --set parallel.pp=2 $SMALL_BATCH)
 
 rc=0
 MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" "${args[@]}" --set run.dir=stop \
@@ -51,14 +52,14 @@ echo "ok: nonfinite = skip skips the update and finishes"
 # same stop, at the step, and the same skip, at zero 1, 2 and 3 (dp 2).
 for zero in 1 2 3; do
   rc=0
-  MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" --set train.steps=8 \
+  MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" --set train.steps=8 $SMALL_BATCH \
     --set train.eval_every=0 --set checkpoint.every=2 --set parallel.dp=2 \
     --set parallel.zero=$zero --set run.dir=z${zero}_stop >z${zero}_stop.log 2>z${zero}_stop.err || rc=$?
   [ "$rc" -eq 2 ] && grep -qF "[train] nonfinite: step 5: grad norm nan" z${zero}_stop.err ||
     { cat z${zero}_stop.err; fail "zero $zero: the non-finite step did not stop the run (exit $rc)"; }
   [ "$(head -1 z${zero}_stop/checkpoints/latest)" = step_00000004.h5 ] ||
     fail "zero $zero: latest moved past the good step"
-  MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" --set train.steps=8 \
+  MPIFORMER_FAULT_NONFINITE_STEP=5 run_mpi 2 train "$DECK" --set train.steps=8 $SMALL_BATCH \
     --set train.eval_every=0 --set parallel.dp=2 --set parallel.zero=$zero \
     --set train.nonfinite=skip --set run.dir=z${zero}_skip >z${zero}_skip.log 2>&1 ||
     { cat z${zero}_skip.log; fail "zero $zero: nonfinite = skip failed"; }

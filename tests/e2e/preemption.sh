@@ -4,7 +4,9 @@
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
-args=(--set train.steps=300 --set train.log_every=1 --set train.eval_every=0 --set parallel.pp=2)
+# shellcheck disable=SC2206  # SMALL_BATCH's words are the arguments
+args=(--set train.steps=300 --set train.log_every=1 --set train.eval_every=0 --set parallel.pp=2
+      $SMALL_BATCH --set run.peak_tflops=1)
 mpirun -np 2 "$MPIFORMER" train "$DECK" "${args[@]}" --set run.dir=sig >sig.log 2>&1 &
 pid=$!
 for i in $(seq 1 120); do

@@ -18,6 +18,9 @@ prep_sample_data
 export DECK=$SOURCE_DIR/inputs/tiny.toml
 export SBATCH_SCRIPT=$SOURCE_DIR/jobs/train.sbatch
 # Small and quick, but several steps a second so a signal lands mid-run.
-SMALL="--set train.global_batch=8 --set train.micro_batch=4 --set train.log_every=1 --set train.eval_batches=1"
+# A stated peak, as run_mpi gives (e2e/lib.sh): measuring it is six
+# 2048-wide sgemms on every rank of every launch, 6 s each on a CPU whose
+# BLAS runs generic kernels, and no test here reads MFU.
+SMALL="$SMALL_BATCH --set train.log_every=1 --set run.peak_tflops=1"
 job_log() { cat "mpiformer-$1.out" 2>/dev/null; }
 show_job() { scontrol show job "$1"; job_log "$1"; tail -5 "$SLURM_TEST_DIR"/log/slurmctld.log; }
