@@ -25,21 +25,21 @@ wait_steps() {  # wait_steps METRICS N: until N losses are logged
 
 # The reference: one launch, no fault. The transport tuning it runs under
 # is recorded: the log header and the first line of metrics.jsonl name the
-# NCCL_*, UCX_* and OMPI_MCA_* variables set (lib.sh's pml among them; its
-# singleton setting does not reach ranks that mpirun starts), not mpirun's
-# own bookkeeping.
+# NCCL_*, UCX_* and OMPI_MCA_* variables set (lib.sh's pml and yield among
+# them; its singleton setting does not reach ranks that mpirun starts), not
+# mpirun's own bookkeeping.
 NCCL_DEBUG=WARN NCCL_ALGO=Ring OMPI_MCA_btl_base_verbose=0 \
   "$LOCAL" "$DECK" "${args[@]}" --set run.dir=straight >straight.log 2>&1 || { cat straight.log; fail "uninterrupted run"; }
 grep -q "launch ended: finished step 40 of 40" straight.log || { cat straight.log; fail "no finished line"; }
 [ ! -e straight/failure-restarts ] || fail "a run without faults counted a restart"
-grep -q "^env:   NCCL_ALGO=Ring NCCL_DEBUG=WARN OMPI_MCA_btl_base_verbose=0 OMPI_MCA_pml=ob1 OMPI_MCA_rmaps_base_oversubscribe=1 (rank 0)$" straight.log ||
+grep -q "^env:   NCCL_ALGO=Ring NCCL_DEBUG=WARN OMPI_MCA_btl_base_verbose=0 OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_pml=ob1 OMPI_MCA_rmaps_base_oversubscribe=1 (rank 0)$" straight.log ||
   { grep "^env:" straight.log; fail "the log header does not record the environment"; }
 python3 - straight/metrics.jsonl <<'PY'
 import json, sys
 first = json.loads(open(sys.argv[1]).readline())
 env = first["environment"]
 assert env == {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN", "OMPI_MCA_btl_base_verbose": "0",
-               "OMPI_MCA_pml": "ob1",
+               "OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_pml": "ob1",
                "OMPI_MCA_rmaps_base_oversubscribe": "1"}, env
 assert "nccl" not in first, "a host run names no NCCL version"
 PY
