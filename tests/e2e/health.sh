@@ -46,7 +46,14 @@ for _ in 1 2 3; do
   hogs+=($!)
 done
 trap 'kill "${hogs[@]}" 2>/dev/null || true' EXIT
-pinned slow --set run.health_check=on >slow.log 2>&1 || { cat slow.log; fail "warn: the run did not go on"; }
+# One run for both checks: the health check's probe takes the slowed rank
+# about 20 s on a CPU whose BLAS runs generic kernels, and the straggler
+# needs steps after it. Small steps (SMALL_BATCH) still name it: with a
+# quarter of its core, the slowed rank computed 1.6x the two ranks'
+# median a step (seen here), against the 1.25x bound.
+# shellcheck disable=SC2086  # SMALL_BATCH's words are the arguments
+pinned slow --set run.health_check=on --set train.steps=12 --set run.straggler_every=3 $SMALL_BATCH \
+  >slow.log 2>&1 || { cat slow.log; fail "warn: the run did not go on"; }
 grep -q "warning: health: rank 1 on $host: GEMM [0-9.]* GFLOP/s, 0\.[0-7][0-9] of the median" slow.log ||
   { cat slow.log; fail "the slowed rank was not named"; }
 grep -q "1 rank(s) below 0.80 of the median" slow.log || { cat slow.log; fail "summary"; }
@@ -55,15 +62,13 @@ python3 - slow/metrics.jsonl <<'PY'
 import json, sys
 h = [json.loads(l)["health"] for l in open(sys.argv[1]) if '"health"' in l][0]
 assert h["ranks"] == 2 and [b["rank"] for b in h["below"]] == [1], h
-assert sum(1 for l in open(sys.argv[1]) if '"loss"' in l) == 2, "warn: the run trained"
+assert sum(1 for l in open(sys.argv[1]) if '"loss"' in l) == 12, "warn: the run trained"
 PY
 # During the run: the same rank's compute time per step, twice running
 # above the median by more than 1 / 0.8, is named every window after.
-pinned straggle --set train.steps=12 --set run.straggler_every=3 >straggle.log 2>&1 ||
-  { cat straggle.log; fail "straggler run"; }
-grep -q "warning: straggler: rank 1 on $host computes .* ms a step against the median .* ms (.*x) over the last 3 steps, 2 windows running" straggle.log ||
-  { cat straggle.log; fail "the straggler was not named"; }
-python3 - straggle/metrics.jsonl <<'PY'
+grep -q "warning: straggler: rank 1 on $host computes .* ms a step against the median .* ms (.*x) over the last 3 steps, 2 windows running" slow.log ||
+  { cat slow.log; fail "the straggler was not named"; }
+python3 - slow/metrics.jsonl <<'PY'
 import json, sys
 found = [json.loads(l)["straggler"] for l in open(sys.argv[1]) if '"straggler"' in l]
 assert found and all(f["rank"] == 1 for f in found), found
