@@ -21,9 +21,10 @@
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
+# shellcheck disable=SC2206  # SHORT_SEQ's words are the arguments
 common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
         --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1
-        --set train.offload_block_mb=0.02)
+        --set train.offload_block_mb=0.02 $SHORT_SEQ)
 mkdir -p scratch
 
 train() {  # dir dp pp tp zero offload [extra...]

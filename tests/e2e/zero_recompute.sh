@@ -22,8 +22,9 @@ source "$(dirname "$0")/lib.sh"
 : "${H5_DAMAGE:?}"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/tiny.toml"
+# shellcheck disable=SC2206  # SHORT_SEQ's words are the arguments
 common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
-        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
+        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1 $SHORT_SEQ)
 
 train() {  # dir dp pp zero recompute schedule [extra...]
   local dir=$1 dp=$2 pp=$3 zero=$4 rc=$5 sched=$6
