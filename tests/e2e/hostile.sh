@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a probe with hostile inputs and faults found (issue 25, part 3): each
 # case ends with one clear message and a non-zero exit, and leaves every
-# input as it was.
+# input as it was. Every run at a small batch (SMALL_BATCH, unquoted: its
+# words are the arguments): no case depends on it.
 source "$(dirname "$0")/lib.sh"
 prep_sample_data
 export DECK="$SOURCE_DIR/inputs/tiny.toml" WORK
@@ -24,7 +25,7 @@ expect() {
 unchanged() {  # unchanged FILE SUM: the file's checksum is still SUM
   [ "$(sha256sum <"$1")" = "$2" ] || fail "$1 was modified"
 }
-run_mpi 1 train "$DECK" --set train.steps=2 --set train.eval_every=0 --set run.dir=small >small.log 2>&1 ||
+run_mpi 1 train "$DECK" $SMALL_BATCH --set train.steps=2 --set train.eval_every=0 --set run.dir=small >small.log 2>&1 ||
   { cat small.log; fail "the small run failed"; }
 CK=small/checkpoints/step_00000002.h5
 
@@ -66,18 +67,18 @@ data[8 + n + begin + 4 * 7:8 + n + begin + 4 * 8] = struct.pack("<f", float("nan
 open(sys.argv[1], "wb").write(data)
 PY
 expect 2 "model.safetensors: tensor h.1.attn.c_attn.weight: holds NaN" \
-  mpirun -np 2 "$MPIFORMER" train "$DECK" --set train.steps=2 --set 'model.init="nan_hf"' \
+  mpirun -np 2 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=2 --set 'model.init="nan_hf"' \
   --set 'train.nonfinite="skip"' --set parallel.dp=2 --set run.dir=nan_init --set run.peak_tflops=1
 [ ! -e nan_init/checkpoints/latest ] || fail "a run from NaN weights published a checkpoint"
 expect 2 "the weights of step 4 hold NaN or infinity: this checkpoint is not written, and \`latest\` still names memfault/checkpoints/step_00000002.h5" \
-  env MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE=4 mpirun -np 2 "$MPIFORMER" train "$DECK" --set train.steps=4 \
+  env MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE=4 mpirun -np 2 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=4 \
   --set checkpoint.every=2 --set parallel.dp=2 --set run.dir=memfault --set run.peak_tflops=1
 [ "$(head -1 memfault/checkpoints/latest)" = step_00000002.h5 ] || fail "latest moved past the good checkpoint"
 ! ls memfault/checkpoints/step_00000004.h5* >/dev/null 2>&1 || fail "the non-finite checkpoint was written"
 # The same in a background save on the way: its snapshot's copy scans
 # what it copies.
 expect 2 "the weights of step 4 hold NaN or infinity: this checkpoint is not written, and \`latest\` still names memfault_async/checkpoints/step_00000002.h5" \
-  env MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE=4 mpirun -np 2 "$MPIFORMER" train "$DECK" --set train.steps=6 \
+  env MPIFORMER_FAULT_NONFINITE_WEIGHTS_SAVE=4 mpirun -np 2 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=6 \
   --set checkpoint.every=2 --set checkpoint.async=true --set parallel.dp=2 --set run.dir=memfault_async \
   --set run.peak_tflops=1
 [ "$(head -1 memfault_async/checkpoints/latest)" = step_00000002.h5 ] || fail "latest moved past the good checkpoint (async)"
@@ -102,7 +103,7 @@ text += b" " * (-len(text) % 8)
 open(path, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:8 + n + end] + b"\0\0\0\0")
 PY
 }
-init_run() { mpirun -np 1 "$MPIFORMER" train "$DECK" --set train.steps=1 --set "model.init=\"$1\"" --set run.dir="run_$1" --set run.peak_tflops=1; }
+init_run() { mpirun -np 1 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=1 --set "model.init=\"$1\"" --set run.dir="run_$1" --set run.peak_tflops=1; }
 cp -r good_hf layer_huge && add_tensor layer_huge transformer.h.2147483648.ln_1.weight
 expect 2 "transformer.h.2147483648.ln_1.weight: a layer number beyond any model's" init_run layer_huge
 cp -r good_hf layer_big && rm layer_big/config.json && add_tensor layer_big transformer.h.5000.ln_1.weight
@@ -134,7 +135,7 @@ echo "ok: a v1 checkpoint with false shapes is inspected in bounded memory and r
 # 8. A checkpoint whose /model/wte is an external link into another run's
 # file: inspect and resume refuse it alike. A `latest` naming a .tmp is
 # not read: resume falls back to the complete checkpoints.
-run_mpi 1 train "$DECK" --set train.steps=2 --set train.eval_every=0 --set train.seed=7 --set run.dir=other >other.log 2>&1 ||
+run_mpi 1 train "$DECK" $SMALL_BATCH --set train.steps=2 --set train.eval_every=0 --set train.seed=7 --set run.dir=other >other.log 2>&1 ||
   { cat other.log; fail "the other run failed"; }
 mkdir -p linked/checkpoints && cp "$CK" linked/checkpoints/step_00000002.h5
 echo step_00000002.h5 >linked/checkpoints/latest
@@ -146,10 +147,10 @@ with h5py.File(sys.argv[1], "r+") as f:
 PY
 expect 2 "/model/wte: /model/wte is an external link (into another file)" "$MPIFORMER" inspect linked/checkpoints/step_00000002.h5
 expect 2 "/model/wte: /model/wte is an external link (into another file)" \
-  mpirun -np 1 "$MPIFORMER" train "$DECK" --set train.steps=4 --set run.dir=linked --set run.peak_tflops=1
+  mpirun -np 1 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=4 --set run.dir=linked --set run.peak_tflops=1
 mkdir -p tmpnamed/checkpoints && cp "$CK" tmpnamed/checkpoints/step_00000002.h5 &&
   cp "$CK" tmpnamed/checkpoints/step_00000003.h5.tmp && echo step_00000003.h5.tmp >tmpnamed/checkpoints/latest
-run_mpi 1 train "$DECK" --set train.steps=4 --set train.eval_every=0 --set run.dir=tmpnamed >tmpnamed.log 2>&1 ||
+run_mpi 1 train "$DECK" $SMALL_BATCH --set train.steps=4 --set train.eval_every=0 --set run.dir=tmpnamed >tmpnamed.log 2>&1 ||
   { cat tmpnamed.log; fail "resume with a latest naming a .tmp"; }
 grep -q 'latest: names "step_00000003.h5.tmp", which is not a complete checkpoint' tmpnamed.log ||
   { cat tmpnamed.log; fail "no warning about the .tmp"; }
@@ -163,7 +164,7 @@ cp -r good_hf dir_cfg && rm dir_cfg/config.json && mkdir dir_cfg/config.json
 expect 2 "dir_cfg/config.json: a directory, not a GPT-2 config.json" init_run dir_cfg
 mkdir -p fifo_latest/checkpoints && cp "$CK" fifo_latest/checkpoints/step_00000002.h5 && mkfifo fifo_latest/checkpoints/latest
 rc=0
-timeout 120 mpirun -np 1 "$MPIFORMER" train "$DECK" --set train.steps=3 --set train.eval_every=0 \
+timeout 120 mpirun -np 1 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=3 --set train.eval_every=0 \
   --set run.dir=fifo_latest --set run.peak_tflops=1 >fifo_latest.log 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat fifo_latest.log; fail "a FIFO as latest: exit $rc"; }
 grep -q "resumed from fifo_latest/checkpoints/step_00000002.h5" fifo_latest.log || { cat fifo_latest.log; fail "no fallback"; }
@@ -178,7 +179,7 @@ PY
 expect 2 "/model/wte is an external link" "$MPIFORMER" inspect fifo_link.h5
 mkdir -p fifo_metrics && mkfifo fifo_metrics/metrics.jsonl
 expect 2 "fifo_metrics/metrics.jsonl: [run] dir: not a regular file" \
-  mpirun -np 1 "$MPIFORMER" train "$DECK" --set train.steps=2 --set run.dir=fifo_metrics --set run.peak_tflops=1
+  mpirun -np 1 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=2 --set run.dir=fifo_metrics --set run.peak_tflops=1
 echo "ok: FIFOs and links are refused without waiting"
 
 # 10. Foreign HDF5 token datasets: a virtual dataset whose source is
@@ -216,7 +217,7 @@ with h5py.File("range.h5", "w") as f:  # ids past vocab_size, and no max_token_i
     f.attrs["vocab_size"] = 256
     f.attrs["tokenizer"] = "byte"
 PY
-data_run() { mpirun -np 1 "$MPIFORMER" train "$DECK" --set train.steps=2 --set "data.train=\"$1\"" --set 'data.val=""' --set run.dir="run_$1" --set run.peak_tflops=1; }
+data_run() { mpirun -np 1 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set train.steps=2 --set "data.train=\"$1\"" --set 'data.val=""' --set run.dir="run_$1" --set run.peak_tflops=1; }
 expect 2 "vds.h5: /tokens: a virtual dataset" data_run vds.h5
 expect 2 "lzf.h5: /tokens: compressed with filter 32000" data_run lzf.h5
 data_run userblock.h5 >userblock.log 2>&1 || { cat userblock.log; fail "an h5py file with a user block was refused"; }
@@ -237,7 +238,7 @@ mkdir -p rankA rankB
 "$MPIFORMER" export "$CK" --format llmc --output rankA/model.bin >/dev/null || fail "export llmc"
 "$MPIFORMER" export other/checkpoints/step_00000002.h5 --format llmc --output rankB/model.bin >/dev/null || fail "export llmc"
 two_dirs() {
-  local a=(train "$DECK" --set parallel.dp=2 --set train.steps=1 --set 'model.init="/proc/self/cwd/model.bin"'
+  local a=(train "$DECK" $SMALL_BATCH --set parallel.dp=2 --set train.steps=1 --set 'model.init="/proc/self/cwd/model.bin"'
            --set "data.train=\"$WORK/data/tinyshakespeare_byte.h5\"" --set "data.val=\"\""
            --set "run.dir=\"$WORK/$1\"" --set run.peak_tflops=1)
   mpirun -np 1 --wdir "$WORK/rankA" "$MPIFORMER" "${a[@]}" : -np 1 --wdir "$WORK/$2" "$MPIFORMER" "${a[@]}"
@@ -250,12 +251,12 @@ echo "ok: ranks reading different [model] init files are refused; identical copi
 # 11. A save killed part-way leaves its .tmp; the next start (holding the
 # directory's lock) removes it and resumes from the last complete one.
 rc=0
-MPIFORMER_CHECKPOINT_FAULT_AFTER=20 mpirun -np 2 "$MPIFORMER" train "$DECK" --set parallel.dp=2 --set train.steps=4 \
+MPIFORMER_CHECKPOINT_FAULT_AFTER=20 mpirun -np 2 "$MPIFORMER" train "$DECK" $SMALL_BATCH --set parallel.dp=2 --set train.steps=4 \
   --set train.eval_every=0 --set checkpoint.every=2 --set run.dir=killed_save --set run.peak_tflops=1 \
   >killed_save.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] || fail "the injected fault did not end the save"
 ls killed_save/checkpoints/step_*.h5.tmp >/dev/null 2>&1 || fail "no partial save to clean (the fault hook did not fire)"
-run_mpi 2 train "$DECK" --set parallel.dp=2 --set train.steps=4 --set train.eval_every=0 --set checkpoint.every=2 \
+run_mpi 2 train "$DECK" $SMALL_BATCH --set parallel.dp=2 --set train.steps=4 --set train.eval_every=0 --set checkpoint.every=2 \
   --set run.dir=killed_save >killed_save2.log 2>&1 || { cat killed_save2.log; fail "the restart failed"; }
 grep -q "removed 1 unfinished save(s) (.tmp) an earlier job left" killed_save2.log || { cat killed_save2.log; fail "no cleanup line"; }
 ! ls killed_save/checkpoints/*.tmp >/dev/null 2>&1 || fail "a .tmp is still there"

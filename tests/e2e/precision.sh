@@ -86,8 +86,9 @@ layout fp16 tp2 2 1.25e-4 --set parallel.tp=2
 layout fp16 tp2_sp 2 1.25e-4 --set parallel.tp=2 --set parallel.sequence_parallel=true
 
 # ---- 3 and 4. the loss scaler, and resuming mid-run ---------------------
+# shellcheck disable=SC2206  # SMALL_BATCH's words are the arguments
 seg=(--set train.steps=10 --set train.log_every=1 --set train.eval_every=0
-     --set checkpoint.every=5)
+     --set checkpoint.every=5 $SMALL_BATCH)
 scaled=(--set train.precision='"fp16"' --set train.loss_scale_window=3)
 # Whole: an overflow at step 4 on rank 0 only, under nonfinite = "stop".
 MPIFORMER_FAULT_NONFINITE_STEP=4 run_mpi 2 train "$DECK" "${seg[@]}" "${scaled[@]}" \
