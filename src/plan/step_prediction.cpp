@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 
 #include "common/grad_compression.hpp"
@@ -207,6 +208,29 @@ double collective(const LinkCost& c, int64_t g, double bytes, double rounds) {
 }
 double sendrecv(const LinkCost& c, double bytes) { return c.latency + bytes / c.bandwidth; }
 
+// A chunk's pass as priced once in a prediction (predict_step's pass_of):
+// the stages of a pipeline differ only in the embedding, the head and (a
+// Mixture of Experts) which blocks are sparse, so most share one. Each
+// item keeps its kernel seconds; a stage scales them by its own fit.
+struct PricedItem {
+  double seconds = 0;  // item_seconds
+  double masked = 1;   // the share of attention's tiles a document mask keeps
+  int list = 0;        // 0 forward, 1 backward, 2 weight gradients
+  bool attention = false;
+  size_t kernel = 0;   // its name's place in the prediction's kernel names
+};
+struct ChunkPass {
+  // What identifies the pass: its blocks, the embedding and the head, and
+  // in a Mixture of Experts its first layer (which blocks are sparse).
+  int64_t layers = 0, first_layer = 0;
+  bool embedding = false, head = false;
+  std::vector<PricedItem> items;
+  // Unscaled by the fit: the tensor collectives, the experts' all-to-alls
+  // and the ring's sends (before what attention hides), the message.
+  double tp_f = 0, tp_b = 0, tp_w = 0, ep_f = 0, ep_b = 0, ring_f = 0, ring_b = 0;
+  double message_bytes = 0;
+};
+
 }  // namespace
 
 std::pair<double, double> kernel_seconds(const MachineSpec& machine, const GptConfig& cfg,
@@ -327,6 +351,79 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   costs.forward.assign(static_cast<size_t>(pp * v), 0.0);
   costs.backward = costs.weights = costs.forward;
   std::vector<double> optimizer(pp, 0.0);
+  // Every tensor collective exposed, the backward sums started beside a
+  // weight gradient too: how much NCCL's stream hides behind a GEMM it
+  // shares the GPU with is not measured yet, and the planner errs slow.
+  auto tp_seconds = [&](const TensorCollective& c) {
+    if (c.kind == TensorCollective::kAllgather) return collective(tp_link.allgather, tp, c.bytes, 1);
+    if (c.kind == TensorCollective::kReduceScatter)
+      return collective(tp_link.reduce_scatter, tp, c.bytes, 1);
+    return collective(tp_link.allreduce, tp, c.bytes, 2);
+  };
+  // An all-to-all within the data-parallel group's links: each rank
+  // sends (ep - 1) / ep of its rows, at the links' measured all-to-all
+  // rate (a machine file without one: the all-gather's).
+  const int64_t ep = deck.parallel.ep;
+  auto ep_seconds = [&](double bytes) { return collective(dp_link.alltoall, ep, bytes, 1); };
+  // Each chunk's pass priced on its own (the embedding is chunk 0's, the
+  // head the last's), once per kind of pass (ChunkPass).
+  std::vector<std::string> kernel_names;
+  std::deque<ChunkPass> passes;  // references to them stay valid as more come
+  auto pass_of = [&](const StageRange& r) -> const ChunkPass& {
+    const int64_t first = cfg.moe() ? r.first_layer : 0;
+    for (const ChunkPass& p : passes)
+      if (p.layers == r.layers_per_chunk() && p.first_layer == first &&
+          p.embedding == r.has_embedding && p.head == r.has_head)
+        return p;
+    const StageWork work = stage_work(cfg, r, deck.train.micro_batch, deck.train.recompute, act,
+                                      deck.parallel.sequence_parallel,
+                                      splits_backward(deck.parallel.schedule), out.expert_imbalance, cp);
+    ChunkPass p;
+    p.layers = r.layers_per_chunk();
+    p.first_layer = first;
+    p.embedding = r.has_embedding;
+    p.head = r.has_head;
+    p.message_bytes = work.message_bytes;
+    int list = 0;
+    for (const auto* items : {&work.forward, &work.backward, &work.weights}) {
+      for (const WorkItem& w : *items) {
+        PricedItem it;
+        it.seconds = item_seconds(machine, w);
+        // A GPU's attention computes only the tiles the document mask
+        // keeps (the host's computes every causal one).
+        it.masked = w.kernel == Kernel::kAttention && deck.data.document_mask &&
+                            machine.device == Device::kCuda
+                        ? deck.data.attention_kept
+                        : 1.0;
+        it.list = list;
+        it.attention = w.kernel == Kernel::kAttention;
+        const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
+        const std::string name = gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")
+                                      : kernel_rate_name(w.kernel, w.backward);
+        it.kernel = static_cast<size_t>(std::find(kernel_names.begin(), kernel_names.end(), name) -
+                                        kernel_names.begin());
+        if (it.kernel == kernel_names.size()) kernel_names.push_back(name);
+        p.items.push_back(it);
+      }
+      ++list;
+    }
+    for (const TensorCollective& tc : work.tp_forward) p.tp_f += tp_seconds(tc);
+    for (const TensorCollective& tc : work.tp_backward) p.tp_b += tp_seconds(tc);
+    for (const TensorCollective& tc : work.tp_weights) p.tp_w += tp_seconds(tc);
+    for (double bytes : work.ep_forward) p.ep_f += ep_seconds(bytes);
+    for (double bytes : work.ep_backward) p.ep_b += ep_seconds(bytes);
+    // The ring's sends, one block per ring step: beside the attention
+    // of the pass on a GPU, exposed on the host (MPI moves them in the
+    // waits). The same ring sends as much on every rank.
+    const auto ring_seconds = [&](const StageWork::RingPass& rp) {
+      return rp.blocks * sendrecv(cp_link.sendrecv, work.cp_block_bytes) +
+             rp.sums * sendrecv(cp_link.sendrecv, work.cp_sums_bytes);
+    };
+    for (const auto& rp : work.cp_forward) p.ring_f += ring_seconds(rp);
+    for (const auto& rp : work.cp_backward) p.ring_b += ring_seconds(rp);
+    passes.push_back(std::move(p));
+    return passes.back();
+  };
   for (int64_t s = 0; s < pp; ++s) {
     const StageRange range = stage_range_of(deck, static_cast<int>(s), 0);
     const int slots = out.memory[static_cast<size_t>(s)].slots;  // its schedule's, counted once
@@ -334,72 +431,36 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute,
                   static_cast<double>(deck.train.micro_batch * slots * range.layers_per_chunk()))
             .factor;
-    // Every one exposed, the backward sums started beside a weight gradient
-    // too: how much NCCL's stream hides behind a GEMM it shares the GPU
-    // with is not measured yet, and the planner errs slow.
-    auto tp_seconds = [&](const TensorCollective& c) {
-      if (c.kind == TensorCollective::kAllgather) return collective(tp_link.allgather, tp, c.bytes, 1);
-      if (c.kind == TensorCollective::kReduceScatter)
-        return collective(tp_link.reduce_scatter, tp, c.bytes, 1);
-      return collective(tp_link.allreduce, tp, c.bytes, 2);
-    };
-    // Each chunk's pass priced on its own (the embedding is chunk 0's, the
-    // head the last's); the stage's sums below.
+    // The stage's sums of its chunks' passes.
     double fwd = 0, bwd = 0, wgt = 0, tp_time = 0, ep_time = 0, cp_time = 0;
     // How long the backward's other traffic holds the data-parallel
     // group's links (the same class of link: a rank's bandwidth on it is
     // shared), a micro-batch: the data-parallel transfers hide only in
     // the rest of the backward (below).
     double dp_link_busy = 0;
-    // An all-to-all within the data-parallel group's links: each rank
-    // sends (ep - 1) / ep of its rows, at the links' measured all-to-all
-    // rate (a machine file without one: the all-gather's).
-    const int64_t ep = deck.parallel.ep;
-    auto ep_seconds = [&](double bytes) { return collective(dp_link.alltoall, ep, bytes, 1); };
     std::vector<double> chunk_fwd(v), chunk_bwd(v), chunk_wgt(v);
-    std::map<std::string, double> by_kernel;
+    // The kernels' seconds a step by name (the report's split of the
+    // busiest stage), summed item by item in order.
+    std::vector<double> kernel_sums(kernel_names.size(), 0.0);
+    std::vector<char> kernel_seen(kernel_names.size(), 0);
     double message_bytes = 0;
     for (int64_t c = 0; c < v; ++c) {
-      const StageWork work =
-          stage_work(cfg, chunk_range(range, c), deck.train.micro_batch, deck.train.recompute, act,
-                     deck.parallel.sequence_parallel, splits_backward(deck.parallel.schedule),
-                     out.expert_imbalance, cp);
-      message_bytes = work.message_bytes;
+      const ChunkPass& pass = pass_of(chunk_range(range, c));
+      message_bytes = pass.message_bytes;
+      kernel_sums.resize(kernel_names.size(), 0.0);
+      kernel_seen.resize(kernel_names.size(), 0);
       double f = 0, b = 0, w_time = 0, attend_f = 0, attend_b = 0;
-      for (const auto* list : {&work.forward, &work.backward, &work.weights}) {
-        for (const WorkItem& w : *list) {
-          // A GPU's attention computes only the tiles the document mask
-          // keeps (the host's computes every causal one).
-          const double masked = w.kernel == Kernel::kAttention && deck.data.document_mask &&
-                                        machine.device == Device::kCuda
-                                    ? deck.data.attention_kept
-                                    : 1.0;
-          const double t = item_seconds(machine, w) * share * factor * masked;
-          (list == &work.forward ? f : list == &work.backward ? b : w_time) += t;
-          if (w.kernel == Kernel::kAttention) (list == &work.forward ? attend_f : attend_b) += t;
-          const bool gemm = w.kernel == Kernel::kMatmul || w.kernel == Kernel::kAttention;
-          by_kernel[gemm ? std::string(kernel_name(w.kernel)) + (w.backward ? "_backward" : "")
-                         : kernel_rate_name(w.kernel, w.backward)] += t * static_cast<double>(micro);
-        }
+      for (const PricedItem& it : pass.items) {
+        const double t = it.seconds * share * factor * it.masked;
+        (it.list == 0 ? f : it.list == 1 ? b : w_time) += t;
+        if (it.attention) (it.list == 0 ? attend_f : attend_b) += t;
+        kernel_sums[it.kernel] += t * static_cast<double>(micro);
+        kernel_seen[it.kernel] = 1;
       }
-      double tp_f = 0, tp_b = 0, tp_w = 0;
-      for (const TensorCollective& tc : work.tp_forward) tp_f += tp_seconds(tc);
-      for (const TensorCollective& tc : work.tp_backward) tp_b += tp_seconds(tc);
-      for (const TensorCollective& tc : work.tp_weights) tp_w += tp_seconds(tc);
-      double ep_f = 0, ep_b = 0;
-      for (double bytes : work.ep_forward) ep_f += ep_seconds(bytes);
-      for (double bytes : work.ep_backward) ep_b += ep_seconds(bytes);
+      const double tp_f = pass.tp_f, tp_b = pass.tp_b, tp_w = pass.tp_w;
+      const double ep_f = pass.ep_f, ep_b = pass.ep_b;
       ep_time += ep_f + ep_b;
-      // The ring's sends, one block per ring step: beside the attention
-      // of the pass on a GPU, exposed on the host (MPI moves them in the
-      // waits). The same ring sends as much on every rank.
-      const auto ring_seconds = [&](const StageWork::RingPass& p) {
-        return p.blocks * sendrecv(cp_link.sendrecv, work.cp_block_bytes) +
-               p.sums * sendrecv(cp_link.sendrecv, work.cp_sums_bytes);
-      };
-      double ring_f = 0, ring_b = 0;
-      for (const auto& p : work.cp_forward) ring_f += ring_seconds(p);
-      for (const auto& p : work.cp_backward) ring_b += ring_seconds(p);
+      double ring_f = pass.ring_f, ring_b = pass.ring_b;
       // The ring's whole transfer holds its links, hidden or not; the
       // tensor collectives theirs (exposed); the experts' all-to-alls go
       // over the data-parallel group's own.
@@ -515,7 +576,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       window_passes = share * blocks * bytes / bandwidth(machine, "residual", block);
     }
     bwd += window_passes;
-    if (window_passes > 0) by_kernel["gradient_windows"] += window_passes * static_cast<double>(micro);
+    const double window_seconds = window_passes > 0 ? window_passes * static_cast<double>(micro) : 0;
     // The tied embedding's gradient, summed across the first and last stage.
     if (const ParameterSpec* tied = table.tied_embedding(); pp > 1 && tied != nullptr) {
       const double wte = static_cast<double>(tied->storage);
@@ -588,6 +649,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       out.cp_comm = cp_time * static_cast<double>(micro);
       out.exposed_comm = reduce + per_micro_comm * static_cast<double>(micro) + opt_comm + norm;
       out.optimizer = update;
+      std::map<std::string, double> by_kernel;
+      for (size_t k = 0; k < kernel_sums.size(); ++k)
+        if (kernel_seen[k]) by_kernel[kernel_names[k]] = kernel_sums[k];
+      if (window_passes > 0) by_kernel["gradient_windows"] += window_seconds;
       out.kernels.assign(by_kernel.begin(), by_kernel.end());
     }
     costs.p2p = pp > 1 ? sendrecv(pp_link.sendrecv, message_bytes) : 0;

@@ -877,6 +877,33 @@ TEST(Plan, ContextParallelismIsPricedAndSearched) {
 // each what a fresh build gives; a field of the model, of the stage's
 // range or the replicas that differs gives other tables (a key missing a
 // field would hand one layout another's stage).
+// predict_step prices each kind of chunk pass once (the blocks, the
+// embedding, the head, and in a Mixture of Experts which blocks are
+// sparse). Stages 1 and 2 of four hold one block each and neither end of
+// the model; layer 2 is sparse and layer 1 dense (moe_every 2), so their
+// compute differs as their own kernels' seconds do (1F1B, zero 0, one
+// tensor rank: a stage's compute is its micro-batches' forward and
+// backward kernels, the shared factors cancelling in the ratio; 1e-12:
+// rounding).
+TEST(Plan, StagesAlikeButForTheirSparseBlocksArePricedApart) {
+  Deck deck = tiny_deck();
+  deck.model.experts = 4;
+  deck.model.top_k = 2;
+  deck.model.moe_every = 2;
+  deck.model.capacity_factor = 2.0;
+  deck.parallel.pp = 4;
+  const MachineSpec m = workstation(8);
+  const Prediction p = predict_step(deck, m, 4);
+  ASSERT_TRUE(p.timed);
+  auto kernels = [&](int s) {
+    const auto [f, b] = kernel_seconds(m, deck.model, stage_range_of(deck, s, 0),
+                                       deck.train.micro_batch, deck.train.recompute, 4);
+    return f + b;
+  };
+  EXPECT_GT(kernels(2), 1.2 * kernels(1));
+  EXPECT_NEAR(p.step.compute[2] / p.step.compute[1], kernels(2) / kernels(1), 1e-12);
+}
+
 TEST(Plan, StageTablesAreSharedOnlyByTheSameStage) {
   const GptConfig cfg = gpt2_124m_shape();
   const StageRange range = partition_stage(cfg, 0, 2, 2, 0, 1);
