@@ -276,14 +276,22 @@ StageFacts stage_facts(ScheduleKind kind, int num_stages, int stage, int num_mic
     std::lock_guard<std::mutex> hold(lock);
     if (auto it = known.find(key); it != known.end()) return it->second;
   }
-  const std::vector<Action> mine = pipeline_schedule(kind, num_stages, stage, num_micro, chunks);
-  StageFacts f;
-  f.slots = max_live_activations(mine);
-  f.sends_gradients =
-      std::any_of(mine.begin(), mine.end(), [](const Action& a) { return a.op == Op::SendGradient; });
+  // Every stage's at once, from the pipeline's remembered lists: the
+  // planner asks for each stage in turn, and then compiles the same lists
+  // to time the step (schedule_timing.cpp), so they are built once.
+  const auto lists = pipeline_schedules(kind, num_stages, num_micro, chunks);
+  std::vector<StageFacts> all;
+  for (const std::vector<Action>& actions : *lists) {
+    StageFacts f;
+    f.slots = max_live_activations(actions);
+    f.sends_gradients = std::any_of(actions.begin(), actions.end(),
+                                    [](const Action& a) { return a.op == Op::SendGradient; });
+    all.push_back(f);
+  }
   std::lock_guard<std::mutex> hold(lock);
-  known[key] = f;
-  return f;
+  for (int s = 0; s < num_stages; ++s)
+    known[std::make_tuple(kind, num_stages, s, num_micro, chunks)] = all[static_cast<size_t>(s)];
+  return all[static_cast<size_t>(stage)];
 }
 
 }  // namespace
