@@ -17,6 +17,7 @@
 
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/layer_chunks.hpp"
 
 namespace mpiformer {
 namespace {
@@ -305,9 +306,11 @@ std::string known_keys(const std::string& section) {
 
 bool known_section(const std::string& section) { return !known_keys(section).empty(); }
 
-// Interleaving's constraints (Megatron's): every chunk the same number of
-// layers, and micro-batches in whole rounds of pp, which its order walks
-// chunk by chunk (parallel/pipeline_schedule.hpp).
+// Interleaving's constraints: chunks as core/layer_chunks.hpp cuts them
+// (every chunk the same number of layers where they divide, Megatron's
+// rule; else the first and last chunks shorter, Meta's), and micro-batches
+// in whole rounds of pp, which its order walks chunk by chunk
+// (parallel/pipeline_schedule.hpp).
 void check_virtual_stages(const Deck& d, const std::string& where) {
   const auto& par = d.parallel;
   const long long v = par.virtual_stages, pp = par.pp, layers = d.model.n_layer;
@@ -330,11 +333,14 @@ void check_virtual_stages(const Deck& d, const std::string& where) {
                      "schedule \"interleaved\" needs pp >= 2 (it interleaves the chunks of a "
                      "pipeline), got pp 1");
   }
-  if (layers % (pp * v) != 0) {
+  const LayerChunks cut = layer_chunks(layers, pp, v);
+  if (!cut.refusal.empty()) {
     throw InputError(where, "[parallel] virtual_stages, [parallel] pp, [model] n_layer",
                      strprintf("schedule \"interleaved\" cuts the %lld layers into pp x "
-                               "virtual_stages = %lld x %lld = %lld equal chunks: n_layer must be "
-                               "a multiple of it", layers, pp, v, pp * v));
+                               "virtual_stages = %lld x %lld = %lld chunks, each as long as the "
+                               "longest but the first and last, which give up the excess: %s; "
+                               "use fewer chunks per rank or fewer stages",
+                               layers, pp, v, pp * v, cut.refusal.c_str()));
   }
   const long long m = d.grad_accum();
   if (m % pp != 0) {

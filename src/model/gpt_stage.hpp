@@ -399,9 +399,16 @@ class GptStage {
   // Whether `chunk` embeds (the model's first) or ends in the head (its last).
   bool embeds(int chunk) const { return range_.has_embedding && chunk == 0; }
   bool heads(int chunk) const { return range_.has_head && chunk == range_.chunks - 1; }
-  // The slot position of the stage's block i: a chunk's blocks are
-  // consecutive, layers_per_chunk() of them.
-  int64_t in_slot(int64_t i) const { return i % range_.layers_per_chunk(); }
+  // The slot position of the stage's block i (StageRange::slot_position).
+  int64_t in_slot(int64_t i) const { return range_.slot_position(i); }
+  // Where the embedding writes chunk 0's stream, and where the head reads
+  // the last chunk's: a short first chunk's blocks end at the slot's end,
+  // a short last chunk's start at its start (the slot's first and last
+  // buffers are then the input and output every other chunk uses).
+  Act* embedded(Slot& s) { return s.residual[static_cast<size_t>(range_.first_short)].get(); }
+  Act* stream_end(Slot& s) {
+    return s.residual[static_cast<size_t>(range_.full_chunk() - range_.last_short)].get();
+  }
   void head_loss(Slot& s, bool for_backward, Acc grad_scale);
   // The embedding of `s`'s tokens (host copy `tokens`) into its residual
   // stream: summed over the vocabulary-parallel group under sequence

@@ -48,8 +48,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     if (spec.layer < 0 && (spec.tensor == outer::wte || spec.tensor == outer::lm_head)) vocab = &spec;
   v_real_ = vocab != nullptr ? vocab->shape[0] : 0;
   v0_ = vocab != nullptr ? vocab->vocab_begin() : 0;
-  // A slot holds one chunk's layers.
-  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.layers_per_chunk();
+  // A slot holds one chunk's layers (a chunk that lacks none).
+  const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.full_chunk();
   // Every allocation is counted: stage_footprint must predict the sum.
   auto act = [&](int64_t count) {
     allocated_ += count * static_cast<int64_t>(sizeof(Act));
@@ -272,7 +272,8 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
     throw std::logic_error(
         "GptStage::forward: positions are given exactly with document_mask or cp > 1");
   use_positions(s);
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, L = range_.chunk_layers(chunk);
+  const int64_t first = range_.chunk_block(chunk);
   s.grad_scale = grad_scale;
   // Every host-to-device copy first, before any op of this micro-batch is
   // queued, so the device never waits on the host in the middle.
@@ -283,16 +284,16 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   if (positions != nullptr)
     Ops::load_tokens(ctx_, s.positions, positions, BT, embeds(chunk) && !cfg_.llama());
   if (embeds(chunk)) embed(s, tokens);
-  for (int64_t j = 0; j < L; ++j) {
-    const int64_t i = first + j;
-    if (opt_.window_weights) hooks_.need_weights(i, j + 1 < L ? i + 1 : -1);
+  for (int64_t i = first; i < first + L; ++i) {
+    if (opt_.window_weights) hooks_.need_weights(i, i + 1 < first + L ? i + 1 : -1);
+    const int64_t j = in_slot(i);
     // Under full recomputation the block's activations go to the shared
     // buffers and only its input (the residual stream) is kept.
     LayerActs& a = opt_.recompute == Recompute::kFull ? rc_ : s.layers[j];
     forward_block(a, s.residual[j].get(), s.residual[j + 1].get(), i);
   }
   if (!heads(chunk)) return;
-  norm_forward(h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(), s.residual.back().get(),
+  norm_forward(h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(), stream_end(s),
                w_outer(outer::lnf_w), w_outer(outer::lnf_b), rows_);
   Ops::matmul_forward(ctx_, h.logits.get(), gathered(h.lnf.get()), w_head(),
                       static_cast<const Act*>(nullptr), BT, C, vl_);
@@ -307,10 +308,10 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
     // Vocabulary-parallel under sequence parallelism: each rank embeds the
     // tokens of its vocabulary rows (zeros elsewhere), the group's sum,
     // scattered, is the embedding (one rank: the embedding itself).
-    Act* partial = sum_target(s.residual[0].get());
+    Act* partial = sum_target(embedded(s));
     Ops::embedding_forward(ctx_, partial, s.tokens, w_outer(outer::wte), w_outer(outer::wpe), B_,
                            T_, C, v0_, vl_, positions_);
-    summed(partial, s.residual[0].get());
+    summed(partial, embedded(s));
     return;
   }
   // Every position's row is computed by the one rank holding its token:
@@ -340,7 +341,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
                               w_outer(outer::wte), w_outer(outer::wpe), T_, C, v0_, positions_);
   for (int64_t& n : row_counts_) n *= C;  // elements, as the gather counts them
   tp_.gather_parts(whole + first * C, whole, row_counts_, Ops::kActElement);
-  Ops::scatter_rows(ctx_, s.residual[0].get(), whole, row_order_, BT, C);
+  Ops::scatter_rows(ctx_, embedded(s), whole, row_order_, BT, C);
 }
 
 template <class Ops>
@@ -472,7 +473,8 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
   };
   Slot& s = slots_[slot];
   use_positions(s);
-  const int64_t R = rows_, C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
+  const int64_t R = rows_, C = cfg_.n_embd, L = range_.chunk_layers(chunk);
+  const int64_t first = range_.chunk_block(chunk);
   // Split (B): no weight gradient here, so no gradient is final and no
   // gradient window is needed; the GEMMs' inputs need not be gathered.
   const bool whole = !split();
@@ -492,7 +494,7 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
     Acc* stash = ln_stash(s, -1);
     if (stash) Ops::fill_zero(ctx_, stash, 2 * C);
     norm_backward(dres, ln_grad(stash, g_outer(outer::lnf_w), 0),
-                  ln_grad(stash, g_outer(outer::lnf_b), 1), dln, s.residual.back().get(),
+                  ln_grad(stash, g_outer(outer::lnf_b), 1), dln, stream_end(s),
                   w_outer(outer::lnf_w), h.lnf_mean.get(), h.lnf_rstd.get(), R);
     add_ln_grads(stash, {g_outer(outer::lnf_w), g_outer(outer::lnf_b)});
     if (whole) final_from(at_.at(outer::lnf_w));
@@ -515,7 +517,7 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
   if (!whole) {
     // The embedding's backward is W's, from the stage's input, which block
     // 0's backward has finished reading.
-    if (embeds(chunk)) Ops::copy(ctx_, s.residual[0].get(), static_cast<const Act*>(dres), R * C);
+    if (embeds(chunk)) Ops::copy(ctx_, embedded(s), static_cast<const Act*>(dres), R * C);
     return;
   }
   if (chunk > 0) return;  // the tensors before chunk 0's blocks are chunk 0's
@@ -536,7 +538,8 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
   };
   Slot& s = slots_[slot];
   use_positions(s);
-  const int64_t C = cfg_.n_embd, L = range_.layers_per_chunk(), first = chunk * L;
+  const int64_t C = cfg_.n_embd, L = range_.chunk_layers(chunk);
+  const int64_t first = range_.chunk_block(chunk);
   if (heads(chunk)) final_from(at_.at(outer::lnf_w));  // B computed the head's
   for (int64_t i = first + L - 1; i >= first; --i) {
     if (opt_.window_grads) {
@@ -550,7 +553,7 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
   if (chunk > 0) return;
   if (range_.has_embedding)
     Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe),
-                            gathered(s.residual[0].get()), s.tokens, B_, T_, C, v0_, vl_,
+                            gathered(embedded(s)), s.tokens, B_, T_, C, v0_, vl_,
                             positions_);
   final_from(0);
 }

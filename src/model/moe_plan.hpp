@@ -36,12 +36,12 @@ struct MoePlan {
 inline MoePlan moe_plan(const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
                         int64_t cp = 1) {
   MoePlan p;
-  const int64_t T = cfg.seq_len / cp, BT = micro_batch * T, L = range.layers_per_chunk();
+  const int64_t T = cfg.seq_len / cp, BT = micro_batch * T, L = range.full_chunk();
   p.sparse_at.assign(static_cast<size_t>(L), false);
   p.dense_at.assign(static_cast<size_t>(L), false);
   for (int64_t i = 0; i < range.num_layers(); ++i) {
     const bool sparse = cfg.moe_layer(range.layer(i));
-    (sparse ? p.sparse_at : p.dense_at)[static_cast<size_t>(i % L)] = true;
+    (sparse ? p.sparse_at : p.dense_at)[static_cast<size_t>(range.slot_position(i))] = true;
     p.any_sparse = p.any_sparse || sparse;
   }
   if (!cfg.moe()) return p;

@@ -1,6 +1,7 @@
 #include "model/parameter_table.hpp"
 
 #include "model/stage_layout.hpp"
+#include "core/layer_chunks.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -12,13 +13,16 @@ StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stag
                            int64_t tp_rank, int64_t chunks) {
   StageRange r;
   if (chunks > 1) {
-    if (cfg.n_layer % (num_stages * chunks) != 0)
-      throw std::logic_error("partition_stage: chunks of unequal layer counts");
-    const int64_t per = cfg.n_layer / (num_stages * chunks);
-    r.first_layer = stage * per;
-    r.last_layer = r.first_layer + per;
+    const LayerChunks cut = layer_chunks(cfg.n_layer, num_stages, chunks);
+    if (!cut.refusal.empty()) throw std::logic_error("partition_stage: " + cut.refusal);
+    // Chunk c of stage s, the model's (c pp + s)-th, starts where a full
+    // one would less the first chunk's shortfall.
+    r.first_short = stage == 0 ? cut.first_short : 0;
+    r.last_short = stage == num_stages - 1 ? cut.last_short : 0;
+    r.first_layer = stage * cut.full - cut.first_short + r.first_short;
+    r.last_layer = stage * cut.full - cut.first_short + cut.full;
     r.chunks = chunks;
-    r.chunk_stride = num_stages * per;
+    r.chunk_stride = num_stages * cut.full;
   } else {
     const int64_t base = cfg.n_layer / num_stages, extra = cfg.n_layer % num_stages;
     r.first_layer = stage * base + std::min(stage, extra);

@@ -16,10 +16,13 @@ namespace mpiformer {
 // The transformer layers a stage holds and whether the stage also holds
 // the embeddings (first stage) or the final norm + LM head (last stage); under tensor parallelism, which of the tp slices of its split
 // tensors (gpt_schema.hpp's Split) this rank holds. The layers are one
-// contiguous range, or under interleaving `chunks` equal ranges
-// `chunk_stride` layers apart (chunk c: [first_layer, last_layer) + c x
-// chunk_stride); the embedding sits before chunk 0, the head after the
-// last chunk.
+// contiguous range, or under interleaving `chunks` ranges `chunk_stride`
+// layers apart, each full_chunk() long but for the model's first chunk
+// (the embedding's: chunk 0 of stage 0), which lacks `first_short` layers
+// at its start, and its last (the head's: the last chunk of the last
+// stage), which lacks `last_short` at its end (core/layer_chunks.hpp).
+// Chunk 0 is [first_layer, last_layer); the embedding sits before chunk
+// 0, the head after the last chunk.
 struct StageRange {
   int64_t first_layer = 0;
   int64_t last_layer = 0;  // one past chunk 0's end
@@ -27,22 +30,38 @@ struct StageRange {
   bool has_head = true;
   int64_t tp = 1, tp_rank = 0;
   int64_t chunks = 1, chunk_stride = 0;
+  int64_t first_short = 0, last_short = 0;
   // Expert parallelism: the sparse layers' experts divided over `ep` ranks
   // of the data-parallel group, this rank holding experts [ep_rank E / ep,
   // (ep_rank + 1) E / ep).
   int64_t ep = 1, ep_rank = 0;
-  int64_t layers_per_chunk() const { return last_layer - first_layer; }
-  int64_t num_layers() const { return layers_per_chunk() * chunks; }
+  // The layers of a chunk that lacks none (what a slot holds).
+  int64_t full_chunk() const { return last_layer - first_layer + first_short; }
+  int64_t chunk_layers(int64_t c) const {
+    return full_chunk() - (c == 0 ? first_short : 0) - (c == chunks - 1 ? last_short : 0);
+  }
+  // Chunk c's first model layer, and the stage's index of its first block.
+  int64_t chunk_first(int64_t c) const {
+    return c == 0 ? first_layer : first_layer - first_short + c * chunk_stride;
+  }
+  int64_t chunk_block(int64_t c) const { return c == 0 ? 0 : c * full_chunk() - first_short; }
+  int64_t num_layers() const { return chunks * full_chunk() - first_short - last_short; }
+  // Where block i sits in its chunk's slot, as if its chunk lacked none: a
+  // short first chunk's blocks end at the slot's end, a short last chunk's
+  // start at its start, so every chunk that receives its input from
+  // another stage finds it at the slot's start and every chunk that sends
+  // leaves it at the end.
+  int64_t slot_position(int64_t i) const { return (i + first_short) % full_chunk(); }
   // The model layer of the stage's i-th block (blocks in layer order).
   int64_t layer(int64_t i) const {
-    const int64_t per = layers_per_chunk();
-    return first_layer + i / per * chunk_stride + i % per;
+    const int64_t j = i + first_short, per = full_chunk();
+    return first_layer - first_short + j / per * chunk_stride + j % per;
   }
   // The stage's block index of model layer `l`, -1 if it holds none.
   int64_t block_of(int64_t l) const {
     for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t at = l - first_layer - c * chunk_stride;
-      if (at >= 0 && at < layers_per_chunk()) return c * layers_per_chunk() + at;
+      const int64_t at = l - chunk_first(c);
+      if (at >= 0 && at < chunk_layers(c)) return chunk_block(c) + at;
     }
     return -1;
   }
@@ -52,20 +71,21 @@ struct StageRange {
 // with chunk 0, the head with the last): what its pass computes.
 inline StageRange chunk_range(const StageRange& r, int64_t c) {
   StageRange x = r;
-  x.first_layer = r.first_layer + c * r.chunk_stride;
-  x.last_layer = x.first_layer + r.layers_per_chunk();
+  x.first_layer = r.chunk_first(c);
+  x.last_layer = x.first_layer + r.chunk_layers(c);
   x.has_embedding = r.has_embedding && c == 0;
   x.has_head = r.has_head && c == r.chunks - 1;
   x.chunks = 1;
   x.chunk_stride = 0;
+  x.first_short = x.last_short = 0;
   return x;
 }
 
 // Layers are split as evenly as possible; the first (n_layer % pp) stages get
 // one layer more. A stage may hold zero layers only if pp > n_layer, which the
 // deck validation rejects. With chunks > 1 (interleaving), the layers are
-// cut into pp x chunks equal chunks (the deck requires it), chunk c of
-// stage s being the model's (c pp + s)-th.
+// cut into pp x chunks chunks by layer_chunks (the deck refuses what it
+// refuses), chunk c of stage s being the model's (c pp + s)-th.
 StageRange partition_stage(const GptConfig& cfg, int64_t stage, int64_t num_stages,
                            int64_t tp = 1, int64_t tp_rank = 0, int64_t chunks = 1);
 

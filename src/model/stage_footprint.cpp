@@ -36,8 +36,9 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // The residual stream's rows this rank holds (a tp-th of them under
   // sequence parallelism).
   const double R = o.sequence_parallel ? BT / tp : BT;
-  // A slot holds one chunk (the stage's every layer without interleaving).
-  const double L = static_cast<double>(range.layers_per_chunk());
+  // A slot holds one chunk (the stage's every layer without interleaving),
+  // as many layers as a chunk that lacks none.
+  const double L = static_cast<double>(range.full_chunk());
   // Attention's kept state, and its backward's scratch, in bytes (the
   // plan keeps both in the statistics type, float, on every device).
   const double attention = attention_state_elements(storage, B, NH, T) * acc;

@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/layer_chunks.hpp"
 
 namespace mpiformer {
 namespace {
@@ -89,12 +90,13 @@ Plan plan_layouts(const Deck& deck, const MachineSpec& machine, int ranks, int r
                     layouts.push_back(
                         Layout{dp, pp, tp, mb, zero, rc, sk, sp, 1, deck.train.offload, ep, cp});
                     // Interleaved 1F1B, with 2 and 4 chunks per stage where the
-                    // layers cut evenly and the micro-batches come in rounds
-                    // of pp (the deck's rules).
+                    // layers cut into them (evenly, or with the first and last
+                    // chunks shorter) and the micro-batches come in rounds of
+                    // pp (the deck's rules).
                     if (sk != ScheduleKind::kOneFOneB || pp == 1) continue;
                     const int64_t micro = deck.train.global_batch / (dp * mb);
                     for (int64_t v : {2, 4}) {
-                      if (cfg.n_layer % (pp * v) != 0 || micro % pp != 0) continue;
+                      if (!layer_chunks(cfg.n_layer, pp, v).refusal.empty() || micro % pp != 0) continue;
                       layouts.push_back(Layout{dp, pp, tp, mb, zero, rc, ScheduleKind::kInterleaved,
                                                sp, v, deck.train.offload, ep, cp});
                     }

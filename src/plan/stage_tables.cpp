@@ -30,7 +30,7 @@ namespace {
 // Every field of both: a field added to either without its place here
 // would let two different stages share tables, so their sizes are held.
 static_assert(sizeof(GptConfig) == 136, "GptConfig changed: key every field in stage_key");
-static_assert(sizeof(StageRange) == 72, "StageRange changed: key every field in stage_key");
+static_assert(sizeof(StageRange) == 88, "StageRange changed: key every field in stage_key");
 
 // The fields' bytes, one after another (formatting them as text took a
 // tenth of a 65,536-rank search).
@@ -47,7 +47,7 @@ std::string stage_key(const GptConfig& c, const StageRange& r, int64_t replicas,
                   c.ffn_hidden, c.rope_theta, c.norm_eps, c.tie_embeddings, c.experts, c.top_k,
                   c.moe_every, c.capacity_factor, c.aux_loss, c.router_z_loss, r.first_layer,
                   r.last_layer, r.has_embedding, r.has_head, r.tp, r.tp_rank, r.chunks,
-                  r.chunk_stride, r.ep, r.ep_rank, replicas, ep);
+                  r.chunk_stride, r.first_short, r.last_short, r.ep, r.ep_rank, replicas, ep);
 }
 
 }  // namespace

@@ -372,14 +372,14 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   auto pass_of = [&](const StageRange& r) -> const ChunkPass& {
     const int64_t first = cfg.moe() ? r.first_layer : 0;
     for (const ChunkPass& p : passes)
-      if (p.layers == r.layers_per_chunk() && p.first_layer == first &&
+      if (p.layers == r.num_layers() && p.first_layer == first &&
           p.embedding == r.has_embedding && p.head == r.has_head)
         return p;
     const StageWork work = stage_work(cfg, r, deck.train.micro_batch, deck.train.recompute, act,
                                       deck.parallel.sequence_parallel,
                                       splits_backward(deck.parallel.schedule), out.expert_imbalance, cp);
     ChunkPass p;
-    p.layers = r.layers_per_chunk();
+    p.layers = r.num_layers();
     p.first_layer = first;
     p.embedding = r.has_embedding;
     p.head = r.has_head;
@@ -429,7 +429,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const int slots = out.memory[static_cast<size_t>(s)].slots;  // its schedule's, counted once
     const double factor =
         stage_fit(machine, cfg, deck.train.micro_batch, deck.train.recompute,
-                  static_cast<double>(deck.train.micro_batch * slots * range.layers_per_chunk()))
+                  static_cast<double>(deck.train.micro_batch * slots * range.full_chunk()))
             .factor;
     // The stage's sums of its chunks' passes.
     double fwd = 0, bwd = 0, wgt = 0, tp_time = 0, ep_time = 0, cp_time = 0;

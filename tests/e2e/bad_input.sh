@@ -73,8 +73,13 @@ rr "[parallel] virtual_stages: expected a value in [1, " train "$DECK" \
   --set parallel.schedule=interleaved --set parallel.virtual_stages=0
 rr "[parallel] schedule, [parallel] virtual_stages: schedule \"interleaved\" needs virtual_stages >= 2" \
   train "$DECK" --set parallel.pp=2 --set parallel.schedule=interleaved
-rr "[parallel] virtual_stages, [parallel] pp, [model] n_layer: schedule \"interleaved\" cuts the 4 layers into pp x virtual_stages = 2 x 4 = 8 equal chunks" \
+rr "[parallel] virtual_stages, [parallel] pp, [model] n_layer: schedule \"interleaved\" cuts the 4 layers into pp x virtual_stages = 2 x 4 = 8 chunks, each as long as the longest but the first and last, which give up the excess: fewer layers than chunks" \
   train "$DECK" --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=4
+# 9 layers in 8 chunks: chunks of 2, the first and last giving up 7 (at
+# one rank, so that the later cases keep their turns of NPS).
+expect 1 "[parallel] virtual_stages, [parallel] pp, [model] n_layer: schedule \"interleaved\" cuts the 9 layers into pp x virtual_stages = 2 x 4 = 8 chunks, each as long as the longest but the first and last, which give up the excess: the first and last chunks would be left without a layer" \
+  train "$DECK" --set model.n_layer=9 --set parallel.pp=2 --set parallel.schedule=interleaved \
+  --set parallel.virtual_stages=4
 rr "[parallel] schedule, [train] global_batch, [parallel] pp: schedule \"interleaved\" runs micro-batches in rounds of pp = 2: global_batch / (dp x micro_batch) = 3 micro-batches" \
   train "$DECK" --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 \
   --set train.global_batch=48

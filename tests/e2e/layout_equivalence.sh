@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The key test of data + pipeline parallelism: the same deck and seed under
 # (dp, pp) = (2,1), (4,1), (1,2), (2,2), (1,4), with every schedule
-# (interleaved: two chunks per stage at pp 2), and runs resumed under
-# another schedule and chunk count, give the loss, the grad norm and the
+# (interleaved: two chunks per stage at pp 2, and chunks of unequal
+# length), and runs resumed under another schedule and chunk count, give the loss, the grad norm and the
 # validation loss of the one-rank run at every step, to a relative 1e-5. fp32 summation order is the only difference: DP
 # sums micro-batch gradients in another grouping, and the tied embedding's
 # two gradient halves are added after, not during, backward. Differences
@@ -23,7 +23,7 @@ common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
         --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1
         "${extra[@]}")
 
-run() {  # dp pp schedule [extra...]; NAME: the run's directory (run_NAME), if not run_dp_pp_schedule
+run() {  # dp pp schedule [extra...]; NAME: the run's directory (run_NAME), if not run_dp_pp_schedule; REF: the run to match (NAME's), if not run_1_1_1f1b
   local dp=$1 pp=$2 sched=$3
   shift 3
   local dir="$WORK/run_${NAME:-${dp}_${pp}_${sched}}"
@@ -34,7 +34,7 @@ run() {  # dp pp schedule [extra...]; NAME: the run's directory (run_NAME), if n
     grep -q "tied embedding: first and last stage copies are identical" "$dir.log" ||
       fail "$dp x $pp $sched: tied embedding copies not confirmed identical"
   fi
-  python3 - "$WORK/run_1_1_1f1b/metrics.jsonl" "$dir/metrics.jsonl" "$dp x $pp $sched" <<'PY'
+  python3 - "$WORK/run_${REF:-1_1_1f1b}/metrics.jsonl" "$dir/metrics.jsonl" "$dp x $pp $sched" <<'PY'
 import json, sys
 # Step and evaluation lines (the memory records differ by layout).
 ref = [j for j in map(json.loads, open(sys.argv[1])) if "step" in j]
@@ -108,6 +108,23 @@ NAME=il3 run 1 2 interleaved --set parallel.virtual_stages=2 --set train.stop_at
 NAME=dp3 run 2 1 1f1b --set train.stop_at=3
 resume il3 il_to_1f1b 2 1 1f1b
 resume dp3 dp_to_il 1 2 interleaved --set parallel.virtual_stages=2
+fi
+
+# Interleaving whose layers do not cut evenly: 6 layers into 2 x 2 chunks,
+# the first (the embedding's) and the last (the head's) one layer short
+# (Meta's cut of Llama 3 405B), against the one-rank run of the same 6
+# layers; with replicas at ZeRO 3, and its step-3 checkpoint resumed under
+# 1F1B on another layout.
+six=(--set model.n_layer=6)
+REF=six NAME=six run 1 1 1f1b "${six[@]}"
+REF=six NAME=six_il3 run 1 2 interleaved --set parallel.virtual_stages=2 --set train.stop_at=3 \
+  "${six[@]}"
+grep -q "stage 0 holds layers \[0, 1) and \[3, 5)" "$WORK/run_six_il3.log" ||
+  fail "6 layers on 2 x 2 chunks: stage 0 should hold [0, 1) and [3, 5)"
+if [ "${LAYOUT_CASES:-all}" = all ]; then
+  REF=six NAME=six_il_zero3 run 2 2 interleaved --set parallel.virtual_stages=2 \
+    --set parallel.zero=3 "${six[@]}"
+  REF=six resume six_il3 six_il_to_1f1b 2 1 1f1b "${six[@]}"
 fi
 
 # Every rank wrote a loadable trace with its spans, named by rank and stage.

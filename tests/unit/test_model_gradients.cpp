@@ -2,6 +2,9 @@
 // finite differences of the loss; gradient accumulation over micro-batches
 // equals one larger batch; initialisation does not depend on the partition.
 #include <cstring>
+#include <memory>
+
+#include "core/layer_chunks.hpp"
 
 #include "model/gpt_stage.hpp"
 #include "reference.hpp"
@@ -84,6 +87,132 @@ TEST(GptModel, InitialisationIsIndependentOfThePartition) {
           << spec.name << " on stage " << s;
     }
   }
+}
+
+// Interleaving whose layers do not cut evenly (core/layer_chunks.hpp):
+// against a naive cut (the pp v chunks in the model's order, each as long
+// as the rule's sizes say, handed out to stage g % pp), every stage's
+// blocks name the same layers in the same order, block_of inverts layer,
+// and chunk_range gives each chunk's extent. Meta's Llama 3 405B shape
+// (126 layers on 16 stages) among them.
+TEST(GptModel, UnevenInterleavedChunksCoverEveryLayerOnce) {
+  struct Case {
+    int64_t n, pp, v, first_short, last_short;
+  };
+  for (const Case k : {Case{8, 2, 2, 0, 0}, Case{6, 2, 2, 1, 1}, Case{7, 2, 2, 0, 1},
+                       Case{126, 16, 2, 1, 1}, Case{126, 16, 4, 1, 1}, Case{11, 3, 2, 0, 1},
+                       Case{10, 3, 2, 1, 1}}) {
+    GptConfig cfg = tiny_config();
+    cfg.n_layer = k.n;
+    const int64_t chunks = k.pp * k.v, full = (k.n + chunks - 1) / chunks;
+    std::vector<std::vector<int64_t>> want(static_cast<size_t>(k.pp));
+    std::vector<std::vector<int64_t>> sizes(static_cast<size_t>(k.pp));
+    int64_t next = 0;
+    for (int64_t g = 0; g < chunks; ++g) {
+      const int64_t len = full - (g == 0 ? k.first_short : 0) - (g == chunks - 1 ? k.last_short : 0);
+      sizes[static_cast<size_t>(g % k.pp)].push_back(len);
+      for (int64_t j = 0; j < len; ++j) want[static_cast<size_t>(g % k.pp)].push_back(next++);
+    }
+    ASSERT_EQ(next, k.n) << "the case's shortfalls";
+    for (int64_t s = 0; s < k.pp; ++s) {
+      const StageRange r = partition_stage(cfg, s, k.pp, 1, 0, k.v);
+      const auto& w = want[static_cast<size_t>(s)];
+      const std::string at = std::to_string(k.n) + " layers, stage " + std::to_string(s);
+      ASSERT_EQ(r.num_layers(), static_cast<int64_t>(w.size())) << at;
+      for (int64_t i = 0; i < r.num_layers(); ++i) {
+        EXPECT_EQ(r.layer(i), w[static_cast<size_t>(i)]) << at << ", block " << i;
+        EXPECT_EQ(r.block_of(w[static_cast<size_t>(i)]), i) << at;
+      }
+      int64_t block = 0;
+      for (int64_t c = 0; c < k.v; ++c) {
+        const StageRange x = chunk_range(r, c);
+        const int64_t len = sizes[static_cast<size_t>(s)][static_cast<size_t>(c)];
+        EXPECT_EQ(x.first_layer, w[static_cast<size_t>(block)]) << at << ", chunk " << c;
+        EXPECT_EQ(x.num_layers(), len) << at << ", chunk " << c;
+        EXPECT_EQ(r.chunk_block(c), block) << at << ", chunk " << c;
+        // A slot's positions: a short first chunk ends at the slot's end,
+        // every other chunk starts at its start.
+        for (int64_t j = 0; j < len; ++j)
+          EXPECT_EQ(r.slot_position(block + j), (c == 0 && s == 0 ? full - len : 0) + j) << at;
+        block += len;
+      }
+      EXPECT_EQ(r.block_of(-1), -1);
+      EXPECT_EQ(r.block_of(k.n), -1);
+    }
+  }
+  // What does not cut: a chunk would be left without a layer.
+  EXPECT_FALSE(layer_chunks(4, 2, 4).refusal.empty());
+  EXPECT_FALSE(layer_chunks(9, 2, 4).refusal.empty());  // 8 chunks of 2, 7 short
+  EXPECT_TRUE(layer_chunks(14, 2, 4).refusal.empty());
+}
+
+// The stage's own arithmetic under those chunks: two stages of two chunks
+// each, run chunk by chunk in the model's order (forward through chunks
+// 0, 1, 2, 3 of the model, backward back), give the one-stage model's loss
+// and gradients; 6 layers (the first and the last chunk one short) and 7
+// (the last), with and without full recomputation. Each block computes
+// the same products on the same inputs, so all but the tied wte (its two
+// halves summed on two stages) agree to the bit; wte to a relative 1e-12
+// (double, the order of one addition).
+TEST(GptModel, UnevenInterleavedChunksChainToTheWholeModel) {
+  const std::vector<int32_t> tok = {1, 5, 10, 3, 0, 7, 7, 2};
+  const std::vector<int32_t> tgt = {5, 10, 3, 9, 7, 7, 2, 4};
+  const int64_t B = 2, pp = 2, v = 2;
+  for (const int64_t n : {6, 7})
+    for (const Recompute rc : {Recompute::kNone, Recompute::kFull}) {
+      GptConfig cfg = tiny_config();
+      cfg.n_layer = n;
+      const double scale = 1.0 / static_cast<double>(B * cfg.seq_len);
+      host::Context ctx;
+      StageOptions one{B, 1}, two{B, 2};
+      one.recompute = two.recompute = rc;
+      HostGptStage<double> whole(ctx, cfg, partition_stage(cfg, 0, 1), one);
+      whole.init_parameters(11);
+      whole.zero_grads();
+      whole.forward(0, tok.data(), tgt.data(), true, scale);
+      const double loss = whole.take_loss_sum();
+      whole.backward(0);
+      std::vector<std::unique_ptr<HostGptStage<double>>> st;
+      for (int64_t s = 0; s < pp; ++s) {
+        st.push_back(std::make_unique<HostGptStage<double>>(ctx, cfg,
+                                                           partition_stage(cfg, s, pp, 1, 0, v), two));
+        st.back()->init_parameters(11);
+        st.back()->zero_grads();
+      }
+      const int64_t A = st[0]->activation_size();
+      const double* passed = nullptr;
+      for (int c = 0; c < v; ++c)
+        for (int64_t s = 0; s < pp; ++s) {
+          if (passed != nullptr) std::memcpy(st[s]->input_buffer(c), passed, sizeof(double) * A);
+          st[s]->forward(c, tok.data(), tgt.data(), true, scale, c);
+          passed = st[s]->output(c);
+        }
+      const std::string at = std::to_string(n) + " layers, recompute " + name_of(rc);
+      EXPECT_EQ(st[pp - 1]->take_loss_sum(), loss) << at;
+      passed = nullptr;
+      for (int c = v - 1; c >= 0; --c)
+        for (int64_t s = pp - 1; s >= 0; --s) {
+          if (passed != nullptr) std::memcpy(st[s]->output_grad_buffer(), passed, sizeof(double) * A);
+          st[s]->backward(c, nullptr, c);
+          passed = st[s]->input_grad();
+        }
+      const auto& wte = whole.table().at("wte");
+      std::vector<double> wte_sum(static_cast<size_t>(wte.numel()), 0.0);
+      for (int64_t s = 0; s < pp; ++s)
+        for (const auto& spec : st[s]->table().specs()) {
+          const double* g = st[s]->grads() + spec.offset;
+          if (spec.name == "wte") {
+            for (int64_t i = 0; i < spec.numel(); ++i) wte_sum[static_cast<size_t>(i)] += g[i];
+            continue;
+          }
+          const double* ref = whole.grads() + whole.table().at(spec.name).offset;
+          EXPECT_EQ(0, std::memcmp(g, ref, sizeof(double) * spec.numel())) << at << ": " << spec.name;
+        }
+      EXPECT_TRUE(all_close(wte_sum, std::vector<double>(whole.grads() + wte.offset,
+                                                         whole.grads() + wte.offset + wte.numel()),
+                            1e-15, 1e-12))
+          << at;
+    }
 }
 
 TEST(GptModel, PartitionSplitsLayersEvenly) {

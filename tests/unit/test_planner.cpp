@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "core/layer_chunks.hpp"
 #include "machine_file.hpp"
 #include "model/parameter_table.hpp"
 #include "model/shard_plan.hpp"
@@ -712,9 +713,44 @@ TEST(Plan, InterleavingIsPricedAndSearched) {
     if (p.layout.schedule != ScheduleKind::kInterleaved) continue;
     searched = true;
     const Deck d = with_layout(tiny_deck(), p.layout);
-    EXPECT_EQ(d.model.n_layer % (p.layout.pp * p.layout.virtual_stages), 0) << p.layout.describe();
+    EXPECT_TRUE(layer_chunks(d.model.n_layer, p.layout.pp, p.layout.virtual_stages).refusal.empty())
+        << p.layout.describe();
     EXPECT_EQ(d.grad_accum() % p.layout.pp, 0) << p.layout.describe();
   }
+  EXPECT_TRUE(searched);
+}
+
+// Chunks of unequal length (core/layer_chunks.hpp): 6 layers on pp 2 x v 2
+// hold 3 layers a stage (chunks of 1 and 2, then 2 and 1), as 1F1B's
+// stages do, so the busiest stage computes what 1F1B's does (to 2%, the
+// embedding and head's share of the chunks' sums); a slot holds the
+// longest chunk's 2 layers, and the search, which refused 6 layers on 4
+// chunks before, offers the layout.
+TEST(Plan, UnevenChunksArePricedByTheLayersEachHolds) {
+  Deck deck = tiny_deck();
+  deck.model.n_layer = 6;
+  deck.model.n_embd = 512;
+  deck.model.seq_len = 256;
+  deck.parallel.pp = 2;
+  deck.train.micro_batch = 4;
+  const MachineSpec m = workstation(8);
+  const Prediction ob = predict_step(deck, m, 2);
+  deck.parallel.schedule = ScheduleKind::kInterleaved;
+  deck.parallel.virtual_stages = 2;
+  const Prediction il = predict_step(deck, m, 2);
+  EXPECT_NEAR(il.compute, ob.compute, 0.02 * ob.compute);
+  EXPECT_LT(il.bubble, 0.75 * ob.bubble);
+  // 2 (pp - 1) + (v - 1) pp + 1 = 5 slots of 2 layers, 1F1B's 2 of 3.
+  EXPECT_EQ(il.memory[0].slots, 5);
+  EXPECT_NEAR(il.memory[0].stage.activations, 5.0 / 2 * 2 / 3 * ob.memory[0].stage.activations,
+              0.05 * ob.memory[0].stage.activations);
+
+  Deck six = tiny_deck();
+  six.model.n_layer = 6;
+  const Plan all = plan_layouts(six, workstation(1), 2, 2);
+  bool searched = false;
+  for (const Prediction& p : all.fitting)
+    searched |= p.layout.pp == 2 && p.layout.virtual_stages == 2;
   EXPECT_TRUE(searched);
 }
 

@@ -67,6 +67,15 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
   six.n_layer = 6;
   expect_exact<float>(six, 3, 2, 4, 3, false, Recompute::kNone, false, 2);
   expect_exact<double>(six, 2, 1, 3, 1, false, Recompute::kNone, false, 3);
+  // Chunks of unequal length (core/layer_chunks.hpp): a slot as long as
+  // the longest chunk; 6 layers on 2 x 2 chunks (the first and the last
+  // one short), 7 (the last), 10 on 3 x 2 (the first and the last).
+  GptConfig seven = odd, ten = odd;
+  seven.n_layer = 7;
+  ten.n_layer = 10;
+  expect_exact<float>(six, 2, 2, 4, 1, false, Recompute::kNone, false, 2);
+  expect_exact<float>(seven, 2, 3, 3, 3, true, Recompute::kAttention, false, 2);
+  expect_exact<double>(ten, 3, 1, 2, 1, false, Recompute::kFull, false, 2);
   // Tensor-parallel slices: heads, channels and the vocabulary's shares
   // (4 x 128 padded rows for 131 tokens: the last ranks hold padding only).
   for (int tp : {3}) expect_exact<float>(odd, 2, 3, 2, tp);
@@ -144,6 +153,11 @@ TEST(StageFootprint, EqualsWhatTheMoeStageAllocates) {
   }
   g.moe_every = 3;  // layers 0 and 3 sparse: chunk 0's position 0, chunk 1's position 1
   expect_exact<float>(g, 1, 2, 3, 1, false, Recompute::kNone, false, 2);
+  // Unequal chunks: 6 layers on 2 x 2, stage 0's chunks [0, 1) (sparse,
+  // at a slot's position 1) and [3, 5) (sparse, then dense at position 1).
+  GptConfig uneven = g;
+  uneven.n_layer = 6;
+  expect_exact<float>(uneven, 2, 2, 3, 1, false, Recompute::kNone, false, 2);
   // Expert parallelism: each rank holds E / ep experts and the rows every
   // rank of its group may send them (under split backward their output
   // gradients too, left for W).
