@@ -23,10 +23,11 @@
 #    the weights after the forward (zero 2 here); it trains at 8K tokens
 #    without activation checkpointing. Its pipeline schedule interleaves
 #    several chunks a stage, with one layer fewer on the first and on the
-#    last stage; mpiformer interleaves equal chunks only, so 126 layers on
-#    16 stages are priced as given under 1F1B, and the interleaved schedule
-#    is priced on a 128-layer stand-in after the table (the paper does not
-#    give its chunk count). Its long-context row (CP 16, 131072 tokens) is
+#    last stage, as mpiformer cuts 126 layers into 16 x v chunks. The paper
+#    gives no chunk count: the table's rows take 4 (8 would leave the first
+#    and last chunks empty), and a second table prices 2 and 4 chunks with
+#    the gradients reduced every micro-batch (zero 2) or once a step
+#    (zero 1). Its long-context row (CP 16, 131072 tokens) is
 #    left out: how it counts causal attention's FLOPs decides that row's
 #    figure and is not stated. TFLOP/s of these rows are mpiformer's count
 #    (6 x the multiplied parameters + 12 x layers x seq x width a token:
@@ -137,47 +138,45 @@ gpt-145.6b 80 12288 96 2304 1536 8 8 148 recompute 0 full dgx-a100-80gb 1 false 
 gpt3-175b 96 12288 96 1536 1024 8 8 - recompute 0 full dgx-a100-80gb 1 false 2048 51200 0 0
 gpt3-175b 96 12288 96 256 128 4 8 771 model 1 attention dgx-h100 6 true 2048 51200 0 0
 gpt-1.3b 24 2048 16 512 8 1 1 - model 0 none dgx-h100 1 false 2048 51200 0 0
-llama3-405b 126 16384 128 2048 8192 8 16 430 mpiformer 2 none dgx-h100 1 true 8192 128256 8 53248
-llama3-405b 126 16384 128 2048 16384 8 16 400 mpiformer 2 none dgx-h100 1 true 8192 128256 8 53248
+llama3-405b 126 16384 128 2048 8192 8 16 430 mpiformer 2 none dgx-h100 4 true 8192 128256 8 53248
+llama3-405b 126 16384 128 2048 16384 8 16 400 mpiformer 2 none dgx-h100 4 true 8192 128256 8 53248
 ROWS
 
-# Llama 3 405B's interleaved schedule on a stand-in: 128 layers (two more
-# than the model, 1.6% more work: the stand-in's time is an upper bound of
-# the same schedule on 126) cut into 16 x v equal chunks. The paper gives
-# neither its chunk count nor, for certain, when its gradients are reduced:
-# zero 2 reduces each chunk's gradients every micro-batch, zero 1 once a
-# step. Published tokens/s per GPU from its TFLOP/s and mpiformer's count
-# of the real model's FLOPs (the 126-layer rows above).
-deck llama3-405b-128 128 16384 128 2048 8192 128256 8 53248
+# Llama 3 405B's interleaved schedule at 2 and 4 chunks a stage (126
+# layers: the first and the last chunk one layer short; 8 chunks would
+# leave them none), and 1F1B. The paper gives neither its chunk count nor,
+# for certain, when its gradients are reduced: zero 2 reduces each chunk's
+# gradients every micro-batch, zero 1 once a step. Published tokens/s per
+# GPU from its TFLOP/s and mpiformer's count of the model's FLOPs.
 echo
-echo "| Llama 3 405B, 128-layer stand-in | GPUs | zero | v | step s = compute + exposed + bubble + optimizer | GiB/GPU | tokens/s/GPU | vs published |"
+echo "| Llama 3 405B | GPUs | zero | schedule | step s = compute + exposed + bubble + optimizer | GiB/GPU | tokens/s/GPU | vs published |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 for n in 8192 16384; do
   for zero in 2 1; do
-    for v in 2 4 8; do
-      tag="llama3-405b-128.dgx-h100.$n.z$zero.v$v"
-      "$BIN" plan "$OUT/llama3-405b-128.toml" --machine inputs/machines/dgx-h100.toml --as-given \
+    for v in 1 2 4; do
+      tag="llama3-405b.dgx-h100.$n.z$zero.v$v"
+      "$BIN" plan "$OUT/llama3-405b.toml" --machine inputs/machines/dgx-h100.toml --as-given \
         --json --set parallel.tp=8 --set parallel.pp=16 --set parallel.dp=$((n / 128)) \
-        --set parallel.zero="$zero" --set train.recompute=none --set parallel.schedule=interleaved \
+        --set parallel.zero="$zero" --set train.recompute=none \
+        --set parallel.schedule="$([ "$v" -gt 1 ] && echo interleaved || echo 1f1b)" \
         --set parallel.virtual_stages="$v" --set parallel.sequence_parallel=true \
         >"$OUT/$tag.json" 2>"$OUT/$tag.err" </dev/null || true
-      /usr/bin/python3 - "$OUT/$tag.json" "$OUT/llama3-405b.dgx-h100.$n.given.json" "$n" "$zero" "$v" \
-        "$([ "$n" = 8192 ] && echo 430 || echo 400)" <<'PY'
+      /usr/bin/python3 - "$OUT/$tag.json" "$n" "$zero" "$v" "$([ "$n" = 8192 ] && echo 430 || echo 400)" <<'PY'
 import json, sys
-path, real, n, zero, v, pub = sys.argv[1:]
+path, n, zero, v, pub = sys.argv[1:]
 n, pub = int(n), float(pub)
 try:
     g = json.load(open(path))["layouts"][0]
-    r = json.load(open(real))["layouts"][0]
 except Exception:
-    print(f"| | {n} | {zero} | {v} | ? | | | |")
+    print(f"| | {n} | {zero} | v {v} | ? | | | |")
     sys.exit()
 B, s = 2048, 8192
-# mpiformer's FLOPs a token of the 126-layer model, from its priced row
-# (MFU x peak x step x GPUs / tokens), against the published TFLOP/s.
-f_tok = r["mfu"] * 989e12 * r["step_s"] * n / (B * s)
+# mpiformer's FLOPs a token (MFU x peak x step x GPUs / tokens), against
+# the published TFLOP/s.
+f_tok = g["mfu"] * 989e12 * g["step_s"] * n / (B * s)
 tps = B * s / g["step_s"] / n
-print(f"| | {n} | {zero} | {v} | {g['step_s']:.2f} = {g['compute_s']:.2f} + {g['exposed_comm_s']:.2f} + "
+sched = f"interleaved v{v}" if int(v) > 1 else "1f1b"
+print(f"| | {n} | {zero} | {sched} | {g['step_s']:.2f} = {g['compute_s']:.2f} + {g['exposed_comm_s']:.2f} + "
       f"{g['bubble_s']:.2f} + {g['optimizer_s']:.2f} | {g['memory_max'] / 2**30:.0f} | {tps:.0f} | "
       f"{100 * (tps / (pub * 1e12 / f_tok) - 1):+.0f}% |")
 PY
