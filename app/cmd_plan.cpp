@@ -12,6 +12,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/layer_chunks.hpp"
 #include "core/output_path.hpp"
 #include "deck.hpp"
 #include "parallel/mpi_session.hpp"
@@ -155,6 +156,19 @@ void print_plan(const PlanArgs& args, const Deck& deck, const MachineSpec& machi
                 "params + grads + AdamW + activations + other\n");
     for (size_t i = 0; i < shown.size() && static_cast<int>(i) < args.top; ++i)
       std::printf("%s", prediction_row(static_cast<int>(i) + 1, shown[i]).c_str());
+    if (!shown.empty() && shown.front().layout.virtual_stages > 1) {
+      // Where interleaving's chunks are not all alike, say so: the stages
+      // at the ends then hold fewer layers than the others.
+      const Layout& l = shown.front().layout;
+      const LayerChunks cut = layer_chunks(c.n_layer, l.pp, l.virtual_stages);
+      if (cut.first_short + cut.last_short > 0)
+        std::printf("chunks of #1: %lld layers into %lld x %lld chunks of %lld, the model's first "
+                    "(the embedding's) %lld and its last (the head's) %lld\n",
+                    static_cast<long long>(c.n_layer), static_cast<long long>(l.pp),
+                    static_cast<long long>(l.virtual_stages), static_cast<long long>(cut.full),
+                    static_cast<long long>(cut.full - cut.first_short),
+                    static_cast<long long>(cut.full - cut.last_short));
+    }
     if (args.as_given && !shown.empty()) {
       std::string k = "compute of the busiest stage by kernel (ms per step):";
       for (const auto& [name, t] : shown.front().kernels) k += strprintf(" %s %.2f,", name.c_str(), 1e3 * t);

@@ -113,8 +113,8 @@ fi
 # Interleaving whose layers do not cut evenly: 6 layers into 2 x 2 chunks,
 # the first (the embedding's) and the last (the head's) one layer short
 # (Meta's cut of Llama 3 405B), against the one-rank run of the same 6
-# layers; with replicas at ZeRO 3, and its step-3 checkpoint resumed under
-# 1F1B on another layout.
+# layers; with replicas at ZeRO 3, its step-3 checkpoint resumed under
+# 1F1B on another layout, and a 1F1B run's resumed under it.
 six=(--set model.n_layer=6)
 REF=six NAME=six run 1 1 1f1b "${six[@]}"
 REF=six NAME=six_il3 run 1 2 interleaved --set parallel.virtual_stages=2 --set train.stop_at=3 \
@@ -125,6 +125,8 @@ if [ "${LAYOUT_CASES:-all}" = all ]; then
   REF=six NAME=six_il_zero3 run 2 2 interleaved --set parallel.virtual_stages=2 \
     --set parallel.zero=3 "${six[@]}"
   REF=six resume six_il3 six_il_to_1f1b 2 1 1f1b "${six[@]}"
+  REF=six NAME=six_dp3 run 2 1 1f1b --set train.stop_at=3 "${six[@]}"
+  REF=six resume six_dp3 six_dp_to_il 1 2 interleaved --set parallel.virtual_stages=2 "${six[@]}"
 fi
 
 # Every rank wrote a loadable trace with its spans, named by rank and stage.

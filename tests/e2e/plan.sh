@@ -56,6 +56,12 @@ layouts = {(r["dp"], r["pp"], r["tp"], r["cp"]) for r in rows}
 assert layouts == {(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)}, layouts
 print(f"plan: {len(rows)} layouts of 2 ranks, fastest first")
 PY
+# Interleaving whose chunks are not all alike says how the layers fall.
+"$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --as-given --set model.n_layer=6 \
+  --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 \
+  >uneven.txt || { cat uneven.txt; fail "plan of 6 layers on 2 x 2 chunks"; }
+grep -q "chunks of #1: 6 layers into 2 x 2 chunks of 2, the model's first (the embedding's) 1 and its last (the head's) 1" \
+  uneven.txt || { cat uneven.txt; fail "plan did not say how 6 layers fall into 2 x 2 chunks"; }
 
 "$MPIFORMER" plan "$DECK" "${data[@]}" --set parallel.pp=2 --set parallel.schedule=gpipe \
   --set train.micro_batch=8 --machine machine.toml --as-given --explain timeline.json >as_given.txt
