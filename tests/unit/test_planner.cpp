@@ -17,6 +17,7 @@
 
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 #include <algorithm>
 #include <cmath>
@@ -675,6 +676,23 @@ TEST(Plan, ZeroBubbleIsPricedAndSearched) {
   EXPECT_TRUE(searched);
 }
 
+// The tiny deck at `layers` layers, pp 2, 8 micro-batches of 4, wider so
+// that computing outweighs the messages (interleaving sends v times as
+// many): priced under 1F1B, then interleaved with two chunks a stage.
+std::pair<Prediction, Prediction> one_f_one_b_then_interleaved(int64_t layers) {
+  Deck deck = tiny_deck();
+  deck.model.n_layer = layers;
+  deck.model.n_embd = 512;
+  deck.model.seq_len = 256;
+  deck.parallel.pp = 2;
+  deck.train.micro_batch = 4;
+  const MachineSpec m = workstation(8);
+  Prediction ob = predict_step(deck, m, 2);
+  deck.parallel.schedule = ScheduleKind::kInterleaved;
+  deck.parallel.virtual_stages = 2;
+  return {std::move(ob), predict_step(deck, m, 2)};
+}
+
 TEST(Plan, InterleavingIsPricedAndSearched) {
   // pp 2, 8 micro-batches, two chunks of one layer per stage: the fill and
   // drain are chunk passes, half a stage's, so the bubble about halves
@@ -682,18 +700,7 @@ TEST(Plan, InterleavingIsPricedAndSearched) {
   // and the head make the chunks unequal); stage 0 holds
   // 2 (pp - 1) + (v - 1) pp + 1 = 5 chunks of one layer where 1F1B holds
   // 2 micro-batches of two.
-  // Wider than the tiny deck, so computing outweighs the messages
-  // (interleaving sends v times as many).
-  Deck deck = tiny_deck();
-  deck.model.n_embd = 512;
-  deck.model.seq_len = 256;
-  deck.parallel.pp = 2;
-  deck.train.micro_batch = 4;
-  const MachineSpec m = workstation(8);
-  const Prediction ob = predict_step(deck, m, 2);
-  deck.parallel.schedule = ScheduleKind::kInterleaved;
-  deck.parallel.virtual_stages = 2;
-  const Prediction il = predict_step(deck, m, 2);
+  const auto [ob, il] = one_f_one_b_then_interleaved(4);
   EXPECT_LT(il.step.step_time, ob.step.step_time);
   EXPECT_LT(il.bubble, 0.75 * ob.bubble);
   EXPECT_NEAR(il.compute, ob.compute, 0.02 * ob.compute);  // the same work, in chunks
@@ -727,17 +734,7 @@ TEST(Plan, InterleavingIsPricedAndSearched) {
 // longest chunk's 2 layers, and the search, which refused 6 layers on 4
 // chunks before, offers the layout.
 TEST(Plan, UnevenChunksArePricedByTheLayersEachHolds) {
-  Deck deck = tiny_deck();
-  deck.model.n_layer = 6;
-  deck.model.n_embd = 512;
-  deck.model.seq_len = 256;
-  deck.parallel.pp = 2;
-  deck.train.micro_batch = 4;
-  const MachineSpec m = workstation(8);
-  const Prediction ob = predict_step(deck, m, 2);
-  deck.parallel.schedule = ScheduleKind::kInterleaved;
-  deck.parallel.virtual_stages = 2;
-  const Prediction il = predict_step(deck, m, 2);
+  const auto [ob, il] = one_f_one_b_then_interleaved(6);
   EXPECT_NEAR(il.compute, ob.compute, 0.02 * ob.compute);
   EXPECT_LT(il.bubble, 0.75 * ob.bubble);
   // 2 (pp - 1) + (v - 1) pp + 1 = 5 slots of 2 layers, 1F1B's 2 of 3.
