@@ -9,9 +9,9 @@ namespace mpiformer {
 // Every chunk holds `full` layers but the model's first (the embedding's,
 // on stage 0) and its last (the head's, on stage pp - 1), which lack
 // `first_short` and `last_short` of them. Meta's Llama 3 405B takes one
-// layer off each (126 layers on 16 stages of 8 chunks' worth) because the
-// embedding and the head weigh on those two stages; Megatron's first/last
-// stage layer counts do the same by hand.
+// layer off each (126 layers on 16 stages: 8 a stage, 7 on the first and
+// on the last) because the embedding and the head weigh on those two
+// stages; Megatron's first/last stage layer counts do the same by hand.
 struct LayerChunks {
   int64_t full = 0, first_short = 0, last_short = 0;
   // Empty when n_layer cuts so; otherwise why it does not.
