@@ -47,6 +47,15 @@ for c in "${cases[@]}"; do
   same ref "$dir" "llama (dp $1, pp $2, tp $3) $4, recompute $5, zero $6, sequence parallel $7"
 done
 
+# Interleaving with chunks of unequal length (6 layers into 2 x 2 chunks:
+# the first and the last one short) with the untied head on the short
+# last chunk, under tensor and sequence parallelism.
+train u_ref 1 1 1 --set model.n_layer=6
+train u_il 1 2 2 --set model.n_layer=6 --set parallel.schedule=interleaved \
+  --set parallel.virtual_stages=2 --set parallel.sequence_parallel=true
+grep -q "stage 0 holds layers \[0, 1) and \[3, 5)" u_il.log || fail "6 layers: not cut 1 + 2"
+same u_ref u_il "llama (dp 1, pp 2, tp 2) interleaved 6 layers, chunks of unequal length"
+
 # kv heads fewer than the tensor ranks: tp 4 over the deck's 2 (each
 # shared by two ranks, zero 0's whole gradients), and multi-query (one kv
 # head) over tp 2 with ZeRO 3 and sequence parallelism (the sharers' owned

@@ -79,6 +79,15 @@ gpt2=(--set model.experts=4 --set model.top_k=2 --set model.moe_every=2
 DECK="$SOURCE_DIR/inputs/tiny.toml" train g_ref 1 1 1 "${gpt2[@]}"
 DECK="$SOURCE_DIR/inputs/tiny.toml" train g_2_2_1 2 2 1 "${gpt2[@]}" --set parallel.zero=2
 same g_ref g_2_2_1 "gpt2 moe (dp 2, pp 2) zero 2"
+# Interleaving with chunks of unequal length, sparse and dense blocks
+# sharing a slot's positions: 6 layers (0 and 3 sparse) into 2 x 2
+# chunks, stage 0's [0, 1) at its slot's second position, [3, 5) at both.
+gpt6=(--set model.experts=4 --set model.top_k=2 --set model.moe_every=3
+      --set model.capacity_factor=0 --set model.n_layer=6)
+DECK="$SOURCE_DIR/inputs/tiny.toml" train g6_ref 1 1 1 "${gpt6[@]}"
+DECK="$SOURCE_DIR/inputs/tiny.toml" train g6_il 1 2 1 "${gpt6[@]}" \
+  --set parallel.schedule=interleaved --set parallel.virtual_stages=2
+same g6_ref g6_il "gpt2 moe (dp 1, pp 2) interleaved, chunks of unequal length"
 
 # Resume under another layout: (1,2,1) stopped at step 3 -> (1,1,2).
 resume_run seg "1 2 1" resumed "1 1 2"
