@@ -258,6 +258,36 @@ TYPED_TEST(GpuStage, SplitBackwardMatchesHostDouble) {
   }
 }
 
+// The whole model's parameters from its two stages' (wte from the first).
+template <class A>
+std::vector<float> whole_parameters(cuda::Context& ctx, const GptConfig& cfg, CudaGptStage<A>& first,
+                                    CudaGptStage<A>& last) {
+  const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
+  std::vector<float> params(whole.total_storage());
+  for (auto* st : {&last, &first}) {
+    const auto p = download(ctx, st->params(), st->param_storage());
+    for (const auto& s : st->table().specs())
+      std::copy_n(p.begin() + s.offset, s.storage, params.begin() + whole.at(s.name).offset);
+  }
+  return params;
+}
+
+// Both stages' gradients against the whole model's. Each stage's copy of
+// wte gets only its own half of the tied gradient: their sum is compared,
+// which is what the trainer's all-reduce makes.
+template <class A>
+void expect_pipeline_grads(cuda::Context& ctx, CudaGptStage<A>& first, CudaGptStage<A>& last,
+                           const Reference& ref) {
+  auto g1 = download(ctx, first.grads(), first.param_storage());
+  auto g2 = download(ctx, last.grads(), last.param_storage());
+  const auto& w1 = first.table().at("wte");
+  const auto& w2 = last.table().at("wte");
+  for (int64_t i = 0; i < w1.storage; ++i) g1[w1.offset + i] += g2[w2.offset + i];
+  for (int64_t i = 0; i < w2.storage; ++i) g2[w2.offset + i] = g1[w1.offset + i];
+  expect_grads<A>(first.table(), g1, ref.stage.table(), ref.grads);
+  expect_grads<A>(last.table(), g2, ref.stage.table(), ref.grads);
+}
+
 TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
   using A = TypeParam;
   const TwoMicroBatches mb(5);
@@ -270,15 +300,7 @@ TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
   CudaGptStage<A> last(ctx, cfg, partition_stage(cfg, 1, 2), kB, 1);
   first.init_parameters(9);
   last.init_parameters(9);
-  // The reference model holds both stages' tensors (wte from the first).
-  const ParameterTable whole(cfg, StageRange{0, cfg.n_layer, true, true});
-  std::vector<float> params(whole.total_storage());
-  for (auto* st : {&last, &first}) {
-    const auto p = download(ctx, st->params(), st->param_storage());
-    for (const auto& s : st->table().specs())
-      std::copy_n(p.begin() + s.offset, s.storage, params.begin() + whole.at(s.name).offset);
-  }
-  const Reference ref(cfg, params, mb.in, mb.tg, mb.scale);
+  const Reference ref(cfg, whole_parameters(ctx, cfg, first, last), mb.in, mb.tg, mb.scale);
 
   first.zero_grads();
   last.zero_grads();
@@ -292,16 +314,60 @@ TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
   }
   EXPECT_NEAR(last.take_loss_sum(), ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
   EXPECT_EQ(first.take_loss_sum(), 0.0);
-  // Each stage's copy of wte gets only its own half of the tied gradient:
-  // compare their sum, which is what the trainer's all-reduce makes.
-  auto g1 = download(ctx, first.grads(), first.param_storage());
-  auto g2 = download(ctx, last.grads(), last.param_storage());
-  const auto& w1 = first.table().at("wte");
-  const auto& w2 = last.table().at("wte");
-  for (int64_t i = 0; i < w1.storage; ++i) g1[w1.offset + i] += g2[w2.offset + i];
-  for (int64_t i = 0; i < w2.storage; ++i) g2[w2.offset + i] = g1[w1.offset + i];
-  expect_grads<A>(first.table(), g1, ref.stage.table(), ref.grads);
-  expect_grads<A>(last.table(), g2, ref.stage.table(), ref.grads);
+  expect_pipeline_grads(ctx, first, last, ref);
+}
+
+// Interleaving with chunks of unequal length on the device: 6 layers into
+// 2 x 2 chunks (stage 0: [0, 1) and [3, 5); stage 1: [1, 3) and [5, 6)),
+// a slot per chunk, each micro-batch through the model's chunks in order
+// and back, against the whole model in double on the host. Each stage
+// allocates what stage_footprint says.
+TYPED_TEST(GpuStage, UnevenInterleavedChunksMatchHostDouble) {
+  using A = TypeParam;
+  GptConfig six = tiny_config();
+  six.n_layer = 6;
+  const TwoMicroBatches mb(13, six);
+  const GptConfig& cfg = mb.cfg;
+  const int64_t BT = mb.BT, C = cfg.n_embd;
+  cuda::Context ctx(0);
+  const StageRange r0 = partition_stage(cfg, 0, 2, 1, 0, 2), r1 = partition_stage(cfg, 1, 2, 1, 0, 2);
+  ASSERT_EQ(r0.chunk_layers(0), 1);
+  ASSERT_EQ(r1.chunk_layers(1), 1);
+  CudaGptStage<A> first(ctx, cfg, r0, kB, 2);
+  CudaGptStage<A> last(ctx, cfg, r1, kB, 2);
+  for (const auto* st : {&first, &last})
+    EXPECT_EQ(static_cast<double>(st->allocated_bytes()),
+              stage_footprint(cfg, st->range(), kB, 2, sizeof(A), sizeof(float),
+                              AttentionStorage::kRowStatistics)
+                  .total());
+  first.init_parameters(9);
+  last.init_parameters(9);
+  const Reference ref(cfg, whole_parameters(ctx, cfg, first, last), mb.in, mb.tg, mb.scale);
+
+  first.zero_grads();
+  last.zero_grads();
+  for (int m = 0; m < 2; ++m) {
+    // Forward: stage 0 chunk 0, stage 1 chunk 0, stage 0 chunk 1, stage 1
+    // chunk 1 (the head); chunk c in slot c.
+    first.forward(0, mb.in[m].data(), nullptr, false, 0.f, 0);
+    cuda::Ops<A>::copy(ctx, last.input_buffer(0), first.output(0), BT * C);
+    last.forward(0, nullptr, nullptr, false, 0.f, 0);
+    cuda::Ops<A>::copy(ctx, first.input_buffer(1), last.output(0), BT * C);
+    first.forward(1, nullptr, nullptr, false, 0.f, 1);
+    cuda::Ops<A>::copy(ctx, last.input_buffer(1), first.output(1), BT * C);
+    last.forward(1, nullptr, mb.tg[m].data(), true, mb.scale, 1);
+    // Backward, the other way.
+    last.backward(1, nullptr, 1);
+    cuda::Ops<A>::copy(ctx, first.output_grad_buffer(), last.input_grad(), BT * C);
+    first.backward(1, nullptr, 1);
+    cuda::Ops<A>::copy(ctx, last.output_grad_buffer(), first.input_grad(), BT * C);
+    last.backward(0, nullptr, 0);
+    cuda::Ops<A>::copy(ctx, first.output_grad_buffer(), last.input_grad(), BT * C);
+    first.backward(0, nullptr, 0);
+  }
+  EXPECT_NEAR(last.take_loss_sum(), ref.loss, (std::is_same_v<A, float> ? 1e-5 : 2e-2) * ref.loss);
+  EXPECT_EQ(first.take_loss_sum(), 0.0);
+  expect_pipeline_grads(ctx, first, last, ref);
 }
 
 }  // namespace
