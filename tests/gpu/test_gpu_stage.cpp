@@ -272,6 +272,18 @@ std::vector<float> whole_parameters(cuda::Context& ctx, const GptConfig& cfg, Cu
   return params;
 }
 
+// Both stages initialised alike, their gradients zeroed, and the whole
+// model's reference on `mb` from their parameters.
+template <class A>
+Reference start_pipeline(cuda::Context& ctx, const TwoMicroBatches& mb, CudaGptStage<A>& first,
+                         CudaGptStage<A>& last) {
+  first.init_parameters(9);
+  last.init_parameters(9);
+  first.zero_grads();
+  last.zero_grads();
+  return Reference(mb.cfg, whole_parameters(ctx, mb.cfg, first, last), mb.in, mb.tg, mb.scale);
+}
+
 // Both stages' gradients against the whole model's. Each stage's copy of
 // wte gets only its own half of the tied gradient: their sum is compared,
 // which is what the trainer's all-reduce makes.
@@ -298,12 +310,7 @@ TYPED_TEST(GpuStage, TwoStagesChainedMatchHostDouble) {
   cuda::Context ctx(0);
   CudaGptStage<A> first(ctx, cfg, partition_stage(cfg, 0, 2), kB, 1);
   CudaGptStage<A> last(ctx, cfg, partition_stage(cfg, 1, 2), kB, 1);
-  first.init_parameters(9);
-  last.init_parameters(9);
-  const Reference ref(cfg, whole_parameters(ctx, cfg, first, last), mb.in, mb.tg, mb.scale);
-
-  first.zero_grads();
-  last.zero_grads();
+  const Reference ref = start_pipeline(ctx, mb, first, last);
   for (int m = 0; m < 2; ++m) {
     first.forward(0, mb.in[m].data(), nullptr, false, 0.f);
     cuda::Ops<A>::copy(ctx, last.input_buffer(0), first.output(0), BT * C);
@@ -340,12 +347,7 @@ TYPED_TEST(GpuStage, UnevenInterleavedChunksMatchHostDouble) {
               stage_footprint(cfg, st->range(), kB, 2, sizeof(A), sizeof(float),
                               AttentionStorage::kRowStatistics)
                   .total());
-  first.init_parameters(9);
-  last.init_parameters(9);
-  const Reference ref(cfg, whole_parameters(ctx, cfg, first, last), mb.in, mb.tg, mb.scale);
-
-  first.zero_grads();
-  last.zero_grads();
+  const Reference ref = start_pipeline(ctx, mb, first, last);
   for (int m = 0; m < 2; ++m) {
     // Forward: stage 0 chunk 0, stage 1 chunk 0, stage 0 chunk 1, stage 1
     // chunk 1 (the head); chunk c in slot c.
