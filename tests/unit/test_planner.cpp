@@ -906,10 +906,6 @@ TEST(Plan, ContextParallelismIsPricedAndSearched) {
   EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4}));
 }
 
-// The planner's shared stage tables: one per (model, stage, replicas, ep),
-// each what a fresh build gives; a field of the model, of the stage's
-// range or the replicas that differs gives other tables (a key missing a
-// field would hand one layout another's stage).
 // predict_step prices each kind of chunk pass once (the blocks, the
 // embedding, the head, and in a Mixture of Experts which blocks are
 // sparse). Stages 1 and 2 of four hold one block each and neither end of
@@ -937,6 +933,10 @@ TEST(Plan, StagesAlikeButForTheirSparseBlocksArePricedApart) {
   EXPECT_NEAR(p.step.compute[2] / p.step.compute[1], kernels(2) / kernels(1), 1e-12);
 }
 
+// The planner's shared stage tables: one per (model, stage, replicas, ep),
+// each what a fresh build gives; a field of the model, of the stage's
+// range or the replicas that differs gives other tables (a key missing a
+// field would hand one layout another's stage).
 TEST(Plan, StageTablesAreSharedOnlyByTheSameStage) {
   const GptConfig cfg = gpt2_124m_shape();
   const StageRange range = partition_stage(cfg, 0, 2, 2, 0, 1);
@@ -955,8 +955,13 @@ TEST(Plan, StageTablesAreSharedOnlyByTheSameStage) {
   last.has_head = true;
   StageRange other_rank = range;
   other_rank.tp_rank = 1;
+  // An uneven interleaved cut's shortfalls, each changed alone.
+  StageRange short_first = range, short_last = range;
+  short_first.first_short = 1;
+  short_last.last_short = 1;
   for (const auto& other : {stage_tables(wider, range, 4, 1), stage_tables(cfg, last, 4, 1),
-                            stage_tables(cfg, other_rank, 4, 1), stage_tables(cfg, range, 8, 1)}) {
+                            stage_tables(cfg, other_rank, 4, 1), stage_tables(cfg, range, 8, 1),
+                            stage_tables(cfg, short_first, 4, 1), stage_tables(cfg, short_last, 4, 1)}) {
     EXPECT_NE(other.get(), a.get());
   }
   EXPECT_GT(stage_tables(wider, range, 4, 1)->table.total_storage(), a->table.total_storage());
