@@ -43,7 +43,9 @@ namespace mpiformer {
 using GradsFinal = std::function<void(int64_t offset)>;
 
 // How a ZeRO trainer fills and drains the stage's block windows. Block i
-// (the stage's i-th) uses weight window i % 2 and gradient window i % 2.
+// (the stage's i-th) uses weight window i % 2 and gradient window i % 2;
+// at zero 3 the vocabulary's uses may go through them too, as i =
+// StageLayout::kVocabIn and kVocabOut (their window: StageLayout::window_of).
 struct BlockHooks {
   // window_weights: on return weight window i % 2 holds block i's weights;
   // `next` (-1: none) is the block the stage needs after it, which may be
@@ -176,9 +178,12 @@ class GptStage {
   // the optimizer (initialisation, restore).
   Act* weights() { return weights_; }
   void refresh_weights();
+  // (At zero 3 the vocabulary may go through the windows too: then it is
+  // outside grads() and weights() as well, StageLayout::windows_vocab.)
   int64_t resident_offset(int64_t table_offset, bool windowed) const {
-    return at_.resident_offset(table_offset, windowed);
+    return at_.resident_offset(table_offset, windowed, windowed && vocab_windowed_);
   }
+  bool vocab_windowed() const { return vocab_windowed_; }
   int64_t block_span() const { return at_.block_span(); }
   int64_t block_begin() const { return at_.block_begin(); }  // the blocks' first table offset
   int64_t block_storage() const { return at_.block_storage(); }  // a window's elements
@@ -424,15 +429,31 @@ class GptStage {
   BlockView<const Act> block_weights(int64_t i);
   BlockView<Acc> block_grads(int64_t i);
   // Null where the stage (or the family) has no such tensor.
+  // (The embedding's wte in its window where the vocabulary goes through
+  // the windows; the tensors of the embedding only: a tied head is w_head.)
   const Act* w_outer(outer::Tensor k) const {
+    if (k == outer::wte && vocab_windowed_) return wwin_[at_.window_of(StageLayout::kVocabIn)].get();
     return at_.at(k) < 0 ? nullptr : weights_ + resident_offset(at_.at(k), opt_.window_weights);
   }
   Acc* g_outer(outer::Tensor k) {
+    if (k == outer::wte && vocab_windowed_) return gwin_[at_.window_of(StageLayout::kVocabIn)].get();
     return at_.at(k) < 0 ? nullptr : grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
   }
   // The LM head: its own tensor, or the tied embedding.
-  const Act* w_head() const { return weights_ + resident_offset(at_.head(), opt_.window_weights); }
-  Acc* g_head() { return grads_.get() + resident_offset(at_.head(), opt_.window_grads); }
+  const Act* w_head() const {
+    if (vocab_windowed_) return wwin_[at_.window_of(StageLayout::kVocabOut)].get();
+    return weights_ + resident_offset(at_.head(), opt_.window_weights);
+  }
+  Acc* g_head() {
+    if (vocab_windowed_) return gwin_[at_.window_of(StageLayout::kVocabOut)].get();
+    return grads_.get() + resident_offset(at_.head(), opt_.window_grads);
+  }
+  // A vocabulary use's window (kVocabIn, kVocabOut): its weights fetched
+  // (`weights`), or its gradient window cleared (before) and its gradients
+  // handed over (after); nothing unless the vocabulary is windowed.
+  void vocab_weights(int64_t id);
+  void vocab_grads_before(int64_t id);
+  void vocab_grads_after(int64_t id);
   // What attention keeps for block i's backward (the probabilities, or the
   // rows' statistics): kept per slot, or (recomputed) in the one shared
   // buffer.
@@ -448,6 +469,7 @@ class GptStage {
   int64_t B_, T_;
   int64_t rows_;  // rows of the residual stream held: B*T, or B*T / tp
   StageLayout at_;
+  bool vocab_windowed_;  // StageLayout::windows_vocab
   BlockHooks hooks_;
   TensorGroup tp_;
   ContextGroup cp_;

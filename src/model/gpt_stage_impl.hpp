@@ -19,7 +19,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       B_(options.micro_batch),
       T_(cfg.seq_len / std::max<int64_t>(options.cp, 1)),
       rows_(B_ * T_),
-      at_(table_, range) {
+      at_(table_, range),
+      vocab_windowed_(at_.windows_vocab(options.window_weights)) {
   const int64_t tp = range_.tp;
   // The deck requires seq_len to be a multiple of 2 cp (two chunks per
   // rank).
@@ -76,8 +77,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     return typename Ops::Tokens(count);
   };
   const int64_t n = table_.total_storage();
-  const int64_t n_grads = opt_.window_grads ? n - block_span() : n;
-  const int64_t n_weights = opt_.window_weights ? n - block_span() : n;
+  const int64_t n_grads = resident_offset(n, opt_.window_grads);
+  const int64_t n_weights = resident_offset(n, opt_.window_weights);
   grads_ = acc(n_grads);
   Ops::fill_zero(ctx_, grads_.get(), n_grads);
   if (!opt_.external_master) {
@@ -247,8 +248,25 @@ void GptStage<Ops>::init_parameters(uint64_t seed) {
 
 template <class Ops>
 void GptStage<Ops>::zero_grads() {
-  Ops::fill_zero(ctx_, grads_.get(),
-                 opt_.window_grads ? table_.total_storage() - block_span() : table_.total_storage());
+  Ops::fill_zero(ctx_, grads_.get(), resident_offset(table_.total_storage(), opt_.window_grads));
+}
+
+template <class Ops>
+void GptStage<Ops>::vocab_weights(int64_t id) {
+  if (vocab_windowed_) hooks_.need_weights(id, -1);
+}
+
+template <class Ops>
+void GptStage<Ops>::vocab_grads_before(int64_t id) {
+  if (!vocab_windowed_) return;
+  hooks_.need_grad_window(id);
+  const StageLayout::Span& sp = id == StageLayout::kVocabIn ? at_.vocab_in : at_.vocab_out;
+  Ops::fill_zero(ctx_, gwin_[at_.window_of(id)].get(), sp.size());
+}
+
+template <class Ops>
+void GptStage<Ops>::vocab_grads_after(int64_t id) {
+  if (vocab_windowed_) hooks_.grads_ready(id);
 }
 
 template <class Ops>
@@ -283,7 +301,10 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   // Grouped where the embedding's backward sums wpe's rows by position.
   if (positions != nullptr)
     Ops::load_tokens(ctx_, s.positions, positions, BT, embeds(chunk) && !cfg_.llama());
-  if (embeds(chunk)) embed(s, tokens);
+  if (embeds(chunk)) {
+    vocab_weights(StageLayout::kVocabIn);
+    embed(s, tokens);
+  }
   for (int64_t i = first; i < first + L; ++i) {
     if (opt_.window_weights) hooks_.need_weights(i, i + 1 < first + L ? i + 1 : -1);
     const int64_t j = in_slot(i);
@@ -293,6 +314,7 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
     forward_block(a, s.residual[j].get(), s.residual[j + 1].get(), i);
   }
   if (!heads(chunk)) return;
+  vocab_weights(StageLayout::kVocabOut);
   norm_forward(h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(), stream_end(s),
                w_outer(outer::lnf_w), w_outer(outer::lnf_b), rows_);
   Ops::matmul_forward(ctx_, h.logits.get(), gathered(h.lnf.get()), w_head(),
@@ -487,9 +509,12 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
     // the next forward overwrites (one buffer for every slot), and they
     // are final only at W's end (with wte's, whose gradient this is).
     Slot& h = head_of(s);
+    vocab_weights(StageLayout::kVocabOut);
+    vocab_grads_before(StageLayout::kVocabOut);
     const Act* dln = column_parallel_backward(g_head(), static_cast<Acc*>(nullptr),
                                              h.logits.get(), gathered(h.lnf.get()), w_head(),
                                              vl_);
+    vocab_grads_after(StageLayout::kVocabOut);
     Ops::fill_zero(ctx_, dres, R * C);
     Acc* stash = ln_stash(s, -1);
     if (stash) Ops::fill_zero(ctx_, stash, 2 * C);
@@ -524,8 +549,10 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
   if (range_.has_embedding) {
     // Every rank's vocabulary rows may appear anywhere in the micro-batch:
     // the embedding's backward reads the whole gradient.
+    vocab_grads_before(StageLayout::kVocabIn);
     Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe), gathered(dres),
                             s.tokens, B_, T_, C, v0_, vl_, positions_);
+    vocab_grads_after(StageLayout::kVocabIn);
   }
   final_from(0);
 }
@@ -551,10 +578,13 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
     final_from(at_.layers[i][0]);
   }
   if (chunk > 0) return;
-  if (range_.has_embedding)
+  if (range_.has_embedding) {
+    vocab_grads_before(StageLayout::kVocabIn);
     Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe),
                             gathered(embedded(s)), s.tokens, B_, T_, C, v0_, vl_,
                             positions_);
+    vocab_grads_after(StageLayout::kVocabIn);
+  }
   final_from(0);
 }
 

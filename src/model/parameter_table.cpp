@@ -328,6 +328,15 @@ StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
     throw std::logic_error("StageLayout: the first stage has no embedding table");
   if (range.has_head && (head() < 0 || outer[outer::lnf_w] < 0))
     throw std::logic_error("StageLayout: the last stage has no head");
+  // The vocabulary's spans: each tensor up to the next one (or the end).
+  const auto span_of = [&](int64_t begin) {
+    Span sp{begin, table.total_storage()};
+    for (const auto& s : table.specs())
+      if (s.offset > begin) sp.end = std::min(sp.end, s.offset);
+    return sp;
+  };
+  if (range.has_embedding) vocab_in = span_of(outer[outer::wte]);
+  if (range.has_head) vocab_out = span_of(head());
 }
 
 }  // namespace mpiformer

@@ -91,6 +91,12 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
   size_t end = block_first_.empty() ? 0 : block_first_.back();
   while (end < units_.size() && units_[end].block >= 0) ++end;
   block_first_.push_back(end);
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const ShardUnit& u = units_[k];
+    if (u.begin == layout.vocab_in.begin) vocab_unit_[0] = k;
+    if (u.begin == layout.vocab_out.begin) vocab_unit_[1] = k;
+    if (layout.is_vocab(u.begin)) max_vocab_part_ = std::max(max_vocab_part_, *std::max_element(u.counts.begin(), u.counts.end()));
+  }
   shard_size_ = sizes[rank];
   max_shard_size_ = *std::max_element(sizes.begin(), sizes.end());
 }

@@ -15,8 +15,10 @@
 // unit cut over dp. Every logical element is then owned once over dp: the
 // ep ranks of a group hold different experts.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -77,6 +79,14 @@ class ShardPlan {
   std::pair<size_t, size_t> block_units(int64_t i) const {
     return {block_first_[static_cast<size_t>(i)], block_first_[static_cast<size_t>(i) + 1]};
   }
+  // The units a window carries: block i's, or a vocabulary use's
+  // (StageLayout::kVocabIn, kVocabOut: its tensor's unit).
+  std::pair<size_t, size_t> window_units(int64_t id) const {
+    if (id >= 0) return block_units(id);
+    const size_t k = vocab_unit_[id == StageLayout::kVocabIn ? 0 : 1];
+    if (k >= units_.size()) throw std::logic_error("ShardPlan: no such vocabulary tensor on the stage");
+    return {k, k + 1};
+  }
   // The unit holding flat offset `offset`'s tensor.
   const ShardUnit& unit_at(int64_t offset) const;
   int64_t part_begin(const ShardUnit& u) const { return u.cuts[group_rank(u)]; }
@@ -91,6 +101,11 @@ class ShardPlan {
   // The most any rank owns of one block, all its units together (a receive
   // buffer for a block's sums).
   int64_t max_block_part() const { return max_block_part_; }
+  // ... or of any window's, the vocabulary's too where it goes through
+  // them (`vocab`: StageLayout::windows_vocab).
+  int64_t max_window_part(bool vocab) const {
+    return vocab ? std::max(max_block_part_, max_vocab_part_) : max_block_part_;
+  }
   TensorPart part_of(const ParameterSpec& spec) const;
   // AdamW over the shard: every owned logical element, the moments at
   // shard offsets; each array flagged in `where` at the element's place in
@@ -104,7 +119,8 @@ class ShardPlan {
   StageLayout layout_;  // where the blocks are (the 16-bit sums' offsets)
   std::vector<ShardUnit> units_;
   std::vector<size_t> block_first_;  // blocks + 1 unit indices
-  int64_t shard_size_ = 0, max_shard_size_ = 0, max_block_part_ = 0;
+  int64_t shard_size_ = 0, max_shard_size_ = 0, max_block_part_ = 0, max_vocab_part_ = 0;
+  size_t vocab_unit_[2] = {SIZE_MAX, SIZE_MAX};  // the embedding's and the head's unit
 };
 
 }  // namespace mpiformer

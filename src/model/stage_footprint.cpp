@@ -48,13 +48,17 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // The deck's limits on the model's shapes keep this count in an int64;
   // the batch is not limited so, hence doubles for the activations.
   const double n = static_cast<double>(table.total_storage());
-  const double blocks = static_cast<double>(layout.block_span());
   const double window = static_cast<double>(layout.block_storage());
+  // What stays outside the windows (GptStage::resident_offset).
+  const bool vocab = layout.windows_vocab(o.window_weights);
+  const auto resident = [&](bool windowed) {
+    return static_cast<double>(layout.resident_offset(table.total_storage(), windowed, windowed && vocab)) +
+           (windowed ? 2 * window : 0);
+  };
   StageFootprint f;
   f.parameters = o.external_master ? 0 : n * acc;
-  f.gradients = (o.window_grads ? n - blocks + 2 * window : n) * acc;
-  if (act_bytes != acc_bytes || o.external_master)
-    f.weight_copy = (o.window_weights ? n - blocks + 2 * window : n) * act;
+  f.gradients = resident(o.window_grads) * acc;
+  if (act_bytes != acc_bytes || o.external_master) f.weight_copy = resident(o.window_weights) * act;
   // What one block keeps for backward: ln1, res2, ln2 (C each, on the rows
   // held), qkv and atty (the fused projection's and the query channels),
   // fch and its activation (the MLP's first projection's and hidden

@@ -48,11 +48,51 @@ struct StageLayout {
   int64_t block_begin() const { return layers.empty() ? 0 : layers.front()[0]; }
   int64_t block_end = 0;
   int64_t block_span() const { return layers.empty() ? 0 : block_end - block_begin(); }
+  // ZeRO 3's vocabulary windows. The vocabulary's tensors (the embedding's
+  // wte on the first stage; the head's, lm_head or wte's tied copy, on the
+  // last) are the stage's largest outside the blocks. Where each fits a
+  // block's window they go through the windows as a block does (FSDP
+  // shards them as units too): gathered before the embedding or the head,
+  // their gradient reduce-scattered after each use. Each is a span
+  // [begin, end) of the flat buffer, with the gap after it (its ShardPlan
+  // unit); begin -1 where the stage has none. Pipeline depth 1 with tied
+  // embeddings: one tensor, both spans.
+  struct Span {
+    int64_t begin = -1, end = -1;
+    int64_t size() const { return end - begin; }
+  };
+  Span vocab_in, vocab_out;
+  // Whether the vocabulary lives in the windows: with the blocks' weights
+  // (window_weights, zero 3), where each of its spans fits a window.
+  bool windows_vocab(bool window_weights) const {
+    if (!window_weights || (vocab_in.begin < 0 && vocab_out.begin < 0)) return false;
+    const int64_t window = block_storage();
+    return vocab_in.size() <= window && vocab_out.size() <= window;
+  }
+  // Whether a unit (a tensor) starting at `begin` is one of the vocabulary's.
+  bool is_vocab(int64_t begin) const {
+    return begin >= 0 && (begin == vocab_in.begin || begin == vocab_out.begin);
+  }
+  // The window a block (i >= 0) or a vocabulary use (kVocabIn, kVocabOut)
+  // goes through. The embedding runs before block 0's forward and after
+  // its backward, the head after the last block's forward and before its
+  // backward: each takes the window the block beside it does not.
+  int window_of(int64_t id) const {
+    if (id >= 0) return static_cast<int>(id % 2);
+    return id == kVocabIn ? 1 : static_cast<int>(layers.size() % 2);
+  }
+  static constexpr int64_t kVocabIn = -2, kVocabOut = -3;
   // Where a tensor at `table_offset` sits in a buffer that holds only the
-  // tensors outside the blocks (`windowed`: the blocks live in ZeRO's
-  // windows or 16-bit sums): those after the blocks move down by the span.
-  int64_t resident_offset(int64_t table_offset, bool windowed) const {
-    return windowed && table_offset >= block_end ? table_offset - block_span() : table_offset;
+  // tensors outside the windows (`windowed`: the blocks live in ZeRO's
+  // windows or 16-bit sums; `vocab`: the vocabulary too): those after a
+  // windowed span move down by its size. At the buffer's end, its size.
+  int64_t resident_offset(int64_t table_offset, bool windowed, bool vocab = false) const {
+    int64_t at = windowed && table_offset >= block_end ? table_offset - block_span() : table_offset;
+    if (!vocab) return at;
+    if (vocab_in.begin >= 0 && vocab_in.end <= table_offset) at -= vocab_in.size();
+    if (vocab_out.begin >= 0 && vocab_out.begin != vocab_in.begin && vocab_out.end <= table_offset)
+      at -= vocab_out.size();
+    return at;
   }
   // Block i's span: [layers[i][0], block_stop(i)).
   int64_t block_stop(int64_t i) const {

@@ -31,6 +31,12 @@
 //     next block's gather started before this block computes. A window
 //     that still holds the block asked for is not gathered again (the
 //     last blocks of a forward are the first of the next backward).
+//     The vocabulary's tensors (wte, an untied head) go through the same
+//     windows where each fits one (StageLayout::windows_vocab: about
+//     V <= 12 C for GPT), as FSDP shards them: gathered before the
+//     embedding and the head, their gradients reduce-scattered after each
+//     use in every micro-batch, so zero 3 keeps nothing of them whole.
+//     Where they do not fit they stay whole, as in zero 2.
 // Under expert parallelism a sparse block's experts are a unit of their
 // own, reduce-scattered and gathered over the replicas holding the same
 // experts (the plan's expert units); at zero 2-3 a block's window then
@@ -110,6 +116,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         gwin_(zero >= 2 || grad16_),
         in_stage_(in_stage(zero, grad16_, offload.where)),
         grads_on_host_(gradients_offloaded(zero, offload.where) && !grad16_),
+        vocab_(stage.vocab_windowed()),
         moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), in_stage_), offload) {
     if (grad16_ && Ops::kActElement != Element::kBf16)
       throw std::logic_error("ZeRO's shards: 16-bit gradients without a bf16 stage");
@@ -127,11 +134,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
       host_grads_ = HostBuffer<Acc>(static_cast<size_t>(n_));
       for (auto& h : recv_host_) h = HostBuffer<Acc>(static_cast<size_t>(plan_.max_block_part()));
       fresh_.assign(static_cast<size_t>(plan_.units().size()), 1);
-      // The units outside the blocks: their parts, one after another.
+      // The units outside the blocks: their parts, one after another (the
+      // windowed vocabulary's too: its sums are added there, on the device).
       resident_at_.assign(plan_.units().size(), -1);
       int64_t at = 0;
       for (size_t k = 0; k < plan_.units().size(); ++k) {
-        if (grads_windowed(plan_.units()[k])) continue;
+        if (plan_.units()[k].block >= 0) continue;
         resident_at_[k] = at;
         at += plan_.part_size(plan_.units()[k]);
       }
@@ -159,19 +167,19 @@ class ZeroShards final : public StageOptimizer<Ops> {
     };
     if (grad16_) {
       if (!in_stage_.grads16)
-        for (auto& r : recv16_) r = act(plan_.max_block_part());
+        for (auto& r : recv16_) r = act(plan_.max_window_part(vocab_));
       if (zero_ == 1) g16_ = act(stage.block_span());
       else
         for (auto& b : send16_) b = act(stage.block_storage());
     } else if (zero_ >= 2) {
-      for (auto& r : recv_) r = acc(plan_.max_block_part());
+      for (auto& r : recv_) r = acc(plan_.max_window_part(vocab_));
     }
     const ParameterSpec* wte = stage.table().tied_embedding();
     if (wte != nullptr) wte_unit_ = &plan_.unit_at(wte->offset);
     next_unit_ = plan_.units().size();
     BlockHooks hooks;
     hooks.need_weights = [this](int64_t i, int64_t next) { need_weights(i, next); };
-    hooks.need_grad_window = [this](int64_t i) { drain(static_cast<int>(i % 2)); };
+    hooks.need_grad_window = [this](int64_t i) { drain(window_of(i)); };
     hooks.grads_ready = [this](int64_t i) { block_ready(i); };
     stage.set_hooks(std::move(hooks));
   }
@@ -296,8 +304,11 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // finishes its units over several backwards, one per chunk).
   void zero_grads() override {
     stage_.zero_grads();
-    if (grads_on_host_) std::fill(fresh_.begin(), fresh_.end(), 1);
-    else if (!in_stage_.grads) Ops::fill_zero(ctx_, g_.get(), n_);
+    if (grads_on_host_) {
+      std::fill(fresh_.begin(), fresh_.end(), 1);
+      // The windowed vocabulary's sums accumulate in its resident parts.
+      if (vocab_) Ops::fill_zero(ctx_, resident_.get(), static_cast<int64_t>(resident_.size()));
+    } else if (!in_stage_.grads) Ops::fill_zero(ctx_, g_.get(), n_);
     if (g16_.size() > 0) Ops::fill_zero(ctx_, g16_.get(), static_cast<int64_t>(g16_.size()));
     next_unit_ = plan_.units().size();
   }
@@ -503,10 +514,17 @@ class ZeroShards final : public StageOptimizer<Ops> {
       }
     }
   }
-  bool windowed(const ShardUnit& u, int min_zero) const { return u.block >= 0 && zero_ >= min_zero; }
+  // Whether unit u is one of the vocabulary's tensors going through the
+  // windows (zero 3 where it fits one: StageLayout::windows_vocab).
+  bool vocab_unit(const ShardUnit& u) const { return vocab_ && stage_.layout().is_vocab(u.begin); }
+  bool windowed(const ShardUnit& u, int min_zero) const {
+    return (u.block >= 0 || vocab_unit(u)) && zero_ >= min_zero;
+  }
   // Whether the stage computes unit u's gradients in a window (zero 2-3,
-  // or 16-bit gradients), not into its whole gradients.
-  bool grads_windowed(const ShardUnit& u) const { return u.block >= 0 && gwin_; }
+  // or 16-bit gradients; the windowed vocabulary), not into its whole
+  // gradients.
+  bool grads_windowed(const ShardUnit& u) const { return (u.block >= 0 && gwin_) || vocab_unit(u); }
+  int window_of(int64_t id) const { return stage_.layout().window_of(id); }
   // The group unit u is cut over; the bytes a collective of it sends.
   Communicator& group(const ShardUnit& u) { return u.experts ? *experts_ : *dp_; }
   void count_sent(const ShardUnit& u, size_t element) {
@@ -536,17 +554,18 @@ class ZeroShards final : public StageOptimizer<Ops> {
     stale_ = false;
   }
 
-  // zero 3: block i's weights into window i % 2, then block `next`'s on its way.
+  // zero 3: block i's weights (or a vocabulary use's) into its window,
+  // then block `next`'s on its way.
   void need_weights(int64_t i, int64_t next) {
     gather(i);
-    wait_all(wpend_[i % 2]);
+    wait_all(wpend_[window_of(i)]);
     if (next >= 0) gather(next);
   }
   void gather(int64_t i) {
-    const int w = static_cast<int>(i % 2);
+    const int w = window_of(i);
     if (holds_[w] == i) return;
     wait_all(wpend_[w]);
-    const auto [first, last] = plan_.block_units(i);
+    const auto [first, last] = plan_.window_units(i);
     const int64_t block_begin = plan_.units()[first].begin;
     for (size_t k = first; k < last; ++k) {
       const ShardUnit& u = plan_.units()[k];
@@ -582,16 +601,17 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
 
-  // Block i's gradients are in window i % 2 (this micro-batch's): at
-  // zero 2-3 reduced now; with 16-bit gradients first taken into 16 bits
-  // (the header), at zero 1 reduced once the last micro-batch's are in.
+  // Block i's gradients (or a vocabulary use's) are in its window (this
+  // micro-batch's): at zero 2-3 reduced now; with 16-bit gradients first
+  // taken into 16 bits (the header), at zero 1 reduced once the last
+  // micro-batch's are in.
   void block_ready(int64_t i) {
     if (!grad16_) {
       reduce_block(i);
       return;
     }
-    const int w = static_cast<int>(i % 2);
-    const auto [first, last] = plan_.block_units(i);
+    const int w = window_of(i);
+    const auto [first, last] = plan_.window_units(i);
     const int64_t begin = plan_.units()[first].begin, n = plan_.units()[last - 1].end - begin;
     if (zero_ == 1) {
       Act* sums = g16_.get() + (begin - stage_.block_begin());
@@ -602,12 +622,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
       reduce_block(i, send16_[w].get());
     }
   }
-  // Block i's gradients (window i % 2's floats, or `g16`: its 16-bit
+  // Block i's gradients (its window's floats, or `g16`: its 16-bit
   // gradients), each unit reduce-scattered into a receive buffer (the
   // block's parts one after another) that drain() adds to the shard.
   void reduce_block(int64_t i, Act* g16 = nullptr) {
-    const int w = static_cast<int>(i % 2);
-    const auto [first, last] = plan_.block_units(i);
+    const int w = window_of(i);
+    const auto [first, last] = plan_.window_units(i);
     const int64_t block_begin = plan_.units()[first].begin;
     int64_t at = 0;
     for (size_t k = first; k < last; ++k) {
@@ -627,7 +647,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
     gblock_[w] = i;
     if constexpr (!Ops::kHostMemory) {
-      if (grads_on_host_) {
+      if (grads_on_host_ && i >= 0) {
         // Down once the sums are made, on the copy stream: the host waits
         // for them at drain, when block i + 2 needs the window.
         auto& io = Ops::offload_copies(ctx_);
@@ -645,13 +665,19 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if (gpend_[w].empty()) return;
     wait_all(gpend_[w]);
     if (in_stage_.grads16) return;  // reduced in place, where AdamW reads them
-    const auto [first, last] = plan_.block_units(gblock_[w]);
+    const auto [first, last] = plan_.window_units(gblock_[w]);
+    // A vocabulary use's sums stay on the device, offloaded or not: added
+    // into its resident parts (their tied pair is summed there), else into
+    // the shard.
+    const bool stays = gblock_[w] < 0;
     if constexpr (!Ops::kHostMemory)
-      if (grads_on_host_) Ops::offload_copies(ctx_).wait_downloaded(w);
+      if (grads_on_host_ && !stays) Ops::offload_copies(ctx_).wait_downloaded(w);
     int64_t at = 0;
     for (size_t k = first; k < last; ++k) {
       const ShardUnit& u = plan_.units()[k];
-      if (grads_on_host_) {
+      if (stays && !grad16_) {
+        Ops::add_into(ctx_, reduced_into(u), static_cast<const Acc*>(recv_[w].get() + at), plan_.part_size(u));
+      } else if (grads_on_host_) {
         Acc* dst = host_grads_.get() + u.shard_offset;
         const Acc* src = recv_host_[w].get() + at;
         if (fresh_[k]) std::copy(src, src + plan_.part_size(u), dst);
@@ -678,6 +704,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   bool gwin_;    // the stage computes the blocks' gradients in windows
   ShardInStage in_stage_;
   bool grads_on_host_;  // gradients_offloaded (the header)
+  bool vocab_;          // the vocabulary goes through the windows (GptStage::vocab_windowed)
   AdamWState<Ops> moments_;
   Buffer<Acc> master_, g_;
   Buffer<Act> wshard_;  // mixed precision only
@@ -702,7 +729,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
   size_t next_unit_ = 0;
   std::vector<Pending> pending_;
   std::vector<Pending> gpend_[2], wpend_[2];
-  int64_t gblock_[2] = {-1, -1};  // the block each window's sums belong to
+  // The block (or vocabulary use) each window's sums belong to.
+  int64_t gblock_[2] = {-1, -1};
   int64_t holds_[2] = {-1, -1};
   double sent_ = 0;  // bytes sent by the collectives issued
   double allocated_ = 0;

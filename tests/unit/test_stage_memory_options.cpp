@@ -50,10 +50,19 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   // Block i's own span (a sparse block is larger than a dense one; the
   // windows hold the largest).
   const auto block = [&](int64_t i) { return at.block_stop(i) - at.layers[i][0]; };
-  // Resident tensors (outside the blocks) at their compacted places.
+  // What a window carries: block i's span, or (at zero 3, where it fits) a
+  // vocabulary use's tensor (i = kVocabIn, kVocabOut).
+  const auto span = [&](int64_t i) -> std::pair<int64_t, int64_t> {
+    if (i >= 0) return {at.layers[i][0], block(i)};
+    const StageLayout::Span& sp = i == StageLayout::kVocabIn ? at.vocab_in : at.vocab_out;
+    return {sp.begin, sp.size()};
+  };
+  const bool vocab = stage.vocab_windowed();
+  EXPECT_EQ(vocab, opt.window_weights) << "the vocabulary fits a window here";
+  // Resident tensors (outside the windows) at their compacted places.
   auto resident = [&](float* dst, bool windowed) {
     for (const auto& s : table.specs())
-      if (s.layer < 0)
+      if (s.layer < 0 && !(vocab && at.is_vocab(s.offset)))
         std::memcpy(dst + stage.resident_offset(s.offset, windowed), weights.data() + s.offset,
                     sizeof(float) * s.storage);
   };
@@ -66,13 +75,14 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   }
   BlockHooks hooks;
   hooks.need_weights = [&](int64_t i, int64_t) {
-    std::memcpy(stage.weight_window(static_cast<int>(i % 2)), weights.data() + at.layers[i][0],
-                sizeof(float) * block(i));
+    const auto [begin, size] = span(i);
+    std::memcpy(stage.weight_window(at.window_of(i)), weights.data() + begin, sizeof(float) * size);
   };
   hooks.need_grad_window = [](int64_t) {};
   hooks.grads_ready = [&](int64_t i) {
-    const float* w = stage.grad_window(static_cast<int>(i % 2));
-    for (int64_t k = 0; k < block(i); ++k) grads[at.layers[i][0] + k] += w[k];
+    const auto [begin, size] = span(i);
+    const float* w = stage.grad_window(at.window_of(i));
+    for (int64_t k = 0; k < size; ++k) grads[begin + k] += w[k];
   };
   stage.set_hooks(hooks);
   stage.zero_grads();
@@ -122,7 +132,7 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   o.loss = stage.take_loss_sum();
   // The resident gradients, back at their table offsets.
   for (const auto& s : table.specs()) {
-    if (s.layer >= 0 && opt.window_grads) continue;
+    if ((s.layer >= 0 && opt.window_grads) || (vocab && at.is_vocab(s.offset))) continue;
     const float* g = stage.grads() + stage.resident_offset(s.offset, opt.window_grads);
     for (int64_t k = 0; k < s.storage; ++k) grads[s.offset + k] += g[k];
   }
@@ -226,15 +236,21 @@ TEST(StageMemoryOptions, FootprintShrinksAsExpected) {
   EXPECT_EQ(f0.total() - fa.total(), (L * slots - 1) * B * NH * T * T * 4);
   // full: per slot only the block inputs remain of the blocks' activations.
   EXPECT_EQ(f0.per_slot - ff.per_slot, L * (15 * B * T * C * 4 + 4 * B * T * 4 + B * NH * T * T * 4));
-  // ZeRO windows: two blocks' gradients (weights) instead of all eight.
+  // ZeRO windows: two blocks' gradients (weights) instead of all eight;
+  // at zero 3 the tied wte (37 x 16, smaller than a block) goes through
+  // them too, so neither its weights nor its gradients stay.
   StageOptions z2 = none, z3 = none;
   z2.external_master = z2.window_grads = true;
   z3 = z2;
   z3.window_weights = true;
-  const StageLayout layout(ParameterTable(cfg, all), all);
+  const ParameterTable table(cfg, all);
+  const StageLayout layout(table, all);
   const double block = static_cast<double>(layout.block_storage()) * 4;
+  const double wte = static_cast<double>(table.at("wpe").offset - table.at("wte").offset) * 4;
+  ASSERT_GE(wte, 37 * 16 * 4);
   EXPECT_EQ(stage_footprint(cfg, all, z2, 4, 4).gradients, f0.gradients - (L - 2) * block);
-  EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).weight_copy, f0.parameters - (L - 2) * block);
+  EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).gradients, f0.gradients - (L - 2) * block - wte);
+  EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).weight_copy, f0.parameters - (L - 2) * block - wte);
   EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).parameters, 0.0);
 }
 
