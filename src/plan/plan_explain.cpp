@@ -56,28 +56,41 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
   }
   lines.push_back(line);
   // What zero 3 keeps whole beside its shard (FSDP's root unit and its
-  // prefetch): the tensors outside the blocks, and two blocks' windows,
-  // each as weights (16-bit, or fp32) and float gradients; the fullest stage.
+  // prefetch): the tensors outside the windows, and two blocks' windows,
+  // each as weights (16-bit, or fp32) and float gradients; the fullest
+  // stage. The vocabulary goes through the windows where it fits one
+  // (StageLayout::windows_vocab), else it stays whole.
   const PrecisionPlan types = precision_plan(deck.train.precision);
-  double outside = 0, windows = 0;
+  double outside = 0, windows = 0, vocab_whole = 0;
+  bool vocab_windowed = false;
   for (int s = 0; s < static_cast<int>(deck.parallel.pp); ++s) {
     const StageRange range = stage_range_of(deck, s, 0);
     const ParameterTable table(deck.model, range);
     const StageLayout layout(table, range);
-    const double n = static_cast<double>(table.total_storage());
-    const double blocks = static_cast<double>(layout.block_span());
+    const bool vocab = layout.windows_vocab(true);
+    const double out = static_cast<double>(layout.resident_offset(table.total_storage(), true, vocab));
     const double w = range.num_layers() > 0 ? 2 * static_cast<double>(layout.block_storage()) : 0;
-    if ((n - blocks) + w > outside + windows) {
-      outside = n - blocks;
+    vocab_windowed = vocab_windowed || vocab;
+    if (out + w > outside + windows) {
+      outside = out;
       windows = w;
+      vocab_whole = vocab ? 0
+                          : static_cast<double>(layout.resident_offset(table.total_storage(), true) -
+                                                layout.resident_offset(table.total_storage(), true, true));
     }
   }
   const double each = static_cast<double>(element_bytes(types.activations) + element_bytes(types.master));
+  const std::string vocab_said =
+      vocab_whole > 0 ? strprintf("the vocabulary's tensors among them, larger than a window: %.2f GiB of "
+                                  "weights and gradients",
+                                  vocab_whole * each / (1 << 30))
+                      : std::string(vocab_windowed ? "the vocabulary goes through the windows, as a block does"
+                                                   : "no vocabulary on it");
   lines.push_back(strprintf(
-      "zero 3 keeps whole beside its shard: the tensors outside the blocks (%.1f M parameters, the "
-      "embedding among them: %.2f GiB of weights and gradients) and two blocks' windows (%.1f M: "
-      "%.2f GiB)",
-      outside / 1e6, outside * each / (1 << 30), windows / 1e6, windows * each / (1 << 30)));
+      "zero 3 keeps whole beside its shard: the tensors outside the windows (%.1f M parameters: %.2f "
+      "GiB of weights and gradients; %s) and two blocks' windows (%.1f M: %.2f GiB)",
+      outside / 1e6, outside * each / (1 << 30), vocab_said.c_str(), windows / 1e6,
+      windows * each / (1 << 30)));
 
   if (deck.checkpoint.async) {
     BackendChoice choice;

@@ -145,6 +145,10 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     // gradients.
     const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;  // zero >= 1 here
     const bool in_place16 = grad16 && zero == 1 && deck.train.offload == Offload::kNone;
+    // At zero 3 the vocabulary may go through the windows (StageLayout::
+    // windows_vocab): the receive buffers hold its parts too.
+    const bool vocab = tables->layout.windows_vocab(zero >= 3);
+    const double window_part = static_cast<double>(plan.max_window_part(vocab));
     double blocks = 0, largest_block = 0;
     for (const ShardUnit& u : plan.units()) {
       if (u.block < 0) continue;
@@ -157,10 +161,10 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     if (grad16 && zero == 1) m.shard_gradients += blocks * act;
     m.optimizer = 2 * shard * acc;
     if (grad16) {
-      m.comm = in_place16 ? 0 : 2 * static_cast<double>(plan.max_block_part()) * act;
+      m.comm = in_place16 ? 0 : 2 * window_part * act;
       if (zero >= 2) m.comm += 2 * largest_block * act;
     } else if (zero >= 2) {
-      m.comm = 2 * static_cast<double>(plan.max_block_part()) * acc;
+      m.comm = 2 * window_part * acc;
     }
     // Offloaded at zero 2-3 on a GPU, the shard's gradients go to host
     // memory (zero_shards.hpp): the device keeps the parts of the units
@@ -188,10 +192,15 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       // (16-bit gradients: every level's blocks go through their windows,
       // and their temporaries are 16-bit.)
       const bool windows = zero >= 2 || grad16;
+      // (A windowed vocabulary goes through the windows as a block does.)
       std::vector<double> sizes;
-      for (const ShardUnit& u : plan.units())
-        if (!windows || u.block < 0) sizes.push_back(static_cast<double>(u.end - u.begin));
-      double in_flight = windows ? static_cast<double>(kInFlight) * largest_block * (grad16 ? act : acc) : 0;
+      double largest_window = largest_block;
+      for (const ShardUnit& u : plan.units()) {
+        const double size = static_cast<double>(u.end - u.begin);
+        if (vocab && tables->layout.is_vocab(u.begin)) largest_window = std::max(largest_window, size);
+        else if (!windows || u.block < 0) sizes.push_back(size);
+      }
+      double in_flight = windows ? static_cast<double>(kInFlight) * largest_window * (grad16 ? act : acc) : 0;
       for (size_t i = 0; i < sizes.size(); ++i) {
         double sum = 0;
         for (size_t j = i; j < std::min(sizes.size(), i + kInFlight); ++j) sum += sizes[j];

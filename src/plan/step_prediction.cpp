@@ -484,9 +484,12 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const StageLayout& layout = tables->layout;
     const double n = static_cast<double>(table.total_storage());
     const double block = static_cast<double>(layout.block_storage());
-    const double outside = n - static_cast<double>(layout.block_span());
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
+    // What is reduced once a step: the tensors outside the windows (at
+    // zero 3 the vocabulary may go through them: StageLayout::windows_vocab).
+    const bool vocab = layout.windows_vocab(zero >= 3);
+    const double outside = static_cast<double>(layout.resident_offset(table.total_storage(), true, vocab));
     // The backward's time a data-parallel transfer can hide in: its
     // links' time that the tensor collectives, the expert all-to-alls and
     // the context ring leave free (before, the reduction hid behind the
@@ -557,6 +560,18 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         const double gathers = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0));
         gathers_comm =
             gathers * exposed(groups(dp_link.allgather, block, block_experts, act, 1), block_bwd / 2);
+        // The vocabulary through the windows: each use gathered before it
+        // (the head's again before its backward unless it follows its
+        // forward, as the blocks' kept two) and reduce-scattered after it.
+        if (vocab) {
+          for (const StageLayout::Span* sp : {&layout.vocab_in, &layout.vocab_out}) {
+            if (sp->begin < 0) continue;
+            const double size = static_cast<double>(sp->size());
+            const double times = sp == &layout.vocab_out && kept == 0 ? 2 : 1;
+            gathers_comm += times * exposed(groups(dp_link.allgather, size, 0, act, 1), block_bwd / 2);
+            per_micro_comm += exposed(groups(dp_link.reduce_scatter, size, 0, block_bytes, 1), block_bwd);
+          }
+        }
         per_micro_comm += gathers_comm;
       }
     }

@@ -63,6 +63,19 @@ PY
 grep -q "chunks of #1: 6 layers into 2 x 2 chunks of 2, the model's first (the embedding's) 1 and its last (the head's) 1" \
   uneven.txt || { cat uneven.txt; fail "plan did not say how 6 layers fall into 2 x 2 chunks"; }
 
+# zero 3 says what it keeps whole beside its shard: the tiny deck's
+# vocabulary (256 x 128) fits a block's window and goes through them; at
+# 4096 x 128 (larger than a block's 12 x 128 x 128) it stays, named with
+# its bytes.
+for v in 256 4096; do
+  "$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --as-given --set parallel.dp=2 \
+    --set parallel.zero=3 --set model.vocab_size=$v --explain zero3_$v.json >zero3_$v.txt || { cat zero3_$v.txt; fail "plan at zero 3, vocabulary $v"; }
+done
+grep -q "zero 3 keeps whole beside its shard: .*the vocabulary goes through the windows" zero3_256.txt ||
+  { cat zero3_256.txt; fail "plan at zero 3 did not say the vocabulary goes through the windows"; }
+grep -qE "zero 3 keeps whole beside its shard: .*the vocabulary's tensors among them, larger than a window: [0-9.]+ GiB" \
+  zero3_4096.txt || { cat zero3_4096.txt; fail "plan at zero 3 did not name the vocabulary it keeps whole"; }
+
 "$MPIFORMER" plan "$DECK" "${data[@]}" --set parallel.pp=2 --set parallel.schedule=gpipe \
   --set train.micro_batch=8 --machine machine.toml --as-given --explain timeline.json >as_given.txt
 grep -q "compute of the busiest stage by kernel" as_given.txt || fail "no per-kernel split"

@@ -214,6 +214,58 @@ TEST(MemoryAccounting, PredictsTheExpertParallelShards) {
   }
 }
 
+// ZeRO 3 sends the vocabulary through the block windows where it fits one
+// (zero_shards.hpp). At n_embd 16 (vocabulary 11, padded to 128): wte is
+// 128 x 16 = 2048 floats; a block is ln_1 16 + 16, c_attn 48 x 16 = 768 +
+// 48, attn c_proj 256 + 16, ln_2 16 + 16, c_fc 64 x 16 = 1024 + 64, mlp
+// c_proj 1024 + 16 = 3280 floats, so wte fits. On one stage only wpe (4 x
+// 16 = 64) and ln_f (16 + 16) stay outside the two windows, as weights and
+// as gradients. What the stage and its shard allocate, for the rank with
+// the most, is the accounting less MPI's temporaries (as above), on one
+// stage and on each of two (the tied copy on the second), at tp 1 and 2:
+// at n_embd 32 (at tp 2 the vocabulary is padded to 256, 128 rows a rank,
+// which at n_embd 16 would not fit a rank's block).
+TEST(MemoryAccounting, ZeroThreeSendsTheVocabularyThroughTheWindows) {
+  GptConfig cfg = model();
+  cfg.n_embd = 16;
+  {
+    const StageRange all = partition_stage(cfg, 0, 1);
+    const StageFootprint f =
+        stage_footprint(cfg, all, stage_options(2, 1, Recompute::kNone, 3), 4, 4);
+    EXPECT_EQ(f.gradients, (64 + 32 + 2 * 3280) * 4);
+    EXPECT_EQ(f.weight_copy, (64 + 32 + 2 * 3280) * 4);
+    // zero 2 keeps wte's gradient whole (its weights are whole there).
+    const StageFootprint f2 =
+        stage_footprint(cfg, all, stage_options(2, 1, Recompute::kNone, 2), 4, 4);
+    EXPECT_EQ(f2.gradients, (2048 + 64 + 32 + 2 * 3280) * 4);
+  }
+  cfg.n_embd = 32;
+  for (int pp : {1, 2})
+    for (int tp : {1, 2})
+      for (int s = 0; s < pp; ++s) {
+        const StageRange range = partition_stage(cfg, s, pp, tp, 0);
+        double largest = 0, receive = 0;
+        for (int rank = 0; rank < 3; ++rank) {
+          host::Context ctx;
+          GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, Recompute::kNone, 3));
+          ASSERT_TRUE(stage.vocab_windowed()) << "pp " << pp << ", tp " << tp << ", stage " << s;
+          ZeroShards<host::Ops<float>> shard(stage, 3, 3, rank, OffloadSetup{});
+          largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
+          receive = 2.0 * static_cast<double>(shard.plan().max_window_part(true)) * 4;
+        }
+        Deck d;
+        d.model = cfg;
+        d.train.micro_batch = 2;
+        d.parallel.dp = 3;
+        d.parallel.pp = pp;
+        d.parallel.tp = tp;
+        d.parallel.zero = 3;
+        const RankMemory m = rank_memory(d, BackendChoice{}, s, 1);
+        EXPECT_EQ(m.total() - m.checkpoint_io - m.comm + receive, largest)
+            << "pp " << pp << ", tp " << tp << ", stage " << s;
+      }
+}
+
 // bf16 with [train] offload: the shard's float masters leave with the
 // moments (12 bytes an element), the 16-bit copy stays; what the stage and
 // the shard allocate shrinks by that, and the accounting moves the same
