@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <queue>
 #include <stdexcept>
 #include <tuple>
@@ -268,30 +266,31 @@ struct StageFacts {
   bool sends_gradients = false;
 };
 
+// A search meets its pipelines' keys in runs, and each pipeline's facts
+// are a few bytes a stage: bounded as the schedules are (BoundedMemo).
 StageFacts stage_facts(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks) {
-  static std::mutex lock;
-  static std::map<std::tuple<ScheduleKind, int, int, int, int>, StageFacts> known;
-  const auto key = std::make_tuple(kind, num_stages, stage, num_micro, chunks);
-  {
-    std::lock_guard<std::mutex> hold(lock);
-    if (auto it = known.find(key); it != known.end()) return it->second;
-  }
-  // Every stage's at once, from the pipeline's remembered lists: the
-  // planner asks for each stage in turn, and then compiles the same lists
-  // to time the step (schedule_timing.cpp), so they are built once.
-  const auto lists = pipeline_schedules(kind, num_stages, num_micro, chunks);
-  std::vector<StageFacts> all;
-  for (const std::vector<Action>& actions : *lists) {
-    StageFacts f;
-    f.slots = max_live_activations(actions);
-    f.sends_gradients = std::any_of(actions.begin(), actions.end(),
-                                    [](const Action& a) { return a.op == Op::SendGradient; });
-    all.push_back(f);
-  }
-  std::lock_guard<std::mutex> hold(lock);
-  for (int s = 0; s < num_stages; ++s)
-    known[std::make_tuple(kind, num_stages, s, num_micro, chunks)] = all[static_cast<size_t>(s)];
-  return all[static_cast<size_t>(stage)];
+  using Facts = std::vector<StageFacts>;
+  static BoundedMemo<std::tuple<ScheduleKind, int, int, int>, Facts> known(1 << 16, 16.0 * (1 << 20));
+  const auto all = known.get(
+      std::make_tuple(kind, num_stages, num_micro, chunks),
+      [&] {
+        // Every stage's at once, from the pipeline's remembered lists: the
+        // planner asks for each stage in turn, and then compiles the same
+        // lists to time the step (schedule_timing.cpp), so they are built
+        // once.
+        const auto lists = pipeline_schedules(kind, num_stages, num_micro, chunks);
+        auto facts = std::make_shared<Facts>();
+        for (const std::vector<Action>& actions : *lists) {
+          StageFacts f;
+          f.slots = max_live_activations(actions);
+          f.sends_gradients = std::any_of(actions.begin(), actions.end(),
+                                          [](const Action& a) { return a.op == Op::SendGradient; });
+          facts->push_back(f);
+        }
+        return std::shared_ptr<const Facts>(std::move(facts));
+      },
+      [](const Facts& f) { return static_cast<double>(f.size() * sizeof(StageFacts)); });
+  return (*all)[static_cast<size_t>(stage)];
 }
 
 }  // namespace
@@ -328,30 +327,26 @@ int gradient_send_buffers(ScheduleKind kind, int num_stages, int stage, int num_
   if (!mine.sends_gradients) return 0;
   const int slots = mine.slots;
   // The same answer for every stage of a pipeline (the search asks often).
-  static std::mutex lock;
-  static std::map<std::tuple<ScheduleKind, int, int, int>, int> known;
-  const auto key = std::make_tuple(kind, num_stages, num_micro, chunks);
-  int buffers = 0;
-  {
-    std::lock_guard<std::mutex> hold(lock);
-    if (auto it = known.find(key); it != known.end()) buffers = it->second;
-  }
-  if (buffers == 0) {
-    const auto stages = pipeline_schedules(kind, num_stages, num_micro, chunks);
-    std::vector<std::vector<int>> slots;
-    int most = 1;
-    for (const auto& actions : *stages) {
-      slots.push_back(activation_slots(actions));
-      most = std::max(most, max_live_activations(actions));
-    }
-    // Two at least: one send may wait for its receive while the next
-    // backward's result is ready to go. Doubled until the step runs to the
-    // end; a buffer per slot always does (the trainer's waits before).
-    buffers = 2;
-    while (buffers < most && !runs_to_the_end(*stages, slots, buffers)) buffers *= 2;
-    std::lock_guard<std::mutex> hold(lock);
-    known[key] = buffers;
-  }
+  static BoundedMemo<std::tuple<ScheduleKind, int, int, int>, int> known(1 << 16, 1.0 * (1 << 20));
+  const int buffers = *known.get(
+      std::make_tuple(kind, num_stages, num_micro, chunks),
+      [&] {
+        const auto stages = pipeline_schedules(kind, num_stages, num_micro, chunks);
+        std::vector<std::vector<int>> places;  // each stage's slot of each action
+        int most = 1;
+        for (const auto& actions : *stages) {
+          places.push_back(activation_slots(actions));
+          most = std::max(most, max_live_activations(actions));
+        }
+        // Two at least: one send may wait for its receive while the next
+        // backward's result is ready to go. Doubled until the step runs to
+        // the end; a buffer per slot always does (the trainer's waits
+        // before).
+        int n = 2;
+        while (n < most && !runs_to_the_end(*stages, places, n)) n *= 2;
+        return std::make_shared<const int>(n);
+      },
+      [](const int&) { return static_cast<double>(sizeof(int)); });
   return std::min(buffers, slots);
 }
 
