@@ -95,7 +95,8 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
     const ShardUnit& u = units_[k];
     if (u.begin == layout.vocab_in.begin) vocab_unit_[0] = k;
     if (u.begin == layout.vocab_out.begin) vocab_unit_[1] = k;
-    if (layout.is_vocab(u.begin)) max_vocab_part_ = std::max(max_vocab_part_, *std::max_element(u.counts.begin(), u.counts.end()));
+    if (layout.is_vocab(u.begin))
+      max_vocab_part_ = std::max(max_vocab_part_, *std::max_element(u.counts.begin(), u.counts.end()));
   }
   shard_size_ = sizes[rank];
   max_shard_size_ = *std::max_element(sizes.begin(), sizes.end());

@@ -80,12 +80,12 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     }
   }
   const double each = static_cast<double>(element_bytes(types.activations) + element_bytes(types.master));
-  const std::string vocab_said =
-      vocab_whole > 0 ? strprintf("the vocabulary's tensors among them, larger than a window: %.2f GiB of "
-                                  "weights and gradients",
-                                  vocab_whole * each / (1 << 30))
-                      : std::string(vocab_windowed ? "the vocabulary goes through the windows, as a block does"
-                                                   : "no vocabulary on it");
+  std::string vocab_said = vocab_windowed ? "the vocabulary goes through the windows, as a block does"
+                                          : "no vocabulary on it";
+  if (vocab_whole > 0)
+    vocab_said = strprintf("the vocabulary's tensors among them, larger than a window: %.2f GiB of "
+                           "weights and gradients",
+                           vocab_whole * each / (1 << 30));
   lines.push_back(strprintf(
       "zero 3 keeps whole beside its shard: the tensors outside the windows (%.1f M parameters: %.2f "
       "GiB of weights and gradients; %s) and two blocks' windows (%.1f M: %.2f GiB)",

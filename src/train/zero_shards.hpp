@@ -676,7 +676,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
     for (size_t k = first; k < last; ++k) {
       const ShardUnit& u = plan_.units()[k];
       if (stays && !grad16_) {
-        Ops::add_into(ctx_, reduced_into(u), static_cast<const Acc*>(recv_[w].get() + at), plan_.part_size(u));
+        Ops::add_into(ctx_, reduced_into(u), static_cast<const Acc*>(recv_[w].get() + at),
+                      plan_.part_size(u));
       } else if (grads_on_host_) {
         Acc* dst = host_grads_.get() + u.shard_offset;
         const Acc* src = recv_host_[w].get() + at;

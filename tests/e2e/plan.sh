@@ -69,7 +69,8 @@ grep -q "chunks of #1: 6 layers into 2 x 2 chunks of 2, the model's first (the e
 # its bytes.
 for v in 256 4096; do
   "$MPIFORMER" plan "$DECK" "${data[@]}" --machine machine.toml --as-given --set parallel.dp=2 \
-    --set parallel.zero=3 --set model.vocab_size=$v --explain zero3_$v.json >zero3_$v.txt || { cat zero3_$v.txt; fail "plan at zero 3, vocabulary $v"; }
+    --set parallel.zero=3 --set model.vocab_size=$v --explain zero3_$v.json >zero3_$v.txt ||
+    { cat zero3_$v.txt; fail "plan at zero 3, vocabulary $v"; }
 done
 grep -q "zero 3 keeps whole beside its shard: .*the vocabulary goes through the windows" zero3_256.txt ||
   { cat zero3_256.txt; fail "plan at zero 3 did not say the vocabulary goes through the windows"; }
