@@ -550,6 +550,41 @@ TEST(Plan, SixteenBitGradientsPayTheirWindowPasses) {
   EXPECT_GT(zero2, 0);
 }
 
+// Zero 3's vocabulary through the windows (zero_shards.hpp) is priced as
+// the blocks' transfers are: the tiny deck's wte (256 x 128, smaller than
+// a block) gathered before the embedding and before the head and
+// reduce-scattered after each, every micro-batch, in place of its share
+// of the step's one reduce-scatter. On the host nothing hides (host MPI
+// progresses only while waited on), so zero 3's exposed communication
+// exceeds zero 2's by, each micro-batch, the blocks' gathers (2 (L - 2):
+// 1F1B keeps two in their windows) and the vocabulary's two gathers and
+// two reduce-scatters, less the vocabulary's bytes in the step's
+// reduce-scatter. Each collective over dp 2 by the ring: 10 us + bytes /
+// 2 / 200 GB/s (the hand-written machine's link).
+TEST(Plan, ZeroThreesVocabularyIsPricedAsTheBlocksTransfers) {
+  Deck deck = tiny_deck();
+  deck.parallel.dp = 2;
+  deck.train.micro_batch = 8;  // 2 micro-batches
+  const MachineSpec m = workstation(1);
+  const StageRange range = stage_range_of(deck, 0, 0);
+  const ParameterTable table(deck.model, range);
+  const StageLayout layout(table, range);
+  ASSERT_TRUE(layout.windows_vocab(true));
+  const double block = static_cast<double>(layout.block_storage()) * 4;
+  const double vocab = static_cast<double>(table.at("wpe").offset - table.at("wte").offset) * 4;
+  ASSERT_GE(vocab, 256 * 128 * 4);
+  const auto ring = [](double bytes) { return 10e-6 + bytes / 2 / 200e9; };
+  const double micro = static_cast<double>(deck.grad_accum()), L = 4;
+  ASSERT_EQ(micro, 2);
+  auto exposed = [&](int zero) {
+    deck.parallel.zero = zero;
+    return predict_step(deck, m).exposed_comm;
+  };
+  const double want =
+      micro * (2 * (L - 2) * ring(block) + 2 * ring(vocab) + 2 * ring(vocab)) - vocab / 2 / 200e9;
+  EXPECT_NEAR(exposed(3) - exposed(2), want, 1e-9 * want);
+}
+
 TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
   const Deck deck = tiny_deck();
   const MachineSpec m = workstation(1);
