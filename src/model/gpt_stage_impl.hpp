@@ -260,8 +260,7 @@ template <class Ops>
 void GptStage<Ops>::vocab_grads_before(int64_t id) {
   if (!vocab_windowed_) return;
   hooks_.need_grad_window(id);
-  const StageLayout::Span& sp = id == StageLayout::kVocabIn ? at_.vocab_in : at_.vocab_out;
-  Ops::fill_zero(ctx_, gwin_[at_.window_of(id)].get(), sp.size());
+  Ops::fill_zero(ctx_, gwin_[at_.window_of(id)].get(), at_.vocab(id).size());
 }
 
 template <class Ops>

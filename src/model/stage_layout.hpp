@@ -82,6 +82,8 @@ struct StageLayout {
     return id == kVocabIn ? 1 : static_cast<int>(layers.size() % 2);
   }
   static constexpr int64_t kVocabIn = -2, kVocabOut = -3;
+  // A vocabulary use's span.
+  const Span& vocab(int64_t id) const { return id == kVocabIn ? vocab_in : vocab_out; }
   // Where a tensor at `table_offset` sits in a buffer that holds only the
   // tensors outside the windows (`windowed`: the blocks live in ZeRO's
   // windows or 16-bit sums; `vocab`: the vocabulary too): those after a

@@ -54,8 +54,7 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   // vocabulary use's tensor (i = kVocabIn, kVocabOut).
   const auto span = [&](int64_t i) -> std::pair<int64_t, int64_t> {
     if (i >= 0) return {at.layers[i][0], block(i)};
-    const StageLayout::Span& sp = i == StageLayout::kVocabIn ? at.vocab_in : at.vocab_out;
-    return {sp.begin, sp.size()};
+    return {at.vocab(i).begin, at.vocab(i).size()};
   };
   const bool vocab = stage.vocab_windowed();
   EXPECT_EQ(vocab, opt.window_weights) << "the vocabulary fits a window here";
