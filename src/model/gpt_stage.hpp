@@ -43,20 +43,24 @@ namespace mpiformer {
 using GradsFinal = std::function<void(int64_t offset)>;
 
 // How a ZeRO trainer fills and drains the stage's block windows. Block i
-// (the stage's i-th) uses weight window i % 2 and gradient window i % 2;
-// at zero 3 the vocabulary's uses may go through them too, as i =
-// StageLayout::kVocabIn and kVocabOut (their window: StageLayout::window_of).
+// (the stage's i-th) uses weight window i % 2 (at zero 3 the
+// vocabulary's uses may go through them too, as i = StageLayout::kVocabIn
+// and kVocabOut: their window is StageLayout::window_of). The gradient
+// windows are taken in turn, one use after another, whichever block: the
+// window a use gets is the one whose reduction started longest ago, even
+// where consecutive uses are of blocks of one parity (interleaved chunks
+// of one block, each run for several micro-batches in a row).
 struct BlockHooks {
   // window_weights: on return weight window i % 2 holds block i's weights;
   // `next` (-1: none) is the block the stage needs after it, which may be
   // fetched ahead into the other window.
   std::function<void(int64_t i, int64_t next)> need_weights;
-  // window_grads: before block i's backward, once gradient window i % 2 may
-  // be overwritten (the stage then zeroes it) ...
-  std::function<void(int64_t i)> need_grad_window;
-  // ... and after it, when the window holds this micro-batch's gradients of
+  // window_grads: before block i's backward, once gradient window w may be
+  // overwritten (the stage then zeroes it) ...
+  std::function<void(int64_t i, int w)> need_grad_window;
+  // ... and after it, when window w holds this micro-batch's gradients of
   // block i.
-  std::function<void(int64_t i)> grads_ready;
+  std::function<void(int64_t i, int w)> grads_ready;
 };
 
 // The stage's tensor-parallel group (range().tp > 1), as Megatron divides a
@@ -436,7 +440,7 @@ class GptStage {
     return at_.at(k) < 0 ? nullptr : weights_ + resident_offset(at_.at(k), opt_.window_weights);
   }
   Acc* g_outer(outer::Tensor k) {
-    if (k == outer::wte && vocab_windowed_) return gwin_[at_.window_of(StageLayout::kVocabIn)].get();
+    if (k == outer::wte && vocab_windowed_) return gwin_[grad_window_].get();
     return at_.at(k) < 0 ? nullptr : grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
   }
   // The LM head: its own tensor, or the tied embedding.
@@ -445,7 +449,7 @@ class GptStage {
     return weights_ + resident_offset(at_.head(), opt_.window_weights);
   }
   Acc* g_head() {
-    if (vocab_windowed_) return gwin_[at_.window_of(StageLayout::kVocabOut)].get();
+    if (vocab_windowed_) return gwin_[grad_window_].get();
     return grads_.get() + resident_offset(at_.head(), opt_.window_grads);
   }
   // A vocabulary use's window (kVocabIn, kVocabOut): its weights fetched
@@ -454,6 +458,14 @@ class GptStage {
   void vocab_weights(int64_t id);
   void vocab_grads_before(int64_t id);
   void vocab_grads_after(int64_t id);
+  // A gradient use (block i, or a vocabulary use) takes the next window
+  // in turn once its trainer frees it, and clears `size` of it.
+  void take_grad_window(int64_t i, int64_t size) {
+    grad_window_ = next_grad_window_;
+    next_grad_window_ ^= 1;
+    hooks_.need_grad_window(i, grad_window_);
+    Ops::fill_zero(ctx_, gwin_[grad_window_].get(), size);
+  }
   // What attention keeps for block i's backward (the probabilities, or the
   // rows' statistics): kept per slot, or (recomputed) in the one shared
   // buffer.
@@ -482,6 +494,9 @@ class GptStage {
   Buffer<float> rope_;  // Llama: host/rope.hpp's table
   Buffer<Act> wwin_[2];
   Buffer<Acc> gwin_[2];
+  // The gradient window of the use in progress (take_grad_window), and
+  // the one the next use takes.
+  int grad_window_ = 0, next_grad_window_ = 0;
   // Recomputation's shared buffers: the probabilities (attention), or one
   // block's whole activations and output (full).
   LayerActs rc_;

@@ -259,13 +259,12 @@ void GptStage<Ops>::vocab_weights(int64_t id) {
 template <class Ops>
 void GptStage<Ops>::vocab_grads_before(int64_t id) {
   if (!vocab_windowed_) return;
-  hooks_.need_grad_window(id);
-  Ops::fill_zero(ctx_, gwin_[at_.window_of(id)].get(), at_.vocab(id).size());
+  take_grad_window(id, at_.vocab(id).size());
 }
 
 template <class Ops>
 void GptStage<Ops>::vocab_grads_after(int64_t id) {
-  if (vocab_windowed_) hooks_.grads_ready(id);
+  if (vocab_windowed_) hooks_.grads_ready(id, grad_window_);
 }
 
 template <class Ops>
@@ -276,7 +275,7 @@ BlockView<const typename Ops::Act> GptStage<Ops>::block_weights(int64_t i) {
 
 template <class Ops>
 BlockView<typename Ops::Acc> GptStage<Ops>::block_grads(int64_t i) {
-  if (opt_.window_grads) return at_.block_at(gwin_[i % 2].get(), i);
+  if (opt_.window_grads) return at_.block_at(gwin_[grad_window_].get(), i);
   return at_.block(grads_.get(), i);
 }
 
@@ -530,12 +529,9 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
   // the last down), so "final from here" holds across chunks too.
   for (int64_t i = first + L - 1; i >= first; --i) {
     if (opt_.window_weights) hooks_.need_weights(i, i > first ? i - 1 : -1);
-    if (whole && opt_.window_grads) {
-      hooks_.need_grad_window(i);
-      Ops::fill_zero(ctx_, gwin_[i % 2].get(), at_.block_storage());
-    }
+    if (whole && opt_.window_grads) take_grad_window(i, at_.block_storage());
     backward_block(s, i);
-    if (whole && opt_.window_grads) hooks_.grads_ready(i);
+    if (whole && opt_.window_grads) hooks_.grads_ready(i, grad_window_);
     if (whole) final_from(at_.layers[i][0]);
   }
   if (!whole) {
@@ -568,12 +564,9 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
   const int64_t first = range_.chunk_block(chunk);
   if (heads(chunk)) final_from(at_.at(outer::lnf_w));  // B computed the head's
   for (int64_t i = first + L - 1; i >= first; --i) {
-    if (opt_.window_grads) {
-      hooks_.need_grad_window(i);
-      Ops::fill_zero(ctx_, gwin_[i % 2].get(), at_.block_storage());
-    }
+    if (opt_.window_grads) take_grad_window(i, at_.block_storage());
     weight_gradients_block(s, i);
-    if (opt_.window_grads) hooks_.grads_ready(i);
+    if (opt_.window_grads) hooks_.grads_ready(i, grad_window_);
     final_from(at_.layers[i][0]);
   }
   if (chunk > 0) return;

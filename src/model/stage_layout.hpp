@@ -73,10 +73,11 @@ struct StageLayout {
   bool is_vocab(int64_t begin) const {
     return begin >= 0 && (begin == vocab_in.begin || begin == vocab_out.begin);
   }
-  // The window a block (i >= 0) or a vocabulary use (kVocabIn, kVocabOut)
-  // goes through. The embedding runs before block 0's forward and after
-  // its backward, the head after the last block's forward and before its
-  // backward: each takes the window the block beside it does not.
+  // The weight window a block (i >= 0) or a vocabulary use (kVocabIn,
+  // kVocabOut) goes through (gradient windows are taken in turn: the
+  // stage's BlockHooks). The embedding runs before block 0's forward and
+  // after its backward, the head after the last block's forward and before
+  // its backward: each takes the window the block beside it does not.
   int window_of(int64_t id) const {
     if (id >= 0) return static_cast<int>(id % 2);
     return id == kVocabIn ? 1 : static_cast<int>(layers.size() % 2);

@@ -179,8 +179,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
     next_unit_ = plan_.units().size();
     BlockHooks hooks;
     hooks.need_weights = [this](int64_t i, int64_t next) { need_weights(i, next); };
-    hooks.need_grad_window = [this](int64_t i) { drain(window_of(i)); };
-    hooks.grads_ready = [this](int64_t i) { block_ready(i); };
+    hooks.need_grad_window = [this](int64_t, int w) { drain(w); };
+    hooks.grads_ready = [this](int64_t i, int w) { block_ready(i, w); };
     stage.set_hooks(std::move(hooks));
   }
 
@@ -601,32 +601,30 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
 
-  // Block i's gradients (or a vocabulary use's) are in its window (this
-  // micro-batch's): at zero 2-3 reduced now; with 16-bit gradients first
-  // taken into 16 bits (the header), at zero 1 reduced once the last
+  // Block i's gradients (or a vocabulary use's) are in gradient window w
+  // (this micro-batch's): at zero 2-3 reduced now; with 16-bit gradients
+  // first taken into 16 bits (the header), at zero 1 reduced once the last
   // micro-batch's are in.
-  void block_ready(int64_t i) {
+  void block_ready(int64_t i, int w) {
     if (!grad16_) {
-      reduce_block(i);
+      reduce_block(i, w);
       return;
     }
-    const int w = window_of(i);
     const auto [first, last] = plan_.window_units(i);
     const int64_t begin = plan_.units()[first].begin, n = plan_.units()[last - 1].end - begin;
     if (zero_ == 1) {
       Act* sums = g16_.get() + (begin - stage_.block_begin());
       Ops::add_into(ctx_, sums, static_cast<const Acc*>(stage_.grad_window(w)), n);
-      if (last_) reduce_block(i, sums);
+      if (last_) reduce_block(i, w, sums);
     } else {
       Ops::convert(ctx_, send16_[w].get(), stage_.grad_window(w), n);
-      reduce_block(i, send16_[w].get());
+      reduce_block(i, w, send16_[w].get());
     }
   }
   // Block i's gradients (its window's floats, or `g16`: its 16-bit
   // gradients), each unit reduce-scattered into a receive buffer (the
   // block's parts one after another) that drain() adds to the shard.
-  void reduce_block(int64_t i, Act* g16 = nullptr) {
-    const int w = window_of(i);
+  void reduce_block(int64_t i, int w, Act* g16 = nullptr) {
     const auto [first, last] = plan_.window_units(i);
     const int64_t block_begin = plan_.units()[first].begin;
     int64_t at = 0;
@@ -649,7 +647,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if constexpr (!Ops::kHostMemory) {
       if (grads_on_host_ && i >= 0) {
         // Down once the sums are made, on the copy stream: the host waits
-        // for them at drain, when block i + 2 needs the window.
+        // for them at drain, when the window is next taken.
         auto& io = Ops::offload_copies(ctx_);
         for (auto& op : gpend_[w]) op->order_stream(io.down_stream());
         // And after the compute stream's work so far: a group of one, or a

@@ -77,10 +77,10 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
     const auto [begin, size] = span(i);
     std::memcpy(stage.weight_window(at.window_of(i)), weights.data() + begin, sizeof(float) * size);
   };
-  hooks.need_grad_window = [](int64_t) {};
-  hooks.grads_ready = [&](int64_t i) {
+  hooks.need_grad_window = [](int64_t, int) {};
+  hooks.grads_ready = [&](int64_t i, int window) {
     const auto [begin, size] = span(i);
-    const float* w = stage.grad_window(at.window_of(i));
+    const float* w = stage.grad_window(window);
     for (int64_t k = 0; k < size; ++k) grads[begin + k] += w[k];
   };
   stage.set_hooks(hooks);
