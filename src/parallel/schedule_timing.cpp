@@ -143,11 +143,67 @@ std::vector<double> cost_table(ScheduleKind kind, size_t n, size_t nv, const Act
 void require_costs_cover(int num_stages, int chunks, const ActionCosts& costs) {
   const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
   if (costs.forward.size() != nv || costs.backward.size() != nv || costs.reduce.size() != n ||
-      (!costs.weights.empty() && costs.weights.size() != nv)) {
+      (!costs.weights.empty() && costs.weights.size() != nv) ||
+      (!costs.block_transfers.empty() && costs.block_transfers.size() != nv)) {
     throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
                                 " stages of " + std::to_string(chunks) + " chunk(s) expected");
   }
 }
+
+// A stage's data-parallel stream (ActionCosts::block_transfers): when it
+// is next idle, when each gradient window is next free and which one the
+// next block takes, which block each weight window holds and when its
+// gather ends.
+struct ShardStream {
+  double idle = 0;
+  double grad_free[2] = {0, 0};
+  int turn = 0;
+  int64_t holds[2] = {-1, -1};
+  double gathered[2] = {0, 0};
+  double waited = 0;
+
+  // A pass of `seconds` from `start` over the chunk's blocks (`forward`:
+  // from the first, else from the last). Returns its end.
+  double pass(const ActionCosts::BlockTransfers& b, double start, double seconds, bool forward,
+              bool gathers, bool reduces) {
+    const double per_block = seconds / static_cast<double>(b.blocks);
+    double t = start;
+    const auto wait = [&](double until) {
+      if (until > t) {
+        waited += until - t;
+        t = until;
+      }
+    };
+    const auto gather = [&](int64_t i) {
+      if (holds[i % 2] == i) return;
+      idle = std::max(idle, t) + b.gather;
+      holds[i % 2] = i;
+      gathered[i % 2] = idle;
+    };
+    for (int64_t k = 0; k < b.blocks; ++k) {
+      const int64_t i = forward ? b.first + k : b.first + b.blocks - 1 - k;
+      if (gathers) {
+        gather(i);
+        wait(gathered[i % 2]);
+        if (k + 1 < b.blocks) gather(forward ? i + 1 : i - 1);
+      }
+      if (reduces) wait(grad_free[turn]);
+      t += per_block;
+      if (reduces) {
+        idle = std::max(idle, t) + b.reduce;
+        grad_free[turn] = idle;
+        turn ^= 1;
+      }
+    }
+    return t;
+  }
+  // The step's reduction waits for the stream to go idle.
+  double drained(double now) {
+    if (idle <= now) return now;
+    waited += idle - now;
+    return idle;
+  }
+};
 
 }  // namespace
 
@@ -184,6 +240,11 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
   std::vector<double> arrivals(compiled->messages, -1.0);  // -1: not sent yet
   std::vector<size_t> next(n, 0);
   std::vector<double> clock(n, 0.0);
+  // The passes by their place in the cost table: W makes the gradients
+  // where the schedule splits the backward, else the backward.
+  const bool streams = !costs.block_transfers.empty();
+  const bool split = splits_backward(kind);
+  std::vector<ShardStream> stream(streams ? n : 0);
   // Every stage runs until a receive whose message has not been sent yet,
   // or its optimizer step (a barrier); round after round until none moves.
   // Rounds sweep first to last stage, then back: activations flow down and
@@ -207,9 +268,26 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
           waited += std::max(0.0, at - start);
           start = std::max(start, at);
         }
-        const double end = start + table[static_cast<size_t>(c.cost)];
+        const double seconds = table[static_cast<size_t>(c.cost)];
+        double end = start + seconds, worked = end - start;
+        if (streams) {
+          const size_t at = static_cast<size_t>(c.cost);
+          if (c.kind == CompiledStep::kCompute) {
+            const size_t pass = at < backward_at(nv, 0) ? 0 : at < weights_at(nv, 0) ? 1 : 2;
+            const size_t pass_at[3] = {forward_at(nv, 0), backward_at(nv, 0), weights_at(nv, 0)};
+            const ActionCosts::BlockTransfers& b = costs.block_transfers[at - pass_at[pass]];
+            const bool gathers = b.gather > 0 && pass < 2, reduces = pass == (split ? 2u : 1u);
+            if (b.blocks > 0 && (gathers || reduces)) {
+              end = stream[s].pass(b, start, seconds, pass == 0, gathers, reduces);
+              worked = seconds;
+            }
+          } else if (c.kind == CompiledStep::kRun) {
+            start = stream[s].drained(start);
+            end = start + seconds;
+          }
+        }
         if (c.kind == CompiledStep::kSend) arrivals[static_cast<size_t>(c.message)] = start + costs.p2p;
-        if (c.kind == CompiledStep::kCompute) busy += end - start;
+        if (c.kind == CompiledStep::kCompute) busy += worked;
         if (keep_timeline) out.timeline[s].push_back({(*schedules)[s][pc], start, end});
         now = end;
         ++pc;
@@ -233,6 +311,8 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
     if (keep_timeline) out.timeline[s].push_back({(*schedules)[s][next[s]], barrier, barrier + costs.optimizer});
   }
   out.step_time = barrier + costs.optimizer;
+  out.reduction_waits.assign(n, 0.0);
+  for (size_t s = 0; s < stream.size(); ++s) out.reduction_waits[s] = stream[s].waited;
   return out;
 }
 

@@ -9,6 +9,7 @@
 // formula: unequal stages, messages and reductions all show where they
 // fall.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,27 @@ struct ActionCosts {
   // schedule splits the backward, else part of the backward's time.
   std::vector<double> forward, backward, weights;
   std::vector<double> reduce;             // the gradient reduction left after backward (per stage)
+  // ZeRO 2-3 on a device (train/zero_shards.hpp): the stage's
+  // data-parallel stream, one transfer after another, each starting once
+  // the stage's computation has reached the point that issued it, and
+  // running beside whatever the stage computes next. Per virtual stage;
+  // empty: none (the pass costs hold the transfers). Each pass's time is
+  // spread evenly over its blocks (forward from the first, backward and W
+  // from the last):
+  //  - zero 2-3: each block's gradients reduce-scattered after its
+  //    backward (W where the schedule splits it), in two windows taken in
+  //    turn: a block's backward waits until the reduction before the last
+  //    has finished. The step's reduction waits for the stream.
+  //  - zero 3: each block's weights gathered into window i % 2 before it
+  //    computes (forward, backward or B), the next block's issued as this
+  //    one starts, none where the window still holds the block.
+  struct BlockTransfers {
+    int64_t first = 0;   // the chunk's first block, counted in the stage
+    int64_t blocks = 0;  // its blocks (0: none)
+    double reduce = 0;   // one block's reduce-scatter
+    double gather = 0;   // one block's all-gather (0: none)
+  };
+  std::vector<BlockTransfers> block_transfers;
   double optimizer = 0;                   // AdamW and the step's all-reduce
   double p2p = 0;                         // one activation or gradient message
 };
@@ -37,6 +59,10 @@ struct SimulatedStep {
   double step_time = 0;
   std::vector<double> compute;  // per stage: forward + backward (+ W) seconds
   std::vector<double> waiting;  // per stage: blocked receiving, and idle before the step's end
+  // Per stage: passes stalled on the data-parallel stream (a gradient
+  // window, a block's weights) and the step's reduction waiting for it
+  // (ActionCosts::block_transfers).
+  std::vector<double> reduction_waits;
   std::vector<std::vector<TimedAction>> timeline;  // per stage, in order
   // The share of the stages' time not spent computing forward, backward
   // or W (waiting for messages, for other stages, reducing): the bubble

@@ -128,8 +128,12 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
   if (deck.parallel.schedule == ScheduleKind::kZbH1)
     assumed.push_back("zb-h1's W pass at the same efficiency as the B pass it is split from");
   if (machine.device == Device::kCuda && deck.replicas() > 1)
-    assumed.push_back("the data-parallel reduction hidden behind backward up to backward's "
-                      "length (the overlap is not measured)");
+    assumed.push_back(deck.parallel.zero >= 2
+                          ? "each block's reduce-scatter on its own stream beside the passes that "
+                            "follow (forwards too) until its gradient window is needed again, the "
+                            "passes not slowed by NCCL sharing the GPU (the overlap is not measured)"
+                          : "the data-parallel reduction hidden behind backward up to backward's "
+                            "length (the overlap is not measured)");
   if (deck.train.grad_compression != GradCompression::kNone && deck.replicas() > 1)
     assumed.push_back("the compressed all-reduce's kernels at the elementwise kernels' bandwidth, "
                       "and its all-to-all at the link's all-to-all rate");

@@ -351,6 +351,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   costs.forward.assign(static_cast<size_t>(pp * v), 0.0);
   costs.backward = costs.weights = costs.forward;
   std::vector<double> optimizer(pp, 0.0);
+  size_t busiest = 0;  // the stage the step's split is reported for
   // Every tensor collective exposed, the backward sums started beside a
   // weight gradient too: how much NCCL's stream hides behind a GEMM it
   // shares the GPU with is not measured yet, and the planner errs slow.
@@ -543,10 +544,27 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                          zero == 1 ? dp_window : 0);
       }
       opt_comm = groups(dp_link.allgather, n, experts, act, 1);
-      if (zero >= 2)
-        per_micro_comm += static_cast<double>(L) *
-                          exposed(groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1),
-                                  block_bwd);
+      // On a device the stage's stream of block transfers is played out
+      // with the schedule (ActionCosts::block_transfers): each block's
+      // reduce-scatter runs on beside the passes that follow until its
+      // gradient window is needed again, and zero 3's gathers queue on the
+      // same stream before the blocks that need them. The link is the
+      // transfers' for the share of the backward its other traffic leaves
+      // them (dp_window). On the host each is exposed (MPI moves it in the
+      // wait): a block's reduce-scatter beyond its backward, its gathers
+      // beyond half of it.
+      const double block_rs = groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1);
+      const double block_ag = zero >= 3 ? groups(dp_link.allgather, block, block_experts, act, 1) : 0;
+      const bool streamed = zero >= 2 && !host && dp_window > 0 && block_rs > 0;
+      if (streamed) {
+        if (costs.block_transfers.empty()) costs.block_transfers.assign(static_cast<size_t>(pp * v), {});
+        const double stretch = (bwd + wgt) / dp_window;
+        for (int64_t c = 0; c < v; ++c)
+          costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
+              range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch};
+      } else if (zero >= 2) {
+        per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
+      }
       if (zero >= 3) {
         // A window still holding the block asked for is not gathered again:
         // under 1F1B (and zb-h1, whose W reads no weights) a forward
@@ -557,9 +575,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                                      deck.parallel.schedule == ScheduleKind::kZbH1
                                  ? 2
                                  : 0;
-        const double gathers = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0));
-        gathers_comm =
-            gathers * exposed(groups(dp_link.allgather, block, block_experts, act, 1), block_bwd / 2);
+        if (!streamed)
+          gathers_comm = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0)) *
+                         exposed(block_ag, block_bwd / 2);
         // The vocabulary through the windows: each use gathered before it
         // (the head's again before its backward unless it follows its
         // forward, as the blocks' kept two) and reduce-scattered after it.
@@ -658,6 +676,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // paces the pipeline); the rest of its time is the bubble.
     const double busy = (fwd + bwd + wgt) * static_cast<double>(micro);
     if (busy >= out.compute) {
+      busiest = static_cast<size_t>(s);
       out.compute = busy;
       out.tp_comm = tp_time * static_cast<double>(micro);
       out.ep_comm = ep_time * static_cast<double>(micro);
@@ -682,6 +701,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
   out.timed = true;
   out.step = simulate_step(deck.parallel.schedule, static_cast<int>(pp), static_cast<int>(micro),
                            costs, static_cast<int>(v), keep_timeline);
+  // The reductions the stream did not hide, where the simulation found
+  // them (a pass stalled on a window, the step's reduction on the stream).
+  if (!out.step.reduction_waits.empty()) out.exposed_comm += out.step.reduction_waits[busiest];
   out.bubble = std::max(0.0, out.step.step_time - out.compute - out.exposed_comm - out.optimizer);
   out.tokens_per_s = tokens / out.step.step_time;
   const StageRange whole{0, cfg.n_layer, true, true};

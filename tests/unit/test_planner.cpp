@@ -585,6 +585,88 @@ TEST(Plan, ZeroThreesVocabularyIsPricedAsTheBlocksTransfers) {
   EXPECT_NEAR(exposed(3) - exposed(2), want, 1e-9 * want);
 }
 
+// On a GPU, zero 2-3's per-block reduce-scatters run on the
+// data-parallel stream beside the passes that follow until their window
+// is needed again (ActionCosts::block_transfers): with two blocks, a
+// transfer longer than a block's backward but shorter than its forward
+// and backward together hides behind the next micro-batch's forward,
+// where pricing each block's excess over its backward (the planner
+// before) exposed all of it. At zero 3 the two blocks' gathers come
+// first, on the same stream; both stay in their windows from then on
+// under 1F1B, so only the first block waits for its own (a gather shorter
+// than a block's forward: the second arrives while the first computes).
+// The reference plays the one stage's 1F1B out here, pass by pass, with
+// the passes' seconds read off a run whose links cost nothing and the
+// transfers from the ring's count (a vocabulary too large for a window:
+// its transfers are not the blocks'); tolerance 1e-9 (sums of a few
+// dozen doubles).
+TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
+  Deck deck = tiny_deck();
+  deck.parallel.dp = 2;
+  deck.model.n_layer = 2;      // two blocks, two windows: no pass waits
+  deck.model.vocab_size = 4096;
+  deck.train.micro_batch = 2;  // 8 micro-batches
+  const int64_t M = deck.grad_accum(), L = deck.model.n_layer;
+  ASSERT_EQ(M, 8);
+  const StageRange range = stage_range_of(deck, 0, 0);
+  const ParameterTable table(deck.model, range);
+  const StageLayout layout(table, range);
+  ASSERT_FALSE(layout.windows_vocab(true));
+  const double block = static_cast<double>(layout.block_storage()) * 4;
+  for (int64_t zero : {2, 3}) {
+    deck.parallel.zero = zero;
+    MachineSpec fast = parse_machine(kHandWritten, "two.toml");
+    ASSERT_EQ(fast.device, Device::kCuda);
+    fast.intra.reduce_scatter = fast.intra.allgather = {0, 1e30};
+    const Prediction ideal = predict_step(deck, fast);
+    double f = 0, b = 0;
+    for (const TimedAction& t : ideal.step.timeline[0]) {
+      if (t.action.op == Op::Forward) f = t.end - t.start;
+      if (t.action.op == Op::Backward) b = t.end - t.start;
+    }
+    ASSERT_GT(f, 0);
+    ASSERT_GT(b, 0);
+    const double per = 1.0 / static_cast<double>(L);
+    // A block's reduce-scatter between its backward and its forward +
+    // backward; a gather of three quarters of a block's forward.
+    const double r = (0.8 * f + b) * per, g = zero == 3 ? 0.75 * f * per : 0;
+    ASSERT_GT(r, b * per);
+    ASSERT_LT(r, (f + b) * per);
+    MachineSpec slow = fast;
+    slow.intra.reduce_scatter = {0, block / 2 / r};  // the ring of two: half the bytes
+    if (zero == 3) slow.intra.allgather = {0, block / 2 / g};  // fp32 weights: the same bytes
+    const Prediction p = predict_step(deck, slow);
+    double reduce = 0, optimizer = 0;
+    for (const TimedAction& t : p.step.timeline[0]) {
+      if (t.action.op == Op::ReduceGradients) reduce = t.end - t.start;
+      if (t.action.op == Op::OptimizerStep) optimizer = t.end - t.start;
+    }
+    double t = g, idle = 2 * g, waited = g;
+    double window[2] = {0, 0};
+    for (int64_t k = 0; k < M; ++k) {
+      t += f;
+      for (int64_t i = L - 1; i >= 0; --i) {
+        EXPECT_LE(window[i % 2], t) << "zero " << zero << ", micro-batch " << k << ", block " << i;
+        waited += std::max(0.0, window[i % 2] - t);
+        t = std::max(t, window[i % 2]) + b * per;
+        idle = std::max(idle, t) + r;
+        window[i % 2] = idle;
+      }
+    }
+    waited += std::max(0.0, idle - t);
+    const double want = std::max(t, idle) + reduce + optimizer;
+    EXPECT_NEAR(p.step.step_time, want, 1e-9 * want) << "zero " << zero;
+    EXPECT_NEAR(p.step.reduction_waits[0], waited, 1e-9 * want) << "zero " << zero;
+    // The waits are the step's exposed communication, not a bubble (one stage).
+    EXPECT_NEAR(p.bubble, 0, 1e-9 * want) << "zero " << zero;
+    // Only the last micro-batch's transfers wait (the step's reduction
+    // for them), and at zero 3 the first gather: each block's excess over
+    // its backward, every micro-batch, is what the planner priced before.
+    EXPECT_LT(waited, 2 * r + g) << "zero " << zero;
+    EXPECT_GT(static_cast<double>(M * L) * (r - b * per), 2 * waited) << "zero " << zero;
+  }
+}
+
 TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {
   const Deck deck = tiny_deck();
   const MachineSpec m = workstation(1);

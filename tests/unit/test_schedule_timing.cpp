@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <vector>
 
 #include "core/settings.hpp"
 #include "parallel/schedule_timing.hpp"
@@ -175,6 +176,81 @@ TEST(ScheduleTiming, MessagesReductionsAndTheOptimizerAdd) {
   const std::string trace = timeline_trace(s);
   EXPECT_NE(trace.find("\"stage 1 (predicted)\""), std::string::npos);
   EXPECT_EQ(std::count(trace.begin(), trace.end(), '\n') > 2 * m * pp, true);
+}
+
+// ZeRO 2-3's reductions on a device (ActionCosts::block_transfers),
+// timelines worked by hand on one stage: F 1 s, a backward of two blocks
+// (1 s each), each block's transfer `r` on the stream after its backward,
+// two gradient windows taken in turn (a block's backward waits for the
+// transfer before the last), the step's reduction (0.5 s) after the
+// stream is idle, the optimizer 0.125 s. Exact: dyadic sums.
+TEST(ScheduleTiming, BlockReductionsRunBesideThePassesThatFollow) {
+  const auto costs = [](double b, double r) {
+    ActionCosts c = equal(1, 1.0, b);
+    c.reduce = {0.5};
+    c.optimizer = 0.125;
+    c.block_transfers = {{0, 2, r}};
+    return c;
+  };
+  // 1F1B, r 3: F0 0-1; B0's blocks 1-2 and 2-3, their transfers 2-5 and
+  // 5-8; F1 3-4; B1's first block waits for window 1 (free at 5) and runs
+  // 5-6, its second for window 0 (8) and runs 8-9; transfers 8-11, 11-14;
+  // the reduction waits from 9 to 14.
+  SimulatedStep s = simulate_step(ScheduleKind::kOneFOneB, 1, 2, costs(2, 3));
+  EXPECT_EQ(s.step_time, 14.625);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{1 + 2 + 5});
+  EXPECT_EQ(s.compute[0], 6.0);
+  // GPipe, r 3: both forwards first (0-2); B0 2-4, transfers 3-6, 6-9; B1
+  // waits 2 s for each window (to 6 and 9), ends 10; transfers to 15.
+  s = simulate_step(ScheduleKind::kGPipe, 1, 2, costs(2, 3));
+  EXPECT_EQ(s.step_time, 15.625);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{2 + 2 + 5});
+  // r 0.5: everything hides but the last block's transfer (6 to 6.5).
+  s = simulate_step(ScheduleKind::kOneFOneB, 1, 2, costs(2, 0.5));
+  EXPECT_EQ(s.step_time, 7.125);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{0.5});
+  // Transfers that take no time change nothing.
+  ActionCosts none = costs(2, 0);
+  EXPECT_EQ(simulate_step(ScheduleKind::kOneFOneB, 1, 2, none).step_time, 6.625);
+  none.block_transfers.clear();
+  EXPECT_EQ(simulate_step(ScheduleKind::kOneFOneB, 1, 2, none).step_time, 6.625);
+  // zb-h1: the weight-gradient pass (W 2 s) makes the gradients, not B
+  // (1 s): F 0-1, B 1-2, W's blocks 2-3 and 3-4, transfers 3-6 and 6-9.
+  ActionCosts zb = costs(1, 3);
+  zb.weights = {2};
+  s = simulate_step(ScheduleKind::kZbH1, 1, 1, zb);
+  EXPECT_EQ(s.step_time, 9.625);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{5});
+  // A chunk of one block takes the windows in turn too: B1 does not wait
+  // for B0's transfer, B2 does. 1F1B, b 1, r 4: F0 0-1, B0 1-2 (transfer
+  // 2-6), F1 2-3, B1 3-4 (6-10), F2 4-5, B2 6-7 (10-14), the reduction
+  // 14-14.5.
+  ActionCosts one = costs(1, 4);
+  one.block_transfers = {{0, 1, 4}};
+  s = simulate_step(ScheduleKind::kOneFOneB, 1, 3, one);
+  EXPECT_EQ(s.step_time, 14.625);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{1 + 7});
+  one.block_transfers = {{0, 1, 3}, {0, 1, 3}};
+  EXPECT_THROW(simulate_step(ScheduleKind::kOneFOneB, 1, 2, one), std::invalid_argument);
+}
+
+// Zero 3's gathers on the same stream, worked by hand: one stage of four
+// blocks, F and B 1 s a block, a gather 1.5 s, the reduce-scatters free
+// (they still queue behind the gathers). Forward: block 0 waits for its
+// gather (0-1.5); each later block's gather starts as the block before it
+// starts and ends 0.5 s after that block: three waits of 0.5; F ends at
+// 7 with blocks 2 and 3 in the windows. Backward: blocks 3 and 2 are held;
+// block 1's gather starts at 8 (as block 2 starts) and ends at 9.5, block
+// 0's at 11: two waits of 0.5, the end at 12.
+TEST(ScheduleTiming, GathersQueueOnTheStreamAndHeldBlocksAreNotGatheredAgain) {
+  ActionCosts c = equal(1, 4.0, 4.0);
+  c.reduce = {0.5};
+  c.optimizer = 0.125;
+  c.block_transfers = {{0, 4, 0.0, 1.5}};
+  const SimulatedStep s = simulate_step(ScheduleKind::kOneFOneB, 1, 1, c);
+  EXPECT_EQ(s.step_time, 12.625);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{1.5 + 3 * 0.5 + 2 * 0.5});
+  EXPECT_EQ(s.compute[0], 8.0);
 }
 
 TEST(ScheduleTiming, CostsMustCoverEveryStage) {
