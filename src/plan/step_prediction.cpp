@@ -543,7 +543,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         reduce = exposed(groups(dp_link.reduce_scatter, rs_all, zero == 1 ? experts : 0, acc, 1),
                          zero == 1 ? dp_window : 0);
       }
-      opt_comm = groups(dp_link.allgather, n, experts, act, 1);
+      // After AdamW each rank's updated part of what the stage keeps whole
+      // goes to the others: at zero 3 the tensors outside the windows only
+      // (the blocks are gathered at each use, below).
+      opt_comm = zero >= 3 ? groups(dp_link.allgather, outside, 0, act, 1)
+                           : groups(dp_link.allgather, n, experts, act, 1);
       // On a device the stage's stream of block transfers is played out
       // with the schedule (ActionCosts::block_transfers): each block's
       // reduce-scatter runs on beside the passes that follow until its
