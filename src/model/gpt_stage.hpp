@@ -61,6 +61,10 @@ struct BlockHooks {
   // ... and after it, when window w holds this micro-batch's gradients of
   // block i.
   std::function<void(int64_t i, int w)> grads_ready;
+  // Before the forward first uses block i's weights (kept whole), or the
+  // embedding's (i = StageLayout::kVocabIn) or the final norm's and
+  // head's (kVocabOut): the optimizer's last update of them must be in.
+  std::function<void(int64_t i)> need_published;
 };
 
 // The stage's tensor-parallel group (range().tp > 1), as Megatron divides a
@@ -456,6 +460,9 @@ class GptStage {
   // (`weights`), or its gradient window cleared (before) and its gradients
   // handed over (after); nothing unless the vocabulary is windowed.
   void vocab_weights(int64_t id);
+  void published(int64_t id) {
+    if (hooks_.need_published) hooks_.need_published(id);
+  }
   void vocab_grads_before(int64_t id);
   void vocab_grads_after(int64_t id);
   // A gradient use (block i, or a vocabulary use) takes the next window

@@ -300,10 +300,12 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   if (positions != nullptr)
     Ops::load_tokens(ctx_, s.positions, positions, BT, embeds(chunk) && !cfg_.llama());
   if (embeds(chunk)) {
+    published(StageLayout::kVocabIn);
     vocab_weights(StageLayout::kVocabIn);
     embed(s, tokens);
   }
   for (int64_t i = first; i < first + L; ++i) {
+    published(i);
     if (opt_.window_weights) hooks_.need_weights(i, i + 1 < first + L ? i + 1 : -1);
     const int64_t j = in_slot(i);
     // Under full recomputation the block's activations go to the shared
@@ -312,6 +314,7 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
     forward_block(a, s.residual[j].get(), s.residual[j + 1].get(), i);
   }
   if (!heads(chunk)) return;
+  published(StageLayout::kVocabOut);
   vocab_weights(StageLayout::kVocabOut);
   norm_forward(h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(), stream_end(s),
                w_outer(outer::lnf_w), w_outer(outer::lnf_b), rows_);

@@ -107,6 +107,17 @@ struct StageLayout {
                                         [](int64_t o, const auto& b) { return o < b[0]; });
     return static_cast<int64_t>(after - layers.begin()) - 1;
   }
+  // Which of the forward's uses first reads the tensor at `offset`: its
+  // block, else the embedding (kVocabIn: wte, wpe; on a stage with both
+  // ends the tied wte too) or the final norm and the head (kVocabOut: the
+  // last stage's lm_head or tied copy).
+  int64_t use_of(int64_t offset) const {
+    if (!layers.empty() && offset >= block_begin() && offset < block_end) return block_at_offset(offset);
+    if (offset == vocab_in.begin) return kVocabIn;
+    if (offset == vocab_out.begin || offset == at(outer::lnf_w) || offset == at(outer::lnf_b))
+      return kVocabOut;
+    return kVocabIn;
+  }
   // The largest block's storage (a window holds any block).
   int64_t block_storage() const {
     int64_t most = 0;

@@ -79,10 +79,12 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <limits>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "model/gpt_stage.hpp"
@@ -179,6 +181,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     next_unit_ = plan_.units().size();
     BlockHooks hooks;
     hooks.need_weights = [this](int64_t i, int64_t next) { need_weights(i, next); };
+    hooks.need_published = [this](int64_t use) { need_published(use); };
     hooks.need_grad_window = [this](int64_t, int w) { drain(w); };
     hooks.grads_ready = [this](int64_t i, int w) { block_ready(i, w); };
     stage.set_hooks(std::move(hooks));
@@ -239,6 +242,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // The shard's state from host memory (n elements each, shard order);
   // null moments start at zero. The weights follow once published.
   void load(const float* master, const float* m, const float* v) override {
+    settle();
     // Aliased masters exist in fp32 only (masters_are_weights): compiled
     // there only, so no mixed-precision instance sees a null destination.
     bool aliased = false;
@@ -435,6 +439,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
 
   void adamw(const AdamWParams& p) override {
+    settle();
     // Held masters stay where they are (master() would map their file).
     moments_.step(moments_.holds_masters() ? nullptr : master(),
                   in_stage_.grads ? stage_.grads() : shard_grads(), p, copy_base(),
@@ -533,25 +538,49 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
 
   // Every unit whose weights the stage keeps whole gets every rank's part;
-  // windowed blocks are gathered when needed.
+  // windowed blocks are gathered when needed. The gathers are waited for
+  // where the next forward first uses each unit (need_published): on a
+  // device the compute stream waits there, so the forward's first blocks
+  // run while the later blocks' weights still arrive (Megatron's
+  // overlapped parameter gather). Host MPI moves a transfer only while it
+  // is waited on, and holds a temporary of its whole input meanwhile: at
+  // most kInFlight at once there.
   void publish() {
+    settle();
     for (auto& h : holds_) h = -1;  // the windows hold old weights now
-    std::vector<Pending> gathers;
     for (const ShardUnit& u : plan_.units()) {
       if (windowed(u, 3)) continue;
       Act* whole = stage_.weights() + stage_.resident_offset(u.begin, zero_ >= 3);
       Act* mine = whole + (plan_.part_begin(u) - u.begin);
       if (!alias_ && !in_stage_.copy)
         Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
-      if (gathers.size() >= kInFlight) {
-        gathers.front()->wait();
-        gathers.erase(gathers.begin());
+      if (Ops::kHostMemory && published_.size() >= kInFlight) {
+        published_.front().second->wait();
+        published_.pop_front();
       }
-      gathers.push_back(group(u).start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
+      published_.emplace_back(use_of(u), group(u).start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
       count_sent(u, sizeof(Act));
     }
-    for (auto& g : gathers) g->wait();
     stale_ = false;
+  }
+  // Which of the forward's uses first reads unit u (StageLayout::use_of).
+  int64_t use_of(const ShardUnit& u) const { return stage_.layout().use_of(u.begin); }
+  // The forward is about to use `use` (a block, kVocabIn, kVocabOut).
+  void need_published(int64_t use) {
+    for (auto it = published_.begin(); it != published_.end();) {
+      if (it->first != use) {
+        ++it;
+        continue;
+      }
+      it->second->wait();
+      it = published_.erase(it);
+    }
+  }
+  // Before anything but the forward reads or writes the weights (AdamW
+  // writes the parts the gathers send; a restore publishes anew).
+  void settle() {
+    for (auto& p : published_) p.second->wait();
+    published_.clear();
   }
 
   // zero 3: block i's weights (or a vocabulary use's) into its window,
@@ -727,6 +756,9 @@ class ZeroShards final : public StageOptimizer<Ops> {
   bool stale_ = true;
   size_t next_unit_ = 0;
   std::vector<Pending> pending_;
+  // publish()'s gathers not yet waited for, by the forward's use that
+  // first reads their unit (use_of), in the order they were started.
+  std::deque<std::pair<int64_t, Pending>> published_;
   std::vector<Pending> gpend_[2], wpend_[2];
   // The block (or vocabulary use) each window's sums belong to.
   int64_t gblock_[2] = {-1, -1};

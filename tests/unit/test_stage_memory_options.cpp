@@ -10,6 +10,7 @@
 // embedding. stage_footprint stays exact for each.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -38,7 +39,12 @@ struct Outcome {
 };
 
 // Two micro-batches: forward 0, forward 1, backward 1, backward 0.
-Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& opt) {
+// `late`: the weights kept whole (no weight windows) start as NaN and the
+// need_published hook writes each use's (a block, the embedding's, the
+// final norm's and head's) as ZeRO's gathers after AdamW arrive: a forward
+// that read any before its hook would give NaN.
+Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& opt,
+            bool late = false) {
   host::Context ctx;
   GptStage<host::Ops<float>> stage(ctx, cfg, range, opt);
   const ParameterTable& table = stage.table();
@@ -73,6 +79,15 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
     stage.refresh_weights();
   }
   BlockHooks hooks;
+  if (late) {
+    EXPECT_TRUE(opt.external_master && !opt.window_weights) << "late weights need them whole";
+    std::fill(stage.weights(), stage.weights() + n, std::nanf(""));
+    hooks.need_published = [&](int64_t id) {
+      for (const auto& s : table.specs())
+        if (at.use_of(s.offset) == id)
+          std::memcpy(stage.weights() + s.offset, weights.data() + s.offset, sizeof(float) * s.storage);
+    };
+  }
   hooks.need_weights = [&](int64_t i, int64_t) {
     const auto [begin, size] = span(i);
     std::memcpy(stage.weight_window(at.window_of(i)), weights.data() + begin, sizeof(float) * size);
@@ -192,6 +207,7 @@ TEST(StageMemoryOptions, RecomputationAndWindowsChangeNoBit) {
       StageOptions z2 = base;
       z2.external_master = z2.window_grads = true;
       expect_identical(want, run(cfg, range, z2), "gradient windows");
+      expect_identical(want, run(cfg, range, z2, true), "weights published late");
       StageOptions z3 = z2;
       z3.window_weights = true;
       z3.recompute = Recompute::kFull;
