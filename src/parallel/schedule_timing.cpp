@@ -144,7 +144,8 @@ void require_costs_cover(int num_stages, int chunks, const ActionCosts& costs) {
   const auto n = static_cast<size_t>(num_stages), nv = n * static_cast<size_t>(chunks);
   if (costs.forward.size() != nv || costs.backward.size() != nv || costs.reduce.size() != n ||
       (!costs.weights.empty() && costs.weights.size() != nv) ||
-      (!costs.block_transfers.empty() && costs.block_transfers.size() != nv)) {
+      (!costs.block_transfers.empty() && costs.block_transfers.size() != nv) ||
+      (!costs.published.empty() && costs.published.size() != n)) {
     throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
                                 " stages of " + std::to_string(chunks) + " chunk(s) expected");
   }
@@ -161,11 +162,22 @@ struct ShardStream {
   int64_t holds[2] = {-1, -1};
   double gathered[2] = {0, 0};
   double waited = 0;
+  // The all-gathers after AdamW, queued at the step's start: when the
+  // embedding's end, then block i's (i + 1 blocks later), then the head's.
+  double published_embedding = 0, published_block = 0, published_head = 0;
+
+  // Queues the all-gathers after AdamW of a stage of `blocks` blocks.
+  void publish(const ActionCosts::Published& outside, double per_block, int64_t blocks) {
+    published_embedding = outside.embedding;
+    published_block = per_block;
+    published_head = outside.embedding + per_block * static_cast<double>(blocks) + outside.head;
+    idle = published_head;
+  }
 
   // A pass of `seconds` from `start` over the chunk's blocks (`forward`:
   // from the first, else from the last). Returns its end.
   double pass(const ActionCosts::BlockTransfers& b, double start, double seconds, bool forward,
-              bool gathers, bool reduces) {
+              bool gathers, bool reduces, bool head) {
     const double per_block = seconds / static_cast<double>(b.blocks);
     double t = start;
     const auto wait = [&](double until) {
@@ -182,6 +194,8 @@ struct ShardStream {
     };
     for (int64_t k = 0; k < b.blocks; ++k) {
       const int64_t i = forward ? b.first + k : b.first + b.blocks - 1 - k;
+      // (The embedding's weights come first: block 0's include its wait.)
+      if (forward) wait(published_embedding + published_block * static_cast<double>(i + 1));
       if (gathers) {
         gather(i);
         wait(gathered[i % 2]);
@@ -195,6 +209,9 @@ struct ShardStream {
         turn ^= 1;
       }
     }
+    // (The head's time is spread over the blocks with the rest: it waits
+    // for its weights at the pass's end.)
+    if (forward && head) wait(published_head);
     return t;
   }
   // The step's reduction waits for the stream to go idle.
@@ -245,6 +262,17 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
   const bool streams = !costs.block_transfers.empty();
   const bool split = splits_backward(kind);
   std::vector<ShardStream> stream(streams ? n : 0);
+  for (size_t s = 0; s < stream.size(); ++s) {
+    int64_t blocks = 0;
+    double per_block = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const ActionCosts::BlockTransfers& b = costs.block_transfers[static_cast<size_t>(c) * n + s];
+      blocks += b.blocks;
+      per_block = std::max(per_block, b.publish);
+    }
+    stream[s].publish(costs.published.empty() ? ActionCosts::Published{} : costs.published[s],
+                      per_block, blocks);
+  }
   // Every stage runs until a receive whose message has not been sent yet,
   // or its optimizer step (a barrier); round after round until none moves.
   // Rounds sweep first to last stage, then back: activations flow down and
@@ -276,9 +304,12 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
             const size_t pass = at < backward_at(nv, 0) ? 0 : at < weights_at(nv, 0) ? 1 : 2;
             const size_t pass_at[3] = {forward_at(nv, 0), backward_at(nv, 0), weights_at(nv, 0)};
             const ActionCosts::BlockTransfers& b = costs.block_transfers[at - pass_at[pass]];
-            const bool gathers = b.gather > 0 && pass < 2, reduces = pass == (split ? 2u : 1u);
-            if (b.blocks > 0 && (gathers || reduces)) {
-              end = stream[s].pass(b, start, seconds, pass == 0, gathers, reduces);
+            const bool gathers = b.gather > 0 && pass < 2;
+            const bool reduces = b.reduce > 0 && pass == (split ? 2u : 1u);
+            // The model's last chunk (on the last stage) holds the head.
+            const bool head = at - pass_at[pass] == nv - 1;
+            if (b.blocks > 0 && (gathers || reduces || pass == 0)) {
+              end = stream[s].pass(b, start, seconds, pass == 0, gathers, reduces, head);
               worked = seconds;
             }
           } else if (c.kind == CompiledStep::kRun) {

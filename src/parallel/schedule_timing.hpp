@@ -39,13 +39,24 @@ struct ActionCosts {
   //  - zero 3: each block's weights gathered into window i % 2 before it
   //    computes (forward, backward or B), the next block's issued as this
   //    one starts, none where the window still holds the block.
+  //  - zero 1-3: the weights the last step's AdamW updated, gathered in
+  //    the order the forward uses them (the embedding's, each block's, the
+  //    final norm's and head's: `published`) from the step's start, each
+  //    forward waiting for what it is about to use.
   struct BlockTransfers {
     int64_t first = 0;   // the chunk's first block, counted in the stage
     int64_t blocks = 0;  // its blocks (0: none)
-    double reduce = 0;   // one block's reduce-scatter
+    double reduce = 0;   // one block's reduce-scatter (0: none)
     double gather = 0;   // one block's all-gather (0: none)
+    double publish = 0;  // one block's all-gather after AdamW (0: none)
   };
   std::vector<BlockTransfers> block_transfers;
+  // Per stage (with block_transfers): the all-gathers after AdamW of the
+  // tensors outside the blocks, the embedding's and the head's.
+  struct Published {
+    double embedding = 0, head = 0;
+  };
+  std::vector<Published> published;
   double optimizer = 0;                   // AdamW and the step's all-reduce
   double p2p = 0;                         // one activation or gradient message
 };

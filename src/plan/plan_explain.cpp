@@ -134,6 +134,9 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
                             "passes not slowed by NCCL sharing the GPU (the overlap is not measured)"
                           : "the data-parallel reduction hidden behind backward up to backward's "
                             "length (the overlap is not measured)");
+  if (machine.device == Device::kCuda && deck.replicas() > 1 && deck.parallel.zero >= 1)
+    assumed.push_back("the weights' all-gather after AdamW beside the next step's first forward, "
+                      "each block waiting only for its own (the overlap is not measured)");
   if (deck.train.grad_compression != GradCompression::kNone && deck.replicas() > 1)
     assumed.push_back("the compressed all-reduce's kernels at the elementwise kernels' bandwidth, "
                       "and its all-to-all at the link's all-to-all rate");

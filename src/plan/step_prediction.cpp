@@ -551,21 +551,40 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       // On a device the stage's stream of block transfers is played out
       // with the schedule (ActionCosts::block_transfers): each block's
       // reduce-scatter runs on beside the passes that follow until its
-      // gradient window is needed again, and zero 3's gathers queue on the
-      // same stream before the blocks that need them. The link is the
+      // gradient window is needed again, zero 3's gathers queue on the
+      // same stream before the blocks that need them, and the gathers after
+      // AdamW run from the step's start, each forward waiting only for what
+      // it is about to use (zero_shards.hpp's publish). The link is the
       // transfers' for the share of the backward its other traffic leaves
       // them (dp_window). On the host each is exposed (MPI moves it in the
       // wait): a block's reduce-scatter beyond its backward, its gathers
-      // beyond half of it.
-      const double block_rs = groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1);
+      // beyond half of it, the gathers after AdamW whole.
+      const double block_rs = zero >= 2 ? groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1) : 0;
       const double block_ag = zero >= 3 ? groups(dp_link.allgather, block, block_experts, act, 1) : 0;
-      const bool streamed = zero >= 2 && !host && dp_window > 0 && block_rs > 0;
+      const bool streamed = !host && dp_window > 0 && opt_comm > 0;
       if (streamed) {
-        if (costs.block_transfers.empty()) costs.block_transfers.assign(static_cast<size_t>(pp * v), {});
+        if (costs.block_transfers.empty()) {
+          costs.block_transfers.assign(static_cast<size_t>(pp * v), {});
+          costs.published.assign(static_cast<size_t>(pp), {});
+        }
         const double stretch = (bwd + wgt) / dp_window;
+        const double publish = zero >= 3 ? 0 : groups(dp_link.allgather, block, block_experts, act, 1);
         for (int64_t c = 0; c < v; ++c)
           costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
-              range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch};
+              range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
+              publish * stretch};
+        // The tensors outside the blocks by the use that waits for them
+        // (at zero 3 those the windows do not carry).
+        double embedding = 0, head = 0;
+        for (const auto& spec : table.specs()) {
+          if (spec.layer >= 0 || (vocab && layout.is_vocab(spec.offset))) continue;
+          (layout.use_of(spec.offset) == StageLayout::kVocabOut ? head : embedding) +=
+              static_cast<double>(spec.storage);
+        }
+        costs.published[static_cast<size_t>(s)] = {
+            groups(dp_link.allgather, embedding, 0, act, 1) * stretch,
+            groups(dp_link.allgather, head, 0, act, 1) * stretch};
+        opt_comm = 0;  // in the stream's waits
       } else if (zero >= 2) {
         per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
       }

@@ -596,7 +596,9 @@ TEST(Plan, ZeroThreesVocabularyIsPricedAsTheBlocksTransfers) {
 // before) exposed all of it. At zero 3 the two blocks' gathers come
 // first, on the same stream; both stay in their windows from then on
 // under 1F1B, so only the first block waits for its own (a gather shorter
-// than a block's forward: the second arrives while the first computes).
+// than a block's forward: the second arrives while the first computes),
+// and for the gathers after AdamW of the tensors kept whole, which the
+// stream carries first.
 // The reference plays the one stage's 1F1B out here, pass by pass, with
 // the passes' seconds read off a run whose links cost nothing and the
 // transfers from the ring's count (a vocabulary too large for a window:
@@ -643,7 +645,14 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
       if (t.action.op == Op::ReduceGradients) reduce = t.end - t.start;
       if (t.action.op == Op::OptimizerStep) optimizer = t.end - t.start;
     }
-    double t = g, idle = 2 * g, waited = g;
+    // At zero 3 the step's stream starts with the gathers after AdamW of
+    // what it keeps whole (the vocabulary, too large for a window, the
+    // positions, the final norm), then the two blocks' own.
+    double published = 0;
+    if (zero == 3)
+      for (const char* name : {"wte", "wpe", "ln_f.weight", "ln_f.bias"})
+        published += static_cast<double>(table.at(name).storage) * 4 / 2 / slow.intra.allgather.bandwidth;
+    double t = published + g, idle = published + 2 * g, waited = t;
     double window[2] = {0, 0};
     for (int64_t k = 0; k < M; ++k) {
       t += f;
@@ -662,11 +671,40 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
     // The waits are the step's exposed communication, not a bubble (one stage).
     EXPECT_NEAR(p.bubble, 0, 1e-9 * want) << "zero " << zero;
     // Only the last micro-batch's transfers wait (the step's reduction
-    // for them), and at zero 3 the first gather: each block's excess over
+    // for them), and at zero 3 the first forward: each block's excess over
     // its backward, every micro-batch, is what the planner priced before.
-    EXPECT_LT(waited, 2 * r + g) << "zero " << zero;
+    EXPECT_LT(waited, 2 * r + published + g) << "zero " << zero;
     EXPECT_GT(static_cast<double>(M * L) * (r - b * per), 2 * waited) << "zero " << zero;
   }
+  // Zero 1: the gathers after AdamW (the embedding's, a block's each, the
+  // final norm's) from the step's start, the first forward waiting for
+  // each block's before it (the second's, three quarters of a block's
+  // forward, arrives while the first computes) and for the final norm's
+  // at its end. Before, the planner exposed the whole gather.
+  deck.parallel.zero = 1;
+  MachineSpec fast = parse_machine(kHandWritten, "two.toml");
+  fast.intra.reduce_scatter = fast.intra.allgather = {0, 1e30};
+  double f = 0;
+  const Prediction ideal = predict_step(deck, fast);
+  for (const TimedAction& t : ideal.step.timeline[0])
+    if (t.action.op == Op::Forward) f = t.end - t.start;
+  const double g = 0.75 * f / static_cast<double>(L);
+  MachineSpec slow = fast;
+  slow.intra.allgather = {0, block / 2 / g};
+  const auto seconds = [&](const char* name) {
+    return static_cast<double>(table.at(name).storage) * 4 / 2 / slow.intra.allgather.bandwidth;
+  };
+  const double embedding = seconds("wte") + seconds("wpe");
+  const double head = seconds("ln_f.weight") + seconds("ln_f.bias");
+  const double want = embedding + g + std::max(0.0, g + head - f);
+  const Prediction p = predict_step(deck, slow);
+  EXPECT_NEAR(p.step.reduction_waits[0], want, 1e-9 * p.step.step_time);
+  EXPECT_LT(p.step.reduction_waits[0], static_cast<double>(L) * g + embedding + head - 0.5 * g);
+  // Not also in the optimizer's step, whatever the link.
+  const auto optimizer = [](const Prediction& q) {
+    return q.step.timeline[0].back().end - q.step.timeline[0].back().start;
+  };
+  EXPECT_EQ(optimizer(p), optimizer(ideal));
 }
 
 TEST(Plan, ListsValidLayoutsWithTheRunsOwnMemoryFastestFirst) {

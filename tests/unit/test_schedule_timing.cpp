@@ -253,6 +253,32 @@ TEST(ScheduleTiming, GathersQueueOnTheStreamAndHeldBlocksAreNotGatheredAgain) {
   EXPECT_EQ(s.compute[0], 8.0);
 }
 
+// The weights the last step's AdamW updated, gathered from the step's
+// start in the order the forward uses them, worked by hand: one stage of
+// two blocks, F and B 1 s a block, no reduce-scatters (zero 1), the
+// embedding's gather 0.5 s, a block's 1.5 s, the head's 0.25 s. F0 waits
+// for the embedding's (to 0.5), block 0's (to 2) and block 1's (to 3.5),
+// and ends at 4.5 with the head's in (3.75); nothing later waits: B0
+// 4.5-6.5, F1 6.5-8.5, B1 8.5-10.5, the reduction 10.5-11. With the
+// head's 3 s it ends at 6.5 (the head's gather), and the rest 2 s later.
+TEST(ScheduleTiming, TheWeightsAfterAdamWArriveInTheOrderTheForwardUsesThem) {
+  ActionCosts c = equal(1, 2.0, 2.0);
+  c.reduce = {0.5};
+  c.optimizer = 0.125;
+  c.block_transfers = {{0, 2, 0.0, 0.0, 1.5}};
+  c.published = {{0.5, 0.25}};
+  SimulatedStep s = simulate_step(ScheduleKind::kOneFOneB, 1, 2, c);
+  EXPECT_EQ(s.step_time, 11.125);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{0.5 + 1.5 + 0.5});
+  EXPECT_EQ(s.compute[0], 8.0);
+  c.published = {{0.5, 3.0}};
+  s = simulate_step(ScheduleKind::kOneFOneB, 1, 2, c);
+  EXPECT_EQ(s.step_time, 13.125);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{0.5 + 1.5 + 0.5 + 2});
+  c.published = {{0.5, 3.0}, {0, 0}};
+  EXPECT_THROW(simulate_step(ScheduleKind::kOneFOneB, 1, 2, c), std::invalid_argument);
+}
+
 TEST(ScheduleTiming, CostsMustCoverEveryStage) {
   EXPECT_THROW(simulate_step(ScheduleKind::kGPipe, 3, 2, equal(2, 1, 1)), std::invalid_argument);
 }
