@@ -112,7 +112,8 @@ struct StageLayout {
   // ends the tied wte too) or the final norm and the head (kVocabOut: the
   // last stage's lm_head or tied copy).
   int64_t use_of(int64_t offset) const {
-    if (!layers.empty() && offset >= block_begin() && offset < block_end) return block_at_offset(offset);
+    if (!layers.empty() && offset >= block_begin() && offset < block_end)
+      return block_at_offset(offset);
     if (offset == vocab_in.begin) return kVocabIn;
     if (offset == vocab_out.begin || offset == at(outer::lnf_w) || offset == at(outer::lnf_b))
       return kVocabOut;

@@ -25,7 +25,7 @@ struct ActionCosts {
   // schedule splits the backward, else part of the backward's time.
   std::vector<double> forward, backward, weights;
   std::vector<double> reduce;             // the gradient reduction left after backward (per stage)
-  // ZeRO 2-3 on a device (train/zero_shards.hpp): the stage's
+  // ZeRO on a device (train/zero_shards.hpp): the stage's
   // data-parallel stream, one transfer after another, each starting once
   // the stage's computation has reached the point that issued it, and
   // running beside whatever the stage computes next. Per virtual stage;

@@ -559,8 +559,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       // them (dp_window). On the host each is exposed (MPI moves it in the
       // wait): a block's reduce-scatter beyond its backward, its gathers
       // beyond half of it, the gathers after AdamW whole.
-      const double block_rs = zero >= 2 ? groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1) : 0;
-      const double block_ag = zero >= 3 ? groups(dp_link.allgather, block, block_experts, act, 1) : 0;
+      const double block_rs =
+          zero >= 2 ? groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1) : 0;
+      const double block_ag =
+          zero >= 3 ? groups(dp_link.allgather, block, block_experts, act, 1) : 0;
       const bool streamed = !host && dp_window > 0 && opt_comm > 0;
       if (streamed) {
         if (costs.block_transfers.empty()) {
@@ -568,7 +570,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
           costs.published.assign(static_cast<size_t>(pp), {});
         }
         const double stretch = (bwd + wgt) / dp_window;
-        const double publish = zero >= 3 ? 0 : groups(dp_link.allgather, block, block_experts, act, 1);
+        const double publish =
+            zero >= 3 ? 0 : groups(dp_link.allgather, block, block_experts, act, 1);
         for (int64_t c = 0; c < v; ++c)
           costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
               range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,

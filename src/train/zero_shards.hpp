@@ -558,7 +558,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
         published_.front().second->wait();
         published_.pop_front();
       }
-      published_.emplace_back(use_of(u), group(u).start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
+      published_.emplace_back(use_of(u),
+                              group(u).start_allgather(mine, whole, plan_.counts(u), sizeof(Act)));
       count_sent(u, sizeof(Act));
     }
     stale_ = false;

@@ -651,7 +651,8 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
     double published = 0;
     if (zero == 3)
       for (const char* name : {"wte", "wpe", "ln_f.weight", "ln_f.bias"})
-        published += static_cast<double>(table.at(name).storage) * 4 / 2 / slow.intra.allgather.bandwidth;
+        published +=
+            static_cast<double>(table.at(name).storage) * 4 / 2 / slow.intra.allgather.bandwidth;
     double t = published + g, idle = published + 2 * g, waited = t;
     double window[2] = {0, 0};
     for (int64_t k = 0; k < M; ++k) {

@@ -85,7 +85,8 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
     hooks.need_published = [&](int64_t id) {
       for (const auto& s : table.specs())
         if (at.use_of(s.offset) == id)
-          std::memcpy(stage.weights() + s.offset, weights.data() + s.offset, sizeof(float) * s.storage);
+          std::memcpy(stage.weights() + s.offset, weights.data() + s.offset,
+                      sizeof(float) * s.storage);
     };
   }
   hooks.need_weights = [&](int64_t i, int64_t) {
