@@ -25,9 +25,11 @@ struct GradientBucket {
   bool experts = false;
 };
 std::vector<GradientBucket> gradient_buckets(const ParameterTable& table, double bucket_bytes);
-// All-reduces in flight at once: a host MPI's non-blocking all-reduce
-// holds a temporary as large as its bucket until it completes. On a GPU a
-// wait only orders streams, so the bound costs nothing there.
+// All-reduces in flight at once on the host: a host MPI's non-blocking
+// all-reduce holds a temporary as large as its bucket until it completes.
+// Not on a device: NCCL holds none, and a wait there orders the compute
+// stream after the reduction, so a bound would hold the backward behind
+// the reductions two buckets back.
 inline constexpr size_t kReductionsInFlight = 2;
 
 // What the compressed all-reduce holds, in bytes, for a stage of

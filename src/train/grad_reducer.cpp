@@ -6,8 +6,8 @@
 namespace mpiformer {
 
 GradReducer::GradReducer(const ParameterTable& table, double bucket_bytes, Communicator& dp,
-                         Communicator* experts)
-    : dp_(dp), experts_(experts != nullptr ? *experts : dp) {
+                         Communicator* experts, bool bounded)
+    : dp_(dp), experts_(experts != nullptr ? *experts : dp), bounded_(bounded) {
   for (const GradientBucket& b : gradient_buckets(table, bucket_bytes)) buckets_.push_back(b);
 }
 
@@ -24,7 +24,7 @@ void GradReducer::grads_final_from(int64_t offset) {
       reduction_->reduce(grads_, b.begin, b.end, next_ - 1, b.experts ? experts_ : dp_);
       continue;
     }
-    if (pending_.size() >= kReductionsInFlight) {
+    if (bounded_ && pending_.size() >= kReductionsInFlight) {
       pending_.front()->wait();
       pending_.erase(pending_.begin());
     }

@@ -37,8 +37,11 @@ class BucketReduction {
 
 class GradReducer {
  public:
+  // `bounded`: at most kReductionsInFlight all-reduces at once (host MPI,
+  // which holds a temporary of each); on a device none is waited for
+  // before finish(), as a wait there holds the backward behind it.
   GradReducer(const ParameterTable& table, double bucket_bytes, Communicator& dp,
-              Communicator* experts = nullptr);
+              Communicator* experts = nullptr, bool bounded = true);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
@@ -64,6 +67,7 @@ class GradReducer {
   float* grads_ = nullptr;
   size_t next_ = 0;
   std::vector<Pending> pending_;
+  bool bounded_ = true;
   Started started_;
   BucketReduction* reduction_ = nullptr;
 };

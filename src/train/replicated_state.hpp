@@ -40,7 +40,8 @@ class ReplicatedState final : public StageOptimizer<Ops> {
 
   void connect(Communicator& dp, Communicator* experts) override {
     dp_ = &dp;
-    reducer_ = std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp, experts);
+    reducer_ =
+        std::make_unique<GradReducer>(stage_.table(), bucket_bytes_, dp, experts, Ops::kHostMemory);
     if (overlaps() && compression_ != GradCompression::kNone) {
       compressed_ = std::make_unique<CompressedAllReduce<Ops>>(
           ctx_, compression_, reducer_->buckets(), stage_.param_storage(), dp.size(),

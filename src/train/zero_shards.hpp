@@ -619,10 +619,11 @@ class ZeroShards final : public StageOptimizer<Ops> {
       const ShardUnit& u = units[--next_unit_];
       if (grads_windowed(u)) continue;
       const Acc* g = stage_.grads() + stage_.resident_offset(u.begin, gwin_);
-      // At most kInFlight at once: a host MPI's non-blocking reduce-scatter
-      // holds a temporary the size of its whole input until it completes
-      // (all units in flight cost a second gradient: measured, gpt2-350m).
-      if (pending_.size() >= kInFlight) {
+      // At most kInFlight at once on the host: a host MPI's non-blocking
+      // reduce-scatter holds a temporary the size of its whole input until
+      // it completes (all units in flight cost a second gradient: measured,
+      // gpt2-350m). Not on a device (gradient_buckets.hpp's kReductionsInFlight).
+      if (Ops::kHostMemory && pending_.size() >= kInFlight) {
         pending_.front()->wait();
         pending_.erase(pending_.begin());
       }
