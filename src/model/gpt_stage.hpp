@@ -468,8 +468,7 @@ class GptStage {
   // A gradient use (block i, or a vocabulary use) takes the next window
   // in turn once its trainer frees it, and clears `size` of it.
   void take_grad_window(int64_t i, int64_t size) {
-    grad_window_ = next_grad_window_;
-    next_grad_window_ ^= 1;
+    grad_window_ ^= 1;
     hooks_.need_grad_window(i, grad_window_);
     Ops::fill_zero(ctx_, gwin_[grad_window_].get(), size);
   }
@@ -501,9 +500,9 @@ class GptStage {
   Buffer<float> rope_;  // Llama: host/rope.hpp's table
   Buffer<Act> wwin_[2];
   Buffer<Acc> gwin_[2];
-  // The gradient window of the use in progress (take_grad_window), and
-  // the one the next use takes.
-  int grad_window_ = 0, next_grad_window_ = 0;
+  // The gradient window of the use in progress (take_grad_window); the
+  // next use takes the other (the first, window 0).
+  int grad_window_ = 1;
   // Recomputation's shared buffers: the probabilities (attention), or one
   // block's whole activations and output (full).
   LayerActs rc_;

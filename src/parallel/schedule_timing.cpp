@@ -262,6 +262,7 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
   const bool streams = !costs.block_transfers.empty();
   const bool split = splits_backward(kind);
   std::vector<ShardStream> stream(streams ? n : 0);
+  const size_t pass_at[3] = {forward_at(nv, 0), backward_at(nv, 0), weights_at(nv, 0)};
   for (size_t s = 0; s < stream.size(); ++s) {
     int64_t blocks = 0;
     double per_block = 0;
@@ -301,8 +302,7 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
         if (streams) {
           const size_t at = static_cast<size_t>(c.cost);
           if (c.kind == CompiledStep::kCompute) {
-            const size_t pass = at < backward_at(nv, 0) ? 0 : at < weights_at(nv, 0) ? 1 : 2;
-            const size_t pass_at[3] = {forward_at(nv, 0), backward_at(nv, 0), weights_at(nv, 0)};
+            const size_t pass = at < pass_at[1] ? 0 : at < pass_at[2] ? 1 : 2;
             const ActionCosts::BlockTransfers& b = costs.block_transfers[at - pass_at[pass]];
             const bool gathers = b.gather > 0 && pass < 2;
             const bool reduces = b.reduce > 0 && pass == (split ? 2u : 1u);
