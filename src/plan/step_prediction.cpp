@@ -561,8 +561,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       // beyond half of it, the gathers after AdamW whole.
       const double block_rs =
           zero >= 2 ? groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1) : 0;
-      const double block_ag =
-          zero >= 3 ? groups(dp_link.allgather, block, block_experts, act, 1) : 0;
+      // One block's all-gather: zero 3's before each use, zero 1-2's after
+      // AdamW (the stream's publish).
+      const double block_gather = groups(dp_link.allgather, block, block_experts, act, 1);
+      const double block_ag = zero >= 3 ? block_gather : 0;
       const bool streamed = !host && dp_window > 0 && opt_comm > 0;
       if (streamed) {
         if (costs.block_transfers.empty()) {
@@ -570,8 +572,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
           costs.published.assign(static_cast<size_t>(pp), {});
         }
         const double stretch = (bwd + wgt) / dp_window;
-        const double publish =
-            zero >= 3 ? 0 : groups(dp_link.allgather, block, block_experts, act, 1);
+        const double publish = zero >= 3 ? 0 : block_gather;
         for (int64_t c = 0; c < v; ++c)
           costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
               range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
