@@ -32,7 +32,7 @@ struct CompiledStep {
   enum Kind : int32_t { kRun, kCompute, kRecv, kSend, kStop };
   int32_t kind = kRun;
   int32_t cost = 0;  // index in the cost table (0: costs nothing)
-  int64_t message = 0;
+  int64_t message = 0;  // a receive's or send's slot; a computation's micro-batch
 };
 struct CompiledSchedule {
   std::vector<std::vector<CompiledStep>> stages;
@@ -78,13 +78,13 @@ std::shared_ptr<const CompiledSchedule> compiled_schedule(ScheduleKind kind, int
         CompiledStep c;
         switch (a.op) {
           case Op::Forward:
-            c = {CompiledStep::kCompute, static_cast<int32_t>(forward_at(nv, vs)), 0};
+            c = {CompiledStep::kCompute, static_cast<int32_t>(forward_at(nv, vs)), a.micro};
             break;
           case Op::Backward:
-            c = {CompiledStep::kCompute, static_cast<int32_t>(backward_at(nv, vs)), 0};
+            c = {CompiledStep::kCompute, static_cast<int32_t>(backward_at(nv, vs)), a.micro};
             break;
           case Op::WeightGradients:
-            c = {CompiledStep::kCompute, static_cast<int32_t>(weights_at(nv, vs)), 0};
+            c = {CompiledStep::kCompute, static_cast<int32_t>(weights_at(nv, vs)), a.micro};
             break;
           case Op::ReduceGradients:
             c = {CompiledStep::kRun, static_cast<int32_t>(reduce_at(nv, static_cast<size_t>(s))), 0};
@@ -145,7 +145,8 @@ void require_costs_cover(int num_stages, int chunks, const ActionCosts& costs) {
   if (costs.forward.size() != nv || costs.backward.size() != nv || costs.reduce.size() != n ||
       (!costs.weights.empty() && costs.weights.size() != nv) ||
       (!costs.block_transfers.empty() && costs.block_transfers.size() != nv) ||
-      (!costs.published.empty() && costs.published.size() != n)) {
+      (!costs.published.empty() && costs.published.size() != n) ||
+      (!costs.reduced.empty() && costs.reduced.size() != n)) {
     throw std::invalid_argument("simulate_step: costs for " + std::to_string(num_stages) +
                                 " stages of " + std::to_string(chunks) + " chunk(s) expected");
   }
@@ -167,19 +168,32 @@ struct ShardStream {
   double published_embedding = 0, published_block = 0, published_head = 0;
 
   // Queues the all-gathers after AdamW of a stage of `blocks` blocks.
-  void publish(const ActionCosts::Published& outside, double per_block, int64_t blocks) {
+  void publish(const ActionCosts::Outside& outside, double per_block, int64_t blocks) {
     published_embedding = outside.embedding;
     published_block = per_block;
     published_head = outside.embedding + per_block * static_cast<double>(blocks) + outside.head;
     idle = published_head;
   }
 
-  // A pass of `seconds` from `start` over the chunk's blocks (`forward`:
-  // from the first, else from the last). Returns its end.
-  double pass(const ActionCosts::BlockTransfers& b, double start, double seconds, bool forward,
-              bool gathers, bool reduces, bool head) {
+  // What a pass issues or waits for beside its blocks' computation.
+  struct Pass {
+    bool forward = false;        // from the first block, else from the last
+    bool gathers = false;        // zero 3's block gathers
+    bool reduces = false;        // each block's reduce-scatter through the windows
+    bool final_reduces = false;  // each block's reduce-scatter, no window (zero 1's last)
+    bool head = false;           // a forward through the head: waits for its weights
+    double reduce_first = 0;     // a reduce-scatter issued as the pass starts
+    double reduce_last = 0;      // and one as it ends
+  };
+  // A pass of `seconds` from `start` over the chunk's blocks. Returns its end.
+  double pass(const ActionCosts::BlockTransfers& b, double start, double seconds, const Pass& p) {
+    const bool forward = p.forward, gathers = p.gathers, reduces = p.reduces;
     const double per_block = seconds / static_cast<double>(b.blocks);
     double t = start;
+    const auto issue = [&](double transfer) {
+      if (transfer > 0) idle = std::max(idle, t) + transfer;
+    };
+    issue(p.reduce_first);
     const auto wait = [&](double until) {
       if (until > t) {
         waited += until - t;
@@ -207,11 +221,15 @@ struct ShardStream {
         idle = std::max(idle, t) + b.reduce;
         grad_free[turn] = idle;
         turn ^= 1;
+      } else if (p.final_reduces) {
+        issue(b.final_reduce);
       }
     }
+    issue(p.reduce_last);
     // (The head's time is spread over the blocks with the rest: it waits
-    // for its weights at the pass's end.)
-    if (forward && head) wait(published_head);
+    // for its weights at the pass's end, and its gradients' reduce-scatter
+    // starts with the pass.)
+    if (forward && p.head) wait(published_head);
     return t;
   }
   // The step's reduction waits for the stream to go idle.
@@ -271,7 +289,7 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
       blocks += b.blocks;
       per_block = std::max(per_block, b.publish);
     }
-    stream[s].publish(costs.published.empty() ? ActionCosts::Published{} : costs.published[s],
+    stream[s].publish(costs.published.empty() ? ActionCosts::Outside{} : costs.published[s],
                       per_block, blocks);
   }
   // Every stage runs until a receive whose message has not been sent yet,
@@ -303,13 +321,27 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
           const size_t at = static_cast<size_t>(c.cost);
           if (c.kind == CompiledStep::kCompute) {
             const size_t pass = at < pass_at[1] ? 0 : at < pass_at[2] ? 1 : 2;
-            const ActionCosts::BlockTransfers& b = costs.block_transfers[at - pass_at[pass]];
-            const bool gathers = b.gather > 0 && pass < 2;
-            const bool reduces = b.reduce > 0 && pass == (split ? 2u : 1u);
-            // The model's last chunk (on the last stage) holds the head.
-            const bool head = at - pass_at[pass] == nv - 1;
-            if (b.blocks > 0 && (gathers || reduces || pass == 0)) {
-              end = stream[s].pass(b, start, seconds, pass == 0, gathers, reduces, head);
+            const size_t vs = at - pass_at[pass];
+            const ActionCosts::BlockTransfers& b = costs.block_transfers[vs];
+            // The pass that makes the gradients, for the last time this step.
+            const bool grads = pass == (split ? 2u : 1u);
+            const bool last = grads && c.message == num_micro - 1;
+            // The model's last chunk (on the last stage) holds the head;
+            // the stage's first chunk what comes before its blocks.
+            const bool head = vs == nv - 1;
+            const ActionCosts::Outside outside = last && !costs.reduced.empty() ? costs.reduced[s]
+                                                                                : ActionCosts::Outside{};
+            ShardStream::Pass p;
+            p.forward = pass == 0;
+            p.gathers = b.gather > 0 && pass < 2;
+            p.reduces = b.reduce > 0 && grads;
+            p.final_reduces = b.final_reduce > 0 && last;
+            p.head = head;
+            p.reduce_first = head ? outside.head : 0;
+            p.reduce_last = vs == s ? outside.embedding : 0;
+            if (b.blocks > 0 && (p.forward || p.gathers || p.reduces || p.final_reduces ||
+                                 p.reduce_first > 0 || p.reduce_last > 0)) {
+              end = stream[s].pass(b, start, seconds, p);
               worked = seconds;
             }
           } else if (c.kind == CompiledStep::kRun) {

@@ -551,7 +551,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       // On a device the stage's stream of block transfers is played out
       // with the schedule (ActionCosts::block_transfers): each block's
       // reduce-scatter runs on beside the passes that follow until its
-      // gradient window is needed again, zero 3's gathers queue on the
+      // gradient window is needed again (zero 1's once, after the last
+      // micro-batch's backward, as the tensors outside the blocks at zero
+      // 1-3, for which the step waits), zero 3's gathers queue on the
       // same stream before the blocks that need them, and the gathers after
       // AdamW run from the step's start, each forward waiting only for what
       // it is about to use (zero_shards.hpp's publish). The link is the
@@ -570,25 +572,37 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         if (costs.block_transfers.empty()) {
           costs.block_transfers.assign(static_cast<size_t>(pp * v), {});
           costs.published.assign(static_cast<size_t>(pp), {});
+          costs.reduced.assign(static_cast<size_t>(pp), {});
         }
         const double stretch = (bwd + wgt) / dp_window;
         const double publish = zero >= 3 ? 0 : block_gather;
+        // Zero 1 reduce-scatters each block's summed gradients once, after
+        // its last micro-batch's backward.
+        const double final_rs =
+            zero == 1 ? groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1) : 0;
         for (int64_t c = 0; c < v; ++c)
           costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
               range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
-              publish * stretch};
-        // The tensors outside the blocks by the use that waits for them
-        // (at zero 3 those the windows do not carry).
-        double embedding = 0, head = 0;
+              publish * stretch, final_rs * stretch};
+        // The tensors outside the blocks (at zero 3 those the windows do
+        // not carry): gathered by the use that waits for them, reduced by
+        // where they lie (before or after the blocks: when the backward
+        // has finished them; zero_shards.hpp's reduce_resident_from).
+        double used_first = 0, used_last = 0, before = 0, after = 0;
         for (const auto& spec : table.specs()) {
           if (spec.layer >= 0 || (vocab && layout.is_vocab(spec.offset))) continue;
-          (layout.use_of(spec.offset) == StageLayout::kVocabOut ? head : embedding) +=
-              static_cast<double>(spec.storage);
+          const auto size = static_cast<double>(spec.storage);
+          (layout.use_of(spec.offset) == StageLayout::kVocabOut ? used_last : used_first) += size;
+          (spec.offset >= layout.block_end ? after : before) += size;
         }
         costs.published[static_cast<size_t>(s)] = {
-            groups(dp_link.allgather, embedding, 0, act, 1) * stretch,
-            groups(dp_link.allgather, head, 0, act, 1) * stretch};
+            groups(dp_link.allgather, used_first, 0, act, 1) * stretch,
+            groups(dp_link.allgather, used_last, 0, act, 1) * stretch};
+        costs.reduced[static_cast<size_t>(s)] = {
+            groups(dp_link.reduce_scatter, before, 0, acc, 1) * stretch,
+            groups(dp_link.reduce_scatter, after, 0, acc, 1) * stretch};
         opt_comm = 0;  // in the stream's waits
+        reduce = 0;
       } else if (zero >= 2) {
         per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
       }

@@ -279,6 +279,42 @@ TEST(ScheduleTiming, TheWeightsAfterAdamWArriveInTheOrderTheForwardUsesThem) {
   EXPECT_THROW(simulate_step(ScheduleKind::kOneFOneB, 1, 2, c), std::invalid_argument);
 }
 
+// Zero 1's reduce-scatters, worked by hand: the stage's gradients are
+// summed over the micro-batches, so each block's goes once, after its
+// last micro-batch's backward (3 s, no window to wait for), and the
+// tensors outside the blocks with them: those after the blocks (the
+// head's, 0.5 s) as that backward starts, those before them (the
+// embedding's, 1 s) as it ends. One stage, F and B 1 s a block, two
+// blocks, 1F1B: F0 0-2, B0 2-4 (nothing), F1 4-6, B1 6-8: the head's
+// 6-6.5, block 1's 7-10, block 0's 10-13, the embedding's 13-14; the
+// reduction waits from 8 to 14.
+TEST(ScheduleTiming, ZeroOnesReductionsGoAfterTheLastMicroBatch) {
+  ActionCosts c = equal(1, 2.0, 2.0);
+  c.reduce = {0.5};
+  c.optimizer = 0.125;
+  c.block_transfers = {{0, 2, 0.0, 0.0, 0.0, 3.0}};
+  c.reduced = {{1.0, 0.5}};
+  SimulatedStep s = simulate_step(ScheduleKind::kOneFOneB, 1, 2, c);
+  EXPECT_EQ(s.step_time, 14.625);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{6});
+  EXPECT_EQ(s.compute[0], 8.0);
+  // Two stages, one micro-batch (GPipe): the head and a tied copy of the
+  // embedding (0.5 s each) on the last. Stage 1: F 2-4, B 4-6, the head's
+  // 4-4.5, block 1's 5-8, block 0's 8-11, the copy's 11-11.5. Stage 0: B
+  // 6-8, block 1's 7-10, block 0's 10-13, the embedding's 13-14; the
+  // barrier at 14.5.
+  c = equal(2, 2.0, 2.0);
+  c.optimizer = 0.125;
+  c.reduce = {0.5, 0.5};
+  c.block_transfers = {{0, 2, 0.0, 0.0, 0.0, 3.0}, {0, 2, 0.0, 0.0, 0.0, 3.0}};
+  c.reduced = {{1.0, 0.0}, {0.5, 0.5}};
+  s = simulate_step(ScheduleKind::kGPipe, 2, 1, c);
+  EXPECT_EQ(s.step_time, 14.625);
+  EXPECT_EQ(s.reduction_waits, (std::vector<double>{6, 5.5}));
+  c.reduced = {{1.0, 0.0}};
+  EXPECT_THROW(simulate_step(ScheduleKind::kGPipe, 2, 1, c), std::invalid_argument);
+}
+
 TEST(ScheduleTiming, CostsMustCoverEveryStage) {
   EXPECT_THROW(simulate_step(ScheduleKind::kGPipe, 3, 2, equal(2, 1, 1)), std::invalid_argument);
 }
