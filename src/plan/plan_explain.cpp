@@ -133,10 +133,10 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
                             "follow (forwards too) until its gradient window is needed again, the "
                             "passes not slowed by NCCL sharing the GPU (the overlap is not "
                             "measured)"
-                      : deck.parallel.zero == 1
-                          ? "each block's reduce-scatter on its own stream beside the rest of the "
-                            "last micro-batch's backward, the passes not slowed by NCCL sharing "
-                            "the GPU (the overlap is not measured)"
+                      : deck.train.grad_compression == GradCompression::kNone
+                          ? "each block's reduction on its own stream beside the rest of the last "
+                            "micro-batch's backward, the passes not slowed by NCCL sharing the "
+                            "GPU (the overlap is not measured)"
                           : "the data-parallel reduction hidden behind backward up to backward's "
                             "length (the overlap is not measured)");
   if (machine.device == Device::kCuda && deck.replicas() > 1 && deck.parallel.zero >= 1)

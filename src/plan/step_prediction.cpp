@@ -519,7 +519,43 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // (zero_shards.hpp); the units outside the blocks stay float.
     const bool grad16 = zero >= 1 && deck.train.grad_dtype == GradDtype::kBf16;
     const double blocks = n - outside;
-    if (zero == 0 && deck.train.grad_compression != GradCompression::kNone) {
+    const double block_bytes = grad16 ? act : acc;
+    // On a device the stage's data-parallel stream is played out with the
+    // schedule (ActionCosts::block_transfers), its link the transfers' for
+    // the share of the backward its other traffic leaves them (dp_window):
+    //  - zero 0-1 reduce each block's gradients, summed over the
+    //    micro-batches, once: issued as the last micro-batch's backward
+    //    finishes the block (grad_reducer.hpp's buckets, zero_shards.hpp's
+    //    reduce_resident_from), as are the tensors outside the blocks at
+    //    every zero stage; the step waits for them;
+    //  - zero 2-3 reduce-scatter each block's every micro-batch, running on
+    //    beside the passes that follow until its gradient window is
+    //    needed again;
+    //  - zero 3's gathers queue on the same stream before the blocks that
+    //    need them;
+    //  - zero 1-3's gathers after AdamW run from the step's start, each
+    //    forward waiting only for what it is about to use
+    //    (zero_shards.hpp's publish).
+    // On the host each is exposed (MPI moves it in the wait): zero 0-1's
+    // reduction beyond one micro-batch's backward, a block's reduce-
+    // scatter beyond its backward, its gathers beyond half of it, the
+    // gathers after AdamW whole.
+    const bool compressed = deck.train.grad_compression != GradCompression::kNone;
+    const bool streamed = !host && dp_window > 0 && dp > 1 && !(zero == 0 && compressed);
+    // One block's: reduce-scatter every micro-batch (zero 2-3), all-gather
+    // before each use (zero 3), all-gather after AdamW (zero 1-2), and its
+    // reduction once a step (zero 0: an all-reduce; zero 1: a reduce-
+    // scatter).
+    double block_rs = 0, block_ag = 0, publish = 0, final_reduce = 0;
+    if (zero >= 1) {
+      const double block_gather = groups(dp_link.allgather, block, block_experts, act, 1);
+      (zero >= 3 ? block_ag : publish) = block_gather;
+      (zero >= 2 ? block_rs : final_reduce) =
+          groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1);
+    } else {
+      final_reduce = groups(dp_link.allreduce, block, block_experts, acc, 2);
+    }
+    if (zero == 0 && compressed) {
       // train/compressed_allreduce.hpp: an all-to-all and an all-gather of
       // the compressed chunks (bf16 2 bytes an element; int8 1, and a float
       // per block), and its kernels' passes over the gradients (read the
@@ -533,7 +569,6 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     } else if (zero == 0) {
       reduce = exposed(groups(dp_link.allreduce, n, experts, acc, 2), dp_window);
     } else {
-      const double block_bytes = grad16 ? act : acc;
       if (zero == 1 && grad16) {
         reduce = exposed(groups(dp_link.reduce_scatter, outside, 0, acc, 1) +
                              groups(dp_link.reduce_scatter, blocks, experts, act, 1),
@@ -548,64 +583,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       // (the blocks are gathered at each use, below).
       opt_comm = zero >= 3 ? groups(dp_link.allgather, outside, 0, act, 1)
                            : groups(dp_link.allgather, n, experts, act, 1);
-      // On a device the stage's stream of block transfers is played out
-      // with the schedule (ActionCosts::block_transfers): each block's
-      // reduce-scatter runs on beside the passes that follow until its
-      // gradient window is needed again (zero 1's once, after the last
-      // micro-batch's backward, as the tensors outside the blocks at zero
-      // 1-3, for which the step waits), zero 3's gathers queue on the
-      // same stream before the blocks that need them, and the gathers after
-      // AdamW run from the step's start, each forward waiting only for what
-      // it is about to use (zero_shards.hpp's publish). The link is the
-      // transfers' for the share of the backward its other traffic leaves
-      // them (dp_window). On the host each is exposed (MPI moves it in the
-      // wait): a block's reduce-scatter beyond its backward, its gathers
-      // beyond half of it, the gathers after AdamW whole.
-      const double block_rs =
-          zero >= 2 ? groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1) : 0;
-      // One block's all-gather: zero 3's before each use, zero 1-2's after
-      // AdamW (the stream's publish).
-      const double block_gather = groups(dp_link.allgather, block, block_experts, act, 1);
-      const double block_ag = zero >= 3 ? block_gather : 0;
-      const bool streamed = !host && dp_window > 0 && opt_comm > 0;
-      if (streamed) {
-        if (costs.block_transfers.empty()) {
-          costs.block_transfers.assign(static_cast<size_t>(pp * v), {});
-          costs.published.assign(static_cast<size_t>(pp), {});
-          costs.reduced.assign(static_cast<size_t>(pp), {});
-        }
-        const double stretch = (bwd + wgt) / dp_window;
-        const double publish = zero >= 3 ? 0 : block_gather;
-        // Zero 1 reduce-scatters each block's summed gradients once, after
-        // its last micro-batch's backward.
-        const double final_rs =
-            zero == 1 ? groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1) : 0;
-        for (int64_t c = 0; c < v; ++c)
-          costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
-              range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
-              publish * stretch, final_rs * stretch};
-        // The tensors outside the blocks (at zero 3 those the windows do
-        // not carry): gathered by the use that waits for them, reduced by
-        // where they lie (before or after the blocks: when the backward
-        // has finished them; zero_shards.hpp's reduce_resident_from).
-        double used_first = 0, used_last = 0, before = 0, after = 0;
-        for (const auto& spec : table.specs()) {
-          if (spec.layer >= 0 || (vocab && layout.is_vocab(spec.offset))) continue;
-          const auto size = static_cast<double>(spec.storage);
-          (layout.use_of(spec.offset) == StageLayout::kVocabOut ? used_last : used_first) += size;
-          (spec.offset >= layout.block_end ? after : before) += size;
-        }
-        costs.published[static_cast<size_t>(s)] = {
-            groups(dp_link.allgather, used_first, 0, act, 1) * stretch,
-            groups(dp_link.allgather, used_last, 0, act, 1) * stretch};
-        costs.reduced[static_cast<size_t>(s)] = {
-            groups(dp_link.reduce_scatter, before, 0, acc, 1) * stretch,
-            groups(dp_link.reduce_scatter, after, 0, acc, 1) * stretch};
-        opt_comm = 0;  // in the stream's waits
-        reduce = 0;
-      } else if (zero >= 2) {
-        per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
-      }
+      if (!streamed && zero >= 2) per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
       if (zero >= 3) {
         // A window still holding the block asked for is not gathered again:
         // under 1F1B (and zb-h1, whose W reads no weights) a forward
@@ -633,6 +611,41 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         }
         per_micro_comm += gathers_comm;
       }
+    }
+    if (streamed) {
+      if (costs.block_transfers.empty()) {
+        costs.block_transfers.assign(static_cast<size_t>(pp * v), {});
+        costs.published.assign(static_cast<size_t>(pp), {});
+        costs.reduced.assign(static_cast<size_t>(pp), {});
+      }
+      const double stretch = (bwd + wgt) / dp_window;
+      for (int64_t c = 0; c < v; ++c)
+        costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
+            range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
+            publish * stretch, final_reduce * stretch};
+      // The tensors outside the blocks (at zero 3 those the windows do
+      // not carry): gathered by the use that waits for them, reduced by
+      // where they lie (before or after the blocks: when the backward has
+      // finished them).
+      double used_first = 0, used_last = 0, before = 0, after = 0;
+      for (const auto& spec : table.specs()) {
+        if (spec.layer >= 0 || (vocab && layout.is_vocab(spec.offset))) continue;
+        const auto size = static_cast<double>(spec.storage);
+        (layout.use_of(spec.offset) == StageLayout::kVocabOut ? used_last : used_first) += size;
+        (spec.offset >= layout.block_end ? after : before) += size;
+      }
+      const auto outside_reduce = [&](double elements) {
+        return zero == 0 ? groups(dp_link.allreduce, elements, 0, acc, 2)
+                         : groups(dp_link.reduce_scatter, elements, 0, acc, 1);
+      };
+      if (zero >= 1)
+        costs.published[static_cast<size_t>(s)] = {
+            groups(dp_link.allgather, used_first, 0, act, 1) * stretch,
+            groups(dp_link.allgather, used_last, 0, act, 1) * stretch};
+      costs.reduced[static_cast<size_t>(s)] = {outside_reduce(before) * stretch,
+                                               outside_reduce(after) * stretch};
+      reduce = 0;    // in the stream's waits
+      opt_comm = 0;
     }
     // The passes over each block's gradient window after its backward, on
     // the compute stream, every micro-batch (zero_shards.hpp): at zero 2-3
