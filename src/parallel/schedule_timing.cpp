@@ -329,8 +329,8 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
             // The model's last chunk (on the last stage) holds the head;
             // the stage's first chunk what comes before its blocks.
             const bool head = vs == nv - 1;
-            const ActionCosts::Outside outside = last && !costs.reduced.empty() ? costs.reduced[s]
-                                                                                : ActionCosts::Outside{};
+            const ActionCosts::Outside outside =
+                last && !costs.reduced.empty() ? costs.reduced[s] : ActionCosts::Outside{};
             ShardStream::Pass p;
             p.forward = pass == 0;
             p.gathers = b.gather > 0 && pass < 2;

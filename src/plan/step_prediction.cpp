@@ -583,7 +583,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       // (the blocks are gathered at each use, below).
       opt_comm = zero >= 3 ? groups(dp_link.allgather, outside, 0, act, 1)
                            : groups(dp_link.allgather, n, experts, act, 1);
-      if (!streamed && zero >= 2) per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
+      if (!streamed && zero >= 2)
+        per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
       if (zero >= 3) {
         // A window still holding the block asked for is not gathered again:
         // under 1F1B (and zb-h1, whose W reads no weights) a forward

@@ -43,14 +43,16 @@ named_rank() {  # LOG
   python3 - "$1" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
-m = re.search(r"^health: 2 rank\(s\): GEMM ([0-9.]+)-([0-9.]+) GFLOP/s \(median ([0-9.]+)\)", text, re.M)
+m = re.search(r"^health: 2 rank\(s\): GEMM ([0-9.]+)-([0-9.]+) GFLOP/s \(median ([0-9.]+)\)",
+              text, re.M)
 assert m, "no health line"
 lo, hi, med = map(float, m.groups())
 assert abs((lo + hi) / 2 - med) <= 0.1, ("the median of two is their mean", lo, hi, med)
 named = re.findall(r"warning: health: rank (\d) on \S+: GEMM ([0-9.]+) GFLOP/s", text)
 # Printed to 0.1 GFLOP/s: a rate within that of the bound proves nothing.
 if lo < 0.8 * med - 0.1:
-    assert len(named) == 1 and float(named[0][1]) == lo, ("the slower rank not named alone", named, lo, med)
+    assert len(named) == 1 and float(named[0][1]) == lo, \
+        ("the slower rank not named alone", named, lo, med)
 elif lo > 0.8 * med + 0.1:
     assert not named, ("a rank named within 0.80 of the median", named, lo, med)
 if named:
@@ -62,11 +64,16 @@ last_core=
 for try in 1 2 3 4; do
   swap=$(((try + 1) % 2))
   SWAP=$swap fair "fair$try" && { passed=1; break; }
-  rank=$(named_rank "fair$try.log") || { cat "fair$try.log"; fail "the health check's verdict against its own rates"; }
+  rank=$(named_rank "fair$try.log") ||
+    { cat "fair$try.log"; fail "the health check's verdict against its own rates"; }
   [ -n "$rank" ] || { cat "fair$try.log"; fail "a fair pair: no rank named, yet no pass"; }
   core=$(((rank + swap) % 2))
   echo "note: try $try named rank $rank, on core $core: $(grep "^health:" "fair$try.log")"
-  [ "$core" = "$last_core" ] && { passed=1; echo "note: core $core named with the ranks swapped too: the core is slow"; break; }
+  if [ "$core" = "$last_core" ]; then
+    passed=1
+    echo "note: core $core named with the ranks swapped too: the core is slow"
+    break
+  fi
   last_core=$core
 done
 [ -n "$passed" ] || fail "a fair pair: a rank named in four tries, not following a core"

@@ -659,7 +659,8 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
     const auto reduced = [&](std::initializer_list<const char*> names) {
       double sum = 0;
       for (const char* name : names)
-        sum += static_cast<double>(table.at(name).storage) * 4 / 2 / slow.intra.reduce_scatter.bandwidth;
+        sum += static_cast<double>(table.at(name).storage) * 4 / 2 /
+               slow.intra.reduce_scatter.bandwidth;
       return sum;
     };
     const double after = reduced({"ln_f.weight", "ln_f.bias"}), before = reduced({"wte", "wpe"});
@@ -749,7 +750,8 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
     const auto reduced = [&](std::initializer_list<const char*> names) {
       double sum = 0;
       for (const char* name : names)
-        sum += static_cast<double>(table.at(name).storage) * 4 * (z == 0 ? 1.0 : 0.5) / link.bandwidth;
+        sum += static_cast<double>(table.at(name).storage) * 4 * (z == 0 ? 1.0 : 0.5) /
+               link.bandwidth;
       return sum;
     };
     double t = static_cast<double>(M) * fw + static_cast<double>(M - 1) * b;
