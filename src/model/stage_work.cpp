@@ -242,8 +242,10 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
       f.stream(Kernel::kEmbedding, false, btc);
     }
   }
+  w.blocks_begin[0] = w.forward.size();
   for (int64_t i = 0; i < L; ++i)
     block_forward(f, w.tp_forward, w.cp_forward, cfg.moe_layer(range.layer(i)));
+  w.blocks_end[0] = w.forward.size();
   if (range.has_head) {
     const double logits = static_cast<double>(BT * vl);
     f.stream(Kernel::kLayernorm, false, rc);
@@ -264,6 +266,8 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
   } else {
     b.move(rc, 2);  // the received gradient copied in
   }
+  w.blocks_begin[1] = w.backward.size();
+  w.blocks_begin[2] = w.weights.size();
   for (int64_t i = 0; i < L; ++i) {
     const bool sparse = cfg.moe_layer(range.layer(i));
     if (recompute == Recompute::kFull) block_forward(b, w.tp_backward, w.cp_backward, sparse);
@@ -290,6 +294,8 @@ StageWork stage_work(const GptConfig& cfg, const StageRange& range, int64_t micr
     b.stream(Kernel::kLayernorm, true, rc);
     ln_grads(2, split);
   }
+  w.blocks_end[1] = w.backward.size();
+  w.blocks_end[2] = w.weights.size();
   if (range.has_embedding) {
     if (split) b.move(rc, 2);  // dres kept for W
     auto& list = split ? w.tp_weights : w.tp_backward;

@@ -78,6 +78,11 @@ struct StageWork {
   double cp_block_bytes = 0, cp_sums_bytes = 0;
   double ring_bytes(const RingPass& p) const { return p.blocks * cp_block_bytes + p.sums * cp_sums_bytes; }
   double message_bytes = 0;  // one activation (or its gradient) between stages
+  // Where the blocks' items are in each list (forward, backward, weights):
+  // [begin, end). Before them the forward's embedding and the backward's
+  // head (or the received gradient's copy); after them the forward's head
+  // and the backward's (or W's) embedding.
+  size_t blocks_begin[3] = {0, 0, 0}, blocks_end[3] = {0, 0, 0};
 };
 
 // `sequence_parallel`, `split_backward`, `cp`: StageOptions' (the rows held are

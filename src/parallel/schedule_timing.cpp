@@ -185,21 +185,30 @@ struct ShardStream {
     double reduce_first = 0;     // a reduce-scatter issued as the pass starts
     double reduce_last = 0;      // and one as it ends
   };
-  // A pass of `seconds` from `start` over the chunk's blocks. Returns its end.
-  double pass(const ActionCosts::BlockTransfers& b, double start, double seconds, const Pass& p) {
+  // A pass (`kind`: 0 forward, 1 backward, 2 W) of `seconds` from `start`
+  // over the chunk's blocks. Returns its end.
+  double pass(const ActionCosts::BlockTransfers& b, int kind, double start, double seconds,
+              const Pass& p) {
     const bool forward = p.forward, gathers = p.gathers, reduces = p.reduces;
-    const double per_block = seconds / static_cast<double>(b.blocks);
+    const auto at = static_cast<size_t>(kind);
+    const double lead = std::min(b.lead[at], seconds);
+    const double tail = std::min(b.tail[at], seconds - lead);
+    const double per_block = (seconds - lead - tail) / static_cast<double>(b.blocks);
     double t = start;
     const auto issue = [&](double transfer) {
       if (transfer > 0) idle = std::max(idle, t) + transfer;
     };
-    issue(p.reduce_first);
     const auto wait = [&](double until) {
       if (until > t) {
         waited += until - t;
         t = until;
       }
     };
+    // The embedding computes once its weights are in; the head's
+    // gradients are reduced once its backward is done.
+    if (forward && lead > 0) wait(published_embedding);
+    t += lead;
+    issue(p.reduce_first);
     const auto gather = [&](int64_t i) {
       if (holds[i % 2] == i) return;
       idle = std::max(idle, t) + b.gather;
@@ -225,11 +234,11 @@ struct ShardStream {
         issue(b.final_reduce);
       }
     }
-    issue(p.reduce_last);
-    // (The head's time is spread over the blocks with the rest: it waits
-    // for its weights at the pass's end, and its gradients' reduce-scatter
-    // starts with the pass.)
+    // The head computes once its weights are in; the embedding's
+    // gradients are reduced once its backward (or W) is done.
     if (forward && p.head) wait(published_head);
+    t += tail;
+    issue(p.reduce_last);
     return t;
   }
   // The step's reduction waits for the stream to go idle.
@@ -341,7 +350,7 @@ SimulatedStep simulate_step(ScheduleKind kind, int num_stages, int num_micro,
             p.reduce_last = vs == s ? outside.embedding : 0;
             if (b.blocks > 0 && (p.forward || p.gathers || p.reduces || p.final_reduces ||
                                  p.reduce_first > 0 || p.reduce_last > 0)) {
-              end = stream[s].pass(b, start, seconds, p);
+              end = stream[s].pass(b, static_cast<int>(pass), start, seconds, p);
               worked = seconds;
             }
           } else if (c.kind == CompiledStep::kRun) {

@@ -9,6 +9,7 @@
 // formula: unequal stages, messages and reductions all show where they
 // fall.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,9 +30,9 @@ struct ActionCosts {
   // data-parallel stream, one transfer after another, each starting once
   // the stage's computation has reached the point that issued it, and
   // running beside whatever the stage computes next. Per virtual stage;
-  // empty: none (the pass costs hold the transfers). Each pass's time is
-  // spread evenly over its blocks (forward from the first, backward and W
-  // from the last):
+  // empty: none (the pass costs hold the transfers). Each pass's time,
+  // but its embedding's and head's (`lead`, `tail`), is spread evenly over
+  // its blocks (forward from the first, backward and W from the last):
   //  - zero 2-3: each block's gradients reduce-scattered after its
   //    backward (W where the schedule splits it), in two windows taken in
   //    turn: a block's backward waits until the reduction before the last
@@ -58,6 +59,11 @@ struct ActionCosts {
     double gather = 0;   // one block's all-gather (0: none)
     double publish = 0;  // one block's all-gather after AdamW (0: none)
     double final_reduce = 0;  // one block's reduce-scatter after the last micro-batch (0: none)
+    // The seconds of each pass (forward, backward, W) before the chunk's
+    // blocks and after them: the forward's embedding and head, the
+    // backward's head and embedding (W's embedding). The rest of a pass is
+    // spread evenly over its blocks.
+    std::array<double, 3> lead{}, tail{};
   };
   std::vector<BlockTransfers> block_transfers;
   // Per stage (with block_transfers): a transfer of the tensors outside

@@ -1,6 +1,7 @@
 #include "plan/step_prediction.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -218,6 +219,7 @@ struct PricedItem {
   int list = 0;        // 0 forward, 1 backward, 2 weight gradients
   bool attention = false;
   size_t kernel = 0;   // its name's place in the prediction's kernel names
+  int part = 0;        // its pass's: 0 the blocks, 1 before them, 2 after (StageWork's)
 };
 struct ChunkPass {
   // What identifies the pass: its blocks, the embedding and the head, and
@@ -387,8 +389,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     p.message_bytes = work.message_bytes;
     int list = 0;
     for (const auto* items : {&work.forward, &work.backward, &work.weights}) {
-      for (const WorkItem& w : *items) {
+      for (size_t i = 0; i < items->size(); ++i) {
+        const WorkItem& w = (*items)[i];
         PricedItem it;
+        it.part = i < work.blocks_begin[list] ? 1 : i < work.blocks_end[list] ? 0 : 2;
         it.seconds = item_seconds(machine, w);
         // A GPU's attention computes only the tiles the document mask
         // keeps (the host's computes every causal one).
@@ -440,6 +444,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // the rest of the backward (below).
     double dp_link_busy = 0;
     std::vector<double> chunk_fwd(v), chunk_bwd(v), chunk_wgt(v);
+    // Each chunk's pass seconds (forward, backward, W) before its blocks
+    // and after them (the embedding's, the head's): where the stream's
+    // transfers fall in the pass.
+    std::vector<std::array<double, 3>> chunk_lead(v), chunk_tail(v);
     // The kernels' seconds a step by name (the report's split of the
     // busiest stage), summed item by item in order.
     std::vector<double> kernel_sums(kernel_names.size(), 0.0);
@@ -454,6 +462,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       for (const PricedItem& it : pass.items) {
         const double t = it.seconds * share * factor * it.masked;
         (it.list == 0 ? f : it.list == 1 ? b : w_time) += t;
+        if (it.part != 0) (it.part == 1 ? chunk_lead : chunk_tail)[c][it.list] += t;
         if (it.attention) (it.list == 0 ? attend_f : attend_b) += t;
         kernel_sums[it.kernel] += t * static_cast<double>(micro);
         kernel_seen[it.kernel] = 1;
@@ -623,7 +632,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       for (int64_t c = 0; c < v; ++c)
         costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
             range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
-            publish * stretch, final_reduce * stretch};
+            publish * stretch, final_reduce * stretch, chunk_lead[c], chunk_tail[c]};
       // The tensors outside the blocks (at zero 3 those the windows do
       // not carry): gathered by the use that waits for them, reduced by
       // where they lie (before or after the blocks: when the backward has

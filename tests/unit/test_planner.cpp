@@ -587,23 +587,32 @@ TEST(Plan, ZeroThreesVocabularyIsPricedAsTheBlocksTransfers) {
   EXPECT_NEAR(exposed(3) - exposed(2), want, 1e-9 * want);
 }
 
-// On a GPU, zero 2-3's per-block reduce-scatters run on the
-// data-parallel stream beside the passes that follow until their window
-// is needed again (ActionCosts::block_transfers): with two blocks, a
-// transfer longer than a block's backward but shorter than its forward
-// and backward together hides behind the next micro-batch's forward,
-// where pricing each block's excess over its backward (the planner
-// before) exposed all of it. At zero 3 the two blocks' gathers come
-// first, on the same stream; both stay in their windows from then on
-// under 1F1B, so only the first block waits for its own (a gather shorter
-// than a block's forward: the second arrives while the first computes),
-// and for the gathers after AdamW of the tensors kept whole, which the
-// stream carries first.
-// The reference plays the one stage's 1F1B out here, pass by pass, with
-// the passes' seconds read off a run whose links cost nothing and the
-// transfers from the ring's count (a vocabulary too large for a window:
-// its transfers are not the blocks'); tolerance 1e-9 (sums of a few
-// dozen doubles).
+// On a GPU the data-parallel transfers run on a stream of their own
+// beside the passes (ActionCosts::block_transfers), played out here by a
+// reference of the one stage's 1F1B, pass by pass:
+//  - zero 2-3: each block's reduce-scatter after its backward runs on
+//    beside the passes that follow until its window is needed again: with
+//    two blocks, a transfer longer than a block's backward but shorter
+//    than its forward and backward together hides behind the next
+//    micro-batch's forward, where pricing each block's excess over its
+//    backward (the planner before) exposed all of it. At zero 3 the two
+//    blocks' gathers come first, on the same stream, after the gathers
+//    after AdamW of the tensors kept whole; both stay in their windows
+//    from then on under 1F1B.
+//  - zero 1: the gathers after AdamW (the embedding's, a block's each, the
+//    final norm's) from the step's start, each forward waiting for what it
+//    is about to use. Before, the planner exposed the whole gather.
+//  - zero 0-1: each block's gradients, summed over the micro-batches,
+//    reduced once after its last micro-batch's backward, the final norm's
+//    after the head's backward and the embedding's after its own; the
+//    step waits for them. Before, they hid behind one micro-batch's
+//    backward but their excess.
+// The passes' seconds are read off a run whose links cost nothing; the
+// parts of them before and after the blocks (the embedding's, the
+// head's) are the kernels' prices of those alone, scaled as that run's
+// forward is; the transfers are the ring's count. A vocabulary too large
+// for a window: its transfers are not the blocks'. Tolerance 1e-9 (sums
+// of a few dozen doubles).
 TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
   Deck deck = tiny_deck();
   deck.parallel.dp = 2;
@@ -617,155 +626,224 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
   const StageLayout layout(table, range);
   ASSERT_FALSE(layout.windows_vocab(true));
   const double block = static_cast<double>(layout.block_storage()) * 4;
-  for (int64_t zero : {2, 3}) {
-    deck.parallel.zero = zero;
-    MachineSpec fast = parse_machine(kHandWritten, "two.toml");
-    ASSERT_EQ(fast.device, Device::kCuda);
-    fast.intra.reduce_scatter = fast.intra.allgather = {0, 1e30};
+  MachineSpec fast = parse_machine(kHandWritten, "two.toml");
+  ASSERT_EQ(fast.device, Device::kCuda);
+  fast.intra.reduce_scatter = fast.intra.allgather = fast.intra.allreduce = {0, 1e30};
+  // A tensor's float bytes over a link of the ring of two: `share` of
+  // them a round (a reduce-scatter's or gather's half; an all-reduce's
+  // two halves).
+  const auto seconds = [&](std::initializer_list<const char*> names, double bytes_each,
+                           double share, const LinkCost& link) {
+    double sum = 0;
+    for (const char* name : names)
+      sum += static_cast<double>(table.at(name).storage) * bytes_each * share / link.bandwidth;
+    return sum;
+  };
+  // The passes: forward f, backward b, and their parts before and after
+  // the blocks (lf, tf: the embedding's, the head's forward; lb, tb: the
+  // head's, the embedding's backward).
+  struct Passes {
+    double f = 0, b = 0, lf = 0, tf = 0, lb = 0, tb = 0;
+  };
+  const auto passes = [&]() {
+    Passes p;
     const Prediction ideal = predict_step(deck, fast);
-    double f = 0, b = 0;
     for (const TimedAction& t : ideal.step.timeline[0]) {
-      if (t.action.op == Op::Forward) f = t.end - t.start;
-      if (t.action.op == Op::Backward) b = t.end - t.start;
+      if (t.action.op == Op::Forward) p.f = t.end - t.start;
+      if (t.action.op == Op::Backward) p.b = t.end - t.start;
     }
-    ASSERT_GT(f, 0);
-    ASSERT_GT(b, 0);
-    const double per = 1.0 / static_cast<double>(L);
-    // A block's reduce-scatter between its backward and its forward +
-    // backward; a gather of three quarters of a block's forward.
-    const double r = (0.8 * f + b) * per, g = zero == 3 ? 0.75 * f * per : 0;
-    ASSERT_GT(r, b * per);
-    ASSERT_LT(r, (f + b) * per);
-    MachineSpec slow = fast;
-    slow.intra.reduce_scatter = {0, block / 2 / r};  // the ring of two: half the bytes
-    if (zero == 3) slow.intra.allgather = {0, block / 2 / g};  // fp32 weights: the same bytes
-    const Prediction p = predict_step(deck, slow);
+    const double act = deck.train.precision == Precision::kFp32 ? 4 : 2;
+    const auto priced = [&](bool embedding, bool head, int64_t layers) {
+      StageRange r = range;
+      r.last_layer = layers;
+      r.has_embedding = embedding;
+      r.has_head = head;
+      return kernel_seconds(fast, deck.model, r, deck.train.micro_batch, deck.train.recompute, act);
+    };
+    const auto whole = priced(true, true, L);
+    const double scale = p.f / whole.first;
+    p.lf = scale * priced(true, false, 0).first;
+    p.tf = scale * priced(false, true, 0).first;
+    p.lb = scale * priced(false, true, 0).second;
+    p.tb = scale * (whole.second - priced(false, true, L).second);
+    EXPECT_GT(p.lf, 0);
+    EXPECT_GT(p.tf, 0);
+    EXPECT_GT(p.lb, 0);
+    EXPECT_GT(p.tb, 0);
+    EXPECT_LT(p.lf + p.tf, p.f);
+    EXPECT_LT(p.lb + p.tb, p.b);
+    return p;
+  };
+  // The stream's transfers: zero 3's block gathers (g); the gathers after
+  // AdamW, the embedding's, a block's, the head's (pe, pb, ph); a block's
+  // reduce-scatter every micro-batch (r) or its reduction once (rl); the
+  // head's and the embedding's reductions (rh, re).
+  struct Stream {
+    double g = 0, pe = 0, pb = 0, ph = 0, r = 0, rl = 0, rh = 0, re = 0;
+  };
+  struct Played {
+    double end = 0, waited = 0, window_waits = 0;
+  };
+  const auto play = [&](const Passes& p, const Stream& x) {
+    Played out;
+    double t = 0, idle = x.pe + static_cast<double>(L) * x.pb + x.ph;
+    double window[2] = {0, 0}, gathered[2] = {0, 0};
+    int turn = 0;
+    const auto wait = [&](double until) {
+      if (until > t) {
+        out.waited += until - t;
+        t = until;
+      }
+    };
+    const auto issue = [&](double transfer) {
+      if (transfer > 0) idle = std::max(idle, t) + transfer;
+    };
+    const double fb = (p.f - p.lf - p.tf) / static_cast<double>(L);
+    const double bb = (p.b - p.lb - p.tb) / static_cast<double>(L);
+    for (int64_t k = 0; k < M; ++k) {
+      wait(x.pe);
+      t += p.lf;
+      for (int64_t i = 0; i < L; ++i) {
+        wait(x.pe + x.pb * static_cast<double>(i + 1));
+        if (x.g > 0 && k == 0) {  // then both stay in their windows
+          if (i == 0) {
+            issue(x.g);
+            gathered[0] = idle;
+          }
+          wait(gathered[i]);
+          if (i + 1 < L) {
+            issue(x.g);
+            gathered[i + 1] = idle;
+          }
+        }
+        t += fb;
+      }
+      wait(x.pe + static_cast<double>(L) * x.pb + x.ph);
+      t += p.tf;
+      const bool last = k == M - 1;
+      t += p.lb;
+      if (last) issue(x.rh);
+      for (int64_t i = L - 1; i >= 0; --i) {
+        if (x.r > 0) {
+          out.window_waits += std::max(0.0, window[turn] - t);
+          wait(window[turn]);
+        }
+        t += bb;
+        if (x.r > 0) {
+          issue(x.r);
+          window[turn] = idle;
+          turn ^= 1;
+        } else if (last) {
+          issue(x.rl);
+        }
+      }
+      t += p.tb;
+      if (last) issue(x.re);
+    }
+    wait(idle);  // the step's reduction waits for the stream
+    out.end = t;
+    return out;
+  };
+  const auto step_parts = [](const Prediction& q) {
     double reduce = 0, optimizer = 0;
-    for (const TimedAction& t : p.step.timeline[0]) {
+    for (const TimedAction& t : q.step.timeline[0]) {
       if (t.action.op == Op::ReduceGradients) reduce = t.end - t.start;
       if (t.action.op == Op::OptimizerStep) optimizer = t.end - t.start;
     }
+    return std::pair{reduce, optimizer};
+  };
+
+  for (int64_t zero : {2, 3}) {
+    deck.parallel.zero = zero;
+    const Passes p = passes();
+    const double per = 1.0 / static_cast<double>(L);
+    // A block's reduce-scatter between its backward and its forward +
+    // backward; a gather of three quarters of a block's forward.
+    const double r = (0.8 * p.f + p.b) * per, g = zero == 3 ? 0.75 * p.f * per : 0;
+    ASSERT_GT(r, p.b * per);
+    ASSERT_LT(r, (p.f + p.b) * per);
+    MachineSpec slow = fast;
+    slow.intra.reduce_scatter = {0, block / 2 / r};  // the ring of two: half the bytes
+    if (zero == 3) slow.intra.allgather = {0, block / 2 / g};  // fp32 weights: the same bytes
+    Stream x;
+    x.g = g;
+    x.r = r;
     // At zero 3 the step's stream starts with the gathers after AdamW of
     // what it keeps whole (the vocabulary, too large for a window, the
-    // positions, the final norm), then the two blocks' own.
-    double published = 0;
-    if (zero == 3)
-      for (const char* name : {"wte", "wpe", "ln_f.weight", "ln_f.bias"})
-        published +=
-            static_cast<double>(table.at(name).storage) * 4 / 2 / slow.intra.allgather.bandwidth;
-    // The tensors outside the blocks, reduce-scattered once, in the last
-    // micro-batch's backward: the final norm's as it starts, the
-    // embedding's as it ends.
-    const auto reduced = [&](std::initializer_list<const char*> names) {
-      double sum = 0;
-      for (const char* name : names)
-        sum += static_cast<double>(table.at(name).storage) * 4 / 2 /
-               slow.intra.reduce_scatter.bandwidth;
-      return sum;
-    };
-    const double after = reduced({"ln_f.weight", "ln_f.bias"}), before = reduced({"wte", "wpe"});
-    double t = published + g, idle = published + 2 * g, waited = t;
-    double window[2] = {0, 0};
-    for (int64_t k = 0; k < M; ++k) {
-      t += f;
-      if (k == M - 1) idle = std::max(idle, t) + after;
-      for (int64_t i = L - 1; i >= 0; --i) {
-        EXPECT_LE(window[i % 2], t) << "zero " << zero << ", micro-batch " << k << ", block " << i;
-        waited += std::max(0.0, window[i % 2] - t);
-        t = std::max(t, window[i % 2]) + b * per;
-        idle = std::max(idle, t) + r;
-        window[i % 2] = idle;
-      }
-      if (k == M - 1) idle = std::max(idle, t) + before;
+    // positions, the final norm).
+    if (zero == 3) {
+      x.pe = seconds({"wte", "wpe"}, 4, 0.5, slow.intra.allgather);
+      x.ph = seconds({"ln_f.weight", "ln_f.bias"}, 4, 0.5, slow.intra.allgather);
     }
-    waited += std::max(0.0, idle - t);
-    const double want = std::max(t, idle) + reduce + optimizer;
-    EXPECT_NEAR(p.step.step_time, want, 1e-9 * want) << "zero " << zero;
-    EXPECT_NEAR(p.step.reduction_waits[0], waited, 1e-9 * want) << "zero " << zero;
+    x.rh = seconds({"ln_f.weight", "ln_f.bias"}, 4, 0.5, slow.intra.reduce_scatter);
+    x.re = seconds({"wte", "wpe"}, 4, 0.5, slow.intra.reduce_scatter);
+    const Played want = play(p, x);
+    const Prediction q = predict_step(deck, slow);
+    const auto [reduce, optimizer] = step_parts(q);
+    EXPECT_NEAR(q.step.step_time, want.end + reduce + optimizer, 1e-9 * want.end) << "zero " << zero;
+    EXPECT_NEAR(q.step.reduction_waits[0], want.waited, 1e-9 * want.end) << "zero " << zero;
+    EXPECT_EQ(want.window_waits, 0) << "zero " << zero;
     // The waits are the step's exposed communication, not a bubble (one stage).
-    EXPECT_NEAR(p.bubble, 0, 1e-9 * want) << "zero " << zero;
+    EXPECT_NEAR(q.bubble, 0, 1e-9 * want.end) << "zero " << zero;
     // Only the last micro-batch's transfers wait (the step's reduction
     // for them), and at zero 3 the first forward: each block's excess over
     // its backward, every micro-batch, is what the planner priced before
-    // (and the tensors outside the blocks whole, as it still nearly does).
-    EXPECT_LT(waited, 2 * r + published + g + after + before) << "zero " << zero;
-    EXPECT_GT(static_cast<double>(M * L) * (r - b * per), 2 * (waited - after - before))
+    // (and the tensors outside the blocks, and zero 3's gathers after
+    // AdamW, whole, as it still nearly does).
+    const double others = x.rh + x.re + x.pe + x.ph + g;
+    EXPECT_LT(want.waited, 2 * r + others) << "zero " << zero;
+    EXPECT_GT(static_cast<double>(M * L) * (r - p.b * per), 2 * (want.waited - others))
         << "zero " << zero;
   }
-  // Zero 1: the gathers after AdamW (the embedding's, a block's each, the
-  // final norm's) from the step's start, the first forward waiting for
-  // each block's before it (the second's, three quarters of a block's
-  // forward, arrives while the first computes) and for the final norm's
-  // at its end. Before, the planner exposed the whole gather.
-  deck.parallel.zero = 1;
-  MachineSpec fast = parse_machine(kHandWritten, "two.toml");
-  fast.intra.reduce_scatter = fast.intra.allgather = {0, 1e30};
-  double f = 0;
-  const Prediction ideal = predict_step(deck, fast);
-  for (const TimedAction& t : ideal.step.timeline[0])
-    if (t.action.op == Op::Forward) f = t.end - t.start;
-  const double g = 0.75 * f / static_cast<double>(L);
-  MachineSpec slow = fast;
-  slow.intra.allgather = {0, block / 2 / g};
-  const auto seconds = [&](const char* name) {
-    return static_cast<double>(table.at(name).storage) * 4 / 2 / slow.intra.allgather.bandwidth;
-  };
-  const double embedding = seconds("wte") + seconds("wpe");
-  const double head = seconds("ln_f.weight") + seconds("ln_f.bias");
-  const double want = embedding + g + std::max(0.0, g + head - f);
-  const Prediction p = predict_step(deck, slow);
-  EXPECT_NEAR(p.step.reduction_waits[0], want, 1e-9 * p.step.step_time);
-  EXPECT_LT(p.step.reduction_waits[0], static_cast<double>(L) * g + embedding + head - 0.5 * g);
-  // Not also in the optimizer's step, whatever the link.
-  const auto optimizer = [](const Prediction& q) {
-    return q.step.timeline[0].back().end - q.step.timeline[0].back().start;
-  };
-  EXPECT_EQ(optimizer(p), optimizer(ideal));
 
-  // Zero 0-1's reductions (the gathers free again): the stage's
-  // gradients are summed over the micro-batches, so each block's goes
-  // once, after its last micro-batch's backward, the final norm's as that
-  // backward starts and the embedding's as it ends, one after another on
-  // the stream; the step's reduction waits for them. A block's float
-  // gradients take a quarter more than its backward: before, the planner
-  // hid them all behind one micro-batch's backward but their excess. Zero
-  // 1 reduce-scatters (with 16-bit gradients the blocks' in 2 bytes, the
+  // Zero 1's gathers after AdamW (its reduce-scatters free), a block's
+  // three quarters of a block's forward: the first forward waits for the
+  // embedding's, for block 0's (block 1's arrives while block 0
+  // computes) and for the final norm's before the head.
+  deck.parallel.zero = 1;
+  {
+    const Passes p = passes();
+    const double g = 0.75 * p.f / static_cast<double>(L);
+    MachineSpec slow = fast;
+    slow.intra.allgather = {0, block / 2 / g};
+    Stream x;
+    x.pe = seconds({"wte", "wpe"}, 4, 0.5, slow.intra.allgather);
+    x.pb = g;
+    x.ph = seconds({"ln_f.weight", "ln_f.bias"}, 4, 0.5, slow.intra.allgather);
+    const Played want = play(p, x);
+    const Prediction q = predict_step(deck, slow);
+    EXPECT_NEAR(q.step.reduction_waits[0], want.waited, 1e-9 * q.step.step_time);
+    EXPECT_LT(q.step.reduction_waits[0], static_cast<double>(L) * g + x.pe + x.ph - 0.5 * g);
+    // Not also in the optimizer's step, whatever the link (its length
+    // read off the timeline: rounded where it starts).
+    EXPECT_NEAR(step_parts(q).second, step_parts(predict_step(deck, fast)).second,
+                1e-12 * q.step.step_time);
+  }
+
+  // Zero 0-1's reductions (the gathers free again): a block's float
+  // gradients take a quarter more than its backward. Zero 1
+  // reduce-scatters (with 16-bit gradients the blocks' in 2 bytes, the
   // rest in 4), zero 0 all-reduces (twice a reduce-scatter's bytes).
   for (const auto& [z, grad16] : {std::pair{1, false}, {1, true}, {0, false}}) {
     deck.parallel.zero = z;
     deck.train.precision = grad16 ? Precision::kBf16 : Precision::kFp32;
     deck.train.grad_dtype = grad16 ? GradDtype::kBf16 : GradDtype::kFp32;
-    double fw = 0, b = 0;
-    const Prediction free_links = predict_step(deck, fast);
-    for (const TimedAction& t : free_links.step.timeline[0]) {
-      if (t.action.op == Op::Forward) fw = t.end - t.start;
-      if (t.action.op == Op::Backward) b = t.end - t.start;
-    }
-    const double r = 1.25 * b / static_cast<double>(L);
-    MachineSpec rs = fast;
-    // A block's float bytes in r: half of them over the ring of two for
-    // a reduce-scatter, twice that for an all-reduce.
-    LinkCost& link = z == 0 ? rs.intra.allreduce : rs.intra.reduce_scatter;
-    link = {0, block * (z == 0 ? 1.0 : 0.5) / r};
-    const auto reduced = [&](std::initializer_list<const char*> names) {
-      double sum = 0;
-      for (const char* name : names)
-        sum += static_cast<double>(table.at(name).storage) * 4 * (z == 0 ? 1.0 : 0.5) /
-               link.bandwidth;
-      return sum;
-    };
-    double t = static_cast<double>(M) * fw + static_cast<double>(M - 1) * b;
-    double idle = t + reduced({"ln_f.weight", "ln_f.bias"});
-    for (int64_t i = L - 1; i >= 0; --i) {
-      t += b / static_cast<double>(L);
-      idle = std::max(idle, t) + (grad16 ? r / 2 : r);
-    }
-    idle += reduced({"wte", "wpe"});
-    const Prediction q = predict_step(deck, rs);
-    EXPECT_NEAR(q.step.reduction_waits[0], idle - t, 1e-9 * q.step.step_time) << z << grad16;
-    EXPECT_NEAR(q.step.step_time, idle + optimizer(q), 1e-9 * q.step.step_time) << z << grad16;
+    const Passes p = passes();
+    const double r = 1.25 * p.b / static_cast<double>(L);
+    MachineSpec slow = fast;
+    const double share = z == 0 ? 1.0 : 0.5;
+    LinkCost& link = z == 0 ? slow.intra.allreduce : slow.intra.reduce_scatter;
+    link = {0, block * share / r};  // a block's float bytes in r
+    Stream x;
+    x.rl = grad16 ? r / 2 : r;
+    x.rh = seconds({"ln_f.weight", "ln_f.bias"}, 4, share, link);
+    x.re = seconds({"wte", "wpe"}, 4, share, link);
+    const Played want = play(p, x);
+    const Prediction q = predict_step(deck, slow);
+    EXPECT_NEAR(q.step.reduction_waits[0], want.waited, 1e-9 * want.end) << z << grad16;
+    EXPECT_NEAR(q.step.step_time, want.end + step_parts(q).second, 1e-9 * want.end) << z << grad16;
     if (!grad16) {
-      EXPECT_GT(idle - t, static_cast<double>(L) * r - b);
+      EXPECT_GT(want.waited, static_cast<double>(L) * r - p.b);
     }
   }
 }

@@ -315,6 +315,35 @@ TEST(ScheduleTiming, ZeroOnesReductionsGoAfterTheLastMicroBatch) {
   EXPECT_THROW(simulate_step(ScheduleKind::kGPipe, 2, 1, c), std::invalid_argument);
 }
 
+// The embedding's and the head's parts of a pass (`lead`, `tail`) fall
+// where they compute, worked by hand: one stage, zero 1, F and B 3 s each
+// (the embedding 0.5 s, two blocks 1 s each, the head 0.5 s; backward the
+// other way round). The gathers after AdamW: the embedding's 1 s, a
+// block's 1.5 s, the head's 1.25 s (in at 1, 2.5, 4 and 5.25). F0: the
+// embedding waits to 1 and computes to 1.5; block 0 waits to 2.5,
+// computes to 3.5; block 1 waits to 4, computes to 5; the head waits to
+// 5.25, computes to 5.75. B0 5.75-8.75, F1 8.75-11.75. B1 (the last):
+// the head's backward to 12.25, its reduction 12.25-12.75; block 1 to
+// 13.25, its 13.25-16.25; block 0 to 14.25, its 16.25-19.25; the
+// embedding's backward to 14.75, its reduction 19.25-20.25; the step's
+// reduction waits from 14.75 to 20.25. (Spread evenly, or the head
+// waiting after it computes, the step ends at 20.625.)
+TEST(ScheduleTiming, TheEmbeddingsAndHeadsPartsFallWhereTheyCompute) {
+  ActionCosts c = equal(1, 3.0, 3.0);
+  c.reduce = {0.5};
+  c.optimizer = 0.125;
+  ActionCosts::BlockTransfers b{0, 2, 0.0, 0.0, 1.5, 3.0};
+  b.lead = {0.5, 0.5, 0};
+  b.tail = {0.5, 0.5, 0};
+  c.block_transfers = {b};
+  c.published = {{1.0, 1.25}};
+  c.reduced = {{1.0, 0.5}};
+  const SimulatedStep s = simulate_step(ScheduleKind::kOneFOneB, 1, 2, c);
+  EXPECT_EQ(s.step_time, 20.875);
+  EXPECT_EQ(s.reduction_waits, std::vector<double>{1 + 1 + 0.5 + 0.25 + 5.5});
+  EXPECT_EQ(s.compute[0], 12.0);
+}
+
 TEST(ScheduleTiming, CostsMustCoverEveryStage) {
   EXPECT_THROW(simulate_step(ScheduleKind::kGPipe, 3, 2, equal(2, 1, 1)), std::invalid_argument);
 }
