@@ -780,7 +780,8 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
     const Played want = play(p, x);
     const Prediction q = predict_step(deck, slow);
     const auto [reduce, optimizer] = step_parts(q);
-    EXPECT_NEAR(q.step.step_time, want.end + reduce + optimizer, 1e-9 * want.end) << "zero " << zero;
+    EXPECT_NEAR(q.step.step_time, want.end + reduce + optimizer, 1e-9 * want.end)
+        << "zero " << zero;
     EXPECT_NEAR(q.step.reduction_waits[0], want.waited, 1e-9 * want.end) << "zero " << zero;
     EXPECT_EQ(want.window_waits, 0) << "zero " << zero;
     // The waits are the step's exposed communication, not a bubble (one stage).
