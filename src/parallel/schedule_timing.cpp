@@ -180,10 +180,10 @@ struct ShardStream {
     bool forward = false;        // from the first block, else from the last
     bool gathers = false;        // zero 3's block gathers
     bool reduces = false;        // each block's reduce-scatter through the windows
-    bool final_reduces = false;  // each block's reduce-scatter, no window (zero 1's last)
+    bool final_reduces = false;  // each block's reduction, no window (zero 0-1's last)
     bool head = false;           // a forward through the head: waits for its weights
-    double reduce_first = 0;     // a reduce-scatter issued as the pass starts
-    double reduce_last = 0;      // and one as it ends
+    double reduce_first = 0;     // a reduction issued after the pass's lead (the head's backward)
+    double reduce_last = 0;      // and one after its tail (the embedding's)
   };
   // A pass (`kind`: 0 forward, 1 backward, 2 W) of `seconds` from `start`
   // over the chunk's blocks. Returns its end.

@@ -40,14 +40,15 @@ struct ActionCosts {
   //  - zero 3: each block's weights gathered into window i % 2 before it
   //    computes (forward, backward or B), the next block's issued as this
   //    one starts, none where the window still holds the block.
-  //  - zero 1: the stage's whole gradients, summed over the micro-batches:
-  //    each block's reduce-scattered once its last micro-batch's backward
-  //    (W) is done (`final_reduce`); no window to wait for.
-  //  - zero 1-3: the tensors outside the blocks, kept whole, reduce-
-  //    scattered once their last micro-batch's backward is done
-  //    (`reduced`): those after the blocks (the final norm's, the head's)
-  //    as the model's last chunk's backward starts, those before them (the
-  //    embedding's, a tied copy) as the stage's first chunk's ends.
+  //  - zero 0-1: the stage's whole gradients, summed over the
+  //    micro-batches: each block's reduced (all-reduced, reduce-scattered)
+  //    once its last micro-batch's backward (W) is done (`final_reduce`);
+  //    no window to wait for.
+  //  - zero 0-3: the tensors outside the blocks, kept whole, reduced once
+  //    their last micro-batch's backward is done (`reduced`): those after
+  //    the blocks (the final norm's, the head's) after the head's backward,
+  //    those before them (the embedding's, a tied copy) at the end of the
+  //    stage's first chunk's backward (W).
   //  - zero 1-3: the weights the last step's AdamW updated, gathered in
   //    the order the forward uses them (the embedding's, each block's, the
   //    final norm's and head's: `published`) from the step's start, each
@@ -58,7 +59,7 @@ struct ActionCosts {
     double reduce = 0;   // one block's reduce-scatter, every micro-batch (0: none)
     double gather = 0;   // one block's all-gather (0: none)
     double publish = 0;  // one block's all-gather after AdamW (0: none)
-    double final_reduce = 0;  // one block's reduce-scatter after the last micro-batch (0: none)
+    double final_reduce = 0;  // one block's reduction after the last micro-batch (0: none)
     // The seconds of each pass (forward, backward, W) before the chunk's
     // blocks and after them: the forward's embedding and head, the
     // backward's head and embedding (W's embedding). The rest of a pass is
@@ -73,7 +74,7 @@ struct ActionCosts {
     double embedding = 0, head = 0;
   };
   std::vector<Outside> published;  // all-gathers after AdamW
-  std::vector<Outside> reduced;    // reduce-scatters after the last micro-batch
+  std::vector<Outside> reduced;    // reductions after the last micro-batch
   double optimizer = 0;                   // AdamW and the step's all-reduce
   double p2p = 0;                         // one activation or gradient message
 };
