@@ -189,7 +189,6 @@ struct ShardStream {
   // over the chunk's blocks. Returns its end.
   double pass(const ActionCosts::BlockTransfers& b, int kind, double start, double seconds,
               const Pass& p) {
-    const bool forward = p.forward, gathers = p.gathers, reduces = p.reduces;
     const auto at = static_cast<size_t>(kind);
     const double lead = std::min(b.lead[at], seconds);
     const double tail = std::min(b.tail[at], seconds - lead);
@@ -206,7 +205,7 @@ struct ShardStream {
     };
     // The embedding computes once its weights are in; the head's
     // gradients are reduced once its backward is done.
-    if (forward && lead > 0) wait(published_embedding);
+    if (p.forward && lead > 0) wait(published_embedding);
     t += lead;
     issue(p.reduce_first);
     const auto gather = [&](int64_t i) {
@@ -216,17 +215,17 @@ struct ShardStream {
       gathered[i % 2] = idle;
     };
     for (int64_t k = 0; k < b.blocks; ++k) {
-      const int64_t i = forward ? b.first + k : b.first + b.blocks - 1 - k;
+      const int64_t i = p.forward ? b.first + k : b.first + b.blocks - 1 - k;
       // (The embedding's weights come first: block 0's include its wait.)
-      if (forward) wait(published_embedding + published_block * static_cast<double>(i + 1));
-      if (gathers) {
+      if (p.forward) wait(published_embedding + published_block * static_cast<double>(i + 1));
+      if (p.gathers) {
         gather(i);
         wait(gathered[i % 2]);
-        if (k + 1 < b.blocks) gather(forward ? i + 1 : i - 1);
+        if (k + 1 < b.blocks) gather(p.forward ? i + 1 : i - 1);
       }
-      if (reduces) wait(grad_free[turn]);
+      if (p.reduces) wait(grad_free[turn]);
       t += per_block;
-      if (reduces) {
+      if (p.reduces) {
         idle = std::max(idle, t) + b.reduce;
         grad_free[turn] = idle;
         turn ^= 1;
@@ -236,7 +235,7 @@ struct ShardStream {
     }
     // The head computes once its weights are in; the embedding's
     // gradients are reduced once its backward (or W) is done.
-    if (forward && p.head) wait(published_head);
+    if (p.forward && p.head) wait(published_head);
     t += tail;
     issue(p.reduce_last);
     return t;

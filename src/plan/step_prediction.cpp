@@ -557,10 +557,10 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // scatter).
     double block_rs = 0, block_ag = 0, publish = 0, final_reduce = 0;
     if (zero >= 1) {
-      const double block_gather = groups(dp_link.allgather, block, block_experts, act, 1);
-      (zero >= 3 ? block_ag : publish) = block_gather;
-      (zero >= 2 ? block_rs : final_reduce) =
-          groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1);
+      const double gather = groups(dp_link.allgather, block, block_experts, act, 1);
+      const double scatter = groups(dp_link.reduce_scatter, block, block_experts, block_bytes, 1);
+      if (zero >= 3) block_ag = gather; else publish = gather;
+      if (zero >= 2) block_rs = scatter; else final_reduce = scatter;
     } else {
       final_reduce = groups(dp_link.allreduce, block, block_experts, acc, 2);
     }
