@@ -280,10 +280,14 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if (dp_ != nullptr) publish();
   }
   // The masters: the shard (in shard order), or with masters_are_weights
-  // the stage's whole weights (in table order).
+  // the stage's whole weights (in table order), whose other ranks' parts
+  // the gathers after AdamW may still be writing: waited for first (a save
+  // reads them all, before the next forward would wait for them).
   Acc* master() override {
     if (moments_.holds_masters()) return moments_.master();
-    return alias_ ? weights_as_masters(0) : master_.get();
+    if (!alias_) return master_.get();
+    settle();
+    return weights_as_masters(0);
   }
   bool masters_are_weights() const override { return alias_; }
   Acc* adam_m() override { return moments_.moment(0); }
