@@ -4,12 +4,15 @@
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
+#include <cblas.h>
+
 #include <Kokkos_Core.hpp>
 #include <vector>
 
 #include "host/adamw.hpp"
 #include "host/attention.hpp"
 #include "host/crossentropy.hpp"
+#include "host/gemm.hpp"
 #include "host/gelu.hpp"
 #include "host/layernorm.hpp"
 #include "host/matmul.hpp"
@@ -40,6 +43,49 @@ void linear_shapes(benchmark::internal::Benchmark* b) {
     for (auto [k, oc] : {std::pair<int64_t, int64_t>{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, Vp}})
       b->Args({n, k, oc});
 }
+// The fp32 products themselves, the project's path (host::gemm: oneDNN's
+// sgemm where built with it) against the BLAS's cblas_sgemm called
+// directly, in one process: a linear layer's three products, forward
+// (x W^T), input gradient (dy W) and weight gradient (dy^T x).
+// args: engine (0 the BLAS, 1 host::gemm), product (0, 1, 2), tokens, in, out
+void BM_Sgemm(benchmark::State& st) {
+  const bool blas = st.range(0) == 0;
+  const int64_t op = st.range(1), N = st.range(2), K = st.range(3), OC = st.range(4);
+  auto x = filled(N * K), w = filled(OC * K), y = filled(N * OC);
+  struct P {
+    bool ta, tb;
+    int64_t m, n, k;
+    const float* a;
+    int64_t lda;
+    const float* b;
+    int64_t ldb;
+    float* c;
+    int64_t ldc;
+  };
+  const P p = op == 0 ? P{false, true, N, OC, K, x.data(), K, w.data(), K, y.data(), OC}
+            : op == 1 ? P{false, false, N, K, OC, y.data(), OC, w.data(), K, x.data(), K}
+                      : P{true, false, OC, K, N, y.data(), OC, x.data(), K, w.data(), K};
+  for (auto _ : st) {
+    if (blas)
+      cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans,
+                  p.tb ? CblasTrans : CblasNoTrans, int(p.m), int(p.n), int(p.k), 1.0f, p.a,
+                  int(p.lda), p.b, int(p.ldb), 0.0f, p.c, int(p.ldc));
+    else
+      gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a, p.lda, p.b, p.ldb, 0.0f, p.c, p.ldc);
+  }
+  st.SetLabel(blas ? "cblas_sgemm" : gemm_engine());
+  st.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * N * K * OC * st.iterations(), benchmark::Counter::kIsRate);
+}
+void sgemm_shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t engine : {0, 1})
+    for (int64_t op : {0, 1, 2})
+      for (int64_t n : {256, 1024})
+        for (auto [k, oc] : {std::pair<int64_t, int64_t>{C, 3 * C}, {C, 4 * C}, {4 * C, C}})
+          b->Args({engine, op, n, k, oc});
+}
+BENCHMARK(BM_Sgemm)->Apply(sgemm_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 BENCHMARK(BM_LinearForward)->Apply(linear_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LinearBackward)->Apply(linear_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 

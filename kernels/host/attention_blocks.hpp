@@ -201,7 +201,7 @@ void ring_attention_forward(const AttentionShape& a, const T* qkv, int64_t q0, i
                             const int64_t* starts = nullptr, int64_t tile = kRingQueryTile) {
   if (!block_visible(q0, nq, k0, nk)) return;
   const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K, tq = std::min(tile, nq);
-  task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
+  task_for(a.B * a.NKV, gemm_serial_in_parallel_region<T>(), [&](const int64_t task) {
     const int64_t b = task / a.NKV, kvh = task % a.NKV;
     T* scores = scratch + task * 2 * tq * nk;
     const T* k = kv + b * nk * 2 * K + kvh * hs;
@@ -245,7 +245,7 @@ void ring_attention_backward(const AttentionShape& a, const T* qkv, int64_t q0, 
                              int64_t tile = kRingQueryTile) {
   if (!block_visible(q0, nq, k0, nk)) return;
   const int64_t hs = a.hs(), K = a.K(), g = a.group(), ld = a.C + 2 * K, tq = std::min(tile, nq);
-  task_for(a.B * a.NKV, blas_serial_in_parallel_region(), [&](const int64_t task) {
+  task_for(a.B * a.NKV, gemm_serial_in_parallel_region<T>(), [&](const int64_t task) {
     const int64_t b = task / a.NKV, kvh = task % a.NKV;
     T* scores = scratch + task * 2 * tq * nk;
     const T* k = kv + b * nk * 2 * K + kvh * hs;

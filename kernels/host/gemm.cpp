@@ -1,7 +1,9 @@
 #include "gemm.hpp"
+#include "onednn_matmul.hpp"
 
 #include <cblas.h>
 #include <sched.h>
+#include <strings.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace mpiformer::host {
@@ -19,6 +22,37 @@ namespace {
 CBLAS_TRANSPOSE op(bool t) { return t ? CblasTrans : CblasNoTrans; }
 thread_local double g_gemm_seconds = 0.0;
 thread_local int g_gemm_depth = 0;
+
+// Whether the BLAS multiplies with generic kernels: OpenBLAS's x86 kernel
+// sets from before AVX, which it also falls back to on a CPU newer than it
+// knows. Debian 12's OpenBLAS 0.3.21 takes a Xeon of model 207 (AVX512)
+// for a "Prescott".
+bool blas_kernels_generic() {
+#ifdef MPIFORMER_HAVE_OPENBLAS
+  const char* core = openblas_get_corename();
+  for (const char* generic : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                              "Katmai", "Coppermine", "Northwood", "Banias"})
+    if (core != nullptr && strcasecmp(core, generic) == 0) return true;
+#endif
+  return false;  // another BLAS: the one configured is trusted
+}
+
+// The fp32 products are oneDNN's where the BLAS runs generic kernels and
+// oneDNN has a signal-safe matmul (onednn_matmul.hpp: brgemm, an AVX512
+// CPU): oneDNN picks its kernels from the CPU's own flags, 2-10x the
+// generic kernels' rate at the model's shapes. Elsewhere they stay the
+// BLAS's: OpenBLAS's own AVX512 kernels (SkylakeX) beat oneDNN 2.6's
+// brgemm 2-4x on some backward products (bench/RESULTS.md, "fp32 products
+// through oneDNN where the BLAS runs generic kernels").
+bool onednn_fp32() {
+#ifdef MPIFORMER_HAVE_DNNL
+  static const bool yes =
+      blas_kernels_generic() && !onednn::implementation(dnnl::memory::data_type::f32).empty();
+  return yes;
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 detail::GemmTimer::GemmTimer() : t0_(std::chrono::steady_clock::now()) { ++g_gemm_depth; }
@@ -35,6 +69,14 @@ void reset_gemm_seconds() { g_gemm_seconds = 0.0; }
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   detail::GemmTimer timer;
+#ifdef MPIFORMER_HAVE_DNNL
+  // Empty products (k = 0 scales C) are the BLAS's; so is a shape oneDNN
+  // has no signal-safe kernel for.
+  if (m > 0 && n > 0 && k > 0 && onednn_fp32() &&
+      onednn::matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                     dnnl::memory::data_type::f32, dnnl::memory::data_type::f32))
+    return;
+#endif
   cblas_sgemm(CblasRowMajor, op(ta), op(tb), static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
               beta, c, static_cast<int>(ldc));
@@ -46,6 +88,19 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
   cblas_dgemm(CblasRowMajor, op(ta), op(tb), static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
               beta, c, static_cast<int>(ldc));
+}
+
+std::string gemm_engine() {
+#ifdef MPIFORMER_HAVE_DNNL
+  if (onednn_fp32())
+    return onednn::version() + " matmul (" +
+           onednn::implementation(dnnl::memory::data_type::f32) + ")";
+#endif
+#ifdef MPIFORMER_HAVE_OPENBLAS
+  return std::string("OpenBLAS sgemm, ") + openblas_get_corename() + " kernels";
+#else
+  return "the BLAS's sgemm";
+#endif
 }
 
 double measure_gemm_peak(int64_t n, int repeats) {
@@ -96,7 +151,9 @@ void set_blas_threads(int n) {
 #endif
 }
 
-bool blas_serial_in_parallel_region() {
+bool serial_in_parallel_region(bool fp64) {
+  // oneDNN's products run on the calling thread inside a parallel region.
+  if (!fp64 && onednn_fp32()) return true;
 #ifdef MPIFORMER_HAVE_OPENBLAS
   return openblas_get_parallel() != 1;  // 0: sequential, 1: pthreads, 2: OpenMP
 #else
@@ -105,6 +162,9 @@ bool blas_serial_in_parallel_region() {
 }
 
 int blas_threads() {
+#ifdef _OPENMP
+  if (onednn_fp32()) return omp_get_max_threads();  // oneDNN's (set_compute_threads)
+#endif
 #ifdef MPIFORMER_HAVE_OPENBLAS
   return openblas_get_num_threads();
 #else

@@ -1,5 +1,7 @@
-// Row-major GEMM through CBLAS, overloaded on the scalar type so every kernel
-// can be instantiated in float (training) and double (gradient checks).
+// Row-major GEMM, overloaded on the scalar type so every kernel can be
+// instantiated in float (training: the BLAS's sgemm, or oneDNN's matmul
+// where the BLAS runs generic kernels: gemm.cpp) and double (gradient
+// checks: the BLAS's dgemm).
 //
 // The 16-bit overloads multiply bf16 or fp16 inputs with float accumulation
 // and write C in the inputs' type or in float (gemm_narrow.cpp).
@@ -62,10 +64,16 @@ bool head_gemm_batched(bool trans_a, bool trans_b, int64_t B, int64_t NH, int64_
                        int64_t k, float alpha, const A* a, HeadStrides sa, const A* b,
                        HeadStrides sb, float beta, C* c, HeadStrides sc);
 
-// True where a BLAS call made inside an OpenMP parallel region runs on the
-// calling thread alone (OpenBLAS's OpenMP or sequential builds do): then
-// independent small products may run side by side, one per thread.
-bool blas_serial_in_parallel_region();
+// True where a product of scalar S made inside an OpenMP parallel region
+// runs on the calling thread alone: then independent small products may
+// run side by side, one per thread. oneDNN's do, which take the float and
+// bf16 products where they can (gemm.cpp); the BLAS's (double, or float
+// elsewhere) do in OpenBLAS's OpenMP or sequential builds.
+bool serial_in_parallel_region(bool fp64);
+template <class S>
+bool gemm_serial_in_parallel_region() {
+  return serial_in_parallel_region(std::is_same_v<S, double>);
+}
 
 // Which operand of an attention product is causal (T x T, zero above the
 // diagonal), so that only its blocks on or below the diagonal are
@@ -99,8 +107,8 @@ inline CausalBlock causal_block(Causal causal, bool trans_a, bool trans_b, int64
 // C[b,h] = alpha op(A[b,h]) op(B[b,h]) + beta C[b,h] for every head of an
 // attention product (T: the causal matrix's size), multiplying only the
 // blocks on and below the diagonal. In bf16 each block is one oneDNN call
-// over all heads. Otherwise the heads run side by side where the BLAS then
-// runs each product on one thread (a head's products are too small to
+// over all heads. Otherwise the heads run side by side where each product
+// then runs on one thread (a head's products are too small to
 // split between threads), or in order with each product threaded by the
 // BLAS; 16-bit inputs are widened, accumulation is float. Either way every
 // output element comes from one product of a fixed shape, so the result
@@ -118,7 +126,7 @@ void head_gemm(Causal causal, bool trans_a, bool trans_b, int64_t B, int64_t NH,
   detail::GemmTimer timer;  // on the calling thread, once
   // The heads of blocks [first, blocks) one after another.
   auto per_head = [&](int64_t first) {
-    task_for(B * NH, blas_serial_in_parallel_region(), [&](const int64_t i) {
+    task_for(B * NH, gemm_serial_in_parallel_region<A>(), [&](const int64_t i) {
       const A* ah = a + (i / NH) * sa.batch + (i % NH) * sa.head;
       const A* bh = b + (i / NH) * sb.batch + (i % NH) * sb.head;
       C* ch = c + (i / NH) * sc.batch + (i % NH) * sc.head;
@@ -153,6 +161,9 @@ std::string narrow_gemm_engine(Element e, bool* slow);
 // trainer and the benchmarks split a step into matrix products and the rest.
 double gemm_seconds();
 void reset_gemm_seconds();
+
+// What runs the fp32 products, for the run's summary.
+std::string gemm_engine();
 
 // FLOP/s of a large square sgemm on this thread with the current BLAS
 // threads, on random data: the practical fp32 peak MFU is measured

@@ -2,21 +2,18 @@
 // overloads). bf16 goes through oneDNN's matmul, which uses AVX512-BF16 or
 // AMX where the CPU has them; fp16 (which x86 CPUs before AVX512-FP16 cannot
 // multiply) and bf16 in a build without oneDNN are widened to float and run
-// through the BLAS: the same products, exact inputs, float accumulation.
+// as fp32 products (gemm.cpp): the same products, exact inputs, float
+// accumulation.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <random>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 #include "gemm.hpp"
+#include "onednn_matmul.hpp"
 #include "parallel.hpp"
-#ifdef MPIFORMER_HAVE_DNNL
-#include <oneapi/dnnl/dnnl.hpp>
-#endif
 
 namespace mpiformer::host {
 
@@ -66,68 +63,6 @@ void gemm_widened(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
 }
 
 #ifdef MPIFORMER_HAVE_DNNL
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
-// Set once oneDNN has had no bf16 matmul for a product (a CPU without
-// AVX512: oneDNN 2.6 has none there): from then on every bf16 product is
-// widened for the BLAS, which is correct everywhere.
-std::atomic<bool> g_dnnl_unusable{false};
-
-// dst = alpha src x weights + beta dst, for any descriptors; false when
-// oneDNN has no implementation for them.
-bool run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
-                const dnnl::memory::desc& cd, float alpha, float beta, const void* a,
-                const void* b, void* c, const void* bias = nullptr) {
-  if (g_dnnl_unusable) return false;
-  dnnl::primitive_attr attr;
-  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-  if (beta != 0.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(beta);
-    attr.set_post_ops(ops);
-  }
-  // A bias row of the output's width, in the inputs' type.
-  const dnnl::memory::desc biasd(dnnl::memory::dims{1, cd.dims()[1]}, ad.data_type(),
-                                 dnnl::memory::dims{cd.dims()[1], 1});
-  dnnl::matmul::primitive_desc pd;
-  try {
-    pd = dnnl::matmul::primitive_desc(
-        bias != nullptr ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd),
-        attr, engine());
-  } catch (const dnnl::error&) {
-    g_dnnl_unusable = true;
-    return false;
-  }
-  dnnl::stream s(engine());
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, dnnl::memory(ad, engine(), const_cast<void*>(a))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(bd, engine(), const_cast<void*>(b))},
-      {DNNL_ARG_DST, dnnl::memory(cd, engine(), c)}};
-  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(biasd, engine(), const_cast<void*>(bias)));
-  dnnl::matmul(pd).execute(s, args);
-  s.wait();
-  return true;
-}
-
-// C = alpha op(A) op(B) + beta C through a oneDNN matmul: the transposes
-// are strides of the operands' descriptors (nothing is copied), beta a sum
-// post-op. oneDNN caches the primitive of each shape.
-bool dnnl_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-                 int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
-                 dnnl::memory::data_type ctype) {
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
-  const dnnl::memory::desc ad(dims{m, k}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
-  const dnnl::memory::desc bd(dims{k, n}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
-  const dnnl::memory::desc cd(dims{m, n}, ctype, dims{ldc, 1});
-  return run_matmul(ad, bd, cd, alpha, beta, a, b, c);
-}
-#endif
-
-#ifdef MPIFORMER_HAVE_DNNL
 // The 4-D descriptor of B x NH matrices rows x cols (op applied: a
 // transposed operand swaps its last two strides).
 dnnl::memory::desc head_desc(int64_t B, int64_t NH, int64_t rows, int64_t cols, bool trans,
@@ -152,7 +87,7 @@ bool head_gemm_batched(bool ta, bool tb, int64_t B, int64_t NH, int64_t m, int64
     const auto ad = head_desc(B, NH, m, k, ta, sa, dt::bf16);
     const auto bd = head_desc(B, NH, k, n, tb, sb, dt::bf16);
     const auto cd = head_desc(B, NH, m, n, false, sc, std::is_same_v<C, float> ? dt::f32 : dt::bf16);
-    return run_matmul(ad, bd, cd, alpha, beta, a, b, c);
+    return onednn::run_matmul(ad, bd, cd, alpha, beta, a, b, c);
   }
 #endif
   return false;
@@ -174,9 +109,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   detail::GemmTimer timer;
 #ifdef MPIFORMER_HAVE_DNNL
   if constexpr (std::is_same_v<A, Bf16>) {
-    if (dnnl_matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                    std::is_same_v<C, float> ? dnnl::memory::data_type::f32
-                                             : dnnl::memory::data_type::bf16))
+    if (onednn::matmul(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                       dnnl::memory::data_type::bf16,
+                       std::is_same_v<C, float> ? dnnl::memory::data_type::f32
+                                                : dnnl::memory::data_type::bf16))
       return;
   }
 #endif
@@ -191,10 +127,10 @@ bool linear_with_bias(A* out, const A* inp, const A* weight, const A* bias, int6
     detail::GemmTimer timer;
     using dt = dnnl::memory::data_type;
     using dims = dnnl::memory::dims;
-    return run_matmul(dnnl::memory::desc(dims{N, C}, dt::bf16, dims{C, 1}),
-                      dnnl::memory::desc(dims{C, OC}, dt::bf16, dims{1, C}),
-                      dnnl::memory::desc(dims{N, OC}, dt::bf16, dims{OC, 1}), 1.0f, 0.0f, inp,
-                      weight, out, bias);
+    return onednn::run_matmul(dnnl::memory::desc(dims{N, C}, dt::bf16, dims{C, 1}),
+                              dnnl::memory::desc(dims{C, OC}, dt::bf16, dims{1, C}),
+                              dnnl::memory::desc(dims{N, OC}, dt::bf16, dims{OC, 1}), 1.0f, 0.0f,
+                              inp, weight, out, bias);
   }
 #endif
   (void)out, (void)inp, (void)weight, (void)bias, (void)N, (void)C, (void)OC;
@@ -239,23 +175,22 @@ double measure_narrow_gemm_peak(Element e, int64_t n, int repeats) {
 
 std::string narrow_gemm_engine(Element e, bool* slow) {
   *slow = false;
-  if (e == Element::kF16) return "fp16 stored, widened to fp32 for the BLAS (no fp16 arithmetic)";
+  if (e == Element::kF16)
+    return "fp16 stored, widened to fp32 for " + gemm_engine() + " (no fp16 arithmetic)";
 #ifdef MPIFORMER_HAVE_DNNL
-  const dnnl_version_t* v = dnnl_version();
   const auto isa = dnnl::get_effective_cpu_isa();
   const bool bf16_units = isa == dnnl::cpu_isa::avx512_core_bf16 ||
                           isa == dnnl::cpu_isa::avx512_core_amx;
   *slow = !bf16_units;
-  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-         std::to_string(v->patch) +
+  return onednn::version() +
          (bf16_units ? (isa == dnnl::cpu_isa::avx512_core_amx ? " bf16 matmuls on AMX"
                                                                : " bf16 matmuls on AVX512-BF16")
                      : " bf16 matmuls WITHOUT bf16 units (this CPU has neither AVX512-BF16 nor "
-                       "AMX: emulated kernels, or the products widened to fp32 for the BLAS "
+                       "AMX: emulated kernels, or the products widened to fp32 "
                        "where oneDNN has none; slower than fp32)");
 #else
   *slow = true;
-  return "bf16 widened to fp32 for the BLAS (built without oneDNN)";
+  return "bf16 widened to fp32 for " + gemm_engine() + " (built without oneDNN)";
 #endif
 }
 

@@ -87,7 +87,7 @@ struct Ops {
   // ---- the device ------------------------------------------------------------
   static std::string describe(Context&) {
     if constexpr (std::is_same_v<T, double>) return "cpu fp64";
-    else if constexpr (std::is_same_v<T, float>) return "cpu fp32";
+    else if constexpr (std::is_same_v<T, float>) return "cpu fp32 (" + gemm_engine() + ")";
     else {
       bool slow = false;
       return std::string("cpu ") + (std::is_same_v<T, Bf16> ? "bf16" : "fp16") + " (" +

@@ -57,11 +57,11 @@ inline void parallel_for(const char* label, int64_t n, const F& body) {
   if (o.end != nullptr) o.end();
 }
 
-// Independent tasks whose bodies call the BLAS. `side_by_side` (the BLAS
-// runs single-threaded inside a parallel region: gemm.hpp's
-// blas_serial_in_parallel_region) spreads them over the rank's threads,
+// Independent tasks whose bodies multiply matrices. `side_by_side` (the
+// products run single-threaded inside a parallel region: gemm.hpp's
+// gemm_serial_in_parallel_region) spreads them over the rank's threads,
 // one product per thread; otherwise they run in index order on the calling
-// thread and the BLAS threads each product. Loops inside a task run on the
+// thread and each product is threaded by its library. Loops inside a task run on the
 // task's thread (parallel_for).
 template <class F>
 inline void task_for(int64_t n, bool side_by_side, const F& body) {

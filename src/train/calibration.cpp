@@ -212,8 +212,8 @@ MachineSpec calibrate_machine(const CalibrationRequest& req) {
   const MeasuredShapes shapes = shapes_to_measure(req.models, req.batches, req.max_tp);
   progress.begin(2, points(shapes));
   host::Context ctx;
-  // The rates of the precision's own kernels (oneDNN's bf16 matmuls, fp16
-  // widened for the BLAS).
+  // The rates of the precision's own kernels (oneDNN's matmuls, fp16
+  // widened to the fp32 path).
   switch (req.precision) {
     case Precision::kBf16:
       measure_compute(OpBench<host::Ops<host::Bf16>>{ctx, [] {}}, shapes, req.seconds, m, &progress);

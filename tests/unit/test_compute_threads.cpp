@@ -85,12 +85,14 @@ std::vector<float> gradients_at(int threads, double* loss) {
   return std::vector<float>(stage.grads(), stage.grads() + stage.param_storage());
 }
 
-// Whether the BLAS's own products give the same bits at 1, 2 and 3 threads
-// at the stage's shapes above. OpenBLAS's level-3 driver is another code
-// path threaded than serial, and its Haswell kernels (OPENBLAS_CORETYPE=
-// Haswell, set on some machines of this kind) round some products
-// differently there; its SkylakeX kernels take a serial path at these
-// sizes. The kernels' own loops are what this file can hold to the rule.
+// Whether the fp32 products' library gives the same bits at 1, 2 and 3
+// threads at the stage's shapes above. oneDNN's brgemm matmul (where the
+// BLAS's kernels are generic) does here. Where the BLAS runs them:
+// OpenBLAS's level-3 driver is another code path threaded than serial, and
+// its Haswell kernels (OPENBLAS_CORETYPE=Haswell, set on some machines of
+// this kind) round some products differently there; its SkylakeX kernels
+// take a serial path at these sizes. The kernels' own loops are what this
+// file can hold to the rule.
 bool blas_products_thread_independent() {
   std::vector<float> out[3];
   for (int t = 1; t <= 3; ++t) {
@@ -123,11 +125,13 @@ void expect_thread_count_independent() {
   // in the order threads finish would show here.
   EXPECT_EQ(l2, l2_again);
   EXPECT_TRUE(g2 == g2_again) << "2 threads, twice";
-  // fp32's products are the BLAS's; bf16's are oneDNN's, whose bits do not
-  // depend on the thread count on this CPU.
+  // fp32's products are the BLAS's, or oneDNN's where the BLAS runs generic
+  // kernels; bf16's are oneDNN's, whose bits do not depend on the thread
+  // count on this CPU.
   if (std::is_same_v<A, float> && !blas_products_thread_independent()) {
-    std::printf("note: the BLAS's own fp32 products differ between 1, 2 and 3 threads here "
+    std::printf("note: the fp32 products (%s) differ between 1, 2 and 3 threads here "
                 "(OPENBLAS_CORETYPE=%s); the fp32 comparison across thread counts is left out\n",
+                host::gemm_engine().c_str(),
                 std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset");
     return;
   }
