@@ -3,6 +3,8 @@
 #ifdef MPIFORMER_HAVE_DNNL
 #include <atomic>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <unordered_map>
 
 namespace mpiformer::host::onednn {
@@ -38,30 +40,71 @@ dnnl::matmul::primitive_desc describe(const dnnl::memory::desc& ad, const dnnl::
       attr, engine());
 }
 
+// A product's primitive and its memory objects, kept per thread for each
+// shape, strides, types, scaling and bias seen: setting the operands' data
+// handles costs far less than describing the product again (oneDNN's own
+// cache still hashes the descriptors and builds the memory objects: about
+// 9 us a call, more than a 64 x 64 x 32 product, and attention's ring makes
+// thousands of those a step).
+struct Prepared {
+  bool usable = false;
+  dnnl::matmul primitive;
+  dnnl::memory a, b, c, bias;
+};
+
+Prepared* prepare(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
+                  const dnnl::memory::desc& cd, float alpha, float beta, bool with_bias) {
+  thread_local std::unordered_map<std::string, Prepared> cache;
+  std::string key;
+  for (const dnnl::memory::desc* d : {&ad, &bd, &cd})
+    key.append(reinterpret_cast<const char*>(&d->data), sizeof d->data);
+  key.append(reinterpret_cast<const char*>(&alpha), sizeof alpha);
+  key.append(reinterpret_cast<const char*>(&beta), sizeof beta);
+  key.push_back(with_bias ? 'b' : '-');
+  // A run makes a few hundred shapes; the bound only keeps a caller of
+  // ever-new shapes (a benchmark sweep) from holding them all.
+  if (cache.size() >= 4096 && cache.find(key) == cache.end()) cache.clear();
+  const auto [it, fresh] = cache.try_emplace(std::move(key));
+  Prepared& p = it->second;
+  if (!fresh) return &p;
+  const dnnl::memory::desc biasd(dnnl::memory::dims{1, cd.dims()[1]}, ad.data_type(),
+                                 dnnl::memory::dims{cd.dims()[1], 1});
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = describe(ad, bd, cd, alpha, beta, with_bias ? &biasd : nullptr);
+  } catch (const dnnl::error&) {
+    g_unusable = true;
+    return &p;
+  }
+  if (!signal_safe(pd)) return &p;
+  p.primitive = dnnl::matmul(pd);
+  p.a = dnnl::memory(ad, engine(), DNNL_MEMORY_NONE);
+  p.b = dnnl::memory(bd, engine(), DNNL_MEMORY_NONE);
+  p.c = dnnl::memory(cd, engine(), DNNL_MEMORY_NONE);
+  if (with_bias) p.bias = dnnl::memory(biasd, engine(), DNNL_MEMORY_NONE);
+  p.usable = true;
+  return &p;
+}
+
 }  // namespace
 
 bool run_matmul(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
                 const dnnl::memory::desc& cd, float alpha, float beta, const void* a,
                 const void* b, void* c, const void* bias) {
   if (g_unusable) return false;
-  const dnnl::memory::desc biasd(dnnl::memory::dims{1, cd.dims()[1]}, ad.data_type(),
-                                 dnnl::memory::dims{cd.dims()[1], 1});
-  dnnl::matmul::primitive_desc pd;
-  try {
-    pd = describe(ad, bd, cd, alpha, beta, bias != nullptr ? &biasd : nullptr);
-  } catch (const dnnl::error&) {
-    g_unusable = true;
-    return false;
-  }
-  if (!signal_safe(pd)) return false;
-  dnnl::stream s(engine());
+  Prepared* p = prepare(ad, bd, cd, alpha, beta, bias != nullptr);
+  if (!p->usable) return false;
+  thread_local dnnl::stream s(engine());
+  p->a.set_data_handle(const_cast<void*>(a));
+  p->b.set_data_handle(const_cast<void*>(b));
+  p->c.set_data_handle(c);
   std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, dnnl::memory(ad, engine(), const_cast<void*>(a))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(bd, engine(), const_cast<void*>(b))},
-      {DNNL_ARG_DST, dnnl::memory(cd, engine(), c)}};
-  if (bias != nullptr)
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(biasd, engine(), const_cast<void*>(bias)));
-  dnnl::matmul(pd).execute(s, args);
+      {DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->c}};
+  if (bias != nullptr) {
+    p->bias.set_data_handle(const_cast<void*>(bias));
+    args.emplace(DNNL_ARG_BIAS, p->bias);
+  }
+  p->primitive.execute(s, args);
   s.wait();
   return true;
 }
