@@ -4,8 +4,8 @@
 #include <atomic>
 #include <cstring>
 #include <string>
-#include <utility>
 #include <unordered_map>
+#include <utility>
 
 namespace mpiformer::host::onednn {
 

@@ -19,8 +19,8 @@ export DECK=$SOURCE_DIR/inputs/tiny.toml
 export SBATCH_SCRIPT=$SOURCE_DIR/jobs/train.sbatch
 # Small and quick, but several steps a second so a signal lands mid-run.
 # A stated peak, as run_mpi gives (e2e/lib.sh): measuring it is six
-# 2048-wide sgemms on every rank of every launch, 6 s each on a CPU whose
-# BLAS runs generic kernels, and no test here reads MFU.
+# 2048-wide sgemms on every rank of every launch (6 s each where the BLAS
+# ran generic kernels, about 1 s through oneDNN), and no test here reads MFU.
 SMALL="$SMALL_BATCH --set train.log_every=1 --set run.peak_tflops=1"
 job_log() { cat "mpiformer-$1.out" 2>/dev/null; }
 show_job() { scontrol show job "$1"; job_log "$1"; tail -5 "$SLURM_TEST_DIR"/log/slurmctld.log; }
