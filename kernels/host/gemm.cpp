@@ -39,10 +39,10 @@ bool blas_kernels_generic() {
 
 // The fp32 products are oneDNN's where the BLAS runs generic kernels and
 // oneDNN has a signal-safe matmul (onednn_matmul.hpp: brgemm, an AVX512
-// CPU): oneDNN picks its kernels from the CPU's own flags, 2-10x the
+// CPU): oneDNN picks its kernels from the CPU's own flags, 1.2-10x the
 // generic kernels' rate at the model's shapes. Elsewhere they stay the
 // BLAS's: OpenBLAS's own AVX512 kernels (SkylakeX) beat oneDNN 2.6's
-// brgemm 2-4x on some backward products (bench/RESULTS.md, "fp32 products
+// brgemm 2-5x on some backward products (bench/RESULTS.md, "fp32 products
 // through oneDNN where the BLAS runs generic kernels").
 bool onednn_fp32() {
 #ifdef MPIFORMER_HAVE_DNNL
