@@ -76,6 +76,23 @@ SMALL_BATCH="--set train.global_batch=8 --set train.micro_batch=4 --set train.ev
 # and keep their decks' length, as do the scripts the GPU check runs).
 SHORT_SEQ="--set model.seq_len=32"
 
+# AdamW's eps for runs whose final parameters are held to 1e-5 in norm of
+# another layout's (compare_checkpoints.py): 1e-6, not the decks' 1e-8, so
+# that no weight's step is decided by rounding. Where a weight's gradient
+# cancels over the batch to below eps, its step is lr * g / eps, and g's
+# fp32 rounding (up to ~1e-9 where a tensor's gradients are ~1e-3) becomes
+# up to a tenth of lr. Which weight lands there is chance: one weight of
+# the MoE deck's h.0 o_proj at step 1 had g = -2.25e-9 on one rank and
+# -1.36e-9 at cp 2, 9.6e-6 apart after the step, 1.03e-5 of the tensor in
+# norm; over seeds, layouts and BLAS kernels the worst tensors spread from
+# 4e-7 to that. At eps 1e-6 the term is at most lr * 1e-3 a step, 3.2e-6
+# over six steps of the decks' warm-up (lr 3e-3 over 20 steps) even if it
+# all fell on one weight of a tensor of norm 1: the bound holds by
+# arithmetic, not by luck. Weights whose gradients are near 1e-6 take
+# smaller steps (half, at 1e-6), the same in both runs; what a bug
+# changes, the gradients, moves them as before.
+STEADY_ADAMW="--set train.eps=1e-6"
+
 # run_mpi NP ARGS...: the binary under mpirun with NP ranks. Training runs
 # get a stated peak: measuring it (a large sgemm, only MFU's denominator)
 # takes about 5 s of each run of a few seconds on two cores. train_tiny.sh

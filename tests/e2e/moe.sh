@@ -21,7 +21,8 @@ source "$(dirname "$0")/lib.sh"
 prep_sample_data
 DECK="$SOURCE_DIR/inputs/llama-moe-tiny.toml"
 common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
-        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1)
+        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1
+        $STEADY_ADAMW)
 train() { train_layout "$@"; }  # dir dp pp tp [extra...] (lib.sh)
 same() { same_run "$@"; }  # ref dir label (lib.sh: the routing's metrics too)
 
