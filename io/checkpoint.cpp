@@ -230,9 +230,9 @@ int reserve_space(const std::string& path, int64_t bytes) {
 }
 }  // namespace
 
-double checkpoint_io_bytes() {
-  return static_cast<double>(kCheckpointIoPiece) * sizeof(float) +
-         static_cast<double>(BlockIo::kStagingBytes);
+double checkpoint_io_bytes(int64_t longest_run) {
+  const double piece = static_cast<double>(std::min(kCheckpointIoPiece, std::max<int64_t>(0, longest_run)));
+  return piece * sizeof(float) + std::min(piece * sizeof(float), static_cast<double>(BlockIo::kStagingBytes));
 }
 
 uint64_t tensor_checksum(const float* data, int64_t n) {
@@ -565,8 +565,14 @@ void read_back_blocks(const CheckpointLayout& layout, const std::vector<DatasetS
   // What reads back next comes from the disk, not the page cache (the
   // direct reads by construction; the partial blocks once dropped).
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  // One piece at a time, hashed as it comes (checkpoint_io_bytes).
-  std::vector<float> back(static_cast<size_t>(kCheckpointIoPiece));
+  // One piece at a time, hashed as it comes, into a buffer as long as the
+  // longest piece (checkpoint_io_bytes): a small model's save does not hold
+  // a whole 16 MiB piece.
+  int64_t longest = 0;
+  for (size_t i = 0; i < datasets.size(); ++i)
+    for_each_piece(datasets[i], layout.offsets[i],
+                   [&](int64_t, int64_t n, int64_t) { longest = std::max(longest, n); });
+  std::vector<float> back(static_cast<size_t>(longest));
   const HashState sum = hash_state();
   for (size_t i = 0; i < datasets.size() && out.failure.empty(); ++i) {
     const DatasetSlice& d = datasets[i];

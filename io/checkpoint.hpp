@@ -151,9 +151,11 @@ CheckpointLayout lay_out_checkpoint(MPI_Comm comm, const std::string& path, cons
 // A save's reads and writes go in pieces of at most this many floats (16
 // MiB): a read-back holds one piece, whatever the tensor.
 inline constexpr int64_t kCheckpointIoPiece = int64_t{1} << 22;
-// Host memory a rank's save holds while it writes and reads back: the
-// read-back's piece and one O_DIRECT staging buffer (block_io.hpp).
-double checkpoint_io_bytes();
+// Host memory a rank's save holds while it writes and reads back, when the
+// longest run of floats it saves is `longest_run`: the read-back's piece
+// and what it uses of the O_DIRECT staging buffer (block_io.hpp), each as
+// long as that run, up to kCheckpointIoPiece floats.
+double checkpoint_io_bytes(int64_t longest_run);
 
 struct BlockWrite {
   std::string failure;    // "" or the first thing that failed

@@ -90,6 +90,12 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
               beta, c, static_cast<int>(ldc));
 }
 
+void forget_products() {
+#ifdef MPIFORMER_HAVE_DNNL
+  onednn::forget_primitives();
+#endif
+}
+
 std::string gemm_engine() {
 #ifdef MPIFORMER_HAVE_DNNL
   if (onednn_fp32())

@@ -165,6 +165,12 @@ void reset_gemm_seconds();
 // What runs the fp32 products, for the run's summary.
 std::string gemm_engine();
 
+// Drops what the products' library keeps per shape (oneDNN's primitives and
+// their generated code; nothing where the BLAS runs them), so that what a
+// process holds afterwards is the later products' own: calibrate's memory
+// probes measure each stage as a run of it would hold it.
+void forget_products();
+
 // FLOP/s of a large square sgemm on this thread with the current BLAS
 // threads, on random data: the practical fp32 peak MFU is measured
 // against (the best of `repeats` after a warm-up).

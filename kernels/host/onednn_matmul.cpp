@@ -52,9 +52,14 @@ struct Prepared {
   dnnl::memory a, b, c, bias;
 };
 
+std::unordered_map<std::string, Prepared>& thread_cache() {
+  thread_local std::unordered_map<std::string, Prepared> cache;
+  return cache;
+}
+
 Prepared* prepare(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd,
                   const dnnl::memory::desc& cd, float alpha, float beta, bool with_bias) {
-  thread_local std::unordered_map<std::string, Prepared> cache;
+  std::unordered_map<std::string, Prepared>& cache = thread_cache();
   std::string key;
   for (const dnnl::memory::desc* d : {&ad, &bd, &cd})
     key.append(reinterpret_cast<const char*>(&d->data), sizeof d->data);
@@ -117,6 +122,17 @@ bool matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, cons
   const dnnl::memory::desc bd(dims{k, n}, in, tb ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc cd(dims{m, n}, out, dims{ldc, 1});
   return run_matmul(ad, bd, cd, alpha, beta, a, b, c);
+}
+
+void forget_primitives() {
+  // Every thread that computes: the caller and OpenMP's team (the products
+  // of a parallel region's threads are theirs).
+  thread_cache().clear();
+#pragma omp parallel
+  thread_cache().clear();
+  const int capacity = dnnl::get_primitive_cache_capacity();
+  dnnl::set_primitive_cache_capacity(0);
+  dnnl::set_primitive_cache_capacity(capacity);
 }
 
 std::string implementation(dnnl::memory::data_type in) {

@@ -33,6 +33,11 @@ bool matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, cons
             int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
             dnnl::memory::data_type in, dnnl::memory::data_type out);
 
+// Drops every product's primitive kept so far (this file's per-thread
+// ones on the caller's and OpenMP's threads, and oneDNN's own cache), with
+// their generated code: what the next products hold is theirs alone.
+void forget_primitives();
+
 // "brg:avx512_core" and the like for a square product of `in` with float
 // output, or "" where run_matmul would refuse it.
 std::string implementation(dnnl::memory::data_type in);

@@ -262,8 +262,13 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
                             static_cast<double>(deck.replicas());
   }
   // Every save (the deck's; a stop's too) writes and reads back through a
-  // staging buffer and a piece (io/checkpoint.hpp), whatever the model.
-  if (deck.checkpoint.every > 0 || deck.checkpoint.at_end) m.checkpoint_io = checkpoint_io_bytes();
+  // staging buffer and a piece (io/checkpoint.hpp), as long as the longest
+  // run of floats the rank saves: at most a whole tensor of its stage.
+  if (deck.checkpoint.every > 0 || deck.checkpoint.at_end) {
+    int64_t longest = 0;
+    for (const ParameterSpec& s : table.specs()) longest = std::max(longest, s.logical_numel());
+    m.checkpoint_io = checkpoint_io_bytes(longest);
+  }
   m.saves_in_total = choice.device == Device::kCpu;
   // The device context's workspace (cuBLASLt's, the column sums').
   if (choice.device == Device::kCuda) m.workspace = static_cast<double>(kDeviceWorkspaceBytes);

@@ -20,7 +20,8 @@ double save_overhead(const std::string& path, double bytes);
 // many as a quarter of this rank's share of the node's memory holds) run
 // forward and backward: seconds per micro-batch, and what this process
 // holds beyond the stage's accounting once it has run (the BLAS library's
-// buffers, the allocator's slack) over `baseline`. Collective.
+// buffers and primitives, the allocator's slack) over `baseline`, earlier
+// probes' primitives dropped first. Collective.
 struct StageProbe {
   GptConfig cfg;  // as probed
   int64_t micro_batch = 0;

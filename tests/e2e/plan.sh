@@ -171,6 +171,19 @@ grep -qF "auto:  $want, the fastest of" auto.log || { grep "^auto" auto.log; fai
 set -- $want
 grep -q "^grid:  dp $2 x pp $4 x tp $6" auto.log || fail "the grid is not the chosen layout"
 grep -q "^step 3/3" auto.log || fail "the auto run did not train"
+# Its memory as planned: the accounting and the machine's runtime bytes
+# (calibrate's probes) against the run's own peak growth, the busiest
+# rank of each, within 20% (bench/plan_accuracy.sh's rows: -13% to +2%).
+# A save's buffers counted by both once made it +38% to +84%.
+/usr/bin/python3 - plan.json auto/metrics.jsonl <<'PY' || fail "the plan's memory is not the run's"
+import json, sys
+planned = json.load(open(sys.argv[1]))["layouts"][0]["memory_max"]
+rows = [json.loads(l) for l in open(sys.argv[2]) if '"memory_measured"' in l]
+measured = max(r["peak_growth"] for r in rows[-1]["memory_measured"])
+err = planned / measured - 1
+print(f"memory: planned {planned / 1e6:.1f} MB, measured {measured / 1e6:.1f} MB ({err:+.1%})")
+assert abs(err) <= 0.2, err
+PY
 # A Mixture of Experts: the plan also tries ep 2 (the stage's 2 replicas,
 # data or context ranks, share out the 8 experts) and cp 2, and auto trains
 # whatever comes first, ep and cp included.
