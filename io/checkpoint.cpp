@@ -231,8 +231,10 @@ int reserve_space(const std::string& path, int64_t bytes) {
 }  // namespace
 
 double checkpoint_io_bytes(int64_t longest_run) {
-  const double piece = static_cast<double>(std::min(kCheckpointIoPiece, std::max<int64_t>(0, longest_run)));
-  return piece * sizeof(float) + std::min(piece * sizeof(float), static_cast<double>(BlockIo::kStagingBytes));
+  const double piece =
+      static_cast<double>(std::min(kCheckpointIoPiece, std::max<int64_t>(0, longest_run))) *
+      sizeof(float);
+  return piece + std::min(piece, static_cast<double>(BlockIo::kStagingBytes));
 }
 
 uint64_t tensor_checksum(const float* data, int64_t n) {

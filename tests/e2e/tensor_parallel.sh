@@ -35,7 +35,8 @@ prep_sample_data
 read -r -a extra <<<"${EXTRA_ARGS:-}"
 DECK="$SOURCE_DIR/inputs/tiny.toml"
 common=(--set train.steps=6 --set train.log_every=1 --set train.eval_every=3
-        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1 $STEADY_ADAMW
+        --set train.global_batch=16 --set train.micro_batch=4 --set train.eval_batches=1
+        $STEADY_ADAMW
         "${extra[@]}")
 COMPARE="$SOURCE_DIR/tests/e2e/compare_checkpoints.py"
 
