@@ -66,12 +66,13 @@ prep_sample_data() {
 # restarts): 8 sequences in micro-batches of 4 (two, for two stages or two
 # replicas), one validation batch. The deck's 32 x 64 tokens took 0.3-0.6 s
 # a step where the BLAS ran generic kernels (0.1-0.2 s through oneDNN's
-# products, kernels/host/gemm.cpp), and most of the suite is such steps. Unquoted where used: the words are the arguments.
+# products, kernels/host/gemm.cpp), and most of the suite is such steps.
+# Unquoted where used: the words are the arguments.
 SMALL_BATCH="--set train.global_batch=8 --set train.micro_batch=4 --set train.eval_batches=1"
 
 # Sequences of 32 tokens (the deck's 64 halved) for host-only layout tests
-# whose steps are most of their time: what they compare (the same sums under another layout, a
-# resume) does not depend on the length (alone: e2e.zero_recompute 39 s ->
+# whose steps are most of their time: what they compare (the same sums
+# under another layout, a resume) does not depend on the length (alone: e2e.zero_recompute 39 s ->
 # 28 s, e2e.offload 35 s -> 24 s; llama.sh and moe.sh gained under 10%
 # and keep their decks' length, as do the scripts the GPU check runs).
 SHORT_SEQ="--set model.seq_len=32"
