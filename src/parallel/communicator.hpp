@@ -3,6 +3,7 @@
 // Communicator is one group of ranks: a data-parallel group, a pipeline, or
 // the two holders of the tied embedding.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,13 @@ class PendingOp {
  public:
   virtual ~PendingOp() = default;
   virtual void wait() = 0;
+  // wait(), returning the seconds it took (the time a caller stood still
+  // for the operation: the straggler watch counts it as a wait).
+  double timed_wait() {
+    const auto t0 = std::chrono::steady_clock::now();
+    wait();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   // Drives progress; true once the operation has completed.
   virtual bool test() = 0;
   // Makes a device stream (a cudaStream_t) wait for the operation, without

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace mpiformer {
 
@@ -13,6 +14,7 @@ GradReducer::GradReducer(const ParameterTable& table, double bucket_bytes, Commu
 
 void GradReducer::begin(float* grads) {
   grads_ = grads;
+  held_ = 0;
   next_ = 0;
   pending_.clear();
 }
@@ -25,7 +27,9 @@ void GradReducer::grads_final_from(int64_t offset) {
       continue;
     }
     if (bounded_ && pending_.size() >= kReductionsInFlight) {
-      pending_.front()->wait();
+      // Backward stands still here as at the end: exposed too (else a
+      // rank waiting on a slow peer here reads as computing).
+      held_ += pending_.front()->timed_wait();
       pending_.erase(pending_.begin());
     }
     Communicator& group = b.experts ? experts_ : dp_;
@@ -42,7 +46,8 @@ double GradReducer::finish() {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& p : pending_) p->wait();
   pending_.clear();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::exchange(held_, 0.0) +
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace mpiformer

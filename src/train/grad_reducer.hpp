@@ -51,7 +51,8 @@ class GradReducer {
   void begin(float* grads);
   // Every gradient at offsets >= offset is final: start the buckets it completes.
   void grads_final_from(int64_t offset);
-  // Starts whatever is left, waits for all; returns the seconds spent waiting.
+  // Starts whatever is left, waits for all; returns the seconds spent
+  // waiting, here and for a free slot (kReductionsInFlight) since begin().
   double finish();
   // Called as each bucket's reduction starts, with its offsets and its
   // operation (the offloaded optimizer copies the bucket to the host once
@@ -68,6 +69,7 @@ class GradReducer {
   size_t next_ = 0;
   std::vector<Pending> pending_;
   bool bounded_ = true;
+  double held_ = 0;  // seconds backward waited for a reduction's slot
   Started started_;
   BucketReduction* reduction_ = nullptr;
 };

@@ -334,13 +334,16 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
 
   // Waits for every reduce-scatter; sums the tied embedding's copies.
-  // Returns the seconds spent waiting.
+  // Returns the seconds spent waiting, here and since the last finish()
+  // (held(): the forward's and backward's waits for the group).
   double finish(Communicator* tied) override {
+    const double earlier = std::exchange(held_, 0.0);
     const auto t0 = std::chrono::steady_clock::now();
     drain(0);
     drain(1);
     for (auto& p : pending_) p->wait();
     pending_.clear();
+    held_ = 0;  // the drains just now: in this wait already
     next_unit_ = plan_.units().size();  // the next step starts from the end again
     if (tied != nullptr && wte_unit_ != nullptr)
       tied->allreduce_sum(reduced_into(*wte_unit_), plan_.part_size(*wte_unit_));
@@ -351,7 +354,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
           Ops::download(ctx_, host_grads_.get() + plan_.units()[k].shard_offset,
                         resident_.get() + resident_at_[k], plan_.part_size(plan_.units()[k]));
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return earlier + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   // The shared kv rows of the owned parts: every tensor rank of a sharing
@@ -559,7 +562,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       if (!alias_ && !in_stage_.copy)
         Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
       if (Ops::kHostMemory && published_.size() >= kInFlight) {
-        published_.front().second->wait();
+        held(*published_.front().second);
         published_.pop_front();
       }
       published_.emplace_back(use_of(u),
@@ -577,7 +580,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         ++it;
         continue;
       }
-      it->second->wait();
+      held(*it->second);
       it = published_.erase(it);
     }
   }
@@ -592,13 +595,13 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // then block `next`'s on its way.
   void need_weights(int64_t i, int64_t next) {
     gather(i);
-    wait_all(wpend_[window_of(i)]);
+    held_all(wpend_[window_of(i)]);
     if (next >= 0) gather(next);
   }
   void gather(int64_t i) {
     const int w = window_of(i);
     if (holds_[w] == i) return;
-    wait_all(wpend_[w]);
+    held_all(wpend_[w]);
     const auto [first, last] = plan_.window_units(i);
     const int64_t block_begin = plan_.units()[first].begin;
     for (size_t k = first; k < last; ++k) {
@@ -610,8 +613,13 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
     holds_[w] = i;
   }
-  static void wait_all(std::vector<Pending>& pending) {
-    for (auto& p : pending) p->wait();
+  // The step waiting for the data-parallel group (a reduction's free
+  // slot or its sums, a gather's weights): exposed communication, as
+  // finish()'s wait is, else a rank waiting on a slow peer reads as
+  // computing to the straggler watch. finish() reports it.
+  void held(PendingOp& op) { held_ += op.timed_wait(); }
+  void held_all(std::vector<Pending>& pending) {
+    for (auto& p : pending) held(*p);
     pending.clear();
   }
 
@@ -628,7 +636,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       // it completes (all units in flight cost a second gradient: measured,
       // gpt2-350m). Not on a device (gradient_buckets.hpp's kReductionsInFlight).
       if (Ops::kHostMemory && pending_.size() >= kInFlight) {
-        pending_.front()->wait();
+        held(*pending_.front());
         pending_.erase(pending_.begin());
       }
       pending_.push_back(group(u).start_reduce_scatter_sum(g, reduced_into(u), plan_.counts(u)));
@@ -696,7 +704,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
   void drain(int w) {
     if (gpend_[w].empty()) return;
-    wait_all(gpend_[w]);
+    held_all(gpend_[w]);
     if (in_stage_.grads16) return;  // reduced in place, where AdamW reads them
     const auto [first, last] = plan_.window_units(gblock_[w]);
     // A vocabulary use's sums stay on the device, offloaded or not: added
@@ -770,6 +778,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   int64_t gblock_[2] = {-1, -1};
   int64_t holds_[2] = {-1, -1};
   double sent_ = 0;  // bytes sent by the collectives issued
+  double held_ = 0;  // seconds waited (held()) since the last finish()
   double allocated_ = 0;
 };
 
