@@ -39,9 +39,9 @@ class StageOptimizer {
   virtual void backward(int slot, bool last, int chunk) = 0;
   virtual void weight_gradients(int slot, bool last, int chunk) = 0;
   // Waits for the step's reduction, sums the tied embedding's copies
-  // (`tied`: the pair, null where none); the seconds waited for the
-  // data-parallel group since the last finish (here, and wherever the
-  // forward or backward stood still for it: a free slot, a gather).
+  // (`tied`: the pair, null where none); the seconds the step waited for
+  // the data-parallel group so far (here, and wherever its forward or
+  // backward stood still for it: a free slot, a gather).
   virtual double finish(Communicator* tied) = 0;
   // After finish: sums over `kv` (the tensor ranks sharing this rank's kv
   // heads, GptConfig::kv_share) the gradient rows of those heads this rank

@@ -312,6 +312,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // finishes its units over several backwards, one per chunk).
   void zero_grads() override {
     stage_.zero_grads();
+    held_ = 0;  // an evaluation's waits between steps are not the step's
     if (grads_on_host_) {
       std::fill(fresh_.begin(), fresh_.end(), 1);
       // The windowed vocabulary's sums accumulate in its resident parts.
@@ -334,7 +335,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   }
 
   // Waits for every reduce-scatter; sums the tied embedding's copies.
-  // Returns the seconds spent waiting, here and since the last finish()
+  // Returns the seconds spent waiting, here and earlier in the step
   // (held(): the forward's and backward's waits for the group).
   double finish(Communicator* tied) override {
     const double earlier = std::exchange(held_, 0.0);
@@ -778,7 +779,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
   int64_t gblock_[2] = {-1, -1};
   int64_t holds_[2] = {-1, -1};
   double sent_ = 0;  // bytes sent by the collectives issued
-  double held_ = 0;  // seconds waited (held()) since the last finish()
+  double held_ = 0;  // seconds waited (held()) this step, before finish()
   double allocated_ = 0;
 };
 
