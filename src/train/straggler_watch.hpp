@@ -1,13 +1,14 @@
 // Stragglers during the run ([run] straggler_every): every N steps the
-// ranks' compute time per step (the step's time less its waits: pipeline
-// receives, the exposed data-parallel reduction, the tensor and expert
-// groups' exchanges) is gathered; a rank whose compute time is above the
-// median of the ranks doing the same work (its pipeline stage's: stages
-// differ by design) by more than 1 / [run] health_fraction in two windows
-// running is
-// named with its host, in the log and in metrics.jsonl ("straggler"), for
-// as long as it stays so. Host timings: a GPU run's host-side times are
-// its launches', not its kernels', so it watches nothing yet.
+// ranks' compute time per step is gathered: the step's time less its
+// waits (pipeline receives; the data-parallel group's exposed reduction
+// and any wait for it inside the passes, a free slot or ZeRO's gathers;
+// the tensor and expert groups' exchanges). A rank whose compute time is
+// above the median of the ranks doing the same work (its pipeline
+// stage's: stages differ by design) by more than 1 / [run]
+// health_fraction in two windows running is named with its host, in the
+// log and in metrics.jsonl ("straggler"), for as long as it stays so.
+// Host timings: a GPU run's host-side times are its launches', not its
+// kernels', so it watches nothing yet.
 #pragma once
 #include <mpi.h>
 
