@@ -49,6 +49,10 @@ struct StageOptions {
   bool positions_given() const { return document_mask || cp > 1; }
 };
 
+// Whether ZeRO stage `zero` keeps the blocks' weights in windows (the
+// stage's window_weights; the planner and the accounting ask the same).
+inline bool windows_weights(int64_t zero) { return zero >= 3; }
+
 // The options a deck asks for, with `slots` from the schedule: ZeRO's
 // level decides which buffers live outside the stage or in windows.
 inline StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero,
@@ -61,7 +65,7 @@ inline StageOptions stage_options(int64_t micro_batch, int slots, Recompute reco
   o.recompute = recompute;
   o.external_master = zero >= 1;
   o.window_grads = zero >= 2;
-  o.window_weights = zero >= 3;
+  o.window_weights = windows_weights(zero);
   return o;
 }
 

@@ -147,7 +147,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     const bool in_place16 = grad16 && zero == 1 && deck.train.offload == Offload::kNone;
     // At zero 3 the vocabulary may go through the windows (StageLayout::
     // windows_vocab): the receive buffers hold its parts too.
-    const bool vocab = tables->layout.windows_vocab(zero >= 3);
+    const bool vocab = tables->layout.windows_vocab(windows_weights(zero));
     const double window_part = static_cast<double>(plan.max_window_part(vocab));
     double blocks = 0, largest_block = 0;
     for (const ShardUnit& u : plan.units()) {

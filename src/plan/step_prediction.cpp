@@ -14,6 +14,7 @@
 #include "model/shard_plan.hpp"
 #include "plan/stage_tables.hpp"
 #include "model/stage_layout.hpp"
+#include "model/stage_options.hpp"
 #include "model/stage_work.hpp"
 #include "plan/gemm_tiles.hpp"
 #include "plan/memory_report.hpp"
@@ -498,7 +499,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const int zero = static_cast<int>(deck.parallel.zero);
     // What is reduced once a step: the tensors outside the windows (at
     // zero 3 the vocabulary may go through them: StageLayout::windows_vocab).
-    const bool vocab = layout.windows_vocab(zero >= 3);
+    const bool vocab = layout.windows_vocab(windows_weights(zero));
     const double outside = static_cast<double>(layout.resident_offset(table.total_storage(), true, vocab));
     // The backward's time a data-parallel transfer can hide in: its
     // links' time that the tensor collectives, the expert all-to-alls and

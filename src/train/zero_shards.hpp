@@ -558,7 +558,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     for (auto& h : holds_) h = -1;  // the windows hold old weights now
     for (const ShardUnit& u : plan_.units()) {
       if (windowed(u, 3)) continue;
-      Act* whole = stage_.weights() + stage_.resident_offset(u.begin, zero_ >= 3);
+      Act* whole = stage_.weights() + stage_.resident_offset(u.begin, windows_weights(zero_));
       Act* mine = whole + (plan_.part_begin(u) - u.begin);
       if (!alias_ && !in_stage_.copy)
         Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
