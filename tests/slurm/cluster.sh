@@ -107,7 +107,25 @@ slurm_down() {
   for f in "$d"/slurmd-*.pid "$d/slurmctld.pid" "$d/munge/munged.pid"; do
     [ -f "$f" ] && { kill -9 "$(cat "$f")" 2>/dev/null || true; }
   done
+  slurm_steps_down "$d/slurm.conf"
   return 0
+}
+
+# A job still running when its cluster goes down keeps its slurmstepd, and
+# what the step runs, after slurmd is gone: one was found 1.5 hours after a
+# suite run, ignoring SIGTERM. This cluster's steps (those started under
+# its slurm.conf) end here, each with its processes.
+slurm_steps_down() {  # SLURM_CONF
+  local p
+  for p in $(pgrep -x slurmstepd); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$1" || continue
+    kill -9 $(process_tree "$p") 2>/dev/null || true
+  done
+}
+process_tree() {  # PID: it and its descendants
+  local c
+  echo "$1"
+  for c in $(pgrep -P "$1"); do process_tree "$c"; done
 }
 
 # job_state ID STATE: whether the job is in STATE now.
