@@ -118,7 +118,9 @@ slurm_down() {
 slurm_steps_down() {  # SLURM_CONF
   local p
   for p in $(pgrep -x slurmstepd); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$1" || continue
+    # grep reads to the end (not -q): under pipefail a tr cut short by an
+    # early exit would read as no match.
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -xF "SLURM_CONF=$1" >/dev/null || continue
     kill -9 $(process_tree "$p") 2>/dev/null || true
   done
 }
