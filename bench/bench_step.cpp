@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
 
     // The trainer's own stage and optimizer on the host.
     StageSetup setup;
-    setup.options = stage_options(B, 1, deck.train.recompute, 0);
+    setup.options = stage_options(B, SlotKinds::any(1), deck.train.recompute, 0);
     setup.adam = AdamWSettings{0.9, 0.95, 1e-8, 0.1};
     setup.precision = deck.train.precision;
     const auto stage = make_host_backend(cfg, partition_stage(cfg, 0, 1), setup);

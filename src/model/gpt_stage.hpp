@@ -155,7 +155,7 @@ class GptStage {
            const StageOptions& options);
   GptStage(Context& ctx, const GptConfig& cfg, const StageRange& range, int64_t micro_batch,
            int num_slots)
-      : GptStage(ctx, cfg, range, StageOptions{micro_batch, num_slots}) {}
+      : GptStage(ctx, cfg, range, StageOptions{micro_batch, SlotKinds::any(num_slots)}) {}
   GptStage(const GptStage&) = delete;
   GptStage& operator=(const GptStage&) = delete;
 

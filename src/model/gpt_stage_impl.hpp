@@ -133,13 +133,20 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   };
   bool any_dense = false;
   for (bool d : moe_.dense_at) any_dense = any_dense || d;
-  slots_.resize(static_cast<size_t>(opt_.slots));
+  slots_.resize(static_cast<size_t>(opt_.slots.count));
   for (Slot& s : slots_) {
-    for (int64_t i = 0; i <= L; ++i) s.residual.push_back(act(R * C));
+    // A slot that only ever holds the model's short first or last chunk
+    // allocates that chunk's positions (the rest stay empty, never used).
+    const int k = static_cast<int>(&s - slots_.data());
+    const auto [lo, hi] = range_.slot_span(opt_.slots.first_only(k), opt_.slots.last_only(k));
+    for (int64_t i = 0; i <= L; ++i)
+      s.residual.push_back(i >= lo && i <= hi ? act(R * C) : Buffer<Act>());
     if (opt_.recompute != Recompute::kFull) {
       s.layers.resize(static_cast<size_t>(L));
-      for (size_t j = 0; j < s.layers.size(); ++j)
-        keep(s.layers[j], opt_.recompute == Recompute::kNone, moe_.dense_at[j], moe_.sparse_at[j]);
+      for (int64_t j = lo; j < hi; ++j) {
+        const size_t u = static_cast<size_t>(j);
+        keep(s.layers[u], opt_.recompute == Recompute::kNone, moe_.dense_at[u], moe_.sparse_at[u]);
+      }
     }
     if (range_.has_embedding) s.tokens = tokens(BT);
     if (opt_.positions_given()) s.positions = tokens(BT);

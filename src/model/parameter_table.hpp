@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/adamw_params.hpp"
@@ -52,6 +53,12 @@ struct StageRange {
   // another stage finds it at the slot's start and every chunk that sends
   // leaves it at the end.
   int64_t slot_position(int64_t i) const { return (i + first_short) % full_chunk(); }
+  // The positions [lo, hi) of a slot that holds only chunk 0 (`first_only`)
+  // or only the last chunk (`last_only`), or both (one chunk), or any
+  // chunk: what it allocates (core/slot_kinds.hpp).
+  std::pair<int64_t, int64_t> slot_span(bool first_only, bool last_only) const {
+    return {first_only ? first_short : 0, full_chunk() - (last_only ? last_short : 0)};
+  }
   // The model layer of the stage's i-th block (blocks in layer order).
   int64_t layer(int64_t i) const {
     const int64_t j = i + first_short, per = full_chunk();

@@ -87,25 +87,35 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   bool any_dense = false;
   for (bool d : moe.dense_at) any_dense = any_dense || d;
   const double block_kept = kept_at(any_dense, moe.any_sparse);  // recomputation's one set
-  // One slot: the residual stream at every block boundary, then per block
-  // what it keeps (nothing under full recomputation).
-  double slot = (L + 1) * R * C * act;
-  for (size_t j = 0; j < moe.dense_at.size(); ++j) {
-    const double kept = kept_at(moe.dense_at[j], moe.sparse_at[j]);
-    if (o.recompute == Recompute::kNone) slot += kept + attention;
-    if (o.recompute == Recompute::kAttention) slot += kept;
-  }
-  if (range.has_embedding) slot += BT * 4;  // token ids
-  if (o.positions_given()) slot += BT * 4;  // their positions (in documents, or the sequence)
   // The head's: lnf, logits; lnf's statistics, the losses; targets (split
   // backward, interleaving: one set for every slot).
   const double head = range.has_head ? (R * C + BT * V) * act + (stats * R + BT) * acc + BT * 4 : 0;
   const bool shared_head = o.split_backward || range.chunks > 1;
-  if (!shared_head) slot += head;
-  // Split backward: the blocks' LayerNorm weight gradients B leaves for W.
-  if (o.split_backward) slot += 4 * L * C * acc;
-  f.per_slot = slot;
-  f.activations = slot * o.slots;
+  // One slot, of the positions [lo, hi) it holds (StageRange::slot_span):
+  // the residual stream at their block boundaries, then per block what it
+  // keeps (nothing under full recomputation).
+  const auto slot_bytes = [&](std::pair<int64_t, int64_t> span) {
+    double slot = static_cast<double>(span.second - span.first + 1) * R * C * act;
+    for (int64_t j = span.first; j < span.second; ++j) {
+      const size_t u = static_cast<size_t>(j);
+      const double kept = kept_at(moe.dense_at[u], moe.sparse_at[u]);
+      if (o.recompute == Recompute::kNone) slot += kept + attention;
+      if (o.recompute == Recompute::kAttention) slot += kept;
+    }
+    if (range.has_embedding) slot += BT * 4;  // token ids
+    if (o.positions_given()) slot += BT * 4;  // their positions (in documents, or the sequence)
+    if (!shared_head) slot += head;
+    // Split backward: the blocks' LayerNorm weight gradients B leaves for W.
+    if (o.split_backward) slot += 4 * L * C * acc;
+    return slot;
+  };
+  // A whole chunk's; each slot's as the schedule has it (SlotKinds).
+  f.per_slot = slot_bytes(range.slot_span(false, false));
+  const SlotKinds& k = o.slots;
+  f.activations = k.both * slot_bytes(range.slot_span(true, true)) +
+                  k.first * slot_bytes(range.slot_span(true, false)) +
+                  k.last * slot_bytes(range.slot_span(false, true)) +
+                  (k.count - k.both - k.first - k.last) * f.per_slot;
   // Backward scratch: dres (rows held), dln, datty; dqkv, d4 and attention's
   // backward scratch with
   // blocks (Llama: SwiGLU's output gradient, and the rotary table); the output gradient's inbox on a non-last stage; the loss sum

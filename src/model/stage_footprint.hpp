@@ -20,8 +20,9 @@ struct StageFootprint {
   double gradients = 0;    // Acc: whole, or outside the blocks + 2 windows
   double weight_copy = 0;  // the Act weights where they are not the master:
                            // whole, or outside the blocks + 2 windows
-  double per_slot = 0;     // activations of one in-flight micro-batch
-  double activations = 0;  // per_slot x slots
+  double per_slot = 0;     // activations of one in-flight micro-batch of a whole chunk
+  double activations = 0;  // every slot's: per_slot each, less where a slot holds a short
+                           // chunk only (core/slot_kinds.hpp)
   double scratch = 0;      // backward scratch shared by the slots, inbox, loss
   double total() const { return parameters + gradients + weight_copy + activations + scratch; }
 };
@@ -43,8 +44,8 @@ inline StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& ra
                                       int64_t micro_batch, int slots, size_t act_bytes,
                                       size_t acc_bytes,
                                       AttentionStorage attention = AttentionStorage::kProbabilities) {
-  return stage_footprint(cfg, range, StageOptions{micro_batch, slots}, act_bytes, acc_bytes,
-                         attention);
+  return stage_footprint(cfg, range, StageOptions{micro_batch, SlotKinds::any(slots)}, act_bytes,
+                         acc_bytes, attention);
 }
 
 }  // namespace mpiformer

@@ -6,12 +6,15 @@
 #include <cstdint>
 
 #include "core/settings.hpp"
+#include "core/slot_kinds.hpp"
 
 namespace mpiformer {
 
 struct StageOptions {
   int64_t micro_batch = 1;
-  int slots = 1;  // micro-batches in flight at once (the schedule's)
+  // Micro-batches in flight at once, and which chunks each slot holds
+  // (the schedule's: pipeline_schedule.hpp's slot_kinds).
+  SlotKinds slots;
   Recompute recompute = Recompute::kNone;
   // ZeRO >= 1, or masters offloaded ([train] offload in mixed precision):
   // the Acc master weights live in the optimizer's shard or its offloaded
@@ -55,8 +58,9 @@ inline bool windows_weights(int64_t zero) { return zero >= 3; }
 
 // The options a deck asks for, with `slots` from the schedule: ZeRO's
 // level decides which buffers live outside the stage or in windows.
-inline StageOptions stage_options(int64_t micro_batch, int slots, Recompute recompute, int zero,
-                                  bool sequence_parallel = false, bool split_backward = false) {
+inline StageOptions stage_options(int64_t micro_batch, const SlotKinds& slots, Recompute recompute,
+                                  int zero, bool sequence_parallel = false,
+                                  bool split_backward = false) {
   StageOptions o;
   o.sequence_parallel = sequence_parallel;
   o.split_backward = split_backward;

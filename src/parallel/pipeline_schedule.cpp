@@ -135,7 +135,15 @@ PipePeer gradient_to(int num_stages, int stage, int chunk) {
 int activation_from(int num_stages, int stage) { return (stage + num_stages - 1) % num_stages; }
 int gradient_from(int num_stages, int stage) { return (stage + 1) % num_stages; }
 
-std::vector<int> activation_slots(const std::vector<Action>& actions) {
+namespace {
+
+// activation_slots and slot_kinds: each action's slot, numbered by kind.
+struct SlotAssignment {
+  std::vector<int> slot_of;
+  SlotKinds kinds;
+};
+
+SlotAssignment assign_slots(const std::vector<Action>& actions) {
   const Op closes = closing_op(actions);
   std::vector<int> out(actions.size(), -1);
   // Flat tables by (micro, chunk), and the freed slots in a heap: the
@@ -152,6 +160,8 @@ std::vector<int> activation_slots(const std::vector<Action>& actions) {
   std::vector<int> slot_of(static_cast<size_t>(micros) * static_cast<size_t>(chunks), -1);
   std::vector<char> open(slot_of.size(), 0);  // kept after it closes: slot_of
   std::priority_queue<int, std::vector<int>, std::greater<>> freed;  // below `next`
+  // Per slot: whether every chunk it held was chunk 0, the last chunk.
+  std::vector<char> all_first, all_last;
   int next = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
@@ -161,11 +171,15 @@ std::vector<int> activation_slots(const std::vector<Action>& actions) {
       // The lowest free slot.
       if (freed.empty()) {
         slot_of[key] = next++;
+        all_first.push_back(1);
+        all_last.push_back(1);
       } else {
         slot_of[key] = freed.top();
         freed.pop();
       }
       open[key] = 1;
+      all_first[static_cast<size_t>(slot_of[key])] &= a.chunk == 0;
+      all_last[static_cast<size_t>(slot_of[key])] &= a.chunk == chunks - 1;
     }
     if (slot_of[key] < 0) throw std::logic_error("activation_slots: an action before its forward");
     out[i] = slot_of[key];
@@ -174,8 +188,38 @@ std::vector<int> activation_slots(const std::vector<Action>& actions) {
       freed.push(slot_of[key]);
     }
   }
-  return out;
+  // Numbered by kind (SlotKinds), in assignment order within one: a
+  // renaming, so which actions share a slot is unchanged.
+  SlotAssignment r;
+  r.kinds.count = std::max(next, max_live_activations(actions));
+  std::vector<int> order(static_cast<size_t>(next));
+  const auto kind = [&](int k) {
+    const size_t u = static_cast<size_t>(k);
+    return all_first[u] && all_last[u] ? 0 : all_first[u] ? 1 : all_last[u] ? 2 : 3;
+  };
+  for (int k = 0; k < next; ++k) order[static_cast<size_t>(k)] = k;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return kind(a) < kind(b); });
+  std::vector<int> renamed(static_cast<size_t>(next));
+  for (int k = 0; k < next; ++k) {
+    renamed[static_cast<size_t>(order[static_cast<size_t>(k)])] = k;
+    const int c = kind(order[static_cast<size_t>(k)]);
+    if (c == 0) ++r.kinds.both;
+    if (c == 1) ++r.kinds.first;
+    if (c == 2) ++r.kinds.last;
+  }
+  for (int& s : out)
+    if (s >= 0) s = renamed[static_cast<size_t>(s)];
+  r.slot_of = std::move(out);
+  return r;
 }
+
+}  // namespace
+
+std::vector<int> activation_slots(const std::vector<Action>& actions) {
+  return assign_slots(actions).slot_of;
+}
+
+SlotKinds slot_kinds(const std::vector<Action>& actions) { return assign_slots(actions).kinds; }
 
 int max_live_activations(const std::vector<Action>& actions) {
   const Op closes = closing_op(actions);
@@ -262,7 +306,7 @@ bool runs_to_the_end(const std::vector<std::vector<Action>>& stages,
 
 // What the planner asks of one stage's schedule, remembered.
 struct StageFacts {
-  int slots = 1;
+  SlotKinds slots;
   bool sends_gradients = false;
 };
 
@@ -282,7 +326,7 @@ StageFacts stage_facts(ScheduleKind kind, int num_stages, int stage, int num_mic
         auto facts = std::make_shared<Facts>();
         for (const std::vector<Action>& actions : *lists) {
           StageFacts f;
-          f.slots = max_live_activations(actions);
+          f.slots = slot_kinds(actions);
           f.sends_gradients = std::any_of(actions.begin(), actions.end(),
                                           [](const Action& a) { return a.op == Op::SendGradient; });
           facts->push_back(f);
@@ -295,7 +339,7 @@ StageFacts stage_facts(ScheduleKind kind, int num_stages, int stage, int num_mic
 
 }  // namespace
 
-int schedule_slots(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks) {
+SlotKinds schedule_slots(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks) {
   return stage_facts(kind, num_stages, stage, num_micro, chunks).slots;
 }
 
@@ -325,7 +369,7 @@ int gradient_send_buffers(ScheduleKind kind, int num_stages, int stage, int num_
                           int chunks) {
   const StageFacts mine = stage_facts(kind, num_stages, stage, num_micro, chunks);
   if (!mine.sends_gradients) return 0;
-  const int slots = mine.slots;
+  const int slots = mine.slots.count;
   // The same answer for every stage of a pipeline (the search asks often).
   static BoundedMemo<std::tuple<ScheduleKind, int, int, int>, int> known(1 << 16, 1.0 * (1 << 20));
   const int buffers = *known.get(

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/settings.hpp"
+#include "core/slot_kinds.hpp"
 
 namespace mpiformer {
 
@@ -94,8 +95,15 @@ inline bool last_virtual(int num_stages, int stage, int chunk, int chunks) {
 // whole-step actions): a forward takes the lowest free slot, the action
 // that closes its micro-batch (see max_live_activations) frees it, and
 // every action of that micro-batch and chunk in between uses it. Slots in
-// use never exceed max_live_activations(actions).
+// use never exceed max_live_activations(actions). The slots are then
+// numbered by what they held (core/slot_kinds.hpp), which renames them
+// and changes nothing else.
 std::vector<int> activation_slots(const std::vector<Action>& actions);
+
+// What those slots held over the step: how many only ever held the
+// stage's chunk 0, its last chunk, or both (core/slot_kinds.hpp), of
+// max_live_activations(actions).
+SlotKinds slot_kinds(const std::vector<Action>& actions);
 
 // Most micro-batches whose activations a stage holds at once under `actions`
 // (a forward opens one; its backward closes it, or its W where the
@@ -103,11 +111,11 @@ std::vector<int> activation_slots(const std::vector<Action>& actions);
 // of the activation pool.
 int max_live_activations(const std::vector<Action>& actions);
 
-// max_live_activations of pipeline_schedule(kind, num_stages, stage,
-// num_micro, chunks), remembered per arguments: the planner asks it of
-// every stage of tens of thousands of layouts, most of which share their
-// pipelines.
-int schedule_slots(ScheduleKind kind, int num_stages, int stage, int num_micro, int chunks = 1);
+// slot_kinds of pipeline_schedule(kind, num_stages, stage, num_micro,
+// chunks), remembered per arguments: the planner asks it of every stage of
+// tens of thousands of layouts, most of which share their pipelines.
+SlotKinds schedule_slots(ScheduleKind kind, int num_stages, int stage, int num_micro,
+                         int chunks = 1);
 
 // Every stage's pipeline_schedule, stage by stage, remembered (the most
 // recent, 64 MB at most): the planner simulates tens of thousands of steps

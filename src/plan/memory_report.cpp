@@ -16,8 +16,9 @@ std::vector<RankMemory> predicted_memory(const Deck& deck, const BackendChoice& 
   const int pp = static_cast<int>(deck.parallel.pp);
   for (int s = 0; s < pp; ++s) {
     // Each stage's schedule keeps its own number of micro-batches alive.
-    const int slots = schedule_slots(deck.parallel.schedule, pp, s, static_cast<int>(deck.grad_accum()),
-                                     static_cast<int>(deck.parallel.virtual_stages));
+    const SlotKinds slots =
+        schedule_slots(deck.parallel.schedule, pp, s, static_cast<int>(deck.grad_accum()),
+                       static_cast<int>(deck.parallel.virtual_stages));
     out.push_back(rank_memory(deck, backend, s, slots));
   }
   return out;
@@ -25,7 +26,8 @@ std::vector<RankMemory> predicted_memory(const Deck& deck, const BackendChoice& 
 
 std::string memory_table(const std::vector<RankMemory>& stages) {
   std::string t = "memory per rank, predicted (MB): stage | parameters | gradients | AdamW | "
-                  "activations (slots x per slot) | comm buffers | scratch | total\n";
+                  "activations (slots x a whole chunk's, at most) | comm buffers | scratch | "
+                  "total\n";
   for (size_t s = 0; s < stages.size(); ++s) {
     const RankMemory& m = stages[s];
     t += strprintf("  %zu | %.1f | %.1f | %.1f | %.1f (%d x %.1f) | %.1f | %.1f | %.1f\n", s,

@@ -1,6 +1,7 @@
 // The run's memory, predicted and measured. Rank 0 prints, at the start,
 // what a rank of each stage will allocate (rank_memory: parameters,
-// gradients, AdamW moments, activations = slots x per slot, scratch) and
+// gradients, AdamW moments, activations: slots of up to a whole chunk's
+// each, scratch) and
 // records it in metrics.jsonl; at the end, what each rank's resident memory
 // grew by over its baseline (taken before anything was allocated), against
 // that prediction. Host memory only: a GPU's allocator peak is not read yet.

@@ -24,7 +24,7 @@ std::vector<double> state_bytes_per_parameter(const Deck& deck, Device device) {
     double most = 0;
     for (int s = 0; s < static_cast<int>(d.parallel.pp); ++s) {
       // Model state does not depend on the slots: one will do.
-      const RankMemory m = rank_memory(d, choice, s, 1);
+      const RankMemory m = rank_memory(d, choice, s, SlotKinds::any(1));
       const double n = static_cast<double>(
           ParameterTable(d.model, stage_range_of(d, s, 0)).total_storage());
       if (n > 0) most = std::max(most, (m.parameters() + m.gradients() + m.optimizer) / n);
@@ -98,7 +98,7 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     choice.precision = deck.train.precision;
     double most = 0;
     for (int s = 0; s < static_cast<int>(deck.parallel.pp); ++s)
-      most = std::max(most, rank_memory(deck, choice, s, 1).checkpoint_snapshot);
+      most = std::max(most, rank_memory(deck, choice, s, SlotKinds::any(1)).checkpoint_snapshot);
     lines.push_back(strprintf(
         "[checkpoint] async: the saves' snapshot holds up to %.2f GiB of host memory a rank from the "
         "first save on (%s)",

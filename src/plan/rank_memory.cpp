@@ -32,7 +32,7 @@ double save_gather_bytes(const ParameterSpec& spec, int64_t dp) {
 
 }  // namespace
 
-StageOptions stage_options_of(const Deck& deck, int slots) {
+StageOptions stage_options_of(const Deck& deck, const SlotKinds& slots) {
   StageOptions o = stage_options(deck.train.micro_batch, slots, deck.train.recompute,
                                  static_cast<int>(deck.parallel.zero),
                                  deck.parallel.sequence_parallel,
@@ -68,7 +68,8 @@ int stage_grad_send_buffers(const Deck& deck, int stage_index) {
                                static_cast<int>(deck.parallel.virtual_stages));
 }
 
-RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
+RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index,
+                       const SlotKinds& slots) {
   const GptConfig& cfg = deck.model;
   // Tensor rank 0: every rank stores as much, and it holds the most real
   // vocabulary rows (what the save's gathers and ZeRO's parts follow).
@@ -78,7 +79,7 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
   const double acc = static_cast<double>(element_bytes(types.master));
   const int zero = static_cast<int>(deck.parallel.zero);
   RankMemory m;
-  m.slots = slots;
+  m.slots = slots.count;
   bool host_gradients = false;  // ZeRO's shard gradients offloaded (below)
   // What attention keeps: the GPU's fused kernels each row's statistics,
   // the host the probabilities (each op set's kAttention).

@@ -58,7 +58,8 @@ struct RankMemory {
            (saves_in_total ? checkpoint_snapshot + checkpoint_io : 0);
   }
 };
-RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index, int slots);
+RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_index,
+                       const SlotKinds& slots);
 // The bytes context parallelism's ring holds on a rank (cp > 1; 0
 // otherwise): what train/context_attention.hpp allocates, which the
 // memory accounting adds. `device`: the GPU's op set, whose kernels keep
@@ -72,7 +73,7 @@ int64_t offload_block_elements(const TrainConfig& train);
 
 // The stage options a deck asks for, with `slots` from the schedule: what
 // the trainer builds its stage with and the accounting predicts from.
-StageOptions stage_options_of(const Deck& deck, int slots);
+StageOptions stage_options_of(const Deck& deck, const SlotKinds& slots);
 // The layers (chunks, under interleaving) stage `stage_index` holds, and
 // its schedule for one step: the same for the trainer, the accounting and
 // the planner.

@@ -67,7 +67,8 @@ double available_per_rank(const BackendChoice& choice, std::string* what) {
   return bytes < 0 ? -1 : bytes / choice.sharing;
 }
 
-void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index, int slots) {
+void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index,
+                const SlotKinds& slots) {
   const RankMemory m = rank_memory(deck, choice, stage_index, slots);
   std::string what;
   const double avail = available_per_rank(choice, &what);
@@ -76,14 +77,14 @@ void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index, 
   throw InputError(
       deck.path, "[model], [train] micro_batch, [parallel] pp, [parallel] tp, [parallel] zero",
       strprintf("stage %d needs about %.2f GB per rank (parameters %.2f GB, gradients %.2f GB, "
-                "AdamW moments %.2f GB, activations %.2f GB = %d slot(s) x %.2f GB at "
+                "AdamW moments %.2f GB, activations %.2f GB in %d slot(s) of up to %.2f GB at "
                 "micro_batch %lld with recompute \"%s\", scratch and buffers %.2f GB), but %s "
                 "%.2f GB per rank (%d rank(s) share it). To fit: raise [parallel] zero (now "
                 "%lld; shards optimizer state, gradients and weights over dp = %lld), set [train] "
                 "recompute = \"full\", raise [parallel] pp (now %lld) or tp (now %lld), lower "
                 "[train] micro_batch, or train a smaller model",
                 stage_index, m.total() / gb, m.parameters() / gb, m.gradients() / gb,
-                m.optimizer / gb, m.stage.activations / gb, slots, m.stage.per_slot / gb,
+                m.optimizer / gb, m.stage.activations / gb, slots.count, m.stage.per_slot / gb,
                 static_cast<long long>(deck.train.micro_batch), name_of(deck.train.recompute),
                 (m.stage.scratch + m.comm + m.workspace) / gb, what.c_str(), avail / gb,
                 choice.sharing, static_cast<long long>(deck.parallel.zero),
@@ -95,7 +96,7 @@ void check_fits(const Deck& deck, const BackendChoice& choice, int stage_index, 
 
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
                                                  const GptConfig& cfg, const GridPlace& place,
-                                                 int slots) {
+                                                 const SlotKinds& slots) {
   const int stage_index = place.stage;
   check_fits(deck, choice, stage_index, slots);
   const TrainConfig& tc = deck.train;
@@ -133,7 +134,7 @@ std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const Backend
     throw InputError(deck.path, "[train] micro_batch",
                      strprintf("stage %d does not fit in GPU memory with micro_batch %lld and "
                                "%d activation slot(s): lower micro_batch or raise pp (%s)",
-                               stage_index, static_cast<long long>(tc.micro_batch), slots,
+                               stage_index, static_cast<long long>(tc.micro_batch), slots.count,
                                e.what()));
   }
 #else

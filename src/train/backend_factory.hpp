@@ -29,7 +29,7 @@ BackendChoice choose_backend(const Deck& deck, NodePlace node);
 // the bytes, before anything is allocated.
 std::unique_ptr<StageBackend> make_stage_backend(const Deck& deck, const BackendChoice& choice,
                                                  const GptConfig& cfg, const GridPlace& place,
-                                                 int slots);
+                                                 const SlotKinds& slots);
 
 // The communicators that move one stage's buffers: the grid's MPI groups on
 // the host; on GPUs NCCL, or MPI through host memory where the ranks of a

@@ -68,7 +68,7 @@ StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute re
   const double budget_bytes = 0.25 * host_available_bytes() / world;
   for (cfg.n_layer = model.n_layer; cfg.n_layer > 1; --cfg.n_layer) {
     d.model = cfg;
-    if (rank_memory(d, cpu, 0, 1).total() <= budget_bytes) break;
+    if (rank_memory(d, cpu, 0, SlotKinds::any(1)).total() <= budget_bytes) break;
   }
   const StageRange range{0, cfg.n_layer, true, true};
   // What earlier probes left goes first, so that the stage is measured as
@@ -81,7 +81,7 @@ StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute re
   malloc_trim(0);
   reset_resident_peak();
   StageSetup setup;
-  setup.options = stage_options(micro_batch, 1, recompute, 0);
+  setup.options = stage_options(micro_batch, SlotKinds::any(1), recompute, 0);
   auto stage = make_host_backend(cfg, range, setup);
   MPI_Comm self;
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_SELF, &self));
@@ -97,7 +97,7 @@ StageProbe probe_stage(const GptConfig& model, int64_t micro_batch, Recompute re
   });
   stage->take_loss_sum();
   d.model = cfg;
-  const double accounted = rank_memory(d, cpu, 0, 1).total();
+  const double accounted = rank_memory(d, cpu, 0, SlotKinds::any(1)).total();
   // The run's figure is its peak growth over its baseline.
   double overhead = std::max(0.0, resident_high_water() - baseline - accounted);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &overhead, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));

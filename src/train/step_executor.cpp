@@ -71,6 +71,11 @@ StepExecutor::StepExecutor(const Deck& deck, ProcessGrid& grid, StageBackend& st
       step_sums_(static_cast<size_t>(3 + kRouterTotals + deck.model.n_layer * deck.model.experts)),
       router_discard_(static_cast<size_t>(kRouterTotals + deck.model.n_layer * deck.model.experts)) {
   for (int b = stage.grad_send_buffers() - 1; b >= 0; --b) free_grad_buffers_.push_back(b);
+  eval_slot_.assign(static_cast<size_t>(chunks_), -1);
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    int& e = eval_slot_[static_cast<size_t>(std::max(actions_[i].chunk, 0))];
+    if (actions_[i].op == Op::Forward && e < 0) e = slot_of_[i];
+  }
   // core/test_hooks.hpp (host back end: the gradients are host memory there).
   fault_step_ = stage.on_device() ? -1 : test_hooks::fault_nonfinite_step();
   if (grid.tp() > 1 || grid.ep() > 1 || grid.cp() > 1) {
@@ -319,25 +324,29 @@ double StepExecutor::evaluate(DataFeeder& data) {
   StageBackend& stage = stage_;
   const size_t bytes = stage.message_bytes();
   watchdog_.enter("evaluation", 0, "the pipeline's neighbours and every rank");
-  // Forward only, one micro-batch (and chunk) at a time, through slot 0.
+  // Forward only, one micro-batch (and chunk) at a time, each chunk
+  // through one slot that holds it in training (eval_slot_).
   const int pp = g.pp(), v = chunks_;
   for (const Action& a :
        forward_only_schedule(pp, g.stage(), data.eval_micro_batches(), v)) {
+    const int slot = eval_slot_[static_cast<size_t>(a.chunk)];
     switch (a.op) {
       case Op::RecvActivation:
-        comms_.pipe_act->recv_bytes(stage.input_buffer(0), bytes, activation_from(pp, g.stage()),
+        comms_.pipe_act->recv_bytes(stage.input_buffer(slot), bytes,
+                                    activation_from(pp, g.stage()),
                                     activation_tag(a.micro, a.chunk, v));
         break;
       case Op::Forward:
         if (data.has_positions() || first_virtual(g.stage(), a.chunk) ||
             last_virtual(pp, g.stage(), a.chunk, v))
-          data.load_eval(a.micro, 0);
-        stage.forward(0, data.inputs(0), data.targets(0), false, 0.0f, a.chunk, data.positions(0));
+          data.load_eval(a.micro, slot);
+        stage.forward(slot, data.inputs(slot), data.targets(slot), false, 0.0f, a.chunk,
+                      data.positions(slot));
         break;
       case Op::SendActivation: {
-        // Waited at once: slot 0 is overwritten by the next forward.
+        // Waited at once: the slot is overwritten by the chunk's next forward.
         const PipePeer to = activation_to(pp, g.stage(), a.chunk);
-        comms_.pipe_act->start_send_bytes(stage.output(0), bytes, to.stage,
+        comms_.pipe_act->start_send_bytes(stage.output(slot), bytes, to.stage,
                                           activation_tag(a.micro, to.chunk, v))
             ->wait();
         break;

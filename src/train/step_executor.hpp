@@ -107,6 +107,9 @@ class StepExecutor {
   void finish_grad_send();
   std::vector<int> slot_of_;  // each action's activation slot (activation_slots)
   int chunks_;                // model chunks per stage (interleaved; else 1)
+  // The slot evaluation runs each chunk through: one that holds it in
+  // training (a slot of a short chunk alone lacks the other chunks' layers).
+  std::vector<int> eval_slot_;
   // Where the stage's tensor all-reduces are reported: the step's times and
   // the micro-batch they belong to (for the trace).
   StepTimes* times_ = nullptr;

@@ -229,7 +229,7 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   host::set_compute_threads(
       host::choose_compute_threads(static_cast<int>(deck_.run.blas_threads), node.size));
   p.actions = stage_schedule(deck_, stage_index);
-  const int slots = max_live_activations(p.actions);
+  const SlotKinds slots = slot_kinds(p.actions);
   p.stage = make_stage_backend(deck_, p.backend, deck_.model, place, slots);
   p.stage->init_parameters(static_cast<uint64_t>(deck_.train.seed));
   // Every rank may write in the run directory (traces). The checkpoint
@@ -254,7 +254,8 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   p.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
       dp_rank, place.tp_rank);
-  p.data->plan(slots, static_cast<int>(par.dp), dp_rank / cp, cp, dp_rank % cp, par.cp_chunks);
+  p.data->plan(slots.count, static_cast<int>(par.dp), dp_rank / cp, cp, dp_rank % cp,
+               par.cp_chunks);
   p.flops_per_token = training_flops_per_token(deck_.model);
 }
 
@@ -520,7 +521,7 @@ void Trainer::report_measured_memory(MetricsLog& metrics) const {
   const int world = p.grid->dp() * p.grid->pp() * p.grid->tp();
   const double mine[3] = {
       static_cast<double>(p.grid->stage()),
-      rank_memory(deck_, p.backend, p.grid->stage(), p.stage->num_slots()).total(),
+      rank_memory(deck_, p.backend, p.grid->stage(), slot_kinds(p.actions)).total(),
       p.stage->on_device() ? p.stage->device_peak_bytes()
                            : peak_resident_bytes() - p.baseline_resident};
   std::vector<double> all(3 * static_cast<size_t>(world));

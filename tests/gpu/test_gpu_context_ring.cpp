@@ -218,7 +218,7 @@ void check_stage(const GptConfig& base) {
     cuda::Ops<float>::download(ctx, params.data(), gpu.params(), gpu.param_storage());
 
     host::Context hctx;
-    HostGptStage<double> ref(hctx, cfg, whole, StageOptions{kB, 1});
+    HostGptStage<double> ref(hctx, cfg, whole, StageOptions{kB, SlotKinds::any(1)});
     std::copy(params.begin(), params.end(), ref.params());
     ref.zero_grads();
     for (int m = 0; m < 2; ++m) {

@@ -182,7 +182,7 @@ ZeroRun zero_steps(int zero, Offload where, GradDtype grads = GradDtype::kFp32) 
   for (int m = 0; m < 2; ++m)
     for (int64_t i = 0; i < BT; ++i) in[m][i] = tok(gen), tg[m][i] = tok(gen);
   cuda::Context ctx(0);
-  StageOptions options = stage_options(kB, 2, Recompute::kNone, zero);
+  StageOptions options = stage_options(kB, SlotKinds::any(2), Recompute::kNone, zero);
   options.window_grads = options.window_grads || grads == GradDtype::kBf16;
   GptStage<Ops> stage(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, options);
   OffloadSetup setup;

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     deck.run.device = Device::kCuda;
     const BackendChoice choice = choose_backend(deck, node_place(MPI_COMM_WORLD));
     ProcessGrid grid(1, 1, 1, MPI_COMM_SELF);
-    auto stage = make_stage_backend(deck, choice, deck.model, GridPlace{}, 1);
+    auto stage = make_stage_backend(deck, choice, deck.model, GridPlace{}, SlotKinds::any(1));
     StageComms c = connect_stage(grid, *stage);
     const char* names[] = {"activations", "gradients", "data-parallel", "tensor-parallel"};
     const Communicator* comms[] = {c.pipe_act, c.pipe_grad, c.dp, c.tp};

@@ -61,7 +61,7 @@ RankMemory memory(int zero, Recompute recompute, int64_t dp = 2, GptConfig cfg =
   d.train.recompute = recompute;
   d.parallel.dp = dp;
   d.parallel.zero = zero;
-  return rank_memory(d, BackendChoice{}, 0, 1);
+  return rank_memory(d, BackendChoice{}, 0, SlotKinds::any(1));
 }
 
 TEST(MemoryAccounting, ExactBytesOfATinyModel) {
@@ -85,7 +85,7 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
     d.train.micro_batch = 2;
     d.parallel.dp = 2;
     d.checkpoint.at_end = false;  // and no `every`: no save, no buffers
-    EXPECT_EQ(rank_memory(d, BackendChoice{}, 0, 1).checkpoint_io, 0);
+    EXPECT_EQ(rank_memory(d, BackendChoice{}, 0, SlotKinds::any(1)).checkpoint_io, 0);
   }
   EXPECT_EQ(z0.total(), 15488 * 4 + 18208 + 2824 + 2 * 15488 + 2 * 256 * 4);
   EXPECT_EQ(memory(0, Recompute::kNone, 1).comm, 0);  // one replica: no collective
@@ -143,7 +143,7 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
           double largest = 0;
           for (int rank = 0; rank < 3; ++rank) {
             host::Context ctx;
-            GptStage<Ops> stage(ctx, cfg, range, stage_options(2, 1, r, zero));
+            GptStage<Ops> stage(ctx, cfg, range, stage_options(2, SlotKinds::any(1), r, zero));
             ZeroShards<Ops> shard(stage, zero, 3, rank, OffloadSetup{});
             largest = std::max(largest, (shard_only ? 0.0 : static_cast<double>(stage.allocated_bytes())) +
                                             shard.allocated_bytes());
@@ -157,7 +157,7 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
         d.parallel.dp = 3;
         d.parallel.tp = tp;
         d.parallel.zero = zero;
-        const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
+        const RankMemory m = rank_memory(d, BackendChoice{}, 0, SlotKinds::any(1));
         // (Less a save's buffers: the checkpoint's, not the stage's.)
         EXPECT_EQ(m.total() - m.checkpoint_io - temporaries, allocated(host::Ops<float>{}, false))
             << "tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
@@ -167,7 +167,7 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
         BackendChoice bf16;
         bf16.precision = Precision::kBf16;
         d.train.precision = Precision::kBf16;
-        const RankMemory h = rank_memory(d, bf16, 0, 1);
+        const RankMemory h = rank_memory(d, bf16, 0, SlotKinds::any(1));
         const ParameterTable table(cfg, range);
         const double receive =
             zero >= 2 ? 2.0 * 4 * static_cast<double>(
@@ -199,7 +199,8 @@ TEST(MemoryAccounting, PredictsTheExpertParallelShards) {
     for (int rank = 0; rank < 4; ++rank) {
       range.ep_rank = rank % 2;
       host::Context ctx;
-      GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, Recompute::kNone, zero));
+      const StageOptions o = stage_options(2, SlotKinds::any(1), Recompute::kNone, zero);
+      GptStage<host::Ops<float>> stage(ctx, cfg, range, o);
       ZeroShards<host::Ops<float>> shard(stage, zero, 4, rank, OffloadSetup{});
       largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
       if (zero >= 2) receive = 2.0 * static_cast<double>(shard.plan().max_block_part()) * 4;
@@ -210,7 +211,7 @@ TEST(MemoryAccounting, PredictsTheExpertParallelShards) {
     d.parallel.dp = 4;
     d.parallel.ep = 2;
     d.parallel.zero = zero;
-    const RankMemory m = rank_memory(d, BackendChoice{}, 0, 1);
+    const RankMemory m = rank_memory(d, BackendChoice{}, 0, SlotKinds::any(1));
     EXPECT_EQ(m.total() - m.checkpoint_io - m.comm + receive, largest) << "zero " << zero;
   }
 }
@@ -232,12 +233,12 @@ TEST(MemoryAccounting, ZeroThreeSendsTheVocabularyThroughTheWindows) {
   {
     const StageRange all = partition_stage(cfg, 0, 1);
     const StageFootprint f =
-        stage_footprint(cfg, all, stage_options(2, 1, Recompute::kNone, 3), 4, 4);
+        stage_footprint(cfg, all, stage_options(2, SlotKinds::any(1), Recompute::kNone, 3), 4, 4);
     EXPECT_EQ(f.gradients, (64 + 32 + 2 * 3280) * 4);
     EXPECT_EQ(f.weight_copy, (64 + 32 + 2 * 3280) * 4);
     // zero 2 keeps wte's gradient whole (its weights are whole there).
     const StageFootprint f2 =
-        stage_footprint(cfg, all, stage_options(2, 1, Recompute::kNone, 2), 4, 4);
+        stage_footprint(cfg, all, stage_options(2, SlotKinds::any(1), Recompute::kNone, 2), 4, 4);
     EXPECT_EQ(f2.gradients, (2048 + 64 + 32 + 2 * 3280) * 4);
   }
   cfg.n_embd = 32;
@@ -248,7 +249,8 @@ TEST(MemoryAccounting, ZeroThreeSendsTheVocabularyThroughTheWindows) {
         double largest = 0, receive = 0;
         for (int rank = 0; rank < 3; ++rank) {
           host::Context ctx;
-          GptStage<host::Ops<float>> stage(ctx, cfg, range, stage_options(2, 1, Recompute::kNone, 3));
+          const StageOptions o = stage_options(2, SlotKinds::any(1), Recompute::kNone, 3);
+          GptStage<host::Ops<float>> stage(ctx, cfg, range, o);
           ASSERT_TRUE(stage.vocab_windowed()) << "pp " << pp << ", tp " << tp << ", stage " << s;
           ZeroShards<host::Ops<float>> shard(stage, 3, 3, rank, OffloadSetup{});
           largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
@@ -261,7 +263,7 @@ TEST(MemoryAccounting, ZeroThreeSendsTheVocabularyThroughTheWindows) {
         d.parallel.pp = pp;
         d.parallel.tp = tp;
         d.parallel.zero = 3;
-        const RankMemory m = rank_memory(d, BackendChoice{}, s, 1);
+        const RankMemory m = rank_memory(d, BackendChoice{}, s, SlotKinds::any(1));
         EXPECT_EQ(m.total() - m.checkpoint_io - m.comm + receive, largest)
             << "pp " << pp << ", tp " << tp << ", stage " << s;
       }
@@ -283,7 +285,8 @@ TEST(MemoryAccounting, OffloadedMastersLeaveTheShardInMixedPrecision) {
       OffloadSetup where;
       if (k == 1) where = OffloadSetup{Offload::kNvme, dir.file(""), 0, 1, 1024};
       host::Context ctx;
-      GptStage<Ops16> stage(ctx, cfg, range, stage_options(2, 1, Recompute::kNone, zero));
+      GptStage<Ops16> stage(ctx, cfg, range,
+                            stage_options(2, SlotKinds::any(1), Recompute::kNone, zero));
       ZeroShards<Ops16> opt(stage, zero, 3, 0, where);
       EXPECT_EQ(opt.moments().holds_masters(), k == 1);
       allocated[k] = static_cast<double>(stage.allocated_bytes()) + opt.allocated_bytes();
@@ -298,10 +301,10 @@ TEST(MemoryAccounting, OffloadedMastersLeaveTheShardInMixedPrecision) {
     d.parallel.zero = zero;
     BackendChoice bf16;
     bf16.precision = Precision::kBf16;
-    const RankMemory none = rank_memory(d, bf16, 0, 1);
+    const RankMemory none = rank_memory(d, bf16, 0, SlotKinds::any(1));
     d.train.offload = Offload::kNvme;
     d.train.offload_dir = dir.file("");
-    const RankMemory nvme = rank_memory(d, bf16, 0, 1);
+    const RankMemory nvme = rank_memory(d, bf16, 0, SlotKinds::any(1));
     // The accounting's is the group's largest shard.
     const ParameterTable table(cfg, range);
     shard = static_cast<double>(ShardPlan(table, StageLayout(table, range), 3, 0).max_shard_size());
@@ -335,7 +338,7 @@ TEST(MemoryAccounting, PredictsSixteenBitGradients) {
     double largest = 0;
     for (int rank = 0; rank < 3; ++rank) {
       host::Context ctx;
-      StageOptions o = stage_options(2, 1, Recompute::kNone, zero);
+      StageOptions o = stage_options(2, SlotKinds::any(1), Recompute::kNone, zero);
       o.window_grads = true;
       GptStage<Ops16> stage(ctx, cfg, range, o);
       ZeroShards<Ops16> shard(stage, zero, 3, rank, OffloadSetup{}, GradDtype::kBf16);
@@ -348,7 +351,7 @@ TEST(MemoryAccounting, PredictsSixteenBitGradients) {
     d.train.grad_dtype = GradDtype::kBf16;
     d.parallel.dp = 3;
     d.parallel.zero = zero;
-    const RankMemory m = rank_memory(d, bf16, 0, 1);
+    const RankMemory m = rank_memory(d, bf16, 0, SlotKinds::any(1));
     // (Zero 1 reduces the sums in place: no receive buffers.)
     const double ours = zero == 1 ? 0
                                   : 2.0 * 2 * static_cast<double>(plan.max_block_part()) +
@@ -383,7 +386,7 @@ TEST(MemoryAccounting, ZeroOneCostsMegatronsBytesAParameterInBf16) {
         ParameterTable(cfg, stage_range_of(d, 0, 0)).total_storage());
     auto state = [&](int zero) {
       d.parallel.zero = zero;
-      const RankMemory m = rank_memory(d, bf16, 0, 1);
+      const RankMemory m = rank_memory(d, bf16, 0, SlotKinds::any(1));
       return (m.parameters() + m.gradients() + m.optimizer) / n;
     };
     const double megatron = 6 + 12.0 / static_cast<double>(dp);
@@ -421,9 +424,9 @@ TEST(MemoryAccounting, CompressedGradientsAddTheirBuffers) {
     d.parallel.bucket_mb = 0.004;  // several buckets of the tiny stage
     BackendChoice gpu;
     gpu.device = Device::kCuda;
-    const RankMemory plain = rank_memory(d, gpu, 0, 1);
+    const RankMemory plain = rank_memory(d, gpu, 0, SlotKinds::any(1));
     d.train.grad_compression = c;
-    const RankMemory compressed = rank_memory(d, gpu, 0, 1);
+    const RankMemory compressed = rank_memory(d, gpu, 0, SlotKinds::any(1));
     host::Context ctx;
     const auto buckets = gradient_buckets(table, d.parallel.bucket_mb * (1 << 20));
     ASSERT_GT(buckets.size(), 2u);
@@ -471,8 +474,8 @@ TEST(MemoryAccounting, TheGpuKeepsAttentionsRowStatistics) {
   d.parallel.dp = 1;
   BackendChoice gpu;
   gpu.device = Device::kCuda;
-  const RankMemory host = rank_memory(d, BackendChoice{}, 0, 1);
-  const RankMemory cuda = rank_memory(d, gpu, 0, 1);
+  const RankMemory host = rank_memory(d, BackendChoice{}, 0, SlotKinds::any(1));
+  const RankMemory cuda = rank_memory(d, gpu, 0, SlotKinds::any(1));
   const double probabilities = 2 * 2 * 4 * 4 * 4, statistics = 2 * 2 * 4 * 4;  // bytes a layer
   EXPECT_EQ(host.stage.per_slot - cuda.stage.per_slot, 3 * (probabilities - statistics));
   // The fused backward's scratch: each row's dot(dO, O) (B NH T floats),
@@ -483,7 +486,7 @@ TEST(MemoryAccounting, TheGpuKeepsAttentionsRowStatistics) {
   EXPECT_EQ(cuda.workspace, 32.0 * (1 << 20));
   EXPECT_EQ(host.workspace, 0);
   d.train.recompute = Recompute::kAttention;  // the state is recomputed, not kept
-  EXPECT_EQ(rank_memory(d, gpu, 0, 1).stage.per_slot,
+  EXPECT_EQ(rank_memory(d, gpu, 0, SlotKinds::any(1)).stage.per_slot,
             cuda.stage.per_slot - 3 * statistics);
 }
 

@@ -396,6 +396,44 @@ TEST(PipelineSchedule, InterleavedLiveActivations) {
         }
 }
 
+// What each slot holds (core/slot_kinds.hpp), against the actions: a slot
+// counted as holding only chunk 0 (only the last chunk) holds no other,
+// since the stage allocates it that chunk's layers alone; the counts add
+// up within the slots. With one chunk a stage every slot holds only it.
+// On interleaved stage 0 of 4 x 2 chunks with 8 micro-batches, 6 of its 11
+// slots hold chunk-0 passes only: a lowest-free-slot walk of the stage's
+// 32 passes, done apart from this code: F0.0-F3.0 take 0-3, F0.1-F3.1
+// 4-7, F4.0-F6.0 8-10; B0.1 frees 4 for F7.0, B1.1-B3.1 free 5-7 for
+// F4.1-F6.1, B0.0 frees 0 for F7.1; so 1-3 and 8-10 hold chunk 0 alone.
+TEST(PipelineSchedule, SlotKinds) {
+  for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                                  ScheduleKind::kZbH1, ScheduleKind::kInterleaved})
+    for (int pp = 2; pp <= 8; pp *= 2)
+      for (int v = 1; v <= (kind == ScheduleKind::kInterleaved ? 4 : 1); ++v)
+        for (int m = pp; m <= 4 * pp; m += pp)
+          for (int s = 0; s < pp; ++s) {
+            if (kind == ScheduleKind::kInterleaved && v == 1) continue;
+            const auto acts = pipeline_schedule(kind, pp, s, m, v);
+            const SlotKinds k = slot_kinds(acts);
+            const std::vector<int> slots = activation_slots(acts);
+            EXPECT_EQ(k.count, max_live_activations(acts));
+            EXPECT_LE(k.both + k.first + k.last, k.count);
+            EXPECT_EQ(k.both, v == 1 ? k.count : 0) << where(kind, pp, m, v);
+            for (size_t i = 0; i < acts.size(); ++i) {
+              if (acts[i].micro < 0) continue;
+              if (k.first_only(slots[i])) {
+                EXPECT_EQ(acts[i].chunk, 0) << where(kind, pp, m, v);
+              }
+              if (k.last_only(slots[i])) {
+                EXPECT_EQ(acts[i].chunk, v - 1) << where(kind, pp, m, v);
+              }
+            }
+          }
+  const SlotKinds first = slot_kinds(pipeline_schedule(ScheduleKind::kInterleaved, 4, 0, 8, 2));
+  EXPECT_EQ(first.count, 11);
+  EXPECT_EQ(first.first, 6);
+}
+
 // The simulation itself must be able to fail: a stage that waits for a
 // gradient before sending its activation deadlocks with its neighbour.
 TEST(PipelineSchedule, SimulationDetectsADeadlock) {
@@ -430,7 +468,10 @@ TEST(PipelineSchedule, RememberedSchedulesAreTheSchedules) {
     for (int s = 0; s < 4; ++s) {
       const std::vector<Action> fresh = pipeline_schedule(kind, 4, s, 8, chunks);
       EXPECT_EQ((*lists)[static_cast<size_t>(s)], fresh);
-      EXPECT_EQ(schedule_slots(kind, 4, s, 8, chunks), max_live_activations(fresh));
+      const SlotKinds k = schedule_slots(kind, 4, s, 8, chunks), want = slot_kinds(fresh);
+      EXPECT_EQ(k.count, max_live_activations(fresh));
+      EXPECT_EQ(std::make_tuple(k.count, k.both, k.first, k.last),
+                std::make_tuple(want.count, want.both, want.first, want.last));
     }
     EXPECT_NE(pipeline_schedules(kind, 4, 12, chunks).get(), lists.get());
   }

@@ -20,7 +20,8 @@ namespace {
 TEST(StageComms, OneRankGroupsOfAHostStageAreHostMemory) {
   const Deck deck = tiny_stage_deck(1);
   ProcessGrid grid(1, 1, 1, MPI_COMM_SELF);
-  const auto stage = make_stage_backend(deck, BackendChoice{}, deck.model, GridPlace{}, 1);
+  const auto stage =
+      make_stage_backend(deck, BackendChoice{}, deck.model, GridPlace{}, SlotKinds::any(1));
   ASSERT_FALSE(stage->on_device());
   const StageComms c = connect_stage(grid, *stage);
   for (const Communicator* comm : {c.pipe_act, c.pipe_grad, c.dp, c.tp}) {

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "model/gpt_stage.hpp"
 #include "model/stage_footprint.hpp"
+#include "parallel/pipeline_schedule.hpp"
 
 namespace mpiformer::test {
 namespace {
@@ -96,6 +98,67 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
     expect_exact<float>(odd, 2, 3, 2, 3, true, r, true);
     expect_exact<double>(tiny, 2, 2, 3, 4, true, r, true);
   }
+}
+
+// A slot that only ever holds the model's short first or last chunk
+// allocates that chunk's layers alone (core/slot_kinds.hpp), with the
+// slots as the trainer's schedules number them: the accounting still
+// equals what the stage allocates, and the stage allocates less than
+// whole-chunk slots by one short slot's shortfall for each such slot.
+// 6 layers on 2 x 2 chunks (the first and last chunk one short), 10 on
+// 3 x 2 (the same), 7 on 2 x 2 (the last alone), and 5 on 2 stages
+// without interleaving, whose stages are cut to their layers already
+// (no short chunk: nothing saved, nothing lost).
+TEST(StageFootprint, SlotsOfAShortChunkHoldItsLayersAlone) {
+  GptConfig cfg;
+  cfg.n_head = 3;
+  cfg.n_embd = 24;
+  cfg.seq_len = 7;
+  cfg.vocab_size = 131;
+  struct Case {
+    int64_t layers;
+    int pp, chunks;
+  };
+  int shortened = 0;
+  for (const Case c : {Case{6, 2, 2}, Case{10, 3, 2}, Case{7, 2, 2}, Case{5, 2, 1}}) {
+    cfg.n_layer = c.layers;
+    const ScheduleKind kind = c.chunks > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+    for (int m : {c.pp, 2 * c.pp})
+      for (int s = 0; s < c.pp; ++s) {
+        const std::string where = std::to_string(c.layers) + " layers, stage " +
+                                  std::to_string(s) + " of " + std::to_string(c.pp) + ", " +
+                                  std::to_string(m) + " micro-batches";
+        const StageRange range = partition_stage(cfg, s, c.pp, 1, 0, c.chunks);
+        const SlotKinds kinds = slot_kinds(pipeline_schedule(kind, c.pp, s, m, c.chunks));
+        host::Context ctx;
+        const auto allocated = [&](const SlotKinds& k) {
+          return static_cast<double>(
+              GptStage<host::Ops<float>>(ctx, cfg, range, StageOptions{2, k}).allocated_bytes());
+        };
+        const StageFootprint f = stage_footprint(cfg, range, StageOptions{2, kinds}, 4, 4);
+        EXPECT_EQ(f.total(), allocated(kinds)) << where;
+        // Each kind of slot's shortfall, as the stage allocates one alone.
+        const double whole = allocated(SlotKinds::any(1));
+        const auto shortfall = [&](int both, int first, int last) {
+          SlotKinds one = SlotKinds::any(1);
+          one.both = both;
+          one.first = first;
+          one.last = last;
+          return whole - allocated(one);
+        };
+        const double saved = kinds.both * shortfall(1, 0, 0) + kinds.first * shortfall(0, 1, 0) +
+                             kinds.last * shortfall(0, 0, 1);
+        EXPECT_EQ(allocated(SlotKinds::any(kinds.count)) - allocated(kinds), saved) << where;
+        if ((range.first_short > 0 && kinds.both + kinds.first > 0) ||
+            (range.last_short > 0 && kinds.both + kinds.last > 0)) {
+          EXPECT_GT(saved, 0) << where;
+          ++shortened;
+        } else {
+          EXPECT_EQ(saved, 0) << where;
+        }
+      }
+  }
+  EXPECT_GE(shortened, 6);  // stage 0 of each interleaved case at each m, and more
 }
 
 // The Llama family: RMSNorm's one statistic, the fused grouped-query qkv,
