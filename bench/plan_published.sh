@@ -20,9 +20,17 @@
 #    16M tokens a step (2048 sequences), TP 8, PP 16: 430 TFLOP/s per GPU on
 #    8,192 GPUs (DP 64) and 400 on 16,384 (DP 128), BF16 MFU 43% and 41%.
 #    The paper's FSDP shards the optimizer state and the gradients and keeps
-#    the weights after the forward (zero 2 here); it trains at 8K tokens
-#    without activation checkpointing. Its pipeline schedule interleaves
-#    several chunks a stage, with one layer fewer on the first and on the
+#    the weights after the forward; it accumulates the gradients in FP32
+#    over a step's micro-batches and reduce-scatters them in FP32 (its
+#    section 3.3.2, "Numerical stability"), and trains at 8K tokens without
+#    activation checkpointing. PyTorch's pipeline stages
+#    (torch.distributed.pipelining) run FSDP that way: gradient sync off
+#    for every backward of a step but its last, so whole gradients add up
+#    over the micro-batches and are reduce-scattered once. That is zero 1
+#    here (whole fp32 gradients, sharded fp32 state, bf16 weights kept
+#    whole), the table's rows; whether Meta's own stack did the same is not
+#    stated (the second table). Its pipeline schedule interleaves several
+#    chunks a stage, with one layer fewer on the first and on the
 #    last stage, as mpiformer cuts 126 layers into 16 x v chunks. The paper
 #    gives no chunk count: the table's rows take 4 (8 would leave the first
 #    and last chunks empty), and a second table prices 2 and 4 chunks with
@@ -138,16 +146,17 @@ gpt-145.6b 80 12288 96 2304 1536 8 8 148 recompute 0 full dgx-a100-80gb 1 false 
 gpt3-175b 96 12288 96 1536 1024 8 8 - recompute 0 full dgx-a100-80gb 1 false 2048 51200 0 0
 gpt3-175b 96 12288 96 256 128 4 8 771 model 1 attention dgx-h100 6 true 2048 51200 0 0
 gpt-1.3b 24 2048 16 512 8 1 1 - model 0 none dgx-h100 1 false 2048 51200 0 0
-llama3-405b 126 16384 128 2048 8192 8 16 430 mpiformer 2 none dgx-h100 4 true 8192 128256 8 53248
-llama3-405b 126 16384 128 2048 16384 8 16 400 mpiformer 2 none dgx-h100 4 true 8192 128256 8 53248
+llama3-405b 126 16384 128 2048 8192 8 16 430 mpiformer 1 none dgx-h100 4 true 8192 128256 8 53248
+llama3-405b 126 16384 128 2048 16384 8 16 400 mpiformer 1 none dgx-h100 4 true 8192 128256 8 53248
 ROWS
 
 # Llama 3 405B's interleaved schedule at 2 and 4 chunks a stage (126
 # layers: the first and the last chunk one layer short; 8 chunks would
 # leave them none), and 1F1B. The paper gives neither its chunk count nor,
-# for certain, when its gradients are reduced: zero 2 reduces each chunk's
-# gradients every micro-batch, zero 1 once a step. Published tokens/s per
-# GPU from its TFLOP/s and mpiformer's count of the model's FLOPs.
+# for certain, when its gradients are reduced (the header: zero 1 is the
+# reading the table's rows take): zero 2 reduces each chunk's gradients
+# every micro-batch, zero 1 once a step. Published tokens/s per GPU from
+# its TFLOP/s and mpiformer's count of the model's FLOPs.
 echo
 echo "| Llama 3 405B | GPUs | zero | schedule | step s = compute + exposed + bubble + optimizer | GiB/GPU | tokens/s/GPU | vs published |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
