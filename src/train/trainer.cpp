@@ -437,6 +437,15 @@ void Trainer::print_summary() const {
       g.cp() > 1 ? strprintf(" x cp %d (%lld tokens of each sequence per rank, head-tail chunks)",
                              g.cp(), static_cast<long long>(deck_.model.seq_len / g.cp()))
                  : "";
+  // Interleaved, the slots that only ever hold the model's short first
+  // chunk keep its layers alone (core/slot_kinds.hpp).
+  const SlotKinds kinds = slot_kinds(p.actions);
+  const std::string each =
+      held.chunks <= 1 ? ""
+      : held.first_short > 0 && kinds.first > 0
+          ? strprintf(" (one chunk each; %d of them the first chunk's %lld layer(s) alone)",
+                      kinds.first, static_cast<long long>(held.chunk_layers(0)))
+          : " (one chunk each)";
   std::printf("grid:  dp %d x pp %d x tp %d%s%s, schedule %s%s, stage 0 holds layers %s; "
               "%d activation slot(s) on stage 0%s; %s\n",
               g.dp() / g.cp(), g.pp(), g.tp(), context.c_str(),
@@ -445,8 +454,7 @@ void Trainer::print_summary() const {
               held.chunks > 1 ? strprintf(" (%lld chunks per stage)",
                                           static_cast<long long>(held.chunks)).c_str()
                               : "",
-              layers.c_str(), p.stage->num_slots(), held.chunks > 1 ? " (one chunk each)" : "",
-              reduction.c_str());
+              layers.c_str(), p.stage->num_slots(), each.c_str(), reduction.c_str());
   // The mapping (tp fastest, then dp, then pp), so a user can check that
   // each tensor group sits inside a node.
   std::printf("ranks: rank = (stage x %d + replica) x %d + tensor rank%s", g.dp(), g.tp(),

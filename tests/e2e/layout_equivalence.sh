@@ -121,6 +121,11 @@ REF=six NAME=six_il3 run 1 2 interleaved --set parallel.virtual_stages=2 --set t
   "${six[@]}"
 grep -q "stage 0 holds layers \[0, 1) and \[3, 5)" "$WORK/run_six_il3.log" ||
   fail "6 layers on 2 x 2 chunks: stage 0 should hold [0, 1) and [3, 5)"
+# Of stage 0's 5 slots (4 micro-batches), 2 only ever hold chunk 0, its
+# one layer alone (PipelineSchedule.SlotKinds counts them).
+slots="5 activation slot(s) on stage 0 (one chunk each; 2 of them the first chunk's 1 layer(s) alone)"
+grep -qF "$slots" "$WORK/run_six_il3.log" ||
+  fail "6 layers on 2 x 2 chunks: the log should say \"$slots\""
 if [ "${LAYOUT_CASES:-all}" = all ]; then
   REF=six NAME=six_il_zero3 run 2 2 interleaved --set parallel.virtual_stages=2 \
     --set parallel.zero=3 "${six[@]}"
