@@ -40,13 +40,19 @@ void expect_exact(const GptConfig& cfg, int pp, int64_t micro_batch, int slots, 
   }
 }
 
-TEST(StageFootprint, EqualsWhatTheStageAllocates) {
-  GptConfig odd;  // shapes that share no factor, so a swapped term shows
-  odd.n_layer = 5;
+// Shapes that share no factor, so a swapped term shows.
+GptConfig odd_shapes(int64_t layers) {
+  GptConfig odd;
+  odd.n_layer = layers;
   odd.n_head = 3;
   odd.n_embd = 24;
   odd.seq_len = 7;
   odd.vocab_size = 131;  // padded to 256
+  return odd;
+}
+
+TEST(StageFootprint, EqualsWhatTheStageAllocates) {
+  const GptConfig odd = odd_shapes(5);
   for (int pp : {1, 2, 3, 5}) {
     expect_exact<float>(odd, pp, 3, 1);
     expect_exact<float>(odd, pp, 2, 4);
@@ -110,18 +116,13 @@ TEST(StageFootprint, EqualsWhatTheStageAllocates) {
 // without interleaving, whose stages are cut to their layers already
 // (no short chunk: nothing saved, nothing lost).
 TEST(StageFootprint, SlotsOfAShortChunkHoldItsLayersAlone) {
-  GptConfig cfg;
-  cfg.n_head = 3;
-  cfg.n_embd = 24;
-  cfg.seq_len = 7;
-  cfg.vocab_size = 131;
   struct Case {
     int64_t layers;
     int pp, chunks;
   };
   int shortened = 0;
   for (const Case c : {Case{6, 2, 2}, Case{10, 3, 2}, Case{7, 2, 2}, Case{5, 2, 1}}) {
-    cfg.n_layer = c.layers;
+    const GptConfig cfg = odd_shapes(c.layers);
     const ScheduleKind kind = c.chunks > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
     for (int m : {c.pp, 2 * c.pp})
       for (int s = 0; s < c.pp; ++s) {
@@ -199,12 +200,7 @@ TEST(StageFootprint, EqualsWhatTheLlamaStageAllocates) {
 // blocks mixed (moe_every 2, under interleaving a slot position serving
 // both), capacity or none, each family, tensor and sequence parallelism.
 TEST(StageFootprint, EqualsWhatTheMoeStageAllocates) {
-  GptConfig g;
-  g.n_layer = 4;
-  g.n_head = 3;
-  g.n_embd = 24;
-  g.seq_len = 7;
-  g.vocab_size = 131;
+  GptConfig g = odd_shapes(4);
   g.experts = 5;
   g.top_k = 2;
   g.moe_every = 2;
