@@ -128,6 +128,7 @@ struct Trainer::Parts {
   std::unique_ptr<DataFeeder> data;
   BackendChoice backend;
   std::vector<Action> actions;  // this stage's schedule for one step
+  SlotKinds slots;              // what its activation slots hold (slot_kinds of `actions`)
   std::unique_ptr<StageBackend> stage;
   std::unique_ptr<TraceWriter> trace;
   std::unique_ptr<Watchdog> watchdog;
@@ -229,8 +230,8 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   host::set_compute_threads(
       host::choose_compute_threads(static_cast<int>(deck_.run.blas_threads), node.size));
   p.actions = stage_schedule(deck_, stage_index);
-  const SlotKinds slots = slot_kinds(p.actions);
-  p.stage = make_stage_backend(deck_, p.backend, deck_.model, place, slots);
+  p.slots = slot_kinds(p.actions);
+  p.stage = make_stage_backend(deck_, p.backend, deck_.model, place, p.slots);
   p.stage->init_parameters(static_cast<uint64_t>(deck_.train.seed));
   // Every rank may write in the run directory (traces). The checkpoint
   // directory is written at the first save, possibly hours from now: find
@@ -254,7 +255,7 @@ void Trainer::prepare_local(int world, const NodePlace& node) {
   p.trace = std::make_unique<TraceWriter>(
       deck_.run.trace, deck_.run.dir + strprintf("/trace-rank%d.json", rank_), rank_, stage_index,
       dp_rank, place.tp_rank);
-  p.data->plan(slots.count, static_cast<int>(par.dp), dp_rank / cp, cp, dp_rank % cp,
+  p.data->plan(p.slots.count, static_cast<int>(par.dp), dp_rank / cp, cp, dp_rank % cp,
                par.cp_chunks);
   p.flops_per_token = training_flops_per_token(deck_.model);
 }
@@ -439,12 +440,11 @@ void Trainer::print_summary() const {
                  : "";
   // Interleaved, the slots that only ever hold the model's short first
   // chunk keep its layers alone (core/slot_kinds.hpp).
-  const SlotKinds kinds = slot_kinds(p.actions);
   const std::string each =
       held.chunks <= 1 ? ""
-      : held.first_short > 0 && kinds.first > 0
+      : held.first_short > 0 && p.slots.first > 0
           ? strprintf(" (one chunk each; %d of them the first chunk's %lld layer(s) alone)",
-                      kinds.first, static_cast<long long>(held.chunk_layers(0)))
+                      p.slots.first, static_cast<long long>(held.chunk_layers(0)))
           : " (one chunk each)";
   std::printf("grid:  dp %d x pp %d x tp %d%s%s, schedule %s%s, stage 0 holds layers %s; "
               "%d activation slot(s) on stage 0%s; %s\n",
@@ -529,7 +529,7 @@ void Trainer::report_measured_memory(MetricsLog& metrics) const {
   const int world = p.grid->dp() * p.grid->pp() * p.grid->tp();
   const double mine[3] = {
       static_cast<double>(p.grid->stage()),
-      rank_memory(deck_, p.backend, p.grid->stage(), slot_kinds(p.actions)).total(),
+      rank_memory(deck_, p.backend, p.grid->stage(), p.slots).total(),
       p.stage->on_device() ? p.stage->device_peak_bytes()
                            : peak_resident_bytes() - p.baseline_resident};
   std::vector<double> all(3 * static_cast<size_t>(world));
