@@ -35,13 +35,13 @@ template <class A>
 __global__ void embedding_forward_kernel(A* out, const int32_t* tokens, const A* wte,
                                          const A* wpe, int64_t BT, int64_t T, int64_t C,
                                          int64_t vocab_begin, int64_t vocab_rows,
-                                         const int32_t* positions) {
+                                         const int32_t* positions, bool keep_outside) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= BT * C) return;
   const int64_t bt = i / C, c = i % C;
   const int64_t row = static_cast<int64_t>(tokens[bt]) - vocab_begin;
   if (row < 0 || row >= vocab_rows) {
-    out[i] = from_float<A>(0.f);
+    if (!keep_outside) out[i] = from_float<A>(0.f);
     return;
   }
   const float e = to_float(wte[row * C + c]);
@@ -53,14 +53,16 @@ template <class A>
 __global__ void embedding_forward_rows_kernel(A* rows, const int32_t* tokens, const int32_t* order,
                                               int64_t first, int64_t count, const A* wte,
                                               const A* wpe, int64_t T, int64_t C,
-                                              int64_t vocab_begin, const int32_t* positions) {
+                                              int64_t vocab_begin, const int32_t* positions,
+                                              int64_t vocab_rows) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count * C) return;
   const int64_t k = i / C, c = i % C;
   const int64_t p = order[first + k], t = positions != nullptr ? positions[p] : p % T;
-  const float e = to_float(wte[(static_cast<int64_t>(tokens[p]) - vocab_begin) * C + c]);
-  rows[i] = wpe == nullptr ? wte[(static_cast<int64_t>(tokens[p]) - vocab_begin) * C + c]
-                          : from_float<A>(e + to_float(wpe[t * C + c]));
+  const int64_t row = static_cast<int64_t>(tokens[p]) - vocab_begin;
+  if (row < 0 || row >= vocab_rows) return;  // another piece's (host/embedding.hpp)
+  const float e = to_float(wte[row * C + c]);
+  rows[i] = wpe == nullptr ? wte[row * C + c] : from_float<A>(e + to_float(wpe[t * C + c]));
 }
 
 template <class A>
@@ -104,10 +106,10 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const A* dout, int64_
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
                        int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
-                       cudaStream_t stream, const int32_t* positions) {
+                       cudaStream_t stream, const int32_t* positions, bool keep_outside) {
   const int threads = 256;
   embedding_forward_kernel<<<blocks_for(B * T * C, threads), threads, 0, stream>>>(
-      out, tokens, wte, wpe, B * T, T, C, vocab_begin, vocab_rows, positions);
+      out, tokens, wte, wpe, B * T, T, C, vocab_begin, vocab_rows, positions, keep_outside);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -115,11 +117,11 @@ template <class A>
 void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
                             int64_t count, const A* wte, const A* wpe, int64_t T, int64_t C,
                             int64_t vocab_begin, cudaStream_t stream,
-                            const int32_t* positions) {
+                            const int32_t* positions, int64_t vocab_rows) {
   if (count == 0) return;
   const int threads = 256;
   embedding_forward_rows_kernel<<<blocks_for(count * C, threads), threads, 0, stream>>>(
-      rows, tokens, order, first, count, wte, wpe, T, C, vocab_begin, positions);
+      rows, tokens, order, first, count, wte, wpe, T, C, vocab_begin, positions, vocab_rows);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -164,13 +166,14 @@ void embedding_backward(float* dwte, float* dwpe, const A* dout, const DeviceTok
 
 #define MPIFORMER_INSTANTIATE(A)                                                              \
   template void embedding_forward<A>(A*, const int32_t*, const A*, const A*, int64_t, int64_t, \
-                                     int64_t, int64_t, int64_t, cudaStream_t, const int32_t*); \
+                                     int64_t, int64_t, int64_t, cudaStream_t, const int32_t*,  \
+                                     bool);                                                    \
   template void embedding_backward<A>(float*, float*, const A*, const DeviceTokenGroups&,      \
                                       int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t, \
                                       const DeviceTokenGroups*);                               \
   template void embedding_forward_rows<A>(A*, const int32_t*, const int32_t*, int64_t, int64_t, \
                                           const A*, const A*, int64_t, int64_t, int64_t,       \
-                                          cudaStream_t, const int32_t*);                       \
+                                          cudaStream_t, const int32_t*, int64_t);              \
   template void scatter_rows<A>(A*, const A*, const int32_t*, int64_t, int64_t, cudaStream_t);
 MPIFORMER_INSTANTIATE(float)
 MPIFORMER_INSTANTIATE(bf16)

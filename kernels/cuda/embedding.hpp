@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace mpiformer::cuda {
@@ -36,7 +37,8 @@ struct DeviceTokenGroups {
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
                        int64_t T, int64_t C, int64_t vocab_begin, int64_t vocab_rows,
-                       cudaStream_t stream, const int32_t* positions = nullptr);
+                       cudaStream_t stream, const int32_t* positions = nullptr,
+                       bool keep_outside = false);
 
 // The vocabulary-parallel embedding as rows to gather (host twin and
 // semantics: host/embedding.hpp's embedding_forward_rows, scatter_rows).
@@ -44,7 +46,8 @@ template <class A>
 void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
                             int64_t count, const A* wte, const A* wpe, int64_t T, int64_t C,
                             int64_t vocab_begin, cudaStream_t stream,
-                            const int32_t* positions = nullptr);
+                            const int32_t* positions = nullptr,
+                            int64_t vocab_rows = std::numeric_limits<int64_t>::max());
 template <class A>
 void scatter_rows(A* out, const A* gathered, const int32_t* order, int64_t n, int64_t C,
                   cudaStream_t stream);

@@ -68,16 +68,17 @@ inline LtGemm lt_gemm(const GemmCall& g) {
 // ---- the stage's GEMMs (kernels/cuda/matmul.cu, attention.cu) ---------------
 
 // out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC].
-inline GemmCall matmul_forward_gemm(int64_t N, int64_t C, int64_t OC, bool bias) {
-  return GemmCall{false, true, N, OC, C, C, C, OC, GemmBatch{}, bias};
+// `ld`: out's (dout's) row stride, 0 for OC (host/matmul.hpp's).
+inline GemmCall matmul_forward_gemm(int64_t N, int64_t C, int64_t OC, bool bias, int64_t ld = 0) {
+  return GemmCall{false, true, N, OC, C, C, C, ld != 0 ? ld : OC, GemmBatch{}, bias};
 }
 // dinp[N,C] = dout[N,OC] weight[OC,C].
-inline GemmCall matmul_dinp_gemm(int64_t N, int64_t C, int64_t OC) {
-  return GemmCall{false, false, N, C, OC, OC, C, C, GemmBatch{}, false};
+inline GemmCall matmul_dinp_gemm(int64_t N, int64_t C, int64_t OC, int64_t ld = 0) {
+  return GemmCall{false, false, N, C, OC, ld != 0 ? ld : OC, C, C, GemmBatch{}, false};
 }
 // dweight[OC,C] += dout[N,OC]^T inp[N,C].
-inline GemmCall matmul_dweight_gemm(int64_t N, int64_t C, int64_t OC) {
-  return GemmCall{true, false, OC, C, N, OC, C, C, GemmBatch{}, false};
+inline GemmCall matmul_dweight_gemm(int64_t N, int64_t C, int64_t OC, int64_t ld = 0) {
+  return GemmCall{true, false, OC, C, N, ld != 0 ? ld : OC, C, C, GemmBatch{}, false};
 }
 
 // Attention per (batch, head), BH of them, on q, k, v, y [T,hs] and the

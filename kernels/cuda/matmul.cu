@@ -1,5 +1,6 @@
 #include "cuda/column_sums.cuh"
 #include "core/cuda_check.hpp"
+#include "core/error.hpp"
 #include "cuda/matmul.hpp"
 
 namespace mpiformer::cuda {
@@ -22,16 +23,18 @@ struct BiasGradTerm {
 
 template <class A>
 void matmul_forward(Blas& blas, A* out, const A* inp, const A* weight, const A* bias, int64_t N,
-                    int64_t C, int64_t OC) {
-  blas.gemm(matmul_forward_gemm(N, C, OC, bias != nullptr), 1.f, inp, weight, 0.f, out, bias);
+                    int64_t C, int64_t OC, int64_t ld) {
+  blas.gemm(matmul_forward_gemm(N, C, OC, bias != nullptr, ld), 1.f, inp, weight, 0.f, out, bias);
 }
 
 template <class A>
 void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A* dout,
-                     const A* inp, const A* weight, int64_t N, int64_t C, int64_t OC) {
-  if (dinp != nullptr) blas.gemm(matmul_dinp_gemm(N, C, OC), 1.f, dout, weight, 0.f, dinp);
+                     const A* inp, const A* weight, int64_t N, int64_t C, int64_t OC, int64_t ld) {
+  MPIFORMER_CHECK(dbias == nullptr || ld == 0 || ld == OC, "matmul_backward: a bias of columns");
+  if (dinp != nullptr) blas.gemm(matmul_dinp_gemm(N, C, OC, ld), 1.f, dout, weight, 0.f, dinp);
   // Activation-type inputs, float output accumulated in place (beta = 1).
-  if (dweight != nullptr) blas.gemm(matmul_dweight_gemm(N, C, OC), 1.f, dout, inp, 1.f, dweight);
+  if (dweight != nullptr)
+    blas.gemm(matmul_dweight_gemm(N, C, OC, ld), 1.f, dout, inp, 1.f, dweight);
   if (dbias != nullptr) {
     launch_column_sums<A>(dbias, static_cast<float*>(nullptr), N, OC, BiasGradTerm<A>{dout, OC},
                           blas.scratch(), blas.stream(), {dout});
@@ -39,17 +42,22 @@ void matmul_backward(Blas& blas, A* dinp, float* dweight, float* dbias, const A*
   }
 }
 
-template void matmul_forward<float>(Blas&, float*, const float*, const float*, const float*,
-                                    int64_t, int64_t, int64_t);
-template void matmul_forward<bf16>(Blas&, bf16*, const bf16*, const bf16*, const bf16*, int64_t,
-                                   int64_t, int64_t);
-template void matmul_backward<float>(Blas&, float*, float*, float*, const float*, const float*,
-                                     const float*, int64_t, int64_t, int64_t);
-template void matmul_backward<bf16>(Blas&, bf16*, float*, float*, const bf16*, const bf16*,
-                                    const bf16*, int64_t, int64_t, int64_t);
-template void matmul_forward<fp16>(Blas&, fp16*, const fp16*, const fp16*, const fp16*, int64_t,
-                                   int64_t, int64_t);
-template void matmul_backward<fp16>(Blas&, fp16*, float*, float*, const fp16*, const fp16*,
-                                    const fp16*, int64_t, int64_t, int64_t);
+template <class A>
+void matmul_input_grad(Blas& blas, float* dinp, bool accumulate, const A* dout, const A* weight,
+                       int64_t N, int64_t C, int64_t OC, int64_t ld) {
+  blas.gemm(matmul_dinp_gemm(N, C, OC, ld), 1.f, dout, weight, accumulate ? 1.f : 0.f, dinp);
+}
+
+#define MPIFORMER_INSTANTIATE(A)                                                               \
+  template void matmul_forward<A>(Blas&, A*, const A*, const A*, const A*, int64_t, int64_t,    \
+                                  int64_t, int64_t);                                            \
+  template void matmul_backward<A>(Blas&, A*, float*, float*, const A*, const A*, const A*,     \
+                                   int64_t, int64_t, int64_t, int64_t);                         \
+  template void matmul_input_grad<A>(Blas&, float*, bool, const A*, const A*, int64_t, int64_t, \
+                                     int64_t, int64_t);
+MPIFORMER_INSTANTIATE(float)
+MPIFORMER_INSTANTIATE(bf16)
+MPIFORMER_INSTANTIATE(fp16)
+#undef MPIFORMER_INSTANTIATE
 
 }  // namespace mpiformer::cuda

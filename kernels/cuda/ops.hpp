@@ -125,16 +125,18 @@ struct Ops {
   // ---- the model's ops -------------------------------------------------------
   static void embedding_forward(Context& c, A* out, const Tokens& tok, const A* wte, const A* wpe,
                                 int64_t B, int64_t T, int64_t C, int64_t vocab_begin,
-                                int64_t vocab_rows, const Tokens* positions = nullptr) {
+                                int64_t vocab_rows, const Tokens* positions = nullptr,
+                                bool keep_outside = false) {
     cuda::embedding_forward(out, tok.data(), wte, wpe, B, T, C, vocab_begin, vocab_rows,
-                            c.stream(), data_of(positions));
+                            c.stream(), data_of(positions), keep_outside);
   }
   static void embedding_forward_rows(Context& c, A* rows, const Tokens& tok, const Tokens& order,
                                      int64_t first, int64_t count, const A* wte, const A* wpe,
                                      int64_t T, int64_t C, int64_t vocab_begin,
-                                     const Tokens* positions = nullptr) {
+                                     const Tokens* positions = nullptr,
+                                     int64_t vocab_rows = std::numeric_limits<int64_t>::max()) {
     cuda::embedding_forward_rows(rows, tok.data(), order.data(), first, count, wte, wpe, T, C,
-                                 vocab_begin, c.stream(), data_of(positions));
+                                 vocab_begin, c.stream(), data_of(positions), vocab_rows);
   }
   static void scatter_rows(Context& c, A* out, const A* gathered, const Tokens& order, int64_t n,
                            int64_t C) {
@@ -182,12 +184,17 @@ struct Ops {
     cuda::swiglu_backward(dinp, inp, dout, N, F, c.stream());
   }
   static void matmul_forward(Context& c, A* out, const A* inp, const A* w, const A* bias,
-                             int64_t N, int64_t C, int64_t OC) {
-    cuda::matmul_forward(c.blas(), out, inp, w, bias, N, C, OC);
+                             int64_t N, int64_t C, int64_t OC, int64_t ld = 0) {
+    cuda::matmul_forward(c.blas(), out, inp, w, bias, N, C, OC, ld);
   }
   static void matmul_backward(Context& c, A* dinp, float* dw, float* db, const A* dout,
-                              const A* inp, const A* w, int64_t N, int64_t C, int64_t OC) {
-    cuda::matmul_backward(c.blas(), dinp, dw, db, dout, inp, w, N, C, OC);
+                              const A* inp, const A* w, int64_t N, int64_t C, int64_t OC,
+                              int64_t ld = 0) {
+    cuda::matmul_backward(c.blas(), dinp, dw, db, dout, inp, w, N, C, OC, ld);
+  }
+  static void matmul_input_grad(Context& c, float* dinp, bool accumulate, const A* dout,
+                                const A* w, int64_t N, int64_t C, int64_t OC, int64_t ld) {
+    cuda::matmul_input_grad(c.blas(), dinp, accumulate, dout, w, N, C, OC, ld);
   }
   // Fused (cuda/attention.hpp): keeps each row's log-sum-exp, not the
   // probabilities; its backward's scratch is attention_scratch_elements.

@@ -18,6 +18,9 @@ namespace mpiformer::host {
 
 inline constexpr int64_t kWholeVocabulary = std::numeric_limits<int64_t>::max();
 
+// `keep_outside`: a token outside the rows leaves its output as it was
+// (the vocabulary's pieces at ZeRO 3, one call each, each row written by
+// the piece holding its token).
 // `positions` [B*T]: each token's position in its document, where
 // documents are masked apart ([data] document_mask); nullptr: position
 // t = bt % T, the window's.
@@ -28,11 +31,13 @@ inline int64_t position_of(const int32_t* positions, int64_t bt, int64_t Tn) {
 template <class A>
 void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int64_t B,
                        int64_t Tn, int64_t C, int64_t vocab_begin = 0,
-                       int64_t vocab_rows = kWholeVocabulary, const int32_t* positions = nullptr) {
+                       int64_t vocab_rows = kWholeVocabulary, const int32_t* positions = nullptr,
+                       bool keep_outside = false) {
   parallel_for("embedding_forward", B * Tn, [=](const int64_t bt) {
     const int64_t t = position_of(positions, bt, Tn), row = static_cast<int64_t>(tokens[bt]) - vocab_begin;
     A* o = out + bt * C;
     if (row < 0 || row >= vocab_rows) {
+      if (keep_outside) return;
       for (int64_t c = 0; c < C; ++c) o[c] = st<A>(0.0f);
       return;
     }
@@ -54,14 +59,18 @@ void embedding_forward(A* out, const int32_t* tokens, const A* wte, const A* wpe
 // order[first, first + count), all of whose tokens are in its rows:
 //   rows[k, :] = wte[tok[p] - vocab_begin, :] + wpe[position p, :], p = order[first + k];
 //   out[order[k], :] = gathered[k, :] for k < n.
-// The bits are those of embedding_forward on the holding rank.
+// The bits are those of embedding_forward on the holding rank. A row
+// whose token is past `vocab_rows` is left as it was (a vocabulary piece's
+// call: embedding_forward's keep_outside).
 template <class A>
 void embedding_forward_rows(A* rows, const int32_t* tokens, const int32_t* order, int64_t first,
                             int64_t count, const A* wte, const A* wpe, int64_t Tn, int64_t C,
-                            int64_t vocab_begin, const int32_t* positions = nullptr) {
+                            int64_t vocab_begin, const int32_t* positions = nullptr,
+                            int64_t vocab_rows = kWholeVocabulary) {
   parallel_for("embedding_forward_rows", count, [=](const int64_t k) {
-    const int64_t p = order[first + k];
-    const A* e = wte + (static_cast<int64_t>(tokens[p]) - vocab_begin) * C;
+    const int64_t p = order[first + k], row = static_cast<int64_t>(tokens[p]) - vocab_begin;
+    if (row < 0 || row >= vocab_rows) return;
+    const A* e = wte + row * C;
     A* o = rows + k * C;
     if (wpe == nullptr) {
       for (int64_t c = 0; c < C; ++c) o[c] = e[c];

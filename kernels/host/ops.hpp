@@ -136,17 +136,19 @@ struct Ops {
   // wte holds rows [vocab_begin, vocab_begin + vocab_rows) of the vocabulary.
   static void embedding_forward(Context&, Act* out, const Tokens& tok, const Act* wte, const Act* wpe,
                                 int64_t B, int64_t Tn, int64_t C, int64_t vocab_begin,
-                                int64_t vocab_rows, const Tokens* positions = nullptr) {
+                                int64_t vocab_rows, const Tokens* positions = nullptr,
+                                bool keep_outside = false) {
     host::embedding_forward(out, tok.data(), wte, wpe, B, Tn, C, vocab_begin, vocab_rows,
-                            data_of(positions));
+                            data_of(positions), keep_outside);
   }
   // `order`: positions by the rank holding their token (host/embedding.hpp).
   static void embedding_forward_rows(Context&, Act* rows, const Tokens& tok, const Tokens& order,
                                      int64_t first, int64_t count, const Act* wte, const Act* wpe,
                                      int64_t Tn, int64_t C, int64_t vocab_begin,
-                                     const Tokens* positions = nullptr) {
+                                     const Tokens* positions = nullptr,
+                                     int64_t vocab_rows = host::kWholeVocabulary) {
     host::embedding_forward_rows(rows, tok.data(), order.data(), first, count, wte, wpe, Tn, C,
-                                 vocab_begin, data_of(positions));
+                                 vocab_begin, data_of(positions), vocab_rows);
   }
   static void scatter_rows(Context&, Act* out, const Act* gathered, const Tokens& order, int64_t n,
                            int64_t C) {
@@ -187,13 +189,19 @@ struct Ops {
                               int64_t F) {
     host::swiglu_backward(dinp, inp, dout, N, F);
   }
+  // `ld`: host/matmul.hpp's (0: OC).
   static void matmul_forward(Context&, Act* out, const Act* inp, const Act* w, const Act* bias,
-                             int64_t N, int64_t C, int64_t OC) {
-    host::matmul_forward(out, inp, w, bias, N, C, OC);
+                             int64_t N, int64_t C, int64_t OC, int64_t ld = 0) {
+    host::matmul_forward(out, inp, w, bias, N, C, OC, ld);
   }
   static void matmul_backward(Context&, Act* dinp, Acc* dw, Acc* db, const Act* dout,
-                              const Act* inp, const Act* w, int64_t N, int64_t C, int64_t OC) {
-    host::matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+                              const Act* inp, const Act* w, int64_t N, int64_t C, int64_t OC,
+                              int64_t ld = 0) {
+    host::matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, ld);
+  }
+  static void matmul_input_grad(Context&, Acc* dinp, bool accumulate, const Act* dout,
+                                const Act* w, int64_t N, int64_t C, int64_t OC, int64_t ld) {
+    host::matmul_input_grad(dinp, accumulate, dout, w, N, C, OC, ld);
   }
   // Keeps the probabilities (in Acc); its backward's scratch is their gradient.
   static constexpr AttentionStorage kAttention = AttentionStorage::kProbabilities;

@@ -176,6 +176,15 @@ TYPED_TEST(GpuKernels, Embedding) {
   cuda::embedding_forward(out.get(), dtok.buf.get(), wte.get(), wpe.get(), B, T, C, 0, Vp, nullptr);
   host::embedding_forward(want.data(), tok.data(), wte.exact.data(), wpe.exact.data(), B, T, C);
   EXPECT_TRUE(close(out.read(), want, tol<A>(1e-6, 1e-2)));
+  // In two pieces of the vocabulary (ZeRO 3's, StageLayout::piece): the
+  // second leaves the first's rows as they were; together the whole.
+  Dev<A> halves = Dev<A>::poisoned(B * T * C);
+  const int64_t cut = 16;  // the tokens are drawn from [0, V / 4]: some on each side
+  cuda::embedding_forward(halves.get(), dtok.buf.get(), wte.get(), wpe.get(), B, T, C, 0, cut,
+                          nullptr);
+  cuda::embedding_forward(halves.get(), dtok.buf.get(), wte.get() + cut * C, wpe.get(), B, T, C, cut,
+                          Vp - cut, nullptr, nullptr, true);
+  EXPECT_TRUE(close(halves.read(), want, tol<A>(1e-6, 1e-2))) << "in pieces";
 
   // Backward: accumulates into random float gradients.
   Dev<A> dout(random_vector(B * T * C, 4));
@@ -498,6 +507,30 @@ TYPED_TEST(GpuKernels, Matmul) {
     EXPECT_TRUE(close(dw.read(), want_dw, t));
     EXPECT_TRUE(close(db.read(), want_db, t));
   }
+  // ZeRO 3's vocabulary pieces: columns [r0, r0 + cols) of the outputs
+  // (rows OC apart) from that piece of the weights; the input gradient
+  // added over the two pieces in float, the weight gradient per piece.
+  // Against the whole product on the host (the same rounding bounds).
+  const int64_t r0 = 40, cols = OC - r0;  // 8-row multiples, as pieces start
+  Dev<A> dout(random_vector(N * OC, 20));
+  Dev<A> out = Dev<A>::poisoned(N * OC);
+  Dev<float> dx = Dev<float>::poisoned(N * C), dw(random_vector(OC * C, 21));
+  for (const auto& [lo, n] : {std::pair{int64_t{0}, r0}, std::pair{r0, cols}}) {
+    cuda::matmul_forward(blas, out.get() + lo, x.get(), w.get() + lo * C, static_cast<const A*>(nullptr),
+                         N, C, n, OC);
+    cuda::matmul_input_grad(blas, dx.get(), lo > 0, dout.get() + lo, w.get() + lo * C, N, C, n, OC);
+    cuda::matmul_backward(blas, static_cast<A*>(nullptr), dw.get() + lo * C, nullptr, dout.get() + lo,
+                          x.get(), w.get() + lo * C, N, C, n, OC);
+  }
+  std::vector<double> want(N * OC), want_dx(N * C);
+  auto want_dw = dw.exact;
+  host::matmul_forward(want.data(), x.exact.data(), w.exact.data(), static_cast<const double*>(nullptr),
+                       N, C, OC);
+  host::matmul_backward(want_dx.data(), want_dw.data(), static_cast<double*>(nullptr),
+                        dout.exact.data(), x.exact.data(), w.exact.data(), N, C, OC);
+  EXPECT_TRUE(close(out.read(), want, tol<A>(1e-5, 1e-2))) << "pieces' forward";
+  EXPECT_TRUE(close(dx.read(), want_dx, 1e-5)) << "pieces' input gradient, in float";
+  EXPECT_TRUE(close(dw.read(), want_dw, 1e-5)) << "pieces' weight gradient";
 }
 
 // The fused attention against the host kernel in double (the inputs as the

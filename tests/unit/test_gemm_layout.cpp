@@ -162,6 +162,14 @@ TEST(GemmLayout, EveryStageGemmOfGpt2AtEachTensorWidth) {
         check(cuda::matmul_dinp_gemm(N, in, out), at + "input gradient " + shape);
         check(cuda::matmul_dweight_gemm(N, in, out), at + "weight gradient " + shape);
       }
+      // ZeRO 3's vocabulary pieces: the head's columns [r0, r0 + rows) of
+      // the logits, rows apart by the whole share (StageLayout::piece: a
+      // block's 12 C^2 + 13 C floats hold 9229 rows at 768, cut to 9224).
+      const int64_t share = vocab_padded / tp, rows = std::min<int64_t>(9224, share / 2);
+      const std::string piece = std::to_string(rows) + " of " + std::to_string(share) + " columns";
+      check(cuda::matmul_forward_gemm(N, C, rows, false, share), at + "head piece " + piece);
+      check(cuda::matmul_dinp_gemm(N, C, rows, share), at + "head piece input gradient " + piece);
+      check(cuda::matmul_dweight_gemm(N, C, rows, share), at + "head piece weight gradient " + piece);
       const cuda::AttentionGemms g = cuda::attention_gemms(B * heads, T, hs);
       check(g.scores, at + "attention scores");
       check(g.values, at + "attention values");
