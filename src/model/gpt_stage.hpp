@@ -44,8 +44,9 @@ using GradsFinal = std::function<void(int64_t offset)>;
 
 // How a ZeRO trainer fills and drains the stage's block windows. Block i
 // (the stage's i-th) uses weight window i % 2 (at zero 3 the
-// vocabulary's uses may go through them too, as i = StageLayout::kVocabIn
-// and kVocabOut: their window is StageLayout::window_of). The gradient
+// vocabulary's uses go through them too, piece by piece, as i =
+// StageLayout::piece_id of kVocabIn and kVocabOut: their window is
+// StageLayout::window_of). The gradient
 // windows are taken in turn, one use after another, whichever block: the
 // window a use gets is the one whose reduction started longest ago, even
 // where consecutive uses are of blocks of one parity (interleaved chunks
@@ -436,30 +437,46 @@ class GptStage {
   void weight_gradients_block(Slot& s, int64_t i);
   BlockView<const Act> block_weights(int64_t i);
   BlockView<Acc> block_grads(int64_t i);
-  // Null where the stage (or the family) has no such tensor.
-  // (The embedding's wte in its window where the vocabulary goes through
-  // the windows; the tensors of the embedding only: a tied head is w_head.)
+  // Null where the stage (or the family) has no such tensor. (Not wte's
+  // weights: the embedding reads them as w_vocab.)
   const Act* w_outer(outer::Tensor k) const {
-    if (k == outer::wte && vocab_windowed_) return wwin_[at_.window_of(StageLayout::kVocabIn)].get();
     return at_.at(k) < 0 ? nullptr : weights_ + resident_offset(at_.at(k), opt_.window_weights);
   }
   Acc* g_outer(outer::Tensor k) {
     if (k == outer::wte && vocab_windowed_) return gwin_[grad_window_].get();
     return at_.at(k) < 0 ? nullptr : grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
   }
-  // The LM head: its own tensor, or the tied embedding.
-  const Act* w_head() const {
-    if (vocab_windowed_) return wwin_[at_.window_of(StageLayout::kVocabOut)].get();
-    return weights_ + resident_offset(at_.head(), opt_.window_weights);
+  // A vocabulary use's piece `id` (StageLayout::piece_id): its window, or
+  // the whole tensor kept (one piece): the embedding's wte, or the LM head
+  // (its own tensor, or the tied embedding).
+  const Act* w_vocab(int64_t id) const {
+    if (vocab_windowed_) return wwin_[at_.window_of(id)].get();
+    const int64_t at = StageLayout::piece_use(id) == StageLayout::kVocabIn ? at_.at(outer::wte)
+                                                                           : at_.head();
+    return weights_ + resident_offset(at, opt_.window_weights);
   }
+  // A use's pieces (one unless the vocabulary goes through the windows),
+  // and piece k's first row and rows of this rank's vl_.
+  int64_t pieces(int64_t use) const { return vocab_windowed_ ? at_.vocab_pieces(use) : 1; }
+  std::pair<int64_t, int64_t> piece_rows(int64_t use, int64_t k) const {
+    if (!vocab_windowed_) return {0, vl_};
+    const int64_t id = StageLayout::piece_id(use, k);
+    return {at_.piece_row(id), at_.piece(id).rows};
+  }
+  // The head's backward, piece by piece: its input gradient (summed over
+  // the tensor group) and its weight gradient.
+  const Act* head_backward(Slot& h);
+  // The embedding's backward from its output's gradient `dout`.
+  void embedding_backward(const Act* dout, const Slot& s);
   Acc* g_head() {
     if (vocab_windowed_) return gwin_[grad_window_].get();
     return grads_.get() + resident_offset(at_.head(), opt_.window_grads);
   }
-  // A vocabulary use's window (kVocabIn, kVocabOut): its weights fetched
-  // (`weights`), or its gradient window cleared (before) and its gradients
-  // handed over (after); nothing unless the vocabulary is windowed.
-  void vocab_weights(int64_t id);
+  // A vocabulary use's piece's window (StageLayout::piece_id): its weights
+  // fetched (`weights`, the piece `next` on its way), or its gradient
+  // window cleared (before) and its gradients handed over (after); nothing
+  // unless the vocabulary is windowed.
+  void vocab_weights(int64_t id, int64_t next = -1);
   void published(int64_t id) {
     if (hooks_.need_published) hooks_.need_published(id);
   }
@@ -520,6 +537,7 @@ class GptStage {
   Buffer<double> loss_sum_;
   // The vocabulary-parallel cross-entropy's row statistics (tp > 1).
   Buffer<Acc> ce_max_, ce_stats_;
+  Buffer<Acc> head_dx_;  // head_backward's sum over the pieces
   // Sequence parallelism: the gathered rows (or a row-parallel GEMM's
   // partial sums), this rank's rows of a summed input gradient, and up to
   // two LayerNorms' weight gradients from its rows.

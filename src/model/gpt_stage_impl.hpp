@@ -49,6 +49,10 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     if (spec.layer < 0 && (spec.tensor == outer::wte || spec.tensor == outer::lm_head)) vocab = &spec;
   v_real_ = vocab != nullptr ? vocab->shape[0] : 0;
   v0_ = vocab != nullptr ? vocab->vocab_begin() : 0;
+  // The pieces cut this rank's rows of the vocabulary.
+  for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut})
+    if (vocab_windowed_ && at_.vocab(use).begin >= 0 && at_.vocab(use).rows != vl_)
+      throw std::logic_error("GptStage: the vocabulary's stored rows are not its share");
   // A slot holds one chunk's layers (a chunk that lacks none).
   const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.full_chunk();
   // Every allocation is counted: stage_footprint must predict the sum.
@@ -187,6 +191,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     allocated_ += static_cast<int64_t>(table.size() * sizeof(float));
     Ops::upload(ctx_, rope_.get(), table.data(), static_cast<int64_t>(table.size()));
   }
+  // The head's input gradient in float where it adds up over pieces.
+  if (range_.has_head && pieces(StageLayout::kVocabOut) > 1) head_dx_ = acc(BT * C);
   if (range_.has_head && tp > 1) {
     ce_max_ = acc(BT);
     ce_stats_ = acc(2 * BT);
@@ -259,14 +265,14 @@ void GptStage<Ops>::zero_grads() {
 }
 
 template <class Ops>
-void GptStage<Ops>::vocab_weights(int64_t id) {
-  if (vocab_windowed_) hooks_.need_weights(id, -1);
+void GptStage<Ops>::vocab_weights(int64_t id, int64_t next) {
+  if (vocab_windowed_) hooks_.need_weights(id, next);
 }
 
 template <class Ops>
 void GptStage<Ops>::vocab_grads_before(int64_t id) {
   if (!vocab_windowed_) return;
-  take_grad_window(id, at_.vocab(id).size());
+  take_grad_window(id, at_.piece(id).size());
 }
 
 template <class Ops>
@@ -308,7 +314,6 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
     Ops::load_tokens(ctx_, s.positions, positions, BT, embeds(chunk) && !cfg_.llama());
   if (embeds(chunk)) {
     published(StageLayout::kVocabIn);
-    vocab_weights(StageLayout::kVocabIn);
     embed(s, tokens);
   }
   for (int64_t i = first; i < first + L; ++i) {
@@ -322,11 +327,18 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
   }
   if (!heads(chunk)) return;
   published(StageLayout::kVocabOut);
-  vocab_weights(StageLayout::kVocabOut);
   norm_forward(h.lnf.get(), h.lnf_mean.get(), h.lnf_rstd.get(), stream_end(s),
                w_outer(outer::lnf_w), w_outer(outer::lnf_b), rows_);
-  Ops::matmul_forward(ctx_, h.logits.get(), gathered(h.lnf.get()), w_head(),
-                      static_cast<const Act*>(nullptr), BT, C, vl_);
+  // Piece by piece, each into its columns of the logits.
+  const Act* lnf = gathered(h.lnf.get());
+  const int64_t n = pieces(StageLayout::kVocabOut);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t id = StageLayout::piece_id(StageLayout::kVocabOut, k);
+    vocab_weights(id, k + 1 < n ? StageLayout::piece_id(StageLayout::kVocabOut, k + 1) : -1);
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabOut, k);
+    Ops::matmul_forward(ctx_, h.logits.get() + r0, lnf, w_vocab(id),
+                        static_cast<const Act*>(nullptr), BT, C, rows, vl_);
+  }
   head_loss(h, for_backward, grad_scale);
   Ops::accumulate_sum(ctx_, loss_sum_.get(), h.losses.get(), BT);
 }
@@ -334,13 +346,25 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
 template <class Ops>
 void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd;
+  // The vocabulary's pieces one after another (one, unless it goes
+  // through the windows): each writes the rows of its tokens only.
+  const int64_t n = pieces(StageLayout::kVocabIn);
+  const auto piece = [&](int64_t k) {
+    const int64_t id = StageLayout::piece_id(StageLayout::kVocabIn, k);
+    vocab_weights(id, k + 1 < n ? StageLayout::piece_id(StageLayout::kVocabIn, k + 1) : -1);
+    return id;
+  };
   if (!gathers_embedding()) {
     // Vocabulary-parallel under sequence parallelism: each rank embeds the
     // tokens of its vocabulary rows (zeros elsewhere), the group's sum,
     // scattered, is the embedding (one rank: the embedding itself).
     Act* partial = sum_target(embedded(s));
-    Ops::embedding_forward(ctx_, partial, s.tokens, w_outer(outer::wte), w_outer(outer::wpe), B_,
-                           T_, C, v0_, vl_, positions_);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t id = piece(k);
+      const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
+      Ops::embedding_forward(ctx_, partial, s.tokens, w_vocab(id), w_outer(outer::wpe), B_, T_, C,
+                             v0_ + r0, rows, positions_, k > 0);
+    }
     summed(partial, embedded(s));
     return;
   }
@@ -367,8 +391,13 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   Ops::load_tokens(ctx_, row_order_, row_order_host_.data(), BT, false);
   const int64_t mine = row_counts_[static_cast<size_t>(range_.tp_rank)];
   Act* whole = full_.get();
-  Ops::embedding_forward_rows(ctx_, whole + first * C, s.tokens, row_order_, first, mine,
-                              w_outer(outer::wte), w_outer(outer::wpe), T_, C, v0_, positions_);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t id = piece(k);
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
+    Ops::embedding_forward_rows(ctx_, whole + first * C, s.tokens, row_order_, first, mine,
+                                w_vocab(id), w_outer(outer::wpe), T_, C, v0_ + r0, positions_,
+                                rows);
+  }
   for (int64_t& n : row_counts_) n *= C;  // elements, as the gather counts them
   tp_.gather_parts(whole + first * C, whole, row_counts_, Ops::kActElement);
   Ops::scatter_rows(ctx_, embedded(s), whole, row_order_, BT, C);
@@ -479,6 +508,53 @@ typename Ops::Act* GptStage<Ops>::column_parallel_backward(Acc* dw, Acc* db, con
 }
 
 template <class Ops>
+const typename Ops::Act* GptStage<Ops>::head_backward(Slot& h) {
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, n = pieces(StageLayout::kVocabOut);
+  const Act* lnf = gathered(h.lnf.get());
+  const auto id = [](int64_t k) { return StageLayout::piece_id(StageLayout::kVocabOut, k); };
+  if (n == 1) {
+    vocab_weights(id(0));
+    vocab_grads_before(id(0));
+    const Act* dln = column_parallel_backward(g_head(), static_cast<Acc*>(nullptr), h.logits.get(),
+                                              lnf, w_vocab(id(0)), vl_);
+    vocab_grads_after(id(0));
+    return dln;
+  }
+  // From the last piece, which the forward left in its window. The input
+  // gradient adds up over the pieces in float (head_dx_), rounded once:
+  // the sum over the vocabulary split in n, not in one product (not the
+  // bits of one piece; tests/unit/test_vocab_pieces.cpp's tolerance).
+  for (int64_t k = n - 1; k >= 0; --k) {
+    vocab_weights(id(k), k > 0 ? id(k - 1) : -1);
+    vocab_grads_before(id(k));
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabOut, k);
+    const Act* dlogits = h.logits.get() + r0;
+    Ops::matmul_input_grad(ctx_, head_dx_.get(), k + 1 < n, dlogits, w_vocab(id(k)), BT, C, rows,
+                           vl_);
+    Ops::matmul_backward(ctx_, static_cast<Act*>(nullptr), g_head(), static_cast<Acc*>(nullptr),
+                         dlogits, lnf, w_vocab(id(k)), BT, C, rows, vl_);
+    vocab_grads_after(id(k));
+  }
+  Ops::convert(ctx_, dln_.get(), static_cast<const Acc*>(head_dx_.get()), BT * C);
+  return start_input_grad_sum()();
+}
+
+template <class Ops>
+void GptStage<Ops>::embedding_backward(const Act* dout, const Slot& s) {
+  // Every rank's vocabulary rows may appear anywhere in the micro-batch:
+  // each piece reads the whole gradient. The positions' gradient once.
+  const int64_t C = cfg_.n_embd;
+  for (int64_t k = 0; k < pieces(StageLayout::kVocabIn); ++k) {
+    const int64_t id = StageLayout::piece_id(StageLayout::kVocabIn, k);
+    vocab_grads_before(id);
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
+    Ops::embedding_backward(ctx_, g_outer(outer::wte), k == 0 ? g_outer(outer::wpe) : nullptr, dout,
+                            s.tokens, B_, T_, C, v0_ + r0, rows, positions_);
+    vocab_grads_after(id);
+  }
+}
+
+template <class Ops>
 typename Ops::Acc* GptStage<Ops>::ln_stash(Slot& s, int64_t i) {
   if (split() && i >= 0) return s.ln_grads.get() + 4 * cfg_.n_embd * in_slot(i);
   return opt_.sequence_parallel ? ln_grads_.get() : nullptr;
@@ -517,12 +593,7 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
     // the next forward overwrites (one buffer for every slot), and they
     // are final only at W's end (with wte's, whose gradient this is).
     Slot& h = head_of(s);
-    vocab_weights(StageLayout::kVocabOut);
-    vocab_grads_before(StageLayout::kVocabOut);
-    const Act* dln = column_parallel_backward(g_head(), static_cast<Acc*>(nullptr),
-                                             h.logits.get(), gathered(h.lnf.get()), w_head(),
-                                             vl_);
-    vocab_grads_after(StageLayout::kVocabOut);
+    const Act* dln = head_backward(h);
     Ops::fill_zero(ctx_, dres, R * C);
     Acc* stash = ln_stash(s, -1);
     if (stash) Ops::fill_zero(ctx_, stash, 2 * C);
@@ -551,14 +622,7 @@ void GptStage<Ops>::backward(int slot, const GradsFinal& grads_final, int chunk)
     return;
   }
   if (chunk > 0) return;  // the tensors before chunk 0's blocks are chunk 0's
-  if (range_.has_embedding) {
-    // Every rank's vocabulary rows may appear anywhere in the micro-batch:
-    // the embedding's backward reads the whole gradient.
-    vocab_grads_before(StageLayout::kVocabIn);
-    Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe), gathered(dres),
-                            s.tokens, B_, T_, C, v0_, vl_, positions_);
-    vocab_grads_after(StageLayout::kVocabIn);
-  }
+  if (range_.has_embedding) embedding_backward(gathered(dres), s);
   final_from(0);
 }
 
@@ -580,13 +644,7 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
     final_from(at_.layers[i][0]);
   }
   if (chunk > 0) return;
-  if (range_.has_embedding) {
-    vocab_grads_before(StageLayout::kVocabIn);
-    Ops::embedding_backward(ctx_, g_outer(outer::wte), g_outer(outer::wpe),
-                            gathered(embedded(s)), s.tokens, B_, T_, C, v0_, vl_,
-                            positions_);
-    vocab_grads_after(StageLayout::kVocabIn);
-  }
+  if (range_.has_embedding) embedding_backward(gathered(embedded(s)), s);
   final_from(0);
 }
 

@@ -331,8 +331,13 @@ StageLayout::StageLayout(const ParameterTable& table, const StageRange& range)
   // The vocabulary's spans: each tensor up to the next one (or the end).
   const auto span_of = [&](int64_t begin) {
     Span sp{begin, table.total_storage()};
-    for (const auto& s : table.specs())
+    for (const auto& s : table.specs()) {
       if (s.offset > begin) sp.end = std::min(sp.end, s.offset);
+      if (s.offset == begin) {
+        sp.row = s.row_length();
+        sp.rows = s.storage / sp.row;
+      }
+    }
     return sp;
   };
   if (range.has_embedding) vocab_in = span_of(outer[outer::wte]);

@@ -95,8 +95,24 @@ ShardPlan::ShardPlan(const ParameterTable& table, const StageLayout& layout, int
     const ShardUnit& u = units_[k];
     if (u.begin == layout.vocab_in.begin) vocab_unit_[0] = k;
     if (u.begin == layout.vocab_out.begin) vocab_unit_[1] = k;
-    if (layout.is_vocab(u.begin))
-      max_vocab_part_ = std::max(max_vocab_part_, *std::max_element(u.counts.begin(), u.counts.end()));
+  }
+  // The vocabulary's pieces: each rank's share of one is where its part
+  // and the piece overlap (parts and pieces are runs of whole rows).
+  for (int use = 0; use < 2; ++use) {
+    if (vocab_unit_[use] >= units_.size() || !layout.windows_vocab(true)) continue;
+    const ShardUnit& u = units_[vocab_unit_[use]];
+    const int64_t id = use == 0 ? StageLayout::kVocabIn : StageLayout::kVocabOut;
+    for (int64_t k = 0; k < layout.vocab_pieces(id); ++k) {
+      const StageLayout::Span sp = layout.piece(StageLayout::piece_id(id, k));
+      Piece p{sp.begin, sp.end, {}};
+      for (size_t r = 0; r + 1 < u.cuts.size(); ++r) {
+        const int64_t lo = std::clamp(u.cuts[r], p.begin, p.end);
+        p.counts.push_back(std::clamp(u.cuts[r + 1], p.begin, p.end) - lo);
+      }
+      max_vocab_part_ =
+          std::max(max_vocab_part_, *std::max_element(p.counts.begin(), p.counts.end()));
+      pieces_[use].push_back(std::move(p));
+    }
   }
   shard_size_ = sizes[rank];
   max_shard_size_ = *std::max_element(sizes.begin(), sizes.end());

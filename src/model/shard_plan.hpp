@@ -48,6 +48,19 @@ struct TensorPart {
   int64_t shard_offset = 0;
 };
 
+// A window's share of one unit: a block's whole unit, or a vocabulary
+// piece's rows of its tensor's unit (StageLayout::piece). The collectives
+// that fill and drain the window move it: each rank sends or receives the
+// part of its own part that falls in it (none, for most ranks, of a piece).
+struct WindowPart {
+  size_t unit = 0;                              // index into ShardPlan::units()
+  int64_t begin = 0, end = 0;                   // flat offsets
+  const std::vector<int64_t>* counts = nullptr; // every group rank's share of it
+  int64_t mine = 0;                             // this rank's share: flat offset ...
+  int64_t shard_offset = 0;                     // ... where it sits in the shard ...
+  int64_t size = 0;                             // ... and its elements
+};
+
 // Which of AdamW's arrays over a shard are the owned rows of the stage's
 // whole buffers rather than shard-ordered arrays of their own
 // (train/zero_shards.hpp says when).
@@ -79,13 +92,29 @@ class ShardPlan {
   std::pair<size_t, size_t> block_units(int64_t i) const {
     return {block_first_[static_cast<size_t>(i)], block_first_[static_cast<size_t>(i) + 1]};
   }
-  // The units a window carries: block i's, or a vocabulary use's
-  // (StageLayout::kVocabIn, kVocabOut: its tensor's unit).
-  std::pair<size_t, size_t> window_units(int64_t id) const {
-    if (id >= 0) return block_units(id);
-    const size_t k = vocab_unit_[id == StageLayout::kVocabIn ? 0 : 1];
-    if (k >= units_.size()) throw std::logic_error("ShardPlan: no such vocabulary tensor on the stage");
-    return {k, k + 1};
+  // f(WindowPart) for each unit's share in the window of block `id`, or of
+  // a vocabulary use's piece (StageLayout::piece_id), in offset order.
+  template <class F>
+  void for_window(int64_t id, F&& f) const {
+    if (id >= 0) {
+      const auto [first, last] = block_units(id);
+      for (size_t k = first; k < last; ++k) {
+        const ShardUnit& u = units_[k];
+        f(WindowPart{k, u.begin, u.end, &u.counts, part_begin(u), u.shard_offset, part_size(u)});
+      }
+      return;
+    }
+    const size_t use = StageLayout::piece_use(id) == StageLayout::kVocabIn ? 0 : 1;
+    const auto k = static_cast<size_t>(StageLayout::piece_index(id));
+    if (vocab_unit_[use] >= units_.size() || k >= pieces_[use].size())
+      throw std::logic_error("ShardPlan: no such vocabulary piece on the stage");
+    const ShardUnit& u = units_[vocab_unit_[use]];
+    const Piece& p = pieces_[use][k];
+    // This rank's part clipped to the piece (empty: at the part's edge).
+    const int64_t lo = std::clamp(p.begin, part_begin(u), part_begin(u) + part_size(u));
+    const int64_t hi = std::clamp(p.end, lo, part_begin(u) + part_size(u));
+    f(WindowPart{vocab_unit_[use], p.begin, p.end, &p.counts, lo,
+                 u.shard_offset + (lo - part_begin(u)), hi - lo});
   }
   // The unit holding flat offset `offset`'s tensor.
   const ShardUnit& unit_at(int64_t offset) const;
@@ -107,6 +136,11 @@ class ShardPlan {
     return vocab ? std::max(max_block_part_, max_vocab_part_) : max_block_part_;
   }
   TensorPart part_of(const ParameterSpec& spec) const;
+  // The most pieces a vocabulary use goes through the windows in at zero 3
+  // (0: the stage has none, or none it could window).
+  int64_t vocab_pieces() const {
+    return static_cast<int64_t>(std::max(pieces_[0].size(), pieces_[1].size()));
+  }
   // AdamW over the shard: every owned logical element, the moments at
   // shard offsets; each array flagged in `where` at the element's place in
   // the stage's whole buffer instead (its table offset), else at its shard
@@ -121,6 +155,12 @@ class ShardPlan {
   std::vector<size_t> block_first_;  // blocks + 1 unit indices
   int64_t shard_size_ = 0, max_shard_size_ = 0, max_block_part_ = 0, max_vocab_part_ = 0;
   size_t vocab_unit_[2] = {SIZE_MAX, SIZE_MAX};  // the embedding's and the head's unit
+  // Their pieces (StageLayout::piece): the flat span and every rank's share.
+  struct Piece {
+    int64_t begin = 0, end = 0;
+    std::vector<int64_t> counts;
+  };
+  std::vector<Piece> pieces_[2];
 };
 
 }  // namespace mpiformer

@@ -129,6 +129,9 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
               (L > 0 ? (Cqkv + Cin) * BT * act + attention_scratch : 0) +
               (range.has_head && range.chunks == 1 ? 0 : R * C * act) + 8;
   if (range.has_head && range.tp > 1) f.scratch += 3 * BT * acc;
+  // The head's input gradient summed over its vocabulary pieces in float.
+  if (range.has_head && vocab && layout.vocab_pieces(StageLayout::kVocabOut) > 1)
+    f.scratch += BT * C * acc;
   if (L > 0 && cfg.llama())
     f.scratch += Cm * BT * act + static_cast<double>(cfg.seq_len * cfg.head_dim()) * sizeof(float);
   if (L > 0 && o.recompute == Recompute::kAttention) f.scratch += attention;

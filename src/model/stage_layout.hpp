@@ -50,41 +50,82 @@ struct StageLayout {
   int64_t block_span() const { return layers.empty() ? 0 : block_end - block_begin(); }
   // ZeRO 3's vocabulary windows. The vocabulary's tensors (the embedding's
   // wte on the first stage; the head's, lm_head or wte's tied copy, on the
-  // last) are the stage's largest outside the blocks. Where each fits a
-  // block's window they go through the windows as a block does (FSDP
-  // shards them as units too): gathered before the embedding or the head,
-  // their gradient reduce-scattered after each use. Each is a span
-  // [begin, end) of the flat buffer, with the gap after it (its ShardPlan
-  // unit); begin -1 where the stage has none. Pipeline depth 1 with tied
-  // embeddings: one tensor, both spans.
+  // last) are the stage's largest outside the blocks. At zero 3 they go
+  // through the blocks' windows (FSDP shards them as units too): gathered
+  // before the embedding or the head, their gradient reduce-scattered
+  // after each use, so nothing of them stays whole. One larger than a
+  // window goes in row pieces of at most a window each, one after another
+  // (Llama 3's 128K vocabulary is 2.4 blocks' worth at 8B). Each tensor is
+  // a span [begin, end) of the flat buffer, with the gap after it (its
+  // ShardPlan unit); begin -1 where the stage has none. Pipeline depth 1
+  // with tied embeddings: one tensor, both spans.
   struct Span {
     int64_t begin = -1, end = -1;
+    int64_t row = 1;   // the tensor's row length
+    int64_t rows = 0;  // its stored rows (wte's padding rows too)
     int64_t size() const { return end - begin; }
   };
   Span vocab_in, vocab_out;
   // Whether the vocabulary lives in the windows: with the blocks' weights
-  // (window_weights, zero 3), where each of its spans fits a window.
+  // (window_weights, zero 3), wherever the stage has it and a window holds
+  // a row of it (a stage has blocks).
   bool windows_vocab(bool window_weights) const {
     if (!window_weights || (vocab_in.begin < 0 && vocab_out.begin < 0)) return false;
-    const int64_t window = block_storage();
-    return vocab_in.size() <= window && vocab_out.size() <= window;
+    for (const Span* s : {&vocab_in, &vocab_out})
+      if (s->begin >= 0 && s->size() - s->rows * s->row + s->row > block_storage()) return false;
+    return true;
   }
   // Whether a unit (a tensor) starting at `begin` is one of the vocabulary's.
   bool is_vocab(int64_t begin) const {
     return begin >= 0 && (begin == vocab_in.begin || begin == vocab_out.begin);
   }
-  // The weight window a block (i >= 0) or a vocabulary use (kVocabIn,
-  // kVocabOut) goes through (gradient windows are taken in turn: the
-  // stage's BlockHooks). The embedding runs before block 0's forward and
-  // after its backward, the head after the last block's forward and before
-  // its backward: each takes the window the block beside it does not.
+  // The weight window a block (i >= 0) or a vocabulary use's piece goes
+  // through (gradient windows are taken in turn: the stage's BlockHooks).
+  // The embedding runs before block 0's forward and after its backward,
+  // the head after the last block's forward and before its backward: the
+  // piece next to the block takes the window the block does not, and the
+  // pieces alternate so each may be fetched while the one before computes.
   int window_of(int64_t id) const {
     if (id >= 0) return static_cast<int>(id % 2);
-    return id == kVocabIn ? 1 : static_cast<int>(layers.size() % 2);
+    const int64_t k = piece_index(id);
+    if (piece_use(id) == kVocabIn) return static_cast<int>((vocab_pieces(kVocabIn) - k) % 2);
+    return static_cast<int>((static_cast<int64_t>(layers.size()) + k) % 2);
   }
+  // The vocabulary's uses, and the ids of their pieces: piece k of use u is
+  // u - 2 k (piece 0 is the use itself), below every block's id.
   static constexpr int64_t kVocabIn = -2, kVocabOut = -3;
-  // A vocabulary use's span.
-  const Span& vocab(int64_t id) const { return id == kVocabIn ? vocab_in : vocab_out; }
+  static int64_t piece_id(int64_t use, int64_t k) { return use - 2 * k; }
+  static int64_t piece_use(int64_t id) { return id % 2 == 0 ? kVocabIn : kVocabOut; }
+  static int64_t piece_index(int64_t id) { return (piece_use(id) - id) / 2; }
+  // A vocabulary use's tensor.
+  const Span& vocab(int64_t id) const { return piece_use(id) == kVocabIn ? vocab_in : vocab_out; }
+  // The rows a piece holds: as many as a window takes beside the span's
+  // gap (the last piece carries it), so every piece fits a window; a
+  // multiple of 8 where that leaves any, so each piece's columns of the
+  // logits start 16-byte aligned for the GPU's GEMMs.
+  int64_t piece_rows(int64_t use) const {
+    const Span& s = vocab(use);
+    const int64_t gap = s.size() - s.rows * s.row;
+    const int64_t rows = std::max<int64_t>(1, (block_storage() - gap) / s.row);
+    return rows >= 8 ? rows - rows % 8 : rows;
+  }
+  int64_t vocab_pieces(int64_t use) const {
+    const Span& s = vocab(use);
+    const int64_t per = piece_rows(use);
+    return std::max<int64_t>(1, (s.rows + per - 1) / per);
+  }
+  // Piece `id`'s first row and its span of the flat buffer (the last to
+  // the tensor's end, its gap included).
+  int64_t piece_row(int64_t id) const { return piece_index(id) * piece_rows(piece_use(id)); }
+  Span piece(int64_t id) const {
+    const int64_t use = piece_use(id), k = piece_index(id);
+    const Span& s = vocab(use);
+    Span p = s;
+    p.begin = s.begin + piece_row(id) * s.row;
+    if (k + 1 < vocab_pieces(use)) p.end = p.begin + piece_rows(use) * s.row;
+    p.rows = std::min(piece_rows(use), s.rows - piece_row(id));
+    return p;
+  }
   // Where a tensor at `table_offset` sits in a buffer that holds only the
   // tensors outside the windows (`windowed`: the blocks live in ZeRO's
   // windows or 16-bit sums; `vocab`: the vocabulary too): those after a

@@ -214,6 +214,15 @@ struct ShardStream {
       holds[i % 2] = i;
       gathered[i % 2] = idle;
     };
+    // The vocabulary's pieces leave no block where they went (their own
+    // transfers are priced with the pass).
+    const auto evict = [&](int64_t pieces, int64_t other) {
+      if (pieces == 1) holds[other] = -1;
+      if (pieces > 1) holds[0] = holds[1] = -1;
+    };
+    const int64_t after = (b.first + b.blocks) % 2;  // the head's first piece's window
+    if (p.gathers && p.forward) evict(b.embedding_pieces, 1);
+    if (p.gathers && !p.forward) evict(b.head_pieces, after);
     for (int64_t k = 0; k < b.blocks; ++k) {
       const int64_t i = p.forward ? b.first + k : b.first + b.blocks - 1 - k;
       // (The embedding's weights come first: block 0's include its wait.)
@@ -233,6 +242,7 @@ struct ShardStream {
         issue(b.final_reduce);
       }
     }
+    if (p.gathers && p.forward) evict(b.head_pieces, after);
     // The head computes once its weights are in; the embedding's
     // gradients are reduced once its backward (or W) is done.
     if (p.forward && p.head) wait(published_head);

@@ -65,6 +65,11 @@ struct ActionCosts {
     // backward's head and embedding (W's embedding). The rest of a pass is
     // spread evenly over its blocks.
     std::array<double, 3> lead{}, tail{};
+    // Zero 3's vocabulary through the windows beside the blocks
+    // (StageLayout::window_of): the embedding's pieces before the first
+    // block, the head's after the last (0: none there). One piece takes
+    // the window its neighbouring block does not; two or more take both.
+    int64_t embedding_pieces = 0, head_pieces = 0;
   };
   std::vector<BlockTransfers> block_transfers;
   // Per stage (with block_transfers): a transfer of the tensors outside

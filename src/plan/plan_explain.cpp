@@ -58,11 +58,12 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
   // What zero 3 keeps whole beside its shard (FSDP's root unit and its
   // prefetch): the tensors outside the windows, and two blocks' windows,
   // each as weights (16-bit, or fp32) and float gradients; the fullest
-  // stage. The vocabulary goes through the windows where it fits one
-  // (StageLayout::windows_vocab), else it stays whole.
+  // stage. The vocabulary goes through the windows, in pieces where it is
+  // larger than one (StageLayout::windows_vocab, piece).
   const PrecisionPlan types = precision_plan(deck.train.precision);
   double outside = 0, windows = 0, vocab_whole = 0;
   bool vocab_windowed = false;
+  int64_t pieces = 1;
   for (int s = 0; s < static_cast<int>(deck.parallel.pp); ++s) {
     const StageRange range = stage_range_of(deck, s, 0);
     const ParameterTable table(deck.model, range);
@@ -71,6 +72,9 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     const double out = static_cast<double>(layout.resident_offset(table.total_storage(), true, vocab));
     const double w = range.num_layers() > 0 ? 2 * static_cast<double>(layout.block_storage()) : 0;
     vocab_windowed = vocab_windowed || vocab;
+    if (vocab)
+      for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut})
+        if (layout.vocab(use).begin >= 0) pieces = std::max(pieces, layout.vocab_pieces(use));
     if (out + w > outside + windows) {
       outside = out;
       windows = w;
@@ -80,8 +84,12 @@ std::vector<std::string> explain_lines(const Deck& deck, const MachineSpec& mach
     }
   }
   const double each = static_cast<double>(element_bytes(types.activations) + element_bytes(types.master));
-  std::string vocab_said = vocab_windowed ? "the vocabulary goes through the windows, as a block does"
-                                          : "no vocabulary on it";
+  std::string vocab_said = !vocab_windowed ? "no vocabulary on it"
+                           : pieces == 1
+                               ? "the vocabulary goes through the windows, as a block does"
+                               : strprintf("the vocabulary goes through the windows, as a block "
+                                           "does, in up to %lld pieces of a window each",
+                                           static_cast<long long>(pieces));
   if (vocab_whole > 0)
     vocab_said = strprintf("the vocabulary's tensors among them, larger than a window: %.2f GiB of "
                            "weights and gradients",

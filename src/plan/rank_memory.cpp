@@ -146,8 +146,8 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     // gradients.
     const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;  // zero >= 1 here
     const bool in_place16 = grad16 && zero == 1 && deck.train.offload == Offload::kNone;
-    // At zero 3 the vocabulary may go through the windows (StageLayout::
-    // windows_vocab): the receive buffers hold its parts too.
+    // At zero 3 the vocabulary goes through the windows (StageLayout::
+    // windows_vocab): the receive buffers hold its pieces' parts too.
     const bool vocab = tables->layout.windows_vocab(windows_weights(zero));
     const double window_part = static_cast<double>(plan.max_window_part(vocab));
     double blocks = 0, largest_block = 0;
@@ -193,13 +193,20 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
       // (16-bit gradients: every level's blocks go through their windows,
       // and their temporaries are 16-bit.)
       const bool windows = zero >= 2 || grad16;
-      // (A windowed vocabulary goes through the windows as a block does.)
+      // (A windowed vocabulary goes through the windows as a block does,
+      // piece by piece: none larger than a window.)
       std::vector<double> sizes;
       double largest_window = largest_block;
       for (const ShardUnit& u : plan.units()) {
         const double size = static_cast<double>(u.end - u.begin);
-        if (vocab && tables->layout.is_vocab(u.begin)) largest_window = std::max(largest_window, size);
-        else if (!windows || u.block < 0) sizes.push_back(size);
+        if (vocab && tables->layout.is_vocab(u.begin)) {
+          const int64_t use = u.begin == tables->layout.vocab_in.begin ? StageLayout::kVocabIn
+                                                                       : StageLayout::kVocabOut;
+          largest_window = std::max(largest_window,
+                                    static_cast<double>(tables->layout.piece(use).size()));
+        } else if (!windows || u.block < 0) {
+          sizes.push_back(size);
+        }
       }
       double in_flight = windows ? static_cast<double>(kInFlight) * largest_window * (grad16 ? act : acc) : 0;
       for (size_t i = 0; i < sizes.size(); ++i) {

@@ -599,25 +599,44 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         // A window still holding the block asked for is not gathered again:
         // under 1F1B (and zb-h1, whose W reads no weights) a forward
         // follows a backward (and the reverse), so two of each pass's
-        // blocks are already there.
+        // blocks are already there, less those the vocabulary's pieces
+        // took beside them (ShardStream::pass's evict: one piece takes the
+        // window its neighbouring block does not, two or more both).
         // Interleaved chunk passes alternate chunks: none kept (counted).
         const int64_t kept = deck.parallel.schedule == ScheduleKind::kOneFOneB ||
                                      deck.parallel.schedule == ScheduleKind::kZbH1
                                  ? 2
                                  : 0;
+        const auto pieces_of = [&](int64_t use) -> int64_t {
+          return vocab && layout.vocab(use).begin >= 0 ? layout.vocab_pieces(use) : 0;
+        };
+        const auto kept_beside = [&](int64_t use) {
+          return std::max<int64_t>(kept - std::min<int64_t>(pieces_of(use), 2), 0);
+        };
+        const int64_t kept_forward = kept_beside(StageLayout::kVocabIn);
+        const int64_t kept_backward = kept_beside(StageLayout::kVocabOut);
         if (!streamed)
-          gathers_comm = 2.0 * static_cast<double>(std::max<int64_t>(L - kept, 0)) *
+          gathers_comm = static_cast<double>(std::max<int64_t>(L - kept_forward, 0) +
+                                             std::max<int64_t>(L - kept_backward, 0)) *
                          exposed(block_ag, block_bwd / 2);
         // The vocabulary through the windows: each use gathered before it
-        // (the head's again before its backward unless it follows its
-        // forward, as the blocks' kept two) and reduce-scattered after it.
+        // and reduce-scattered after it, piece by piece (StageLayout::
+        // piece): a collective each, hidden as the whole use's was. The
+        // head's pieces again before its backward, but for the two its
+        // forward left in the windows where the backward follows it.
         if (vocab) {
-          for (const StageLayout::Span* sp : {&layout.vocab_in, &layout.vocab_out}) {
-            if (sp->begin < 0) continue;
-            const double size = static_cast<double>(sp->size());
-            const double times = sp == &layout.vocab_out && kept == 0 ? 2 : 1;
-            gathers_comm += times * exposed(groups(dp_link.allgather, size, 0, act, 1), block_bwd / 2);
-            per_micro_comm += exposed(groups(dp_link.reduce_scatter, size, 0, block_bytes, 1), block_bwd);
+          for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut}) {
+            const int64_t pieces = pieces_of(use);
+            const double share = 1.0 / static_cast<double>(std::max<int64_t>(pieces, 1));
+            for (int64_t k = 0; k < pieces; ++k) {
+              const double size =
+                  static_cast<double>(layout.piece(StageLayout::piece_id(use, k)).size());
+              const bool again = use == StageLayout::kVocabOut && (kept == 0 || k + 2 < pieces);
+              gathers_comm += (again ? 2 : 1) * exposed(groups(dp_link.allgather, size, 0, act, 1),
+                                                        share * block_bwd / 2);
+              per_micro_comm += exposed(groups(dp_link.reduce_scatter, size, 0, block_bytes, 1),
+                                        share * block_bwd);
+            }
           }
         }
         per_micro_comm += gathers_comm;
@@ -630,10 +649,17 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         costs.reduced.assign(static_cast<size_t>(pp), {});
       }
       const double stretch = (bwd + wgt) / dp_window;
-      for (int64_t c = 0; c < v; ++c)
-        costs.block_transfers[static_cast<size_t>(c * pp + s)] = {
-            range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
-            publish * stretch, final_reduce * stretch, chunk_lead[c], chunk_tail[c]};
+      for (int64_t c = 0; c < v; ++c) {
+        ActionCosts::BlockTransfers& b = costs.block_transfers[static_cast<size_t>(c * pp + s)];
+        b = {range.chunk_block(c), range.chunk_layers(c), block_rs * stretch, block_ag * stretch,
+             publish * stretch, final_reduce * stretch, chunk_lead[c], chunk_tail[c]};
+        if (zero >= 3 && vocab) {
+          if (c == 0 && range.has_embedding)
+            b.embedding_pieces = layout.vocab_pieces(StageLayout::kVocabIn);
+          if (c == v - 1 && range.has_head)
+            b.head_pieces = layout.vocab_pieces(StageLayout::kVocabOut);
+        }
+      }
       // The tensors outside the blocks (at zero 3 those the windows do
       // not carry): gathered by the use that waits for them, reduced by
       // where they lie (before or after the blocks: when the backward has

@@ -410,11 +410,15 @@ void Trainer::print_summary() const {
   const ShardPlan* shards = p.stage->shard_plan();
   const std::string reduction =
       shards != nullptr
-          ? strprintf("zero %d: %zu units sharded over %s%s, recompute %s", p.stage->zero(),
+          ? strprintf("zero %d: %zu units sharded over %s%s%s, recompute %s", p.stage->zero(),
                       shards->units().size(), g.cp() > 1 ? "dp x cp" : "dp",
                       g.ep() > 1 ? strprintf(" (the experts' over the %d replicas holding them)",
                                              g.dp() / g.ep()).c_str()
                                  : "",
+                      p.stage->zero() == 3 && shards->vocab_pieces() > 1
+                          ? strprintf(", the vocabulary through the windows in %lld pieces",
+                                      static_cast<long long>(shards->vocab_pieces())).c_str()
+                          : "",
                       name_of(deck_.train.recompute))
           : strprintf("%d gradient bucket(s)%s, recompute %s", p.stage->num_buckets(),
                       deck_.train.grad_compression != GradCompression::kNone && g.dp() > 1

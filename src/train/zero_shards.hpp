@@ -32,11 +32,15 @@
 //     that still holds the block asked for is not gathered again (the
 //     last blocks of a forward are the first of the next backward).
 //     The vocabulary's tensors (wte, an untied head) go through the same
-//     windows where each fits one (StageLayout::windows_vocab: about
-//     V <= 12 C for GPT), as FSDP shards them: gathered before the
-//     embedding and the head, their gradients reduce-scattered after each
-//     use in every micro-batch, so zero 3 keeps nothing of them whole.
-//     Where they do not fit they stay whole, as in zero 2.
+//     windows (StageLayout::windows_vocab), as FSDP shards them: gathered
+//     before the embedding and the head, their gradients reduce-scattered
+//     after each use in every micro-batch, so zero 3 keeps nothing of them
+//     whole. One larger than a window (V > about 12 C for GPT: Llama 3's
+//     128K vocabulary) goes in row pieces of at most a window
+//     (StageLayout::piece), one after another, the next gathered while
+//     one computes: each piece's collective moves what each rank owns of
+//     it (ShardPlan::for_window), so the shard and the checkpoints keep
+//     their units.
 // Under expert parallelism a sparse block's experts are a unit of their
 // own, reduce-scattered and gathered over the replicas holding the same
 // experts (the plan's expert units); at zero 2-3 a block's window then
@@ -528,7 +532,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
   // Whether unit u is one of the vocabulary's tensors going through the
-  // windows (zero 3 where it fits one: StageLayout::windows_vocab).
+  // windows (zero 3: StageLayout::windows_vocab).
   bool vocab_unit(const ShardUnit& u) const { return vocab_ && stage_.layout().is_vocab(u.begin); }
   bool windowed(const ShardUnit& u, int min_zero) const {
     return (u.block >= 0 || vocab_unit(u)) && zero_ >= min_zero;
@@ -540,9 +544,27 @@ class ZeroShards final : public StageOptimizer<Ops> {
   int window_of(int64_t id) const { return stage_.layout().window_of(id); }
   // The group unit u is cut over; the bytes a collective of it sends.
   Communicator& group(const ShardUnit& u) { return u.experts ? *experts_ : *dp_; }
-  void count_sent(const ShardUnit& u, size_t element) {
+  void count_sent(const ShardUnit& u, size_t element) { count_sent(u, u.end - u.begin, element); }
+  void count_sent(const ShardUnit& u, const WindowPart& p, size_t element) {
+    count_sent(u, p.end - p.begin, element);
+  }
+  void count_sent(const ShardUnit& u, int64_t elements, size_t element) {
     const double g = plan_.group_size(u);
-    sent_ += static_cast<double>(u.end - u.begin) * static_cast<double>(element) * (g - 1) / g;
+    sent_ += static_cast<double>(elements) * static_cast<double>(element) * (g - 1) / g;
+  }
+  // Where block i's window (or a vocabulary piece's) starts and ends in
+  // the stage's flat buffer.
+  int64_t window_begin(int64_t i) const {
+    int64_t begin = -1;
+    plan_.for_window(i, [&](const WindowPart& p) {
+      if (begin < 0) begin = p.begin;
+    });
+    return begin;
+  }
+  int64_t window_end(int64_t i) const {
+    int64_t end = 0;
+    plan_.for_window(i, [&](const WindowPart& p) { end = p.end; });
+    return end;
   }
 
   // Every unit whose weights the stage keeps whole gets every rank's part;
@@ -603,15 +625,14 @@ class ZeroShards final : public StageOptimizer<Ops> {
     const int w = window_of(i);
     if (holds_[w] == i) return;
     held_all(wpend_[w]);
-    const auto [first, last] = plan_.window_units(i);
-    const int64_t block_begin = plan_.units()[first].begin;
-    for (size_t k = first; k < last; ++k) {
-      const ShardUnit& u = plan_.units()[k];
-      wpend_[w].push_back(group(u).start_allgather(wshard() + u.shard_offset,
-                                                   stage_.weight_window(w) + (u.begin - block_begin),
-                                                   plan_.counts(u), sizeof(Act)));
-      count_sent(u, sizeof(Act));
-    }
+    const int64_t begin = window_begin(i);
+    plan_.for_window(i, [&](const WindowPart& p) {
+      const ShardUnit& u = plan_.units()[p.unit];
+      wpend_[w].push_back(group(u).start_allgather(wshard() + p.shard_offset,
+                                                   stage_.weight_window(w) + (p.begin - begin),
+                                                   *p.counts, sizeof(Act)));
+      count_sent(u, p, sizeof(Act));
+    });
     holds_[w] = i;
   }
   // The step waiting for the data-parallel group (a reduction's free
@@ -654,8 +675,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       reduce_block(i, w);
       return;
     }
-    const auto [first, last] = plan_.window_units(i);
-    const int64_t begin = plan_.units()[first].begin, n = plan_.units()[last - 1].end - begin;
+    const int64_t begin = window_begin(i), n = window_end(i) - begin;
     if (zero_ == 1) {
       Act* sums = g16_.get() + (begin - stage_.block_begin());
       Ops::add_into(ctx_, sums, static_cast<const Acc*>(stage_.grad_window(w)), n);
@@ -669,24 +689,23 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // gradients), each unit reduce-scattered into a receive buffer (the
   // block's parts one after another) that drain() adds to the shard.
   void reduce_block(int64_t i, int w, Act* g16 = nullptr) {
-    const auto [first, last] = plan_.window_units(i);
-    const int64_t block_begin = plan_.units()[first].begin;
+    const int64_t block_begin = window_begin(i);
     int64_t at = 0;
-    for (size_t k = first; k < last; ++k) {
-      const ShardUnit& u = plan_.units()[k];
+    plan_.for_window(i, [&](const WindowPart& p) {
+      const ShardUnit& u = plan_.units()[p.unit];
       if (g16 != nullptr) {
         // Zero 1's sums reduce in place, onto their owned rows.
-        Act* recv = in_stage_.grads16 ? g16 + (plan_.part_begin(u) - block_begin) : recv16_[w].get() + at;
-        gpend_[w].push_back(group(u).start_reduce_scatter_sum(g16 + (u.begin - block_begin), recv,
-                                                              plan_.counts(u), Ops::kActElement));
-        count_sent(u, sizeof(Act));
+        Act* recv = in_stage_.grads16 ? g16 + (p.mine - block_begin) : recv16_[w].get() + at;
+        gpend_[w].push_back(group(u).start_reduce_scatter_sum(g16 + (p.begin - block_begin), recv,
+                                                              *p.counts, Ops::kActElement));
+        count_sent(u, p, sizeof(Act));
       } else {
         gpend_[w].push_back(group(u).start_reduce_scatter_sum(
-            stage_.grad_window(w) + (u.begin - block_begin), recv_[w].get() + at, plan_.counts(u)));
-        count_sent(u, sizeof(Acc));
+            stage_.grad_window(w) + (p.begin - block_begin), recv_[w].get() + at, *p.counts));
+        count_sent(u, p, sizeof(Acc));
       }
-      at += plan_.part_size(u);
-    }
+      at += p.size;
+    });
     gblock_[w] = i;
     if constexpr (!Ops::kHostMemory) {
       if (grads_on_host_ && i >= 0) {
@@ -707,7 +726,6 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if (gpend_[w].empty()) return;
     held_all(gpend_[w]);
     if (in_stage_.grads16) return;  // reduced in place, where AdamW reads them
-    const auto [first, last] = plan_.window_units(gblock_[w]);
     // A vocabulary use's sums stay on the device, offloaded or not: added
     // into its resident parts (their tied pair is summed there), else into
     // the shard.
@@ -715,26 +733,26 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if constexpr (!Ops::kHostMemory)
       if (grads_on_host_ && !stays) Ops::offload_copies(ctx_).wait_downloaded(w);
     int64_t at = 0;
-    for (size_t k = first; k < last; ++k) {
-      const ShardUnit& u = plan_.units()[k];
+    plan_.for_window(gblock_[w], [&](const WindowPart& p) {
+      const ShardUnit& u = plan_.units()[p.unit];
       if (stays && !grad16_) {
-        Ops::add_into(ctx_, reduced_into(u), static_cast<const Acc*>(recv_[w].get() + at),
-                      plan_.part_size(u));
+        Ops::add_into(ctx_, reduced_into(u) + (p.shard_offset - u.shard_offset),
+                      static_cast<const Acc*>(recv_[w].get() + at), p.size);
       } else if (grads_on_host_) {
-        Acc* dst = host_grads_.get() + u.shard_offset;
+        Acc* dst = host_grads_.get() + p.shard_offset;
         const Acc* src = recv_host_[w].get() + at;
-        if (fresh_[k]) std::copy(src, src + plan_.part_size(u), dst);
-        else host::residual_forward(dst, dst, src, plan_.part_size(u));
-        fresh_[k] = 0;
+        if (fresh_[p.unit]) std::copy(src, src + p.size, dst);
+        else host::residual_forward(dst, dst, src, p.size);
+        fresh_[p.unit] = 0;
       } else if (grad16_) {
-        Ops::add_into(ctx_, g_.get() + u.shard_offset, static_cast<const Act*>(recv16_[w].get() + at),
-                      plan_.part_size(u));
+        Ops::add_into(ctx_, g_.get() + p.shard_offset,
+                      static_cast<const Act*>(recv16_[w].get() + at), p.size);
       } else {
-        Ops::add_into(ctx_, g_.get() + u.shard_offset, static_cast<const Acc*>(recv_[w].get() + at),
-                      plan_.part_size(u));
+        Ops::add_into(ctx_, g_.get() + p.shard_offset, static_cast<const Acc*>(recv_[w].get() + at),
+                      p.size);
       }
-      at += plan_.part_size(u);
-    }
+      at += p.size;
+    });
   }
 
   GptStage<Ops>& stage_;

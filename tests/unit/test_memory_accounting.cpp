@@ -103,11 +103,19 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   const RankMemory z2 = memory(2, Recompute::kNone);
   EXPECT_EQ(z2.gradients(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
   EXPECT_EQ(z2.comm, 2 * 464 * 4 + 7424);
-  // zero 3: the blocks' weights in two windows too.
+  // zero 3: the blocks' weights in two windows too, and the vocabulary
+  // through them in two pieces (wte's 1024 floats against a 928-float
+  // window: 112 rows of 8, a multiple of 8 rows, then 16), so of all the
+  // tensors outside the blocks only wpe and ln_f stay whole. The receive
+  // buffers hold the most a rank owns of a window: rank 0's 512 floats of
+  // wte's first piece. The head's input gradient adds up over the pieces
+  // in a float scratch of BT x C = 64 floats.
   const RankMemory z3 = memory(3, Recompute::kNone);
-  EXPECT_EQ(z3.parameters(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
-  EXPECT_EQ(z3.total(), z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 +
-                           2 * 464 * 4 + 7424 + z3.checkpoint_io);
+  EXPECT_EQ(z3.parameters(), (32 + 2 * 928 + 32) * 4 + 7808);
+  EXPECT_EQ(z3.gradients(), (32 + 2 * 928 + 32) * 4 + 7808);
+  EXPECT_EQ(z3.stage.scratch, 2824 + 64 * 4);
+  EXPECT_EQ(z3.total(), z3.parameters() + z3.gradients() + 2 * 7808 + 18208 + 2824 + 64 * 4 +
+                           2 * 512 * 4 + 7424 + z3.checkpoint_io);
 
   // Recomputation: attention keeps one shared set of probabilities (256
   // bytes) instead of one per block; full keeps nothing of a block but its
@@ -128,13 +136,16 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
   cfg.n_layer = 5;
   // MPI's temporaries (two consecutive units in flight: two blocks of 928
   // floats at tp 1; at tp 2 wte's 1024 floats, a rank's 128 of 256 padded
-  // rows, and wpe's 32) or the save's gather for a checksum (the largest
-  // tensor: c_fc's 256 floats; at tp 2 the whole 256-float tensor gathered
-  // from its column slices and put in order, twice), the larger (never
-  // held at once), are not buffers of ours.
-  for (const auto& [tp, temporaries] : {std::pair{1, 2 * 928 * 4}, std::pair{2, (1024 + 32) * 4}}) {
+  // rows, and wpe's 32, but at zero 3, where wte goes through the windows
+  // in two pieces, two windows of a 512-float block) or the save's gather
+  // for a checksum (the largest tensor: c_fc's 256 floats; at tp 2 the
+  // whole 256-float tensor gathered from its column slices and put in
+  // order, twice), the larger (never held at once), are not buffers of
+  // ours.
+  for (const int tp : {1, 2}) {
     const StageRange range = partition_stage(cfg, 0, 1, tp, 0);
     for (int zero : {1, 2, 3}) {
+      const double temporaries = tp == 1 ? 2 * 928 * 4 : zero == 3 ? 2 * 512 * 4 : (1024 + 32) * 4;
       for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
         // What the stage and its shard allocate (`shard_only`: the shard's
         // alone), for the rank with the most.
@@ -169,10 +180,10 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
         d.train.precision = Precision::kBf16;
         const RankMemory h = rank_memory(d, bf16, 0, SlotKinds::any(1));
         const ParameterTable table(cfg, range);
+        // (A window's part: a block's, or at zero 3 a vocabulary piece's.)
+        const ShardPlan plan(table, StageLayout(table, range), 3, 0);
         const double receive =
-            zero >= 2 ? 2.0 * 4 * static_cast<double>(
-                                      ShardPlan(table, StageLayout(table, range), 3, 0).max_block_part())
-                      : 0;
+            zero >= 2 ? 2.0 * 4 * static_cast<double>(plan.max_window_part(zero == 3)) : 0;
         EXPECT_EQ(h.shard_master + h.shard_gradients + h.optimizer + receive,
                   allocated(host::Ops<host::Bf16>{}, true))
             << "bf16, tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
@@ -216,11 +227,12 @@ TEST(MemoryAccounting, PredictsTheExpertParallelShards) {
   }
 }
 
-// ZeRO 3 sends the vocabulary through the block windows where it fits one
-// (zero_shards.hpp). At n_embd 16 (vocabulary 11, padded to 128): wte is
-// 128 x 16 = 2048 floats; a block is ln_1 16 + 16, c_attn 48 x 16 = 768 +
-// 48, attn c_proj 256 + 16, ln_2 16 + 16, c_fc 64 x 16 = 1024 + 64, mlp
-// c_proj 1024 + 16 = 3280 floats, so wte fits. On one stage only wpe (4 x
+// ZeRO 3 sends the vocabulary through the block windows (zero_shards.hpp);
+// here it fits one (the tests above cut it in pieces). At n_embd 16
+// (vocabulary 11, padded to 128): wte is 128 x 16 = 2048 floats; a block
+// is ln_1 16 + 16, c_attn 48 x 16 = 768 + 48, attn c_proj 256 + 16, ln_2
+// 16 + 16, c_fc 64 x 16 = 1024 + 64, mlp c_proj 1024 + 16 = 3280 floats,
+// so wte fits. On one stage only wpe (4 x
 // 16 = 64) and ln_f (16 + 16) stay outside the two windows, as weights and
 // as gradients. What the stage and its shard allocate, for the rank with
 // the most, is the accounting less MPI's temporaries (as above), on one
@@ -456,8 +468,10 @@ TEST(MemoryAccounting, ZeroShrinksEachCategoryByTheDataParallelWidth) {
     // zero 2: whole gradients only outside the blocks, plus two windows.
     EXPECT_NEAR(z2.gradients(), n - 12 * block + 2 * block + n / dp, 1e-3 * n);
     EXPECT_LT(z2.total(), z1.total());
-    // zero 3: weights likewise.
-    EXPECT_NEAR(z3.parameters(), n - 12 * block + 2 * block + n / dp, 1e-3 * n);
+    // zero 3: weights likewise, and the vocabulary (50,304 padded rows of
+    // 768, about 5.5 blocks) goes through the windows too, in pieces.
+    const double vocab = 50304.0 * 768 * 4;
+    EXPECT_NEAR(z3.parameters(), n - 12 * block - vocab + 2 * block + n / dp, 1e-3 * n);
     EXPECT_LT(z3.total(), z2.total());
     EXPECT_EQ(z3.stage.activations, z0.stage.activations);
   }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "core/settings.hpp"
@@ -251,6 +252,29 @@ TEST(ScheduleTiming, GathersQueueOnTheStreamAndHeldBlocksAreNotGatheredAgain) {
   EXPECT_EQ(s.step_time, 12.625);
   EXPECT_EQ(s.reduction_waits, std::vector<double>{1.5 + 3 * 0.5 + 2 * 0.5});
   EXPECT_EQ(s.compute[0], 8.0);
+}
+
+// The same, with zero 3's vocabulary beside the last block (the head's
+// pieces after the forward, StageLayout::window_of): one piece takes
+// window 0 (4 % 2), where block 2 was, so the backward holds block 3
+// only: block 2's gather runs 7-8.5 while block 3 computes, a wait of 0.5,
+// then blocks 1 and 0 as before: the end at 12.5. Two pieces take both
+// windows: block 3's gather 7-8.5 waits 1.5, then each block waits 0.5
+// for the next (block 2's 8.5-10, 1's 10-11.5, 0's 11.5-13): the end at
+// 14.
+TEST(ScheduleTiming, TheVocabularysPiecesTakeTheWindowsBesideThem) {
+  for (const auto& [pieces, end, backward_waits] :
+       {std::tuple{1, 12.5, 3 * 0.5}, std::tuple{2, 14.0, 1.5 + 3 * 0.5}}) {
+    ActionCosts c = equal(1, 4.0, 4.0);
+    c.reduce = {0.5};
+    c.optimizer = 0.125;
+    c.block_transfers = {{0, 4, 0.0, 1.5}};
+    c.block_transfers[0].head_pieces = pieces;
+    const SimulatedStep s = simulate_step(ScheduleKind::kOneFOneB, 1, 1, c);
+    EXPECT_EQ(s.step_time, end + 0.625) << pieces << " piece(s)";
+    EXPECT_EQ(s.reduction_waits, std::vector<double>{1.5 + 3 * 0.5 + backward_waits})
+        << pieces << " piece(s)";
+  }
 }
 
 // The weights the last step's AdamW updated, gathered from the step's

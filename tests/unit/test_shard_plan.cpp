@@ -124,5 +124,57 @@ TEST(ShardPlan, TiedEmbeddingIsCutAlikeOnBothStages) {
   }
 }
 
+// ZeRO 3's vocabulary pieces (StageLayout::piece) move each rank's share
+// of its own part. n_embd 8, vocabulary 11 padded to 128 rows: wte is
+// 1024 floats against a 928-float block, so pieces of 112 rows (116 fit,
+// cut to a multiple of 8) and 16: [0, 896) and [896, 1024) of wte. At dp 3
+// the parts are cut at rows near thirds: [0, 344), [344, 688), [688,
+// 1024). So piece 0's counts are 344, 344, 208 and piece 1's 0, 0, 128;
+// rank 2's shares sit at the start of its part and 208 floats on.
+TEST(ShardPlan, VocabularyPiecesCarryEachRanksShareOfItsPart) {
+  GptConfig cfg;
+  cfg.n_layer = 3;
+  cfg.n_head = 2;
+  cfg.n_embd = 8;
+  cfg.seq_len = 4;
+  cfg.vocab_size = 11;
+  const StageRange range = partition_stage(cfg, 0, 1);
+  const ParameterTable table(cfg, range);
+  const StageLayout layout(table, range);
+  ASSERT_EQ(layout.block_storage(), 928);
+  ASSERT_EQ(layout.vocab_pieces(StageLayout::kVocabIn), 2);
+  const int64_t wte = table.at("wte").offset;
+  const std::vector<std::vector<int64_t>> counts = {{344, 344, 208}, {0, 0, 128}};
+  const std::vector<std::pair<int64_t, int64_t>> spans = {{0, 896}, {896, 1024}};
+  for (int r = 0; r < 3; ++r) {
+    const ShardPlan plan(table, layout, 3, r);
+    const ShardUnit& u = plan.unit_at(wte);
+    ASSERT_EQ(plan.part_begin(u) - wte, std::vector<int64_t>({0, 344, 688})[r]);
+    // Both uses of the tied wte (pp 1) go in the same pieces.
+    for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut}) {
+      int64_t shard_at = u.shard_offset;
+      for (int64_t k = 0; k < 2; ++k) {
+        int calls = 0;
+        plan.for_window(StageLayout::piece_id(use, k), [&](const WindowPart& p) {
+          ++calls;
+          EXPECT_EQ(p.begin - wte, spans[k].first);
+          EXPECT_EQ(p.end - wte, spans[k].second);
+          EXPECT_EQ(*p.counts, counts[k]);
+          EXPECT_EQ(p.size, counts[k][r]);
+          EXPECT_EQ(p.shard_offset, shard_at) << "rank " << r << ", piece " << k;
+          if (p.size > 0) EXPECT_EQ(p.mine, std::max(plan.part_begin(u), p.begin));
+          shard_at += p.size;
+        });
+        EXPECT_EQ(calls, 1);
+      }
+      EXPECT_EQ(shard_at, u.shard_offset + plan.part_size(u)) << "the pieces cover the part";
+    }
+  }
+  // The receive buffers hold the most any rank has of a window: a piece's
+  // 344 here, more than a block's (928 / 3, cut at rows).
+  EXPECT_EQ(ShardPlan(table, layout, 3, 0).max_window_part(true), 344);
+  EXPECT_LT(ShardPlan(table, layout, 3, 0).max_block_part(), 344);
+}
+
 }  // namespace
 }  // namespace mpiformer::test

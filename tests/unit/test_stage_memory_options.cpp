@@ -56,14 +56,15 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   // Block i's own span (a sparse block is larger than a dense one; the
   // windows hold the largest).
   const auto block = [&](int64_t i) { return at.block_stop(i) - at.layers[i][0]; };
-  // What a window carries: block i's span, or (at zero 3, where it fits) a
-  // vocabulary use's tensor (i = kVocabIn, kVocabOut).
+  // What a window carries: block i's span, or (at zero 3) a piece of a
+  // vocabulary use's tensor (StageLayout::piece_id of kVocabIn, kVocabOut).
   const auto span = [&](int64_t i) -> std::pair<int64_t, int64_t> {
     if (i >= 0) return {at.layers[i][0], block(i)};
-    return {at.vocab(i).begin, at.vocab(i).size()};
+    EXPECT_LE(at.piece(i).size(), at.block_storage()) << "a piece fits a window";
+    return {at.piece(i).begin, at.piece(i).size()};
   };
   const bool vocab = stage.vocab_windowed();
-  EXPECT_EQ(vocab, opt.window_weights) << "the vocabulary fits a window here";
+  EXPECT_EQ(vocab, opt.window_weights) << "the vocabulary goes through the windows at zero 3";
   // Resident tensors (outside the windows) at their compacted places.
   auto resident = [&](float* dst, bool windowed) {
     for (const auto& s : table.specs())
@@ -232,6 +233,60 @@ TEST(StageMemoryOptions, RecomputationAndWindowsChangeNoBit) {
         expect_identical(want, run(cfg, range, split3), "split backward, weight and gradient windows",
                          wte);
       }
+    }
+  }
+}
+
+// A vocabulary larger than a window goes through it in row pieces
+// (StageLayout::piece): 300 tokens, padded to 384 rows of 16, against a
+// block of 3280 floats: pieces of 200 rows (205 fit, cut to a multiple of
+// 8) and 184. The embedding writes each row from the piece holding its
+// token, and each piece's gradient rows are its own, so those are the
+// bits of the whole tensor's. The head's logits are a product per piece
+// and its input gradient adds the pieces' products in float: a sum over
+// the vocabulary split in two, not one product, so the loss, the
+// gradients and the stage's input gradient are compared to 1e-5 of their
+// largest magnitude (fp32 sums of a few hundred terms reordered, carried
+// through three blocks' backward).
+void expect_close(const Outcome& a, const Outcome& b, const char* what) {
+  EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(a.loss)) << what;
+  for (const auto* v : {&a.grads, &a.input_grad}) {
+    const auto* w = v == &a.grads ? &b.grads : &b.input_grad;
+    ASSERT_EQ(v->size(), w->size()) << what;
+    float most = 0;
+    for (float x : *v) most = std::max(most, std::abs(x));
+    for (size_t k = 0; k < v->size(); ++k)
+      ASSERT_NEAR((*v)[k], (*w)[k], 1e-5 * most) << what << " at " << k;
+  }
+}
+
+TEST(StageMemoryOptions, TheVocabularyInPiecesMatchesItWhole) {
+  GptConfig cfg = config();
+  cfg.vocab_size = 300;
+  for (int pp : {1, 2}) {
+    for (int s = 0; s < pp; ++s) {
+      const StageRange range = partition_stage(cfg, s, pp);
+      const ParameterTable table(cfg, range);
+      const StageLayout at(table, range);
+      ASSERT_EQ(at.block_storage(), 3280);
+      for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut}) {
+        if (at.vocab(use).begin < 0) continue;
+        ASSERT_EQ(at.vocab_pieces(use), 2);
+        EXPECT_EQ(at.piece(StageLayout::piece_id(use, 0)).rows, 200);
+        EXPECT_EQ(at.piece(StageLayout::piece_id(use, 1)).rows, 184);
+      }
+      StageOptions base{2, 2};
+      const Outcome want = run(cfg, range, base);
+      StageOptions z3 = base;
+      z3.external_master = z3.window_grads = z3.window_weights = true;
+      const Outcome got = run(cfg, range, z3);
+      expect_close(want, got, "weight and gradient windows");
+      // Without the head (pp 2's first stage) the pieces are the
+      // embedding's alone: every bit as whole.
+      if (!range.has_head) expect_identical(want, got, "the embedding in pieces");
+      StageOptions split3 = z3;
+      split3.split_backward = true;
+      expect_close(want, run(cfg, range, split3), "split backward, weight and gradient windows");
     }
   }
 }
