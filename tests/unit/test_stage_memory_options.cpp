@@ -219,8 +219,8 @@ TEST(StageMemoryOptions, RecomputationAndWindowsChangeNoBit) {
       // head's are B's, the embedding's W's): the last bits may differ.
       std::pair<int64_t, int64_t> wte = {0, 0};
       if (range.has_head && range.has_embedding) {
-        const ParameterSpec& spec = ParameterTable(cfg, range).at("wte");
-        wte = {spec.offset, spec.storage};
+        const ParameterTable table(cfg, range);
+        wte = {table.at("wte").offset, table.at("wte").storage};
       }
       for (Recompute r : {Recompute::kNone, Recompute::kAttention}) {
         StageOptions split = base;
