@@ -525,6 +525,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
              collective(link, dp / ep, of_experts * bytes, rounds);
     };
     double reduce = 0, opt_comm = 0, per_micro_comm = 0, gathers_comm = 0;
+    // Zero 3's vocabulary's reduce-scatters of one micro-batch, the
+    // embedding's and the head's (their pieces').
+    double vocab_rs[2] = {0, 0};
     // [train] grad_dtype = bf16: the blocks' reduce-scatters carry Act
     // (zero_shards.hpp); the units outside the blocks stay float.
     const bool grad16 = zero >= 1 && deck.train.grad_dtype == GradDtype::kBf16;
@@ -623,7 +626,13 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         // and reduce-scattered after it, piece by piece (StageLayout::
         // piece): a collective each, hidden as the whole use's was. The
         // head's pieces again before its backward, but for the two its
-        // forward left in the windows where the backward follows it.
+        // forward left in the windows where the backward follows it. On a
+        // device the last micro-batch's reduce-scatters go on the stream
+        // the step's reduction waits for (the embedding's last of all:
+        // nothing follows to hide them), as zero 1-2's of the tensors kept
+        // whole do: priced there, the other micro-batches' here.
+        const double hidden_micro =
+            streamed ? static_cast<double>(micro - 1) / static_cast<double>(micro) : 1.0;
         if (vocab) {
           for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut}) {
             const int64_t pieces = pieces_of(use);
@@ -634,8 +643,9 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
               const bool again = use == StageLayout::kVocabOut && (kept == 0 || k + 2 < pieces);
               gathers_comm += (again ? 2 : 1) * exposed(groups(dp_link.allgather, size, 0, act, 1),
                                                         share * block_bwd / 2);
-              per_micro_comm += exposed(groups(dp_link.reduce_scatter, size, 0, block_bytes, 1),
-                                        share * block_bwd);
+              const double rs = groups(dp_link.reduce_scatter, size, 0, block_bytes, 1);
+              per_micro_comm += hidden_micro * exposed(rs, share * block_bwd);
+              vocab_rs[use == StageLayout::kVocabIn ? 0 : 1] += rs;
             }
           }
         }
@@ -679,8 +689,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         costs.published[static_cast<size_t>(s)] = {
             groups(dp_link.allgather, used_first, 0, act, 1) * stretch,
             groups(dp_link.allgather, used_last, 0, act, 1) * stretch};
-      costs.reduced[static_cast<size_t>(s)] = {outside_reduce(before) * stretch,
-                                               outside_reduce(after) * stretch};
+      costs.reduced[static_cast<size_t>(s)] = {(outside_reduce(before) + vocab_rs[0]) * stretch,
+                                               (outside_reduce(after) + vocab_rs[1]) * stretch};
       reduce = 0;    // in the stream's waits
       opt_comm = 0;
     }
