@@ -348,10 +348,10 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd;
   // The vocabulary's pieces one after another (one, unless it goes
   // through the windows): each writes the rows of its tokens only.
-  const int64_t n = pieces(StageLayout::kVocabIn);
+  const int64_t in_pieces = pieces(StageLayout::kVocabIn);
   const auto piece = [&](int64_t k) {
     const int64_t id = StageLayout::piece_id(StageLayout::kVocabIn, k);
-    vocab_weights(id, k + 1 < n ? StageLayout::piece_id(StageLayout::kVocabIn, k + 1) : -1);
+    vocab_weights(id, k + 1 < in_pieces ? StageLayout::piece_id(StageLayout::kVocabIn, k + 1) : -1);
     return id;
   };
   if (!gathers_embedding()) {
@@ -359,7 +359,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
     // tokens of its vocabulary rows (zeros elsewhere), the group's sum,
     // scattered, is the embedding (one rank: the embedding itself).
     Act* partial = sum_target(embedded(s));
-    for (int64_t k = 0; k < n; ++k) {
+    for (int64_t k = 0; k < in_pieces; ++k) {
       const int64_t id = piece(k);
       const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
       Ops::embedding_forward(ctx_, partial, s.tokens, w_vocab(id), w_outer(outer::wpe), B_, T_, C,
@@ -391,7 +391,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   Ops::load_tokens(ctx_, row_order_, row_order_host_.data(), BT, false);
   const int64_t mine = row_counts_[static_cast<size_t>(range_.tp_rank)];
   Act* whole = full_.get();
-  for (int64_t k = 0; k < n; ++k) {
+  for (int64_t k = 0; k < in_pieces; ++k) {
     const int64_t id = piece(k);
     const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
     Ops::embedding_forward_rows(ctx_, whole + first * C, s.tokens, row_order_, first, mine,
@@ -523,7 +523,8 @@ const typename Ops::Act* GptStage<Ops>::head_backward(Slot& h) {
   // From the last piece, which the forward left in its window. The input
   // gradient adds up over the pieces in float (head_dx_), rounded once:
   // the sum over the vocabulary split in n, not in one product (not the
-  // bits of one piece; tests/unit/test_vocab_pieces.cpp's tolerance).
+  // bits of one piece: StageMemoryOptions.TheVocabularyInPiecesMatchesItWhole
+  // states the tolerance).
   for (int64_t k = n - 1; k >= 0; --k) {
     vocab_weights(id(k), k > 0 ? id(k - 1) : -1);
     vocab_grads_before(id(k));
@@ -634,7 +635,7 @@ void GptStage<Ops>::weight_gradients(int slot, const GradsFinal& grads_final, in
   };
   Slot& s = slots_[slot];
   use_positions(s);
-  const int64_t C = cfg_.n_embd, L = range_.chunk_layers(chunk);
+  const int64_t L = range_.chunk_layers(chunk);
   const int64_t first = range_.chunk_block(chunk);
   if (heads(chunk)) final_from(at_.at(outer::lnf_w));  // B computed the head's
   for (int64_t i = first + L - 1; i >= first; --i) {

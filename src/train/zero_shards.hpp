@@ -544,10 +544,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
   int window_of(int64_t id) const { return stage_.layout().window_of(id); }
   // The group unit u is cut over; the bytes a collective of it sends.
   Communicator& group(const ShardUnit& u) { return u.experts ? *experts_ : *dp_; }
+  // (`elements` of it: a window's share of the unit, a vocabulary piece.)
   void count_sent(const ShardUnit& u, size_t element) { count_sent(u, u.end - u.begin, element); }
-  void count_sent(const ShardUnit& u, const WindowPart& p, size_t element) {
-    count_sent(u, p.end - p.begin, element);
-  }
   void count_sent(const ShardUnit& u, int64_t elements, size_t element) {
     const double g = plan_.group_size(u);
     sent_ += static_cast<double>(elements) * static_cast<double>(element) * (g - 1) / g;
@@ -631,7 +629,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
       wpend_[w].push_back(group(u).start_allgather(wshard() + p.shard_offset,
                                                    stage_.weight_window(w) + (p.begin - begin),
                                                    *p.counts, sizeof(Act)));
-      count_sent(u, p, sizeof(Act));
+      count_sent(u, p.end - p.begin, sizeof(Act));
     });
     holds_[w] = i;
   }
@@ -698,11 +696,11 @@ class ZeroShards final : public StageOptimizer<Ops> {
         Act* recv = in_stage_.grads16 ? g16 + (p.mine - block_begin) : recv16_[w].get() + at;
         gpend_[w].push_back(group(u).start_reduce_scatter_sum(g16 + (p.begin - block_begin), recv,
                                                               *p.counts, Ops::kActElement));
-        count_sent(u, p, sizeof(Act));
+        count_sent(u, p.end - p.begin, sizeof(Act));
       } else {
         gpend_[w].push_back(group(u).start_reduce_scatter_sum(
             stage_.grad_window(w) + (p.begin - block_begin), recv_[w].get() + at, *p.counts));
-        count_sent(u, p, sizeof(Acc));
+        count_sent(u, p.end - p.begin, sizeof(Acc));
       }
       at += p.size;
     });
