@@ -179,7 +179,7 @@ class GptStage {
   // Master weights and gradients (flat, table order, device memory). With
   // external_master there is no params(); with window_grads (window_weights)
   // grads() (weights()) holds the tensors outside the blocks only, at
-  // resident_offset() of their table offset.
+  // resident_grad_offset() (resident_weight_offset()) of their table offset.
   Acc* params() { return params_.get(); }
   Acc* grads() { return grads_.get(); }
   // The weights the matmuls read: params() itself, or its Act copy.
@@ -187,12 +187,17 @@ class GptStage {
   // the optimizer (initialisation, restore).
   Act* weights() { return weights_; }
   void refresh_weights();
-  // (At zero 3 the vocabulary may go through the windows too: then it is
-  // outside grads() and weights() as well, StageLayout::windows_vocab.)
-  int64_t resident_offset(int64_t table_offset, bool windowed) const {
-    return at_.resident_offset(table_offset, windowed, windowed && vocab_windowed_);
+  // (At zero 2-3 the vocabulary's gradients, at zero 3 its weights too,
+  // may go through the windows: then they are outside grads() (weights())
+  // as well, StageLayout::windows_vocab.)
+  int64_t resident_weight_offset(int64_t table_offset) const {
+    return at_.resident_offset(table_offset, opt_.window_weights, vocab_weights_windowed_);
   }
-  bool vocab_windowed() const { return vocab_windowed_; }
+  int64_t resident_grad_offset(int64_t table_offset) const {
+    return at_.resident_offset(table_offset, opt_.window_grads, vocab_grads_windowed_);
+  }
+  bool vocab_weights_windowed() const { return vocab_weights_windowed_; }
+  bool vocab_grads_windowed() const { return vocab_grads_windowed_; }
   int64_t block_span() const { return at_.block_span(); }
   int64_t block_begin() const { return at_.block_begin(); }  // the blocks' first table offset
   int64_t block_storage() const { return at_.block_storage(); }  // a window's elements
@@ -440,26 +445,31 @@ class GptStage {
   // Null where the stage (or the family) has no such tensor. (Not wte's
   // weights: the embedding reads them as w_vocab.)
   const Act* w_outer(outer::Tensor k) const {
-    return at_.at(k) < 0 ? nullptr : weights_ + resident_offset(at_.at(k), opt_.window_weights);
+    return at_.at(k) < 0 ? nullptr : weights_ + resident_weight_offset(at_.at(k));
   }
   Acc* g_outer(outer::Tensor k) {
-    if (k == outer::wte && vocab_windowed_) return gwin_[grad_window_].get();
-    return at_.at(k) < 0 ? nullptr : grads_.get() + resident_offset(at_.at(k), opt_.window_grads);
+    if (k == outer::wte && vocab_grads_windowed_) return gwin_[grad_window_].get();
+    return at_.at(k) < 0 ? nullptr : grads_.get() + resident_grad_offset(at_.at(k));
   }
   // A vocabulary use's piece `id` (StageLayout::piece_id): its window, or
-  // the whole tensor kept (one piece): the embedding's wte, or the LM head
-  // (its own tensor, or the tied embedding).
+  // where it starts in the whole tensor kept (piece 0: the whole): the
+  // embedding's wte, or the LM head (its own tensor, or the tied embedding).
   const Act* w_vocab(int64_t id) const {
-    if (vocab_windowed_) return wwin_[at_.window_of(id)].get();
-    const int64_t at = StageLayout::piece_use(id) == StageLayout::kVocabIn ? at_.at(outer::wte)
-                                                                           : at_.head();
-    return weights_ + resident_offset(at, opt_.window_weights);
+    if (vocab_weights_windowed_) return wwin_[at_.window_of(id)].get();
+    const int64_t at = StageLayout::piece_index(id) > 0 ? at_.piece(id).begin
+                       : StageLayout::piece_use(id) == StageLayout::kVocabIn ? at_.at(outer::wte)
+                                                                             : at_.head();
+    return weights_ + resident_weight_offset(at);
   }
-  // A use's pieces (one unless the vocabulary goes through the windows),
-  // and piece k's first row and rows of this rank's vl_.
-  int64_t pieces(int64_t use) const { return vocab_windowed_ ? at_.vocab_pieces(use) : 1; }
-  std::pair<int64_t, int64_t> piece_rows(int64_t use, int64_t k) const {
-    if (!vocab_windowed_) return {0, vl_};
+  // A use's pieces for its weights (the forward: one unless they go
+  // through the windows) and for its gradients (the backward: one unless
+  // those do), and piece k of n's first row and rows of this rank's vl_.
+  int64_t weight_pieces(int64_t use) const {
+    return vocab_weights_windowed_ ? at_.vocab_pieces(use) : 1;
+  }
+  int64_t grad_pieces(int64_t use) const { return vocab_grads_windowed_ ? at_.vocab_pieces(use) : 1; }
+  std::pair<int64_t, int64_t> piece_rows(int64_t use, int64_t k, int64_t n) const {
+    if (n == 1) return {0, vl_};
     const int64_t id = StageLayout::piece_id(use, k);
     return {at_.piece_row(id), at_.piece(id).rows};
   }
@@ -469,13 +479,13 @@ class GptStage {
   // The embedding's backward from its output's gradient `dout`.
   void embedding_backward(const Act* dout, const Slot& s);
   Acc* g_head() {
-    if (vocab_windowed_) return gwin_[grad_window_].get();
-    return grads_.get() + resident_offset(at_.head(), opt_.window_grads);
+    if (vocab_grads_windowed_) return gwin_[grad_window_].get();
+    return grads_.get() + resident_grad_offset(at_.head());
   }
   // A vocabulary use's piece's window (StageLayout::piece_id): its weights
   // fetched (`weights`, the piece `next` on its way), or its gradient
   // window cleared (before) and its gradients handed over (after); nothing
-  // unless the vocabulary is windowed.
+  // unless the vocabulary's weights (gradients) are windowed.
   void vocab_weights(int64_t id, int64_t next = -1);
   void published(int64_t id) {
     if (hooks_.need_published) hooks_.need_published(id);
@@ -504,7 +514,9 @@ class GptStage {
   int64_t B_, T_;
   int64_t rows_;  // rows of the residual stream held: B*T, or B*T / tp
   StageLayout at_;
-  bool vocab_windowed_;  // StageLayout::windows_vocab
+  // The vocabulary's weights (zero 3), and its gradients (zero 2-3), in
+  // the windows: StageLayout::windows_vocab.
+  bool vocab_weights_windowed_, vocab_grads_windowed_;
   BlockHooks hooks_;
   TensorGroup tp_;
   ContextGroup cp_;

@@ -20,7 +20,9 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
       T_(cfg.seq_len / std::max<int64_t>(options.cp, 1)),
       rows_(B_ * T_),
       at_(table_, range),
-      vocab_windowed_(at_.windows_vocab(options.window_weights)) {
+      vocab_weights_windowed_(at_.windows_vocab(options.window_weights)),
+      vocab_grads_windowed_(
+          at_.windows_vocab(options.window_weights || options.window_vocab_grads)) {
   const int64_t tp = range_.tp;
   // The deck requires seq_len to be a multiple of 2 cp (two chunks per
   // rank).
@@ -51,7 +53,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
   v0_ = vocab != nullptr ? vocab->vocab_begin() : 0;
   // The pieces cut this rank's rows of the vocabulary.
   for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut})
-    if (vocab_windowed_ && at_.vocab(use).begin >= 0 && at_.vocab(use).rows != vl_)
+    if (vocab_grads_windowed_ && at_.vocab(use).begin >= 0 && at_.vocab(use).rows != vl_)
       throw std::logic_error("GptStage: the vocabulary's stored rows are not its share");
   // A slot holds one chunk's layers (a chunk that lacks none).
   const int64_t BT = B_ * T_, R = rows_, C = cfg_.n_embd, L = range_.full_chunk();
@@ -81,8 +83,8 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     return typename Ops::Tokens(count);
   };
   const int64_t n = table_.total_storage();
-  const int64_t n_grads = resident_offset(n, opt_.window_grads);
-  const int64_t n_weights = resident_offset(n, opt_.window_weights);
+  const int64_t n_grads = resident_grad_offset(n);
+  const int64_t n_weights = resident_weight_offset(n);
   grads_ = acc(n_grads);
   Ops::fill_zero(ctx_, grads_.get(), n_grads);
   if (!opt_.external_master) {
@@ -192,7 +194,7 @@ GptStage<Ops>::GptStage(Context& ctx, const GptConfig& cfg, const StageRange& ra
     Ops::upload(ctx_, rope_.get(), table.data(), static_cast<int64_t>(table.size()));
   }
   // The head's input gradient in float where it adds up over pieces.
-  if (range_.has_head && pieces(StageLayout::kVocabOut) > 1) head_dx_ = acc(BT * C);
+  if (range_.has_head && grad_pieces(StageLayout::kVocabOut) > 1) head_dx_ = acc(BT * C);
   if (range_.has_head && tp > 1) {
     ce_max_ = acc(BT);
     ce_stats_ = acc(2 * BT);
@@ -261,23 +263,23 @@ void GptStage<Ops>::init_parameters(uint64_t seed) {
 
 template <class Ops>
 void GptStage<Ops>::zero_grads() {
-  Ops::fill_zero(ctx_, grads_.get(), resident_offset(table_.total_storage(), opt_.window_grads));
+  Ops::fill_zero(ctx_, grads_.get(), resident_grad_offset(table_.total_storage()));
 }
 
 template <class Ops>
 void GptStage<Ops>::vocab_weights(int64_t id, int64_t next) {
-  if (vocab_windowed_) hooks_.need_weights(id, next);
+  if (vocab_weights_windowed_) hooks_.need_weights(id, next);
 }
 
 template <class Ops>
 void GptStage<Ops>::vocab_grads_before(int64_t id) {
-  if (!vocab_windowed_) return;
+  if (!vocab_grads_windowed_) return;
   take_grad_window(id, at_.piece(id).size());
 }
 
 template <class Ops>
 void GptStage<Ops>::vocab_grads_after(int64_t id) {
-  if (vocab_windowed_) hooks_.grads_ready(id, grad_window_);
+  if (vocab_grads_windowed_) hooks_.grads_ready(id, grad_window_);
 }
 
 template <class Ops>
@@ -331,11 +333,11 @@ void GptStage<Ops>::forward(int slot, const int32_t* tokens, const int32_t* targ
                w_outer(outer::lnf_w), w_outer(outer::lnf_b), rows_);
   // Piece by piece, each into its columns of the logits.
   const Act* lnf = gathered(h.lnf.get());
-  const int64_t n = pieces(StageLayout::kVocabOut);
+  const int64_t n = weight_pieces(StageLayout::kVocabOut);
   for (int64_t k = 0; k < n; ++k) {
     const int64_t id = StageLayout::piece_id(StageLayout::kVocabOut, k);
     vocab_weights(id, k + 1 < n ? StageLayout::piece_id(StageLayout::kVocabOut, k + 1) : -1);
-    const auto [r0, rows] = piece_rows(StageLayout::kVocabOut, k);
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabOut, k, n);
     Ops::matmul_forward(ctx_, h.logits.get() + r0, lnf, w_vocab(id),
                         static_cast<const Act*>(nullptr), BT, C, rows, vl_);
   }
@@ -348,7 +350,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   const int64_t BT = B_ * T_, C = cfg_.n_embd;
   // The vocabulary's pieces one after another (one, unless it goes
   // through the windows): each writes the rows of its tokens only.
-  const int64_t in_pieces = pieces(StageLayout::kVocabIn);
+  const int64_t in_pieces = weight_pieces(StageLayout::kVocabIn);
   const auto piece = [&](int64_t k) {
     const int64_t id = StageLayout::piece_id(StageLayout::kVocabIn, k);
     vocab_weights(id, k + 1 < in_pieces ? StageLayout::piece_id(StageLayout::kVocabIn, k + 1) : -1);
@@ -361,7 +363,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
     Act* partial = sum_target(embedded(s));
     for (int64_t k = 0; k < in_pieces; ++k) {
       const int64_t id = piece(k);
-      const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
+      const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k, in_pieces);
       Ops::embedding_forward(ctx_, partial, s.tokens, w_vocab(id), w_outer(outer::wpe), B_, T_, C,
                              v0_ + r0, rows, positions_, k > 0);
     }
@@ -393,7 +395,7 @@ void GptStage<Ops>::embed(Slot& s, const int32_t* tokens) {
   Act* whole = full_.get();
   for (int64_t k = 0; k < in_pieces; ++k) {
     const int64_t id = piece(k);
-    const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k, in_pieces);
     Ops::embedding_forward_rows(ctx_, whole + first * C, s.tokens, row_order_, first, mine,
                                 w_vocab(id), w_outer(outer::wpe), T_, C, v0_ + r0, positions_,
                                 rows);
@@ -509,7 +511,7 @@ typename Ops::Act* GptStage<Ops>::column_parallel_backward(Acc* dw, Acc* db, con
 
 template <class Ops>
 const typename Ops::Act* GptStage<Ops>::head_backward(Slot& h) {
-  const int64_t BT = B_ * T_, C = cfg_.n_embd, n = pieces(StageLayout::kVocabOut);
+  const int64_t BT = B_ * T_, C = cfg_.n_embd, n = grad_pieces(StageLayout::kVocabOut);
   const Act* lnf = gathered(h.lnf.get());
   const auto id = [](int64_t k) { return StageLayout::piece_id(StageLayout::kVocabOut, k); };
   if (n == 1) {
@@ -528,7 +530,7 @@ const typename Ops::Act* GptStage<Ops>::head_backward(Slot& h) {
   for (int64_t k = n - 1; k >= 0; --k) {
     vocab_weights(id(k), k > 0 ? id(k - 1) : -1);
     vocab_grads_before(id(k));
-    const auto [r0, rows] = piece_rows(StageLayout::kVocabOut, k);
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabOut, k, n);
     const Act* dlogits = h.logits.get() + r0;
     Ops::matmul_input_grad(ctx_, head_dx_.get(), k + 1 < n, dlogits, w_vocab(id(k)), BT, C, rows,
                            vl_);
@@ -545,10 +547,11 @@ void GptStage<Ops>::embedding_backward(const Act* dout, const Slot& s) {
   // Every rank's vocabulary rows may appear anywhere in the micro-batch:
   // each piece reads the whole gradient. The positions' gradient once.
   const int64_t C = cfg_.n_embd;
-  for (int64_t k = 0; k < pieces(StageLayout::kVocabIn); ++k) {
+  const int64_t n = grad_pieces(StageLayout::kVocabIn);
+  for (int64_t k = 0; k < n; ++k) {
     const int64_t id = StageLayout::piece_id(StageLayout::kVocabIn, k);
     vocab_grads_before(id);
-    const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k);
+    const auto [r0, rows] = piece_rows(StageLayout::kVocabIn, k, n);
     Ops::embedding_backward(ctx_, g_outer(outer::wte), k == 0 ? g_outer(outer::wpe) : nullptr, dout,
                             s.tokens, B_, T_, C, v0_ + r0, rows, positions_);
     vocab_grads_after(id);

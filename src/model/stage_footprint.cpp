@@ -49,16 +49,20 @@ StageFootprint stage_footprint(const GptConfig& cfg, const StageRange& range,
   // the batch is not limited so, hence doubles for the activations.
   const double n = static_cast<double>(table.total_storage());
   const double window = static_cast<double>(layout.block_storage());
-  // What stays outside the windows (GptStage::resident_offset).
-  const bool vocab = layout.windows_vocab(o.window_weights);
-  const auto resident = [&](bool windowed) {
-    return static_cast<double>(layout.resident_offset(table.total_storage(), windowed, windowed && vocab)) +
-           (windowed ? 2 * window : 0);
+  // What stays outside the windows (GptStage::resident_weight_offset,
+  // resident_grad_offset): the vocabulary's weights at zero 3, its
+  // gradients from zero 2 (GptStage's vocab_*_windowed).
+  const bool vocab_weights = layout.windows_vocab(o.window_weights);
+  const bool vocab = layout.windows_vocab(o.window_weights || o.window_vocab_grads);
+  const auto resident = [&](bool windowed, bool vocab_windowed) {
+    const int64_t kept = layout.resident_offset(table.total_storage(), windowed, vocab_windowed);
+    return static_cast<double>(kept) + (windowed ? 2 * window : 0);
   };
   StageFootprint f;
   f.parameters = o.external_master ? 0 : n * acc;
-  f.gradients = resident(o.window_grads) * acc;
-  if (act_bytes != acc_bytes || o.external_master) f.weight_copy = resident(o.window_weights) * act;
+  f.gradients = resident(o.window_grads, vocab) * acc;
+  if (act_bytes != acc_bytes || o.external_master)
+    f.weight_copy = resident(o.window_weights, vocab_weights) * act;
   // What one block keeps for backward: ln1, res2, ln2 (C each, on the rows
   // held), qkv and atty (the fused projection's and the query channels),
   // fch and its activation (the MLP's first projection's and hidden

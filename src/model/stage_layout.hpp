@@ -48,12 +48,13 @@ struct StageLayout {
   int64_t block_begin() const { return layers.empty() ? 0 : layers.front()[0]; }
   int64_t block_end = 0;
   int64_t block_span() const { return layers.empty() ? 0 : block_end - block_begin(); }
-  // ZeRO 3's vocabulary windows. The vocabulary's tensors (the embedding's
+  // ZeRO's vocabulary windows. The vocabulary's tensors (the embedding's
   // wte on the first stage; the head's, lm_head or wte's tied copy, on the
   // last) are the stage's largest outside the blocks. At zero 3 they go
   // through the blocks' windows (FSDP shards them as units too): gathered
   // before the embedding or the head, their gradient reduce-scattered
-  // after each use, so nothing of them stays whole. One larger than a
+  // after each use, so nothing of them stays whole. At zero 2 their
+  // gradients alone do (the weights stay whole). One larger than a
   // window goes in row pieces of at most a window each, one after another
   // (Llama 3's 128K vocabulary is 2.4 blocks' worth at 8B). Each tensor is
   // a span [begin, end) of the flat buffer, with the gap after it (its
@@ -66,11 +67,12 @@ struct StageLayout {
     int64_t size() const { return end - begin; }
   };
   Span vocab_in, vocab_out;
-  // Whether the vocabulary lives in the windows: with the blocks' weights
-  // (window_weights, zero 3), wherever the stage has it and a window holds
-  // a row of it (a stage has blocks).
-  bool windows_vocab(bool window_weights) const {
-    if (!window_weights || (vocab_in.begin < 0 && vocab_out.begin < 0)) return false;
+  // Whether the vocabulary lives in the windows where the blocks' weights
+  // or gradients do (`windowed`: StageOptions' window_weights, or
+  // window_vocab_grads for its gradients): wherever the stage has it and a
+  // window holds a row of it (a stage has blocks).
+  bool windows_vocab(bool windowed) const {
+    if (!windowed || (vocab_in.begin < 0 && vocab_out.begin < 0)) return false;
     for (const Span* s : {&vocab_in, &vocab_out})
       if (s->begin >= 0 && s->size() - s->rows * s->row + s->row > block_storage()) return false;
     return true;

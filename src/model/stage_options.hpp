@@ -25,6 +25,11 @@ struct StageOptions {
   // trainer drains after each block's backward (the embeddings' and final
   // LayerNorm's stay whole: the tied wte is final only at the end).
   bool window_grads = false;
+  // ZeRO >= 2: the vocabulary's gradients (wte's, an untied head's) go
+  // through the gradient windows too, piece by piece where larger than one
+  // (StageLayout::windows_vocab), so nothing of them stays whole. (Not
+  // zero 1's 16-bit gradients: their windows are summed over the step.)
+  bool window_vocab_grads = false;
   // ZeRO 3: the blocks' weights live in two windows the trainer fills
   // before each block's forward and backward (the next one ahead).
   bool window_weights = false;
@@ -55,6 +60,10 @@ struct StageOptions {
 // Whether ZeRO stage `zero` keeps the blocks' weights in windows (the
 // stage's window_weights; the planner and the accounting ask the same).
 inline bool windows_weights(int64_t zero) { return zero >= 3; }
+// Whether it sends the vocabulary's gradients through the gradient windows
+// (window_vocab_grads; at zero 3 its weights go through the weight windows
+// too, window_weights).
+inline bool windows_vocab_grads(int64_t zero) { return zero >= 2; }
 
 // The options a deck asks for, with `slots` from the schedule: ZeRO's
 // level decides which buffers live outside the stage or in windows.
@@ -69,6 +78,7 @@ inline StageOptions stage_options(int64_t micro_batch, const SlotKinds& slots, R
   o.recompute = recompute;
   o.external_master = zero >= 1;
   o.window_grads = zero >= 2;
+  o.window_vocab_grads = windows_vocab_grads(zero);
   o.window_weights = windows_weights(zero);
   return o;
 }

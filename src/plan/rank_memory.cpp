@@ -146,9 +146,10 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     // gradients.
     const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;  // zero >= 1 here
     const bool in_place16 = grad16 && zero == 1 && deck.train.offload == Offload::kNone;
-    // At zero 3 the vocabulary goes through the windows (StageLayout::
-    // windows_vocab): the receive buffers hold its pieces' parts too.
-    const bool vocab = tables->layout.windows_vocab(windows_weights(zero));
+    // From zero 2 the vocabulary's gradients go through the windows
+    // (StageLayout::windows_vocab): the receive buffers hold its pieces'
+    // parts too.
+    const bool vocab = tables->layout.windows_vocab(windows_vocab_grads(zero));
     const double window_part = static_cast<double>(plan.max_window_part(vocab));
     double blocks = 0, largest_block = 0;
     for (const ShardUnit& u : plan.units()) {

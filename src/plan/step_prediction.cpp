@@ -497,9 +497,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const double block = static_cast<double>(layout.block_storage());
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
-    // What is reduced once a step: the tensors outside the windows (at
-    // zero 3 the vocabulary may go through them: StageLayout::windows_vocab).
-    const bool vocab = layout.windows_vocab(windows_weights(zero));
+    // What is reduced once a step: the tensors outside the windows (from
+    // zero 2 the vocabulary's gradients may go through them, at zero 3 its
+    // weights too: StageLayout::windows_vocab).
+    const bool vocab = layout.windows_vocab(windows_vocab_grads(zero));
+    const bool vocab_weights = layout.windows_vocab(windows_weights(zero));
     const double outside = static_cast<double>(layout.resident_offset(table.total_storage(), true, vocab));
     // The backward's time a data-parallel transfer can hide in: its
     // links' time that the tensor collectives, the expert all-to-alls and
@@ -525,7 +527,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
              collective(link, dp / ep, of_experts * bytes, rounds);
     };
     double reduce = 0, opt_comm = 0, per_micro_comm = 0, gathers_comm = 0;
-    // Zero 3's vocabulary's reduce-scatters of one micro-batch, the
+    // Zero 2-3's vocabulary's reduce-scatters of one micro-batch, the
     // embedding's and the head's (their pieces').
     double vocab_rs[2] = {0, 0};
     // [train] grad_dtype = bf16: the blocks' reduce-scatters carry Act
@@ -598,21 +600,21 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                            : groups(dp_link.allgather, n, experts, act, 1);
       if (!streamed && zero >= 2)
         per_micro_comm += static_cast<double>(L) * exposed(block_rs, block_bwd);
+      const auto pieces_of = [&](int64_t use) -> int64_t {
+        return vocab && layout.vocab(use).begin >= 0 ? layout.vocab_pieces(use) : 0;
+      };
+      // A window still holding the block asked for is not gathered again
+      // (zero 3): under 1F1B (and zb-h1, whose W reads no weights) a
+      // forward follows a backward (and the reverse), so two of each pass's
+      // blocks are already there, less those the vocabulary's pieces took
+      // beside them (ShardStream::pass's evict: one piece takes the window
+      // its neighbouring block does not, two or more both). Interleaved
+      // chunk passes alternate chunks: none kept (counted).
+      const int64_t kept = deck.parallel.schedule == ScheduleKind::kOneFOneB ||
+                                   deck.parallel.schedule == ScheduleKind::kZbH1
+                               ? 2
+                               : 0;
       if (zero >= 3) {
-        // A window still holding the block asked for is not gathered again:
-        // under 1F1B (and zb-h1, whose W reads no weights) a forward
-        // follows a backward (and the reverse), so two of each pass's
-        // blocks are already there, less those the vocabulary's pieces
-        // took beside them (ShardStream::pass's evict: one piece takes the
-        // window its neighbouring block does not, two or more both).
-        // Interleaved chunk passes alternate chunks: none kept (counted).
-        const int64_t kept = deck.parallel.schedule == ScheduleKind::kOneFOneB ||
-                                     deck.parallel.schedule == ScheduleKind::kZbH1
-                                 ? 2
-                                 : 0;
-        const auto pieces_of = [&](int64_t use) -> int64_t {
-          return vocab && layout.vocab(use).begin >= 0 ? layout.vocab_pieces(use) : 0;
-        };
         const auto kept_beside = [&](int64_t use) {
           return std::max<int64_t>(kept - std::min<int64_t>(pieces_of(use), 2), 0);
         };
@@ -622,35 +624,34 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
           gathers_comm = static_cast<double>(std::max<int64_t>(L - kept_forward, 0) +
                                              std::max<int64_t>(L - kept_backward, 0)) *
                          exposed(block_ag, block_bwd / 2);
-        // The vocabulary through the windows: each use gathered before it
-        // and reduce-scattered after it, piece by piece (StageLayout::
-        // piece): a collective each, hidden as the whole use's was. The
-        // head's pieces again before its backward, but for the two its
-        // forward left in the windows where the backward follows it. On a
-        // device the last micro-batch's reduce-scatters go on the stream
-        // the step's reduction waits for (the embedding's last of all:
-        // nothing follows to hide them), as zero 1-2's of the tensors kept
-        // whole do: priced there, the other micro-batches' here.
-        const double hidden_micro =
-            streamed ? static_cast<double>(micro - 1) / static_cast<double>(micro) : 1.0;
-        if (vocab) {
-          for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut}) {
-            const int64_t pieces = pieces_of(use);
-            const double share = 1.0 / static_cast<double>(std::max<int64_t>(pieces, 1));
-            for (int64_t k = 0; k < pieces; ++k) {
-              const double size =
-                  static_cast<double>(layout.piece(StageLayout::piece_id(use, k)).size());
-              const bool again = use == StageLayout::kVocabOut && (kept == 0 || k + 2 < pieces);
-              gathers_comm += (again ? 2 : 1) * exposed(groups(dp_link.allgather, size, 0, act, 1),
-                                                        share * block_bwd / 2);
-              const double rs = groups(dp_link.reduce_scatter, size, 0, block_bytes, 1);
-              per_micro_comm += hidden_micro * exposed(rs, share * block_bwd);
-              vocab_rs[use == StageLayout::kVocabIn ? 0 : 1] += rs;
-            }
-          }
-        }
-        per_micro_comm += gathers_comm;
       }
+      // The vocabulary through the windows: each use's gradients reduce-
+      // scattered after it (zero 2-3), its weights gathered before it
+      // (zero 3), piece by piece (StageLayout::piece): a collective each,
+      // hidden as the whole use's was. The head's pieces again before its
+      // backward, but for the two its forward left in the windows where
+      // the backward follows it. On a device the last micro-batch's
+      // reduce-scatters go on the stream the step's reduction waits for
+      // (the embedding's last of all: nothing follows to hide them), as
+      // zero 1-2's of the tensors kept whole do: priced there, the other
+      // micro-batches' here.
+      const double hidden_micro =
+          streamed ? static_cast<double>(micro - 1) / static_cast<double>(micro) : 1.0;
+      for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut}) {
+        const int64_t pieces = pieces_of(use);
+        const double share = 1.0 / static_cast<double>(std::max<int64_t>(pieces, 1));
+        for (int64_t k = 0; k < pieces; ++k) {
+          const double size = static_cast<double>(layout.piece(StageLayout::piece_id(use, k)).size());
+          const bool again = use == StageLayout::kVocabOut && (kept == 0 || k + 2 < pieces);
+          if (vocab_weights)
+            gathers_comm += (again ? 2 : 1) * exposed(groups(dp_link.allgather, size, 0, act, 1),
+                                                      share * block_bwd / 2);
+          const double rs = groups(dp_link.reduce_scatter, size, 0, block_bytes, 1);
+          per_micro_comm += hidden_micro * exposed(rs, share * block_bwd);
+          vocab_rs[use == StageLayout::kVocabIn ? 0 : 1] += rs;
+        }
+      }
+      per_micro_comm += gathers_comm;
     }
     if (streamed) {
       if (costs.block_transfers.empty()) {
@@ -670,16 +671,17 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
             b.head_pieces = layout.vocab_pieces(StageLayout::kVocabOut);
         }
       }
-      // The tensors outside the blocks (at zero 3 those the windows do
-      // not carry): gathered by the use that waits for them, reduced by
-      // where they lie (before or after the blocks: when the backward has
-      // finished them).
+      // The tensors outside the blocks (those the windows do not carry):
+      // gathered by the use that waits for them, reduced by where they lie
+      // (before or after the blocks: when the backward has finished them).
       double used_first = 0, used_last = 0, before = 0, after = 0;
       for (const auto& spec : table.specs()) {
-        if (spec.layer >= 0 || (vocab && layout.is_vocab(spec.offset))) continue;
+        if (spec.layer >= 0) continue;
         const auto size = static_cast<double>(spec.storage);
-        (layout.use_of(spec.offset) == StageLayout::kVocabOut ? used_last : used_first) += size;
-        (spec.offset >= layout.block_end ? after : before) += size;
+        if (!vocab_weights || !layout.is_vocab(spec.offset))
+          (layout.use_of(spec.offset) == StageLayout::kVocabOut ? used_last : used_first) += size;
+        if (!vocab || !layout.is_vocab(spec.offset))
+          (spec.offset >= layout.block_end ? after : before) += size;
       }
       const auto outside_reduce = [&](double elements) {
         return zero == 0 ? groups(dp_link.allreduce, elements, 0, acc, 2)

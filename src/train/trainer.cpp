@@ -415,8 +415,9 @@ void Trainer::print_summary() const {
                       g.ep() > 1 ? strprintf(" (the experts' over the %d replicas holding them)",
                                              g.dp() / g.ep()).c_str()
                                  : "",
-                      p.stage->zero() == 3 && shards->vocab_pieces() > 1
-                          ? strprintf(", the vocabulary through the windows in %lld pieces",
+                      p.stage->zero() >= 2 && shards->vocab_pieces() > 1
+                          ? strprintf(", the vocabulary%s through the windows in %lld pieces",
+                                      p.stage->zero() == 2 ? "'s gradients" : "",
                                       static_cast<long long>(shards->vocab_pieces())).c_str()
                           : "",
                       name_of(deck_.train.recompute))

@@ -24,8 +24,12 @@
 //     reduce-scattered after its backward in every micro-batch and added
 //     to the shard, so the whole gradient never exists (bytes moved: the
 //     blocks' gradients once per micro-batch instead of once per step; the
-//     memory: two blocks instead of all). Tensors outside the blocks (the
-//     tied wte is final only at the end) stay whole and go as in zero 1.
+//     memory: two blocks instead of all). The vocabulary's gradients go
+//     through the same windows (StageLayout::windows_vocab), piece by
+//     piece where larger than one, reduce-scattered after each use as a
+//     block's (the tied copies' sum is of the reduced parts, at the end).
+//     The other tensors outside the blocks (positions, final norm) stay
+//     whole and go as in zero 1.
 //   zero 3: the blocks' weights too live in two windows: each block's is
 //     all-gathered before its forward and again before its backward, the
 //     next block's gather started before this block computes. A window
@@ -78,7 +82,8 @@
 // The masters and moments see float as before. The units outside the
 // blocks (embeddings, final norm) keep float gradients and float
 // reductions: the tied wte's copies are summed, and its sparse rows
-// accumulate, there. An offloaded shard's gradients stay on the device
+// accumulate, there; but at zero 2-3 the vocabulary going through the
+// windows goes as a block does. An offloaded shard's gradients stay on the device
 // with 16-bit gradients.
 #pragma once
 #include <algorithm>
@@ -122,7 +127,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         gwin_(zero >= 2 || grad16_),
         in_stage_(in_stage(zero, grad16_, offload.where)),
         grads_on_host_(gradients_offloaded(zero, offload.where) && !grad16_),
-        vocab_(stage.vocab_windowed()),
+        vocab_(stage.vocab_grads_windowed()),
         moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), in_stage_), offload) {
     if (grad16_ && Ops::kActElement != Element::kBf16)
       throw std::logic_error("ZeRO's shards: 16-bit gradients without a bf16 stage");
@@ -486,12 +491,12 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // (16-bit gradients at zero 1: the units outside the blocks only; the
   // blocks' are in their sums, sums_of.)
   Acc* grads_of(const ShardUnit& u) {
-    return in_stage_.grads ? stage_.grads() + stage_.resident_offset(plan_.part_begin(u), gwin_)
+    return in_stage_.grads ? stage_.grads() + stage_.resident_grad_offset(plan_.part_begin(u))
                            : shard_grads() + u.shard_offset;
   }
   Acc* grads_of(const ParameterSpec& spec, const TensorPart& p) {
     return in_stage_.grads
-               ? stage_.grads() + stage_.resident_offset(spec.offset + p.row_begin * spec.row_length(), gwin_)
+               ? stage_.grads() + stage_.resident_grad_offset(spec.offset + p.row_begin * spec.row_length())
                : shard_grads() + p.shard_offset;
   }
   // Whether a unit's (a tensor's) reduced gradients are 16-bit, in place in
@@ -532,7 +537,8 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
   }
   // Whether unit u is one of the vocabulary's tensors going through the
-  // windows (zero 3: StageLayout::windows_vocab).
+  // windows (its gradients at zero 2-3, its weights too at zero 3:
+  // StageLayout::windows_vocab).
   bool vocab_unit(const ShardUnit& u) const { return vocab_ && stage_.layout().is_vocab(u.begin); }
   bool windowed(const ShardUnit& u, int min_zero) const {
     return (u.block >= 0 || vocab_unit(u)) && zero_ >= min_zero;
@@ -578,7 +584,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     for (auto& h : holds_) h = -1;  // the windows hold old weights now
     for (const ShardUnit& u : plan_.units()) {
       if (windowed(u, 3)) continue;
-      Act* whole = stage_.weights() + stage_.resident_offset(u.begin, windows_weights(zero_));
+      Act* whole = stage_.weights() + stage_.resident_weight_offset(u.begin);
       Act* mine = whole + (plan_.part_begin(u) - u.begin);
       if (!alias_ && !in_stage_.copy)
         Ops::copy(ctx_, mine, static_cast<const Act*>(wshard() + u.shard_offset), plan_.part_size(u));
@@ -650,7 +656,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     while (next_unit_ > 0 && units[next_unit_ - 1].begin >= offset) {
       const ShardUnit& u = units[--next_unit_];
       if (grads_windowed(u)) continue;
-      const Acc* g = stage_.grads() + stage_.resident_offset(u.begin, gwin_);
+      const Acc* g = stage_.grads() + stage_.resident_grad_offset(u.begin);
       // At most kInFlight at once on the host: a host MPI's non-blocking
       // reduce-scatter holds a temporary the size of its whole input until
       // it completes (all units in flight cost a second gradient: measured,
@@ -763,7 +769,9 @@ class ZeroShards final : public StageOptimizer<Ops> {
   bool gwin_;    // the stage computes the blocks' gradients in windows
   ShardInStage in_stage_;
   bool grads_on_host_;  // gradients_offloaded (the header)
-  bool vocab_;          // the vocabulary goes through the windows (GptStage::vocab_windowed)
+  // The vocabulary's gradients go through the windows (zero 2-3; its
+  // weights too at zero 3): GptStage::vocab_grads_windowed.
+  bool vocab_;
   AdamWState<Ops> moments_;
   Buffer<Acc> master_, g_;
   Buffer<Act> wshard_;  // mixed precision only

@@ -98,18 +98,21 @@ TEST(MemoryAccounting, ExactBytesOfATinyModel) {
   EXPECT_EQ(z1.gradients(), 15488);
   EXPECT_EQ(z1.optimizer, 2 * 7808);
   EXPECT_EQ(z1.comm, 7424);
-  // zero 2: the blocks' gradients in two windows of 928 floats, and two
-  // receive buffers of a block's part (464 floats).
+  // zero 2: the blocks' gradients in two windows of 928 floats, and the
+  // vocabulary's through them in two pieces (wte's 1024 floats against a
+  // 928-float window: 112 rows of 8, a multiple of 8 rows, then 16), so
+  // of the gradients outside the blocks only wpe's and ln_f's stay whole.
+  // The receive buffers hold the most a rank owns of a window: rank 0's
+  // 512 floats of wte's first piece (a block's part is 464). The head's
+  // input gradient adds up over the pieces in a float scratch of BT x C =
+  // 64 floats.
   const RankMemory z2 = memory(2, Recompute::kNone);
-  EXPECT_EQ(z2.gradients(), (1024 + 32 + 2 * 928 + 32) * 4 + 7808);
-  EXPECT_EQ(z2.comm, 2 * 464 * 4 + 7424);
-  // zero 3: the blocks' weights in two windows too, and the vocabulary
-  // through them in two pieces (wte's 1024 floats against a 928-float
-  // window: 112 rows of 8, a multiple of 8 rows, then 16), so of all the
-  // tensors outside the blocks only wpe and ln_f stay whole. The receive
-  // buffers hold the most a rank owns of a window: rank 0's 512 floats of
-  // wte's first piece. The head's input gradient adds up over the pieces
-  // in a float scratch of BT x C = 64 floats.
+  EXPECT_EQ(z2.gradients(), (32 + 2 * 928 + 32) * 4 + 7808);
+  EXPECT_EQ(z2.parameters(), 15488);  // the weights stay whole
+  EXPECT_EQ(z2.stage.scratch, 2824 + 64 * 4);
+  EXPECT_EQ(z2.comm, 2 * 512 * 4 + 7424);
+  // zero 3: the blocks' weights in two windows too, and the vocabulary's
+  // weights through them in the same pieces.
   const RankMemory z3 = memory(3, Recompute::kNone);
   EXPECT_EQ(z3.parameters(), (32 + 2 * 928 + 32) * 4 + 7808);
   EXPECT_EQ(z3.gradients(), (32 + 2 * 928 + 32) * 4 + 7808);
@@ -136,8 +139,9 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
   cfg.n_layer = 5;
   // MPI's temporaries (two consecutive units in flight: two blocks of 928
   // floats at tp 1; at tp 2 wte's 1024 floats, a rank's 128 of 256 padded
-  // rows, and wpe's 32, but at zero 3, where wte goes through the windows
-  // in two pieces, two windows of a 512-float block) or the save's gather
+  // rows, and wpe's 32, but from zero 2, where wte's gradients go through
+  // the windows in two pieces, two windows of a 512-float block) or the
+  // save's gather
   // for a checksum (the largest tensor: c_fc's 256 floats; at tp 2 the
   // whole 256-float tensor gathered from its column slices and put in
   // order, twice), the larger (never held at once), are not buffers of
@@ -145,7 +149,7 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
   for (const int tp : {1, 2}) {
     const StageRange range = partition_stage(cfg, 0, 1, tp, 0);
     for (int zero : {1, 2, 3}) {
-      const double temporaries = tp == 1 ? 2 * 928 * 4 : zero == 3 ? 2 * 512 * 4 : (1024 + 32) * 4;
+      const double temporaries = tp == 1 ? 2 * 928 * 4 : zero >= 2 ? 2 * 512 * 4 : (1024 + 32) * 4;
       for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
         // What the stage and its shard allocate (`shard_only`: the shard's
         // alone), for the rank with the most.
@@ -180,10 +184,10 @@ TEST(MemoryAccounting, PredictsWhatTheStageAndItsShardAllocate) {
         d.train.precision = Precision::kBf16;
         const RankMemory h = rank_memory(d, bf16, 0, SlotKinds::any(1));
         const ParameterTable table(cfg, range);
-        // (A window's part: a block's, or at zero 3 a vocabulary piece's.)
+        // (A window's part: a block's, or a vocabulary piece's.)
         const ShardPlan plan(table, StageLayout(table, range), 3, 0);
         const double receive =
-            zero >= 2 ? 2.0 * 4 * static_cast<double>(plan.max_window_part(zero == 3)) : 0;
+            zero >= 2 ? 2.0 * 4 * static_cast<double>(plan.max_window_part(true)) : 0;
         EXPECT_EQ(h.shard_master + h.shard_gradients + h.optimizer + receive,
                   allocated(host::Ops<host::Bf16>{}, true))
             << "bf16, tp " << tp << ", zero " << zero << ", recompute " << name_of(r);
@@ -227,19 +231,19 @@ TEST(MemoryAccounting, PredictsTheExpertParallelShards) {
   }
 }
 
-// ZeRO 3 sends the vocabulary through the block windows (zero_shards.hpp);
-// here it fits one (the tests above cut it in pieces). At n_embd 16
-// (vocabulary 11, padded to 128): wte is 128 x 16 = 2048 floats; a block
-// is ln_1 16 + 16, c_attn 48 x 16 = 768 + 48, attn c_proj 256 + 16, ln_2
-// 16 + 16, c_fc 64 x 16 = 1024 + 64, mlp c_proj 1024 + 16 = 3280 floats,
-// so wte fits. On one stage only wpe (4 x
-// 16 = 64) and ln_f (16 + 16) stay outside the two windows, as weights and
-// as gradients. What the stage and its shard allocate, for the rank with
-// the most, is the accounting less MPI's temporaries (as above), on one
+// ZeRO 3 sends the vocabulary through the block windows (zero_shards.hpp),
+// zero 2 its gradients; here it fits one (the tests above cut it in
+// pieces). At n_embd 16 (vocabulary 11, padded to 128): wte is 128 x 16 =
+// 2048 floats; a block is ln_1 16 + 16, c_attn 48 x 16 = 768 + 48, attn
+// c_proj 256 + 16, ln_2 16 + 16, c_fc 64 x 16 = 1024 + 64, mlp c_proj
+// 1024 + 16 = 3280 floats, so wte fits. On one stage only wpe (4 x 16 =
+// 64) and ln_f (16 + 16) stay outside the two windows, as gradients (and
+// at zero 3 as weights). What the stage and its shard allocate, for the
+// rank with the most, is the accounting less MPI's temporaries (as above), on one
 // stage and on each of two (the tied copy on the second), at tp 1 and 2:
 // at n_embd 32 (at tp 2 the vocabulary is padded to 256, 128 rows a rank,
 // which at n_embd 16 would not fit a rank's block).
-TEST(MemoryAccounting, ZeroThreeSendsTheVocabularyThroughTheWindows) {
+TEST(MemoryAccounting, ZeroTwoAndThreeSendTheVocabularyThroughTheWindows) {
   GptConfig cfg = model();
   cfg.n_embd = 16;
   {
@@ -248,37 +252,43 @@ TEST(MemoryAccounting, ZeroThreeSendsTheVocabularyThroughTheWindows) {
         stage_footprint(cfg, all, stage_options(2, SlotKinds::any(1), Recompute::kNone, 3), 4, 4);
     EXPECT_EQ(f.gradients, (64 + 32 + 2 * 3280) * 4);
     EXPECT_EQ(f.weight_copy, (64 + 32 + 2 * 3280) * 4);
-    // zero 2 keeps wte's gradient whole (its weights are whole there).
+    // zero 2 sends wte's gradient through the windows, and keeps its
+    // weights whole (fp32: the masters, which are the weights).
     const StageFootprint f2 =
         stage_footprint(cfg, all, stage_options(2, SlotKinds::any(1), Recompute::kNone, 2), 4, 4);
-    EXPECT_EQ(f2.gradients, (2048 + 64 + 32 + 2 * 3280) * 4);
+    EXPECT_EQ(f2.gradients, (64 + 32 + 2 * 3280) * 4);
+    EXPECT_EQ(f2.weight_copy, static_cast<double>(ParameterTable(cfg, all).total_storage()) * 4);
   }
   cfg.n_embd = 32;
-  for (int pp : {1, 2})
-    for (int tp : {1, 2})
-      for (int s = 0; s < pp; ++s) {
-        const StageRange range = partition_stage(cfg, s, pp, tp, 0);
-        double largest = 0, receive = 0;
-        for (int rank = 0; rank < 3; ++rank) {
-          host::Context ctx;
-          const StageOptions o = stage_options(2, SlotKinds::any(1), Recompute::kNone, 3);
-          GptStage<host::Ops<float>> stage(ctx, cfg, range, o);
-          ASSERT_TRUE(stage.vocab_windowed()) << "pp " << pp << ", tp " << tp << ", stage " << s;
-          ZeroShards<host::Ops<float>> shard(stage, 3, 3, rank, OffloadSetup{});
-          largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
-          receive = 2.0 * static_cast<double>(shard.plan().max_window_part(true)) * 4;
+  for (int zero : {2, 3}) {
+    for (int pp : {1, 2})
+      for (int tp : {1, 2})
+        for (int s = 0; s < pp; ++s) {
+          const StageRange range = partition_stage(cfg, s, pp, tp, 0);
+          double largest = 0, receive = 0;
+          for (int rank = 0; rank < 3; ++rank) {
+            host::Context ctx;
+            const StageOptions o = stage_options(2, SlotKinds::any(1), Recompute::kNone, zero);
+            GptStage<host::Ops<float>> stage(ctx, cfg, range, o);
+            ASSERT_TRUE(stage.vocab_grads_windowed())
+                << "zero " << zero << ", pp " << pp << ", tp " << tp << ", stage " << s;
+            ASSERT_EQ(stage.vocab_weights_windowed(), zero == 3);
+            ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank, OffloadSetup{});
+            largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
+            receive = 2.0 * static_cast<double>(shard.plan().max_window_part(true)) * 4;
+          }
+          Deck d;
+          d.model = cfg;
+          d.train.micro_batch = 2;
+          d.parallel.dp = 3;
+          d.parallel.pp = pp;
+          d.parallel.tp = tp;
+          d.parallel.zero = zero;
+          const RankMemory m = rank_memory(d, BackendChoice{}, s, SlotKinds::any(1));
+          EXPECT_EQ(m.total() - m.checkpoint_io - m.comm + receive, largest)
+              << "zero " << zero << ", pp " << pp << ", tp " << tp << ", stage " << s;
         }
-        Deck d;
-        d.model = cfg;
-        d.train.micro_batch = 2;
-        d.parallel.dp = 3;
-        d.parallel.pp = pp;
-        d.parallel.tp = tp;
-        d.parallel.zero = 3;
-        const RankMemory m = rank_memory(d, BackendChoice{}, s, SlotKinds::any(1));
-        EXPECT_EQ(m.total() - m.checkpoint_io - m.comm + receive, largest)
-            << "pp " << pp << ", tp " << tp << ", stage " << s;
-      }
+  }
 }
 
 // bf16 with [train] offload: the shard's float masters leave with the
@@ -465,12 +475,14 @@ TEST(MemoryAccounting, ZeroShrinksEachCategoryByTheDataParallelWidth) {
     EXPECT_EQ(z1.parameters(), z0.parameters()) << dp;
     EXPECT_LT(z1.total(), z0.total()) << dp;
     EXPECT_EQ(z1.stage.gradients, z0.stage.gradients);
-    // zero 2: whole gradients only outside the blocks, plus two windows.
-    EXPECT_NEAR(z2.gradients(), n - 12 * block + 2 * block + n / dp, 1e-3 * n);
-    EXPECT_LT(z2.total(), z1.total());
-    // zero 3: weights likewise, and the vocabulary (50,304 padded rows of
-    // 768, about 5.5 blocks) goes through the windows too, in pieces.
+    // zero 2: whole gradients only outside the blocks and the vocabulary
+    // (50,304 padded rows of 768, about 5.5 blocks, through the windows in
+    // pieces), plus two windows.
     const double vocab = 50304.0 * 768 * 4;
+    EXPECT_NEAR(z2.gradients(), n - 12 * block - vocab + 2 * block + n / dp, 1e-3 * n);
+    EXPECT_NEAR(z2.parameters(), n, 1e-3 * n);
+    EXPECT_LT(z2.total(), z1.total());
+    // zero 3: the weights likewise.
     EXPECT_NEAR(z3.parameters(), n - 12 * block - vocab + 2 * block + n / dp, 1e-3 * n);
     EXPECT_LT(z3.total(), z2.total());
     EXPECT_EQ(z3.stage.activations, z0.stage.activations);

@@ -523,8 +523,9 @@ TEST(Plan, CompressedGradientsArePricedAndKeepToZeroZero) {
 // gradients at zero 1 add the float window into the 16-bit sums (8 bytes
 // a block parameter) where float gradients at zero 1 make no pass; at
 // zero 2 they round the window (6 bytes) and add 2 + 8 bytes over dp
-// where float adds 4 + 8. The blocks' parameters are counted from the
-// table's specs.
+// where float adds 4 + 8, over the blocks and the vocabulary's wte (whose
+// gradients go through the windows from zero 2). The parameters are
+// counted from the table's specs.
 TEST(Plan, SixteenBitGradientsPayTheirWindowPasses) {
   Deck deck = tiny_deck();
   deck.parallel.dp = 4;
@@ -532,10 +533,16 @@ TEST(Plan, SixteenBitGradientsPayTheirWindowPasses) {
   deck.train.precision = Precision::kBf16;
   MachineSpec m = workstation(1);
   set_elementwise_rates(m, 1e9);
-  double blocks = 0;
-  const ParameterTable table(deck.model, stage_range_of(deck, 0, 0));
-  for (const auto& spec : table.specs())
+  double blocks = 0, vocab = 0;
+  const StageRange range = stage_range_of(deck, 0, 0);
+  const ParameterTable table(deck.model, range);
+  const StageLayout layout(table, range);
+  ASSERT_TRUE(layout.windows_vocab(true));
+  for (const auto& spec : table.specs()) {
     if (spec.layer >= 0) blocks += static_cast<double>(spec.storage);
+    if (layout.is_vocab(spec.offset)) vocab += static_cast<double>(spec.storage);
+  }
+  ASSERT_GT(vocab, 0);
   const double micro = static_cast<double>(deck.grad_accum()), dp = 4;
   ASSERT_EQ(micro, 2);
   auto compute = [&](int zero, GradDtype g) {
@@ -546,21 +553,19 @@ TEST(Plan, SixteenBitGradientsPayTheirWindowPasses) {
   const double zero1 = compute(1, GradDtype::kBf16) - compute(1, GradDtype::kFp32);
   EXPECT_NEAR(zero1, micro * blocks * 8 / 1e9, 1e-6 * zero1);
   const double zero2 = compute(2, GradDtype::kBf16) - compute(2, GradDtype::kFp32);
-  EXPECT_NEAR(zero2, micro * blocks * (6 + (10 - 12) / dp) / 1e9, 1e-6 * zero2);
+  EXPECT_NEAR(zero2, micro * (blocks + vocab) * (6 + (10 - 12) / dp) / 1e9, 1e-6 * zero2);
   EXPECT_GT(zero2, 0);
 }
 
 // Zero 3's vocabulary through the windows (zero_shards.hpp) is priced as
 // the blocks' transfers are: the tiny deck's wte (256 x 128, smaller than
-// a block) gathered before the embedding and before the head and
-// reduce-scattered after each, every micro-batch, in place of its share
-// of the step's one reduce-scatter. On the host nothing hides (host MPI
-// progresses only while waited on), so zero 3's exposed communication
-// exceeds zero 2's by, each micro-batch, the blocks' gathers and the
-// vocabulary's gathers and reduce-scatters, less the vocabulary's bytes
-// in the step's reduce-scatter, and less the blocks' and the vocabulary's
-// bytes in the all-gather after AdamW (zero 3 gathers there only what it
-// keeps whole). Each collective over dp 2 by the ring: 10 us + bytes / 2
+// a block) gathered before the embedding and before the head, every
+// micro-batch; from zero 2 its gradients are reduce-scattered after each
+// use, as zero 3's are. On the host nothing hides (host MPI progresses
+// only while waited on), so zero 3's exposed communication exceeds zero
+// 2's by, each micro-batch, the blocks' gathers and the vocabulary's
+// gathers, less the blocks' and the vocabulary's bytes in the all-gather
+// after AdamW (zero 3 gathers there only what it keeps whole). Each collective over dp 2 by the ring: 10 us + bytes / 2
 // / 200 GB/s (the hand-written machine's link). A vocabulary of 4096 rows
 // is 2.6 blocks of 12 x 128^2 + 13 x 128 = 198,272 floats: it goes in
 // pieces of 1544 rows (1549 fit a window, cut to a multiple of 8), 2 of
@@ -604,8 +609,8 @@ TEST(Plan, ZeroThreesVocabularyIsPricedAsTheBlocksTransfers) {
     };
     const bool one = pieces.size() == 1;
     const double blocks = one ? 2 * (L - 1) : 2 * L, again = one ? 0 : ring(pieces[0]);
-    const double want = micro * (blocks * ring(block) + 2 * each_way + again + 2 * each_way) -
-                        vocab / 2 / 200e9 - (L * block + vocab) / 2 / 200e9;
+    const double want = micro * (blocks * ring(block) + 2 * each_way + again) -
+                        (L * block + vocab) / 2 / 200e9;
     EXPECT_NEAR(exposed(3) - exposed(2), want, 1e-9 * want) << "vocabulary " << vocab_size;
   }
 }
@@ -633,9 +638,9 @@ TEST(Plan, ZeroThreesVocabularyIsPricedAsTheBlocksTransfers) {
 // The passes' seconds are read off a run whose links cost nothing; the
 // parts of them before and after the blocks (the embedding's, the
 // head's) are the kernels' prices of those alone, scaled as that run's
-// forward is; the transfers are the ring's count. At zero 3 the
-// vocabulary (128 x 64, a sixth of a window: one piece) goes through the
-// windows, its gathers and reduce-scatters hidden behind the backward's
+// forward is; the transfers are the ring's count. The vocabulary (128 x
+// 64, a sixth of a window: one piece) goes through the windows, its
+// gathers (zero 3) and reduce-scatters (zero 2-3) hidden behind the backward's
 // share (tested apart: ZeroThreesVocabularyIsPricedAsTheBlocksTransfers;
 // the exact match below would show it if they were not), but for the
 // last micro-batch's reduce-scatters, on the stream with the head's and
@@ -816,10 +821,10 @@ TEST(Plan, ZeroTwoAndThreesTransfersOnADeviceHideBehindThePassesThatFollow) {
       x.ph = seconds({"ln_f.weight", "ln_f.bias"}, 4, 0.5, slow.intra.allgather);
     }
     // The last micro-batch's reductions after the head's backward and the
-    // embedding's: at zero 3 the vocabulary's reduce-scatter of each use
-    // (the tied wte, one piece) with them, on the same stream.
-    x.rh = seconds({"ln_f.weight", "ln_f.bias"}, 4, 0.5, slow.intra.reduce_scatter) +
-           (zero == 3 ? seconds({"wte"}, 4, 0.5, slow.intra.reduce_scatter) : 0);
+    // embedding's: the vocabulary's reduce-scatter of each use (the tied
+    // wte, one piece; its gradients go through the windows from zero 2)
+    // with them, on the same stream.
+    x.rh = seconds({"ln_f.weight", "ln_f.bias", "wte"}, 4, 0.5, slow.intra.reduce_scatter);
     x.re = seconds({"wte", "wpe"}, 4, 0.5, slow.intra.reduce_scatter);
     const Played want = play(p, x);
     const Prediction q = predict_step(deck, slow);

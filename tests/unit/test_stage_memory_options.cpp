@@ -56,24 +56,26 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   // Block i's own span (a sparse block is larger than a dense one; the
   // windows hold the largest).
   const auto block = [&](int64_t i) { return at.block_stop(i) - at.layers[i][0]; };
-  // What a window carries: block i's span, or (at zero 3) a piece of a
-  // vocabulary use's tensor (StageLayout::piece_id of kVocabIn, kVocabOut).
+  // What a window carries: block i's span, or (its weights at zero 3, its
+  // gradients from zero 2) a piece of a vocabulary use's tensor (StageLayout::piece_id of kVocabIn, kVocabOut).
   const auto span = [&](int64_t i) -> std::pair<int64_t, int64_t> {
     if (i >= 0) return {at.layers[i][0], block(i)};
     EXPECT_LE(at.piece(i).size(), at.block_storage()) << "a piece fits a window";
     return {at.piece(i).begin, at.piece(i).size()};
   };
-  const bool vocab = stage.vocab_windowed();
-  EXPECT_EQ(vocab, opt.window_weights) << "the vocabulary goes through the windows at zero 3";
-  // Resident tensors (outside the windows) at their compacted places.
-  auto resident = [&](float* dst, bool windowed) {
+  const bool vocab_weights = stage.vocab_weights_windowed();
+  const bool vocab = stage.vocab_grads_windowed();
+  EXPECT_EQ(vocab_weights, opt.window_weights) << "the vocabulary's weights in windows at zero 3";
+  EXPECT_EQ(vocab, opt.window_weights || opt.window_vocab_grads) << "its gradients from zero 2";
+  // Resident weights (outside the windows) at their compacted places.
+  auto resident = [&](float* dst) {
     for (const auto& s : table.specs())
-      if (s.layer < 0 && !(vocab && at.is_vocab(s.offset)))
-        std::memcpy(dst + stage.resident_offset(s.offset, windowed), weights.data() + s.offset,
+      if (s.layer < 0 && !(vocab_weights && at.is_vocab(s.offset)))
+        std::memcpy(dst + stage.resident_weight_offset(s.offset), weights.data() + s.offset,
                     sizeof(float) * s.storage);
   };
   if (opt.external_master) {
-    resident(stage.weights(), opt.window_weights);
+    resident(stage.weights());
     if (!opt.window_weights) std::memcpy(stage.weights(), weights.data(), sizeof(float) * n);
   } else {
     std::memcpy(stage.params(), weights.data(), sizeof(float) * n);
@@ -149,7 +151,7 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   // The resident gradients, back at their table offsets.
   for (const auto& s : table.specs()) {
     if ((s.layer >= 0 && opt.window_grads) || (vocab && at.is_vocab(s.offset))) continue;
-    const float* g = stage.grads() + stage.resident_offset(s.offset, opt.window_grads);
+    const float* g = stage.grads() + stage.resident_grad_offset(s.offset);
     for (int64_t k = 0; k < s.storage; ++k) grads[s.offset + k] += g[k];
   }
   o.grads = grads;
@@ -207,7 +209,7 @@ TEST(StageMemoryOptions, RecomputationAndWindowsChangeNoBit) {
         expect_identical(want, run(cfg, range, o), name_of(r));
       }
       StageOptions z2 = base;
-      z2.external_master = z2.window_grads = true;
+      z2.external_master = z2.window_grads = z2.window_vocab_grads = true;
       expect_identical(want, run(cfg, range, z2), "gradient windows");
       expect_identical(want, run(cfg, range, z2, true), "weights published late");
       StageOptions z3 = z2;
@@ -277,13 +279,22 @@ TEST(StageMemoryOptions, TheVocabularyInPiecesMatchesItWhole) {
       }
       StageOptions base{2, 2};
       const Outcome want = run(cfg, range, base);
-      StageOptions z3 = base;
-      z3.external_master = z3.window_grads = z3.window_weights = true;
+      // Zero 2: the gradients in pieces, the weights whole (the forward
+      // in one piece).
+      StageOptions z2 = base;
+      z2.external_master = z2.window_grads = z2.window_vocab_grads = true;
+      const Outcome grads = run(cfg, range, z2);
+      expect_close(want, grads, "gradient windows");
+      StageOptions z3 = z2;
+      z3.window_weights = true;
       const Outcome got = run(cfg, range, z3);
       expect_close(want, got, "weight and gradient windows");
       // Without the head (pp 2's first stage) the pieces are the
       // embedding's alone: every bit as whole.
-      if (!range.has_head) expect_identical(want, got, "the embedding in pieces");
+      if (!range.has_head) {
+        expect_identical(want, grads, "the embedding's gradients in pieces");
+        expect_identical(want, got, "the embedding in pieces");
+      }
       StageOptions split3 = z3;
       split3.split_backward = true;
       expect_close(want, run(cfg, range, split3), "split backward, weight and gradient windows");
@@ -308,10 +319,13 @@ TEST(StageMemoryOptions, FootprintShrinksAsExpected) {
   // full: per slot only the block inputs remain of the blocks' activations.
   EXPECT_EQ(f0.per_slot - ff.per_slot, L * (15 * B * T * C * 4 + 4 * B * T * 4 + B * NH * T * T * 4));
   // ZeRO windows: two blocks' gradients (weights) instead of all eight;
-  // at zero 3 the tied wte (37 x 16, smaller than a block) goes through
-  // them too, so neither its weights nor its gradients stay.
-  StageOptions z2 = none, z3 = none;
-  z2.external_master = z2.window_grads = true;
+  // from zero 2 the tied wte (37 x 16, smaller than a block) goes through
+  // them too, so its gradients do not stay (nor, at zero 3, its weights);
+  // 16-bit gradients at zero 1 window the blocks' alone.
+  StageOptions z2 = none, z3 = none, z1_16 = none;
+  z1_16.external_master = z1_16.window_grads = true;
+  z2 = z1_16;
+  z2.window_vocab_grads = true;
   z3 = z2;
   z3.window_weights = true;
   const ParameterTable table(cfg, all);
@@ -319,7 +333,9 @@ TEST(StageMemoryOptions, FootprintShrinksAsExpected) {
   const double block = static_cast<double>(layout.block_storage()) * 4;
   const double wte = static_cast<double>(table.at("wpe").offset - table.at("wte").offset) * 4;
   ASSERT_GE(wte, 37 * 16 * 4);
-  EXPECT_EQ(stage_footprint(cfg, all, z2, 4, 4).gradients, f0.gradients - (L - 2) * block);
+  EXPECT_EQ(stage_footprint(cfg, all, z1_16, 4, 4).gradients, f0.gradients - (L - 2) * block);
+  EXPECT_EQ(stage_footprint(cfg, all, z2, 4, 4).gradients, f0.gradients - (L - 2) * block - wte);
+  EXPECT_EQ(stage_footprint(cfg, all, z2, 4, 4).weight_copy, f0.parameters);
   EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).gradients, f0.gradients - (L - 2) * block - wte);
   EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).weight_copy, f0.parameters - (L - 2) * block - wte);
   EXPECT_EQ(stage_footprint(cfg, all, z3, 4, 4).parameters, 0.0);
