@@ -147,8 +147,9 @@ std::vector<AdamWChunk> ShardPlan::adamw_chunks(const ParameterTable& table, Sha
     int64_t grad = where.grads ? stage : shard;
     bool narrow = false;
     if (where.grads16) {
-      narrow = unit_at(s.offset).block >= 0;
-      grad = narrow ? stage - layout_.block_begin() : layout_.resident_offset(stage, true);
+      narrow = unit_at(s.offset).block >= 0 || (where.vocab16 && layout_.is_vocab(s.offset));
+      grad = narrow ? layout_.sums_offset(stage, where.vocab16)
+                    : layout_.resident_offset(stage, true, where.vocab16);
     }
     append_adamw_chunks(chunks,
                         AdamWPlaces{shard, where.params ? stage : shard, grad,

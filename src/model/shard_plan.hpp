@@ -68,10 +68,13 @@ struct ShardInStage {
   bool params = false;  // fp32 masters that are the stage's weights
   bool grads = false;   // gradients reduced in place in the stage's
   // ... and with `grads16` ([train] grad_dtype = bf16 at zero 1) the
-  // blocks' in their 16-bit sums (offsets from the first block's, chunks
-  // flagged narrow), the others in the stage's float gradients of the
-  // tensors outside the blocks (at their resident offsets).
+  // blocks' in their 16-bit sums (StageLayout::sums_offset, chunks flagged
+  // narrow), with `vocab16` the vocabulary's too (its gradients go
+  // through the windows: StageLayout::windows_vocab), the others in the
+  // stage's float gradients of the tensors outside the windows (at their
+  // resident offsets).
   bool grads16 = false;
+  bool vocab16 = false;
   bool copy = false;    // the 16-bit copy written into the stage's weights
 };
 

@@ -140,6 +140,27 @@ struct StageLayout {
       at -= vocab_out.size();
     return at;
   }
+  // Zero 1's 16-bit gradient sums ([train] grad_dtype = bf16): the
+  // blocks' span, then (`vocab`: its gradients go through the windows)
+  // the vocabulary's tensors, one after another. Where the sums of the
+  // element at `table_offset` sit, and how many there are.
+  int64_t sums_offset(int64_t table_offset, bool vocab) const {
+    if (!vocab || !is_vocab_element(table_offset)) return table_offset - block_begin();
+    const bool in = vocab_in.begin >= 0 && table_offset >= vocab_in.begin && table_offset < vocab_in.end;
+    const int64_t before = in || vocab_in.begin < 0 ? 0 : vocab_in.size();
+    return block_span() + before + table_offset - (in ? vocab_in.begin : vocab_out.begin);
+  }
+  int64_t sums_size(bool vocab) const {
+    if (!vocab) return block_span();
+    return block_span() + (vocab_in.begin >= 0 ? vocab_in.size() : 0) +
+           (vocab_out.begin >= 0 && vocab_out.begin != vocab_in.begin ? vocab_out.size() : 0);
+  }
+  // Whether the element at `offset` is in one of the vocabulary's tensors.
+  bool is_vocab_element(int64_t offset) const {
+    for (const Span* v : {&vocab_in, &vocab_out})
+      if (v->begin >= 0 && offset >= v->begin && offset < v->end) return true;
+    return false;
+  }
   // Block i's span: [layers[i][0], block_stop(i)).
   int64_t block_stop(int64_t i) const {
     return i + 1 < static_cast<int64_t>(layers.size()) ? layers[static_cast<size_t>(i) + 1][0] : block_end;

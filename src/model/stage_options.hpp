@@ -25,10 +25,10 @@ struct StageOptions {
   // trainer drains after each block's backward (the embeddings' and final
   // LayerNorm's stay whole: the tied wte is final only at the end).
   bool window_grads = false;
-  // ZeRO >= 2: the vocabulary's gradients (wte's, an untied head's) go
-  // through the gradient windows too, piece by piece where larger than one
-  // (StageLayout::windows_vocab), so nothing of them stays whole. (Not
-  // zero 1's 16-bit gradients: their windows are summed over the step.)
+  // ZeRO >= 2, or zero 1's 16-bit gradients: the vocabulary's gradients
+  // (wte's, an untied head's) go through the gradient windows too, piece
+  // by piece where larger than one (StageLayout::windows_vocab), so
+  // nothing of them stays whole in float.
   bool window_vocab_grads = false;
   // ZeRO 3: the blocks' weights live in two windows the trainer fills
   // before each block's forward and backward (the next one ahead).
@@ -62,8 +62,11 @@ struct StageOptions {
 inline bool windows_weights(int64_t zero) { return zero >= 3; }
 // Whether it sends the vocabulary's gradients through the gradient windows
 // (window_vocab_grads; at zero 3 its weights go through the weight windows
-// too, window_weights).
-inline bool windows_vocab_grads(int64_t zero) { return zero >= 2; }
+// too, window_weights): from zero 2, and at zero 1 with 16-bit gradients
+// ([train] grad_dtype = bf16), which sums them in 16 bits.
+inline bool windows_vocab_grads(int64_t zero, bool grad16 = false) {
+  return zero >= 2 || (zero == 1 && grad16);
+}
 
 // The options a deck asks for, with `slots` from the schedule: ZeRO's
 // level decides which buffers live outside the stage or in windows.

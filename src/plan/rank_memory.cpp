@@ -44,7 +44,9 @@ StageOptions stage_options_of(const Deck& deck, const SlotKinds& slots) {
   o.cp = deck.parallel.cp;
   // 16-bit gradients: each block's micro-batch gradients in a float window
   // (zero_shards.hpp), at every ZeRO level.
-  if (deck.train.grad_dtype == GradDtype::kBf16 && deck.parallel.zero >= 1) o.window_grads = true;
+  // The vocabulary's too (windows_vocab_grads).
+  if (deck.train.grad_dtype == GradDtype::kBf16 && deck.parallel.zero >= 1)
+    o.window_grads = o.window_vocab_grads = true;
   return o;
 }
 
@@ -146,21 +148,22 @@ RankMemory rank_memory(const Deck& deck, const BackendChoice& choice, int stage_
     // gradients.
     const bool grad16 = deck.train.grad_dtype == GradDtype::kBf16;  // zero >= 1 here
     const bool in_place16 = grad16 && zero == 1 && deck.train.offload == Offload::kNone;
-    // From zero 2 the vocabulary's gradients go through the windows
-    // (StageLayout::windows_vocab): the receive buffers hold its pieces'
-    // parts too.
-    const bool vocab = tables->layout.windows_vocab(windows_vocab_grads(zero));
+    // From zero 2 (zero 1 with 16-bit gradients) the vocabulary's
+    // gradients go through the windows (StageLayout::windows_vocab): the
+    // receive buffers hold its pieces' parts too, zero 1's 16-bit sums
+    // the whole vocabulary (StageLayout::sums_size).
+    const bool vocab = tables->layout.windows_vocab(windows_vocab_grads(zero, grad16));
     const double window_part = static_cast<double>(plan.max_window_part(vocab));
-    double blocks = 0, largest_block = 0;
+    double largest_block = 0;
     for (const ShardUnit& u : plan.units()) {
       if (u.block < 0) continue;
-      blocks += static_cast<double>(u.end - u.begin);
       const auto [first, last] = plan.block_units(u.block);
       largest_block = std::max(largest_block, static_cast<double>(plan.units()[last - 1].end -
                                                                   plan.units()[first].begin));
     }
     m.shard_gradients = (zero >= 2 || grad16) && !in_place16 ? shard * acc : 0;
-    if (grad16 && zero == 1) m.shard_gradients += blocks * act;
+    if (grad16 && zero == 1)
+      m.shard_gradients += static_cast<double>(tables->layout.sums_size(vocab)) * act;
     m.optimizer = 2 * shard * acc;
     if (grad16) {
       m.comm = in_place16 ? 0 : 2 * window_part * act;

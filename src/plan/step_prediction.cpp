@@ -497,10 +497,14 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     const double block = static_cast<double>(layout.block_storage());
     const int64_t L = range.num_layers();
     const int zero = static_cast<int>(deck.parallel.zero);
+    // [train] grad_dtype = bf16: the blocks' reduce-scatters carry Act
+    // (zero_shards.hpp); the units outside the windows stay float.
+    const bool grad16 = zero >= 1 && deck.train.grad_dtype == GradDtype::kBf16;
     // What is reduced once a step: the tensors outside the windows (from
-    // zero 2 the vocabulary's gradients may go through them, at zero 3 its
-    // weights too: StageLayout::windows_vocab).
-    const bool vocab = layout.windows_vocab(windows_vocab_grads(zero));
+    // zero 2, or zero 1 with 16-bit gradients, the vocabulary's gradients
+    // may go through them, at zero 3 its weights too:
+    // StageLayout::windows_vocab).
+    const bool vocab = layout.windows_vocab(windows_vocab_grads(zero, grad16));
     const bool vocab_weights = layout.windows_vocab(windows_weights(zero));
     const double outside = static_cast<double>(layout.resident_offset(table.total_storage(), true, vocab));
     // The backward's time a data-parallel transfer can hide in: its
@@ -530,9 +534,6 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
     // Zero 2-3's vocabulary's reduce-scatters of one micro-batch, the
     // embedding's and the head's (their pieces').
     double vocab_rs[2] = {0, 0};
-    // [train] grad_dtype = bf16: the blocks' reduce-scatters carry Act
-    // (zero_shards.hpp); the units outside the blocks stay float.
-    const bool grad16 = zero >= 1 && deck.train.grad_dtype == GradDtype::kBf16;
     const double blocks = n - outside;
     const double block_bytes = grad16 ? act : acc;
     // On a device the stage's data-parallel stream is played out with the
@@ -626,9 +627,11 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
                          exposed(block_ag, block_bwd / 2);
       }
       // The vocabulary through the windows: each use's gradients reduce-
-      // scattered after it (zero 2-3), its weights gathered before it
-      // (zero 3), piece by piece (StageLayout::piece): a collective each,
-      // hidden as the whole use's was. The head's pieces again before its
+      // scattered after it (zero 2-3; zero 1's 16-bit sums once, at the
+      // last micro-batch, a tied wte on a stage with both ends after the
+      // embedding's only), its weights gathered before it (zero 3), piece
+      // by piece (StageLayout::piece): a collective each, hidden as the
+      // whole use's was. The head's pieces again before its
       // backward, but for the two its forward left in the windows where
       // the backward follows it. On a device the last micro-batch's
       // reduce-scatters go on the stream the step's reduction waits for
@@ -638,6 +641,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
       const double hidden_micro =
           streamed ? static_cast<double>(micro - 1) / static_cast<double>(micro) : 1.0;
       for (const int64_t use : {StageLayout::kVocabIn, StageLayout::kVocabOut}) {
+        const bool tied_here = layout.vocab_out.begin == layout.vocab_in.begin;
+        if (zero == 1 && use == StageLayout::kVocabOut && tied_here) continue;
         const int64_t pieces = pieces_of(use);
         const double share = 1.0 / static_cast<double>(std::max<int64_t>(pieces, 1));
         for (int64_t k = 0; k < pieces; ++k) {
@@ -647,7 +652,7 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
             gathers_comm += (again ? 2 : 1) * exposed(groups(dp_link.allgather, size, 0, act, 1),
                                                       share * block_bwd / 2);
           const double rs = groups(dp_link.reduce_scatter, size, 0, block_bytes, 1);
-          per_micro_comm += hidden_micro * exposed(rs, share * block_bwd);
+          if (zero >= 2) per_micro_comm += hidden_micro * exposed(rs, share * block_bwd);
           vocab_rs[use == StageLayout::kVocabIn ? 0 : 1] += rs;
         }
       }

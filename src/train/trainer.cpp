@@ -27,6 +27,7 @@
 #include "train/data_summary.hpp"
 #include "train/initial_weights.hpp"
 #include "model/model_flops.hpp"
+#include "model/stage_options.hpp"
 #include "train/progress_log.hpp"
 #include "train/goodput.hpp"
 #include "train/health_check.hpp"
@@ -415,9 +416,11 @@ void Trainer::print_summary() const {
                       g.ep() > 1 ? strprintf(" (the experts' over the %d replicas holding them)",
                                              g.dp() / g.ep()).c_str()
                                  : "",
-                      p.stage->zero() >= 2 && shards->vocab_pieces() > 1
+                      windows_vocab_grads(p.stage->zero(),
+                                          deck_.train.grad_dtype == GradDtype::kBf16) &&
+                              shards->vocab_pieces() > 1
                           ? strprintf(", the vocabulary%s through the windows in %lld pieces",
-                                      p.stage->zero() == 2 ? "'s gradients" : "",
+                                      p.stage->zero() < 3 ? "'s gradients" : "",
                                       static_cast<long long>(shards->vocab_pieces())).c_str()
                           : "",
                       name_of(deck_.train.recompute))

@@ -69,9 +69,12 @@
 // computes each block's micro-batch gradients into a float window (as at
 // zero 2) and they leave it in the activation type:
 //   zero 1: added into the blocks' 16-bit sums over the step (2 bytes a
-//     parameter where zero 1 kept 4), and at the last micro-batch each
-//     block's sums are reduce-scattered in 16 bits, in place, as soon as
-//     they are final: the owned rows of the sums are the shard's reduced
+//     parameter where zero 1 kept 4), the vocabulary's too (it goes
+//     through the windows, piece by piece: StageLayout::sums_offset), and
+//     at the last micro-batch each block's (piece's) sums are
+//     reduce-scattered in 16 bits, in place, as soon as they are final (a
+//     tied wte on a stage with both ends after the embedding's backward;
+//     the tied copies' parts summed in 16 bits): the owned rows of the sums are the shard's reduced
 //     gradients, which AdamW reads in 16 bits and widens (Megatron's
 //     bf16 gradient buffer: 4 + 12/dp bytes a parameter with the 16-bit
 //     weights). Offloaded, the streamed update reads float: the reduced
@@ -79,11 +82,9 @@
 //   zero 2-3: rounded, and reduce-scattered in 16 bits after each block's
 //     backward in every micro-batch, the reduced parts added into the
 //     shard's float gradients (4 / dp bytes a parameter).
-// The masters and moments see float as before. The units outside the
-// blocks (embeddings, final norm) keep float gradients and float
-// reductions: the tied wte's copies are summed, and its sparse rows
-// accumulate, there; but at zero 2-3 the vocabulary going through the
-// windows goes as a block does. An offloaded shard's gradients stay on the device
+// The masters and moments see float as before. The small units outside
+// the blocks (wpe, the final norm) keep float gradients and float
+// reductions; the vocabulary goes through the windows as a block does. An offloaded shard's gradients stay on the device
 // with 16-bit gradients.
 #pragma once
 #include <algorithm>
@@ -125,7 +126,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
         alias_(masters_are_weights(zero)),
         grad16_(grad_dtype == GradDtype::kBf16),
         gwin_(zero >= 2 || grad16_),
-        in_stage_(in_stage(zero, grad16_, offload.where)),
+        in_stage_(in_stage(zero, grad16_, offload.where, stage.vocab_grads_windowed())),
         grads_on_host_(gradients_offloaded(zero, offload.where) && !grad16_),
         vocab_(stage.vocab_grads_windowed()),
         moments_(stage.context(), n_, plan_.adamw_chunks(stage.table(), in_stage_), offload) {
@@ -179,7 +180,7 @@ class ZeroShards final : public StageOptimizer<Ops> {
     if (grad16_) {
       if (!in_stage_.grads16)
         for (auto& r : recv16_) r = act(plan_.max_window_part(vocab_));
-      if (zero_ == 1) g16_ = act(stage.block_span());
+      if (zero_ == 1) g16_ = act(stage.layout().sums_size(vocab_));
       else
         for (auto& b : send16_) b = act(stage.block_storage());
     } else if (zero_ >= 2) {
@@ -223,10 +224,11 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // (with 16-bit ones the blocks' sums, not offloaded), whole weights at
   // zero 1-2.
   static constexpr ShardInStage in_stage(int zero, bool grad16 = false,
-                                         Offload where = Offload::kNone) {
+                                         Offload where = Offload::kNone, bool vocab = false) {
     ShardInStage w;
     w.params = masters_are_weights(zero);
     w.grads16 = zero == 1 && grad16 && where == Offload::kNone;
+    w.vocab16 = w.grads16 && vocab;
     w.grads = zero == 1 && (!grad16 || w.grads16);
     w.copy = !std::is_same_v<Act, Acc> && zero < 3;
     return w;
@@ -355,8 +357,13 @@ class ZeroShards final : public StageOptimizer<Ops> {
     pending_.clear();
     held_ = 0;  // the drains just now: in this wait already
     next_unit_ = plan_.units().size();  // the next step starts from the end again
-    if (tied != nullptr && wte_unit_ != nullptr)
-      tied->allreduce_sum(reduced_into(*wte_unit_), plan_.part_size(*wte_unit_));
+    if (tied != nullptr && wte_unit_ != nullptr) {
+      if (narrow(*wte_unit_))
+        tied->allreduce(sums_of(plan_.part_begin(*wte_unit_)), plan_.part_size(*wte_unit_),
+                        Ops::kActElement, Reduction::kSum);
+      else
+        tied->allreduce_sum(reduced_into(*wte_unit_), plan_.part_size(*wte_unit_));
+    }
     if (grads_on_host_) {
       // The units outside the blocks, summed: down into the shard.
       for (size_t k = 0; k < plan_.units().size(); ++k)
@@ -502,9 +509,11 @@ class ZeroShards final : public StageOptimizer<Ops> {
   // Whether a unit's (a tensor's) reduced gradients are 16-bit, in place in
   // the blocks' sums (16-bit gradients at zero 1, not offloaded), and the
   // sums at a table offset in the blocks.
-  bool narrow(const ShardUnit& u) const { return in_stage_.grads16 && u.block >= 0; }
+  bool narrow(const ShardUnit& u) const { return in_stage_.grads16 && grads_windowed(u); }
   bool narrow(const ParameterSpec& spec) const { return narrow(plan_.unit_at(spec.offset)); }
-  Act* sums_of(int64_t table_offset) { return g16_.get() + (table_offset - stage_.block_begin()); }
+  Act* sums_of(int64_t table_offset) {
+    return g16_.get() + stage_.layout().sums_offset(table_offset, vocab_);
+  }
   // Where unit u's reduce-scatter (outside the blocks) lands: its owned
   // gradients, or offloaded, its place in the device's resident parts.
   Acc* reduced_into(const ShardUnit& u) {
@@ -681,9 +690,14 @@ class ZeroShards final : public StageOptimizer<Ops> {
     }
     const int64_t begin = window_begin(i), n = window_end(i) - begin;
     if (zero_ == 1) {
-      Act* sums = g16_.get() + (begin - stage_.block_begin());
+      Act* sums = sums_of(begin);
       Ops::add_into(ctx_, sums, static_cast<const Acc*>(stage_.grad_window(w)), n);
-      if (last_) reduce_block(i, w, sums);
+      // A tied wte on a stage with both ends is final after the
+      // embedding's backward, not the head's.
+      const StageLayout& at = stage_.layout();
+      const bool tied_head = i < 0 && StageLayout::piece_use(i) == StageLayout::kVocabOut &&
+                             at.vocab_out.begin == at.vocab_in.begin;
+      if (last_ && !tied_head) reduce_block(i, w, sums);
     } else {
       Ops::convert(ctx_, send16_[w].get(), stage_.grad_window(w), n);
       reduce_block(i, w, send16_[w].get());
