@@ -174,7 +174,9 @@ ZeroRun zero_steps(int zero, Offload where, GradDtype grads = GradDtype::kFp32) 
   cfg.n_embd = 16;
   cfg.seq_len = 8;
   // 300 tokens, padded to 384 rows of 16, against a block of 3280 floats:
-  // at zero 3 the vocabulary goes through the windows in two pieces.
+  // the vocabulary goes through the windows in two pieces (its gradients
+  // from zero 2, and at zero 1 with 16-bit gradients; its weights at
+  // zero 3).
   cfg.vocab_size = 300;
   constexpr int64_t kB = 2;
   const int64_t BT = kB * cfg.seq_len;
@@ -185,7 +187,7 @@ ZeroRun zero_steps(int zero, Offload where, GradDtype grads = GradDtype::kFp32) 
     for (int64_t i = 0; i < BT; ++i) in[m][i] = tok(gen), tg[m][i] = tok(gen);
   cuda::Context ctx(0);
   StageOptions options = stage_options(kB, SlotKinds::any(2), Recompute::kNone, zero);
-  options.window_grads = options.window_grads || grads == GradDtype::kBf16;
+  if (grads == GradDtype::kBf16) options.window_grads = options.window_vocab_grads = true;
   GptStage<Ops> stage(ctx, cfg, StageRange{0, cfg.n_layer, true, true}, options);
   OffloadSetup setup;
   setup.where = where;
