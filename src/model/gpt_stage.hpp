@@ -467,7 +467,9 @@ class GptStage {
   int64_t weight_pieces(int64_t use) const {
     return vocab_weights_windowed_ ? at_.vocab_pieces(use) : 1;
   }
-  int64_t grad_pieces(int64_t use) const { return vocab_grads_windowed_ ? at_.vocab_pieces(use) : 1; }
+  int64_t grad_pieces(int64_t use) const {
+    return vocab_grads_windowed_ ? at_.vocab_pieces(use) : 1;
+  }
   std::pair<int64_t, int64_t> piece_rows(int64_t use, int64_t k, int64_t n) const {
     if (n == 1) return {0, vl_};
     const int64_t id = StageLayout::piece_id(use, k);

@@ -146,7 +146,8 @@ struct StageLayout {
   // element at `table_offset` sit, and how many there are.
   int64_t sums_offset(int64_t table_offset, bool vocab) const {
     if (!vocab || !is_vocab_element(table_offset)) return table_offset - block_begin();
-    const bool in = vocab_in.begin >= 0 && table_offset >= vocab_in.begin && table_offset < vocab_in.end;
+    const bool in =
+        vocab_in.begin >= 0 && table_offset >= vocab_in.begin && table_offset < vocab_in.end;
     const int64_t before = in || vocab_in.begin < 0 ? 0 : vocab_in.size();
     return block_span() + before + table_offset - (in ? vocab_in.begin : vocab_out.begin);
   }

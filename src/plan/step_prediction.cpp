@@ -646,7 +646,8 @@ Prediction predict_step(const Deck& deck, const MachineSpec& machine, int ranks_
         const int64_t pieces = pieces_of(use);
         const double share = 1.0 / static_cast<double>(std::max<int64_t>(pieces, 1));
         for (int64_t k = 0; k < pieces; ++k) {
-          const double size = static_cast<double>(layout.piece(StageLayout::piece_id(use, k)).size());
+          const double size =
+              static_cast<double>(layout.piece(StageLayout::piece_id(use, k)).size());
           const bool again = use == StageLayout::kVocabOut && (kept == 0 || k + 2 < pieces);
           if (vocab_weights)
             gathers_comm += (again ? 2 : 1) * exposed(groups(dp_link.allgather, size, 0, act, 1),

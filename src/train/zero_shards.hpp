@@ -74,8 +74,9 @@
 //     at the last micro-batch each block's (piece's) sums are
 //     reduce-scattered in 16 bits, in place, as soon as they are final (a
 //     tied wte on a stage with both ends after the embedding's backward;
-//     the tied copies' parts summed in 16 bits): the owned rows of the sums are the shard's reduced
-//     gradients, which AdamW reads in 16 bits and widens (Megatron's
+//     the tied copies' parts summed in 16 bits): the owned rows of the
+//     sums are the shard's reduced gradients, which AdamW reads in 16
+//     bits and widens (Megatron's
 //     bf16 gradient buffer: 4 + 12/dp bytes a parameter with the 16-bit
 //     weights). Offloaded, the streamed update reads float: the reduced
 //     parts are added into a float shard instead, as at zero 2-3;
@@ -84,8 +85,9 @@
 //     shard's float gradients (4 / dp bytes a parameter).
 // The masters and moments see float as before. The small units outside
 // the blocks (wpe, the final norm) keep float gradients and float
-// reductions; the vocabulary goes through the windows as a block does. An offloaded shard's gradients stay on the device
-// with 16-bit gradients.
+// reductions; the vocabulary goes through the windows as a block does.
+// An offloaded shard's gradients stay on the device with 16-bit
+// gradients.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -495,20 +497,21 @@ class ZeroShards final : public StageOptimizer<Ops> {
   Acc* shard_grads() { return grads_on_host_ ? host_grads_.get() : g_.get(); }
   // The owned reduced gradients of unit u (of one tensor's part p): in the
   // stage's whole gradients (zero 1), else in the shard.
-  // (16-bit gradients at zero 1: the units outside the blocks only; the
-  // blocks' are in their sums, sums_of.)
+  // (16-bit gradients at zero 1: the units outside the windows only; the
+  // blocks' and the vocabulary's are in their sums, sums_of.)
   Acc* grads_of(const ShardUnit& u) {
     return in_stage_.grads ? stage_.grads() + stage_.resident_grad_offset(plan_.part_begin(u))
                            : shard_grads() + u.shard_offset;
   }
   Acc* grads_of(const ParameterSpec& spec, const TensorPart& p) {
     return in_stage_.grads
-               ? stage_.grads() + stage_.resident_grad_offset(spec.offset + p.row_begin * spec.row_length())
+               ? stage_.grads() +
+                     stage_.resident_grad_offset(spec.offset + p.row_begin * spec.row_length())
                : shard_grads() + p.shard_offset;
   }
   // Whether a unit's (a tensor's) reduced gradients are 16-bit, in place in
-  // the blocks' sums (16-bit gradients at zero 1, not offloaded), and the
-  // sums at a table offset in the blocks.
+  // the sums (16-bit gradients at zero 1, not offloaded: the blocks' and
+  // the windowed vocabulary's), and the sums of a table offset there.
   bool narrow(const ShardUnit& u) const { return in_stage_.grads16 && grads_windowed(u); }
   bool narrow(const ParameterSpec& spec) const { return narrow(plan_.unit_at(spec.offset)); }
   Act* sums_of(int64_t table_offset) {

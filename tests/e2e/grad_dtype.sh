@@ -59,7 +59,8 @@ train fp32_one 1 fp32 "${one_stage[@]}"
 train bf16_one 1 bf16 "${one_stage[@]}"
 grep -q "the vocabulary's gradients through the windows in 2 pieces" bf16_one.log ||
   { cat bf16_one.log; fail "zero 1, bf16 gradients: the vocabulary is not in pieces"; }
-compare fp32_one/metrics.jsonl bf16_one/metrics.jsonl 1e-3 "zero 1 on one stage, the tied vocabulary in 16 bits"
+compare fp32_one/metrics.jsonl bf16_one/metrics.jsonl 1e-3 \
+  "zero 1 on one stage, the tied vocabulary in 16 bits"
 
 # (3) Refusals.
 for bad in "--set train.precision=fp32" "--set parallel.zero=0"; do

@@ -274,7 +274,8 @@ TEST(MemoryAccounting, ZeroTwoAndThreeSendTheVocabularyThroughTheWindows) {
                 << "zero " << zero << ", pp " << pp << ", tp " << tp << ", stage " << s;
             ASSERT_EQ(stage.vocab_weights_windowed(), zero == 3);
             ZeroShards<host::Ops<float>> shard(stage, zero, 3, rank, OffloadSetup{});
-            largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) + shard.allocated_bytes());
+            largest = std::max(largest, static_cast<double>(stage.allocated_bytes()) +
+                                            shard.allocated_bytes());
             receive = 2.0 * static_cast<double>(shard.plan().max_window_part(true)) * 4;
           }
           Deck d;

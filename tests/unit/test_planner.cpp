@@ -565,8 +565,9 @@ TEST(Plan, SixteenBitGradientsPayTheirWindowPasses) {
 // only while waited on), so zero 3's exposed communication exceeds zero
 // 2's by, each micro-batch, the blocks' gathers and the vocabulary's
 // gathers, less the blocks' and the vocabulary's bytes in the all-gather
-// after AdamW (zero 3 gathers there only what it keeps whole). Each collective over dp 2 by the ring: 10 us + bytes / 2
-// / 200 GB/s (the hand-written machine's link). A vocabulary of 4096 rows
+// after AdamW (zero 3 gathers there only what it keeps whole). Each
+// collective over dp 2 by the ring: 10 us + bytes / 2 / 200 GB/s (the
+// hand-written machine's link). A vocabulary of 4096 rows
 // is 2.6 blocks of 12 x 128^2 + 13 x 128 = 198,272 floats: it goes in
 // pieces of 1544 rows (1549 fit a window, cut to a multiple of 8), 2 of
 // them and one of 1008, a collective each. The gathers, as a run makes

@@ -57,7 +57,8 @@ Outcome run(const GptConfig& cfg, const StageRange& range, const StageOptions& o
   // windows hold the largest).
   const auto block = [&](int64_t i) { return at.block_stop(i) - at.layers[i][0]; };
   // What a window carries: block i's span, or (its weights at zero 3, its
-  // gradients from zero 2) a piece of a vocabulary use's tensor (StageLayout::piece_id of kVocabIn, kVocabOut).
+  // gradients from zero 2) a piece of a vocabulary use's tensor
+  // (StageLayout::piece_id of kVocabIn, kVocabOut).
   const auto span = [&](int64_t i) -> std::pair<int64_t, int64_t> {
     if (i >= 0) return {at.layers[i][0], block(i)};
     EXPECT_LE(at.piece(i).size(), at.block_storage()) << "a piece fits a window";
