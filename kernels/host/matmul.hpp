@@ -8,8 +8,11 @@
 // the products accumulate in float (or double), and the parameter gradients
 // are in compute_t<A> (the masters' type).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <type_traits>
+#include <vector>
 
 #include "column_sums.hpp"
 #include "gemm.hpp"
@@ -18,11 +21,43 @@
 
 namespace mpiformer::host {
 
+// x's columns [0, OC) of rows `ld` apart, dense: oneDNN 2.6 has no
+// brgemm kernel for a bf16 operand whose rows are a column range of a
+// wider matrix (the head's vocabulary pieces), and gemm then widens both
+// operands to float, keeping the widened piece of the weights (rows x C
+// floats, 50 MB at 12K rows of 1024) in per-thread scratch for good.
+// Packed in bf16 (N x OC), the products take oneDNN's kernel. Float and
+// fp16 go to BLAS, which takes the stride, as they are.
+template <class A>
+const A* dense_columns(const A* x, int64_t N, int64_t OC, int64_t ld) {
+  if constexpr (!std::is_same_v<A, Bf16>) return x;
+  if (ld == OC) return x;
+  thread_local std::vector<A> packed;
+  if (packed.size() < static_cast<size_t>(N * OC)) packed.resize(static_cast<size_t>(N * OC));
+  A* to = packed.data();
+  parallel_for("matmul_pack_columns", N,
+               [=](const int64_t n) { std::copy_n(x + n * ld, OC, to + n * OC); });
+  return to;
+}
+
 template <class A>
 void matmul_forward(A* out, const A* inp, const A* weight, const A* bias, int64_t N, int64_t C,
                     int64_t OC, int64_t ld = 0) {
   using F = compute_t<A>;
   if (ld == 0) ld = OC;
+  if constexpr (std::is_same_v<A, Bf16>) {
+    if (ld != OC) {
+      // Into its columns through a dense buffer (dense_columns' reason:
+      // no oneDNN kernel writes a column range either).
+      thread_local std::vector<A> dense;
+      if (dense.size() < static_cast<size_t>(N * OC)) dense.resize(static_cast<size_t>(N * OC));
+      A* d = dense.data();
+      matmul_forward(d, inp, weight, bias, N, C, OC);
+      parallel_for("matmul_unpack_columns", N,
+                   [=](const int64_t n) { std::copy_n(d + n * OC, OC, out + n * ld); });
+      return;
+    }
+  }
   if constexpr (kNarrow<A>) {
     if (bias != nullptr && ld == OC && linear_with_bias(out, inp, weight, bias, N, C, OC)) return;
   }
@@ -45,8 +80,12 @@ void matmul_backward(A* dinp, F* dweight, F* dbias, const A* dout, const A* inp,
                      int64_t N, int64_t C, int64_t OC, int64_t ld = 0) {
   if (ld == 0) ld = OC;
   if (dbias != nullptr && ld != OC) throw std::logic_error("matmul_backward: a bias of columns");
-  if (dinp != nullptr) gemm(false, false, N, C, OC, F(1), dout, ld, weight, C, F(0), dinp, C);
-  if (dweight != nullptr) gemm(true, false, OC, C, N, F(1), dout, ld, inp, C, F(1), dweight, C);
+  if (dinp != nullptr || dweight != nullptr) {
+    const A* d = dense_columns(dout, N, OC, ld);
+    const int64_t ldd = d == dout ? ld : OC;
+    if (dinp != nullptr) gemm(false, false, N, C, OC, F(1), d, ldd, weight, C, F(0), dinp, C);
+    if (dweight != nullptr) gemm(true, false, OC, C, N, F(1), d, ldd, inp, C, F(1), dweight, C);
+  }
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC);
 }
 
@@ -56,7 +95,9 @@ void matmul_backward(A* dinp, F* dweight, F* dbias, const A* dout, const A* inp,
 template <class A, class F = compute_t<A>>
 void matmul_input_grad(F* dinp, bool accumulate, const A* dout, const A* weight, int64_t N,
                        int64_t C, int64_t OC, int64_t ld) {
-  gemm(false, false, N, C, OC, F(1), dout, ld, weight, C, accumulate ? F(1) : F(0), dinp, C);
+  const A* d = dense_columns(dout, N, OC, ld);
+  gemm(false, false, N, C, OC, F(1), d, d == dout ? ld : OC, weight, C, accumulate ? F(1) : F(0),
+       dinp, C);
 }
 
 }  // namespace mpiformer::host
