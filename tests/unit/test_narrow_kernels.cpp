@@ -102,6 +102,45 @@ TYPED_TEST(NarrowKernels, MatmulForwardAndBackward) {
   EXPECT_TRUE(all_close(gb, db, 1e-5, 1e-4)) << "dbias";
 }
 
+// The LM head's vocabulary pieces: the product writes and reads a column
+// range [at, at + OC) of logits rows `ld` apart (host/matmul.hpp packs a
+// bf16 range dense for oneDNN). The columns outside stay as they were;
+// the input gradient adds up over two ranges in float.
+TYPED_TEST(NarrowKernels, MatmulOverAColumnRange) {
+  using A = TypeParam;
+  const int64_t N = 24, C = 40, OC = 36, ld = 100, at = 48;
+  auto x = random_vector(N * C, 5), w = random_vector(2 * OC * C, 6, 0.3);
+  auto logits = random_vector(N * ld, 7);
+  const auto xa = narrow<A>(x), wa = narrow<A>(w);
+  auto la = narrow<A>(logits);
+  std::vector<double> y = logits, dx(N * C, 0), dw(OC * C, 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double s = 0;
+      for (int64_t c = 0; c < C; ++c) s += x[n * C + c] * w[o * C + c];
+      y[n * ld + at + o] = s;
+    }
+  host::matmul_forward(la.data() + at, xa.data(), wa.data(), static_cast<const A*>(nullptr), N, C,
+                       OC, ld);
+  EXPECT_TRUE(close16(la, y));
+  // Backward from the logits (now y) as the output gradient: its two
+  // ranges [0, OC) and [at, at + OC) against weights w's two halves.
+  const std::vector<double> d = widen(la);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        dx[n * C + c] += d[n * ld + o] * w[o * C + c] + d[n * ld + at + o] * w[(OC + o) * C + c];
+        dw[o * C + c] += d[n * ld + at + o] * x[n * C + c];
+      }
+  std::vector<float> sum(N * C), gw(OC * C, 0.0f);
+  host::matmul_input_grad(sum.data(), false, la.data(), wa.data(), N, C, OC, ld);
+  host::matmul_input_grad(sum.data(), true, la.data() + at, wa.data() + OC * C, N, C, OC, ld);
+  EXPECT_TRUE(all_close(sum, dx, 1e-4 * largest(dx), 1e-4)) << "the summed input gradient";
+  host::matmul_backward(static_cast<A*>(nullptr), gw.data(), static_cast<float*>(nullptr),
+                        la.data() + at, xa.data(), wa.data() + OC * C, N, C, OC, ld);
+  EXPECT_TRUE(all_close(gw, dw, 1e-5, 1e-4)) << "dweight";
+}
+
 TYPED_TEST(NarrowKernels, LayerNormForwardAndBackward) {
   using A = TypeParam;
   const int64_t N = 6, C = 48;
